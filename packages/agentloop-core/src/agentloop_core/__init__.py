@@ -1,0 +1,1 @@
+"""agentloop-core: the protocol every agentloop package builds on."""

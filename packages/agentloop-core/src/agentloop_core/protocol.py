@@ -1,0 +1,180 @@
+"""The engine-facing protocol: token-level ``generate`` and what an engine declares it can do.
+
+Loops talk to engines only through :class:`AsyncServer.generate`: prompt token ids in,
+generated token ids (and their log-probs) out. Text never crosses this boundary, which is
+what lets a trainer use exactly the tokens the engine sampled.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Protocol, runtime_checkable
+
+StopReason = Literal["stop", "length", "aborted"]
+"""Why generation ended: a stop token or EOS (``stop``), the token budget (``length``), or
+``abort(request_id)`` (``aborted``)."""
+
+STOP_REASONS: tuple[str, ...] = ("stop", "length", "aborted")
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """What an engine returns for one ``generate`` call."""
+
+    token_ids: list[int]
+    """Generated token ids, in order. A stop token that ended generation is included."""
+    log_probs: list[float] | None = None
+    """Log-probability of each generated token under the sampling distribution, or None when
+    log-probs were not asked for."""
+    stop_reason: StopReason = "stop"
+    """Why generation ended."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific details (server id, cached prefix tokens, timings)."""
+
+    def __post_init__(self) -> None:
+        if self.stop_reason not in STOP_REASONS:
+            raise ValueError(
+                f"TokenOutput.stop_reason must be one of {STOP_REASONS}, got {self.stop_reason!r}"
+            )
+        if self.log_probs is not None and len(self.log_probs) != len(self.token_ids):
+            raise ValueError(
+                f"TokenOutput has {len(self.token_ids)} token ids but {len(self.log_probs)} "
+                "log-probs; an engine must return exactly one log-prob per generated token"
+            )
+
+
+@dataclass(frozen=True)
+class ServerCapabilities:
+    """What an engine declares it supports. Tests and callers read these flags instead of
+    guessing from method identity."""
+
+    logprobs: bool = True
+    """``generate`` returns the log-prob of each sampled token when ``logprobs=True``."""
+    sleep: bool = False
+    """``sleep()``/``wake_up()`` release and restore accelerator memory."""
+    weight_update: bool = False
+    """``update_weights(named_tensors)`` loads new weights in place."""
+    prefix_cache: bool = False
+    """Requests sharing a prompt prefix reuse its KV cache."""
+    chat_completion: bool = False
+    """``chat_completion(request)`` serves OpenAI-style chat requests."""
+
+    def as_dict(self) -> dict[str, bool]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Validated sampling parameters. Loops pass plain mappings; engines call
+    :meth:`from_mapping` so a typo such as ``max_token`` is an error, not a silent default."""
+
+    max_tokens: int = 256
+    """Most tokens to generate (clamped by the engine to what fits in the context)."""
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    top_k: int = -1
+    """Keep the k most likely tokens; -1 or 0 disables."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end generation (the model's EOS always does); the stop token is
+    included in the output."""
+    logprobs: bool = True
+    """Return the log-prob of each sampled token."""
+    seed: int | None = None
+    """Per-request seed for reproducible sampling."""
+    ignore_eos: bool = False
+    """Keep generating past EOS (benchmarks only)."""
+
+    @classmethod
+    def from_mapping(cls, params: Mapping[str, Any] | SamplingParams | None) -> SamplingParams:
+        """Validate a mapping of sampling parameters.
+
+        Raises:
+            ValueError: on an unknown key (naming the closest valid one) or a value out of range.
+        """
+        if params is None:
+            return cls()
+        if isinstance(params, SamplingParams):
+            return params
+        valid = [f.name for f in fields(cls)]
+        kwargs: dict[str, Any] = {}
+        for key, value in dict(params).items():
+            if key not in valid:
+                close = difflib.get_close_matches(key, valid, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(
+                    f"unknown sampling parameter {key!r}{hint} Valid keys: {', '.join(valid)}"
+                )
+            if key == "stop_token_ids":
+                value = tuple(int(v) for v in (value or ()))
+            kwargs[key] = value
+        sp = cls(**kwargs)
+        sp.check()
+        return sp
+
+    def check(self) -> None:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be an integer >= -1 (-1 or 0 disables), got {self.top_k!r}")
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(changes)
+        return SamplingParams.from_mapping(data)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@runtime_checkable
+class AsyncServer(Protocol):
+    """An inference engine (or a client in front of several) as agent loops see it."""
+
+    capabilities: ServerCapabilities
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: Mapping[str, Any] | SamplingParams,
+    ) -> TokenOutput:
+        """Generate a continuation of ``prompt_ids``.
+
+        Args:
+            request_id: Identifies the trajectory; requests sharing it may be routed to the
+                same replica to reuse its prefix cache, and ``abort`` targets it.
+            prompt_ids: The full prompt as token ids (never text).
+            sampling_params: Sampling parameters, see :class:`SamplingParams`.
+
+        Returns:
+            The generated token ids, their log-probs, and why generation stopped.
+        """
+        ...
+
+    async def abort(self, request_id: str) -> None:
+        """Stop the in-flight requests of ``request_id``; they return ``stop_reason='aborted'``."""
+        ...
+
+    async def sleep(self) -> None:
+        """Release accelerator memory (weights and KV cache) until ``wake_up``."""
+        ...
+
+    async def wake_up(self) -> None:
+        """Restore what ``sleep`` released."""
+        ...
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights in place and reset the prefix cache."""
+        ...
+
+
+class CapabilityNotSupported(RuntimeError):
+    """An engine was asked for something its capabilities say it cannot do."""

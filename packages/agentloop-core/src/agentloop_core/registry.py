@@ -1,0 +1,76 @@
+"""Agent loops by name: ``@register("name")`` in code, or the ``agentloop.agent_loops``
+entry-point group for installed packages."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from agentloop_core.loop import AgentLoopBase
+
+ENTRY_POINT_GROUP = "agentloop.agent_loops"
+
+_REGISTRY: dict[str, type[AgentLoopBase]] = {}
+L = TypeVar("L", bound="type[AgentLoopBase]")
+
+
+class UnknownAgentLoopError(KeyError):
+    """No agent loop is registered under the requested name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0])
+
+
+def register(name: str) -> Callable[[L], L]:
+    """Register an :class:`~agentloop_core.loop.AgentLoopBase` subclass under ``name``.
+
+    Raises:
+        ValueError: if another class already holds the name.
+    """
+
+    def decorator(cls: L) -> L:
+        existing = _REGISTRY.get(name)
+        if existing is not None and existing is not cls:
+            raise ValueError(
+                f"agent loop name {name!r} is already registered by "
+                f"{existing.__module__}.{existing.__qualname__}; pick another name"
+            )
+        _REGISTRY[name] = cls
+        cls.agent_name = name
+        return cls
+
+    return decorator
+
+
+def _load_entry_points() -> None:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in _REGISTRY:
+            continue
+        cls = ep.load()  # importing the module usually registers it too
+        _REGISTRY.setdefault(ep.name, cls)
+
+
+def registered_names() -> list[str]:
+    """All known agent loop names, entry points included."""
+    _load_entry_points()
+    return sorted(_REGISTRY)
+
+
+def get_agent_loop_class(name: str) -> type[AgentLoopBase]:
+    """Look up an agent loop class by name.
+
+    Raises:
+        UnknownAgentLoopError: listing the known names and how to add one.
+    """
+    if name not in _REGISTRY:
+        _load_entry_points()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        raise UnknownAgentLoopError(
+            f"unknown agent loop {name!r}; known agent loops: {known}. Register one with "
+            f"@agentloop_core.register({name!r}) or an entry point in the "
+            f"{ENTRY_POINT_GROUP!r} group."
+        ) from None
