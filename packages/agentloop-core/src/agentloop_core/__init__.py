@@ -1,1 +1,69 @@
-"""agentloop-core: the protocol every agentloop package builds on."""
+"""agentloop-core: the protocol every agentloop package builds on.
+
+Importing this package never imports torch, ray or mlflow; the modules that need them import
+them on use.
+"""
+
+from agentloop_core.batch import RolloutBatch, SequenceTooLongError
+from agentloop_core.loop import AgentLoopBase
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import (
+    AsyncServer,
+    CapabilityNotSupported,
+    SamplingParams,
+    ServerCapabilities,
+    StopReason,
+    TokenOutput,
+)
+from agentloop_core.registry import (
+    UnknownAgentLoopError,
+    get_agent_loop_class,
+    register,
+    registered_names,
+)
+from agentloop_core.runtime import AgentLoopManager, AgentLoopWorker, SampleTimeoutError
+from agentloop_core.single_turn import SingleTurnAgentLoop
+from agentloop_core.tokenization import (
+    ChatRenderer,
+    SanityCheckMode,
+    SanityCheckReport,
+    TokenizationMismatchError,
+    Trajectory,
+)
+from agentloop_core.tracing import NullTracer, Tracer, make_tracer, trace_context
+from agentloop_core.tracing_jsonl import JsonlTracer
+from agentloop_core.tracing_mlflow import MLflowTracer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentLoopBase",
+    "AgentLoopManager",
+    "AgentLoopOutput",
+    "AgentLoopWorker",
+    "AsyncServer",
+    "CapabilityNotSupported",
+    "ChatRenderer",
+    "JsonlTracer",
+    "MLflowTracer",
+    "NullTracer",
+    "RolloutBatch",
+    "SampleTimeoutError",
+    "SamplingParams",
+    "SanityCheckMode",
+    "SanityCheckReport",
+    "SequenceTooLongError",
+    "ServerCapabilities",
+    "SingleTurnAgentLoop",
+    "StopReason",
+    "TokenOutput",
+    "TokenizationMismatchError",
+    "Tracer",
+    "Trajectory",
+    "UnknownAgentLoopError",
+    "get_agent_loop_class",
+    "make_tracer",
+    "register",
+    "registered_names",
+    "trace_context",
+]

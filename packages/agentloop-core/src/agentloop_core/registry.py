@@ -3,8 +3,9 @@ entry-point group for installed packages."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from agentloop_core.loop import AgentLoopBase
@@ -12,6 +13,9 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "agentloop.agent_loops"
 
 _REGISTRY: dict[str, type[AgentLoopBase]] = {}
+# Entry points that failed to import, by name: reported when someone asks for that name (or
+# for an unknown one), never allowed to break lookups of loops that do import.
+_BROKEN: dict[str, str] = {}
 L = TypeVar("L", bound="type[AgentLoopBase]")
 
 
@@ -47,7 +51,11 @@ def _load_entry_points() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in _REGISTRY:
             continue
-        cls = ep.load()  # importing the module usually registers it too
+        try:
+            cls = ep.load()  # importing the module usually registers it too
+        except Exception as exc:  # noqa: BLE001 - one broken plugin must not hide the others
+            _BROKEN[ep.name] = f"entry point {ep.value!r} failed to import: {type(exc).__name__}: {exc}"
+            continue
         _REGISTRY.setdefault(ep.name, cls)
 
 
@@ -69,6 +77,8 @@ def get_agent_loop_class(name: str) -> type[AgentLoopBase]:
         return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        if name in _BROKEN:
+            raise UnknownAgentLoopError(f"agent loop {name!r} is installed but broken: {_BROKEN[name]}") from None
         raise UnknownAgentLoopError(
             f"unknown agent loop {name!r}; known agent loops: {known}. Register one with "
             f"@agentloop_core.register({name!r}) or an entry point in the "

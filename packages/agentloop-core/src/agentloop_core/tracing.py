@@ -12,7 +12,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-_TRACE_TAGS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("agentloop_trace_tags", default={})
+# Never mutated in place (trace_context sets a new dict), so a shared empty default is safe.
+_TRACE_TAGS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar(
+    "agentloop_trace_tags", default={}  # noqa: B039
+)
 
 
 @contextmanager
@@ -65,3 +68,116 @@ class NullTracer(Tracer):
     @contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[dict[str, Any]]:
         yield {}
+
+
+# --- secrets -------------------------------------------------------------------------------
+
+REDACTED = "[REDACTED]"
+
+# Key parts that always mark a secret. "token" is handled separately because most keys with
+# "token" in them are counts or ids (max_tokens, prompt_token_ids), not credentials.
+_SECRET_PARTS = frozenset(
+    {"authorization", "auth", "password", "passwd", "secret", "apikey", "cookie", "credential", "credentials", "bearer"}
+)
+# A key ending in "token" is a credential unless the word before says it is a vocabulary token.
+_VOCAB_TOKEN_PREFIXES = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "special", "max", "num"})
+
+
+def _key_parts(key: str) -> list[str]:
+    out: list[str] = []
+    word = ""
+    for ch in str(key):
+        if ch.isalnum():
+            # camelCase boundary: apiKey -> api, key
+            if ch.isupper() and word and word[-1].islower():
+                out.append(word.lower())
+                word = ""
+            word += ch
+        elif word:
+            out.append(word.lower())
+            word = ""
+    if word:
+        out.append(word.lower())
+    return out
+
+
+def is_secret_key(key: str) -> bool:
+    """True when an attribute key looks like it holds a credential (``api_key``,
+    ``Authorization``, ``hf_token``, ``client_secret``...), so its value must not be written."""
+    parts = _key_parts(key)
+    if not parts:
+        return False
+    if any(p in _SECRET_PARTS for p in parts):
+        return True
+    for a, b in zip(parts, parts[1:], strict=False):
+        if b == "key" and a in {"api", "access", "secret", "private", "auth"}:
+            return True
+    if parts[-1] == "token":
+        return len(parts) == 1 or parts[-2] not in _VOCAB_TOKEN_PREFIXES
+    return False
+
+
+def redact(value: Any) -> Any:
+    """Copy ``value`` with every secret-looking mapping key's value replaced by ``[REDACTED]``
+    and every ``Bearer ...`` string masked, recursing into dicts, lists and tuples."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if is_secret_key(k) else redact(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(v) for v in value)
+    if isinstance(value, str) and value[:7].lower() == "bearer ":
+        return REDACTED
+    return value
+
+
+# --- configuration -------------------------------------------------------------------------
+
+TRACER_BACKENDS = ("none", "jsonl", "mlflow")
+
+
+def make_tracer(config: Any = None) -> Tracer:
+    """Build a tracer from a config mapping.
+
+    Args:
+        config: ``None`` or ``{"backend": "none"}`` for no tracing;
+            ``{"backend": "jsonl", "path": "spans.jsonl"}``;
+            ``{"backend": "mlflow", "tracking_uri": "sqlite:///mlflow.db", "experiment": "rollouts",
+            "artifact_location": "/tmp/mlflow-artifacts"}``. A :class:`Tracer` instance is
+            returned unchanged.
+
+    Returns:
+        The tracer.
+
+    Raises:
+        ValueError: on an unknown backend or option, naming the valid ones.
+    """
+    if isinstance(config, Tracer):
+        return config
+    options = dict(config or {})
+    backend = str(options.pop("backend", "none")).lower()
+    if backend == "none":
+        if options:
+            raise ValueError(f"tracing backend 'none' takes no options, got {sorted(options)}")
+        return NullTracer()
+    if backend == "jsonl":
+        from agentloop_core.tracing_jsonl import JsonlTracer
+
+        return _construct(JsonlTracer, backend, options)
+    if backend == "mlflow":
+        from agentloop_core.tracing_mlflow import MLflowTracer
+
+        return _construct(MLflowTracer, backend, options)
+    raise ValueError(
+        f"unknown tracing backend {backend!r}; valid backends: {', '.join(TRACER_BACKENDS)}"
+    )
+
+
+def _construct(cls: type, backend: str, options: dict[str, Any]) -> Tracer:
+    import inspect
+
+    valid = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for tracing backend {backend!r}; valid options: {', '.join(valid)}"
+        )
+    return cls(**options)

@@ -1,0 +1,298 @@
+"""Pad agent loop outputs into the fixed-shape arrays a trainer consumes."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from agentloop_core.output import AgentLoopOutput
+
+logger = logging.getLogger(__name__)
+
+
+class SequenceTooLongError(ValueError):
+    """An output does not fit in ``prompt_length`` / ``response_length``."""
+
+
+@dataclass
+class RolloutBatch:
+    """A padded rollout batch of ``B`` samples. Arrays are numpy; see :meth:`to_torch`.
+
+    Prompts are left-padded to ``P`` and responses right-padded to ``R`` so every prompt ends
+    and every response starts at column ``P`` of ``input_ids``.
+    """
+
+    prompts: np.ndarray
+    """[B, P] int64 prompt ids, left-padded with ``pad_token_id``."""
+    responses: np.ndarray
+    """[B, R] int64 response ids (generated and tool/user tokens), right-padded."""
+    response_mask: np.ndarray
+    """[B, R] int64: 1 for a token the engine generated, 0 for tool/user tokens and padding."""
+    input_ids: np.ndarray
+    """[B, P+R] int64: ``prompts`` then ``responses``."""
+    attention_mask: np.ndarray
+    """[B, P+R] int64: 1 for every real token (prompt, generated, tool), 0 for padding."""
+    position_ids: np.ndarray
+    """[B, P+R] int64: ``cumsum(attention_mask) - 1`` clipped at 0."""
+    rollout_log_probs: np.ndarray | None
+    """[B, R] float32 engine log-probs (0 where the mask is 0), or None when no loop asked for them."""
+    rewards: np.ndarray
+    """[B] float32 ``reward_score``; 0 where it is missing, NaN, or the sample failed."""
+    has_reward: np.ndarray
+    """[B] bool: the loop returned a finite ``reward_score`` (reward functions fill the rest)."""
+    num_turns: np.ndarray
+    """[B] int64 messages per conversation."""
+    failed: np.ndarray
+    """[B] bool: the loop raised or timed out; its row holds no response. Mask it out of the loss."""
+    truncated: np.ndarray
+    """[B] bool: the prompt or response was cut to fit (only with ``truncate=True``)."""
+    pad_token_id: int
+    """The id used for padding."""
+    extra_fields: list[dict[str, Any]] = field(default_factory=list)
+    """Per-sample ``extra_fields`` from each loop, in batch order."""
+    sample_metrics: list[dict[str, Any]] = field(default_factory=list)
+    """Per-sample ``metrics`` (timings, ``agent_name``, ``error``), in batch order."""
+    multi_modal_data: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per-sample ``multi_modal_data``."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Batch metrics: failures, lengths, rewards, and per-sample timing min/max/mean."""
+
+    ARRAY_FIELDS = (
+        "prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
+        "rollout_log_probs", "rewards", "has_reward", "num_turns", "failed", "truncated",
+    )  # fmt: skip
+
+    def __len__(self) -> int:
+        return int(self.prompts.shape[0])
+
+    @property
+    def num_failed(self) -> int:
+        """How many samples failed."""
+        return int(self.failed.sum())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The array fields by name (``rollout_log_probs`` left out when None)."""
+        out = {name: getattr(self, name) for name in self.ARRAY_FIELDS}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def to_torch(self, device: Any = None) -> dict[str, Any]:
+        """The array fields as torch tensors (imports torch now, not at module import).
+
+        Raises:
+            ImportError: when torch is not installed.
+        """
+        try:
+            import torch
+        except ImportError as exc:
+            raise ImportError("RolloutBatch.to_torch needs torch: pip install torch") from exc
+        return {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in self.arrays().items()}
+
+    @classmethod
+    def from_outputs(
+        cls,
+        outputs: Sequence[AgentLoopOutput],
+        *,
+        prompt_length: int | None = None,
+        response_length: int | None = None,
+        pad_token_id: int | None = None,
+        tokenizer: Any = None,
+        truncate: bool = False,
+    ) -> RolloutBatch:
+        """Pad outputs into a batch.
+
+        Args:
+            outputs: One output per sample, in batch order.
+            prompt_length: Prompt width ``P``; None: the longest prompt in the batch.
+            response_length: Response width ``R``; None: the longest response in the batch.
+            pad_token_id: Padding id; None: the tokenizer's ``pad_token_id``, else its
+                ``eos_token_id``.
+            tokenizer: Where to find the pad id when ``pad_token_id`` is None.
+            truncate: Cut prompts on the left and responses on the right to fit, flagging the
+                samples in ``truncated`` and logging a warning. False: raise instead.
+
+        Returns:
+            The padded batch with its metrics.
+
+        Raises:
+            SequenceTooLongError: an output is longer than the widths and ``truncate`` is False.
+            ValueError: no pad id, an empty batch, or log-probs present for some samples only.
+        """
+        if not outputs:
+            raise ValueError("cannot build a RolloutBatch from zero outputs")
+        pad = _pad_id(pad_token_id, tokenizer)
+        for i, out in enumerate(outputs):
+            if not isinstance(out, AgentLoopOutput):
+                raise TypeError(f"output {i} is a {type(out).__name__}, not an AgentLoopOutput")
+            out.validate()
+        P = prompt_length if prompt_length is not None else max(1, max(len(o.prompt_ids) for o in outputs))
+        R = (
+            response_length
+            if response_length is not None
+            else max(1, max(len(o.response_ids) for o in outputs))
+        )
+        if P < 1 or R < 1:
+            raise ValueError(f"prompt_length and response_length must be >= 1, got {P} and {R}")
+        B = len(outputs)
+
+        has_lp = [o.response_logprobs is not None for o in outputs]
+        alive_lp = [h for h, o in zip(has_lp, outputs, strict=True) if not (o.failed or not o.response_ids)]
+        if any(alive_lp) and not all(alive_lp):
+            missing = [
+                i
+                for i, o in enumerate(outputs)
+                if o.response_ids and not o.failed and o.response_logprobs is None
+            ]
+            raise ValueError(
+                f"samples {missing[:10]} have no response_logprobs while others do; request "
+                "logprobs for every sample (sampling_params logprobs=True) or for none"
+            )
+        want_lp = any(has_lp)
+
+        prompts = np.full((B, P), pad, dtype=np.int64)
+        responses = np.full((B, R), pad, dtype=np.int64)
+        response_mask = np.zeros((B, R), dtype=np.int64)
+        prompt_attn = np.zeros((B, P), dtype=np.int64)
+        response_attn = np.zeros((B, R), dtype=np.int64)
+        log_probs = np.zeros((B, R), dtype=np.float32) if want_lp else None
+        truncated = np.zeros(B, dtype=bool)
+
+        for i, out in enumerate(outputs):
+            p_ids, r_ids = out.prompt_ids, out.response_ids
+            r_mask, r_lp = out.response_mask, out.response_logprobs
+            if len(p_ids) > P or len(r_ids) > R:
+                if not truncate:
+                    raise SequenceTooLongError(
+                        f"sample {i}: prompt has {len(p_ids)} tokens (prompt_length={P}) and response "
+                        f"has {len(r_ids)} tokens (response_length={R}); raise prompt_length/"
+                        "response_length, make the loop respect response_length, or pass "
+                        "truncate=True to cut and flag such samples"
+                    )
+                truncated[i] = True
+                cut_generated = sum(r_mask[R:])
+                logger.warning(
+                    "sample %d truncated: prompt %d->%d tokens, response %d->%d tokens (%d generated tokens dropped)",
+                    i, len(p_ids), min(len(p_ids), P), len(r_ids), min(len(r_ids), R), cut_generated,
+                )  # fmt: skip
+                p_ids = p_ids[-P:]
+                r_ids, r_mask = r_ids[:R], r_mask[:R]
+                r_lp = r_lp[:R] if r_lp is not None else None
+            n_p, n_r = len(p_ids), len(r_ids)
+            if n_p:
+                prompts[i, P - n_p :] = p_ids
+                prompt_attn[i, P - n_p :] = 1
+            if n_r:
+                responses[i, :n_r] = r_ids
+                response_mask[i, :n_r] = r_mask
+                response_attn[i, :n_r] = 1
+                if log_probs is not None and r_lp is not None:
+                    # Tool/user tokens carry no engine log-prob whatever the loop stored there.
+                    log_probs[i, :n_r] = np.asarray(r_lp, dtype=np.float32) * np.asarray(
+                        r_mask, dtype=np.float32
+                    )
+
+        attention_mask = np.concatenate([prompt_attn, response_attn], axis=1)
+        position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None).astype(np.int64)
+        failed = np.array([o.failed for o in outputs], dtype=bool)
+        raw_rewards = [o.reward_score for o in outputs]
+        has_reward = np.array(
+            [
+                r is not None and math.isfinite(float(r)) and not f
+                for r, f in zip(raw_rewards, failed, strict=True)
+            ],
+            dtype=bool,
+        )
+        rewards = np.array(
+            [float(r) if h else 0.0 for r, h in zip(raw_rewards, has_reward, strict=True)], dtype=np.float32
+        )
+
+        batch = cls(
+            prompts=prompts,
+            responses=responses,
+            response_mask=response_mask,
+            input_ids=np.concatenate([prompts, responses], axis=1),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            rollout_log_probs=log_probs,
+            rewards=rewards,
+            has_reward=has_reward,
+            num_turns=np.array([o.num_turns for o in outputs], dtype=np.int64),
+            failed=failed,
+            truncated=truncated,
+            pad_token_id=pad,
+            extra_fields=[dict(o.extra_fields) for o in outputs],
+            sample_metrics=[dict(o.metrics) for o in outputs],
+            multi_modal_data=[o.multi_modal_data for o in outputs],
+        )
+        batch.metrics = batch_metrics(outputs, batch)
+        return batch
+
+
+def _pad_id(pad_token_id: int | None, tokenizer: Any) -> int:
+    if pad_token_id is not None:
+        return int(pad_token_id)
+    for attr in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, attr, None) if tokenizer is not None else None
+        if isinstance(value, int):
+            return value
+    raise ValueError(
+        "no pad token id: pass pad_token_id (config 'pad_token_id') or a tokenizer with a "
+        "pad_token_id or eos_token_id"
+    )
+
+
+def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    arr = np.asarray(values, dtype=np.float64)
+    return {
+        f"{prefix}/mean": float(arr.mean()),
+        f"{prefix}/max": float(arr.max()),
+        f"{prefix}/min": float(arr.min()),
+    }
+
+
+def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> dict[str, float]:
+    """Batch metrics: sample and failure counts, lengths, rewards, and for every numeric
+    per-sample metric ending in ``_s`` (``generate_s``, ``tool_calls_s``, ``reward_s``,
+    ``agent_loop_s``...) its min/max/mean over the samples that report it, as
+    ``timing_s/agent_loop/<name>/{min,max,mean}``."""
+    ok = ~batch.failed
+    metrics: dict[str, float] = {
+        "rollout/num_samples": float(len(batch)),
+        "rollout/num_failed": float(batch.failed.sum()),
+        "rollout/failed_fraction": float(batch.failed.mean()),
+        "rollout/num_truncated": float(batch.truncated.sum()),
+    }
+    lengths = [len(o.response_ids) for o, good in zip(outputs, ok, strict=True) if good]
+    generated = [sum(o.response_mask) for o, good in zip(outputs, ok, strict=True) if good]
+    metrics.update(_stats("rollout/response_length", lengths))
+    metrics.update(_stats("rollout/generated_tokens", generated))
+    metrics.update(
+        _stats(
+            "rollout/prompt_length", [len(o.prompt_ids) for o, good in zip(outputs, ok, strict=True) if good]
+        )
+    )
+    metrics.update(
+        _stats("rollout/num_turns", [o.num_turns for o, good in zip(outputs, ok, strict=True) if good])
+    )
+    if lengths:
+        R = batch.responses.shape[1]
+        metrics["rollout/response_clip_fraction"] = float(np.mean([n >= R for n in lengths]))
+    metrics.update(_stats("rollout/reward", batch.rewards[batch.has_reward].tolist()))
+
+    timings: dict[str, list[float]] = {}
+    for o in outputs:
+        for key, value in o.metrics.items():
+            if key.endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                timings.setdefault(key[:-2], []).append(float(value))
+    for key in sorted(timings):
+        metrics.update(_stats(f"timing_s/agent_loop/{key}", timings[key]))
+    return metrics
+
+
+__all__ = ["RolloutBatch", "SequenceTooLongError", "batch_metrics"]

@@ -1,0 +1,221 @@
+"""One rollout worker: runs a chunk of samples as concurrent asyncio tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import AsyncServer, SamplingParams
+from agentloop_core.registry import get_agent_loop_class
+from agentloop_core.runtime.config import plain, resolve_agent_names
+from agentloop_core.tracing import Tracer, make_tracer, trace_context
+
+logger = logging.getLogger(__name__)
+
+
+class SampleTimeoutError(TimeoutError):
+    """A sample ran longer than ``sample_timeout_s``."""
+
+
+class AgentLoopWorker:
+    """Runs agent loops for a list of dataset rows, one asyncio task per sample.
+
+    Args:
+        server: The engine, or a client in front of several replicas. Used from this worker's
+            event loop only. To run the worker as a Ray actor it must pickle (a scripted server,
+            or a client that holds Ray actor handles).
+        tokenizer: A Hugging Face tokenizer, or a path/hub id loaded lazily with
+            ``AutoTokenizer.from_pretrained`` on first use (cheap to send to a Ray actor).
+        config: Rollout options, passed whole to every loop as its config. Keys read here:
+            ``default_agent_loop`` (loop for rows without ``agent_name``), ``sampling_params``,
+            ``val_sampling_params`` (merged over ``sampling_params`` when ``validate=True``),
+            ``sample_timeout_s`` (a sample running longer fails; None: no limit),
+            ``max_concurrent_samples`` (cap on samples in flight; None: all at once),
+            ``agent_loop_modules`` (modules to import so their ``@register`` runs).
+        tracer: A :class:`~agentloop_core.tracing.Tracer`, or a config for
+            :func:`~agentloop_core.tracing.make_tracer`. None: no tracing.
+        processor: A multimodal processor, when the model has one.
+    """
+
+    def __init__(
+        self,
+        server: AsyncServer,
+        tokenizer: Any,
+        config: Mapping[str, Any] | None = None,
+        tracer: Tracer | Mapping[str, Any] | None = None,
+        processor: Any = None,
+    ) -> None:
+        self.server = server
+        self.config: dict[str, Any] = plain(config or {})
+        self.tracer = make_tracer(tracer)
+        self.processor = processor
+        if isinstance(tokenizer, (str, os.PathLike)):
+            self._tokenizer_path: str | None = os.fspath(tokenizer)
+            self._tokenizer = None
+        else:
+            self._tokenizer_path = None
+            self._tokenizer = tokenizer
+        import_loop_modules(self.config.get("agent_loop_modules") or ())
+        timeout = self.config.get("sample_timeout_s")
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(
+                f"sample_timeout_s must be a positive number of seconds or None, got {timeout!r}"
+            )
+        limit = self.config.get("max_concurrent_samples")
+        if limit is not None and not (isinstance(limit, int) and limit > 0):
+            raise ValueError(f"max_concurrent_samples must be a positive integer or None, got {limit!r}")
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer, loaded on first use when the worker was given a path."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+        return self._tokenizer
+
+    def sampling_params(self, validate: bool = False) -> dict[str, Any]:
+        """The sampling parameters for a batch: ``sampling_params``, with ``val_sampling_params``
+        merged over them when ``validate``.
+
+        Raises:
+            ValueError: on an unknown or out-of-range parameter, naming the config key.
+        """
+        params = dict(self.config.get("sampling_params") or {})
+        key = "sampling_params"
+        if validate:
+            params.update(self.config.get("val_sampling_params") or {})
+            key = "sampling_params / val_sampling_params"
+        try:
+            SamplingParams.from_mapping(params)
+        except ValueError as exc:
+            raise ValueError(f"config {key}: {exc}") from exc
+        return params
+
+    async def generate_sequences(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        validate: bool = False,
+        step: int | None = None,
+        sample_offset: int = 0,
+    ) -> list[AgentLoopOutput]:
+        """Roll out every row concurrently.
+
+        A loop that raises, or runs past ``sample_timeout_s``, does not stop the others: its
+        sample comes back as :meth:`AgentLoopOutput.failure` with the error in ``metrics``.
+
+        Args:
+            rows: Dataset rows; each names its loop by ``agent_name`` and is passed to the
+                loop's ``run`` as keyword arguments.
+            validate: Use the validation sampling parameters.
+            step: Training step, for trace tags.
+            sample_offset: Index of ``rows[0]`` in the whole batch, for trace tags and errors.
+
+        Returns:
+            One output per row, in input order.
+
+        Raises:
+            ValueError: a row has no ``agent_name`` and there is no ``default_agent_loop``.
+            UnknownAgentLoopError: a row names a loop that is not registered.
+        """
+        names = resolve_agent_names(rows, self.config.get("default_agent_loop"), sample_offset)
+        classes = {name: get_agent_loop_class(name) for name in set(names)}
+        sampling_params = self.sampling_params(validate)
+        timeout = self.config.get("sample_timeout_s")
+        limit = self.config.get("max_concurrent_samples")
+        semaphore = asyncio.Semaphore(limit) if limit else None
+        tokenizer = self.tokenizer  # load once, before thousands of tasks ask for it
+
+        async def one(i: int, row: Mapping[str, Any]) -> AgentLoopOutput:
+            index = sample_offset + i
+            name = names[i]
+            tags = {
+                "step": step,
+                "sample_index": index,
+                "rollout_n": row.get("rollout_n", 0),
+                "validate": validate,
+            }
+            start = time.perf_counter()
+            with trace_context(**tags):
+                try:
+                    if semaphore is not None:
+                        async with semaphore:
+                            output = await self._run_one(
+                                classes[name], name, tokenizer, sampling_params, row, timeout
+                            )
+                    else:
+                        output = await self._run_one(
+                            classes[name], name, tokenizer, sampling_params, row, timeout
+                        )
+                except Exception as exc:  # noqa: BLE001 - one bad sample must not kill the batch
+                    logger.warning(
+                        "sample %d (agent %r) failed: %s: %s", index, name, type(exc).__name__, exc
+                    )
+                    output = AgentLoopOutput.failure(None, exc, sample_index=index)
+            output.metrics.setdefault("agent_name", name)
+            output.metrics["agent_loop_s"] = time.perf_counter() - start
+            return output
+
+        try:
+            return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
+        finally:
+            self.tracer.flush()
+
+    async def _run_one(
+        self,
+        cls: type,
+        name: str,
+        tokenizer: Any,
+        sampling_params: dict[str, Any],
+        row: Mapping[str, Any],
+        timeout: float | None,
+    ) -> AgentLoopOutput:
+        with self.tracer.span("agent_loop", agent_name=name):
+            loop = cls(
+                server=self.server,
+                tokenizer=tokenizer,
+                config=self.config,
+                processor=self.processor,
+                tracer=self.tracer,
+            )
+            coro = loop.run(dict(sampling_params), **row)
+            if not timeout:
+                output = await coro
+            else:
+                start = time.perf_counter()
+                try:
+                    output = await asyncio.wait_for(coro, timeout)
+                except asyncio.TimeoutError as exc:
+                    # A TimeoutError from inside the loop (a tool's own limit) is not ours to rename.
+                    if time.perf_counter() - start < timeout:
+                        raise
+                    raise SampleTimeoutError(
+                        f"sample ran longer than sample_timeout_s={timeout}; raise it or set it to None"
+                    ) from exc
+        if not isinstance(output, AgentLoopOutput):
+            raise TypeError(
+                f"agent loop {name!r} returned {type(output).__name__}; run() must return an AgentLoopOutput"
+            )
+        return output
+
+
+def import_loop_modules(modules: Sequence[str]) -> None:
+    """Import modules whose ``@register`` decorators define agent loops.
+
+    Raises:
+        ImportError: naming the module and the config key that listed it.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(
+                f"cannot import agent loop module {module!r} (from config agent_loop_modules): {exc}"
+            ) from exc

@@ -1,0 +1,23 @@
+"""Delta multi-turn tokenization: render chat messages with the model's template, append
+engine-generated ids verbatim (mask 1) and everything else as template deltas (mask 0), and
+check the result against a full re-tokenization."""
+
+from agentloop_core.tokenization.renderer import (
+    BASE_CONVERSATION,
+    ChatRenderer,
+    DeltaResult,
+    TokenizationMismatchError,
+)
+from agentloop_core.tokenization.sanity import SANITY_CHECK_MODES, SanityCheckMode, SanityCheckReport
+from agentloop_core.tokenization.trajectory import Trajectory
+
+__all__ = [
+    "BASE_CONVERSATION",
+    "SANITY_CHECK_MODES",
+    "ChatRenderer",
+    "DeltaResult",
+    "SanityCheckMode",
+    "SanityCheckReport",
+    "TokenizationMismatchError",
+    "Trajectory",
+]

@@ -1,0 +1,301 @@
+"""One trajectory as token ids: generated tokens verbatim (mask 1), everything else rendered by
+the chat template as a delta (mask 0)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.tokenization.renderer import ChatRenderer, TokenizationMismatchError
+from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckReport, check_mode, compare
+
+logger = logging.getLogger(__name__)
+
+_PieceKind = Literal["prompt", "generated", "appended"]
+
+
+@dataclass
+class _Piece:
+    kind: _PieceKind
+    """prompt: the first render; generated: one generate call's ids; appended: glue + new
+    messages + generation prompt."""
+    text: str
+    """The text these ids stand for (decoded text for generated pieces)."""
+    n_ids: int
+    """How many ids of prompt_ids + response_ids this piece covers."""
+
+
+class Trajectory:
+    """Builds prompt_ids/response_ids/response_mask/logprobs for one trajectory.
+
+    Generated ids are appended verbatim and never re-encoded; their decoded text (special
+    tokens kept, a trailing end-of-turn token removed) becomes the assistant message content in
+    :attr:`messages`, so later renders of the history contain exactly what the model wrote.
+    Keep that message as it is: adding ``tool_calls`` to it makes the template render the calls
+    a second time, which the sanity check reports; keep parsed calls elsewhere.
+
+    Args:
+        renderer: Renders and tokenizes messages.
+        messages: The prompt messages (copied).
+    """
+
+    def __init__(self, renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]]) -> None:
+        if not messages:
+            raise ValueError("a trajectory needs at least one prompt message")
+        self.renderer = renderer
+        self.messages: list[dict] = [_check_message(m, i) for i, m in enumerate(messages)]
+        """Text history; assistant content is the decoded generated text, verbatim."""
+        text = renderer.render_text(self.messages, add_generation_prompt=True)
+        self.prompt_ids: list[int] = renderer.encode(text)
+        """The rendered prompt with generation prompt: the first generate input."""
+        self.response_ids: list[int] = []
+        """Generated ids (mask 1) interleaved with rendered glue/tool/user ids (mask 0)."""
+        self.response_mask: list[int] = []
+        """1 for engine-generated ids, 0 for all other ids."""
+        self.response_logprobs: list[float] | None = None
+        """Engine log-prob per response id (0.0 on mask 0); None until an engine returns some."""
+        self.used_base_fallback = False
+        """True once a delta needed the base-conversation fallback (template rewrites history)."""
+        self.num_generations = 0
+        """How many generate outputs were appended."""
+        self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids))]
+        self._generated_messages: list[int] = []
+        self._last_ended_with_eos = True
+
+    @property
+    def context_ids(self) -> list[int]:
+        """prompt_ids + response_ids: the next ``generate`` input."""
+        return self.prompt_ids + self.response_ids
+
+    # -- building --------------------------------------------------------------------------
+
+    def append_generated(self, out: TokenOutput) -> dict:
+        """Append one ``generate`` output with mask 1 and its log-probs.
+
+        Args:
+            out: The engine's output for :attr:`context_ids`.
+
+        Returns:
+            The assistant message appended to :attr:`messages` (content = decoded text without
+            the trailing end-of-turn token).
+
+        Raises:
+            ValueError: when the engine returned log-probs for some turns but not others.
+        """
+        ids = list(out.token_ids)
+        if out.log_probs is not None:
+            if self.response_logprobs is None:
+                if any(self.response_mask):
+                    raise ValueError(
+                        "the engine returned log-probs for this turn but not for earlier ones; "
+                        "request logprobs on every generate call of a trajectory"
+                    )
+                self.response_logprobs = [0.0] * len(self.response_ids)
+            self.response_logprobs.extend(float(lp) for lp in out.log_probs)
+        elif self.response_logprobs is not None and ids:
+            raise ValueError(
+                "the engine returned no log-probs for this turn but did for earlier ones; "
+                "request logprobs on every generate call of a trajectory"
+            )
+        self.response_ids.extend(ids)
+        self.response_mask.extend([1] * len(ids))
+        text = self.renderer.decode(ids)
+        eos_id, eos_text = self.renderer.eos_token_id, self.renderer.eos_text
+        ended_with_eos = bool(ids) and eos_id is not None and ids[-1] == eos_id
+        content = text[: -len(eos_text)] if ended_with_eos and eos_text and text.endswith(eos_text) else text
+        message = {"role": "assistant", "content": content}
+        self.messages.append(message)
+        self._generated_messages.append(len(self.messages) - 1)
+        self._pieces.append(_Piece("generated", text, len(ids)))
+        self._last_ended_with_eos = ended_with_eos
+        self.num_generations += 1
+        return message
+
+    def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Append non-assistant messages (tool results, user turns) with mask 0 and log-prob 0.0.
+
+        The ids are the template's delta: the glue after the last generated token (``"\\n"``
+        after ``<|im_end|>`` in ChatML; the whole turn suffix when generation stopped without
+        EOS), the new messages and the next generation prompt. When messages were already
+        appended since the last generation, that tail (including its generation prompt, which
+        no engine has seen) is rendered again together with the new messages, so templates that
+        group consecutive tool messages into one turn still match a full render.
+
+        Args:
+            messages: Messages with a role other than ``assistant``.
+
+        Returns:
+            The mask-0 ids that now follow the last generated token (with one call per turn:
+            exactly the ids this call appended). Before any generation: the new prompt_ids.
+
+        Raises:
+            ValueError: for an assistant message or a message without a role.
+            TokenizationMismatchError: when the template cannot be split into turns.
+        """
+        new = [_check_message(m, i) for i, m in enumerate(messages)]
+        if not new:
+            raise ValueError("append_messages needs at least one message")
+        for m in new:
+            if m["role"] == "assistant":
+                raise ValueError(
+                    "append_messages got an assistant message; engine output goes through "
+                    "append_generated (mask 1) so its tokens are never re-encoded"
+                )
+        # Drop the mask-0 tail after the last generated piece; it is rendered again below.
+        while self._pieces and self._pieces[-1].kind == "appended":
+            self._pieces.pop()
+        if self._pieces[-1].kind == "prompt":
+            self.messages.extend(new)
+            text = self.renderer.render_text(self.messages, add_generation_prompt=True)
+            self.prompt_ids = self.renderer.encode(text)
+            self._pieces = [_Piece("prompt", text, len(self.prompt_ids))]
+            return list(self.prompt_ids)
+        last_assistant = max(i for i, m in enumerate(self.messages) if m["role"] == "assistant")
+        history = self.messages[: last_assistant + 1]
+        tail = self.messages[last_assistant + 1 :] + new
+        delta = self.renderer.delta(history, tail, assistant_ended_with_eos=self._last_ended_with_eos)
+        self.used_base_fallback |= delta.used_base_fallback
+        keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
+        del self.response_ids[keep:], self.response_mask[keep:]
+        self.response_ids.extend(delta.ids)
+        self.response_mask.extend([0] * len(delta.ids))
+        if self.response_logprobs is not None:
+            del self.response_logprobs[keep:]
+            self.response_logprobs.extend([0.0] * len(delta.ids))
+        self.messages.extend(new)
+        self._pieces.append(_Piece("appended", delta.text, len(delta.ids)))
+        return list(delta.ids)
+
+    # -- checking and output ---------------------------------------------------------------
+
+    def _reference_text(self) -> tuple[str, str]:
+        """Text the built ids should encode, and a note on how it was obtained."""
+        if self.used_base_fallback and not self.renderer.use_inference_chat_template:
+            # The template rewrites earlier turns (e.g. strips reasoning), so no single render
+            # keeps the generated tokens; the training view is the turn-by-turn rendering.
+            return "".join(p.text for p in self._pieces), (
+                "template rewrites history; compared with the turn-by-turn rendering "
+                "(use_inference_chat_template=False)"
+            )
+        pending = self._pieces[-1].kind != "generated"
+        messages = self.messages
+        extra = self.renderer.generation_prompt_extra
+        if extra and not self.renderer.use_inference_chat_template:
+            # The engine saw the generation prompt's extra text before each generated turn
+            # (e.g. an empty think block); a history render leaves it out.
+            messages = [dict(m) for m in messages]
+            for i in self._generated_messages:
+                messages[i]["content"] = extra + (messages[i].get("content") or "")
+        text = self.renderer.render_text(messages, add_generation_prompt=pending)
+        if not pending:
+            # The trajectory ends right after the generated ids; the template's glue after
+            # them was never appended.
+            glue = self.renderer.glue_after_assistant(self._last_ended_with_eos)
+            if glue and text.endswith(glue):
+                text = text[: -len(glue)]
+        return text, "full render of all messages"
+
+    def sanity_check(self, mode: SanityCheckMode = "strict") -> SanityCheckReport:
+        """Compare the built ids with a re-tokenization of the rendered conversation.
+
+        The reference is the template applied to :attr:`messages` (see
+        ``use_inference_chat_template`` on :class:`ChatRenderer` for templates that rewrite
+        history). Generated ids are compared verbatim against their place in the text: a
+        non-canonical tokenization sampled by the engine is not a delta error, and is reported
+        as ``canonical=False``. Everything else must match the re-tokenized reference.
+
+        Args:
+            mode: ``strict`` (any difference fails), ``ignore_strippable`` (a difference in
+                whitespace only passes), or ``disable``.
+
+        Returns:
+            The report; this method never raises on a mismatch.
+        """
+        check_mode(mode)
+        if mode == "disable":
+            return SanityCheckReport(ok=True, mode=mode, reason="sanity check disabled")
+        built = self.context_ids
+        ref_text, note = self._reference_text()
+        full = self.renderer.encode(ref_text)
+        canonical = full == built
+        if canonical:
+            return SanityCheckReport(ok=True, mode=mode, canonical=True)
+        expected = full
+        own_text = "".join(p.text for p in self._pieces)
+        if own_text == ref_text and sum(p.n_ids for p in self._pieces) == len(built):
+            # Same text: keep generated ids verbatim and re-tokenize only the other pieces.
+            expected, pos, at = [], 0, 0
+            for p in self._pieces:
+                if p.kind == "generated":
+                    expected += built[at : at + p.n_ids]
+                else:
+                    expected += self.renderer.encode(ref_text[pos : pos + len(p.text)])
+                pos += len(p.text)
+                at += p.n_ids
+            if expected == built:
+                note = "generated ids are a non-canonical tokenization of their text; " + note
+        return compare(self.renderer, built, expected, mode=mode, canonical=canonical, note=note)
+
+    def to_output(
+        self,
+        *,
+        reward_score: float | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        extra_fields: Mapping[str, Any] | None = None,
+        sanity_check: SanityCheckMode = "strict",
+    ) -> AgentLoopOutput:
+        """Run the sanity check and package the trajectory.
+
+        A failing report is logged as a warning showing the mismatching text and recorded as
+        ``metrics["tokenization_mismatch"] = 1``; in ``strict`` mode it also raises.
+        ``metrics["tokenization_noncanonical"] = 1`` marks engine-sampled non-canonical
+        tokenizations, which pass.
+
+        Args:
+            reward_score: Scalar reward, if known.
+            metrics: Timings and counters to carry.
+            extra_fields: Loop-specific data to carry.
+            sanity_check: ``strict``, ``ignore_strippable`` or ``disable``.
+
+        Returns:
+            The :class:`AgentLoopOutput`; ``num_turns`` is the number of messages.
+
+        Raises:
+            TokenizationMismatchError: in strict mode when the check fails.
+        """
+        report = self.sanity_check(sanity_check)
+        out_metrics = dict(metrics or {})
+        if report.canonical is False:
+            out_metrics["tokenization_noncanonical"] = 1
+        if not report.ok:
+            out_metrics["tokenization_mismatch"] = 1
+            logger.warning("%s", report.describe())
+            if sanity_check == "strict":
+                raise TokenizationMismatchError(
+                    report.describe() + "\nFix the delta (or the chat template), or pass "
+                    "sanity_check='ignore_strippable' / 'disable' to accept it."
+                )
+        elif report.first_mismatch is not None:
+            out_metrics["tokenization_mismatch_ignored"] = 1
+        return AgentLoopOutput(
+            prompt_ids=list(self.prompt_ids),
+            response_ids=list(self.response_ids),
+            response_mask=list(self.response_mask),
+            response_logprobs=None if self.response_logprobs is None else list(self.response_logprobs),
+            reward_score=reward_score,
+            num_turns=len(self.messages),
+            metrics=out_metrics,
+            extra_fields=dict(extra_fields or {}),
+        )
+
+
+def _check_message(message: Mapping[str, Any], index: int) -> dict:
+    if not isinstance(message, Mapping):
+        raise ValueError(f"message {index} is a {type(message).__name__}, expected a dict with 'role'")
+    if not message.get("role"):
+        raise ValueError(f"message {index} has no 'role': {dict(message)!r}")
+    return dict(message)

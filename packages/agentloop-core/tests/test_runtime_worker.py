@@ -1,0 +1,161 @@
+"""AgentLoopWorker: concurrency, order, sampling params, failures, timeouts, bad rows."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import agentloop_core.testing.loops  # noqa: F401  registers test_chat
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.registry import UnknownAgentLoopError
+from agentloop_core.runtime import AgentLoopWorker
+from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_path
+from agentloop_core.testing.loops import TEST_CHAT_AGENT
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+def make_rows(n: int, **extra) -> list[dict]:
+    return [
+        {
+            "agent_name": TEST_CHAT_AGENT,
+            "raw_prompt": [{"role": "user", "content": f"question {i}"}],
+            "index": i,
+            **extra,
+        }
+        for i in range(n)
+    ]
+
+
+CONFIG = {
+    "sampling_params": {"max_tokens": 6, "temperature": 1.0},
+    "val_sampling_params": {"temperature": 0.0, "max_tokens": 3},
+}
+
+
+async def test_200_samples_run_concurrently_in_order(tokenizer):
+    server = ScriptedServer(latency_s=0.05, eos_token_id=tokenizer.eos_token_id)
+    worker = AgentLoopWorker(server, tokenizer, CONFIG)
+    rows = make_rows(200)
+    start = time.perf_counter()
+    outputs = await worker.generate_sequences(rows)
+    elapsed = time.perf_counter() - start
+    # Serially this is 200 * 0.05 s = 10 s of engine latency.
+    assert elapsed < 5.0, f"samples did not overlap: {elapsed:.2f}s"
+    assert len(outputs) == 200
+    for i, out in enumerate(outputs):
+        assert not out.failed, out.metrics
+        assert f"question {i}" in tokenizer.decode(out.prompt_ids)
+        assert out.metrics["agent_name"] == TEST_CHAT_AGENT
+        assert out.metrics["generate_s"] >= 0.05
+        assert out.metrics["agent_loop_s"] >= out.metrics["generate_s"]
+    by_prompt = {tuple(c.prompt_ids): c.output.token_ids for c in server.calls}
+    assert [by_prompt[tuple(o.prompt_ids)] for o in outputs] == [o.response_ids for o in outputs]
+
+
+async def test_validate_uses_val_sampling_params(tokenizer):
+    server = ScriptedServer()
+    worker = AgentLoopWorker(server, tokenizer, CONFIG)
+    await worker.generate_sequences(make_rows(3))
+    assert {(c.sampling_params.temperature, c.sampling_params.max_tokens) for c in server.calls} == {(1.0, 6)}
+    server.calls.clear()
+    outputs = await worker.generate_sequences(make_rows(3), validate=True)
+    assert {(c.sampling_params.temperature, c.sampling_params.max_tokens) for c in server.calls} == {(0.0, 3)}
+    assert all(len(o.response_ids) == 3 for o in outputs)
+
+
+async def test_raising_loop_yields_failed_sample_not_crash(tokenizer):
+    rows = make_rows(6)
+    rows[2]["fail"] = True
+    rows[5]["fail"] = True
+    outputs = await AgentLoopWorker(ScriptedServer(), tokenizer, CONFIG).generate_sequences(
+        rows, sample_offset=10
+    )
+    assert [o.failed for o in outputs] == [False, False, True, False, False, True]
+    assert "ScriptedLoopError" in outputs[2].metrics["error"]
+    assert outputs[2].metrics["sample_index"] == 12
+    assert outputs[2].response_ids == [] and outputs[0].response_ids
+
+
+async def test_sample_timeout_fails_only_the_slow_sample(tokenizer):
+    rows = make_rows(4)
+    rows[1]["sleep_s"] = 30
+    worker = AgentLoopWorker(ScriptedServer(), tokenizer, {**CONFIG, "sample_timeout_s": 0.3})
+    start = time.perf_counter()
+    outputs = await worker.generate_sequences(rows)
+    assert time.perf_counter() - start < 5
+    assert [o.failed for o in outputs] == [False, True, False, False]
+    assert "SampleTimeoutError" in outputs[1].metrics["error"]
+    assert "sample_timeout_s=0.3" in outputs[1].metrics["error"]
+
+
+async def test_max_concurrent_samples_caps_in_flight(tokenizer):
+    in_flight = peak = 0
+
+    class CountingServer(ScriptedServer):
+        async def generate(self, request_id, prompt_ids, sampling_params):
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                return await super().generate(request_id, prompt_ids, sampling_params)
+            finally:
+                in_flight -= 1
+
+    worker = AgentLoopWorker(
+        CountingServer(latency_s=0.01), tokenizer, {**CONFIG, "max_concurrent_samples": 4}
+    )
+    outputs = await worker.generate_sequences(make_rows(20))
+    assert not any(o.failed for o in outputs)
+    assert peak == 4
+
+
+async def test_default_agent_loop_and_missing_name(tokenizer):
+    rows = make_rows(3)
+    del rows[1]["agent_name"]
+    with pytest.raises(ValueError, match=r"row 1 has no 'agent_name'.*default_agent_loop"):
+        await AgentLoopWorker(ScriptedServer(), tokenizer, CONFIG).generate_sequences(rows)
+    worker = AgentLoopWorker(ScriptedServer(), tokenizer, {**CONFIG, "default_agent_loop": TEST_CHAT_AGENT})
+    outputs = await worker.generate_sequences(rows)
+    assert all(isinstance(o, AgentLoopOutput) and not o.failed for o in outputs)
+
+
+async def test_unknown_agent_name_lists_known_names(tokenizer):
+    rows = make_rows(2)
+    rows[1]["agent_name"] = "no_such_loop"
+    with pytest.raises(UnknownAgentLoopError, match=r"no_such_loop.*test_chat"):
+        await AgentLoopWorker(ScriptedServer(), tokenizer, CONFIG).generate_sequences(rows)
+
+
+async def test_bad_sampling_params_name_the_config_key(tokenizer):
+    worker = AgentLoopWorker(ScriptedServer(), tokenizer, {"sampling_params": {"max_token": 5}})
+    with pytest.raises(
+        ValueError, match=r"config sampling_params: unknown sampling parameter 'max_token'.*max_tokens"
+    ):
+        await worker.generate_sequences(make_rows(1))
+
+
+def test_bad_runtime_options_are_rejected(tokenizer):
+    with pytest.raises(ValueError, match="sample_timeout_s"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"sample_timeout_s": -1})
+    with pytest.raises(ValueError, match="max_concurrent_samples"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"max_concurrent_samples": 0})
+    with pytest.raises(ImportError, match="no_such_module_xyz.*agent_loop_modules"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_modules": ["no_such_module_xyz"]})
+
+
+async def test_tokenizer_path_is_loaded_lazily(tokenizer):
+    worker = AgentLoopWorker(ScriptedServer(), str(tiny_tokenizer_path()), CONFIG)
+    assert worker._tokenizer is None
+    outputs = await worker.generate_sequences(make_rows(2))
+    assert worker._tokenizer is not None
+    assert outputs[1].prompt_ids == tokenizer.encode(
+        tokenizer.apply_chat_template(
+            make_rows(2)[1]["raw_prompt"], add_generation_prompt=True, tokenize=False
+        ),
+        add_special_tokens=False,
+    )

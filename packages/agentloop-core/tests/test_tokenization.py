@@ -1,0 +1,372 @@
+"""Delta multi-turn tokenization equals full re-tokenization, on the tiny tokenizer and on every
+tokenizer folder listed in AGENTLOOP_TOKENIZER_DIRS (colon-separated)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"x": {"type": "string", "description": "the expression"}},
+                "required": ["x"],
+            },
+        },
+    }
+]
+
+
+def _tokenizer_params() -> list:
+    params = [pytest.param("tiny", id="tiny")]
+    for folder in filter(None, os.environ.get("AGENTLOOP_TOKENIZER_DIRS", "").split(":")):
+        params.append(pytest.param(folder, id=Path(folder).name or folder))
+    return params
+
+
+@pytest.fixture(scope="module", params=_tokenizer_params())
+def tok(request):
+    if request.param == "tiny":
+        return load_tiny_tokenizer()
+    from transformers import AutoTokenizer
+
+    folder = Path(request.param)
+    if not folder.is_dir():
+        pytest.fail(f"AGENTLOOP_TOKENIZER_DIRS lists {folder}, which is not a folder")
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _supports_tools(tok) -> bool:
+    marker = "tool-result-marker-42"
+    try:
+        text = tok.apply_chat_template(
+            [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": "a"},
+                {"role": "tool", "content": marker},
+            ],
+            tools=TOOLS,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+    except Exception:
+        return False
+    return marker in text and '"calc"' in text
+
+
+@pytest.fixture(scope="module")
+def tool_support(tok) -> bool:
+    return _supports_tools(tok)
+
+
+def engine_ids(renderer: ChatRenderer, context_ids: list[int], text: str) -> tuple[list[int], bool]:
+    """Ids an engine would generate for ``text`` + EOS after ``context_ids``.
+
+    Uses the tokenization of the text in context when that leaves the context ids unchanged
+    (what a model trained on canonical tokenizations emits); otherwise the text's own encoding,
+    flagged non-canonical.
+    """
+    joint = renderer.encode(renderer.decode(context_ids) + text)
+    if joint[: len(context_ids)] == context_ids:
+        return joint[len(context_ids) :] + [renderer.eos_token_id], True
+    return renderer.encode(text) + [renderer.eos_token_id], False
+
+
+def logprobs_for(ids: list[int], turn: int) -> list[float]:
+    return [-0.001 * (1 + (i + 7 * turn) % 50) for i in range(len(ids))]
+
+
+def tool_call_text(arg: str) -> str:
+    return '<tool_call>\n{"name": "calc", "arguments": ' + json.dumps({"x": arg}) + "}\n</tool_call>"
+
+
+def assert_mask_invariant(traj: Trajectory, outputs: list[tuple[list[int], list[float]]]) -> None:
+    n = len(traj.response_ids)
+    assert len(traj.response_mask) == n and len(traj.response_logprobs) == n
+    generated = [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1]
+    assert generated == [t for ids, _ in outputs for t in ids]
+    lps = [lp for lp, m in zip(traj.response_logprobs, traj.response_mask, strict=True) if m == 1]
+    assert lps == [lp for _, lp in outputs for lp in lp]
+    assert all(lp == 0.0 for lp, m in zip(traj.response_logprobs, traj.response_mask, strict=True) if m == 0)
+
+
+def full_reference(tok, messages, tools, add_generation_prompt: bool) -> list[int]:
+    text = tok.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    return tok.encode(text, add_special_tokens=False)
+
+
+# Unicode, whitespace runs, newlines, combining marks (NFC changes them), emoji; no "<" so no
+# text spells a special token.
+_CHUNKS = st.one_of(
+    st.text(st.characters(exclude_characters="<", exclude_categories=("Cs",)), max_size=4),
+    st.sampled_from(
+        ["\n", " ", "\t", "\r\n", "  ", "\n\n", "e\u0301", "\u4e2d\u6587", "\U0001f642", "#### 42"]
+    ),
+)
+TEXT = st.lists(_CHUNKS, max_size=8).map("".join)
+TURN = st.tuples(
+    TEXT,  # assistant text
+    st.booleans(),  # assistant makes a tool call
+    st.one_of(
+        st.lists(TEXT, min_size=1, max_size=3).map(lambda xs: [{"role": "tool", "content": x} for x in xs]),
+        TEXT.map(lambda x: [{"role": "user", "content": x}]),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    system=TEXT,
+    question=TEXT,
+    turns=st.lists(TURN, min_size=1, max_size=8),
+    end_with_assistant=st.booleans(),
+    split_tool_messages=st.booleans(),
+)
+def test_delta_equals_full_tokenization(
+    tok, tool_support, system, question, turns, end_with_assistant, split_tool_messages
+):
+    tools = TOOLS if tool_support else None
+    renderer = ChatRenderer(tok, tools=tools)
+    traj = Trajectory(
+        renderer, [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    )
+    assert traj.prompt_ids == full_reference(tok, traj.messages, tools, True)
+    outputs, all_canonical = [], True
+    for k, (text, call, follow) in enumerate(turns):
+        if not tool_support:
+            call, follow = False, [{"role": "user", "content": m["content"]} for m in follow[:1]]
+        ids, canonical = engine_ids(renderer, traj.context_ids, text + (tool_call_text(text) if call else ""))
+        all_canonical &= canonical
+        lps = logprobs_for(ids, k)
+        before = traj.context_ids
+        message = traj.append_generated(TokenOutput(ids, lps))
+        assert traj.context_ids == before + ids, "generated ids must be appended verbatim"
+        assert message is traj.messages[-1] and message["role"] == "assistant"
+        outputs.append((ids, lps))
+        if end_with_assistant and k == len(turns) - 1:
+            break
+        if split_tool_messages and len(follow) > 1:
+            for m in follow:  # one call per tool result: the tail is re-rendered each time
+                traj.append_messages([m])
+        else:
+            traj.append_messages(follow)
+    assert_mask_invariant(traj, outputs)
+    event(f"all generated turns canonical: {all_canonical}")
+    strict = traj.sanity_check("strict")
+    assert strict.ok, strict.describe()
+    if end_with_assistant:
+        expected = full_reference(tok, traj.messages, tools, False)
+        if all_canonical:
+            # The trajectory stops right after the generated EOS; the rest is template glue.
+            assert expected[: len(traj.context_ids)] == traj.context_ids
+            assert renderer.decode(expected[len(traj.context_ids) :]).strip() == ""
+    else:
+        expected = full_reference(tok, traj.messages, tools, True)
+        if all_canonical:
+            assert traj.context_ids == expected
+    if all_canonical:
+        assert strict.canonical is True
+    output = traj.to_output(sanity_check="strict")
+    assert output.response_ids == traj.response_ids and output.num_turns == len(traj.messages)
+
+
+def test_delta_ids_match_trajectory(tok, tool_support):
+    if not tool_support:
+        pytest.skip("this chat template does not render tools= / tool messages")
+    renderer = ChatRenderer(tok, tools=TOOLS)
+    traj = Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}])
+    ids, _ = engine_ids(renderer, traj.context_ids, tool_call_text("6*7"))
+    traj.append_generated(TokenOutput(ids))
+    new = [{"role": "tool", "content": "42"}]
+    expected = renderer.delta_ids(traj.messages, new)
+    assert traj.append_messages(new) == expected
+    assert traj.response_ids[-len(expected) :] == expected
+    text = renderer.decode(expected)
+    assert "42" in text and text.startswith(renderer.glue_after_assistant(True))
+    assert (
+        renderer.encode(renderer.render_text(traj.messages, add_generation_prompt=True)) == traj.context_ids
+    )
+
+
+def test_generation_without_eos_gets_full_turn_suffix(tok):
+    renderer = ChatRenderer(tok)
+    traj = Trajectory(renderer, [{"role": "user", "content": "Count."}])
+    ids = renderer.encode("one two three")  # stopped by max_tokens: no EOS
+    traj.append_generated(TokenOutput(ids, stop_reason="length"))
+    appended = traj.append_messages([{"role": "user", "content": "Go on."}])
+    assert renderer.decode(appended).startswith(renderer.assistant_suffix)
+    assert traj.sanity_check("strict").ok
+    assert traj.response_logprobs is None  # no engine returned log-probs
+    assert traj.response_mask == [1] * len(ids) + [0] * len(appended)
+
+
+def test_trajectory_may_end_after_truncated_generation(tok):
+    renderer = ChatRenderer(tok)
+    traj = Trajectory(renderer, [{"role": "user", "content": "Count."}])
+    traj.append_generated(TokenOutput(renderer.encode("one two"), stop_reason="length"))
+    report = traj.sanity_check("strict")
+    assert report.ok, report.describe()
+
+
+def test_messages_before_first_generation_rerender_prompt(tok):
+    renderer = ChatRenderer(tok)
+    traj = Trajectory(renderer, [{"role": "user", "content": "Hi."}])
+    ids = traj.append_messages([{"role": "user", "content": "Are you there?"}])
+    assert ids == traj.prompt_ids == full_reference(tok, traj.messages, None, True)
+    assert traj.response_ids == []
+
+
+def test_bad_messages_are_rejected(tok):
+    renderer = ChatRenderer(tok)
+    with pytest.raises(ValueError, match="at least one prompt message"):
+        Trajectory(renderer, [])
+    traj = Trajectory(renderer, [{"role": "user", "content": "Hi."}])
+    with pytest.raises(ValueError, match="append_generated"):
+        traj.append_messages([{"role": "assistant", "content": "not generated"}])
+    with pytest.raises(ValueError, match="no 'role'"):
+        traj.append_messages([{"content": "x"}])
+    with pytest.raises(ValueError, match="sanity_check must be one of"):
+        traj.sanity_check("loose")
+
+
+def test_mixed_logprobs_are_an_error(tok):
+    renderer = ChatRenderer(tok)
+    traj = Trajectory(renderer, [{"role": "user", "content": "Hi."}])
+    traj.append_generated(TokenOutput([renderer.eos_token_id]))
+    traj.append_messages([{"role": "user", "content": "Again."}])
+    with pytest.raises(ValueError, match="log-probs"):
+        traj.append_generated(TokenOutput([renderer.eos_token_id], log_probs=[-0.1]))
+
+
+def test_tokenizer_without_template_is_rejected():
+    tok = load_tiny_tokenizer()
+    tok2 = tok.__class__.from_pretrained(tok.name_or_path)
+    tok2.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatRenderer(tok2)
+
+
+# A Qwen3-like template: reasoning is stripped from assistant turns before the last user
+# message, so render(history) is not a prefix of render(history + user message).
+QWEN3_LIKE = (
+    "{%- set ns = namespace(last_user=-1) %}"
+    "{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"
+    "{%- for m in messages %}"
+    "{%- set content = m.content or '' %}"
+    "{%- if m.role == 'assistant' and loop.index0 < ns.last_user and '</think>' in content %}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
+    "{%- endif %}"
+    "{{- '<|im_start|>' + m.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("inference_template", [False, True])
+def test_reasoning_stripping_template_uses_base_fallback(inference_template):
+    tok = load_tiny_tokenizer()
+    renderer = ChatRenderer(tok, chat_template=QWEN3_LIKE, use_inference_chat_template=inference_template)
+    traj = Trajectory(renderer, [{"role": "user", "content": "What is 2+2?"}])
+    first = renderer.encode("<think>\nadd them\n</think>\n\nIt is 4.") + [renderer.eos_token_id]
+    traj.append_generated(TokenOutput(first, [-0.2] * len(first)))
+    traj.append_messages([{"role": "tool", "content": "4"}])
+    assert not traj.used_base_fallback  # no new user message: nothing is stripped yet
+    delta = traj.append_messages([{"role": "tool", "content": "4"}, {"role": "user", "content": "And 3+3?"}])
+    assert traj.used_base_fallback
+    assert renderer.decode(delta) == (
+        "\n<|im_start|>tool\n4<|im_end|>\n<|im_start|>tool\n4<|im_end|>\n"
+        "<|im_start|>user\nAnd 3+3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    second = renderer.encode("<think>\nagain\n</think>\n\n6") + [renderer.eos_token_id]
+    traj.append_generated(TokenOutput(second, [-0.3] * len(second)))
+    assert_mask_invariant(traj, [(first, [-0.2] * len(first)), (second, [-0.3] * len(second))])
+    assert "add them" in renderer.decode(traj.context_ids)  # the generated reasoning is kept
+    report = traj.sanity_check("strict")
+    if inference_template:
+        # An inference server would render the history without the first turn's reasoning.
+        assert not report.ok
+        assert "add them" in report.actual_text and "add them" not in report.expected_text
+        with pytest.raises(TokenizationMismatchError, match="MISMATCH"):
+            traj.to_output(sanity_check="strict")
+    else:
+        assert report.ok, report.describe()
+        assert traj.to_output().metrics.get("tokenization_mismatch") is None
+
+
+def test_template_that_rewrites_everything_is_an_error():
+    tok = load_tiny_tokenizer()
+    # Renders only the number of messages: no render is a prefix of a longer one.
+    renderer_template = (
+        "{{- messages | length }}{%- if add_generation_prompt %}>{%- endif %}{{- messages[-1].content }}"
+    )
+    renderer = ChatRenderer(tok, chat_template=renderer_template)
+    traj = Trajectory(renderer, [{"role": "user", "content": "a"}])
+    traj.append_generated(TokenOutput(renderer.encode("b")))
+    with pytest.raises(TokenizationMismatchError, match="base conversation"):
+        traj.append_messages([{"role": "user", "content": "c"}])
+
+
+class _ProcessorLike:
+    """The surface of a transformers processor the renderer uses: its own
+    apply_chat_template, and .tokenizer for encode/decode."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = tokenizer.chat_template
+        self.rendered = 0
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.rendered += 1
+        return [self.tokenizer.apply_chat_template(messages, **kwargs)]  # batched, like some processors
+
+
+def test_processor_renders_and_its_tokenizer_encodes():
+    tok = load_tiny_tokenizer()
+    processor = _ProcessorLike(tok)
+    renderer = ChatRenderer(processor)
+    assert renderer.tokenizer is tok
+    messages = [{"role": "user", "content": "Hi."}]
+    assert renderer.render_prompt(messages) == ChatRenderer(tok).render_prompt(messages)
+    assert processor.rendered >= 2  # the probe and the prompt went through the processor
+
+
+@pytest.mark.parametrize("inference_template", [False, True])
+def test_apply_chat_template_kwargs_reach_the_template(inference_template):
+    tok = load_tiny_tokenizer()
+    template = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and not enable_thinking %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+        "{%- endif %}"
+    )
+    renderer = ChatRenderer(
+        tok,
+        chat_template=template,
+        apply_chat_template_kwargs={"enable_thinking": False},
+        use_inference_chat_template=inference_template,
+    )
+    assert renderer.generation_prompt_extra == "<think>\n\n</think>\n\n"
+    traj = Trajectory(renderer, [{"role": "user", "content": "Hi."}])
+    assert renderer.decode(traj.prompt_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    traj.append_generated(TokenOutput(renderer.encode("Hello.") + [renderer.eos_token_id]))
+    delta = traj.append_messages([{"role": "user", "content": "Bye."}])
+    assert renderer.decode(delta).endswith("<think>\n\n</think>\n\n")
+    # The engine saw the empty think block before "Hello."; a history render drops it, which
+    # only the inference view reports.
+    assert traj.sanity_check("strict").ok is not inference_template

@@ -1,0 +1,109 @@
+"""The tokenization sanity check catches corrupted trajectories and tolerates what it should."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChatRenderer:
+    return ChatRenderer(load_tiny_tokenizer())
+
+
+def _tool_trajectory(renderer: ChatRenderer) -> Trajectory:
+    traj = Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}])
+    call = renderer.encode('<tool_call>\n{"name": "calc", "arguments": {"x": "6*7"}}\n</tool_call>')
+    traj.append_generated(TokenOutput(call + [renderer.eos_token_id], [-0.5] * (len(call) + 1)))
+    traj.append_messages([{"role": "tool", "content": "42"}])
+    answer = renderer.encode("It is 42.")
+    traj.append_generated(TokenOutput(answer + [renderer.eos_token_id], [-0.1] * (len(answer) + 1)))
+    return traj
+
+
+def test_clean_trajectory_passes(renderer):
+    traj = _tool_trajectory(renderer)
+    report = traj.sanity_check("strict")
+    assert report.ok and report.canonical is True and report.first_mismatch is None
+    out = traj.to_output(reward_score=1.0, metrics={"x": 1}, extra_fields={"k": "v"})
+    assert out.metrics == {"x": 1} and out.extra_fields == {"k": "v"} and out.reward_score == 1.0
+
+
+def test_missing_glue_newline_fails_strict_and_passes_ignore_strippable(renderer, monkeypatch):
+    # The verl bug: nothing appended between <|im_end|> and the next turn's <|im_start|>.
+    monkeypatch.setattr(renderer, "glue_after_assistant", lambda ended_with_eos: "")
+    traj = _tool_trajectory(renderer)
+    monkeypatch.undo()
+    assert "<|im_end|><|im_start|>user" in renderer.decode(traj.context_ids)
+    report = traj.sanity_check("strict")
+    assert not report.ok and report.first_mismatch is not None
+    assert "<|im_end|>\n<|im_start|>" in report.expected_text
+    assert "<|im_end|><|im_start|>" in report.actual_text
+    with pytest.raises(TokenizationMismatchError, match="first mismatching token index"):
+        traj.to_output(sanity_check="strict")
+    lenient = traj.sanity_check("ignore_strippable")
+    assert lenient.ok and "whitespace" in lenient.reason
+    out = traj.to_output(sanity_check="ignore_strippable")
+    assert out.metrics["tokenization_mismatch_ignored"] == 1 and "tokenization_mismatch" not in out.metrics
+
+
+def test_corrupted_tool_tokens_fail_both_modes_and_are_logged(renderer, caplog):
+    traj = _tool_trajectory(renderer)
+    forty_two = renderer.encode("42")
+    at = next(
+        i
+        for i in range(len(traj.response_ids))
+        if traj.response_mask[i] == 0 and traj.response_ids[i : i + len(forty_two)] == forty_two
+    )
+    traj.response_ids[at] = renderer.encode("7")[0]
+    assert not traj.sanity_check("strict").ok
+    report = traj.sanity_check("ignore_strippable")
+    assert not report.ok and report.first_mismatch == len(traj.prompt_ids) + at
+    with caplog.at_level(logging.WARNING, logger="agentloop_core.tokenization.trajectory"):
+        out = traj.to_output(sanity_check="ignore_strippable")
+    assert out.metrics["tokenization_mismatch"] == 1
+    assert "MISMATCH" in caplog.text and "42" in caplog.text
+
+
+def test_dropped_token_is_caught(renderer):
+    traj = _tool_trajectory(renderer)
+    newline_at = traj.response_mask.index(0)  # first mask-0 token: the "\n" glue
+    for seq in (traj.response_ids, traj.response_mask, traj.response_logprobs):
+        del seq[newline_at]
+    assert not traj.sanity_check("strict").ok
+    assert traj.sanity_check("ignore_strippable").ok  # only a newline is missing
+
+
+def test_disable_skips_the_check(renderer):
+    traj = _tool_trajectory(renderer)
+    traj.response_ids[-3] = 5
+    assert traj.sanity_check("disable").ok
+    out = traj.to_output(sanity_check="disable")
+    assert "tokenization_mismatch" not in out.metrics
+
+
+def test_noncanonical_generation_passes_strict(renderer):
+    # A model may sample "apples" letter by letter instead of as the merged tokens; those are
+    # its tokens to train on, not a delta error.
+    traj = Trajectory(renderer, [{"role": "user", "content": "Hi."}])
+    ids = [t for ch in "apples" for t in renderer.encode(ch)] + [renderer.eos_token_id]
+    assert ids[:-1] != renderer.encode("apples")
+    traj.append_generated(TokenOutput(ids))
+    traj.append_messages([{"role": "user", "content": "Bye."}])
+    report = traj.sanity_check("strict")
+    assert report.ok and report.canonical is False, report.describe()
+    assert traj.to_output().metrics["tokenization_noncanonical"] == 1
+
+
+def test_tool_calls_added_to_history_are_reported(renderer):
+    traj = _tool_trajectory(renderer)
+    # Rendering parsed calls again duplicates the markup the model already wrote.
+    traj.messages[1]["tool_calls"] = [
+        {"type": "function", "function": {"name": "calc", "arguments": {"x": "6*7"}}}
+    ]
+    assert not traj.sanity_check("ignore_strippable").ok
