@@ -1,0 +1,48 @@
+"""agentloop-tools: tools, tool-call parsers and the multi-turn tool agent loop.
+
+MCP support (``agentloop_tools.mcp``) needs the ``[mcp]`` extra and is imported on use.
+"""
+
+from agentloop_tools.agent_loop import AgentState, ToolAgentConfig, ToolAgentLoop, truncate_text
+from agentloop_tools.base import BaseTool
+from agentloop_tools.builtin import Gsm8kTool, PythonSandboxTool, calculator, evaluate_expression
+from agentloop_tools.function_tool import FunctionTool, function_tool
+from agentloop_tools.interaction import BaseInteraction, Gsm8kInteraction, load_interaction
+from agentloop_tools.load_tools import load_tools
+from agentloop_tools.parsers import (
+    ParseResult,
+    ToolCall,
+    ToolCallError,
+    ToolParser,
+    get_tool_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
+from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
+
+__all__ = [
+    "AgentState",
+    "BaseInteraction",
+    "BaseTool",
+    "FunctionTool",
+    "Gsm8kInteraction",
+    "Gsm8kTool",
+    "OpenAIFunctionToolSchema",
+    "ParseResult",
+    "PythonSandboxTool",
+    "ToolAgentConfig",
+    "ToolAgentLoop",
+    "ToolCall",
+    "ToolCallError",
+    "ToolParser",
+    "ToolResponse",
+    "calculator",
+    "evaluate_expression",
+    "function_tool",
+    "get_tool_parser",
+    "load_interaction",
+    "load_tools",
+    "register_tool_parser",
+    "tool_parser_names",
+    "truncate_text",
+]

@@ -1,0 +1,457 @@
+"""The multi-turn tool agent loop, registered as ``tool_agent``.
+
+Each trajectory moves through PENDING -> GENERATING -> PROCESSING_TOOLS -> (INTERACTING) ->
+TERMINATED. The model's tokens are appended exactly as the engine returned them (mask 1); tool
+results and user replies are rendered with the chat template and appended as the delta between
+the template applied to the history and to history + new messages (mask 0). Generated text is
+decoded only to find tool calls, never re-encoded for training.
+
+Anything a tool does wrong (raises, hangs, returns junk, gets bad arguments, does not exist)
+becomes an error message the model reads on its next turn and a counter in ``metrics``; it
+never ends the trajectory with an exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentloop_core.loop import AgentLoopBase
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.registry import register
+from agentloop_tools.base import BaseTool
+from agentloop_tools.interaction import BaseInteraction, load_interaction
+from agentloop_tools.parsers import ParseResult, ToolCall, get_tool_parser
+from agentloop_tools.schema import ToolResponse
+
+logger = logging.getLogger(__name__)
+
+TruncateSide = Literal["left", "right", "middle"]
+TRUNCATION_MARKER = "...(truncated)..."
+
+
+class AgentState(enum.Enum):
+    """Where a trajectory is in the tool agent loop."""
+
+    PENDING = "pending"
+    GENERATING = "generating"
+    PROCESSING_TOOLS = "processing_tools"
+    INTERACTING = "interacting"
+    TERMINATED = "terminated"
+
+
+@dataclass(frozen=True)
+class ToolAgentConfig:
+    """The ``tool_agent`` keys of the rollout config (other keys are ignored)."""
+
+    response_length: int = 1024
+    """Token budget for everything after the prompt: generated, tool and user tokens."""
+    prompt_length: int | None = None
+    """Longest accepted rendered prompt, in tokens; None: no limit."""
+    tool_parser: str = "hermes"
+    """Name of the tool-call parser (see ``agentloop_tools.parsers.tool_parser_names()``)."""
+    max_assistant_turns: int | None = None
+    """Most model turns; None: bounded only by ``response_length``."""
+    max_user_turns: int | None = None
+    """Most interaction replies; None: until the interaction ends the conversation."""
+    max_parallel_calls: int = 4
+    """Most tool calls run (concurrently) per turn; later calls get an error message."""
+    max_tool_response_length: int = 1024
+    """Most characters of one tool response shown to the model."""
+    tool_response_truncate_side: TruncateSide = "middle"
+    """Which part of a long response to keep: ``left`` keeps the tail, ``right`` the head,
+    ``middle`` head and tail."""
+    tool_timeout_s: float | None = 60.0
+    """Time limit of one tool call unless the tool sets its own ``timeout_s``; None: no limit."""
+    tool_reward: Literal["sum", "none"] = "sum"
+    """``sum``: reward_score = step rewards of every call + each tool's ``calc_reward`` + the
+    interaction's ``calculate_score``; ``none``: reward_score is None (the trainer computes it)."""
+    sanity_check: Literal["strict", "ignore_strippable", "disable"] = "strict"
+    """Delta-tokenization check against full re-tokenization, see ``Trajectory.to_output``."""
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the chat template (e.g. ``enable_thinking``)."""
+    use_inference_chat_template: bool = False
+    """Render history with the inference template even when it strips reasoning."""
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> ToolAgentConfig:
+        """Read and check the loop's keys.
+
+        Raises:
+            ValueError: naming the key, the bad value and what is accepted.
+        """
+        names = cls.__dataclass_fields__
+        data = {k: config[k] for k in names if k in config and config[k] is not None}
+        for key in ("max_assistant_turns", "max_user_turns", "prompt_length", "tool_timeout_s"):
+            if key in config and config[key] is None:
+                data[key] = None
+        cfg = cls(**data)
+        positive = {"response_length": cfg.response_length, "max_parallel_calls": cfg.max_parallel_calls,
+                    "max_tool_response_length": cfg.max_tool_response_length}
+        for key in ("prompt_length", "max_assistant_turns", "max_user_turns"):
+            if getattr(cfg, key) is not None:
+                positive[key] = getattr(cfg, key)
+        for key, value in positive.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"tool_agent config {key} must be a positive integer, got {value!r}")
+        if cfg.tool_timeout_s is not None and not (isinstance(cfg.tool_timeout_s, (int, float)) and cfg.tool_timeout_s > 0):
+            raise ValueError(f"tool_agent config tool_timeout_s must be a positive number or None, got {cfg.tool_timeout_s!r}")
+        choices = {"tool_response_truncate_side": ("left", "right", "middle"), "tool_reward": ("sum", "none"),
+                   "sanity_check": ("strict", "ignore_strippable", "disable")}
+        for key, allowed in choices.items():
+            if getattr(cfg, key) not in allowed:
+                raise ValueError(f"tool_agent config {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
+        return cfg
+
+
+def truncate_text(text: str, limit: int, side: TruncateSide) -> str:
+    """Keep at most ``limit`` characters of ``text``, marking the cut.
+
+    Args:
+        text: The tool response.
+        limit: Characters of ``text`` to keep.
+        side: ``left`` keeps the tail, ``right`` the head, ``middle`` both ends.
+    """
+    if len(text) <= limit:
+        return text
+    if side == "left":
+        return TRUNCATION_MARKER + text[len(text) - limit :]
+    if side == "right":
+        return text[:limit] + TRUNCATION_MARKER
+    head = limit // 2
+    return text[:head] + TRUNCATION_MARKER + text[len(text) - (limit - head) :]
+
+
+_TOOL_CACHE: dict[tuple[str | None, str | None], dict[str, BaseTool]] = {}
+
+
+def resolve_tools(config: Mapping[str, Any]) -> dict[str, BaseTool]:
+    """The loop's tools: ``config["tools"]`` (dict name -> BaseTool, or a list), else
+    ``load_tools(tool_config_path, function_tool_path)``, loaded once per process and shared
+    (per-trajectory state lives in tool instances, not in the tool objects).
+
+    Raises:
+        ValueError: a tool is not a BaseTool or its key differs from its name.
+    """
+    tools = config.get("tools")
+    if tools is None:
+        paths = (config.get("tool_config_path"), config.get("function_tool_path"))
+        if paths == (None, None):
+            return {}
+        if paths not in _TOOL_CACHE:
+            from agentloop_tools.load_tools import load_tools
+
+            _TOOL_CACHE[paths] = load_tools(*paths)
+        return _TOOL_CACHE[paths]
+    items = tools.items() if isinstance(tools, Mapping) else ((getattr(t, "name", None), t) for t in tools)
+    resolved: dict[str, BaseTool] = {}
+    for name, tool in items:
+        if not isinstance(tool, BaseTool):
+            raise ValueError(f"tool_agent config tools[{name!r}] is a {type(tool).__name__}, not a BaseTool; "
+                             "wrap functions with @function_tool")
+        if name != tool.name:
+            raise ValueError(f"tool_agent config tools key {name!r} differs from the tool's name {tool.name!r}")
+        resolved[name] = tool
+    return resolved
+
+
+def _stop_token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> tuple[int, ...]:
+    ids = []
+    vocab = tokenizer.get_vocab()
+    for token in tokens:
+        if token in vocab:
+            ids.append(vocab[token])
+        else:
+            # A llama3 parser over a non-llama tokenizer: EOS still ends the turn.
+            logger.debug("tool parser stop token %r is not in the tokenizer's vocabulary", token)
+    return tuple(ids)
+
+
+@dataclass
+class _Run:
+    """Per-trajectory bookkeeping."""
+
+    request_id: str
+    instances: dict[str, str] = field(default_factory=dict)
+    create_errors: dict[str, str] = field(default_factory=dict)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_rewards: list[float] = field(default_factory=list)
+    turn_scores: list[float] = field(default_factory=list)
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("tool_calls", "tool_errors", "parse_errors", "tool_calls_over_limit", "tool_media_dropped", "dropped_message_tokens",
+         "generate_s", "tool_calls_s", "interaction_s"), 0))
+    termination: str = ""
+    ended_with_eos: bool = True
+
+
+@register("tool_agent")
+class ToolAgentLoop(AgentLoopBase):
+    """Generates, runs the tools the model calls, feeds results back, repeats.
+
+    Config keys: see :class:`ToolAgentConfig`, plus ``tools`` / ``tool_config_path`` /
+    ``function_tool_path`` (see :func:`resolve_tools`) and ``interaction`` (a
+    :class:`~agentloop_tools.interaction.BaseInteraction` or ``{"class_name", "config"}``).
+
+    Row keys: ``raw_prompt`` (chat messages), ``tools_kwargs`` (per tool name, passed to
+    ``create``), ``interaction_kwargs`` (passed to ``Interaction.start``), ``request_id``
+    (optional; one id for all turns keeps them on one replica's prefix cache).
+    """
+
+    def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
+                 processor: Any = None, tracer: Any = None) -> None:
+        super().__init__(server, tokenizer, config, processor, tracer)
+        from agentloop_core.tokenization import ChatRenderer
+
+        self.settings = ToolAgentConfig.from_mapping(self.config)
+        self.tools = resolve_tools(self.config)
+        self.parser = get_tool_parser(self.settings.tool_parser)
+        self.interaction: BaseInteraction | None = load_interaction(self.config.get("interaction"))
+        schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
+        self.renderer = ChatRenderer(
+            tokenizer, tools=schemas or None,
+            use_inference_chat_template=self.settings.use_inference_chat_template,
+            apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
+        )
+        self.stop_token_ids = _stop_token_ids(tokenizer, self.parser.stop_tokens)
+
+    async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
+        """Roll out one trajectory; see the class docstring for the row keys.
+
+        Raises:
+            ValueError: the row is malformed (no ``raw_prompt``, ``tools_kwargs`` for an unknown
+                tool) or the prompt is longer than ``prompt_length``.
+        """
+        from agentloop_core.tokenization import Trajectory
+
+        messages = row.get("raw_prompt")
+        # Parquet datasets hand back numpy arrays of message dicts; any non-text sequence will do.
+        if messages is None or isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__len__") \
+                or len(messages) == 0:
+            raise ValueError("tool_agent row needs 'raw_prompt': a non-empty list of chat messages, got "
+                             f"{type(messages).__name__}")
+        tools_kwargs = dict(row.get("tools_kwargs") or {})
+        unknown = sorted(set(tools_kwargs) - set(self.tools))
+        if unknown:
+            raise ValueError(f"row tools_kwargs names tools {unknown} that the loop does not have; "
+                             f"configured tools: {sorted(self.tools) or '(none)'}")
+        base = SamplingParams.from_mapping(sampling_params)
+        per_turn_cap = base.max_tokens if not isinstance(sampling_params, Mapping) or "max_tokens" in sampling_params else None
+        base = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + self.stop_token_ids)))
+
+        trajectory = Trajectory(self.renderer, list(messages))
+        limit = self.settings.prompt_length
+        if limit is not None and len(trajectory.prompt_ids) > limit:
+            raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
+                             f"prompt_length={limit}; raise prompt_length or filter long prompts")
+        run = _Run(request_id=str(row.get("request_id") or uuid.uuid4().hex))
+        interaction_id: str | None = None
+        try:
+            await self._create_instances(run, tools_kwargs)
+            if self.interaction is not None:
+                interaction_id = await self.interaction.start(None, **dict(row.get("interaction_kwargs") or {}))
+            await self._loop(run, trajectory, base, per_turn_cap, interaction_id)
+            reward = await self._reward(run, interaction_id)
+        finally:
+            await self._release(run, interaction_id)
+        metrics = {**run.counters, "assistant_turns": run.assistant_turns, "user_turns": run.user_turns,
+                   "turns": run.assistant_turns + run.user_turns}
+        extra = {"turn_scores": list(run.turn_scores), "tool_rewards": list(run.tool_rewards),
+                 "messages": list(trajectory.messages), "termination_reason": run.termination,
+                 "request_id": run.request_id}
+        return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
+                                    sanity_check=self.settings.sanity_check)
+
+    async def _loop(self, run: _Run, trajectory: Any, base: SamplingParams, per_turn_cap: int | None,
+                    interaction_id: str | None) -> None:
+        cfg = self.settings
+        state = AgentState.GENERATING
+        parsed: ParseResult | None = None
+        while state is not AgentState.TERMINATED:
+            if state is AgentState.GENERATING:
+                remaining = cfg.response_length - len(trajectory.response_ids)
+                if remaining < 1:
+                    run.termination = "response_length"
+                    break
+                max_tokens = remaining if per_turn_cap is None else min(per_turn_cap, remaining)
+                start = time.perf_counter()
+                with self.tracer.span("generate", turn=run.assistant_turns, request_id=run.request_id):
+                    out: TokenOutput = await self.server.generate(
+                        run.request_id, list(trajectory.context_ids), base.replace(max_tokens=max_tokens))
+                run.counters["generate_s"] += time.perf_counter() - start
+                trajectory.append_generated(out)
+                run.assistant_turns += 1
+                run.ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == self.renderer.eos_token_id
+                state, parsed = self._after_generate(run, trajectory, out)
+            elif state is AgentState.PROCESSING_TOOLS:
+                assert parsed is not None
+                tool_messages = await self._run_tools(run, parsed)
+                state = self._append(run, trajectory, tool_messages)
+            elif state is AgentState.INTERACTING:
+                state = await self._interact(run, trajectory, interaction_id)
+
+    def _after_generate(self, run: _Run, trajectory: Any, out: TokenOutput) -> tuple[AgentState, ParseResult | None]:
+        cfg = self.settings
+        if out.stop_reason == "aborted":
+            run.termination = "aborted"
+            return AgentState.TERMINATED, None
+        if out.stop_reason == "length":
+            # A turn cut by the budget may hold half a call; running it would act on a guess.
+            run.termination = "length"
+            return AgentState.TERMINATED, None
+        if len(trajectory.response_ids) >= cfg.response_length:
+            run.termination = "response_length"
+            return AgentState.TERMINATED, None
+        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        parsed = self.parser.parse(text, self.tools)
+        run.counters["parse_errors"] += len(parsed.errors)
+        if cfg.max_assistant_turns is not None and run.assistant_turns >= cfg.max_assistant_turns:
+            run.termination = "max_assistant_turns"
+            return AgentState.TERMINATED, None
+        if parsed.attempted:
+            return AgentState.PROCESSING_TOOLS, parsed
+        if self.interaction is not None:
+            return AgentState.INTERACTING, None
+        run.termination = "no_tool_call"
+        return AgentState.TERMINATED, None
+
+    def _append(self, run: _Run, trajectory: Any, new_messages: list[dict[str, Any]]) -> AgentState:
+        """Append tool or user messages unless they would leave no room to generate."""
+        delta = self.renderer.delta_ids(trajectory.messages, new_messages,
+                                        assistant_ended_with_eos=run.ended_with_eos)
+        if len(trajectory.response_ids) + len(delta) >= self.settings.response_length:
+            # Truncating the delta would cut the template mid-turn; dropping it ends cleanly.
+            run.termination = "response_length"
+            run.counters["dropped_message_tokens"] = len(delta)
+            return AgentState.TERMINATED
+        trajectory.append_messages(new_messages)
+        return AgentState.GENERATING
+
+    async def _interact(self, run: _Run, trajectory: Any, interaction_id: str | None) -> AgentState:
+        assert self.interaction is not None and interaction_id is not None
+        limit = self.settings.max_user_turns
+        if limit is not None and run.user_turns >= limit:
+            run.termination = "max_user_turns"
+            return AgentState.TERMINATED
+        start = time.perf_counter()
+        with self.tracer.span("interaction", turn=run.user_turns, request_id=run.request_id):
+            done, text, score, _metrics = await self.interaction.generate_response(
+                interaction_id, list(trajectory.messages))
+        run.counters["interaction_s"] += time.perf_counter() - start
+        run.turn_scores.append(float(score))
+        if done:
+            run.termination = "interaction"
+            return AgentState.TERMINATED
+        run.user_turns += 1
+        return self._append(run, trajectory, [{"role": "user", "content": str(text)}])
+
+    # --- tools ---------------------------------------------------------------------------------
+
+    async def _create_instances(self, run: _Run, tools_kwargs: dict[str, Any]) -> None:
+        async def create(name: str, tool: BaseTool) -> None:
+            try:
+                run.instances[name] = await tool.create(None, **dict(tools_kwargs.get(name) or {}))
+            except Exception as exc:  # the model gets an error when it calls this tool
+                run.create_errors[name] = f"{type(exc).__name__}: {exc}"
+                logger.warning("tool %r create failed for request %s: %s", name, run.request_id, run.create_errors[name])
+
+        await asyncio.gather(*(create(name, tool) for name, tool in self.tools.items()))
+
+    async def _run_tools(self, run: _Run, parsed: ParseResult) -> list[dict[str, Any]]:
+        limit = self.settings.max_parallel_calls
+        turn = run.assistant_turns
+        start = time.perf_counter()
+        results = await asyncio.gather(*(self._call_tool(run, call) for call in parsed.calls[:limit]))
+        run.counters["tool_calls_s"] += time.perf_counter() - start
+        messages = []
+        for call, text in zip(parsed.calls[:limit], results, strict=True):
+            messages.append(self._tool_message(call.name, f"call_{turn}_{call.id}", text))
+        for call in parsed.calls[limit:]:
+            run.counters["tool_errors"] += 1
+            run.counters["tool_calls_over_limit"] += 1
+            messages.append(self._tool_message(call.name, f"call_{turn}_{call.id}",
+                                               f"Error: too many tool calls in one turn (limit {limit}); "
+                                               f"this call to {call.name!r} was not run. Call it again next turn."))
+        for error in parsed.errors:
+            messages.append(self._tool_message(error.name or "", "", f"Error: {error.reason}"))
+        return messages
+
+    def _tool_message(self, name: str, call_id: str, text: str) -> dict[str, Any]:
+        cfg = self.settings
+        content = truncate_text(text, cfg.max_tool_response_length, cfg.tool_response_truncate_side)
+        return {"role": "tool", "name": name, "tool_call_id": call_id, "content": content}
+
+    async def _call_tool(self, run: _Run, call: ToolCall) -> str:
+        """Run one call; every failure becomes error text for the model."""
+        tool = self.tools.get(call.name)
+        run.counters["tool_calls"] += 1
+        if tool is None or call.name not in run.instances:
+            run.counters["tool_errors"] += 1
+            why = run.create_errors.get(call.name, "no such tool")
+            return f"Error: tool {call.name!r} is unavailable ({why})."
+        timeout = tool.timeout_s if tool.timeout_s is not None else self.settings.tool_timeout_s
+        with self.tracer.span(f"tool:{call.name}", request_id=run.request_id) as span:
+            try:
+                result = await asyncio.wait_for(tool.execute(run.instances[call.name], dict(call.arguments)), timeout)
+            except asyncio.TimeoutError:
+                run.counters["tool_errors"] += 1
+                span["tool_error"] = "timeout"
+                return f"Error: tool {call.name!r} timed out after {timeout:g} s."
+            except Exception as exc:  # noqa: BLE001 - a tool bug must not end the trajectory
+                run.counters["tool_errors"] += 1
+                span["tool_error"] = type(exc).__name__
+                return f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+        if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
+            run.counters["tool_errors"] += 1
+            logger.warning("tool %r returned %s; execute must return (ToolResponse, reward, metrics)",
+                           call.name, type(result).__name__)
+            return f"Error: tool {call.name!r} returned an invalid result."
+        response, reward, _metrics = result
+        try:
+            run.tool_rewards.append(float(reward or 0.0))
+        except (TypeError, ValueError):
+            run.counters["tool_errors"] += 1
+            run.tool_rewards.append(0.0)
+        text = response.text or ""
+        if response.image or response.video:
+            # This loop renders text only; say so instead of silently losing the media.
+            run.counters["tool_media_dropped"] += len(response.image or []) + len(response.video or [])
+            text += "\n[the tool returned images or videos, which this loop cannot show]"
+        return text
+
+    async def _reward(self, run: _Run, interaction_id: str | None) -> float | None:
+        if self.settings.tool_reward == "none":
+            return None
+        total = sum(run.tool_rewards)
+        with self.tracer.span("reward", request_id=run.request_id):
+            for name, iid in run.instances.items():
+                try:
+                    total += float(await self.tools[name].calc_reward(iid))
+                except Exception as exc:  # noqa: BLE001
+                    run.counters["tool_errors"] += 1
+                    logger.warning("tool %r calc_reward failed: %s: %s", name, type(exc).__name__, exc)
+            if self.interaction is not None and interaction_id is not None:
+                total += float(await self.interaction.calculate_score(interaction_id))
+        return total
+
+    async def _release(self, run: _Run, interaction_id: str | None) -> None:
+        for name, iid in run.instances.items():
+            try:
+                await self.tools[name].release(iid)
+            except Exception as exc:  # noqa: BLE001 - release everything even if one fails
+                logger.warning("tool %r release failed: %s: %s", name, type(exc).__name__, exc)
+        if self.interaction is not None and interaction_id is not None:
+            try:
+                await self.interaction.finalize(interaction_id)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("interaction finalize failed: %s: %s", type(exc).__name__, exc)
+
+
+__all__ = ["AgentState", "ToolAgentConfig", "ToolAgentLoop", "resolve_tools", "truncate_text"]

@@ -1,0 +1,210 @@
+"""``@function_tool``: turn a plain (sync or async) Python function into a :class:`BaseTool`.
+
+The schema comes from the type hints and the Google-style docstring
+(:func:`agentloop_tools.function_schema.schema_from_function`). Sync functions run in a worker
+thread so a slow one does not stall the other trajectories sharing the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+import math
+from collections.abc import Callable
+from typing import Any, overload
+
+from agentloop_tools.base import BaseTool
+from agentloop_tools.function_schema import schema_from_function
+from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
+
+__all__ = ["FunctionTool", "function_tool", "normalize_tool_result"]
+
+
+def normalize_tool_result(result: Any, *, tool_name: str = "?") -> tuple[ToolResponse, float, dict[str, Any]]:
+    """Turn whatever a function tool returned into ``(ToolResponse, reward, metrics)``.
+
+    Accepted: ``str``; ``dict``/``list`` (JSON-encoded); numbers and bools (``str()``); None
+    (empty text); :class:`ToolResponse`; and tuples ``(response, reward)`` or
+    ``(response, reward, metrics)`` where ``response`` is any of the former.
+
+    Raises:
+        TypeError: An unsupported return type, a non-numeric reward or non-dict metrics.
+    """
+    reward: float = 0.0
+    metrics: dict[str, Any] = {}
+    if isinstance(result, tuple):
+        if len(result) not in (2, 3):
+            raise TypeError(
+                f"function tool {tool_name!r} returned a tuple of {len(result)} items; return "
+                "response, (response, reward) or (response, reward, metrics)"
+            )
+        result, raw_reward, *rest = result
+        if isinstance(raw_reward, bool) or not isinstance(raw_reward, (int, float)) or math.isnan(raw_reward):
+            raise TypeError(f"function tool {tool_name!r} returned reward {raw_reward!r}; it must be a number")
+        reward = float(raw_reward)
+        if rest:
+            if not isinstance(rest[0], dict):
+                raise TypeError(
+                    f"function tool {tool_name!r} returned metrics of type {type(rest[0]).__name__}; "
+                    "metrics must be a dict"
+                )
+            metrics = dict(rest[0])
+    return _to_response(result, tool_name), reward, metrics
+
+
+def _to_response(result: Any, tool_name: str) -> ToolResponse:
+    if isinstance(result, ToolResponse):
+        return result
+    if isinstance(result, str):
+        return ToolResponse(text=result)
+    if result is None:
+        return ToolResponse(text="")
+    if isinstance(result, (bool, int, float)):
+        return ToolResponse(text=str(result))
+    if isinstance(result, (dict, list)):
+        try:
+            return ToolResponse(text=json.dumps(result, ensure_ascii=False))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"function tool {tool_name!r} returned a value that is not JSON-serialisable: {exc}") from exc
+    raise TypeError(
+        f"function tool {tool_name!r} returned {type(result).__name__}; return str, dict, list, "
+        "ToolResponse, or a tuple (response, reward[, metrics])"
+    )
+
+
+class FunctionTool(BaseTool):
+    """A :class:`BaseTool` that calls a Python function with the model's arguments.
+
+    The step reward is whatever the function returns as the second tuple item (0.0 otherwise);
+    :meth:`calc_reward` returns the sum of an instance's step rewards.
+
+    Args:
+        fn: The function; sync functions run via ``asyncio.to_thread``.
+        name: Tool name (default ``fn.__name__``).
+        description: Overrides the docstring summary.
+        schema: A full schema to use instead of inferring one.
+        config: Tool config (``timeout_s``...).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise TypeError(f"function_tool needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self._signature = inspect.signature(fn)
+        # Callable objects with an `async def __call__` are async too.
+        self._is_async = inspect.iscoroutinefunction(fn) or (
+            not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
+        )
+        if schema is None:
+            schema = schema_from_function(fn, name=name, description=description)
+        else:
+            # Even with an explicit schema, reject *args/**kwargs: the model sends named arguments.
+            for p in self._signature.parameters.values():
+                if p.kind is inspect.Parameter.VAR_POSITIONAL:
+                    raise TypeError(f"function tool {name or fn.__name__!r}: *{p.name} is not allowed")
+        super().__init__(config, schema)
+        if name is not None and name != self.name:
+            # An explicit name wins over the schema's; copy so a shared schema object is not mutated.
+            self.tool_schema = self.tool_schema.model_copy(deep=True)
+            self.tool_schema.function.name = name
+            self.name = name
+        functools.update_wrapper(self, fn, updated=())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped function directly (handy in unit tests)."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"FunctionTool(name={self.name!r}, fn={getattr(self.fn, '__qualname__', self.fn)!r})"
+
+    async def init_state(self, **create_kwargs: Any) -> dict[str, Any]:
+        return {"create_kwargs": dict(create_kwargs), "rewards": []}
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any]
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """Call the function with ``parameters`` as keyword arguments.
+
+        Raises:
+            TypeError: Arguments do not fit the signature (missing/unexpected), or the
+                return value cannot be normalised.
+            Exception: Whatever the function raises; the loop turns it into error text.
+        """
+        state = self.state(instance_id)
+        if not isinstance(parameters, dict):
+            raise TypeError(f"tool {self.name!r}: arguments must be a JSON object, got {type(parameters).__name__}")
+        try:
+            self._signature.bind(**parameters)
+        except TypeError as exc:
+            raise TypeError(
+                f"tool {self.name!r}: bad arguments {sorted(parameters)}: {exc}; "
+                f"expected {list(self._signature.parameters)}"
+            ) from None
+        if self._is_async:
+            result = await self.fn(**parameters)
+        else:
+            result = await asyncio.to_thread(self.fn, **parameters)
+            if inspect.isawaitable(result):
+                result = await result
+        response, reward, metrics = normalize_tool_result(result, tool_name=self.name)
+        state["rewards"].append(reward)
+        return response, reward, metrics
+
+    async def calc_reward(self, instance_id: str) -> float:
+        return float(sum(self.state(instance_id)["rewards"]))
+
+
+@overload
+def function_tool(fn: Callable[..., Any], /) -> FunctionTool: ...
+@overload
+def function_tool(
+    name: str | None = None,
+    /,
+    *,
+    description: str | None = None,
+    schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> Callable[[Callable[..., Any]], FunctionTool]: ...
+
+
+def function_tool(
+    fn_or_name: Callable[..., Any] | str | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
+    """Decorate a function to make it a tool: ``@function_tool``, ``@function_tool("name")`` or
+    ``@function_tool(name=..., description=..., schema=..., config=...)``.
+
+    The result is a :class:`FunctionTool` (a :class:`BaseTool`) that is still callable like the
+    original function.
+
+    Raises:
+        TypeError: ``*args``/``**kwargs`` in the signature or an unsupported type hint.
+        ValueError: No docstring and no ``description=``.
+    """
+    if callable(fn_or_name):
+        return FunctionTool(fn_or_name, name=name, description=description, schema=schema, config=config)
+    if fn_or_name is not None and not isinstance(fn_or_name, str):
+        raise TypeError(f"@function_tool(...) takes a tool name string, got {type(fn_or_name).__name__}")
+    if fn_or_name is not None and name is not None and fn_or_name != name:
+        raise TypeError(f"@function_tool got two names: {fn_or_name!r} and name={name!r}")
+    tool_name = fn_or_name or name
+
+    def decorate(fn: Callable[..., Any]) -> FunctionTool:
+        return FunctionTool(fn, name=tool_name, description=description, schema=schema, config=config)
+
+    return decorate

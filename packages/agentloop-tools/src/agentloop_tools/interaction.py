@@ -1,0 +1,186 @@
+"""Interactions: a simulated user that answers the model between its turns.
+
+When the model ends a turn without calling a tool, the tool agent loop asks the interaction
+for the user's reply. The reply is appended as a ``user`` message (response mask 0) and the
+model generates again, until the interaction says the conversation is over or the loop's
+``max_user_turns`` is reached. Each reply carries a score, kept per turn in
+``extra_fields["turn_scores"]``.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import re
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+
+class BaseInteraction(abc.ABC):
+    """A user simulator. One object serves every trajectory at once; per-trajectory state
+    lives under the ``instance_id`` that :meth:`start` returns.
+
+    Args:
+        config: Interaction options (from the loop config's ``interaction.config``).
+    """
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.config: dict[str, Any] = dict(config or {})
+        self.name: str = str(self.config.get("name", type(self).__name__))
+        self._instances: dict[str, dict[str, Any]] = {}
+
+    async def start(self, instance_id: str | None = None, **kwargs: Any) -> str:
+        """Begin one conversation.
+
+        Args:
+            instance_id: Id to use; None makes a fresh unique one.
+            **kwargs: The row's ``interaction_kwargs`` (e.g. ``ground_truth``).
+
+        Returns:
+            The instance id to pass to the other methods.
+
+        Raises:
+            ValueError: The id is already live.
+        """
+        iid = instance_id if instance_id is not None else f"{self.name}-{uuid.uuid4().hex}"
+        if iid in self._instances:
+            raise ValueError(f"interaction {self.name!r}: instance {iid!r} already started; finalize it first")
+        self._instances[iid] = dict(kwargs)
+        return iid
+
+    def state(self, instance_id: str) -> dict[str, Any]:
+        """The mutable state of one live conversation.
+
+        Raises:
+            KeyError: ``start`` was not called for this id, or it was finalized.
+        """
+        try:
+            return self._instances[instance_id]
+        except KeyError:
+            raise KeyError(f"interaction {self.name!r} has no live instance {instance_id!r}; call start() first") from None
+
+    @abc.abstractmethod
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
+        """Reply to the model's last turn.
+
+        Args:
+            instance_id: From :meth:`start`.
+            messages: The conversation so far, the model's last message included.
+
+        Returns:
+            ``(should_terminate, response_text, score, metrics)``. When ``should_terminate`` is
+            true the loop ends the trajectory and does not append ``response_text``.
+        """
+
+    async def calculate_score(self, instance_id: str, **kwargs: Any) -> float:
+        """The interaction's score for the whole conversation (default: the last turn score)."""
+        scores = self.state(instance_id).get("turn_scores", [])
+        return float(scores[-1]) if scores else 0.0
+
+    async def finalize(self, instance_id: str, **kwargs: Any) -> None:
+        """Drop the conversation's state; finalizing an unknown id is a no-op."""
+        self._instances.pop(instance_id, None)
+
+    @property
+    def live_instances(self) -> int:
+        """How many conversations are started and not yet finalized."""
+        return len(self._instances)
+
+
+def _import_class(path: str) -> type:
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"interaction class_name {path!r} must look like 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} for interaction class {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (interaction class_name {path!r})") from None
+
+
+def load_interaction(spec: BaseInteraction | Mapping[str, Any] | None) -> BaseInteraction | None:
+    """Resolve the loop config's ``interaction`` entry.
+
+    Args:
+        spec: An interaction object, a mapping ``{"class_name": "pkg.module:Class",
+            "config": {...}}``, or None.
+
+    Returns:
+        The interaction, or None when ``spec`` is None.
+
+    Raises:
+        ValueError: The mapping lacks ``class_name``, the class cannot be imported, or it is
+            not a :class:`BaseInteraction` subclass.
+    """
+    if spec is None or isinstance(spec, BaseInteraction):
+        return spec
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"interaction must be a BaseInteraction or a mapping with 'class_name', got {type(spec).__name__}")
+    unknown = set(spec) - {"class_name", "config", "name"}
+    if unknown:
+        raise ValueError(f"interaction config has unknown keys {sorted(unknown)}; accepted: class_name, config, name")
+    class_name = spec.get("class_name")
+    if not isinstance(class_name, str):
+        raise ValueError("interaction config needs 'class_name': 'package.module:ClassName'")
+    cls = _import_class(class_name)
+    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
+        raise ValueError(f"{class_name!r} is not a subclass of agentloop_tools.interaction.BaseInteraction")
+    config = dict(spec.get("config") or {})
+    if "name" in spec:
+        config.setdefault("name", spec["name"])
+    return cls(config)
+
+
+_ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+
+
+def extract_final_answer(text: str) -> str | None:
+    """The number after the last ``#### `` marker (GSM8K's answer format), commas removed."""
+    found = _ANSWER.findall(text or "")
+    return found[-1].replace(",", "") if found else None
+
+
+class Gsm8kInteraction(BaseInteraction):
+    """Checks the model's ``#### <answer>`` against ``ground_truth`` and asks it to try again
+    when it is wrong; ends the conversation on a correct answer.
+
+    ``start(instance_id, ground_truth="42")`` takes the row's ``interaction_kwargs``. Config:
+    ``retry_message`` (text sent after a wrong answer), ``correct_score``/``wrong_score``.
+    """
+
+    async def generate_response(
+        self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
+    ) -> tuple[bool, str, float, dict[str, Any]]:
+        state = self.state(instance_id)
+        if "ground_truth" not in state:
+            raise ValueError("Gsm8kInteraction needs interaction_kwargs={'ground_truth': ...} in the row")
+        last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+        answer = extract_final_answer(str((last or {}).get("content") or ""))
+        correct = answer is not None and _same_number(answer, str(state["ground_truth"]))
+        score = float(self.config.get("correct_score", 1.0) if correct else self.config.get("wrong_score", 0.0))
+        state.setdefault("turn_scores", []).append(score)
+        if correct:
+            return True, "Correct.", score, {"answered": 1}
+        reply = self.config.get(
+            "retry_message",
+            "That is not right. Check your work and give the final answer after '#### '.",
+        )
+        return False, str(reply), score, {"answered": int(answer is not None)}
+
+
+def _same_number(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b.replace(",", "").strip())
+    except ValueError:
+        return a.strip() == b.strip()
+
+
+__all__ = ["BaseInteraction", "Gsm8kInteraction", "extract_final_answer", "load_interaction"]

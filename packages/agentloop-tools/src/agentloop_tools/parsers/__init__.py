@@ -1,0 +1,37 @@
+"""Tool-call parsers by name: ``get_tool_parser("hermes")``, ``get_tool_parser("llama3_json")``."""
+
+from agentloop_tools.parsers.base import (
+    ParseResult,
+    ParseStats,
+    ToolCall,
+    ToolCallError,
+    ToolParser,
+    tool_parameters,
+)
+from agentloop_tools.parsers.registry import (
+    UnknownToolParserError,
+    get_tool_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
+from agentloop_tools.parsers.schema_check import check_arguments
+
+# Importing the modules registers the built-in parsers.
+from agentloop_tools.parsers.hermes import HermesToolParser  # noqa: E402  isort: skip
+from agentloop_tools.parsers.llama3_json import Llama3JsonToolParser  # noqa: E402  isort: skip
+
+__all__ = [
+    "HermesToolParser",
+    "Llama3JsonToolParser",
+    "ParseResult",
+    "ParseStats",
+    "ToolCall",
+    "ToolCallError",
+    "ToolParser",
+    "UnknownToolParserError",
+    "check_arguments",
+    "get_tool_parser",
+    "register_tool_parser",
+    "tool_parameters",
+    "tool_parser_names",
+]

@@ -1,0 +1,47 @@
+"""The GSM8K answer-check tool."""
+
+from decimal import Decimal
+
+import pytest
+
+from agentloop_tools.builtin.gsm8k import Gsm8kTool, parse_number
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("42", "42"),
+        ("1,234", "1234"),
+        ("$5", "5"),
+        ("#### 42", "42"),
+        ("Step 3 gives 10, so #### 1,000", "1000"),
+        ("The answer is -3.50.", "-3.50"),
+        (17, "17"),
+        ("no number", None),
+        (None, None),
+    ],
+)
+def test_parse_number(text, expected):
+    assert parse_number(text) == (None if expected is None else Decimal(expected))
+
+
+async def test_check_answer_rewards_and_best_reward():
+    tool = Gsm8kTool({}, None)
+    assert tool.name == "check_answer"
+    iid = await tool.create(create_kwargs={"ground_truth": "#### 1,234"})
+    resp, reward, metrics = await tool.execute(iid, {"answer": "1233"})
+    assert reward == 0.0 and "Incorrect" in resp.text and metrics == {"attempts": 1}
+    resp, reward, _ = await tool.execute(iid, {"answer": "The total is $1,234.00"})
+    assert (reward, resp.text) == (1.0, "Correct.")
+    await tool.execute(iid, {"answer": "nothing"})  # a later wrong answer keeps the best reward
+    assert await tool.calc_reward(iid) == 1.0
+    other = await tool.create(ground_truth=7)  # flat tools_kwargs
+    assert await tool.calc_reward(other) == 0.0
+
+
+async def test_missing_ground_truth_is_an_error():
+    tool = Gsm8kTool({}, None)
+    with pytest.raises(ValueError, match="numeric ground_truth"):
+        await tool.create(create_kwargs={})
+    with pytest.raises(ValueError, match="unexpected create kwargs"):
+        await tool.create(create_kwargs={"ground_truth": 1, "gt": 2})

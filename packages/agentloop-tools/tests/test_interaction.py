@@ -1,0 +1,128 @@
+"""Interactions (simulated users) inside the tool agent loop, on a scripted engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
+from agentloop_tools.agent_loop import ToolAgentLoop
+from agentloop_tools.builtin.gsm8k import Gsm8kTool
+from agentloop_tools.interaction import (
+    BaseInteraction,
+    Gsm8kInteraction,
+    extract_final_answer,
+    load_interaction,
+)
+
+PROMPT = [{"role": "user", "content": "Ben has 5 coins and finds 7 more. How many coins?"}]
+SAMPLING = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+def scripted(tokenizer, turns: list[str]) -> ScriptedServer:
+    def reply(request_id: str, prompt_ids: list[int], index: int) -> list[int]:
+        return tokenizer.encode(turns[min(index, len(turns) - 1)], add_special_tokens=False)
+
+    return ScriptedServer(reply, eos_token_id=tokenizer.eos_token_id, append_eos=True)
+
+
+def run_loop(tokenizer, server, interaction: Any, **config: Any):
+    loop = ToolAgentLoop(server, tokenizer, {"response_length": 2048, "interaction": interaction, **config})
+    return loop
+
+
+@pytest.mark.parametrize(("text", "answer"), [("so #### 12", "12"), ("#### 1,234.5", "1234.5"),
+                                              ("#### 3 then #### -4", "-4"), ("the answer is 12", None)])
+def test_extract_final_answer(text, answer):
+    assert extract_final_answer(text) == answer
+
+
+async def test_interaction_asks_again_then_ends_on_the_right_answer(tokenizer):
+    interaction = Gsm8kInteraction({"retry_message": "Wrong, try again."})
+    server = scripted(tokenizer, ["#### 11", "#### 12"])
+    out = await run_loop(tokenizer, server, interaction).run(
+        SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": "12"})
+    assert len(server.calls) == 2
+    users = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "user"]
+    assert users == [PROMPT[0]["content"], "Wrong, try again."]
+    assert out.extra_fields["turn_scores"] == [0.0, 1.0]
+    assert out.extra_fields["termination_reason"] == "interaction"
+    assert out.metrics["user_turns"] == 1 and out.metrics["assistant_turns"] == 2
+    assert out.reward_score == 1.0  # the interaction's calculate_score: the last turn's score
+    # The user reply is mask 0 and sits between the two generated turns.
+    generated = [t for c in server.calls for t in c.output.token_ids]
+    assert [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 1] == generated
+    reply_ids = tokenizer.encode("Wrong, try again.", add_special_tokens=False)
+    zeros = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 0]
+    assert any(zeros[i : i + len(reply_ids)] == reply_ids for i in range(len(zeros)))
+    assert interaction.live_instances == 0
+
+
+async def test_max_user_turns_ends_a_conversation_that_never_converges(tokenizer):
+    interaction = Gsm8kInteraction()
+    server = scripted(tokenizer, ["#### 0"])
+    out = await run_loop(tokenizer, server, interaction, max_user_turns=2).run(
+        SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": "12"})
+    assert len(server.calls) == 3
+    assert out.metrics["user_turns"] == 2
+    assert out.extra_fields["turn_scores"] == [0.0, 0.0]
+    assert out.extra_fields["termination_reason"] == "max_user_turns"
+    assert out.reward_score == 0.0
+
+
+async def test_interaction_from_class_path_with_a_tool(tokenizer):
+    spec = {"class_name": "agentloop_tools.interaction:Gsm8kInteraction", "config": {"correct_score": 2.0}}
+    call = "<tool_call>\n" + json.dumps({"name": "check_answer", "arguments": {"answer": "12"}}) + "\n</tool_call>"
+    server = scripted(tokenizer, [call, "#### 12"])
+    tool = Gsm8kTool()
+    loop = ToolAgentLoop(server, tokenizer, {"response_length": 2048, "interaction": spec, "tools": {tool.name: tool}})
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": 12},
+                         tools_kwargs={"check_answer": {"create_kwargs": {"ground_truth": "12"}}})
+    assert out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0
+    assert out.extra_fields["turn_scores"] == [2.0]
+    assert out.extra_fields["termination_reason"] == "interaction"
+    tool_rewards = out.extra_fields["tool_rewards"]
+    calc = 1.0  # Gsm8kTool.calc_reward: best answer seen, correct
+    assert out.reward_score == pytest.approx(sum(tool_rewards) + calc + 2.0)
+
+
+def test_load_interaction_errors():
+    assert load_interaction(None) is None
+    inter = Gsm8kInteraction()
+    assert load_interaction(inter) is inter
+    with pytest.raises(ValueError, match="needs 'class_name'"):
+        load_interaction({"config": {}})
+    with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
+        load_interaction({"class_name": "no_such_mod:X"})
+    with pytest.raises(ValueError, match="has no attribute 'Nope'"):
+        load_interaction({"class_name": "agentloop_tools.interaction:Nope"})
+    with pytest.raises(ValueError, match="not a subclass of"):
+        load_interaction({"class_name": "json:JSONDecoder"})
+    with pytest.raises(ValueError, match="unknown keys"):
+        load_interaction({"class_name": "agentloop_tools.interaction:Gsm8kInteraction", "cfg": {}})
+
+
+async def test_lifecycle_and_missing_ground_truth():
+    class Echo(BaseInteraction):
+        async def generate_response(self, instance_id, messages, **kwargs):
+            return False, "ok", 0.5, {}
+
+    inter = Echo({"name": "echo"})
+    iid = await inter.start(None, topic="x")
+    assert inter.state(iid) == {"topic": "x"} and inter.name == "echo"
+    with pytest.raises(ValueError, match="already started"):
+        await inter.start(iid)
+    await inter.finalize(iid)
+    with pytest.raises(KeyError, match="call start"):
+        inter.state(iid)
+    g = Gsm8kInteraction()
+    gid = await g.start()
+    with pytest.raises(ValueError, match="ground_truth"):
+        await g.generate_response(gid, [{"role": "assistant", "content": "#### 1"}])
