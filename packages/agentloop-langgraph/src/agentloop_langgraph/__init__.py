@@ -1,0 +1,34 @@
+"""agentloop-langgraph: train LangGraph agents on the exact tokens the engine generated.
+
+``ChatModel`` is a LangChain chat model over an agentloop engine that records every turn as
+token ids; ``ReactAgentLoop`` (registered as ``react_agent``) runs a LangGraph graph per sample
+and returns those ids as an ``AgentLoopOutput``.
+"""
+
+from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel, TrajectorySession
+from agentloop_langgraph.graph import GraphFactory, default_graph_factory, load_graph_factory
+from agentloop_langgraph.loop import ReactAgentConfig, ReactAgentLoop
+from agentloop_langgraph.messages import (
+    METADATA_KEY,
+    HistoryRewrittenError,
+    RolloutLimitReached,
+    to_chat_dict,
+)
+from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
+
+__all__ = [
+    "METADATA_KEY",
+    "REQUEST_ID_KEY",
+    "AgentLoopTool",
+    "ChatModel",
+    "GraphFactory",
+    "HistoryRewrittenError",
+    "ReactAgentConfig",
+    "ReactAgentLoop",
+    "RolloutLimitReached",
+    "TrajectorySession",
+    "default_graph_factory",
+    "load_graph_factory",
+    "to_chat_dict",
+    "to_langchain_tool",
+]

@@ -1,0 +1,344 @@
+"""``ChatModel``: a LangChain chat model over an agentloop engine that keeps the exact tokens.
+
+A LangGraph graph calls the model with LangChain messages. Instead of rendering them afresh on
+each call (which would re-encode the model's earlier turns), the model keeps one
+:class:`~agentloop_core.tokenization.Trajectory` per request id: the first call renders the
+prompt, each later call appends only the new (tool/user) messages as a template delta, and each
+generation is appended verbatim. The ids, log-probs and request id of every turn are kept on the
+returned ``AIMessage.response_metadata["agentloop"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.runnables.config import ensure_config
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_langgraph.messages import (
+    METADATA_KEY,
+    HistoryRewrittenError,
+    Recorded,
+    RolloutLimitReached,
+    calls_signature,
+    check_extension,
+    content_text,
+    generation_info,
+    to_chat_dict,
+)
+
+REQUEST_ID_KEY = "agentloop_request_id"
+"""``config["configurable"]`` key that overrides the model's ``request_id`` for one graph run."""
+
+# BaseChatModel.ainvoke does not hand ``configurable`` down to _agenerate, so ainvoke parks the
+# run's request id here for the duration of the call.
+_CALL_REQUEST_ID: ContextVar[str | None] = ContextVar("agentloop_call_request_id", default=None)
+
+
+@dataclass
+class TrajectorySession:
+    """One request id's trajectory and what the model needs to keep extending it."""
+
+    request_id: str
+    """Sent with every generate call, so the client keeps the turns on one replica."""
+    trajectory: Any
+    """The :class:`~agentloop_core.tokenization.Trajectory` holding the ids."""
+    recorded: list[Recorded]
+    """One entry per message of the trajectory, to check later calls against."""
+    tools_key: str
+    """The bound tool schemas (JSON); the prompt was rendered with them."""
+    outputs: list[TokenOutput] = field(default_factory=list)
+    """Every engine output of the trajectory, in order."""
+    ended_with_eos: bool = True
+    """Whether the last generation ended with the end-of-turn token."""
+    generate_s: float = 0.0
+    """Seconds spent waiting for the engine."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serialises calls: two concurrent calls cannot both extend one trajectory."""
+
+
+def _tool_schema(tool: Any) -> dict[str, Any]:
+    # Our adapter carries the exact schema the tool declared, so the rendered prompt is the same
+    # one the tool_agent loop renders (convert_to_openai_tool would rewrite it).
+    schema = getattr(tool, "openai_schema", None)
+    if isinstance(schema, dict):
+        return json.loads(json.dumps(schema))
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    return convert_to_openai_tool(tool)
+
+
+def _stop_ids(tokenizer: Any, tokens: Sequence[str]) -> tuple[int, ...]:
+    vocab = tokenizer.get_vocab()
+    return tuple(vocab[t] for t in tokens if t in vocab)
+
+
+class ChatModel(BaseChatModel):
+    """A LangChain chat model whose every turn is recorded as engine token ids.
+
+    Use one request id per trajectory: by default the model's own ``request_id`` (so one
+    ``ChatModel`` is one trajectory), or ``config={"configurable": {"agentloop_request_id": ...}}``
+    per graph run. The model is async only (``ainvoke``/``astream``, ``graph.ainvoke``).
+
+    Args:
+        server: An ``AsyncServer`` (an engine or ``LLMServerClient``).
+        tokenizer: The model's Hugging Face tokenizer, with its chat template.
+        sampling_params: Sampling parameters for every turn (see ``SamplingParams``).
+        tool_parser: Name of the tool-call parser (``hermes`` first).
+        request_id: Default request id; a fresh one if not given.
+        response_length: Token budget for everything after the prompt, or None.
+        prompt_length: Longest accepted rendered prompt, in tokens, or None.
+        max_assistant_turns: Most model turns per trajectory, or None.
+        apply_chat_template_kwargs: Extra chat template variables.
+        use_inference_chat_template: See ``ChatRenderer``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    server: Any = Field(exclude=True)
+    """The engine or client (``generate(request_id, prompt_ids, sampling_params)``)."""
+    tokenizer: Any = Field(exclude=True)
+    """Hugging Face tokenizer with a chat template."""
+    sampling_params: dict[str, Any] = Field(default_factory=dict)
+    """Sampling parameters for every turn; ``max_tokens`` caps each turn."""
+    tool_parser: str = "hermes"
+    """Tool-call parser name (``agentloop_tools.parsers.tool_parser_names()``)."""
+    request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    """Request id used when the run config does not name one."""
+    response_length: int | None = None
+    """Token budget after the prompt (generated + tool tokens); None: no budget."""
+    prompt_length: int | None = None
+    """Longest accepted rendered prompt in tokens; None: no limit."""
+    max_assistant_turns: int | None = None
+    """Most generations per trajectory; None: no limit."""
+    apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra keyword arguments for the chat template."""
+    use_inference_chat_template: bool = False
+    """See :class:`~agentloop_core.tokenization.ChatRenderer`."""
+
+    _sessions: dict[str, TrajectorySession] = PrivateAttr(default_factory=dict)
+    _renderers: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _parser: Any = PrivateAttr(default=None)
+    _base_params: Any = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any) -> None:
+        from agentloop_tools.parsers import get_tool_parser
+
+        self._parser = get_tool_parser(self.tool_parser)
+        base = SamplingParams.from_mapping(self.sampling_params)
+        stops = _stop_ids(self.tokenizer, self._parser.stop_tokens)
+        self._base_params = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + stops)))
+        for key in ("response_length", "prompt_length", "max_assistant_turns"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"ChatModel {key} must be a positive integer or None, got {value!r}")
+
+    @property
+    def _llm_type(self) -> str:
+        return "agentloop"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"tool_parser": self.tool_parser, "sampling_params": dict(self.sampling_params)}
+
+    # -- public helpers ----------------------------------------------------------------------
+
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: str | None = None, **kwargs: Any) -> Any:
+        """Bind tools: their schemas are rendered into the prompt and calls are parsed against them.
+
+        Args:
+            tools: LangChain tools (``AgentLoopTool`` keeps its exact schema), functions,
+                pydantic models or OpenAI tool dicts.
+            tool_choice: Only ``None``/``"auto"``: the chat template cannot force a call.
+
+        Raises:
+            ValueError: for another ``tool_choice``.
+        """
+        if tool_choice not in (None, "auto"):
+            raise ValueError(
+                f"ChatModel cannot force tool_choice={tool_choice!r}: the engine samples freely from the "
+                "chat template; leave tool_choice unset")
+        return super().bind(tools=[_tool_schema(t) for t in tools], **kwargs)
+
+    def session(self, request_id: str | None = None) -> TrajectorySession | None:
+        """The trajectory recorded for ``request_id`` (default: the model's own), or None."""
+        return self._sessions.get(request_id or self.request_id)
+
+    def pop_session(self, request_id: str | None = None) -> TrajectorySession | None:
+        """Forget a trajectory (and return it), e.g. once its output was built."""
+        return self._sessions.pop(request_id or self.request_id, None)
+
+    # -- generation ----------------------------------------------------------------------------
+
+    async def ainvoke(self, input: Any, config: Any = None, *, stop: list[str] | None = None,
+                      **kwargs: Any) -> AIMessage:
+        """Generate one turn; ``config["configurable"]["agentloop_request_id"]`` picks the trajectory
+        (inside a graph run, the run's config is used when ``config`` is None)."""
+        configurable = ensure_config(config).get("configurable") or {}
+        request_id = configurable.get(REQUEST_ID_KEY)
+        token = _CALL_REQUEST_ID.set(str(request_id) if request_id else None)
+        try:
+            return await super().ainvoke(input, config, stop=stop, **kwargs)
+        finally:
+            _CALL_REQUEST_ID.reset(token)
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError(
+            "agentloop's ChatModel is async only (engines run on the event loop): use ainvoke/astream, "
+            "or graph.ainvoke(...) for a LangGraph graph")
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                         **kwargs: Any) -> ChatResult:
+        if stop:
+            raise ValueError(
+                f"ChatModel does not support stop strings ({stop!r}): generation stops on token ids; set "
+                "sampling_params['stop_token_ids'] instead")
+        tools = kwargs.pop("tools", None) or []
+        kwargs.pop("tool_choice", None)
+        if kwargs:
+            raise ValueError(f"ChatModel got unsupported call arguments {sorted(kwargs)}; set sampling "
+                             "options in ChatModel(sampling_params=...)")
+        request_id = self._resolve_request_id()
+        tools_key = json.dumps(tools, sort_keys=True)
+        session = self._sessions.get(request_id)
+        started = session is None
+        if session is None:
+            session = self._start(request_id, messages, tools, tools_key)
+        async with session.lock:
+            if not started:
+                self._extend(session, messages, tools_key)
+            message = await self._generate_turn(session, tools)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _resolve_request_id(self) -> str:
+        return _CALL_REQUEST_ID.get() or self.request_id
+
+    def _renderer(self, tools: list[dict[str, Any]], tools_key: str) -> Any:
+        if tools_key not in self._renderers:
+            from agentloop_core.tokenization import ChatRenderer
+
+            self._renderers[tools_key] = ChatRenderer(
+                self.tokenizer, tools=tools or None,
+                use_inference_chat_template=self.use_inference_chat_template,
+                apply_chat_template_kwargs=dict(self.apply_chat_template_kwargs))
+        return self._renderers[tools_key]
+
+    def _start(self, request_id: str, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],
+               tools_key: str) -> TrajectorySession:
+        from agentloop_core.tokenization import Trajectory
+
+        if not messages:
+            raise ValueError("ChatModel was called with no messages")
+        for i, msg in enumerate(messages):
+            info = generation_info(msg)
+            if info is not None:
+                raise HistoryRewrittenError(
+                    f"request {request_id}: message {i} was generated for request {info.get('request_id')} "
+                    "but this request has no recorded trajectory; reuse the request id of that trajectory")
+        if isinstance(messages[-1], AIMessage):
+            raise ValueError("ChatModel's last input message is an AI message; the model answers after a "
+                             "user, tool or system message")
+        chats = [to_chat_dict(m) for m in messages]
+        trajectory = Trajectory(self._renderer(tools, tools_key), chats)
+        if self.prompt_length is not None and len(trajectory.prompt_ids) > self.prompt_length:
+            raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
+                             f"prompt_length={self.prompt_length}; raise prompt_length or shorten the prompt")
+        session = TrajectorySession(request_id, trajectory, [Recorded("prompt", chat=c) for c in chats], tools_key)
+        self._sessions[request_id] = session
+        return session
+
+    def _extend(self, session: TrajectorySession, messages: Sequence[BaseMessage], tools_key: str) -> None:
+        if tools_key != session.tools_key:
+            raise HistoryRewrittenError(
+                f"request {session.request_id}: the bound tools changed between model calls; the prompt was "
+                "rendered with the first set, so keep one tool set per trajectory")
+        new = check_extension(session.request_id, session.recorded, messages)
+        chats = [to_chat_dict(m) for m in new]
+        trajectory = session.trajectory
+        if trajectory.num_generations == 0:
+            trajectory.append_messages(chats)
+        else:
+            if self.response_length is not None:
+                delta = trajectory.renderer.delta_ids(trajectory.messages, chats,
+                                                      assistant_ended_with_eos=session.ended_with_eos)
+                if len(trajectory.response_ids) + len(delta) >= self.response_length:
+                    # Cutting the delta would end the trajectory mid-turn; leaving it out ends cleanly.
+                    raise RolloutLimitReached(
+                        "response_length", f"request {session.request_id}: the {len(new)} new messages "
+                        f"({len(delta)} tokens) leave no room in response_length={self.response_length}")
+            trajectory.append_messages(chats)
+        session.recorded.extend(Recorded("appended", chat=c) for c in chats)
+
+    async def _generate_turn(self, session: TrajectorySession, tools: list[dict[str, Any]]) -> AIMessage:
+        trajectory = session.trajectory
+        if self.max_assistant_turns is not None and trajectory.num_generations >= self.max_assistant_turns:
+            raise RolloutLimitReached(
+                "max_assistant_turns", f"request {session.request_id}: max_assistant_turns="
+                f"{self.max_assistant_turns} model turns reached")
+        params = self._base_params
+        if self.response_length is not None:
+            remaining = self.response_length - len(trajectory.response_ids)
+            if remaining < 1:
+                raise RolloutLimitReached("response_length", f"request {session.request_id}: "
+                                          f"response_length={self.response_length} tokens used")
+            cap = params.max_tokens if "max_tokens" in self.sampling_params else remaining
+            params = params.replace(max_tokens=min(cap, remaining))
+        prompt_ids = list(trajectory.context_ids)
+        start = time.perf_counter()
+        out: TokenOutput = await self.server.generate(session.request_id, prompt_ids, params)
+        session.generate_s += time.perf_counter() - start
+        trajectory.append_generated(out)
+        session.outputs.append(out)
+        eos = trajectory.renderer.eos_token_id
+        session.ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == eos
+        message = self._to_message(session, out, prompt_ids, tools)
+        session.recorded.append(Recorded(
+            "generated", turn=trajectory.num_generations, response_ids=tuple(out.token_ids),
+            content=content_text(message), calls=calls_signature(message)))
+        return message
+
+    def _to_message(self, session: TrajectorySession, out: TokenOutput, prompt_ids: list[int],
+                    tools: list[dict[str, Any]]) -> AIMessage:
+        turn = session.trajectory.num_generations
+        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        tool_calls: list[dict[str, Any]] = []
+        invalid: list[dict[str, Any]] = []
+        content = text
+        if out.stop_reason == "stop":
+            # A turn cut by the token budget may hold half a call; acting on it would be a guess.
+            by_name = {t["function"]["name"]: t for t in tools if isinstance(t.get("function"), dict)}
+            parsed = self._parser.parse(text, by_name)
+            content = parsed.content if parsed.attempted else text
+            tool_calls = [{"name": c.name, "args": dict(c.arguments), "id": f"call_{turn}_{c.id}",
+                           "type": "tool_call"} for c in parsed.calls]
+            invalid = [{"name": e.name, "args": e.raw, "id": f"call_{turn}_invalid_{i}", "error": e.reason,
+                        "type": "invalid_tool_call"} for i, e in enumerate(parsed.errors)]
+        finish = {"stop": "tool_calls" if tool_calls else "stop", "length": "length", "aborted": "aborted"}
+        metadata = {
+            METADATA_KEY: {
+                "request_id": session.request_id, "turn": turn, "prompt_ids": prompt_ids,
+                "response_ids": list(out.token_ids),
+                "log_probs": None if out.log_probs is None else list(out.log_probs),
+                "stop_reason": out.stop_reason,
+            },
+            "finish_reason": finish[out.stop_reason],
+            "model_name": "agentloop",
+        }
+        return AIMessage(content=content, tool_calls=tool_calls, invalid_tool_calls=invalid,
+                         response_metadata=metadata)
+
+__all__ = ["REQUEST_ID_KEY", "ChatModel", "TrajectorySession"]

@@ -1,0 +1,240 @@
+"""The ``react_agent`` loop: run a LangGraph graph and train on the tokens its model calls kept.
+
+Per sample the loop creates the tool instances, wraps them as LangChain tools, builds the graph
+with the configured factory around a fresh :class:`ChatModel` (one request id per trajectory),
+runs it, and packages the model's recorded trajectory: generated ids with mask 1 and their
+log-probs, everything else with mask 0. Nothing is rebuilt from the graph's final messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentloop_core.loop import AgentLoopBase
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import SamplingParams
+from agentloop_core.registry import register
+from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
+from agentloop_langgraph.graph import load_graph_factory
+from agentloop_langgraph.messages import HistoryRewrittenError, RolloutLimitReached
+from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
+from agentloop_tools.agent_loop import TruncateSide, resolve_tools
+from agentloop_tools.base import BaseTool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReactAgentConfig:
+    """The ``react_agent`` keys of the rollout config (other keys are ignored)."""
+
+    graph_factory: Any = None
+    """``"package.module:function"`` or a callable ``(chat_model, tools, **kwargs) -> graph``;
+    None: a ReAct agent (``create_agent``, or ``create_react_agent`` without ``langchain``)."""
+    graph_factory_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the factory."""
+    system_prompt: str | None = None
+    """System prompt of the default ReAct agent."""
+    response_length: int = 1024
+    """Token budget for everything after the prompt: generated and tool tokens."""
+    prompt_length: int | None = None
+    """Longest accepted rendered prompt, in tokens; None: no limit."""
+    max_assistant_turns: int | None = None
+    """Most model turns; None: bounded by ``response_length`` and ``recursion_limit``."""
+    recursion_limit: int = 50
+    """LangGraph's super-step limit for one run (a ReAct turn takes two)."""
+    tool_parser: str = "hermes"
+    """Tool-call parser name."""
+    max_tool_response_length: int = 1024
+    """Most characters of one tool response shown to the model."""
+    tool_response_truncate_side: TruncateSide = "middle"
+    """Which part of a long tool response to keep."""
+    tool_timeout_s: float | None = 60.0
+    """Time limit of one tool call unless the tool sets its own; None: no limit."""
+    tool_reward: Literal["sum", "none"] = "sum"
+    """``sum``: reward = step rewards + each tool's ``calc_reward``; ``none``: reward is None."""
+    sanity_check: Literal["strict", "ignore_strippable", "disable"] = "strict"
+    """Delta-tokenization check against full re-tokenization, see ``Trajectory.to_output``."""
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra chat template variables."""
+    use_inference_chat_template: bool = False
+    """See ``ChatRenderer``."""
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> ReactAgentConfig:
+        """Read and check the loop's keys.
+
+        Raises:
+            ValueError: naming the key, the bad value and what is accepted.
+        """
+        names = cls.__dataclass_fields__
+        data = {k: config[k] for k in names if k in config and config[k] is not None}
+        for key in ("prompt_length", "max_assistant_turns", "tool_timeout_s"):
+            if key in config and config[key] is None:
+                data[key] = None
+        cfg = cls(**data)
+        for key in ("response_length", "recursion_limit", "max_tool_response_length", "prompt_length",
+                    "max_assistant_turns"):
+            value = getattr(cfg, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"react_agent config {key} must be a positive integer, got {value!r}")
+        choices = {"tool_response_truncate_side": ("left", "right", "middle"), "tool_reward": ("sum", "none"),
+                   "sanity_check": ("strict", "ignore_strippable", "disable")}
+        for key, allowed in choices.items():
+            if getattr(cfg, key) not in allowed:
+                raise ValueError(f"react_agent config {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
+        if not isinstance(cfg.graph_factory_kwargs, Mapping):
+            raise ValueError("react_agent config graph_factory_kwargs must be a mapping, got "
+                             f"{type(cfg.graph_factory_kwargs).__name__}")
+        return cfg
+
+
+@register("react_agent")
+class ReactAgentLoop(AgentLoopBase):
+    """Runs a LangGraph agent per sample and returns its model's exact tokens.
+
+    Config keys: see :class:`ReactAgentConfig`, plus ``tools`` / ``tool_config_path`` /
+    ``function_tool_path`` (as for ``tool_agent``).
+
+    Row keys: ``raw_prompt`` (chat messages, the graph's input ``{"messages": raw_prompt}``),
+    ``tools_kwargs`` (per tool name, passed to ``create``), ``request_id`` (optional).
+
+    A graph that rewrites history (summaries, trimming, edited AI messages) fails the sample
+    with ``metrics["history_rewritten"] = 1`` and the reason in ``metrics["error"]``.
+    """
+
+    def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
+                 processor: Any = None, tracer: Any = None) -> None:
+        super().__init__(server, tokenizer, config, processor, tracer)
+        self.settings = ReactAgentConfig.from_mapping(self.config)
+        self.tools: dict[str, BaseTool] = resolve_tools(self.config)
+        self.factory = load_graph_factory(self.settings.graph_factory)
+        kwargs = dict(self.settings.graph_factory_kwargs)
+        if self.settings.graph_factory is None and self.settings.system_prompt is not None:
+            kwargs.setdefault("system_prompt", self.settings.system_prompt)
+        self.factory_kwargs = kwargs
+
+    def chat_model(self, sampling_params: Mapping[str, Any] | SamplingParams, request_id: str) -> ChatModel:
+        """The chat model of one trajectory."""
+        cfg = self.settings
+        params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params)
+        return ChatModel(
+            server=self.server, tokenizer=self.tokenizer, sampling_params=params, tool_parser=cfg.tool_parser,
+            request_id=request_id, response_length=cfg.response_length, prompt_length=cfg.prompt_length,
+            max_assistant_turns=cfg.max_assistant_turns, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
+            use_inference_chat_template=cfg.use_inference_chat_template)
+
+    async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
+        """Roll out one trajectory; see the class docstring for the row keys.
+
+        Raises:
+            ValueError: a malformed row, a prompt over ``prompt_length``, or a factory that
+                does not return a graph.
+            Exception: whatever the graph raises besides history rewrites and rollout limits.
+        """
+        messages = row.get("raw_prompt")
+        # Parquet datasets hand back numpy arrays of message dicts; any non-text sequence will do.
+        if messages is None or isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__len__") \
+                or len(messages) == 0:
+            raise ValueError("react_agent row needs 'raw_prompt': a non-empty list of chat messages, got "
+                             f"{type(messages).__name__}")
+        tools_kwargs = dict(row.get("tools_kwargs") or {})
+        unknown = sorted(set(tools_kwargs) - set(self.tools))
+        if unknown:
+            raise ValueError(f"row tools_kwargs names tools {unknown} that the loop does not have; "
+                             f"configured tools: {sorted(self.tools) or '(none)'}")
+        request_id = str(row.get("request_id") or uuid.uuid4().hex)
+        model = self.chat_model(sampling_params, request_id)
+        adapters = await self._create_tools(tools_kwargs)
+        termination = "graph_end"
+        start = time.perf_counter()
+        try:
+            graph = self.factory(model, list(adapters.values()), **self.factory_kwargs)
+            if not hasattr(graph, "ainvoke"):
+                raise ValueError(f"graph_factory returned a {type(graph).__name__}, not a compiled graph "
+                                 "(it needs ainvoke); return graph.compile()")
+            config = {"recursion_limit": self.settings.recursion_limit,
+                      "configurable": {REQUEST_ID_KEY: request_id}}
+            with self.tracer.span("graph", request_id=request_id):
+                await graph.ainvoke({"messages": [dict(m) for m in messages]}, config=config)
+        except RolloutLimitReached as exc:
+            termination = exc.reason
+        except HistoryRewrittenError as exc:
+            logger.warning("react_agent sample failed: %s", exc)
+            session = model.pop_session(request_id)
+            prompt = session.trajectory.prompt_ids if session is not None else None
+            await self._release(adapters)
+            return AgentLoopOutput.failure(prompt, exc, history_rewritten=1)
+        except Exception as exc:
+            from langgraph.errors import GraphRecursionError
+
+            if not isinstance(exc, GraphRecursionError):
+                await self._release(adapters)
+                raise
+            termination = "recursion_limit"
+        graph_s = time.perf_counter() - start
+        reward = await self._reward(adapters)
+        await self._release(adapters)
+        session = model.pop_session(request_id)
+        if session is None:
+            return AgentLoopOutput.failure(None, "the graph finished without calling the chat model; a "
+                                           "react_agent graph must call the ChatModel it was built with")
+        metrics = {
+            "assistant_turns": session.trajectory.num_generations,
+            "tool_calls": sum(a.calls for a in adapters.values()),
+            "tool_errors": sum(a.errors for a in adapters.values()),
+            "generate_s": session.generate_s, "graph_s": graph_s,
+        }
+        extra = {"messages": list(session.trajectory.messages), "termination_reason": termination,
+                 "request_id": request_id, "tool_rewards": [r for a in adapters.values() for r in a.rewards]}
+        return session.trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
+                                            sanity_check=self.settings.sanity_check)
+
+    async def _create_tools(self, tools_kwargs: dict[str, Any]) -> dict[str, AgentLoopTool]:
+        cfg = self.settings
+        options = {"timeout_s": cfg.tool_timeout_s, "max_response_length": cfg.max_tool_response_length,
+                   "truncate_side": cfg.tool_response_truncate_side}
+
+        async def create(name: str, tool: BaseTool) -> AgentLoopTool:
+            try:
+                iid = await tool.create(None, **dict(tools_kwargs.get(name) or {}))
+            except Exception as exc:  # the model gets an error when it calls this tool
+                why = f"{type(exc).__name__}: {exc}"
+                logger.warning("tool %r create failed: %s", name, why)
+                return to_langchain_tool(tool, "", unavailable=why, **options)
+            return to_langchain_tool(tool, iid, **options)
+
+        made = await asyncio.gather(*(create(n, t) for n, t in self.tools.items()))
+        return dict(zip(self.tools, made, strict=True))
+
+    async def _reward(self, adapters: dict[str, AgentLoopTool]) -> float | None:
+        if self.settings.tool_reward == "none":
+            return None
+        total = sum(r for a in adapters.values() for r in a.rewards)
+        for name, adapter in adapters.items():
+            if adapter.unavailable is not None:
+                continue
+            try:
+                total += float(await self.tools[name].calc_reward(adapter.instance_id))
+            except Exception as exc:  # noqa: BLE001 - one bad reward must not lose the trajectory
+                adapter.errors += 1
+                logger.warning("tool %r calc_reward failed: %s: %s", name, type(exc).__name__, exc)
+        return total
+
+    async def _release(self, adapters: dict[str, AgentLoopTool]) -> None:
+        for name, adapter in adapters.items():
+            if adapter.unavailable is not None:
+                continue
+            try:
+                await self.tools[name].release(adapter.instance_id)
+            except Exception as exc:  # noqa: BLE001 - release everything even if one fails
+                logger.warning("tool %r release failed: %s: %s", name, type(exc).__name__, exc)
+
+
+__all__ = ["ReactAgentConfig", "ReactAgentLoop"]

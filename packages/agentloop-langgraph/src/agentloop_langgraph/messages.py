@@ -1,0 +1,215 @@
+"""LangChain messages as chat-template dicts, and how a model call's history is checked against
+the tokens already recorded for its trajectory.
+
+The check is what keeps the one law: a LangGraph graph may hand the model any list of messages
+(trimmed, summarised, edited), but the trainer can only use a trajectory whose every later turn
+extends the earlier tokens. So a call must see exactly the recorded messages, in order, plus
+new non-assistant messages; anything else is a :class:`HistoryRewrittenError`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+METADATA_KEY = "agentloop"
+"""Key of ``AIMessage.response_metadata`` under which :class:`ChatModel` keeps the token ids."""
+
+
+class HistoryRewrittenError(RuntimeError):
+    """A model call's messages are not the trajectory's recorded messages plus new ones.
+
+    Raised when a graph edits, drops or reorders earlier messages (summaries, trimming), edits
+    a generated message, or inserts an assistant message the engine did not generate. Training
+    on such an episode would need re-encoded text, so the sample fails with this reason.
+    """
+
+
+class RolloutLimitReached(RuntimeError):
+    """The trajectory hit a rollout limit (token budget, assistant turns) before a model call.
+
+    Not a failure: the loop ends the episode here and trains on the tokens so far.
+
+    Args:
+        reason: ``response_length`` or ``max_assistant_turns``.
+        message: What happened, for people.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def content_text(message: BaseMessage) -> str:
+    """The text of a message's content (a string, or a list of text blocks).
+
+    Raises:
+        ValueError: for image/audio/file blocks, which this chat model cannot render yet.
+    """
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise ValueError(
+                f"{type(message).__name__} has a {kind!r} content block; agentloop's ChatModel renders "
+                "text only. Send text content (or describe the media in text)."
+            )
+    return "".join(parts)
+
+
+def to_chat_dict(message: BaseMessage) -> dict[str, Any]:
+    """The chat-template dict of a LangChain message that the engine did not generate.
+
+    Tool messages keep ``name`` and ``tool_call_id`` so templates that render them can; an
+    assistant message from the prompt (a few-shot example) renders its ``tool_calls`` in the
+    OpenAI layout.
+
+    Raises:
+        ValueError: for an unknown message type or non-text content.
+    """
+    text = content_text(message)
+    if isinstance(message, SystemMessage):
+        return {"role": "system", "content": text}
+    if isinstance(message, HumanMessage):
+        return {"role": "user", "content": text}
+    if isinstance(message, ToolMessage):
+        return {"role": "tool", "name": message.name or "", "tool_call_id": message.tool_call_id, "content": text}
+    if isinstance(message, AIMessage):
+        out: dict[str, Any] = {"role": "assistant", "content": text}
+        if message.tool_calls:
+            out["tool_calls"] = [
+                {"type": "function", "id": call.get("id") or "",
+                 "function": {"name": call["name"], "arguments": call["args"]}}
+                for call in message.tool_calls
+            ]
+        return out
+    if isinstance(message, ChatMessage):
+        return {"role": message.role, "content": text}
+    raise ValueError(
+        f"cannot render a {type(message).__name__}; use System/Human/AI/Tool messages or ChatMessage"
+    )
+
+
+def generation_info(message: BaseMessage) -> dict[str, Any] | None:
+    """The token record :class:`ChatModel` stored on an AI message it generated, else None."""
+    if not isinstance(message, AIMessage):
+        return None
+    info = message.response_metadata.get(METADATA_KEY)
+    return info if isinstance(info, dict) else None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One message of a trajectory as it was recorded, to compare later calls against."""
+
+    kind: str
+    """``prompt`` or ``appended`` (rendered, mask 0) or ``generated`` (engine ids, mask 1)."""
+    chat: dict[str, Any] | None = None
+    """The chat dict that was rendered (prompt/appended messages)."""
+    turn: int = 0
+    """Generated messages: 1-based generation index within the trajectory."""
+    response_ids: tuple[int, ...] = ()
+    """Generated messages: the engine's ids."""
+    content: str = ""
+    """Generated messages: the AIMessage content the model returned."""
+    calls: str = ""
+    """Generated messages: the AIMessage tool calls (name, args), canonical JSON."""
+
+
+def calls_signature(message: AIMessage) -> str:
+    """Canonical JSON of an AI message's tool calls (names and arguments, in order)."""
+    return json.dumps([[c["name"], c["args"]] for c in message.tool_calls], sort_keys=True, default=str)
+
+
+def _describe(message: BaseMessage) -> str:
+    text = content_text(message) if isinstance(message.content, str) else str(message.content)
+    short = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(message).__name__}({short!r})"
+
+
+def check_extension(
+    request_id: str, recorded: Sequence[Recorded], incoming: Sequence[BaseMessage]
+) -> list[BaseMessage]:
+    """Check that ``incoming`` is ``recorded`` plus new non-assistant messages; return the new ones.
+
+    Args:
+        request_id: The trajectory's request id (generated messages must carry it).
+        recorded: The trajectory's messages so far.
+        incoming: The messages of this model call.
+
+    Returns:
+        The new messages (at least one).
+
+    Raises:
+        HistoryRewrittenError: naming the first message that differs and why.
+    """
+    fix = ("Keep the full message history while training (apply trimming or summaries only at "
+           "inference), or run the graph so each model call extends the previous one.")
+    for i, (rec, msg) in enumerate(zip(recorded, incoming, strict=False)):  # incoming may be shorter
+        if rec.kind == "generated":
+            info = generation_info(msg)
+            why = None
+            if info is None:
+                why = f"expected the AI message generated at turn {rec.turn}, got {_describe(msg)}"
+            elif info.get("request_id") != request_id or info.get("turn") != rec.turn:
+                why = (f"expected the AI message of request {request_id} turn {rec.turn}, got the one of "
+                       f"request {info.get('request_id')} turn {info.get('turn')}")
+            elif tuple(info.get("response_ids") or ()) != rec.response_ids:
+                why = f"the token ids kept on the AI message of turn {rec.turn} were changed"
+            elif content_text(msg) != rec.content or calls_signature(msg) != rec.calls:  # type: ignore[arg-type]
+                why = f"the content or tool calls of the AI message of turn {rec.turn} were edited"
+            if why is not None:
+                raise HistoryRewrittenError(f"request {request_id}: message {i}: {why}. {fix}")
+            continue
+        try:
+            chat = to_chat_dict(msg)
+        except ValueError as exc:
+            raise HistoryRewrittenError(f"request {request_id}: message {i}: {exc}") from None
+        if chat != rec.chat:
+            raise HistoryRewrittenError(
+                f"request {request_id}: message {i} differs from the recorded one: recorded "
+                f"{rec.chat!r}, got {chat!r}. {fix}")
+    if len(incoming) <= len(recorded):
+        raise HistoryRewrittenError(
+            f"request {request_id}: the model was called with {len(incoming)} messages but the trajectory "
+            f"already holds {len(recorded)}; a call must add at least one new message after the last "
+            f"model turn (the graph dropped or trimmed messages, or called the model twice in a row). {fix}")
+    new = list(incoming[len(recorded):])
+    for j, msg in enumerate(new, start=len(recorded)):
+        if isinstance(msg, AIMessage):
+            raise HistoryRewrittenError(
+                f"request {request_id}: message {j} is an AI message the engine did not generate for this "
+                f"trajectory ({_describe(msg)}); only tool, user and system messages may be added between "
+                f"model turns, since training needs the engine's own tokens for every assistant turn.")
+    return new
+
+
+__all__ = [
+    "METADATA_KEY",
+    "HistoryRewrittenError",
+    "Recorded",
+    "RolloutLimitReached",
+    "calls_signature",
+    "check_extension",
+    "content_text",
+    "generation_info",
+    "to_chat_dict",
+]

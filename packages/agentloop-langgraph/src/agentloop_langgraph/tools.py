@@ -1,0 +1,115 @@
+"""LangChain tools over agentloop tools (``BaseTool``, ``@function_tool``, MCP).
+
+Each adapter is bound to one trajectory's tool instance (``BaseTool.create``), keeps the tool's
+exact OpenAI schema (so the prompt renders exactly as in the ``tool_agent`` loop) and turns
+every failure into a ``ToolMessage`` with ``status="error"`` (``handle_tool_error``): a broken
+tool is something the model should read about, not an exception that ends the graph.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from langchain_core.tools import BaseTool as LangChainBaseTool
+from langchain_core.tools import ToolException
+from pydantic import ConfigDict, Field
+
+from agentloop_tools.agent_loop import TruncateSide, truncate_text
+from agentloop_tools.base import BaseTool
+from agentloop_tools.schema import ToolResponse
+
+
+class AgentLoopTool(LangChainBaseTool):
+    """One agentloop tool instance as a LangChain tool.
+
+    Build it with :func:`to_langchain_tool`; ``tool.create`` must already have returned
+    ``instance_id``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    tool: Any = Field(exclude=True)
+    """The agentloop :class:`~agentloop_tools.base.BaseTool`."""
+    instance_id: str
+    """The trajectory's instance of the tool."""
+    openai_schema: dict[str, Any]
+    """The tool's OpenAI function schema, exactly as it declared it."""
+    timeout_s: float | None = 60.0
+    """Time limit of one call (the tool's own ``timeout_s`` wins); None: no limit."""
+    max_response_length: int = 1024
+    """Most characters of a response shown to the model."""
+    truncate_side: TruncateSide = "middle"
+    """Which part of a long response to keep (see ``truncate_text``)."""
+    rewards: list[float] = Field(default_factory=list)
+    """Step rewards of this instance's calls, in order."""
+    calls: int = 0
+    """How many calls were made."""
+    errors: int = 0
+    """How many calls failed."""
+    unavailable: str | None = None
+    """Why the tool cannot run for this trajectory (its ``create`` failed), or None."""
+    handle_tool_error: bool = True
+
+    def _run(self, *args: Any, **kwargs: Any) -> str:
+        raise NotImplementedError(
+            f"tool {self.name!r} is async only: run the graph with ainvoke/astream")
+
+    async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> str:
+        self.calls += 1
+        if self.unavailable is not None:
+            self.errors += 1
+            raise ToolException(f"Error: tool {self.name!r} is unavailable ({self.unavailable}).")
+        if args:
+            self.errors += 1
+            raise ToolException(f"Error: tool {self.name!r} takes keyword arguments only.")
+        timeout = self.tool.timeout_s if self.tool.timeout_s is not None else self.timeout_s
+        try:
+            result = await asyncio.wait_for(self.tool.execute(self.instance_id, dict(kwargs)), timeout)
+        except asyncio.TimeoutError:
+            self.errors += 1
+            raise ToolException(f"Error: tool {self.name!r} timed out after {timeout:g} s.") from None
+        except Exception as exc:  # noqa: BLE001 - a tool bug becomes text for the model
+            self.errors += 1
+            raise ToolException(f"Error: tool {self.name!r} failed: {type(exc).__name__}: {exc}") from None
+        if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
+            self.errors += 1
+            raise ToolException(f"Error: tool {self.name!r} returned an invalid result.")
+        response, reward, _metrics = result
+        try:
+            self.rewards.append(float(reward or 0.0))
+        except (TypeError, ValueError):
+            self.errors += 1
+            self.rewards.append(0.0)
+        text = response.text or ""
+        if response.image or response.video:
+            # The chat model renders text only; say so instead of silently losing the media.
+            text += "\n[the tool returned images or videos, which this loop cannot show]"
+        return truncate_text(text, self.max_response_length, self.truncate_side)
+
+
+def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> AgentLoopTool:
+    """Wrap one created tool instance as a LangChain tool.
+
+    Args:
+        tool: The agentloop tool.
+        instance_id: From ``await tool.create(...)``.
+        **options: ``timeout_s``, ``max_response_length``, ``truncate_side``.
+
+    Raises:
+        TypeError: when ``tool`` is not an agentloop ``BaseTool``.
+    """
+    if not isinstance(tool, BaseTool):
+        raise TypeError(f"to_langchain_tool needs an agentloop_tools.BaseTool, got {type(tool).__name__}; "
+                        "wrap plain functions with @function_tool first")
+    schema = tool.tool_schema.model_dump(exclude_none=True)
+    function = schema["function"]
+    return AgentLoopTool(
+        name=tool.name,
+        description=function.get("description") or tool.name,
+        args_schema=function.get("parameters") or {"type": "object", "properties": {}},
+        tool=tool, instance_id=instance_id, openai_schema=schema, **options,
+    )
+
+
+__all__ = ["AgentLoopTool", "to_langchain_tool"]
