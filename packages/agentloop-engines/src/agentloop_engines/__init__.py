@@ -1,0 +1,37 @@
+"""agentloop-engines: engine adapters and the load-balancing client."""
+
+from agentloop_engines.base import AsyncServerBase
+from agentloop_engines.client import ClientStats, LLMServerClient, NoHealthyReplicaError
+from agentloop_engines.http_server import ServerThread, create_app, serve
+from agentloop_engines.ray_hosting import (
+    RemoteClient,
+    ServerActor,
+    client_actor,
+    local_client,
+    start_replicas,
+)
+from agentloop_engines.routing import StickyLeastInFlightPolicy
+from agentloop_engines.tiny_model import build_tiny_model
+
+__all__ = [
+    "AsyncServerBase", "HFServer", "build_tiny_model",
+    "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "StickyLeastInFlightPolicy",
+    "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",
+    "ServerThread", "create_app", "serve", "SGLangServer", "VLLMServer",
+]
+
+# Adapters whose modules need heavy optional deps at use time, resolved on first access.
+_LAZY = {"SGLangServer": "agentloop_engines.sglang_server", "VLLMServer": "agentloop_engines.vllm_server"}
+
+
+def __getattr__(name: str):
+    # HFServer imports torch; load it only when asked so `import agentloop_engines` stays light.
+    if name == "HFServer":
+        from agentloop_engines.hf import HFServer
+
+        return HFServer
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'agentloop_engines' has no attribute {name!r}")

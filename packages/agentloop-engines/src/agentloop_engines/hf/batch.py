@@ -1,0 +1,222 @@
+"""Batched decoding with a KV cache: left-padded prefill, per-row stops, and admission of new
+rows into a running batch.
+
+Each row finishes on its own (stop token, budget, abort) and is handed back the moment it does,
+so a short request never waits for the longest one in its batch; finished rows are dropped from
+the KV cache so later steps only compute live rows. Requests that arrive mid-batch are
+prefilled on their own and merged in (their cache left-padded with masked slots), so a long
+request does not hold newcomers back.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentloop_core.protocol import SamplingParams, StopReason, TokenOutput
+from agentloop_engines.hf.sampling import RowSampling, sample_rows
+
+
+@dataclass(eq=False)
+class Row:
+    """One request inside the engine."""
+
+    request_id: str
+    """The caller's request id; ``abort`` matches on it."""
+    prompt_ids: list[int]
+    """Validated prompt ids."""
+    sp: SamplingParams
+    """Validated, context-clamped sampling parameters."""
+    sampling: RowSampling
+    """Prepared per-row sampler settings (temperature, filters, RNG)."""
+    stop_ids: frozenset[int]
+    """Ids that end this row: the request's stop ids plus EOS unless ``ignore_eos``."""
+    on_done: Callable[[TokenOutput], None]
+    """Called exactly once with the result (from the worker thread or the event loop)."""
+    on_error: Callable[[BaseException], None]
+    """Called instead of ``on_done`` when the engine fails while serving this row."""
+    token_ids: list[int] = field(default_factory=list)
+    """Tokens generated so far."""
+    log_probs: list[float] = field(default_factory=list)
+    """Log-prob of each generated token."""
+    aborted: bool = False
+    """Set by ``abort``; the decode loop checks it every step."""
+    done: bool = False
+    """True once ``on_done`` has been called."""
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.done:
+            self.done = True
+            self.on_error(exc)
+
+    def finish(self, reason: StopReason) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.on_done(
+            TokenOutput(
+                token_ids=list(self.token_ids),
+                log_probs=list(self.log_probs) if self.sp.logprobs else None,
+                stop_reason=reason,
+            )
+        )
+
+
+class DecodeBatch:
+    """Rows decoding together: their KV cache, attention mask, next positions and the last
+    sampled token of each row (not yet fed to the model).
+
+    Build one with :meth:`prefill`, advance it with :meth:`step`, and admit requests that
+    arrived meanwhile with :meth:`merge`. Every method runs torch work and belongs in a worker
+    thread.
+    """
+
+    def __init__(self, rows: list[Row], cache: Any, mask: torch.Tensor, next_pos: torch.Tensor,
+                 last: torch.Tensor) -> None:
+        self.rows = rows
+        self.cache = cache
+        self.mask = mask
+        self.next_pos = next_pos
+        self.last = last
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @classmethod
+    def prefill(cls, model: Any, rows: list[Row], *, pad_id: int, device: torch.device,
+                stats: dict[str, int]) -> DecodeBatch | None:
+        """Run the left-padded prompts and sample each row's first token.
+
+        Returns:
+            The rows still generating, or None when every row already finished.
+        """
+        live = []
+        for r in rows:
+            if r.aborted:
+                r.finish("aborted")
+            elif not r.done:
+                live.append(r)
+        if not live:
+            return None
+        with torch.inference_mode():
+            width = max(len(r.prompt_ids) for r in live)
+            ids = torch.full((len(live), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(live), width), dtype=torch.long)
+            for i, r in enumerate(live):
+                ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+                mask[i, width - len(r.prompt_ids) :] = 1
+            ids, mask = ids.to(device), mask.to(device)
+            # Positions count real tokens only, so a left-padded row sees the positions it would
+            # see alone (RoPE models would not notice an offset; absolute-position models would).
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                        logits_to_keep=1)
+            _count(stats, len(live), prefill_tokens=int(mask.sum()))
+            batch = cls(live, _cache_of(out), mask, mask.sum(-1), torch.empty(0))
+            return batch._sample(out.logits[:, -1], stats)
+
+    def step(self, model: Any, stats: dict[str, int]) -> DecodeBatch | None:
+        """Feed the last sampled tokens, sample the next ones, drop rows that finished.
+
+        Returns:
+            This batch, or None when no row is left.
+        """
+        with torch.inference_mode():
+            self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=-1)
+            out = model(
+                input_ids=self.last[:, None],
+                attention_mask=self.mask,
+                position_ids=self.next_pos[:, None],
+                use_cache=True,
+                **{_cache_kwarg(type(model)): self.cache},
+            )
+            _count(stats, len(self.rows))
+            self.cache = _cache_of(out)
+            self.next_pos = self.next_pos + 1
+            return self._sample(out.logits[:, -1], stats)
+
+    def _sample(self, logits: torch.Tensor, stats: dict[str, int]) -> DecodeBatch | None:
+        tokens, lps = sample_rows(logits, [r.sampling for r in self.rows])
+        tok_list, lp_list = tokens.tolist(), lps.tolist()
+        keep: list[int] = []
+        for j, r in enumerate(self.rows):
+            if r.aborted:
+                r.finish("aborted")
+                continue
+            tok = tok_list[j]
+            r.token_ids.append(tok)
+            r.log_probs.append(lp_list[j])
+            stats["generated_tokens"] += 1
+            if tok in r.stop_ids:
+                r.finish("stop")
+            elif len(r.token_ids) >= r.sp.max_tokens:
+                r.finish("length")
+            else:
+                keep.append(j)
+        if not keep:
+            return None
+        if len(keep) < len(self.rows):
+            # Dropping finished rows from the cache keeps later steps to live rows only.
+            sel = torch.tensor(keep, device=self.mask.device)
+            self.cache.batch_select_indices(sel)
+            self.mask, self.next_pos, tokens = self.mask[sel], self.next_pos[sel], tokens[sel]
+            self.rows = [self.rows[j] for j in keep]
+        self.last = tokens
+        return self
+
+    def can_merge(self) -> bool:
+        """Whether :meth:`merge` knows this cache layout (plain full-attention DynamicCache)."""
+        layers = getattr(self.cache, "layers", None)
+        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+
+    def merge(self, other: DecodeBatch) -> DecodeBatch:
+        """Append ``other``'s rows, left-padding the shorter KV cache with masked slots."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        with torch.inference_mode():
+            for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
+                mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
+                mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
+            self.mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
+            self.next_pos = torch.cat([self.next_pos, other.next_pos])
+            self.last = torch.cat([self.last, other.last])
+        self.rows = self.rows + other.rows
+        return self
+
+    def abort_all(self, exc: BaseException | None = None) -> None:
+        for r in self.rows:
+            if exc is None:
+                r.finish("aborted")
+            else:
+                r.fail(exc)
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
+    missing = width - t.shape[dim]
+    if missing == 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = missing
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+@functools.cache
+def _cache_kwarg(model_cls: type) -> str:
+    # transformers 5.2x renamed ``past_key_values`` to ``cache`` (the old name warns, and goes
+    # in 5.40); older 5.x releases (e.g. 5.17 on the GPU machine) only know the old name.
+    return "cache" if "cache" in inspect.signature(model_cls.forward).parameters else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def _count(stats: dict[str, int], rows: int, prefill_tokens: int = 0) -> None:
+    stats["forward_calls"] += 1
+    stats["batched_rows"] += rows
+    stats["max_batch_rows"] = max(stats["max_batch_rows"], rows)
+    stats["prefill_tokens"] += prefill_tokens

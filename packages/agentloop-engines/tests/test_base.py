@@ -1,0 +1,141 @@
+"""AsyncServerBase: request validation, clamping, defaults and the chat_completion wrapper."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentloop_core.protocol import AsyncServer, CapabilityNotSupported, SamplingParams, TokenOutput
+from agentloop_engines.base import AsyncServerBase
+
+
+class CountingServer(AsyncServerBase):
+    """Generates ``prompt[-1] + 1, +2, ...`` (mod vocab) so outputs depend on the input."""
+
+    def __init__(self, vocab_size: int = 100, max_model_len: int = 16, tokenizer=None) -> None:
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.eos_token_ids = (vocab_size - 1,)
+        self.tokenizer = tokenizer
+        self.seen: list[SamplingParams] = []
+
+    async def _generate(self, request_id, prompt_ids, sp):
+        self.seen.append(sp)
+        ids = [(prompt_ids[-1] + i + 1) % self.vocab_size for i in range(sp.max_tokens)]
+        return TokenOutput(ids, [-1.0] * len(ids), "length")
+
+
+async def test_satisfies_the_core_protocol_and_delegates():
+    server = CountingServer()
+    assert isinstance(server, AsyncServer)
+    out = await server.generate("r", [3, 4], {"max_tokens": 3})
+    assert out.token_ids == [5, 6, 7]
+    assert server.seen[-1].max_tokens == 3
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        ([], {}, "prompt_ids is empty"),
+        ([1, 2.5], {}, r"prompt_ids\[1\] = 2.5 is not an integer"),
+        ([1, "a"], {}, r"prompt_ids\[1\] = 'a' is not an integer"),
+        ([1, True], {}, r"prompt_ids\[1\] = True is not an integer"),
+        ([1, 2, 100], {}, r"prompt_ids\[2\] = 100 is outside the vocabulary \[0, 100\)"),
+        ([5, -1], {}, r"prompt_ids\[1\] = -1 is outside the vocabulary"),
+        (list(range(16)), {}, "prompt has 16 tokens but the context is 16; shorten it or raise max_model_len"),
+        ([1], {"max_tokens": -2}, "max_tokens must be a positive integer"),
+        ([1], {"max_token": 5}, "unknown sampling parameter 'max_token'; did you mean 'max_tokens'"),
+        ([1], {"stop_token_ids": [500]}, "stop_token_ids contains 500, outside the vocabulary"),
+        ([1], {"top_p": 0}, "top_p must be in"),
+    ],
+)
+async def test_bad_requests_get_clear_errors(prompt, params, match):
+    server = CountingServer()
+    with pytest.raises(ValueError, match=match):
+        await server.generate("r", prompt, params)
+    assert server.seen == [], "an invalid request must never reach _generate"
+
+
+def test_max_tokens_is_clamped_to_the_context():
+    server = CountingServer(max_model_len=16)
+    assert server.validate_request([1] * 10, {"max_tokens": 100}).max_tokens == 6
+    assert server.validate_request([1] * 15, {"max_tokens": 100}).max_tokens == 1
+    assert server.validate_request([1] * 2, {"max_tokens": 4}).max_tokens == 4
+    sp = SamplingParams(max_tokens=50, temperature=0.5)
+    clamped = server.validate_request([1, 2], sp)
+    assert (clamped.max_tokens, clamped.temperature) == (14, 0.5)
+
+
+def test_numpy_ints_are_accepted():
+    np = pytest.importorskip("numpy", reason="numpy is a dependency but check anyway")
+    server = CountingServer()
+    assert server.validate_request(np.array([1, 2, 3]), None).max_tokens == 13
+
+
+async def test_optional_capabilities_raise_by_default():
+    server = CountingServer()
+    for call in (server.sleep(), server.wake_up(), server.update_weights([])):
+        with pytest.raises(CapabilityNotSupported, match="CountingServer does not support"):
+            await call
+    await server.abort("anything")  # documented no-op
+    await server.close()
+
+
+def test_base_is_abstract():
+    with pytest.raises(TypeError, match="_generate"):
+        AsyncServerBase()  # type: ignore[abstract]
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer():
+    pytest.importorskip("transformers", reason="chat_completion renders with a transformers tokenizer")
+    from agentloop_core.testing import load_tiny_tokenizer
+
+    return load_tiny_tokenizer()
+
+
+async def test_chat_completion_is_openai_shaped_and_keeps_tokens(tiny_tokenizer):
+    server = CountingServer(vocab_size=len(tiny_tokenizer), max_model_len=512, tokenizer=tiny_tokenizer)
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "math",
+              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+    resp = await server.chat_completion({"messages": messages, "tools": tools, "max_completion_tokens": 4,
+                                         "temperature": 0, "model": "m"})
+    expected_prompt = tiny_tokenizer.encode(
+        tiny_tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False),
+        add_special_tokens=False,
+    )
+    assert resp["object"] == "chat.completion" and resp["model"] == "m"
+    assert isinstance(resp["id"], str) and isinstance(resp["created"], int)
+    assert resp["prompt_token_ids"] == expected_prompt
+    choice = resp["choices"][0]
+    assert choice["index"] == 0 and choice["finish_reason"] == "length"
+    assert choice["message"]["role"] == "assistant"
+    assert choice["token_ids"] == [(expected_prompt[-1] + i) % len(tiny_tokenizer) for i in range(1, 5)]
+    assert choice["message"]["content"] == tiny_tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+    assert resp["usage"] == {"prompt_tokens": len(expected_prompt), "completion_tokens": 4,
+                             "total_tokens": len(expected_prompt) + 4}
+    assert server.seen[-1].temperature == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"frequency_penalty": 0.5}, r"unsupported chat_completion request keys \['frequency_penalty'\]"),
+        ({"stop": ["\n"]}, "text stop sequences"),
+        ({"n": 2}, "n=1 only"),
+        ({"stream": True}, "does not stream"),
+        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+    ],
+)
+async def test_chat_completion_rejects_what_it_cannot_honour(tiny_tokenizer, extra, match):
+    server = CountingServer(vocab_size=len(tiny_tokenizer), max_model_len=512, tokenizer=tiny_tokenizer)
+    with pytest.raises(ValueError, match=match):
+        await server.chat_completion({"messages": [{"role": "user", "content": "hi"}], **extra})
+
+
+async def test_chat_completion_needs_messages_and_a_tokenizer(tiny_tokenizer):
+    with pytest.raises(RuntimeError, match="has no tokenizer"):
+        await CountingServer().chat_completion({"messages": [{"role": "user", "content": "hi"}]})
+    server = CountingServer(vocab_size=len(tiny_tokenizer), max_model_len=512, tokenizer=tiny_tokenizer)
+    with pytest.raises(ValueError, match="non-empty 'messages'"):
+        await server.chat_completion({"messages": []})

