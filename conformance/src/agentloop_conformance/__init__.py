@@ -1,0 +1,30 @@
+"""agentloop-conformance: a test suite any engine, tokenizer or agent loop author runs.
+
+Subclass a base class and define its one fixture, or run the no-code mode::
+
+    pytest --pyargs agentloop_conformance --agentloop-tokenizer=PATH
+"""
+
+from agentloop_conformance._guard import guard_violations
+from agentloop_conformance.engine import (
+    EngineConcurrencyTests,
+    EngineConformanceTests,
+    EngineGenerationTests,
+    EngineLogProbTests,
+    EngineMemoryTests,
+)
+from agentloop_conformance.hooks import EngineTarget, hf_named_weights, hf_reference_log_probs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EngineConcurrencyTests",
+    "EngineConformanceTests",
+    "EngineGenerationTests",
+    "EngineLogProbTests",
+    "EngineMemoryTests",
+    "EngineTarget",
+    "guard_violations",
+    "hf_named_weights",
+    "hf_reference_log_probs",
+]

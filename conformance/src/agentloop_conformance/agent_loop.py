@@ -1,0 +1,196 @@
+"""Agent loop conformance tests: subclass :class:`AgentLoopConformanceTests` and define one
+fixture, ``agent_loop_factory``: a callable ``(server) -> AgentLoopBase`` that builds a loop
+(with its tokenizer and config) on top of the given engine.
+
+Each check runs the loop's rows against a scripted engine (exact control, non-canonical token
+ids like a sampling engine's) and, when the ``real_engine`` fixture gives one, against a real
+engine, with a recording proxy between loop and engine.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+
+from agentloop_conformance._guard import SuiteGuard
+from agentloop_conformance.recording import FailingServer, RecordedCall, RecordingServer, scripted_engine
+from agentloop_core.loop import AgentLoopBase
+from agentloop_core.output import AgentLoopOutput
+
+ENGINE_KINDS = ("scripted", "real")
+
+DEFAULT_ROWS: tuple[dict[str, Any], ...] = (
+    {"raw_prompt": [{"role": "user", "content": "What is 2 + 3?"}]},
+    {"raw_prompt": [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": "Name a fruit. Überraschung 🍎"}]},
+)
+
+
+@dataclass
+class Rollout:
+    """One row rolled out: the loop's output and the engine calls it made."""
+
+    output: AgentLoopOutput
+    calls: list[RecordedCall]
+    loop: AgentLoopBase
+
+
+@dataclass
+class LoopSetup:
+    """Everything a check needs to roll out the loop on one kind of engine."""
+
+    kind: str
+    factory: Callable[[Any], AgentLoopBase]
+    rows: list[dict[str, Any]]
+    replies: Any
+    real_engine: Any
+
+
+class AgentLoopConformanceTests(SuiteGuard):
+    """Mask, log-prob and budget invariants of ``AgentLoopOutput``, and failure handling."""
+
+    __conformance_suite__ = True
+    # One event loop per class, so a real engine started in a class-scoped fixture keeps working.
+    pytestmark = [pytest.mark.asyncio(loop_scope="class")]
+
+    sampling_params: ClassVar[dict[str, Any]] = {"temperature": 1.0, "max_tokens": 24, "logprobs": True, "seed": 0}
+    """Sampling parameters passed to ``run``."""
+
+    @pytest.fixture
+    def agent_loop_factory(self) -> Callable[[Any], AgentLoopBase]:
+        """Required: a callable ``(server) -> AgentLoopBase`` (tokenizer and config included)."""
+        pytest.fail(f"{type(self).__name__} must define an `agent_loop_factory` fixture returning "
+                    "a callable (server) -> AgentLoopBase (see the agentloop-conformance README)")
+
+    @pytest.fixture
+    def agent_loop_rows(self) -> list[dict[str, Any]]:
+        """Dataset rows to roll out (passed to ``run`` as keyword arguments)."""
+        return [dict(r) for r in DEFAULT_ROWS]
+
+    @pytest.fixture
+    def scripted_replies(self) -> Any:
+        """What the scripted engine says on the i-th call of a request (a list of texts, the
+        last one repeating, or ``(request_id, prompt_ids, index) -> text``). Give a tool loop
+        replies that call its tools."""
+        return ["Let me think. 2 + 3 = 5.", "So the answer is 5.\n#### 5"]
+
+    @pytest.fixture
+    def real_engine(self) -> Any:
+        """A real engine for the same checks; None skips the ``real`` variants."""
+        return None
+
+    @pytest.fixture(params=ENGINE_KINDS)
+    def loop_setup(self, request: Any, agent_loop_factory: Any, agent_loop_rows: list, scripted_replies: Any,
+                   real_engine: Any) -> LoopSetup:
+        if request.param == "real" and real_engine is None:
+            pytest.skip("no real engine: override the `real_engine` fixture (or pass --agentloop-engine)")
+        return LoopSetup(request.param, agent_loop_factory, agent_loop_rows, scripted_replies, real_engine)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    async def rollout(self, setup: LoopSetup) -> list[Rollout]:
+        """Roll out every row, one fresh loop per row (as the worker does)."""
+        proxy = RecordingServer()
+        results = []
+        for row in setup.rows:
+            loop = setup.factory(proxy)
+            if proxy.inner is None:
+                proxy.inner = scripted_engine(loop.tokenizer, setup.replies) if setup.kind == "scripted" \
+                    else setup.real_engine
+            start = len(proxy.calls)
+            out = await loop.run(dict(self.sampling_params), **row)
+            assert isinstance(out, AgentLoopOutput), f"run() returned {type(out).__name__}, not AgentLoopOutput"
+            calls = proxy.calls[start:]
+            assert calls, "the loop returned without calling generate"
+            results.append(Rollout(out, calls, loop))
+        return results
+
+    # -- checks -------------------------------------------------------------------------------
+
+    async def test_mask_one_tokens_are_the_engine_output(self, loop_setup: LoopSetup) -> None:
+        """The tokens with response_mask 1 are exactly the ids the engine returned, call after
+        call, in order, and prompt_ids is the first call's prompt. Debug: a loop that decodes
+        generated text and re-encodes it (the one law: never) fails here on the scripted
+        engine, which returns non-canonical ids as real samplers do."""
+        for k, r in enumerate(await self.rollout(loop_setup)):
+            out = r.output
+            generated = [t for c in r.calls for t in c.output.token_ids]
+            kept = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 1]
+            assert kept == generated, (
+                f"row {k}: mask-1 tokens differ from the engine's output:\n  engine: {generated[:40]}\n"
+                f"  mask-1: {kept[:40]}")
+            assert out.prompt_ids == r.calls[0].prompt_ids, f"row {k}: prompt_ids is not the first call's prompt"
+
+    async def test_log_probs_aligned_with_mask(self, loop_setup: LoopSetup) -> None:
+        """response_logprobs holds the engine's log-prob of each mask-1 token, in order, and 0.0
+        on mask-0 tokens. Debug: log-probs appended for tool tokens, or dropped for a turn."""
+        for k, r in enumerate(await self.rollout(loop_setup)):
+            out = r.output
+            engine_lps = [lp for c in r.calls for lp in (c.output.log_probs or [])]
+            if not engine_lps:
+                pytest.skip("the engine returned no log-probs")
+            assert out.response_logprobs is not None, f"row {k}: the engine returned log-probs but the loop dropped them"
+            kept = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 1]
+            assert kept == pytest.approx(engine_lps, abs=1e-6), f"row {k}: mask-1 log-probs are not the engine's"
+            other = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 0]
+            assert all(lp == 0.0 for lp in other), f"row {k}: mask-0 tokens carry non-zero log-probs"
+
+    async def test_no_tool_or_user_token_has_mask_one(self, loop_setup: LoopSetup) -> None:
+        """Every generate call's prompt is a prefix of the final sequence and the engine's ids
+        follow it there; response_mask is 1 on those ids and 0 on everything the loop added
+        (tool results, user turns, template glue). Debug: compare the expected and actual mask
+        around the first difference."""
+        for k, r in enumerate(await self.rollout(loop_setup)):
+            out = r.output
+            full = out.prompt_ids + out.response_ids
+            n_prompt = len(out.prompt_ids)
+            expected = [0] * len(out.response_ids)
+            for j, c in enumerate(r.calls):
+                start, ids = len(c.prompt_ids), c.output.token_ids
+                assert full[:start] == c.prompt_ids, f"row {k}: call {j}'s prompt is not a prefix of the final ids"
+                assert full[start : start + len(ids)] == ids, f"row {k}: call {j}'s output is not where it was generated"
+                for i in range(start - n_prompt, start - n_prompt + len(ids)):
+                    expected[i] = 1
+            if out.response_mask != expected:
+                i = next(i for i, (a, b) in enumerate(zip(out.response_mask, expected, strict=True)) if a != b)
+                pytest.fail(f"row {k}: response_mask differs from the generated positions at response index {i}: "
+                            f"mask {out.response_mask[max(0, i - 5) : i + 5]} expected {expected[max(0, i - 5) : i + 5]}")
+
+    async def test_response_length_within_budget(self, loop_setup: LoopSetup) -> None:
+        """len(response_ids) never exceeds the loop's ``response_length`` config. Debug: a
+        tool result or user turn appended past the budget."""
+        for k, r in enumerate(await self.rollout(loop_setup)):
+            budget = r.loop.config.get("response_length")
+            if budget is None:
+                pytest.skip("the loop's config has no response_length")
+            assert len(r.output.response_ids) <= int(budget), (
+                f"row {k}: {len(r.output.response_ids)} response tokens, budget {budget}")
+
+    async def test_failures_become_failed_samples(self, agent_loop_factory: Any, agent_loop_rows: list) -> None:
+        """When the engine raises, AgentLoopWorker returns one failed sample per row
+        (``metrics["failed"]``, the error text kept), never an exception that kills the batch
+        and never a silently empty success. Debug: a loop that catches engine errors and
+        returns a normal output hides them from the trainer; let them propagate."""
+        from agentloop_core.registry import register
+        from agentloop_core.runtime import AgentLoopWorker
+
+        server = FailingServer()
+        tokenizer = agent_loop_factory(server).tokenizer
+        name = f"agentloop-conformance-{uuid.uuid4().hex[:12]}"
+
+        @register(name)
+        class _Adapter(AgentLoopBase):
+            async def run(self, sampling_params: Any, **row: Any) -> AgentLoopOutput:
+                return await agent_loop_factory(self.server).run(sampling_params, **row)
+
+        worker = AgentLoopWorker(server, tokenizer, {"default_agent_loop": name,
+                                                     "sampling_params": dict(self.sampling_params)})
+        outs = await worker.generate_sequences([dict(r) for r in agent_loop_rows])
+        assert len(outs) == len(agent_loop_rows)
+        for k, out in enumerate(outs):
+            assert out.failed, f"row {k}: the engine failed but the sample is not marked failed: {out.metrics}"
+            assert "injected engine failure" in str(out.metrics.get("error")), f"row {k}: error text lost"

@@ -1,0 +1,325 @@
+"""Engine conformance tests: subclass :class:`EngineConformanceTests` (or pick the mixins) and
+define one fixture, ``engine``, that starts the engine and stops it after the tests.
+
+Every test docstring says what the engine must do and how to debug a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import pytest
+
+from agentloop_conformance._guard import SuiteGuard
+from agentloop_conformance.hooks import copy_tensor, perturb_tensor
+from agentloop_core.protocol import TokenOutput
+
+
+def greedy(max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """Greedy sampling parameters that ignore EOS, so the output length is predictable."""
+    return {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "logprobs": True, **extra}
+
+
+class EngineFixtures(SuiteGuard):
+    """Fixtures and settings shared by the engine mixins. Override the class attributes to fit
+    your engine; override the hook fixtures to turn on the checks that need them."""
+
+    # One event loop per test class, so an engine started in a class-scoped async fixture
+    # (vLLM's AsyncLLM, for one) keeps serving every test of the class.
+    pytestmark = [pytest.mark.asyncio(loop_scope="class")]
+
+    num_prompts: ClassVar[int] = 5
+    """How many distinct prompts the checks use."""
+    max_tokens: ClassVar[int] = 12
+    """Tokens generated per request in most checks."""
+    logprob_atol: ClassVar[float] = 2e-3
+    """Largest accepted |engine log-prob - reference log-prob|."""
+    abort_max_tokens: ClassVar[int] = 4096
+    """Budget of the request the abort check cancels (clamped to the context); it must still be
+    running ``abort_delay_s`` after it starts."""
+    abort_delay_s: ClassVar[float] = 0.2
+    """How long the abort check lets the request run before aborting it."""
+    abort_timeout_s: ClassVar[float] = 5.0
+    """How soon an aborted request must return."""
+
+    @pytest.fixture
+    def engine(self) -> Any:
+        """The engine under test. Required: override it (usually ``scope="class"``) to start your
+        engine, ``yield`` it, and stop it afterwards."""
+        pytest.fail(
+            f"{type(self).__name__} must define an `engine` fixture that starts the engine under test, "
+            "yields it and stops it (see the agentloop-conformance README)"
+        )
+
+    @pytest.fixture
+    def reference_log_probs(self, engine: Any) -> Any:
+        """Optional hook ``(prompt_ids, token_ids, temperature) -> log-probs`` from a plain
+        forward pass; None skips the log-prob accuracy check. See :mod:`agentloop_conformance.hooks`."""
+        return None
+
+    @pytest.fixture
+    def named_weights(self, engine: Any) -> Any:
+        """Optional hook ``() -> {name: tensor}`` of the current weights; None skips the
+        weight-update round trip."""
+        return None
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def vocab_size(engine: Any) -> int:
+        size = getattr(engine, "vocab_size", None)
+        if not isinstance(size, int) or size < 2:
+            pytest.skip(f"{type(engine).__name__} has no integer `vocab_size` attribute; the suite needs "
+                        "it to build valid prompts and check ids")
+        return size
+
+    @staticmethod
+    def max_model_len(engine: Any) -> int:
+        size = getattr(engine, "max_model_len", None)
+        if not isinstance(size, int) or size < 2:
+            pytest.skip(f"{type(engine).__name__} has no integer `max_model_len` attribute (its context length)")
+        return size
+
+    def prompts(self, engine: Any) -> list[list[int]]:
+        """Distinct prompts of ordinary (mid-vocabulary) ids, different lengths."""
+        v = self.vocab_size(engine)
+        lo, span = max(3, v // 8), max(1, v // 2)
+        return [[lo + (37 * i + 11 * j) % span for j in range(3 + 2 * i)] for i in range(self.num_prompts)]
+
+    @staticmethod
+    def capability(engine: Any, name: str) -> bool:
+        caps = getattr(engine, "capabilities", None)
+        if caps is None:
+            pytest.fail(f"{type(engine).__name__} has no `capabilities` (a ServerCapabilities); declare what it supports")
+        return bool(getattr(caps, name, False))
+
+    @staticmethod
+    def check_output(out: Any, where: str) -> TokenOutput:
+        assert isinstance(out, TokenOutput), f"{where}: generate returned {type(out).__name__}, expected TokenOutput"
+        return out
+
+
+class EngineGenerationTests(EngineFixtures):
+    """Greedy determinism, valid ids, token budgets, stop tokens, clear errors."""
+
+    __conformance_suite__ = True
+
+    async def test_greedy_is_deterministic(self, engine: Any) -> None:
+        """Greedy decoding (temperature 0) returns the same ids for the same prompt, alone or
+        batched with other requests. Debug: look for non-deterministic kernels, padding that
+        leaks into attention, or a sampler that ignores temperature 0."""
+        prompts = self.prompts(engine)
+        alone = [self.check_output(await engine.generate(f"det-a{i}", p, greedy(self.max_tokens)), "greedy")
+                 for i, p in enumerate(prompts)]
+        batched = await asyncio.gather(*(engine.generate(f"det-b{i}", p, greedy(self.max_tokens))
+                                         for i, p in enumerate(prompts)))
+        for i, (a, b) in enumerate(zip(alone, batched, strict=True)):
+            assert a.token_ids == b.token_ids, (
+                f"prompt {i}: greedy output differs between a lone request and a batched one:\n"
+                f"  alone:   {a.token_ids}\n  batched: {b.token_ids}")
+
+    async def test_token_ids_in_vocabulary(self, engine: Any) -> None:
+        """Every generated id lies in ``[0, vocab_size)`` when sampling at temperature 1.
+        Debug: an id past the tokenizer's vocabulary usually means padded embedding rows are
+        not masked out of the logits."""
+        v = self.vocab_size(engine)
+        outs = await asyncio.gather(*(engine.generate(f"vocab{i}", p, {"max_tokens": self.max_tokens, "temperature": 1.0,
+                                                                      "seed": i, "logprobs": False})
+                                      for i, p in enumerate(self.prompts(engine))))
+        for out in outs:
+            bad = [t for t in self.check_output(out, "sampling").token_ids
+                   if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < v]
+            assert not bad, f"ids outside [0, {v}) or not plain ints: {bad[:10]}"
+
+    @pytest.mark.parametrize("budget", [1, 7])
+    async def test_max_tokens_respected(self, engine: Any, budget: int) -> None:
+        """With ``ignore_eos`` the engine returns exactly ``max_tokens`` ids and
+        ``stop_reason="length"``. Debug: check an off-by-one in the decode loop."""
+        out = self.check_output(await engine.generate("budget", self.prompts(engine)[0], greedy(budget)), "budget")
+        assert len(out.token_ids) == budget, f"asked for {budget} tokens, got {len(out.token_ids)}"
+        assert out.stop_reason == "length", f"stop_reason is {out.stop_reason!r}, expected 'length'"
+
+    async def test_stop_token_ids_honoured(self, engine: Any) -> None:
+        """A request's ``stop_token_ids`` end generation at the first stop token, which IS
+        included in ``token_ids`` (the agentloop contract), with ``stop_reason="stop"``.
+        Debug: compare with the free-running output printed in the failure."""
+        prompt = self.prompts(engine)[1]
+        free = self.check_output(await engine.generate("free", prompt, greedy(self.max_tokens)), "free run")
+        stop = free.token_ids[3] if len(free.token_ids) > 3 else free.token_ids[-1]
+        first = free.token_ids.index(stop)
+        out = self.check_output(
+            await engine.generate("stopped", prompt, greedy(self.max_tokens, stop_token_ids=[stop])), "stop run")
+        expected = free.token_ids[: first + 1]
+        assert out.token_ids == expected, (
+            f"with stop_token_ids=[{stop}] expected {expected} (stop token included), got {out.token_ids}; "
+            f"free run was {free.token_ids}")
+        assert out.stop_reason == "stop", f"stop_reason is {out.stop_reason!r}, expected 'stop'"
+
+    async def test_empty_prompt_is_a_value_error(self, engine: Any) -> None:
+        """An empty prompt raises ValueError (not a crash deep in the engine, not a hang)."""
+        with pytest.raises(ValueError) as info:
+            await asyncio.wait_for(engine.generate("empty", [], greedy(4)), 30)
+        assert str(info.value), "the ValueError should say what is wrong"
+
+    async def test_overlong_prompt_is_a_value_error(self, engine: Any) -> None:
+        """A prompt longer than the context (``max_model_len``) raises ValueError naming the
+        lengths. Debug: validate the request before queueing it."""
+        n = self.max_model_len(engine) + 8
+        ids = self.prompts(engine)[0]
+        prompt = (ids * (n // len(ids) + 1))[:n]
+        with pytest.raises(ValueError):
+            await asyncio.wait_for(engine.generate("overlong", prompt, greedy(4)), 30)
+
+
+class EngineLogProbTests(EngineFixtures):
+    """Log-probs: present, one per token, valid, and equal to a reference forward pass."""
+
+    __conformance_suite__ = True
+
+    @pytest.mark.parametrize("temperature", [0.0, 1.0])
+    async def test_log_probs_present_and_valid(self, engine: Any, temperature: float) -> None:
+        """With ``logprobs=True`` every generated id has one finite log-prob <= 0; with
+        ``logprobs=False`` ``log_probs`` is None. Debug: log-probs must be of the sampled
+        token, not of the whole distribution or the top-1 token."""
+        if not self.capability(engine, "logprobs"):
+            pytest.skip("engine declares capabilities.logprobs=False")
+        params = {"max_tokens": self.max_tokens, "temperature": temperature, "seed": 3, "logprobs": True,
+                  "ignore_eos": True}
+        out = self.check_output(await engine.generate("lp", self.prompts(engine)[0], params), "logprobs")
+        assert out.log_probs is not None, "logprobs=True but log_probs is None"
+        assert len(out.log_probs) == len(out.token_ids), "one log-prob per generated token"
+        bad = [lp for lp in out.log_probs if not (isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-6)]
+        assert not bad, f"log-probs must be finite floats <= 0, got {bad[:5]}"
+        off = self.check_output(await engine.generate("nolp", self.prompts(engine)[0], {**params, "logprobs": False}), "")
+        assert off.log_probs is None, "logprobs=False but log_probs was returned"
+
+    @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0])
+    async def test_log_probs_match_reference(self, engine: Any, reference_log_probs: Any, temperature: float) -> None:
+        """Each log-prob equals ``log_softmax(logits / T)`` of a plain forward pass over prompt +
+        generated ids (T = 1 for greedy), within ``logprob_atol``: the number a trainer
+        recomputes. Debug: check temperature scaling, that log-probs are taken before
+        top-k/top-p filtering, and position ids under left padding."""
+        if not self.capability(engine, "logprobs"):
+            pytest.skip("engine declares capabilities.logprobs=False")
+        if reference_log_probs is None:
+            pytest.skip("no reference_log_probs hook: override the `reference_log_probs` fixture "
+                        "(agentloop_conformance.hooks.hf_reference_log_probs(model) for transformers models)")
+        params = {"max_tokens": self.max_tokens, "temperature": temperature, "ignore_eos": True, "logprobs": True}
+        prompts = self.prompts(engine)[:3]
+        outs = await asyncio.gather(*(engine.generate(f"ref{i}", p, {**params, "seed": i}) for i, p in enumerate(prompts)))
+        for prompt, out in zip(prompts, outs, strict=True):
+            ref = list(reference_log_probs(prompt, out.token_ids, temperature))
+            assert len(ref) == len(out.log_probs or []), "reference and engine disagree on the token count"
+            worst = max((abs(a - b) for a, b in zip(out.log_probs, ref, strict=True)), default=0.0)
+            assert worst <= self.logprob_atol, (
+                f"T={temperature}: log-probs differ from the reference forward pass by up to {worst:.4g} "
+                f"(allowed {self.logprob_atol}):\n  engine:    {[round(x, 4) for x in out.log_probs]}\n"
+                f"  reference: {[round(x, 4) for x in ref]}")
+
+
+class EngineConcurrencyTests(EngineFixtures):
+    """Concurrent requests (distinct and shared request ids) and abort."""
+
+    __conformance_suite__ = True
+
+    async def test_concurrent_requests_with_distinct_ids(self, engine: Any) -> None:
+        """Requests in flight together each get the output they would get alone. Debug: rows
+        of a batch mixed up, or a KV cache shared between requests."""
+        prompts = self.prompts(engine)
+        alone = [await engine.generate(f"seq{i}", p, greedy(self.max_tokens)) for i, p in enumerate(prompts)]
+        together = await asyncio.gather(*(engine.generate(f"con{i}", p, greedy(self.max_tokens))
+                                          for i, p in enumerate(prompts)))
+        for i, (a, b) in enumerate(zip(alone, together, strict=True)):
+            assert a.token_ids == b.token_ids, f"prompt {i}: concurrent output differs from the sequential one"
+
+    async def test_concurrent_requests_sharing_a_request_id(self, engine: Any) -> None:
+        """Several requests with the SAME request id (one trajectory's turns, or n samples) in
+        flight together each get their own output. Debug: an engine that keys its request table
+        by request id alone overwrites or cross-wires them."""
+        prompts = self.prompts(engine)
+        alone = [await engine.generate(f"s{i}", p, greedy(self.max_tokens)) for i, p in enumerate(prompts)]
+        shared = await asyncio.gather(*(engine.generate("shared-id", p, greedy(self.max_tokens)) for p in prompts))
+        for i, (a, b) in enumerate(zip(alone, shared, strict=True)):
+            assert a.token_ids == b.token_ids, f"prompt {i}: output under a shared request id differs"
+
+    async def test_abort_returns_promptly(self, engine: Any) -> None:
+        """``abort(request_id)`` makes a running request return within ``abort_timeout_s`` with
+        ``stop_reason="aborted"`` and the tokens generated so far; the engine then serves new
+        requests as before, and aborting an unknown id is not an error. Debug: the decode loop
+        must check an abort flag every step."""
+        prompt = self.prompts(engine)[0]
+        before = await engine.generate("pre-abort", prompt, greedy(self.max_tokens))
+        budget = min(self.abort_max_tokens, self.max_model_len(engine) - len(prompt) - 1)
+        task = asyncio.ensure_future(engine.generate("abort-me", prompt, greedy(budget)))
+        await asyncio.sleep(self.abort_delay_s)
+        if task.done():
+            out = task.result()
+            pytest.fail(f"the request finished ({len(out.token_ids)} tokens, {out.stop_reason!r}) before abort "
+                        "was sent; lower abort_delay_s or raise abort_max_tokens")
+        start = time.perf_counter()
+        await engine.abort("abort-me")
+        try:
+            out = await asyncio.wait_for(task, self.abort_timeout_s)
+        except asyncio.TimeoutError:
+            pytest.fail(f"aborted request did not return within {self.abort_timeout_s} s")
+        elapsed = time.perf_counter() - start
+        assert out.stop_reason == "aborted", f"stop_reason is {out.stop_reason!r}, expected 'aborted'"
+        assert len(out.token_ids) < budget, "aborted request still generated its whole budget"
+        assert elapsed <= self.abort_timeout_s
+        await engine.abort("no-such-request")
+        after = await engine.generate("post-abort", prompt, greedy(self.max_tokens))
+        assert after.token_ids == before.token_ids, "greedy output changed after an abort"
+
+
+class EngineMemoryTests(EngineFixtures):
+    """sleep/wake_up and in-place weight updates."""
+
+    __conformance_suite__ = True
+
+    async def _greedy_all(self, engine: Any, tag: str) -> list[list[int]]:
+        outs = await asyncio.gather(*(engine.generate(f"{tag}{i}", p, greedy(self.max_tokens))
+                                      for i, p in enumerate(self.prompts(engine))))
+        return [o.token_ids for o in outs]
+
+    async def test_sleep_wake_up_round_trip(self, engine: Any) -> None:
+        """``sleep()`` then ``wake_up()`` leaves greedy outputs unchanged. Debug: weights or
+        buffers not restored (dtype, device), or a prefix cache that survived with stale KV."""
+        if not self.capability(engine, "sleep"):
+            pytest.skip("engine declares capabilities.sleep=False")
+        before = await self._greedy_all(engine, "sl-a")
+        await engine.sleep()
+        await engine.wake_up()
+        after = await self._greedy_all(engine, "sl-b")
+        assert after == before, "greedy outputs changed across sleep/wake_up"
+
+    async def test_update_weights_changes_and_restores_output(self, engine: Any, named_weights: Any) -> None:
+        """``update_weights`` with perturbed weights changes greedy output, and loading the
+        original weights back restores it exactly. Debug: weights loaded into a copy, a prefix
+        cache not reset after the update, or names/dtypes mapped wrongly."""
+        if not self.capability(engine, "weight_update"):
+            pytest.skip("engine declares capabilities.weight_update=False")
+        if named_weights is None:
+            pytest.skip("no named_weights hook: override the `named_weights` fixture to return the current "
+                        "weights (agentloop_conformance.hooks.hf_named_weights(model) for torch models)")
+        current: Mapping[str, Any] = named_weights()
+        original = {name: copy_tensor(t) for name, t in current.items()}
+        before = await self._greedy_all(engine, "w-a")
+        perturbed = [(name, perturb_tensor(t, seed=i)) for i, (name, t) in enumerate(original.items())]
+        await engine.update_weights(perturbed)
+        changed = await self._greedy_all(engine, "w-b")
+        await engine.update_weights(list(original.items()))
+        restored = await self._greedy_all(engine, "w-c")
+        assert changed != before, "greedy outputs did not change after loading perturbed weights"
+        assert restored == before, "loading the original weights back did not restore the greedy outputs"
+
+
+class EngineConformanceTests(
+    EngineGenerationTests, EngineLogProbTests, EngineConcurrencyTests, EngineMemoryTests
+):
+    """Every engine check. Subclass it and define the ``engine`` fixture."""
+
+

@@ -1,0 +1,74 @@
+"""The no-code mode: ``pytest --pyargs agentloop_conformance --agentloop-engine=... |
+--agentloop-tokenizer=... | --agentloop-loop=...``. Suites whose option is absent skip with the
+reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from agentloop_conformance.agent_loop import AgentLoopConformanceTests
+from agentloop_conformance.engine import EngineConformanceTests
+from agentloop_conformance.hooks import EngineTarget
+from agentloop_conformance.plugin import call_maybe_async, load_object, load_tokenizer
+from agentloop_conformance.tokenization import TokenizationConformanceTests
+
+
+@pytest_asyncio.fixture(scope="class", loop_scope="class")
+async def engine_target(request: Any):
+    spec = request.config.getoption("--agentloop-engine")
+    if not spec:
+        pytest.skip("no engine given: pass --agentloop-engine=pkg.module:factory")
+    made = await call_maybe_async(load_object(spec, "--agentloop-engine"))
+    target = made if isinstance(made, EngineTarget) else EngineTarget(made)
+    yield target
+    close = getattr(target.engine, "close", None)
+    if callable(close):
+        await call_maybe_async(close)
+
+
+class TestEngine(EngineConformanceTests):
+    @pytest.fixture
+    def engine(self, engine_target: EngineTarget) -> Any:
+        return engine_target.engine
+
+    @pytest.fixture
+    def reference_log_probs(self, engine_target: EngineTarget) -> Any:
+        return engine_target.reference_log_probs
+
+    @pytest.fixture
+    def named_weights(self, engine_target: EngineTarget) -> Any:
+        return engine_target.named_weights
+
+
+class TestTokenizer(TokenizationConformanceTests):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tokenizer(cls, request: Any) -> Any:
+        spec = request.config.getoption("--agentloop-tokenizer")
+        if not spec:
+            pytest.skip("no tokenizer given: pass --agentloop-tokenizer=PATH (a Hugging Face tokenizer folder)")
+        return load_tokenizer(spec)
+
+    @pytest.fixture
+    def chat_template(self, request: Any) -> str | None:
+        path = request.config.getoption("--agentloop-chat-template")
+        return Path(path).read_text() if path else None
+
+
+class TestAgentLoop(AgentLoopConformanceTests):
+    @pytest.fixture
+    def agent_loop_factory(self, request: Any) -> Any:
+        spec = request.config.getoption("--agentloop-loop")
+        if not spec:
+            pytest.skip("no agent loop given: pass --agentloop-loop=pkg.module:factory (server -> AgentLoopBase)")
+        return load_object(spec, "--agentloop-loop")
+
+    @pytest.fixture
+    def real_engine(self, request: Any) -> Any:
+        if not request.config.getoption("--agentloop-engine"):
+            return None
+        return request.getfixturevalue("engine_target").engine

@@ -1,0 +1,91 @@
+"""The suite can fail: each deliberately broken implementation (tests/broken_impls.py) is run
+through the no-code mode in-process, and must be caught by the right check and only by the
+checks its bug explains."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def failed_checks(tmp_path, *options: str) -> tuple[set[str], set[str]]:
+    """Run the packaged suite in-process with ``options``, as a third party would (empty ini,
+    strict asyncio mode); return (failed, passed) test names with their parameters."""
+    from agentloop_conformance.cli import ReportCollector
+
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    collector = ReportCollector()
+    pytest.main(["--pyargs", "agentloop_conformance", "-q", "-p", "no:cacheprovider", "-c", str(ini),
+                 "--rootdir", str(tmp_path), *options], plugins=[collector])
+    failed = {r.nodeid.split("::", 1)[-1] for r in collector.results.values() if r.outcome in ("FAIL", "ERROR")}
+    passed = {r.nodeid.split("::", 1)[-1] for r in collector.results.values() if r.outcome == "PASS"}
+    return failed, passed
+
+
+def names(checks: set[str]) -> set[str]:
+    return {c.split("::")[-1].split("[")[0] for c in checks}
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch):
+    import pathlib
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent))
+
+
+def test_wrong_log_probs_are_caught_by_the_reference_check(tmp_path):
+    pytest.importorskip("torch", reason='needs pip install "agentloop-engines[hf]"')
+    failed, passed = failed_checks(tmp_path, "--agentloop-engine=broken_impls:wrong_logprobs_engine", "-k",
+                                   "TestEngine and (log_probs or greedy or max_tokens or stop)")
+    assert names(failed) == {"test_log_probs_match_reference"}, failed
+    assert "TestEngine::test_log_probs_present_and_valid[1.0]" in passed
+
+
+def test_ignored_stop_tokens_are_caught_by_the_stop_check(tmp_path):
+    pytest.importorskip("torch", reason='needs pip install "agentloop-engines[hf]"')
+    failed, passed = failed_checks(tmp_path, "--agentloop-engine=broken_impls:ignores_stop_engine", "-k",
+                                   "TestEngine and not abort and not weights and not concurrent")
+    assert failed == {"TestEngine::test_stop_token_ids_honoured"}, failed
+    assert "TestEngine::test_max_tokens_respected[7]" in passed
+
+
+def test_a_loop_that_reencodes_text_is_caught_by_the_mask_check(tmp_path):
+    failed, passed = failed_checks(tmp_path, "--agentloop-loop=broken_impls:reencoding_loop", "-k", "TestAgentLoop")
+    assert "TestAgentLoop::test_mask_one_tokens_are_the_engine_output[scripted]" in failed
+    # Its consequences may fail too; nothing unrelated may.
+    assert names(failed) <= {"test_mask_one_tokens_are_the_engine_output", "test_log_probs_aligned_with_mask",
+                             "test_no_tool_or_user_token_has_mask_one"}, failed
+    assert "TestAgentLoop::test_response_length_within_budget[scripted]" in passed
+
+
+def test_a_tokenizer_dropping_the_newline_after_end_of_turn_is_caught(tmp_path):
+    failed, passed = failed_checks(tmp_path, "--agentloop-tokenizer=broken_impls:newline_dropping_tokenizer",
+                                   "-k", "TestTokenizer")
+    assert "TestTokenizer::test_text_round_trip_is_lossless[single_turn]" in failed
+    assert "TestTokenizer::test_delta_equals_full_tokenization[tool_calls_several_rounds]" in failed
+    assert names(failed) == {"test_text_round_trip_is_lossless", "test_delta_equals_full_tokenization",
+                             "test_decoded_ids_render_the_template_text"}, failed
+    assert {n for n in passed if "kept_verbatim" in n or "masks_align" in n}, "unrelated checks should pass"
+
+
+def test_guard_catches_a_removed_or_silently_overridden_check(pytester):
+    pytester.makepyfile(test_guarded="""
+        import pytest
+        from agentloop_conformance import EngineConformanceTests
+
+        class TestRemoved(EngineConformanceTests):
+            test_stop_token_ids_honoured = None
+
+        class TestOverridden(EngineConformanceTests):
+            async def test_greedy_is_deterministic(self, engine):
+                pass
+
+        class TestXfailed(EngineConformanceTests):
+            @pytest.mark.xfail(reason="our sampler is not batch-invariant")
+            async def test_greedy_is_deterministic(self, engine):
+                assert False
+    """)
+    reprec = pytester.inline_run("-p", "no:cacheprovider", "-k", "overridden")
+    outcome = {r.nodeid.split("::")[1]: r.outcome for r in reprec.getreports("pytest_runtest_logreport")
+               if r.when == "call"}
+    assert outcome == {"TestRemoved": "failed", "TestOverridden": "failed", "TestXfailed": "passed"}, outcome

