@@ -90,7 +90,7 @@ def _install(session: nox.Session, package: str) -> None:
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
     session.install("ruff>=0.6")
-    session.run("ruff", "check", "packages", "noxfile.py", *(p for p in ("conformance", "bench", "examples") if (ROOT / p).exists()))
+    session.run("ruff", "check", "packages", "noxfile.py", "tools", *(p for p in ("conformance", "bench", "examples", "tests") if (ROOT / p).exists()))
 
 
 @nox.session(tags=["ci"])
@@ -132,6 +132,21 @@ def conformance(session: nox.Session) -> None:
     )
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("python", "-m", "pytest", "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+
+
+@nox.session(tags=["ci"])
+def fault(session: nox.Session) -> None:
+    """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
+    input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
+    session.install(TORCH)
+    paths = [
+        "packages/agentloop-core[ray,mlflow]", "packages/agentloop-engines[hf,ray,server]",
+        "packages/agentloop-tools[mcp]", "packages/agentloop-trainer",
+    ]
+    args = [a for p in paths for a in ("-e", p)]
+    session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run("python", "-m", "pytest", "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
 @nox.session(tags=["ci"])

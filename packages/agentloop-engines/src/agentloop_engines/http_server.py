@@ -123,6 +123,7 @@ def create_app(server: Any, *, api_key: str | None = None,
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from pydantic import BaseModel, ConfigDict, Field
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
     if max_request_bytes <= 0:
         raise ValueError(f"max_request_bytes must be positive, got {max_request_bytes}")
@@ -173,7 +174,9 @@ def create_app(server: Any, *, api_key: str | None = None,
     async def on_unsupported(request: Any, exc: CapabilityNotSupported) -> JSONResponse:
         return error(501, str(exc), "not_supported")
 
-    @app.exception_handler(fastapi.HTTPException)
+    # Starlette's base class: FastAPI raises it (not its own subclass) for unparseable bodies,
+    # which would otherwise answer in FastAPI's {"detail": ...} shape instead of ours.
+    @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Any, exc: Any) -> JSONResponse:
         resp = error(exc.status_code, str(exc.detail), "unauthorized" if exc.status_code == 401 else "http_error")
         for k, v in (exc.headers or {}).items():

@@ -174,6 +174,36 @@ def _stop_token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+_TEMPLATES_WITH_TOOLS: set[tuple[int, str]] = set()
+
+
+def _check_template_renders_tools(renderer: Any, names: list[str]) -> None:
+    """Fail before any rollout when the chat template ignores ``tools=``: the model would never
+    see the tool schemas, and every trajectory would be wasted compute.
+
+    Raises:
+        ValueError: naming the tools and the fix.
+    """
+    key = (id(renderer.processor), str(renderer.chat_template or getattr(renderer.processor, "chat_template", "")))
+    if key in _TEMPLATES_WITH_TOOLS:  # checked once per tokenizer and template, not per sample
+        return
+    probe = [{"role": "user", "content": "hi"}]
+    with_tools = renderer.render_text(probe, add_generation_prompt=True)
+    saved, renderer.tools = renderer.tools, None
+    try:
+        without = renderer.render_text(probe, add_generation_prompt=True)
+    finally:
+        renderer.tools = saved
+    if with_tools == without:
+        raise ValueError(
+            f"tool_agent has tools {names} but the chat template ignores tools= (rendering with and "
+            "without them gives the same text), so the model would never see the tool schemas; use "
+            "a model whose chat template renders tools, or pass a tool-aware template via the "
+            "tokenizer's chat_template"
+        )
+    _TEMPLATES_WITH_TOOLS.add(key)
+
+
 @dataclass
 class _Run:
     """Per-trajectory bookkeeping."""
@@ -221,6 +251,8 @@ class ToolAgentLoop(AgentLoopBase):
             apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
         )
         self.stop_token_ids = _stop_token_ids(tokenizer, self.parser.stop_tokens)
+        if schemas:
+            _check_template_renders_tools(self.renderer, sorted(self.tools))
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
         """Roll out one trajectory; see the class docstring for the row keys.

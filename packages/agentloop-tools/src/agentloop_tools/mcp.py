@@ -133,6 +133,13 @@ class MCPToolset:
             except Exception as exc:  # closing a half-dead connection should not mask the caller's error
                 logger.debug("closing MCP client for %r failed: %s", self.server.name, type(exc).__name__)
 
+    async def _drop(self, client: Any) -> None:
+        """Close ``client`` if it is still this loop's connection (a concurrent call may have
+        replaced it already; closing the new one would fail that call's neighbours)."""
+        loop = asyncio.get_running_loop()
+        if self._clients.get(loop) is client:
+            await self.aclose()
+
     async def list_tools(self) -> list[OpenAIFunctionToolSchema]:
         """The server's tools as OpenAI schemas, filtered by ``tool_selected_list``.
 
@@ -182,14 +189,23 @@ class MCPToolset:
                 result = await client.call_tool(name, arguments, raise_on_error=False)
                 break
             except Exception as exc:
-                await self.aclose()
-                if attempt == 2:
+                answered = _is_error_response(exc)
+                if not answered:
+                    await self._drop(client)
+                # An error response (quota, 429, auth) means the connection works and is shared by
+                # concurrent calls: closing it would fail them all, and a retry only burns quota.
+                if attempt == 2 or answered:
                     raise ConnectionError(
                         f"MCP server {self.server.name!r} at {self.server.display_url}: call to {name!r} "
                         f"failed ({type(exc).__name__}: {_scrub(str(exc), self.server)})"
                     ) from None
         response = _to_tool_response(result.content, result.structured_content, bool(result.is_error))
         return response, {"mcp_is_error": bool(result.is_error), "mcp_rate_wait_s": waited}
+
+
+def _is_error_response(exc: BaseException) -> bool:
+    # mcp's MCPError (McpError in older releases): the server replied with an error.
+    return type(exc).__module__.startswith("mcp.") and type(exc).__name__.lower() == "mcperror"
 
 
 def _scrub(text: str, server: MCPServerConfig) -> str:

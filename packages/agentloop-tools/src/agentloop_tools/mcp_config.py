@@ -95,7 +95,7 @@ class MCPServerConfig:
     """Server name (the key in ``mcpServers``)."""
     transport: Literal["http", "sse", "stdio"] = "http"
     """``http`` (streamable HTTP), ``sse``, or ``stdio`` (``command`` + ``args``)."""
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)  # may carry credentials; see display_url
     """Endpoint for http/sse, e.g. ``http://127.0.0.1:8000/mcp``."""
     headers: dict[str, Secret] = field(default_factory=dict)
     """Extra HTTP headers; values are secrets."""

@@ -1,0 +1,31 @@
+"""Helpers shared by the fault tests (imported as ``fault_helpers``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from agentloop_core.testing import ScriptedServer
+
+
+def tool_call(name: str, **arguments: Any) -> str:
+    """A hermes-format tool call, as the model would write it."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def tool_engine(tokenizer: Any, turns: Callable[[str, int], str], **kw: Any) -> ScriptedServer:
+    """An engine that says ``turns(request_id, call_index)`` then EOS: the request id (set per
+    dataset row) decides which tool a trajectory calls."""
+
+    def reply(request_id: str, prompt_ids: list[int], index: int) -> list[int]:
+        return tokenizer.encode(turns(request_id, index), add_special_tokens=False)
+
+    return ScriptedServer(reply, eos_token_id=tokenizer.eos_token_id, append_eos=True, **kw)
+
+
+def tool_messages(output: Any) -> list[str]:
+    """Contents of the tool messages the model read in one trajectory."""
+    return [m["content"] for m in output.extra_fields["messages"] if m["role"] == "tool"]
+
+
