@@ -181,3 +181,22 @@ def gpu(session: nox.Session) -> None:
         _install(session, package)
     session.run("python", "-m", "pytest", *[f"packages/{p}/tests" for p in PACKAGES], "-m", "gpu", "-q",
                 "-p", "no:cacheprovider", *session.posargs, env={k: v for k, v in TEST_ENV.items() if k != "OMP_NUM_THREADS"})
+
+
+def _install_all(session: nox.Session, *extra: str) -> None:
+    session.install(TORCH)
+    paths = [
+        "packages/agentloop-core", "packages/agentloop-engines[hf]", "packages/agentloop-tools",
+        "packages/agentloop-trainer",
+    ]
+    session.install(*[a for p in paths for a in ("-e", p)], *extra, TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+
+
+@nox.session
+def train(session: nox.Session) -> None:
+    """The main job: `agentloop train` on the built-in tiny model (SFT warm-up, GRPO with the
+    calculator tool, eval before/after). Extra arguments go to `agentloop train`, e.g.
+    `nox -s train -- trainer.total_steps=10`."""
+    _install_all(session)
+    session.run("agentloop", "train", *session.posargs, env={"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})

@@ -1,0 +1,109 @@
+"""What a run starts from: the tokenizer, the SFT warm-up checkpoint (built once and cached on
+disk) and the train/held-out datasets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TASK_VERSION = "calc-v1"
+
+
+def load_tokenizer(cfg: Any) -> Any:
+    """The tokenizer named by the config, else the tiny tokenizer."""
+    from transformers import AutoTokenizer
+
+    path = cfg.model.tokenizer_path or cfg.model.path
+    if path:
+        return AutoTokenizer.from_pretrained(str(path))
+    from agentloop_core.testing import load_tiny_tokenizer
+
+    return load_tiny_tokenizer()
+
+
+def sft_cache_key(cfg: Any) -> str:
+    """A short hash of everything the SFT checkpoint depends on."""
+    from omegaconf import OmegaConf
+
+    spec = {"task": TASK_VERSION, "sft": OmegaConf.to_container(cfg.sft), "train_seed": cfg.data.train_seed,
+            "train_size": cfg.data.train_size}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
+    """The SFT warm-up checkpoint for ``cfg``, trained now unless a cached one exists.
+
+    Returns:
+        A Hugging Face checkpoint folder (model + tokenizer).
+    """
+    from agentloop_core.cache import build_once, cache_dir
+
+    target = cache_dir() / f"sft-{TASK_VERSION}-{sft_cache_key(cfg)}"
+    if (target / ".complete").exists():
+        log(f"reusing SFT checkpoint {target}")
+        return target
+
+    def build(out: Path) -> None:
+        import torch
+        from tqdm import tqdm
+
+        from agentloop_trainer.model import build_tiny_policy
+        from agentloop_trainer.sft import SFTConfig, train_sft
+        from agentloop_trainer.task import BIASED_TEMPLATES, make_problems
+
+        s = cfg.sft
+        model = build_tiny_policy(tokenizer, seed=s.seed).to(cfg.trainer.device)
+        problems = make_problems(cfg.data.train_size, cfg.data.train_seed)
+        start = time.perf_counter()
+        bar = tqdm(total=s.steps, desc="SFT warm-up", disable=not cfg.trainer.progress_bar, mininterval=2.0)
+
+        def progress(step: int, loss: float) -> None:
+            bar.update(1)
+            if step % 50 == 0:
+                bar.set_postfix(loss=f"{loss:.3f}")
+
+        losses = train_sft(model, tokenizer, problems,
+                           SFTConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, warmup_steps=s.warmup_steps,
+                                     flip_prob=s.flip_prob, seed=s.seed),
+                           tuple(BIASED_TEMPLATES), progress)
+        bar.close()
+        model.cpu().save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        tail = losses[-50:]
+        (out / "sft_info.json").write_text(json.dumps({
+            "steps": s.steps, "seconds": time.perf_counter() - start,
+            "final_loss": sum(tail) / max(1, len(tail)), "torch_threads": torch.get_num_threads(),
+        }, indent=2))
+
+    log(f"training the SFT warm-up checkpoint ({cfg.sft.steps} steps) into {target}")
+    return build_once(target, build)
+
+
+def load_records(cfg: Any) -> tuple[list[dict], list[dict]]:
+    """Train and held-out rows: from parquet files when configured, else the synthetic task.
+
+    Held-out synthetic problems whose question also occurs in training are dropped and
+    replaced, so the held-out accuracy measures generalisation.
+    """
+    if cfg.data.train_files or cfg.data.val_files:
+        if not (cfg.data.train_files and cfg.data.val_files):
+            raise ValueError("set both data.train_files and data.val_files, or neither (synthetic task)")
+        from agentloop_trainer.data import read_parquet_rows
+
+        return read_parquet_rows(cfg.data.train_files), read_parquet_rows(cfg.data.val_files)
+    from agentloop_trainer.task import dataset_row, make_problems
+
+    train = make_problems(cfg.data.train_size, cfg.data.train_seed)
+    seen = {p.question for p in train}
+    test, seed = [], cfg.data.val_seed
+    while len(test) < cfg.data.val_size:
+        fresh = [p for p in make_problems(cfg.data.val_size * 2, seed) if p.question not in seen]
+        test.extend(fresh[: cfg.data.val_size - len(test)])
+        seed += 1_000_003
+    return [dataset_row(p, "train") for p in train], [dataset_row(p, "test") for p in test]

@@ -1,0 +1,66 @@
+"""``agentloop eval`` and ``agentloop rollout``: a checkpoint on the held-out split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agentloop_trainer.rollout import EvalResult, RolloutEngine, make_rows
+
+
+def _engine(cfg: Any, checkpoint: str | Path) -> RolloutEngine:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentloop_trainer.trainer import rollout_config
+
+    path = Path(checkpoint)
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.tokenizer_path or path))
+    model = AutoModelForCausalLM.from_pretrained(str(path))
+    return RolloutEngine(model, tokenizer, rollout_config(cfg), device=cfg.trainer.device, seed=cfg.trainer.seed)
+
+
+def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
+    """Greedy accuracy of ``checkpoint`` on the config's held-out split."""
+    from agentloop_trainer.assets import load_records
+
+    _, test = load_records(cfg)
+    engine = _engine(cfg, checkpoint)
+    try:
+        return engine.evaluate(test)
+    finally:
+        engine.close()
+
+
+def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16) -> Path:
+    """Sample ``rollout.n`` trajectories for the first ``num_prompts`` held-out prompts and
+    write one JSON object per trajectory (token ids, mask, log-probs, reward, messages)."""
+    from agentloop_trainer.assets import load_records
+
+    _, test = load_records(cfg)
+    engine = _engine(cfg, checkpoint)
+    try:
+        rows = make_rows(test[:num_prompts], cfg.actor_rollout_ref.rollout.n)
+        batch = engine.generate(rows)
+    finally:
+        engine.close()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    P = batch.prompts.shape[1]
+    with out.open("w") as fh:
+        for b, row in enumerate(rows):
+            attn = batch.attention_mask[b]
+            n = int(attn[P:].sum())
+            record = {
+                "group_id": row["group_id"], "rollout_n": row["rollout_n"], "ground_truth": row["ground_truth"],
+                "reward": float(batch.rewards[b]), "failed": bool(batch.failed[b]),
+                "prompt_ids": batch.prompts[b][attn[:P] == 1].tolist(),
+                "response_ids": batch.responses[b][:n].tolist(),
+                "response_mask": batch.response_mask[b][:n].tolist(),
+                "rollout_log_probs": None if batch.rollout_log_probs is None else [round(float(x), 6) for x in batch.rollout_log_probs[b][:n]],
+                "messages": batch.extra_fields[b].get("messages"),
+            }
+            fh.write(json.dumps(record) + "\n")
+    return out

@@ -1,0 +1,151 @@
+"""FSDP2 for the GRPO actor: ``fully_shard`` over a 1-D device mesh, gloo on CPU and NCCL on
+GPU, ranks started with ``torch.multiprocessing`` (or already running under ``torchrun``).
+
+Rank 0 hosts the rollout engine and does rollouts, evaluation, logging and checkpoints; every
+rank holds a shard of the policy and computes the loss on its slice of the batch. After each
+update the full state dict is gathered to rank 0 (CPU offloaded) and pushed into the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the process-group rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_process_group(rank: int, world_size: int, port: int, device: str = "cpu") -> None:
+    """Join the default process group (gloo on CPU, NCCL on CUDA)."""
+    import torch
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    # One thread per rank: with 2 cores, more threads per process were many times slower.
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+
+
+def shard_policy(model: Any, device: str = "cpu") -> Any:
+    """``fully_shard`` each decoder layer, then the root (embeddings and the tied head).
+
+    Returns:
+        The same module, now holding DTensor shards.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    for layer in getattr(getattr(model, "model", model), "layers", []):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_model_state(model: Any) -> dict[str, Any]:
+    """The full (unsharded) state dict on CPU; complete on rank 0, empty elsewhere. Every rank
+    must call it (it is a collective). Works on a plain module too."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_train_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Full model and optimizer state dicts (collective; complete on rank 0)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_train_state(model: Any, optimizer: Any, model_state: dict, optim_state: dict) -> None:
+    """Load full state dicts (from :func:`full_train_state`) into a possibly sharded model."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state,
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (identity without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _entry(rank: int, world_size: int, port: int, device: str, fn: Callable, args: tuple, out_dir: str) -> None:
+    import pickle
+
+    import torch.distributed as dist
+
+    init_process_group(rank, world_size, port, device)
+    try:
+        result = fn(rank, *args)
+        if rank == 0:
+            Path(out_dir, "result.pkl").write_bytes(pickle.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable, world_size: int, *args: Any, device: str = "cpu") -> Any:
+    """Run ``fn(rank, *args)`` on ``world_size`` fresh processes in one process group and
+    return rank 0's result. ``fn`` must be importable (a module-level function)."""
+    import pickle
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="agentloop-fsdp-") as tmp:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        mp.spawn(_entry, args=(world_size, free_port(), device, fn, args, tmp), nprocs=world_size, join=True)
+        return pickle.loads(Path(tmp, "result.pkl").read_bytes())
+
+
+def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict[str, Any]:
+    import torch
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.assets import load_records, load_tokenizer
+    from agentloop_trainer.trainer import GRPOTrainer
+
+    cfg = OmegaConf.create(cfg_yaml)
+    torch.manual_seed(cfg.trainer.seed)
+    tokenizer = load_tokenizer(cfg) if cfg.model.tokenizer_path or cfg.model.path else None
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = shard_policy(model.to(cfg.trainer.device), cfg.trainer.device)
+    engine_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32) if rank == 0 else None
+    train, test = load_records(cfg)
+    log = print if rank == 0 else (lambda *_: None)
+    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+def run_fsdp_training(cfg: Any, model_path: str | Path, run_dir: str | Path) -> dict[str, Any]:
+    """Run GRPO on ``cfg.trainer.fsdp_ranks`` spawned ranks; returns rank 0's summary."""
+    from omegaconf import OmegaConf
+
+    return spawn(_train_rank, int(cfg.trainer.fsdp_ranks), OmegaConf.to_yaml(cfg), str(model_path), str(run_dir),
+                 device=cfg.trainer.device)

@@ -1,0 +1,170 @@
+"""SFT warm-up: teach the tiny model the tool-call format from the (biased) teacher.
+
+Conversations are tokenized the way a rollout builds them: the prompt, each assistant turn
+and each tool turn are encoded as separate segments of the same chat-template rendering, so the
+ids the SFT model learns are the ids it will later see and generate. Loss is on assistant
+tokens only (the generated turn through its ``<|im_end|>``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop_trainer.task import Problem, demonstration, tool_schemas
+
+
+@dataclass(frozen=True)
+class TokenizedConversation:
+    """A conversation as ids with a loss mask."""
+
+    input_ids: list[int]
+    """All token ids, prompt included."""
+    loss_mask: list[int]
+    """1 on assistant-generated tokens (trained), 0 elsewhere."""
+
+
+def _render(tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def tokenize_conversation(tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None = None) -> TokenizedConversation:
+    """Tokenize a conversation segment by segment with a mask on assistant turns.
+
+    Args:
+        tokenizer: Hugging Face tokenizer with a chat template and an EOS token.
+        messages: Chat messages; the last one must be an assistant turn.
+        tools: Tool schemas rendered into the system turn.
+
+    Returns:
+        Ids and loss mask. Text after the final assistant turn's EOS is dropped, as a rollout
+        ends there.
+
+    Raises:
+        ValueError: when the template does not render conversations as growing prefixes, or an
+            assistant turn does not end with the EOS token.
+    """
+    eos = tokenizer.eos_token
+    ids: list[int] = []
+    mask: list[int] = []
+    cursor = 0
+    full = _render(tokenizer, messages, tools, False)
+
+    def put(text: str, m: int) -> None:
+        if text:
+            piece = tokenizer.encode(text, add_special_tokens=False)
+            ids.extend(piece)
+            mask.extend([m] * len(piece))
+
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tokenizer, messages[:i], tools, True)
+        after = _render(tokenizer, messages[: i + 1], tools, False)
+        if not (full.startswith(before) and after.startswith(before) and full.startswith(after)):
+            raise ValueError(
+                f"the chat template does not render message {i} as an extension of the history; "
+                "delta tokenization needs a prefix-stable template"
+            )
+        turn = after[len(before):]
+        end = turn.find(eos)
+        if end < 0:
+            raise ValueError(f"assistant message {i} does not end with the EOS token {eos!r}")
+        generated = turn[: end + len(eos)]
+        put(full[cursor: len(before)], 0)
+        put(generated, 1)
+        cursor = len(before) + len(generated)
+    if messages[-1]["role"] != "assistant":
+        raise ValueError("the last message of an SFT conversation must be an assistant turn")
+    return TokenizedConversation(ids, mask)
+
+
+def demonstration_batch(tokenizer: Any, problems: Sequence[Problem], rng: random.Random,
+                        flip_prob: float, biased_templates: tuple[int, ...]) -> list[TokenizedConversation]:
+    """Tokenized teacher demonstrations for ``problems``."""
+    tools = tool_schemas()
+    return [
+        tokenize_conversation(tokenizer, demonstration(p, rng, flip_prob, biased_templates), tools)
+        for p in problems
+    ]
+
+
+def sft_loss(model: Any, examples: Sequence[TokenizedConversation]) -> Any:
+    """Mean next-token negative log-likelihood over tokens whose loss mask is 1.
+
+    The rows' shared prompt prefix (system turn and tool schemas) is computed once, see
+    :func:`agentloop_trainer.forward.sequence_log_probs`.
+    """
+    import torch
+
+    from agentloop_trainer.forward import sequence_log_probs
+
+    logp = sequence_log_probs(model, [e.input_ids for e in examples])
+    n = logp.shape[1] + 1
+    weight = torch.zeros((len(examples), n), dtype=logp.dtype, device=logp.device)
+    for row, e in enumerate(examples):
+        weight[row, : len(e.loss_mask)] = torch.as_tensor(e.loss_mask, dtype=logp.dtype)
+    weight = weight[:, 1:]
+    return -(logp * weight).sum() / weight.sum().clamp(min=1.0)
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up then cosine decay to 10% of ``peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class SFTConfig:
+    """SFT warm-up settings."""
+
+    steps: int = 3000
+    """Optimizer steps."""
+    batch_size: int = 32
+    """Conversations per step."""
+    lr: float = 3e-3
+    """Peak learning rate (cosine schedule)."""
+    warmup_steps: int = 100
+    """Linear warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    flip_prob: float = 0.6
+    """Probability the teacher flips the last operator on a biased template."""
+    seed: int = 0
+    """Seed for the demonstration stream and the teacher's mistakes."""
+
+
+def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTConfig,
+              biased_templates: tuple[int, ...], progress: Callable[[int, float], None] | None = None) -> list[float]:
+    """Train ``model`` in place on teacher demonstrations of ``problems``.
+
+    Returns:
+        The loss of every step.
+    """
+    import torch
+
+    rng = random.Random(config.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    model.train()
+    losses: list[float] = []
+    for step in range(config.steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, config.steps, config.lr, config.warmup_steps)
+        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
+        loss = sft_loss(model, demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress(step, losses[-1])
+    model.eval()
+    return losses

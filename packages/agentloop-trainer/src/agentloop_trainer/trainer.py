@@ -1,0 +1,321 @@
+"""The GRPO training loop: rollout -> rewards -> advantages -> PPO-clip update -> weight sync,
+with held-out evaluation, metrics, checkpoints and the run summary."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentloop_trainer.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
+from agentloop_trainer.algos import compute_advantages
+from agentloop_trainer.metrics import MetricsLogger, plot_reward_curve
+from agentloop_trainer.rollout import RolloutConfig, RolloutEngine, make_rows
+
+
+def actor_config(cfg: Any) -> ActorConfig:
+    """The :class:`ActorConfig` of a :class:`~agentloop_trainer.config.TrainConfig`."""
+    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    return ActorConfig(
+        lr=a.lr, weight_decay=a.weight_decay, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
+        grad_clip=a.grad_clip, loss_agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef,
+        tis_cap=a.tis_cap, ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=a.ppo_mini_batch_size,
+        temperature=r.temperature,
+    )
+
+
+def rollout_config(cfg: Any) -> RolloutConfig:
+    """The :class:`RolloutConfig` of a :class:`~agentloop_trainer.config.TrainConfig`."""
+    r = cfg.actor_rollout_ref.rollout
+    return RolloutConfig(
+        n=r.n, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+        max_tokens_per_turn=r.multi_turn.max_tokens_per_turn, response_length=cfg.data.max_response_length,
+        prompt_length=cfg.data.max_prompt_length,
+        max_assistant_turns=r.multi_turn.max_assistant_turns, sanity_check=r.sanity_check,
+        max_batch_size=r.max_batch_size, num_workers=r.agent.num_workers,
+    )
+
+
+class DataIterator:
+    """Epoch-shuffled batches of training rows with a resumable position."""
+
+    def __init__(self, records: Sequence[dict], batch_size: int, seed: int, shuffle: bool = True) -> None:
+        if batch_size > len(records):
+            raise ValueError(f"data.train_batch_size={batch_size} exceeds the {len(records)} training rows")
+        self.records, self.batch_size, self.seed, self.shuffle = list(records), batch_size, seed, shuffle
+        self.epoch, self.position = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> list[int]:
+        order = list(range(len(self.records)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
+        return order
+
+    def next_batch(self) -> list[dict]:
+        """The next ``batch_size`` rows (a new epoch starts when too few remain)."""
+        if self.position + self.batch_size > len(self._order):
+            self.epoch, self.position = self.epoch + 1, 0
+            self._order = self._permutation()
+        idx = self._order[self.position : self.position + self.batch_size]
+        self.position += self.batch_size
+        return [self.records[i] for i in idx]
+
+    def state(self) -> dict[str, int]:
+        """Position to save in a checkpoint."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        """Continue from a saved position."""
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._order = self._permutation()
+
+
+class GRPOTrainer:
+    """Runs GRPO on one process (the FSDP2 path lives in :mod:`agentloop_trainer.fsdp`).
+
+    Args:
+        cfg: The training config.
+        model: The policy, loaded from the starting checkpoint.
+        engine_model: A separate copy of the same weights for the rollout engine.
+        tokenizer: The tokenizer.
+        train_records: Training rows.
+        test_records: Held-out rows.
+        run_dir: Where metrics, checkpoints, plots and the summary go.
+        log: Console printer.
+    """
+
+    def __init__(self, cfg: Any, model: Any, engine_model: Any, tokenizer: Any, train_records: Sequence[dict],
+                 test_records: Sequence[dict], run_dir: Path, log: Any = print) -> None:
+        import torch
+
+        self.cfg, self.tokenizer, self.log = cfg, tokenizer, log
+        self.run_dir = Path(run_dir)
+        self.device = torch.device(cfg.trainer.device)
+        self.model = model.to(self.device)
+        self.actor_cfg = actor_config(cfg)
+        ref = None
+        if self.actor_cfg.use_kl_loss:
+            import copy
+
+            ref = copy.deepcopy(model).eval().requires_grad_(False)
+        self.actor = GRPOActor(self.model, self.actor_cfg, ref_model=ref)
+        self.rank, self.world_size = self.actor.rank, self.actor.world_size
+        if self.world_size > 1 and self.actor_cfg.use_kl_loss:
+            raise ValueError("actor_rollout_ref.actor.use_kl_loss=true is not supported with trainer.fsdp_ranks > 1 "
+                             "yet; use one rank or turn the KL loss off")
+        self.rollout_cfg = rollout_config(cfg)
+        # Rank 0 hosts the engine; the other ranks only hold policy shards.
+        self.engine = None
+        if self.rank == 0:
+            self.engine = RolloutEngine(engine_model, tokenizer, self.rollout_cfg, device=cfg.trainer.device,
+                                        seed=cfg.trainer.seed)
+        self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
+        self.test_records = list(test_records)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.metrics = None
+        if self.rank == 0:
+            self.metrics = MetricsLogger(self.run_dir / "metrics.jsonl", mlflow_uri=cfg.trainer.mlflow_tracking_uri,
+                                         run_name=self.run_dir.name)
+
+    # -- pieces ---------------------------------------------------------------------------------
+
+    def sync_weights(self) -> None:
+        """Push the policy's weights into the rollout engine."""
+        if self.world_size > 1:
+            from agentloop_trainer.fsdp import full_model_state
+
+            state = full_model_state(self.model)  # collective: every rank takes part
+        else:
+            state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        if self.engine is not None:
+            self.engine.update_weights(state)
+
+    def evaluate(self) -> Any:
+        """Greedy held-out accuracy with the current engine weights (rank 0; None elsewhere)."""
+        return self.engine.evaluate(self.test_records) if self.engine is not None else None
+
+    def train_step(self) -> dict[str, Any]:
+        """One GRPO step; returns its metrics."""
+        import torch
+
+        t0 = time.perf_counter()
+        rows = batch = None
+        if self.engine is not None:
+            records = self.data.next_batch()
+            rows = make_rows(records, self.rollout_cfg.n, step=self.step)
+            # Reseed the engine per step so a resumed run samples what the uninterrupted one did.
+            self.engine.server._seeds.seed(self.cfg.trainer.seed * 1_000_003 + self.step)
+            batch = self.engine.generate(rows, step=self.step)
+        if self.world_size > 1:
+            from agentloop_trainer.fsdp import broadcast_object
+
+            rows, batch = broadcast_object((rows, batch))
+        t_gen = time.perf_counter() - t0
+        rewards = torch.as_tensor(batch.rewards)
+        advantages = compute_advantages(self.cfg.algorithm.adv_estimator, rewards, [r["group_id"] for r in rows])
+        pb = policy_batch_from_rollout(batch)
+        t1 = time.perf_counter()
+        a = self.actor_cfg
+        one_step = a.ppo_epochs == 1 and (a.ppo_mini_batch_size or len(rows)) >= len(rows)
+        # One optimizer step per batch: the update's own forward is the old policy (saves a pass).
+        old = None if one_step else self.actor.compute_log_probs(pb)
+        ref = self.actor.compute_log_probs(pb, self.actor.ref_model) if self.actor.ref_model is not None else None
+        metrics = self.actor.update(pb, advantages, old, ref)
+        t_update = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.sync_weights()
+        t_sync = time.perf_counter() - t2
+        mask = pb.response_mask
+        generated = int(mask.sum())
+        self.step += 1
+        metrics.update({
+            "step": self.step,
+            "reward/mean": float(rewards.mean()),
+            "train/accuracy": float((rewards > 0.5).float().mean()),
+            "rollout/generated_tokens": generated,
+            "rollout/response_length_mean": float(batch.attention_mask[:, batch.prompts.shape[1]:].sum(1).mean()),
+            "rollout/num_failed": int(batch.num_failed),
+            "rollout/groups_with_signal": float(_groups_with_signal(rows, batch.rewards)),
+            "timing_s/generate": t_gen, "timing_s/update": t_update, "timing_s/sync_weights": t_sync,
+            "timing_s/step": time.perf_counter() - t0,
+            "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
+        })
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save(self) -> Path:
+        """Checkpoint the run (model, optimizer, step, data position, RNG, history)."""
+        from agentloop_trainer.checkpoint import save_checkpoint
+
+        if self.world_size > 1:
+            from agentloop_trainer.fsdp import full_train_state
+
+            state, optim = full_train_state(self.model, self.actor.optimizer)  # collective
+        else:
+            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            optim = self.actor.optimizer.state_dict()
+        if self.rank != 0:
+            return self.run_dir / "checkpoints"
+        return save_checkpoint(self.run_dir / "checkpoints", self.step, state, optim,
+                               {"data": self.data.state(), "history": self.history, "world_size": self.world_size})
+
+    def resume(self) -> bool:
+        """Load the run's latest checkpoint, if any; returns whether one was loaded."""
+        from agentloop_trainer.checkpoint import latest_checkpoint, load_checkpoint, set_rng_state
+
+        path = latest_checkpoint(self.run_dir / "checkpoints")
+        if path is None:
+            return False
+        model_state, opt_state, state = load_checkpoint(path)
+        if int(state.get("world_size", 1)) != self.world_size:
+            raise ValueError(f"{path} was written with trainer.fsdp_ranks={state.get('world_size', 1)}; resume "
+                             f"with the same number of ranks (now {self.world_size})")
+        if self.world_size > 1:
+            from agentloop_trainer.fsdp import load_full_train_state
+
+            load_full_train_state(self.model, self.actor.optimizer, model_state, opt_state)
+        else:
+            self.model.load_state_dict(model_state)
+            self.actor.optimizer.load_state_dict(opt_state)
+        self.step = int(state["step"])
+        self.data.load_state(state["data"])
+        self.history = list(state.get("history", []))
+        set_rng_state(state["rng"])
+        self.sync_weights()
+        self.log(f"resumed from {path} at step {self.step}")
+        return True
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        """Evaluate, train ``trainer.total_steps`` steps, evaluate; write the summary.
+
+        Returns:
+            The summary dict (also written to ``summary.json``).
+        """
+        from tqdm import tqdm
+
+        tc = self.cfg.trainer
+        start = time.perf_counter()
+        resumed = self.resume() if tc.resume else False
+        before = None
+        if self.rank == 0 and (not resumed or not any("eval/accuracy" in h for h in self.history)):
+            before = self.evaluate()
+            self.log(f"held-out accuracy before RL: {before.accuracy:.3f} (n={before.n})")
+            self._record({"step": self.step, "eval/accuracy": before.accuracy, **_per_template(before)})
+        gen_tokens = gen_seconds = 0.0
+        bar = tqdm(total=tc.total_steps, initial=self.step, desc="GRPO", disable=not tc.progress_bar or self.rank != 0)
+        while self.step < tc.total_steps:
+            m = self.train_step()
+            gen_tokens += m["rollout/generated_tokens"]
+            gen_seconds += m["timing_s/generate"]
+            if self.rank == 0 and tc.test_freq and self.step % tc.test_freq == 0 and self.step < tc.total_steps:
+                m["eval/accuracy"] = self.evaluate().accuracy
+            self._record(m)
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['reward/mean']:.3f}", **({"eval": f"{m['eval/accuracy']:.3f}"} if "eval/accuracy" in m else {}))
+            self.log(_console_line(m))
+            if tc.save_freq and self.step % tc.save_freq == 0:
+                self.save()
+        bar.close()
+        if self.rank != 0:
+            return {}
+        after = self.evaluate()
+        self._record({"step": self.step, "eval/accuracy": after.accuracy, **_per_template(after)})
+        self.log(f"held-out accuracy after RL: {after.accuracy:.3f} (n={after.n})")
+        first = next(h for h in self.history if "eval/accuracy" in h)
+        summary = {
+            "eval_accuracy_before": first["eval/accuracy"] if before is None else before.accuracy,
+            "eval_accuracy_after": after.accuracy,
+            "steps": self.step,
+            "wall_seconds": time.perf_counter() - start,
+            "tokens_per_second": gen_tokens / gen_seconds if gen_seconds else 0.0,
+            "held_out_size": after.n,
+            "seed": tc.seed,
+            "per_template_before": before.per_template if before is not None else {},
+            "per_template_after": after.per_template,
+            "fsdp_ranks": tc.fsdp_ranks,
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        plot_reward_curve(self.history, self.run_dir / "reward_curve.png")
+        if self.metrics is not None:
+            self.metrics.close()
+        return summary
+
+    def _record(self, metrics: dict[str, Any]) -> None:
+        self.history.append(metrics)
+        if self.metrics is not None:
+            self.metrics.log(metrics, step=int(metrics.get("step", self.step)))
+
+    def close(self) -> None:
+        """Stop the engine."""
+        if self.engine is not None:
+            self.engine.close()
+
+
+def _groups_with_signal(rows: Sequence[dict], rewards: np.ndarray) -> float:
+    groups: dict[str, list[float]] = {}
+    for row, r in zip(rows, rewards, strict=True):
+        groups.setdefault(row["group_id"], []).append(float(r))
+    return float(np.mean([len(set(v)) > 1 for v in groups.values()]))
+
+
+def _per_template(ev: Any) -> dict[str, float]:
+    return {f"eval/template_{k}": v for k, v in ev.per_template.items()}
+
+
+def _console_line(m: dict[str, Any]) -> str:
+    parts = [f"step {m['step']:>3}", f"reward {m['reward/mean']:.3f}", f"pg_loss {m.get('actor/pg_loss', 0.0):+.4f}",
+             f"grad {m.get('actor/grad_norm', 0.0):.3f}", f"signal {m['rollout/groups_with_signal']:.2f}",
+             f"gen {m['timing_s/generate']:.1f}s", f"upd {m['timing_s/update']:.1f}s"]
+    if "eval/accuracy" in m:
+        parts.append(f"eval {m['eval/accuracy']:.3f}")
+    return " | ".join(parts)

@@ -1,0 +1,59 @@
+"""The trainer's recomputed log-probs equal the engine's (HFServer) on the same weights, and the
+shared-prefix forward equals a plain forward."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
+from agentloop_trainer.forward import common_prefix_length, sequence_log_probs
+from agentloop_trainer.rollout import RolloutConfig, RolloutEngine, make_rows
+from agentloop_trainer.task import BIASED_TEMPLATES, dataset_row, make_problems
+
+
+@pytest.fixture(scope="module")
+def model(random_model_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(random_model_path))
+
+
+def test_shared_prefix_forward_equals_plain_forward(model, tokenizer):
+    from agentloop_trainer.sft import demonstration_batch
+
+    examples = demonstration_batch(tokenizer, make_problems(6, 3), random.Random(0), 0.6, BIASED_TEMPLATES)
+    seqs = [e.input_ids for e in examples]
+    assert common_prefix_length(seqs) > 100  # system turn + tool schema
+    shared = sequence_log_probs(model, seqs, share_prefix=True)
+    plain = sequence_log_probs(model, seqs, share_prefix=False)
+    assert torch.allclose(shared, plain, atol=1e-5)
+    g = []
+    for flag in (True, False):
+        model.zero_grad()
+        sequence_log_probs(model, seqs, share_prefix=flag).sum().backward()
+        g.append(model.model.embed_tokens.weight.grad.clone())
+    assert torch.allclose(g[0], g[1], atol=1e-4)
+
+
+def test_recomputed_log_probs_match_hfserver(model, tokenizer):
+    import copy
+
+    engine = RolloutEngine(copy.deepcopy(model), tokenizer,
+                           RolloutConfig(max_tokens_per_turn=12, response_length=40, temperature=1.0), seed=3)
+    try:
+        records = [dataset_row(p, "test") for p in make_problems(2, 5)]
+        batch = engine.generate(make_rows(records, 3))
+    finally:
+        engine.close()
+    pb = policy_batch_from_rollout(batch)
+    assert pb.response_mask.sum() > 0
+    with torch.no_grad():
+        recomputed = response_log_probs(model, pb)
+    mask = pb.response_mask.bool()
+    diff = (recomputed - pb.rollout_log_probs).abs()[mask]
+    assert float(diff.max()) < 1e-4, f"max |trainer - engine| log-prob gap {float(diff.max())}"
+    # tokens the engine did not generate carry no log-prob at all
+    assert torch.all(pb.rollout_log_probs[~mask] == 0)

@@ -1,0 +1,72 @@
+"""SFT demonstrations are tokenized exactly as the tool_agent loop builds a rollout."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentloop_trainer.sft import sft_loss, tokenize_conversation
+from agentloop_trainer.task import demonstration, make_problems, tool_schemas
+
+
+def test_demo_tokens_equal_tool_agent_rollout_tokens(tokenizer):
+    import asyncio
+
+    from agentloop_core.testing import ScriptedServer
+    from agentloop_tools.agent_loop import ToolAgentLoop
+    from agentloop_trainer.task import calculator_tool
+
+    problem = make_problems(1, 7)[0]
+    demo = demonstration(problem, random.Random(0), flip_prob=0.0)
+    tc = tokenize_conversation(tokenizer, demo, tool_schemas())
+    # the assistant turns exactly as SFT teaches them, replayed by a scripted engine
+    turns, current = [], []
+    for tok, m in zip(tc.input_ids, tc.loss_mask, strict=True):
+        if m:
+            current.append(tok)
+        elif current:
+            turns.append(current)
+            current = []
+    turns.append(current)
+    assert len(turns) == 2
+    server = ScriptedServer(turns)
+    loop = ToolAgentLoop(server, tokenizer, {"tools": {"calculator": calculator_tool()}, "tool_reward": "none",
+                                             "response_length": 256, "sanity_check": "strict"})
+    out = asyncio.run(loop.run({"max_tokens": 64}, raw_prompt=demo[:2]))
+    assert out.prompt_ids + out.response_ids == tc.input_ids
+    assert out.response_mask == tc.loss_mask[len(out.prompt_ids):]
+    assert tokenizer.decode(out.response_ids).endswith(f"#### {problem.answer}<|im_end|>")
+
+
+def test_loss_mask_covers_assistant_turns_only(tokenizer):
+    tc = tokenize_conversation(tokenizer, demonstration(make_problems(1, 1)[0], random.Random(0)), tool_schemas())
+    trained = tokenizer.decode([t for t, m in zip(tc.input_ids, tc.loss_mask, strict=True) if m])
+    assert trained.startswith("<tool_call>") and trained.count("<|im_end|>") == 2
+    assert "tool_response" not in trained and "Solve" not in trained
+
+
+def test_last_message_must_be_assistant(tokenizer):
+    demo = demonstration(make_problems(1, 1)[0], random.Random(0))
+    with pytest.raises(ValueError, match="assistant"):
+        tokenize_conversation(tokenizer, demo[:-1], tool_schemas())
+
+
+def test_sft_steps_reduce_loss(random_model_path, tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.sft import demonstration_batch
+    from agentloop_trainer.task import BIASED_TEMPLATES
+
+    model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
+    batch = demonstration_batch(tokenizer, make_problems(8, 2), random.Random(0), 0.6, BIASED_TEMPLATES)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(8):
+        loss = sft_loss(model, batch)
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert float(sft_loss(model, batch).detach()) < 0.8 * first
