@@ -6,9 +6,9 @@ Run by ``nox -s versions``. Exits non-zero naming each package whose range exclu
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -22,7 +22,7 @@ def main() -> int:
         projects[canonicalize_name(data["name"])] = (pyproject, data)
     problems = []
     checked = 0
-    for name, (pyproject, data) in projects.items():
+    for pyproject, data in projects.values():
         deps = list(data.get("dependencies", []))
         for extra in data.get("optional-dependencies", {}).values():
             deps += extra
