@@ -200,3 +200,17 @@ def train(session: nox.Session) -> None:
     `nox -s train -- trainer.total_steps=10`."""
     _install_all(session)
     session.run("agentloop", "train", *session.posargs, env={"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks side by side with verl 0.9.1 and TRL 1.16 (installed here only); each prints a
+    table and writes bench/results/<name>.json. The vLLM rows use `nox -s vllm`'s environment
+    when it exists."""
+    session.install(TORCH)
+    session.install("verl==0.9.1", "trl==1.16.0", "jmespath", "cachetools", "uvicorn", "fastapi", TORCH)
+    _install_all(session, "ray>=2.40,<3", "pytest>=8")
+    session.run("python", "-m", "pytest", "bench/tests", "-q", "-p", "no:cacheprovider")
+    vllm_python = ROOT / ".nox" / "vllm" / "bin" / "python"
+    extra = ["--vllm-python", str(vllm_python)] if vllm_python.exists() else []
+    session.run("python", "bench/run_all.py", *extra, *session.posargs, env={"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"})

@@ -1,0 +1,127 @@
+"""Shared helpers for the benchmarks: machine facts, result files and plain-text tables.
+
+Every benchmark prints a table and writes ``bench/results/<name>.json`` with the numbers, the
+machine, the load average at run time and what exactly was measured. Nothing here asserts on
+time: on a shared 2-core machine the numbers move, so each file records the load it ran under.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+REPO_ROOT = BENCH_DIR.parent
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (CPU count, arch, python, load average now)."""
+    info: dict[str, Any] = {
+        "arch": platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(terse=True),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+    try:
+        info["cpu_model"] = next(
+            line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    return info
+
+
+def load_average() -> list[float]:
+    """The 1/5/15-minute load averages (other jobs share this machine)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def versions(*modules: str) -> dict[str, str]:
+    """Installed versions of ``modules`` (missing ones are reported as such, not skipped)."""
+    from importlib import metadata
+
+    out = {}
+    for name in modules:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def write_result(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``results/<name>.json`` with the machine, date and load average added.
+
+    Args:
+        name: Benchmark name (file stem).
+        payload: The measured numbers and their description.
+
+    Returns:
+        The written path.
+    """
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": name,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "load_average_at_end": load_average(),
+        **payload,
+    }
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"wrote {path.relative_to(REPO_ROOT)}")
+    return path
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
+    """Render rows as a Markdown table (also readable in a terminal) and print it."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+        return str(value)
+
+    lines = []
+    if title:
+        lines += [f"**{title}**", ""]
+    lines.append("| " + " | ".join(headers) + " |")
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text + "\n", flush=True)
+    return text
+
+
+@contextmanager
+def timer() -> Iterator[Callable[[], float]]:
+    """``with timer() as elapsed: ...; elapsed()`` -> seconds since the block started."""
+    start = time.perf_counter()
+    end: list[float] = []
+    yield lambda: (end[0] if end else time.perf_counter()) - start
+    end.append(time.perf_counter())
+
+
+def pin_one_core() -> int | None:
+    """Restrict this process to one CPU (the first allowed one); returns it, or None if the
+    platform cannot pin. Benchmarks that report 'per core' numbers call this first."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        return cpu
+    except (AttributeError, OSError):
+        return None

@@ -1,0 +1,134 @@
+"""Benchmark 3: per-turn framework cost of the tool agent loop, with a zero-latency engine.
+
+Every trajectory makes 3 calculator calls and then answers (4 generate calls). The engine is
+a scripted stand-in that returns the tokenizer-encoded reply at once, the calculator answers
+at once, so the wall time is the framework's own cost: rendering, delta tokenization, parsing,
+tool dispatch, output assembly. One process pinned to one core, ``OMP_NUM_THREADS=1``.
+
+* ours: ``AgentLoopWorker`` + ``tool_agent`` (``agentloop_tools.ToolAgentLoop``) over
+  ``agentloop_core.testing.ScriptedServer``; tool = the built-in ``calculator`` function tool.
+* verl 0.9.1: ``verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop`` in the same
+  process, driven by a stand-in server manager that returns the same scripted ids (see
+  ``verl_driver.py``); tool = a verl ``BaseTool`` that evaluates the same expression.
+
+Run: ``python bench/bench_loop_overhead.py`` (writes ``bench/results/loop_overhead.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import load_average, pin_one_core, table, versions, write_result  # noqa: E402
+from tool_engine import calculator_turns  # noqa: E402
+
+TOOL_CALLS = 3
+SHORT_FILLER = "Let me use the calculator. "
+
+
+def scripted_reply(tok):
+    """``(request_id, prompt_ids, call_index) -> ids`` for ScriptedServer and the verl stand-in."""
+    text_for = calculator_turns(TOOL_CALLS, filler=SHORT_FILLER)
+    cache: dict[int, list[int]] = {}
+
+    def reply(request_id: str, prompt_ids: list[int], index: int) -> list[int]:
+        if index not in cache:
+            cache[index] = tok.encode(text_for(request_id, index), add_special_tokens=False)
+        return cache[index]
+
+    return reply
+
+
+def prompts(n: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": f"What is ({i % 7 + 2} + 5) * 3? Use the calculator."}] for i in range(n)]
+
+
+async def run_ours(n: int, repeats: int) -> dict:
+    from agentloop_core import AgentLoopWorker
+    from agentloop_core.testing import ScriptedServer
+    from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
+    from agentloop_tools import calculator
+
+    tok = load_tiny_tokenizer()
+    rows = [{"raw_prompt": p, "request_id": f"t{i}"} for i, p in enumerate(prompts(n))]
+    walls = []
+    for _ in range(repeats + 1):  # the first run warms caches and is dropped
+        server = ScriptedServer(scripted_reply(tok), eos_token_id=tok.eos_token_id, append_eos=True)
+        worker = AgentLoopWorker(server, tok, {
+            "default_agent_loop": "tool_agent", "sampling_params": {"max_tokens": 256, "logprobs": True},
+            "tools": {"calculator": calculator}, "response_length": 2048})
+        start = time.perf_counter()
+        outs = await worker.generate_sequences(rows)
+        walls.append(time.perf_counter() - start)
+        calls = [o.metrics.get("tool_calls") for o in outs]
+        if calls != [TOOL_CALLS] * n:
+            raise RuntimeError(f"expected {TOOL_CALLS} tool calls per trajectory, got {sorted(set(map(str, calls)))}: "
+                               f"{outs[0].metrics}")
+    return summarize(walls[1:], n)
+
+
+def summarize(walls: list[float], n: int) -> dict:
+    wall = statistics.median(walls)
+    return {"trajectories": n, "walls_s": walls, "median_wall_s": wall, "trajectories_per_s": n / wall,
+            "ms_per_tool_turn": 1e3 * wall / (n * TOOL_CALLS),
+            "ms_per_generate_turn": 1e3 * wall / (n * (TOOL_CALLS + 1))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trajectories", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-verl", action="store_true")
+    args = parser.parse_args()
+    cpu = pin_one_core()
+    load_start = load_average()
+    # Alternate ours and verl round by round so a change in machine load hits both alike.
+    walls: dict[str, list[float]] = {"ours (agentloop tool_agent)": []}
+    verl_note = "skipped: --skip-verl" if args.skip_verl else None
+    verl_run = None
+    if not args.skip_verl:
+        try:
+            import verl_driver
+
+            verl_run = verl_driver.run
+            walls["verl 0.9.1 ToolAgentLoop"] = []
+        except ImportError as exc:
+            verl_note = (f"verl could not be imported ({exc}); install it in the bench venv with "
+                         "`pip install verl==0.9.1 cachetools uvicorn fastapi torch==2.13.0`")
+    for _ in range(args.repeats):
+        walls["ours (agentloop tool_agent)"] += asyncio.run(run_ours(args.trajectories, 1))["walls_s"]
+        if verl_run is not None:
+            try:
+                walls["verl 0.9.1 ToolAgentLoop"] += asyncio.run(verl_run(args.trajectories, 1, summarize))["walls_s"]
+            except Exception as exc:  # noqa: BLE001 - report why the peer did not run, keep our numbers
+                verl_note = f"verl run failed: {type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+                verl_run = None
+                walls.pop("verl 0.9.1 ToolAgentLoop", None)
+    results = {name: summarize(w, args.trajectories) for name, w in walls.items()}
+    rows = [(name, round(r["trajectories_per_s"], 1), round(r["ms_per_tool_turn"], 2),
+             round(r["ms_per_generate_turn"], 2)) for name, r in results.items()]
+    if verl_note:
+        rows.append(("verl 0.9.1 ToolAgentLoop", "n/a", "n/a", "n/a"))
+        print("verl:", verl_note)
+    text = table(["loop", "trajectories/s (1 core)", "ms per tool turn", "ms per generate call"], rows,
+                 title=f"Loop overhead: {args.trajectories} trajectories x {TOOL_CALLS} tool calls, "
+                       "zero-latency scripted engine and tool, one core")
+    payload = {"description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
+               "pinned_cpu": cpu, "versions": versions("transformers", "verl"), "results": results,
+               "verl_note": verl_note, "table_markdown": text}
+    if len(results) == 2:
+        ours, verl = results.values()
+        payload["ours_over_verl_throughput"] = ours["trajectories_per_s"] / verl["trajectories_per_s"]
+        print(f"ours / verl trajectories per second: {payload['ours_over_verl_throughput']:.2f}x")
+    write_result("loop_overhead", payload)
+
+
+if __name__ == "__main__":
+    main()

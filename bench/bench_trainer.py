@@ -1,0 +1,242 @@
+"""Benchmark 5: GRPO step throughput: ours on 1 process and on 2 FSDP2 ranks, and TRL.
+
+Same tiny random Qwen2 (``build_tiny_model()``, 2 layers, hidden 128), same 8 prompts, group
+size 4, at most 32 new tokens, temperature 1, the same toy reward (share of digits in the
+completion). SINGLE-TURN on both sides: TRL's tool mode only parses tool calls for chat
+templates it recognises byte for byte, so a multi-turn tool comparison on our tiny ChatML
+tokenizer would not be like for like.
+
+* ``ours, 1 process``: HFServer generates the 32 completions (batched), then
+  ``GRPOActor.compute_log_probs`` + ``GRPOActor.update`` (group-normalised advantages, PPO
+  clip, one update per batch) and a weight sync back into HFServer.
+* ``ours update only, 1 process`` vs ``2 FSDP2 ranks (gloo)``: the update phase alone on a
+  fixed batch of 32 sequences (prompt 40 + response 32 tokens), through
+  ``agentloop_trainer.fsdp.spawn``; on 2 shared cores FSDP mostly adds communication.
+* ``TRL GRPOTrainer``: ``GRPOConfig(use_cpu=True, use_vllm=False)``, transformers
+  generation; a callback times each optimizer step.
+
+Tokens/s = completion (response) tokens processed per second of step time, after a warm-up step.
+
+Run: ``python bench/bench_trainer.py`` (writes ``bench/results/trainer.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import load_average, table, versions, write_result  # noqa: E402
+
+PROMPTS = 8
+GROUP = 4
+MAX_NEW = 32
+STEPS = 3
+
+
+def questions() -> list[list[dict]]:
+    return [[{"role": "user", "content": f"What is {a} + {b}? Answer with a number."}]
+            for a, b in zip(range(3, 3 + PROMPTS), range(11, 11 + PROMPTS), strict=True)]
+
+
+def digit_reward(text: str) -> float:
+    return sum(c.isdigit() for c in text) / max(1, len(text))
+
+
+async def ours_full_steps() -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
+    from agentloop_engines import HFServer, build_tiny_model
+    from agentloop_trainer.actor import ActorConfig, GRPOActor, PolicyBatch
+    from agentloop_trainer.algos import group_advantages
+
+    path = str(build_tiny_model())
+    tok = load_tiny_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    server = HFServer(path, tok, max_batch_size=PROMPTS * GROUP)
+    actor = GRPOActor(model, ActorConfig(lr=1e-4))
+    prompts = [tok.apply_chat_template(q, add_generation_prompt=True, tokenize=False) for q in questions()]
+    prompt_ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+    times, tokens = [], []
+    for step in range(STEPS + 1):
+        start = time.perf_counter()
+        outs = await asyncio.gather(*(
+            server.generate(f"s{step}-{i}-{g}", prompt_ids[i], {"max_tokens": MAX_NEW, "temperature": 1.0,
+                                                                 "top_k": -1, "logprobs": True})
+            for i in range(PROMPTS) for g in range(GROUP)))
+        rewards = torch.tensor([digit_reward(tok.decode(o.token_ids)) for o in outs])
+        groups = [i for i in range(PROMPTS) for _ in range(GROUP)]
+        adv = group_advantages(rewards, groups)
+        width = max(len(o.token_ids) for o in outs)
+        mask = torch.zeros(len(outs), width)
+        rollout = torch.zeros(len(outs), width)
+        seqs, plens = [], []
+        for b, (o, i) in enumerate(zip(outs, groups, strict=True)):
+            seqs.append(prompt_ids[i] + list(o.token_ids))
+            plens.append(len(prompt_ids[i]))
+            mask[b, : len(o.token_ids)] = 1
+            rollout[b, : len(o.token_ids)] = torch.tensor(o.log_probs)
+        pb = PolicyBatch(seqs, plens, mask, rollout)
+        old = actor.compute_log_probs(pb)
+        actor.update(pb, adv, old)
+        await server.update_weights([(k, v.detach()) for k, v in model.state_dict().items()])
+        if step:  # step 0 is the warm-up
+            times.append(time.perf_counter() - start)
+            tokens.append(int(mask.sum()))
+    await server.close()
+    return {"step_s": times, "completion_tokens": tokens,
+            "tokens_per_s": sum(tokens) / sum(times), "median_step_s": statistics.median(times)}
+
+
+def _update_batch(vocab: int):
+    import torch
+
+    from agentloop_trainer.actor import PolicyBatch
+
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, vocab, (40 + MAX_NEW,), generator=g).tolist() for _ in range(PROMPTS * GROUP)]
+    mask = torch.ones(len(seqs), MAX_NEW)
+    adv = torch.randn(len(seqs), generator=g)
+    return PolicyBatch(seqs, [40] * len(seqs), mask, None), adv
+
+
+def _update_steps(model) -> list[float]:
+    import torch
+
+    from agentloop_trainer.actor import ActorConfig, GRPOActor
+
+    torch.set_num_threads(1)
+    actor = GRPOActor(model, ActorConfig(lr=1e-4, tis_cap=None))
+    pb, adv = _update_batch(model.config.vocab_size)
+    times = []
+    for step in range(STEPS + 1):
+        start = time.perf_counter()
+        old = actor.compute_log_probs(pb)
+        actor.update(pb, adv, old)
+        if step:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _fsdp_rank(rank: int, model_path: str) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.fsdp import shard_policy
+
+    return _update_steps(shard_policy(AutoModelForCausalLM.from_pretrained(model_path)))
+
+
+def ours_update_only() -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_engines import build_tiny_model
+    from agentloop_trainer.fsdp import spawn
+
+    path = str(build_tiny_model())
+    tokens = PROMPTS * GROUP * MAX_NEW
+    single = _update_steps(AutoModelForCausalLM.from_pretrained(path))
+    sharded = spawn(_fsdp_rank, 2, path)
+    return {"tokens_per_update": tokens,
+            "1 process": {"step_s": single, "tokens_per_s": tokens * len(single) / sum(single)},
+            "2 FSDP2 ranks (gloo)": {"step_s": sharded, "tokens_per_s": tokens * len(sharded) / sum(sharded)}}
+
+
+def trl_steps() -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
+    from agentloop_engines import build_tiny_model
+
+    torch.set_num_threads(1)
+    tok = load_tiny_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(str(build_tiny_model()), dtype=torch.float32)
+
+    def reward(completions, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [digit_reward(t) for t in texts]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self._t = 0.0
+
+        def on_step_begin(self, args, state, control, **kw):
+            self._t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self._t)
+
+    import tempfile
+
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as out:
+        cfg = GRPOConfig(output_dir=out, use_cpu=True, use_vllm=False, bf16=False, report_to="none",
+                         per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+                         max_completion_length=MAX_NEW, temperature=1.0, top_k=0, top_p=1.0,
+                         learning_rate=1e-4, max_steps=STEPS + 1, logging_steps=1, save_strategy="no",
+                         dataloader_num_workers=0, seed=0, disable_tqdm=True)
+        data = Dataset.from_dict({"prompt": questions() * 4})
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=data,
+                              processing_class=tok, callbacks=[timer])
+        trainer.train()
+        logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    lengths = [h["completions/mean_length"] * PROMPTS * GROUP for h in logs]
+    times = timer.times[1:]
+    tokens = lengths[1 : 1 + len(times)]
+    return {"step_s": times, "completion_tokens": tokens, "tokens_per_s": sum(tokens) / sum(times),
+            "median_step_s": statistics.median(times), "config": "GRPOConfig(use_cpu=True, use_vllm=False, "
+            f"per_device_train_batch_size={PROMPTS * GROUP}, num_generations={GROUP}, "
+            f"max_completion_length={MAX_NEW}, temperature=1.0, top_k=0)"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-fsdp", action="store_true")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    load_start = load_average()
+    results, notes = {}, {}
+    results["ours full step, 1 process"] = asyncio.run(ours_full_steps())
+    print(f"  ours full step: {results['ours full step, 1 process']['tokens_per_s']:.0f} tok/s", flush=True)
+    if not args.skip_fsdp:
+        try:
+            upd = ours_update_only()
+            results["ours update only, 1 process"] = upd["1 process"]
+            results["ours update only, 2 FSDP2 ranks"] = upd["2 FSDP2 ranks (gloo)"]
+        except Exception as exc:  # noqa: BLE001 - record why, keep the other numbers
+            notes["fsdp"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1200:]}"
+    if not args.skip_trl:
+        try:
+            results["TRL GRPOTrainer full step"] = trl_steps()
+        except ImportError as exc:
+            notes["trl"] = f"TRL not importable ({exc}); `pip install trl==1.16.0 torch==2.13.0` in the bench venv"
+        except Exception as exc:  # noqa: BLE001
+            notes["trl"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+    rows = [(name, round(r["tokens_per_s"]), round(statistics.median(r["step_s"]), 3)) for name, r in results.items()]
+    for key, note in notes.items():
+        rows.append((key, "n/a", note.splitlines()[0][:80]))
+        print(f"{key}: {note}")
+    text = table(["run", "tokens/s", "median step s"], rows,
+                 title=f"GRPO step throughput (single-turn), {PROMPTS} prompts x {GROUP} samples, "
+                       f"<= {MAX_NEW} new tokens, tiny model, 1 thread per process")
+    write_result("trainer", {"description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
+                             "versions": versions("torch", "transformers", "trl"), "results": results,
+                             "notes": notes, "table_markdown": text})
+
+
+if __name__ == "__main__":
+    main()
