@@ -95,7 +95,9 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
     import torch
 
     rows = list(range(len(pb.sequences))) if rows is None else list(rows)
-    seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else pb.sequences[r] * 2 for r in rows]
+    # A failed sample can come back with no tokens at all; it is masked out, but the forward
+    # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
+    seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
     logp = sequence_log_probs(model, seqs, temperature=temperature)
     R = pb.response_mask.shape[1]
     out = torch.zeros((len(rows), R), dtype=logp.dtype, device=logp.device)

@@ -153,6 +153,12 @@ class GRPOTrainer:
             # Reseed the engine per step so a resumed run samples what the uninterrupted one did.
             self.engine.server._seeds.seed(self.cfg.trainer.seed * 1_000_003 + self.step)
             batch = self.engine.generate(rows, step=self.step)
+            if batch.num_failed == len(batch):
+                errors = [m.get("error", "?") for m in batch.sample_metrics if m.get("failed")]
+                raise RuntimeError(
+                    f"all {len(batch)} rollout samples of step {self.step} failed, so there is nothing to "
+                    f"train on; first error: {errors[0] if errors else '?'}"
+                )
         if self.world_size > 1:
             from agentloop_trainer.fsdp import broadcast_object
 
