@@ -61,7 +61,9 @@ class VLLMServer(AsyncServerBase):
         model: Model folder or hub id, used when ``engine`` is None (and for the tokenizer).
         tokenizer: Hugging Face tokenizer (or a path); defaults to ``model``'s.
         **engine_kwargs: ``vllm.AsyncEngineArgs`` fields, used when ``engine`` is None
-            (e.g. ``enforce_eager=True, max_model_len=512, dtype="float32"``).
+            (e.g. ``enforce_eager=True, max_model_len=512, dtype="float32"``). ``logprobs_mode``
+            defaults to ``"processed_logprobs"``: the log-prob of each sampled token at the
+            request's temperature (pass an ``engine`` built with it for the same contract).
 
     Raises:
         ImportError: without vLLM.
@@ -79,6 +81,11 @@ class VLLMServer(AsyncServerBase):
                 raise ValueError("VLLMServer needs an AsyncLLM engine or a model path")
             from vllm.v1.engine.async_llm import AsyncLLM
 
+            # vLLM's default returns log-probs of the raw logits, i.e. at temperature 1, whatever
+            # temperature sampled the token; the trainer's importance ratio needs the sampling
+            # distribution (the conformance suite caught this at T=0.7). "processed" also applies
+            # top-k/top-p, so with those set the values are renormalised over the kept tokens.
+            engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
             engine = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(model=str(model), **engine_kwargs))
         elif engine_kwargs:
             raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} are only used when engine is None")
