@@ -10,11 +10,12 @@ model generates again, until the interaction says the conversation is over or th
 from __future__ import annotations
 
 import abc
-import importlib
 import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
+
+from agentloop_tools.load_tools import import_object
 
 
 class BaseInteraction(abc.ABC):
@@ -90,22 +91,6 @@ class BaseInteraction(abc.ABC):
         return len(self._instances)
 
 
-def _import_class(path: str) -> type:
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"interaction class_name {path!r} must look like 'package.module:ClassName'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} for interaction class {path!r}: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (interaction class_name {path!r})") from None
-
-
 def load_interaction(spec: BaseInteraction | Mapping[str, Any] | None) -> BaseInteraction | None:
     """Resolve the loop config's ``interaction`` entry.
 
@@ -130,7 +115,7 @@ def load_interaction(spec: BaseInteraction | Mapping[str, Any] | None) -> BaseIn
     class_name = spec.get("class_name")
     if not isinstance(class_name, str):
         raise ValueError("interaction config needs 'class_name': 'package.module:ClassName'")
-    cls = _import_class(class_name)
+    cls = import_object(class_name, where="interaction class_name")
     if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
         raise ValueError(f"{class_name!r} is not a subclass of agentloop_tools.interaction.BaseInteraction")
     config = dict(spec.get("config") or {})
