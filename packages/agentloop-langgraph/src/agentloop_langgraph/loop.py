@@ -24,7 +24,7 @@ from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
 from agentloop_langgraph.graph import load_graph_factory
 from agentloop_langgraph.messages import HistoryRewrittenError, RolloutLimitReached
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
-from agentloop_tools.agent_loop import TruncateSide, resolve_tools
+from agentloop_tools.agent_loop import TruncateSide, read_loop_config, resolve_tools
 from agentloop_tools.base import BaseTool
 
 logger = logging.getLogger(__name__)
@@ -73,22 +73,12 @@ class ReactAgentConfig:
         Raises:
             ValueError: naming the key, the bad value and what is accepted.
         """
-        names = cls.__dataclass_fields__
-        data = {k: config[k] for k in names if k in config and config[k] is not None}
-        for key in ("prompt_length", "max_assistant_turns", "tool_timeout_s"):
-            if key in config and config[key] is None:
-                data[key] = None
-        cfg = cls(**data)
-        for key in ("response_length", "recursion_limit", "max_tool_response_length", "prompt_length",
-                    "max_assistant_turns"):
-            value = getattr(cfg, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"react_agent config {key} must be a positive integer, got {value!r}")
-        choices = {"tool_response_truncate_side": ("left", "right", "middle"), "tool_reward": ("sum", "none"),
-                   "sanity_check": ("strict", "ignore_strippable", "disable")}
-        for key, allowed in choices.items():
-            if getattr(cfg, key) not in allowed:
-                raise ValueError(f"react_agent config {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
+        cfg = read_loop_config(
+            cls, config, loop_name="react_agent",
+            nullable=("prompt_length", "max_assistant_turns", "tool_timeout_s"),
+            positive=("response_length", "recursion_limit", "max_tool_response_length", "prompt_length",
+                      "max_assistant_turns"),
+        )
         if not isinstance(cfg.graph_factory_kwargs, Mapping):
             raise ValueError("react_agent config graph_factory_kwargs must be a mapping, got "
                              f"{type(cfg.graph_factory_kwargs).__name__}")

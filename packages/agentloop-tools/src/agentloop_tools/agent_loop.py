@@ -87,28 +87,49 @@ class ToolAgentConfig:
         Raises:
             ValueError: naming the key, the bad value and what is accepted.
         """
-        names = cls.__dataclass_fields__
-        data = {k: config[k] for k in names if k in config and config[k] is not None}
-        for key in ("max_assistant_turns", "max_user_turns", "prompt_length", "tool_timeout_s"):
-            if key in config and config[key] is None:
-                data[key] = None
-        cfg = cls(**data)
-        positive = {"response_length": cfg.response_length, "max_parallel_calls": cfg.max_parallel_calls,
-                    "max_tool_response_length": cfg.max_tool_response_length}
-        for key in ("prompt_length", "max_assistant_turns", "max_user_turns"):
-            if getattr(cfg, key) is not None:
-                positive[key] = getattr(cfg, key)
-        for key, value in positive.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"tool_agent config {key} must be a positive integer, got {value!r}")
+        cfg = read_loop_config(
+            cls, config, loop_name="tool_agent",
+            nullable=("max_assistant_turns", "max_user_turns", "prompt_length", "tool_timeout_s"),
+            positive=("response_length", "max_parallel_calls", "max_tool_response_length", "prompt_length",
+                      "max_assistant_turns", "max_user_turns"),
+        )
         if cfg.tool_timeout_s is not None and not (isinstance(cfg.tool_timeout_s, (int, float)) and cfg.tool_timeout_s > 0):
             raise ValueError(f"tool_agent config tool_timeout_s must be a positive number or None, got {cfg.tool_timeout_s!r}")
-        choices = {"tool_response_truncate_side": ("left", "right", "middle"), "tool_reward": ("sum", "none"),
-                   "sanity_check": ("strict", "ignore_strippable", "disable")}
-        for key, allowed in choices.items():
-            if getattr(cfg, key) not in allowed:
-                raise ValueError(f"tool_agent config {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
         return cfg
+
+
+# Choice-valued keys shared by every loop that runs tools (tool_agent, react_agent).
+LOOP_CONFIG_CHOICES: dict[str, tuple[str, ...]] = {
+    "tool_response_truncate_side": ("left", "right", "middle"),
+    "tool_reward": ("sum", "none"),
+    "sanity_check": ("strict", "ignore_strippable", "disable"),
+}
+
+
+def read_loop_config(cls: type, config: Mapping[str, Any], *, loop_name: str, nullable: tuple[str, ...],
+                     positive: tuple[str, ...]) -> Any:
+    """Build a loop's frozen config dataclass from the rollout config and check it.
+
+    Keys the dataclass does not name are ignored (the worker passes its whole config); a None
+    value keeps the default unless the key is in ``nullable``.
+
+    Raises:
+        ValueError: naming the loop, the key, the bad value and what is accepted.
+    """
+    names = cls.__dataclass_fields__
+    data = {k: config[k] for k in names if k in config and config[k] is not None}
+    for key in nullable:
+        if key in config and config[key] is None:
+            data[key] = None
+    cfg = cls(**data)
+    for key in positive:
+        value = getattr(cfg, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{loop_name} config {key} must be a positive integer, got {value!r}")
+    for key, allowed in LOOP_CONFIG_CHOICES.items():
+        if key in names and getattr(cfg, key) not in allowed:
+            raise ValueError(f"{loop_name} config {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
+    return cfg
 
 
 def truncate_text(text: str, limit: int, side: TruncateSide) -> str:
