@@ -40,19 +40,9 @@ def tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ray = pytest.importorskip("ray", reason='engine fault tests need Ray: pip install "agentloop-engines[ray]"')
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    kwargs = dict(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
-                  _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
-    try:
-        ray.init(**kwargs)
-    except Exception as exc:
-        # Ray waits a fixed 30 s for its raylet; on a saturated 2-core machine that can run out
-        # once. A second failure is real and raises.
-        if "timed out during startup" not in str(exc):
-            raise
-        ray.shutdown()
-        ray.init(**kwargs)
+    from agentloop_engines.ray_hosting import init_local_ray
+
+    init_local_ray(tmp_path_factory.mktemp("ray"))
     yield ray
     ray.shutdown()
 

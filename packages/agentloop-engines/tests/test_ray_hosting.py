@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import sys
 
 import pytest
@@ -17,6 +16,7 @@ from agentloop_engines.client import LLMServerClient  # noqa: E402
 from agentloop_engines.ray_hosting import (  # noqa: E402
     RemoteClient,
     client_actor,
+    init_local_ray,
     local_client,
     start_replicas,
 )
@@ -26,19 +26,7 @@ pytestmark = [pytest.mark.ray]
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    kwargs = dict(num_cpus=2, include_dashboard=False, object_store_memory=256 * 2**20,
-                  _temp_dir=str(tmp_path_factory.mktemp("ray")), log_to_driver=False)
-    try:
-        ray.init(**kwargs)
-    except Exception as exc:
-        # Ray waits a hard-coded 30 s for the raylet; on a saturated 2-core machine that can
-        # run out once. A second failure is real and raises.
-        if "timed out during startup" not in str(exc):
-            raise
-        ray.shutdown()
-        ray.init(**kwargs)
+    init_local_ray(tmp_path_factory.mktemp("ray"))
     yield
     ray.shutdown()
 
