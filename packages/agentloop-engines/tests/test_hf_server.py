@@ -301,3 +301,21 @@ async def test_update_weights_waits_for_the_running_batch(model_path):
     after = await engine.generate("w", PROMPTS[0], params)
     assert after.token_ids != alone.token_ids
     await engine.close()
+
+
+async def test_prompts_sharing_a_long_prefix_prefill_it_once_without_changing_outputs(model_path):
+    # A tool-schema system turn shared by every prompt, then different questions of different
+    # lengths (so the tails are left-padded after the shared part).
+    system = [(7 * i) % 500 + 20 for i in range(60)]
+    prompts = [system + [100 + k] * (1 + k % 4) for k in range(6)]
+    shared = HFServer(model_path, max_batch_size=32, batch_wait_s=0.05)
+    outs = await asyncio.gather(*(shared.generate(f"p{k}", p, {"max_tokens": 6, "temperature": 0.0})
+                                  for k, p in enumerate(prompts)))
+    assert shared.stats["shared_prefix_tokens"] == 60 * 5  # prefix computed once for 6 rows
+    alone = HFServer(model_path, max_batch_size=1)
+    for prompt, out in zip(prompts, outs, strict=True):
+        ref = await alone.generate("ref", prompt, {"max_tokens": 6, "temperature": 0.0})
+        assert out.token_ids == ref.token_ids
+        assert out.log_probs == pytest.approx(ref.log_probs, abs=1e-4)
+        assert out.log_probs == pytest.approx(reference_log_probs(alone, prompt, out.token_ids, 1.0), abs=1e-4)
+    assert alone.stats["shared_prefix_tokens"] == 0

@@ -104,19 +104,34 @@ class DecodeBatch:
         if not live:
             return None
         with torch.inference_mode():
-            width = max(len(r.prompt_ids) for r in live)
+            prefix = _shared_prefix_length([r.prompt_ids for r in live]) if len(live) > 1 else 0
+            if prefix < MIN_SHARED_PREFIX:
+                prefix = 0
+            width = max(len(r.prompt_ids) for r in live) - prefix
             ids = torch.full((len(live), width), pad_id, dtype=torch.long)
             mask = torch.zeros((len(live), width), dtype=torch.long)
             for i, r in enumerate(live):
-                ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-                mask[i, width - len(r.prompt_ids) :] = 1
+                tail = r.prompt_ids[prefix:]
+                ids[i, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
+                mask[i, width - len(tail) :] = 1
             ids, mask = ids.to(device), mask.to(device)
+            kw: dict[str, Any] = {}
+            if prefix:
+                # Rows sharing a prompt prefix (system turn, tool schemas) compute it once and
+                # share its key/value cache: a pad gap may sit between prefix and tail, masked.
+                head = model(input_ids=ids.new_tensor([live[0].prompt_ids[:prefix]]), use_cache=True,
+                             logits_to_keep=1)
+                cache = _cache_of(head)
+                cache.batch_repeat_interleave(len(live))
+                kw[_cache_kwarg(type(model))] = cache
+                mask = torch.cat([mask.new_ones((len(live), prefix)), mask], dim=-1)
             # Positions count real tokens only, so a left-padded row sees the positions it would
             # see alone (RoPE models would not notice an offset; absolute-position models would).
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, prefix:]
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        logits_to_keep=1)
-            _count(stats, len(live), prefill_tokens=int(mask.sum()))
+                        logits_to_keep=1, **kw)
+            _count(stats, len(live), prefill_tokens=int(mask[:, prefix:].sum()) + prefix)
+            stats["shared_prefix_tokens"] += prefix * (len(live) - 1)
             batch = cls(live, _cache_of(out), mask, mask.sum(-1), torch.empty(0))
             return batch._sample(out.logits[:, -1], stats)
 
@@ -193,6 +208,20 @@ class DecodeBatch:
                 r.finish("aborted")
             else:
                 r.fail(exc)
+
+
+MIN_SHARED_PREFIX = 16
+"""Shortest common prompt prefix worth a separate forward pass at prefill."""
+
+
+def _shared_prefix_length(prompts: list[list[int]]) -> int:
+    """Longest prefix all prompts share, leaving each at least one token of its own (the
+    last prompt token's logits pick the first generated token)."""
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n
 
 
 def _left_pad(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:

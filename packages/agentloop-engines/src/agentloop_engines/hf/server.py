@@ -31,7 +31,8 @@ from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.sampling import RowSampling
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens")
+_STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens",
+              "shared_prefix_tokens")
 
 
 def _resolve(fut: asyncio.Future, out: TokenOutput) -> None:
