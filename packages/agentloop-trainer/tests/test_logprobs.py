@@ -38,6 +38,22 @@ def test_shared_prefix_forward_equals_plain_forward(model, tokenizer):
     assert torch.allclose(g[0], g[1], atol=1e-4)
 
 
+@pytest.mark.parametrize("share_prefix", [True, False])
+@pytest.mark.parametrize("where", ["inside_prefix", "at_prefix_end", "in_tail"])
+def test_scoring_from_a_later_token_gives_the_same_values_there(model, tokenizer, share_prefix, where):
+    from agentloop_trainer.sft import demonstration_batch
+
+    examples = demonstration_batch(tokenizer, make_problems(5, 4), random.Random(1), 0.6, BIASED_TEMPLATES)
+    seqs = [e.input_ids for e in examples]
+    P = common_prefix_length(seqs)
+    first = {"inside_prefix": P - 20, "at_prefix_end": P, "in_tail": P + 15}[where]
+    full = sequence_log_probs(model, seqs, share_prefix=share_prefix)
+    part = sequence_log_probs(model, seqs, share_prefix=share_prefix, first_scored=first)
+    assert part.shape == full.shape
+    assert torch.allclose(part[:, first - 1 :], full[:, first - 1 :], atol=1e-5)
+    assert (part[:, : first - 1] == 0).all()
+
+
 def test_recomputed_log_probs_match_hfserver(model, tokenizer):
     import copy
 

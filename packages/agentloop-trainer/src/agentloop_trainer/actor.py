@@ -98,7 +98,8 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
     # A failed sample can come back with no tokens at all; it is masked out, but the forward
     # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
     seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
-    logp = sequence_log_probs(model, seqs, temperature=temperature)
+    first = min((pb.prompt_lengths[r] for r in rows if pb.prompt_lengths[r] > 0), default=1)
+    logp = sequence_log_probs(model, seqs, temperature=temperature, first_scored=first)
     R = pb.response_mask.shape[1]
     out = torch.zeros((len(rows), R), dtype=logp.dtype, device=logp.device)
     for i, r in enumerate(rows):

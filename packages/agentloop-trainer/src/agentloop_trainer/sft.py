@@ -104,7 +104,8 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation]) -> Any:
 
     from agentloop_trainer.forward import sequence_log_probs
 
-    logp = sequence_log_probs(model, [e.input_ids for e in examples])
+    first = min((e.loss_mask.index(1) for e in examples if 1 in e.loss_mask), default=1)
+    logp = sequence_log_probs(model, [e.input_ids for e in examples], first_scored=first)
     n = logp.shape[1] + 1
     weight = torch.zeros((len(examples), n), dtype=logp.dtype, device=logp.device)
     for row, e in enumerate(examples):
@@ -148,23 +149,36 @@ def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: S
     Returns:
         The loss of every step.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
     rng = random.Random(config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+
+    def next_batch() -> list[TokenizedConversation]:
+        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
+        return demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates)
+
     model.train()
     losses: list[float] = []
-    for step in range(config.steps):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, config.steps, config.lr, config.warmup_steps)
-        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
-        loss = sft_loss(model, demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress is not None:
-            progress(step, losses[-1])
+    # Rendering and tokenizing the next batch (~15% of a step) runs in a thread while torch
+    # computes this one; batches are made one after another, so the stream stays seeded.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sft-data") as pool:
+        pending = pool.submit(next_batch)
+        for step in range(config.steps):
+            examples = pending.result()
+            if step + 1 < config.steps:
+                pending = pool.submit(next_batch)
+            for group in opt.param_groups:
+                group["lr"] = cosine_lr(step, config.steps, config.lr, config.warmup_steps)
+            loss = sft_loss(model, examples)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+            if progress is not None:
+                progress(step, losses[-1])
     model.eval()
     return losses
