@@ -2,6 +2,10 @@
 splits batches over them (in this process or as Ray actors)."""
 
 from agentloop_core.runtime.manager import AgentLoopManager, split_evenly
+from agentloop_core.runtime.seeding import SeededServer, derive_seed, sample_seed_scope
 from agentloop_core.runtime.worker import AgentLoopWorker, SampleTimeoutError, import_loop_modules
 
-__all__ = ["AgentLoopManager", "AgentLoopWorker", "SampleTimeoutError", "import_loop_modules", "split_evenly"]
+__all__ = [
+    "AgentLoopManager", "AgentLoopWorker", "SampleTimeoutError", "SeededServer", "derive_seed",
+    "import_loop_modules", "sample_seed_scope", "split_evenly",
+]

@@ -14,13 +14,13 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import plain, resolve_agent_names
+from agentloop_core.runtime.ray_pool import PLACEMENTS, ChunkStats, RayWorkerPool
 from agentloop_core.runtime.worker import AgentLoopWorker, import_loop_modules
 from agentloop_core.tracing import Tracer, make_tracer
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("inprocess", "ray")
-_RAY_HINT = 'the "ray" rollout backend needs Ray: pip install "agentloop-core[ray]"'
 
 
 def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
@@ -46,7 +46,13 @@ class AgentLoopManager:
     :class:`~agentloop_core.testing.ScriptedServer`, or an engines client holding Ray actor
     handles, never a client bound to this process's event loop), the tokenizer is best given
     as a path, and a tracer must be one that writes somewhere shared (JSONL file, MLflow store)
-    or a tracing config. Both backends return the same results for a deterministic engine.
+    or a tracing config. Both backends return the same results for a deterministic engine,
+    and for a sampling one when the config sets ``sampling_seed``.
+
+    On a multi-node cluster, ``placement="spread"`` puts the workers round-robin on the alive
+    nodes (soft affinity). A worker that dies mid-batch (its node lost) has its chunk re-run
+    once on a surviving worker; samples that cannot be re-run come back failed with the reason,
+    never missing. Dead workers leave the rotation; see :mod:`agentloop_core.runtime.ray_pool`.
 
     Args:
         server: The engine or engines client.
@@ -60,9 +66,12 @@ class AgentLoopManager:
         ray_num_cpus: CPUs each Ray actor reserves; keep it fractional, since an actor whose
             request cannot be met stays pending forever.
         ray_timeout_s: Limit on actor start-up and on one batch through Ray.
+        placement: Ray backend only: ``"spread"`` (round-robin over the alive nodes, with
+            soft node affinity so a worker still starts when its node is full) or
+            ``"default"`` (Ray's choice).
 
     Raises:
-        ValueError: an unknown backend or a bad ``num_workers``.
+        ValueError: an unknown backend or placement, or a bad ``num_workers``.
         ImportError: ``backend="ray"`` without Ray installed.
     """
 
@@ -78,9 +87,12 @@ class AgentLoopManager:
         processor: Any = None,
         ray_num_cpus: float = 0.1,
         ray_timeout_s: float = 3600.0,
+        placement: str = "spread",
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"unknown rollout backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown worker placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
         self.server = server
@@ -91,10 +103,11 @@ class AgentLoopManager:
         self.processor = processor
         self.ray_num_cpus = ray_num_cpus
         self.ray_timeout_s = ray_timeout_s
+        self.placement = placement
         import_loop_modules(self.config.get("agent_loop_modules") or ())
         self._tracer_spec = tracer
         self._workers: list[AgentLoopWorker] = []
-        self._actors: list[Any] = []
+        self._pool: RayWorkerPool | None = None
         self._sync_loop: asyncio.AbstractEventLoop | None = None
         if backend == "inprocess":
             shared = make_tracer(tracer)
@@ -108,41 +121,26 @@ class AgentLoopManager:
     # -- Ray -----------------------------------------------------------------------------------
 
     def _start_actors(self) -> None:
-        try:
-            import ray
-        except ImportError as exc:
-            raise ImportError(_RAY_HINT) from exc
-        if not ray.is_initialized():
-            raise RuntimeError(
-                "the ray rollout backend needs a running Ray: call ray.init(...) before creating "
-                "AgentLoopManager(backend='ray')"
-            )
-        from agentloop_core.runtime.ray_worker import RayAgentLoopWorker
+        self._pool = RayWorkerPool(
+            (self.server, self.tokenizer, self.config, self._tracer_spec, self.processor),
+            self.num_workers,
+            num_cpus=self.ray_num_cpus,
+            timeout_s=self.ray_timeout_s,
+            placement=self.placement,
+        )
 
-        actor_cls = ray.remote(RayAgentLoopWorker).options(num_cpus=self.ray_num_cpus)
-        tracer = self._tracer_spec
-        self._actors = [
-            actor_cls.remote(self.server, self.tokenizer, self.config, tracer, self.processor)
-            for _ in range(self.num_workers)
-        ]
-        try:
-            ray.get([a.ready.remote() for a in self._actors], timeout=self.ray_timeout_s)
-        except ray.exceptions.GetTimeoutError as exc:
-            self.shutdown()
-            raise TimeoutError(
-                f"{self.num_workers} rollout actor(s) did not start within ray_timeout_s="
-                f"{self.ray_timeout_s}; an actor waits forever when its CPU request cannot be met, "
-                f"so lower ray_num_cpus (now {self.ray_num_cpus}) or give Ray more CPUs"
-            ) from exc
+    def worker_node_ids(self) -> list[str | None]:
+        """The Ray node id of each rollout worker still in the rotation (None for each
+        in-process worker)."""
+        if self._pool is None:
+            return [None] * len(self._workers)
+        return self._pool.node_ids()
 
     def shutdown(self) -> None:
         """Stop the Ray actors and close the private event loop of the sync API."""
-        if self._actors:
-            import ray
-
-            for actor in self._actors:
-                ray.kill(actor)
-            self._actors = []
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         for worker in self._workers:
             worker.tracer.close()
         if self._sync_loop is not None and not self._sync_loop.is_closed():
@@ -168,11 +166,19 @@ class AgentLoopManager:
                 before any sample starts.
             TimeoutError: a Ray batch ran past ``ray_timeout_s``.
         """
+        outputs, _ = await self._agenerate(rows, validate, step)
+        return outputs
+
+    async def _agenerate(
+        self, rows: Sequence[Mapping[str, Any]], validate: bool, step: int | None
+    ) -> tuple[list[AgentLoopOutput], ChunkStats]:
         rows = [dict(r) if isinstance(r, Mapping) else r for r in rows]
         names = resolve_agent_names(rows, self.config.get("default_agent_loop"))
         modules = sorted({get_agent_loop_class(n).__module__ for n in set(names)})
-        chunks = split_evenly(len(rows), self.num_workers)
-        if self.backend == "inprocess":
+        if self.backend == "ray" and self._pool is None:
+            raise RuntimeError("this AgentLoopManager was shut down; create a new one")
+        if self._pool is None:
+            chunks = split_evenly(len(rows), self.num_workers)
             parts = await asyncio.gather(
                 *(
                     self._workers[k].generate_sequences(
@@ -181,22 +187,15 @@ class AgentLoopManager:
                     for k, (a, b) in enumerate(chunks)
                 )
             )
-        else:
-            refs = [
-                self._actors[k].generate_sequences.remote(rows[a:b], validate, step, a, modules)
-                for k, (a, b) in enumerate(chunks)
-            ]
-            try:
-                parts = await asyncio.wait_for(asyncio.gather(*refs), self.ray_timeout_s)
-            except asyncio.TimeoutError as exc:
-                import ray
-
-                for ref in refs:  # do not leave orphaned rollouts running in the actors
-                    ray.cancel(ref)
-                raise TimeoutError(
-                    f"rollout batch of {len(rows)} samples did not finish within ray_timeout_s={self.ray_timeout_s}"
-                ) from exc
-        return [out for part in parts for out in part]
+            return [out for part in parts for out in part], ChunkStats()
+        if not self._pool.alive:
+            reason = (f"all {self._pool.started} rollout workers died in earlier batches; restart the "
+                      "AgentLoopManager (or the run) once the cluster has nodes again")
+            stats = ChunkStats(num_lost=len(rows))
+            return [AgentLoopOutput.failure(None, reason, sample_index=i, agent_name=n, worker_failure=True)
+                    for i, n in enumerate(names)], stats
+        chunks = split_evenly(len(rows), self._pool.alive)
+        return await self._pool.run(rows, chunks, (validate, step, modules), names, self.ray_timeout_s)
 
     async def agenerate_sequences(
         self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None
@@ -210,10 +209,13 @@ class AgentLoopManager:
             step: Training step, for trace tags.
 
         Returns:
-            The padded batch; ``metrics`` holds ``rollout/num_failed`` and timings.
+            The padded batch; ``metrics`` holds ``rollout/num_failed``, timings and, with the
+            Ray backend, ``rollout/worker_failures`` (workers that died during the batch),
+            ``rollout/num_retried`` (samples re-run on a survivor) and
+            ``rollout/num_lost_to_worker_failures`` (samples returned failed because of it).
         """
         start = time.perf_counter()
-        outputs = await self.agenerate_outputs(rows, validate=validate, step=step)
+        outputs, stats = await self._agenerate(rows, validate, step)
         batch = RolloutBatch.from_outputs(
             outputs,
             prompt_length=self.config.get("prompt_length"),
@@ -223,7 +225,11 @@ class AgentLoopManager:
             truncate=bool(self.config.get("truncate", False)),
         )
         batch.metrics["timing_s/generate_sequences"] = time.perf_counter() - start
-        batch.metrics["rollout/num_workers"] = float(self.num_workers)
+        batch.metrics["rollout/num_workers"] = float(self._pool.alive if self._pool else self.num_workers)
+        if self._pool is not None:
+            batch.metrics["rollout/worker_failures"] = float(stats.worker_failures)
+            batch.metrics["rollout/num_retried"] = float(stats.num_retried)
+            batch.metrics["rollout/num_lost_to_worker_failures"] = float(stats.num_lost)
         if batch.num_failed:
             first = next(m.get("error") for m in batch.sample_metrics if m.get("failed"))
             logger.warning(

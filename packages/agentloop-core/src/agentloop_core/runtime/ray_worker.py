@@ -21,9 +21,12 @@ class RayAgentLoopWorker:
         # Load the tokenizer now, so a bad path fails at start-up and the first batch is not slowed.
         _ = self.worker.tokenizer
 
-    async def ready(self) -> int:
-        """Answer once the actor is up (the manager waits on this with a timeout)."""
-        return os.getpid()
+    async def ready(self) -> dict[str, Any]:
+        """Answer once the actor is up (the manager waits on this with a timeout): its pid and
+        the id of the Ray node it runs on."""
+        import ray
+
+        return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
 
     async def generate_sequences(
         self,

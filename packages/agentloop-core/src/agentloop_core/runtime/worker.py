@@ -14,6 +14,7 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer, SamplingParams
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import plain, resolve_agent_names
+from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
 from agentloop_core.tracing import Tracer, make_tracer, trace_context
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,11 @@ class AgentLoopWorker:
             ``val_sampling_params`` (merged over ``sampling_params`` when ``validate=True``),
             ``sample_timeout_s`` (a sample running longer fails; None: no limit),
             ``max_concurrent_samples`` (cap on samples in flight; None: all at once),
-            ``agent_loop_modules`` (modules to import so their ``@register`` runs).
+            ``agent_loop_modules`` (modules to import so their ``@register`` runs),
+            ``sampling_seed`` (an int: every ``generate`` call without an explicit ``seed``
+            gets one derived from it, the sample's key and the call index, so results do not
+            depend on which worker, replica or node served them; see
+            :mod:`agentloop_core.runtime.seeding`. None: the engine's own randomness).
         tracer: A :class:`~agentloop_core.tracing.Tracer`, or a config for
             :func:`~agentloop_core.tracing.make_tracer`. None: no tracing.
         processor: A multimodal processor, when the model has one.
@@ -70,6 +75,11 @@ class AgentLoopWorker:
         limit = self.config.get("max_concurrent_samples")
         if limit is not None and not (isinstance(limit, int) and limit > 0):
             raise ValueError(f"max_concurrent_samples must be a positive integer or None, got {limit!r}")
+        seed = self.config.get("sampling_seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"sampling_seed must be an integer or None, got {seed!r}")
+        # What loops call: the server itself, or a wrapper adding per-trajectory seeds.
+        self.loop_server: AsyncServer = server if seed is None else SeededServer(server, seed)
 
     @property
     def tokenizer(self) -> Any:
@@ -142,8 +152,11 @@ class AgentLoopWorker:
                 "rollout_n": row.get("rollout_n", 0),
                 "validate": validate,
             }
+            # Row ids are stable across chunkings; batch positions are too (sample_offset is global).
+            rid = row.get("request_id")
+            seed_key = f"step={step}/validate={validate}/" + (f"request={rid}" if rid else f"sample={index}")
             start = time.perf_counter()
-            with trace_context(**tags):
+            with trace_context(**tags), sample_seed_scope(seed_key):
                 try:
                     if semaphore is not None:
                         async with semaphore:
@@ -179,7 +192,7 @@ class AgentLoopWorker:
     ) -> AgentLoopOutput:
         with self.tracer.span("agent_loop", agent_name=name):
             loop = cls(
-                server=self.server,
+                server=self.loop_server,
                 tokenizer=tokenizer,
                 config=self.config,
                 processor=self.processor,
