@@ -42,7 +42,7 @@ for optional, spec in {
             "packages/agentloop-core",
             "packages/agentloop-engines[hf]",
             "packages/agentloop-tools",
-            "packages/agentloop-trainer[test]",
+            "packages/agentloop-trainer[test,ray]",
         ],
         "pre": [TORCH],
     },
@@ -147,6 +147,21 @@ def fault(session: nox.Session) -> None:
     session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("python", "-m", "pytest", "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+
+
+@nox.session(tags=["ci"])
+def cluster(session: nox.Session) -> None:
+    """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
+    checks, the same tokens as one machine, and a node removed mid-rollout (~2.5 min)."""
+    session.install(TORCH)
+    paths = [
+        "packages/agentloop-core[ray,mlflow]", "packages/agentloop-engines[hf,ray,server]",
+        "packages/agentloop-tools[mcp]", "packages/agentloop-trainer",
+    ]
+    args = [a for p in paths for a in ("-e", p)]
+    session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run("python", "-m", "pytest", "tests/cluster", "-q", "-s", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
 @nox.session(tags=["ci"])
