@@ -1,0 +1,143 @@
+"""FSDP ranks as Ray actors: same losses as one process, rank errors surface, unmet resources fail fast."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from agentloop_trainer.ray_ranks import RankFailedError, RankResourcesError, spawn_ray
+
+
+def _raise_on_rank(rank: int, bad_rank: int) -> int:
+    import torch.distributed as dist
+
+    if rank == bad_rank:
+        raise ValueError(f"boom on rank {rank}")
+    # The healthy rank waits for its peer in a collective: without the driver killing it, this
+    # would block for gloo's 30-minute timeout.
+    dist.barrier()
+    return rank
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-trainer[ray]"')
+    # Ray workers cannot import pytest's test modules (their folder is not on the workers'
+    # sys.path), so ship the rank functions by value, through Ray's own cloudpickle copy
+    # (registering with the PyPI one has no effect).
+    import test_fsdp
+    from ray import cloudpickle
+
+    from agentloop_engines.ray_hosting import init_local_ray
+
+    cloudpickle.register_pickle_by_value(test_fsdp)
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
+    yield ray
+    ray.shutdown()
+    cloudpickle.unregister_pickle_by_value(test_fsdp)
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _all_placement_groups_removed(ray) -> bool:
+    return all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
+
+
+def _wait_cpus_free(ray, cpus: float, timeout_s: float = 20.0) -> float:
+    # Killed actors release their resources asynchronously.
+    deadline = time.monotonic() + timeout_s
+    while (free := ray.available_resources().get("CPU", 0.0)) < cpus and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return free
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_two_ray_ranks_match_one_process(local_ray, random_model_path):
+    """The rank function of test_fsdp, run by 2 Ray actors, gives the single-process trajectory."""
+    from test_fsdp import _fsdp_rank, _steps
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
+    single = _steps(model)
+    sharded, state = spawn_ray(_fsdp_rank, 2, str(random_model_path), num_cpus_per_rank=1.0, timeout_s=60)
+    for (l1, g1), (l2, g2) in zip(single, sharded, strict=True):
+        assert l2 == pytest.approx(l1, abs=1e-5)
+        assert g2 == pytest.approx(g1, rel=1e-4)
+    assert single[0][0] != pytest.approx(single[2][0], abs=1e-6)
+    expected = model.state_dict()
+    assert set(state) == set(expected)
+    for name, value in expected.items():
+        assert float((state[name] - value).abs().max()) < 2e-3, name
+    assert _all_placement_groups_removed(local_ray)
+    assert _wait_cpus_free(local_ray, 2.0) == 2.0
+
+
+@pytest.mark.ray
+def test_failing_rank_surfaces_rank_and_traceback_and_stops_peers(local_ray):
+    """Rank 1 raises while rank 0 waits in a barrier: the caller gets rank 1's error, quickly."""
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        spawn_ray(_raise_on_rank, 2, 1, num_cpus_per_rank=1.0, timeout_s=60)
+    elapsed = time.monotonic() - t0
+    err = info.value
+    assert err.rank == 1 and err.error_type == "ValueError"
+    text = str(err)
+    assert "rank 1 of 2" in text and "boom on rank 1" in text
+    # the original traceback, formatted inside the rank, names the raising function
+    assert "Traceback (most recent call last)" in text and "_raise_on_rank" in text
+    assert elapsed < 60, elapsed
+    # rank 0 was blocked in a collective; it must have been killed, not left holding its CPU
+    assert _all_placement_groups_removed(local_ray)
+    assert _wait_cpus_free(local_ray, 2.0) == 2.0
+
+
+@pytest.mark.ray
+def test_unmeetable_gpu_request_fails_fast_with_named_resource(local_ray):
+    """One GPU per rank on a CPU-only cluster: a clear error naming GPU, not a pending actor."""
+    t0 = time.monotonic()
+    with pytest.raises(RankResourcesError, match=r"GPU: need 2, cluster has 0"):
+        spawn_ray(_raise_on_rank, 2, 0, device="cuda", num_gpus_per_rank=1.0, timeout_s=60)
+    with pytest.raises(RankResourcesError, match=r"CPU: need 3, cluster has 2"):
+        spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.5, timeout_s=60)
+    assert time.monotonic() - t0 < 10
+    assert _all_placement_groups_removed(local_ray)
+
+
+@pytest.mark.ray
+def test_resources_held_by_others_time_out_with_free_resources_named(local_ray):
+    """The cluster could fit the ranks, but another placement group holds the CPUs."""
+    holder = local_ray.util.placement_group([{"CPU": 1.5}])
+    assert holder.wait(timeout_seconds=30)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(RankResourcesError, match=r"not ready after 2s; free now: \{CPU: 0.5"):
+            spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.0, timeout_s=2)
+        assert time.monotonic() - t0 < 15
+    finally:
+        local_ray.util.remove_placement_group(holder)
+    assert _all_placement_groups_removed(local_ray)
+
+
+def test_bad_arguments_are_named_before_ray_is_touched():
+    pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-trainer[ray]"')
+    with pytest.raises(ValueError, match="world_size >= 1"):
+        spawn_ray(_raise_on_rank, 0)
+    with pytest.raises(ValueError, match="use one of PACK, SPREAD"):
+        spawn_ray(_raise_on_rank, 2, strategy="pack")
+    with pytest.raises(ValueError, match="num_gpus_per_rank > 0"):
+        spawn_ray(_raise_on_rank, 2, device="cuda")
+    with pytest.raises(ValueError, match="device must be"):
+        spawn_ray(_raise_on_rank, 2, device="tpu")
+
+
+def test_run_fsdp_training_rejects_unknown_launcher():
+    from omegaconf import OmegaConf
+
+    from agentloop_trainer.fsdp import run_fsdp_training
+
+    cfg = OmegaConf.create({"trainer": {"fsdp_ranks": 2, "device": "cpu"}})
+    with pytest.raises(ValueError, match="unknown launcher 'slurm'"):
+        run_fsdp_training(cfg, "unused", "unused", launcher="slurm")
