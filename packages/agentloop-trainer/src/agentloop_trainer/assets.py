@@ -85,18 +85,40 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
     return build_once(target, build)
 
 
-def load_records(cfg: Any) -> tuple[list[dict], list[dict]]:
+def load_records(cfg: Any, tokenizer: Any = None, log: Any = None,
+                 stats: dict[str, int] | None = None) -> tuple[list[dict], list[dict]]:
     """Train and held-out rows: from parquet files when configured, else the synthetic task.
 
     Held-out synthetic problems whose question also occurs in training are dropped and
-    replaced, so the held-out accuracy measures generalisation.
+    replaced, so the held-out accuracy measures generalisation. With a ``tokenizer``, parquet
+    prompts longer than ``data.max_prompt_length`` (rendered with the rollout's tool schemas)
+    are dropped with a count (logged, and put in ``stats`` under ``data/dropped_overlong_train``
+    and ``data/dropped_overlong_val``), or rejected when ``data.filter_overlong_prompts`` is false.
     """
     if cfg.data.train_files or cfg.data.val_files:
         if not (cfg.data.train_files and cfg.data.val_files):
             raise ValueError("set both data.train_files and data.val_files, or neither (synthetic task)")
-        from agentloop_trainer.data import read_parquet_rows
+        from agentloop_trainer.data import limit_prompt_length, read_parquet_rows
 
-        return read_parquet_rows(cfg.data.train_files), read_parquet_rows(cfg.data.val_files)
+        train, test = read_parquet_rows(cfg.data.train_files), read_parquet_rows(cfg.data.val_files)
+        if tokenizer is not None:
+            from agentloop_trainer.task import tool_schemas
+
+            out = []
+            for name, key, rows in (("data.train_files", "train", train), ("data.val_files", "val", test)):
+                kept, dropped = limit_prompt_length(rows, tokenizer, tool_schemas(), cfg.data.max_prompt_length,
+                                                    cfg.data.filter_overlong_prompts, name)
+                if stats is not None:
+                    stats[f"data/dropped_overlong_{key}"] = dropped
+                if dropped and log is not None:
+                    log(f"{name}: dropped {dropped} of {len(rows)} prompts longer than "
+                        f"data.max_prompt_length={cfg.data.max_prompt_length} tokens")
+                if not kept:
+                    raise ValueError(f"{name}: every prompt is longer than data.max_prompt_length="
+                                     f"{cfg.data.max_prompt_length}; raise it")
+                out.append(kept)
+            train, test = out
+        return train, test
     from agentloop_trainer.task import dataset_row, make_problems
 
     train = make_problems(cfg.data.train_size, cfg.data.train_seed)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,12 +86,34 @@ def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
+def check_row(row: Any) -> str | None:
+    """Why ``row`` is not a usable dataset row, or None when it is."""
+    if not isinstance(row, dict):
+        return "is not a mapping"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return "'prompt' must be a non-empty list of chat messages"
+    for k, m in enumerate(prompt):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return f"prompt message {k} needs string 'role' and 'content'"
+    rm = row.get("reward_model")
+    if not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
+        return "'reward_model.ground_truth' is missing"
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        return "'extra_info' must be a mapping"
+    if isinstance(extra, dict) and not isinstance(extra.get("tools_kwargs") or {}, dict):
+        return "'extra_info.tools_kwargs' must be a mapping of tool name -> kwargs"
+    return None
+
+
 def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a parquet dataset as plain Python dicts and lists.
+    """Rows of a parquet dataset as plain Python dicts and lists, every row checked.
 
     Raises:
         FileNotFoundError: naming the path.
-        ValueError: when required columns are missing.
+        ValueError: when required columns are missing or rows are malformed (row numbers
+            and reasons named, up to 20).
     """
     import pyarrow.parquet as pq
 
@@ -98,28 +121,104 @@ def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise FileNotFoundError(f"dataset {path} does not exist; create it with `agentloop data gsm8k --out DIR ...`")
     rows = pq.read_table(path).to_pylist()
+    if not rows:
+        raise ValueError(f"{path} has no rows")
     required = {"prompt", "reward_model"}
-    if rows and not required <= set(rows[0]):
+    if not required <= set(rows[0]):
         raise ValueError(f"{path} lacks columns {sorted(required - set(rows[0]))}; expected verl-style rows")
+    bad = [(i, why) for i, row in enumerate(rows) if (why := check_row(row)) is not None]
+    if bad:
+        listed = "; ".join(f"row {i}: {why}" for i, why in bad[:20])
+        more = f" (and {len(bad) - 20} more)" if len(bad) > 20 else ""
+        raise ValueError(f"{path}: {len(bad)} of {len(rows)} rows are malformed: {listed}{more}")
     return rows
 
 
-def convert_gsm8k(source: str | Path, out: str | Path) -> dict[str, tuple[int, list[tuple[int, str]]]]:
-    """Convert ``source/{train,test}.jsonl`` to ``out/{train,test}.parquet``.
+def prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> list[int]:
+    """Tokens of each row's prompt as the rollout renders it: the chat template with the
+    rollout's tool schemas and the generation prompt."""
+    lengths = []
+    for row in rows:
+        ids = tokenizer.apply_chat_template(list(row["prompt"]), tools=tools, tokenize=True,
+                                            add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in transformers 5.x
+            ids = ids["input_ids"]
+        lengths.append(len(ids))
+    return lengths
+
+
+def limit_prompt_length(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
+                        max_prompt_length: int, filter_overlong: bool, name: str = "dataset"
+                        ) -> tuple[list[dict[str, Any]], int]:
+    """Drop (``filter_overlong``) or reject prompts longer than ``max_prompt_length`` tokens.
+
+    Returns:
+        ``(kept rows, number dropped)``.
+
+    Raises:
+        ValueError: ``filter_overlong`` is false and a prompt is too long (row and length named).
+    """
+    lengths = prompt_lengths(rows, tokenizer, tools)
+    over = [(i, n) for i, n in enumerate(lengths) if n > max_prompt_length]
+    if over and not filter_overlong:
+        listed = ", ".join(f"row {i} ({n} tokens)" for i, n in over[:10])
+        raise ValueError(
+            f"{name}: {len(over)} prompts exceed data.max_prompt_length={max_prompt_length} with the tool "
+            f"schemas rendered: {listed}; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
+        )
+    drop = {i for i, _ in over}
+    return [r for i, r in enumerate(rows) if i not in drop], len(drop)
+
+
+GSM8K_HUB_FILES = {"train": "main/train-00000-of-00001.parquet", "test": "main/test-00000-of-00001.parquet"}
+"""Files of the ``openai/gsm8k`` dataset repository on the Hugging Face Hub."""
+
+
+def _hub_gsm8k_rows(split: str) -> tuple[list[dict[str, Any]], list[tuple[int, str]]]:
+    """GSM8K ``split`` from the Hugging Face Hub (cached by huggingface_hub)."""
+    import pyarrow.parquet as pq
+
+    try:
+        from huggingface_hub import hf_hub_download
+
+        local = hf_hub_download("openai/gsm8k", GSM8K_HUB_FILES[split], repo_type="dataset")
+    except Exception as exc:  # noqa: BLE001 - offline, blocked, or no huggingface_hub: all need the same fix
+        raise RuntimeError(
+            f"cannot download openai/gsm8k ({split}) from the Hugging Face Hub: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}; offline, pass --from-jsonl DIR with GSM8K's "
+            "train.jsonl and test.jsonl"
+        ) from exc
+    rows: list[dict[str, Any]] = []
+    bad: list[tuple[int, str]] = []
+    for i, obj in enumerate(pq.read_table(local).to_pylist(), start=1):
+        try:
+            rows.append(gsm8k_row(obj["question"], obj["answer"], split, len(rows)))
+        except (KeyError, TypeError, ValueError) as exc:
+            bad.append((i, str(exc)))
+    return rows, bad
+
+
+def convert_gsm8k(source: str | Path | None, out: str | Path) -> dict[str, tuple[int, list[tuple[int, str]]]]:
+    """Convert GSM8K to ``out/{train,test}.parquet``: from ``source/{train,test}.jsonl`` (GSM8K's
+    own format) or, when ``source`` is None, from ``openai/gsm8k`` on the Hugging Face Hub.
 
     Returns:
         Per split: rows written and the malformed ``(line, reason)`` list.
 
     Raises:
         FileNotFoundError: when a split file is missing.
+        RuntimeError: ``source`` is None and the Hub cannot be reached (names the offline fix).
     """
-    source, out = Path(source), Path(out)
+    out = Path(out)
     counts = {}
     for split in ("train", "test"):
-        src = source / f"{split}.jsonl"
-        if not src.exists():
-            raise FileNotFoundError(f"{src} not found; --from-jsonl must hold train.jsonl and test.jsonl")
-        rows, bad = read_gsm8k_jsonl(src, split)
+        if source is None:
+            rows, bad = _hub_gsm8k_rows(split)
+        else:
+            src = Path(source) / f"{split}.jsonl"
+            if not src.exists():
+                raise FileNotFoundError(f"{src} not found; --from-jsonl must hold train.jsonl and test.jsonl")
+            rows, bad = read_gsm8k_jsonl(src, split)
         write_parquet_rows(rows, out / f"{split}.parquet")
         counts[split] = (len(rows), bad)
     return counts
