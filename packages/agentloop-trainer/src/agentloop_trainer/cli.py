@@ -27,11 +27,10 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
 
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.assets import load_records, load_tokenizer, sft_checkpoint
     from agentloop_trainer.config import to_yaml
-    from agentloop_trainer.trainer import GRPOTrainer
+    from agentloop_trainer.trainer import ray_session
 
     tc = cfg.trainer
     name = tc.experiment_name or time.strftime("run-%Y%m%d-%H%M%S")
@@ -41,28 +40,55 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     wall = time.perf_counter()
     tokenizer = load_tokenizer(cfg)
     model_path = Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, tokenizer, log)
-    train, test = load_records(cfg)
+    data_stats: dict[str, int] = {}
+    train, test = load_records(cfg, tokenizer, log, data_stats)
     random.seed(tc.seed)
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
-    if tc.fsdp_ranks > 1:
-        from agentloop_trainer.fsdp import run_fsdp_training
-
-        summary = run_fsdp_training(cfg, model_path, run_dir)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-        engine_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-        trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, run_dir, log=log)
-        try:
-            summary = trainer.fit()
-        finally:
-            trainer.close()
+    with ray_session(cfg, log):
+        summary = _fit(cfg, model_path, tokenizer, train, test, run_dir, log)
     summary["total_wall_seconds"] = time.perf_counter() - wall
     summary["start_checkpoint"] = str(model_path)
+    summary.update(data_stats)
     import json
 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir, summary
+
+
+def _fit(cfg: Any, model_path: Path, tokenizer: Any, train: list, test: list, run_dir: Path, log: Any) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.config import uses_ray
+    from agentloop_trainer.trainer import GRPOTrainer
+
+    tc = cfg.trainer
+    if tc.fsdp_ranks > 1:
+        from agentloop_trainer.fsdp import run_fsdp_training
+
+        if uses_ray(cfg) and cfg.ray.address is None:
+            # Spawned ranks are not Ray workers: rank 0 joins the cluster this driver runs by address.
+            import ray
+            from omegaconf import OmegaConf
+
+            cfg = OmegaConf.merge(cfg, {"ray": {"address": ray.get_runtime_context().gcs_address}})
+
+        summary = run_fsdp_training(cfg, model_path, run_dir, launcher=tc.launcher,
+                                    num_cpus_per_rank=cfg.ray.rank_num_cpus,
+                                    num_gpus_per_rank=cfg.ray.rank_num_gpus, strategy=cfg.ray.placement_strategy)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        # On the ray backend the replicas load the checkpoint themselves.
+        engine_model = None if uses_ray(cfg) else AutoModelForCausalLM.from_pretrained(str(model_path),
+                                                                                         dtype=torch.float32)
+        trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, run_dir, log=log,
+                              model_path=model_path)
+        try:
+            summary = trainer.fit()
+        finally:
+            trainer.close()
+    return summary
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -91,7 +117,11 @@ def _train(args: argparse.Namespace) -> int:
 def _data_gsm8k(args: argparse.Namespace) -> int:
     from agentloop_trainer.data import convert_gsm8k
 
-    counts = convert_gsm8k(args.from_jsonl, args.out)
+    try:
+        counts = convert_gsm8k(args.from_jsonl, args.out)
+    except (RuntimeError, FileNotFoundError) as exc:
+        print(f"agentloop data gsm8k: {exc}", file=sys.stderr)
+        return 2
     for split, (ok, bad) in counts.items():
         print(f"{split}: {ok} rows written, {len(bad)} malformed")
         for line, why in bad[:20]:
@@ -136,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     data_sub = data.add_subparsers(dest="dataset", required=True)
     gsm = data_sub.add_parser("gsm8k", help="GSM8K jsonl -> train/test parquet for the tool agent")
     gsm.add_argument("--out", required=True, help="output folder")
-    gsm.add_argument("--from-jsonl", required=True, help="folder with train.jsonl and test.jsonl")
+    gsm.add_argument("--from-jsonl", default=None,
+                     help="folder with GSM8K's train.jsonl and test.jsonl (default: download openai/gsm8k)")
     gsm.set_defaults(func=_data_gsm8k)
 
     ev = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")

@@ -32,7 +32,10 @@ class DataSection:
     train_batch_size: int = 16
     """Prompts per GRPO step."""
     max_prompt_length: int = 512
-    """Longest prompt in tokens."""
+    """Longest prompt in tokens, counted with the chat template and the rollout's tool schemas."""
+    filter_overlong_prompts: bool = True
+    """Drop longer prompts (the count is logged and kept in summary.json); false: a longer
+    prompt is an error naming the row."""
     max_response_length: int = 128
     """Token budget of a response (generated + tool tokens)."""
     shuffle: bool = True
@@ -128,6 +131,11 @@ class RolloutSection:
     """1.0 disables nucleus sampling."""
     max_batch_size: int = 128
     """Requests the engine decodes together."""
+    backend: str = "inprocess"
+    """inprocess: one engine and the rollout workers in the trainer process (fastest on one small
+    machine); ray: engine replicas and rollout workers as Ray actors (set by ``ray.address``)."""
+    num_replicas: int = 1
+    """Engine replicas (ray backend), each in its own placement-group bundle."""
     sanity_check: str = "ignore_strippable"
     """Delta-tokenization check: strict | ignore_strippable | disable."""
     multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)
@@ -155,6 +163,29 @@ class AlgorithmSection:
 
 
 @dataclass
+class RaySection:
+    """Ray cluster and placement (used when ``rollout.backend=ray``)."""
+
+    address: str | None = None
+    """Cluster to join: ``auto``, ``ray://host:10001`` or ``host:6379`` (setting it selects the ray
+    backend); None: start a local Ray cluster on this machine."""
+    num_cpus: int | None = None
+    """CPUs of a local cluster; None: all of this machine's."""
+    placement_strategy: str = "PACK"
+    """PACK | SPREAD | STRICT_PACK | STRICT_SPREAD for engine replicas and FSDP ranks."""
+    replica_num_cpus: float = 1.0
+    """CPUs each engine replica reserves."""
+    replica_num_gpus: float = 0.0
+    """GPUs each engine replica reserves (its tensor-parallel size on GPU engines)."""
+    worker_placement: str = "spread"
+    """spread: rollout workers round-robin over alive nodes (soft affinity); default: Ray decides."""
+    rank_num_cpus: float = 1.0
+    """CPUs each FSDP rank reserves (``trainer.launcher=ray``)."""
+    rank_num_gpus: float = 0.0
+    """GPUs each FSDP rank reserves (``trainer.launcher=ray``)."""
+
+
+@dataclass
 class TrainerSection:
     """Run control (verl: ``trainer``)."""
 
@@ -168,6 +199,9 @@ class TrainerSection:
     """Parent folder of runs."""
     fsdp_ranks: int = 1
     """Trainer processes (FSDP2 over gloo on CPU, NCCL on GPU); 1: no sharding."""
+    launcher: str = "spawn"
+    """How FSDP ranks start: spawn (processes on this machine) or ray (actors in a placement
+    group, possibly on several nodes)."""
     device: str = "cpu"
     """cpu or cuda."""
     test_freq: int = 10
@@ -192,6 +226,7 @@ class TrainConfig:
     actor_rollout_ref: ActorRolloutRefSection = field(default_factory=ActorRolloutRefSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
+    ray: RaySection = field(default_factory=RaySection)
 
 
 class ConfigError(ValueError):
@@ -285,10 +320,25 @@ def validate(cfg: Any) -> None:
         ("trainer.total_steps", cfg.trainer.total_steps >= 0, ">= 0"),
         ("trainer.fsdp_ranks", cfg.trainer.fsdp_ranks >= 1, "at least 1"),
         ("trainer.device", cfg.trainer.device in ("cpu", "cuda"), "cpu or cuda"),
+        ("trainer.launcher", cfg.trainer.launcher in ("spawn", "ray"), "spawn or ray"),
+        ("actor_rollout_ref.rollout.backend", cfg.actor_rollout_ref.rollout.backend in ("inprocess", "ray"),
+         "inprocess or ray"),
+        ("actor_rollout_ref.rollout.num_replicas", cfg.actor_rollout_ref.rollout.num_replicas >= 1, "at least 1"),
+        ("actor_rollout_ref.rollout.num_replicas",
+         cfg.actor_rollout_ref.rollout.num_replicas == 1 or uses_ray(cfg),
+         "1 with the inprocess backend (set actor_rollout_ref.rollout.backend=ray or ray.address for more)"),
+        ("ray.placement_strategy", cfg.ray.placement_strategy in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+         "one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"),
+        ("ray.worker_placement", cfg.ray.worker_placement in ("spread", "default"), "spread or default"),
     ]
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
+
+
+def uses_ray(cfg: Any) -> bool:
+    """Whether the rollout runs on Ray: ``rollout.backend=ray`` or a ``ray.address`` to join."""
+    return cfg.actor_rollout_ref.rollout.backend == "ray" or cfg.ray.address is not None
 
 
 def to_yaml(cfg: Any) -> str:

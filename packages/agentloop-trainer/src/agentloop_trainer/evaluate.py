@@ -9,43 +9,58 @@ from typing import Any
 from agentloop_trainer.rollout import EvalResult, RolloutEngine, make_rows
 
 
-def _engine(cfg: Any, checkpoint: str | Path) -> RolloutEngine:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentloop_trainer.trainer import rollout_config
+def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
+    from transformers import AutoTokenizer
 
     path = Path(checkpoint)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
-    tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.tokenizer_path or path))
-    model = AutoModelForCausalLM.from_pretrained(str(path))
-    return RolloutEngine(model, tokenizer, rollout_config(cfg), device=cfg.trainer.device, seed=cfg.trainer.seed)
+    return AutoTokenizer.from_pretrained(str(cfg.model.tokenizer_path or path))
+
+
+def _engine(cfg: Any, checkpoint: str | Path, tokenizer: Any) -> RolloutEngine:
+    """In-process, or replicas on Ray (``ray.address`` / ``rollout.backend=ray``; the caller
+    holds a :func:`~agentloop_trainer.trainer.ray_session`)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.trainer import ray_rollout, rollout_config
+
+    ray = ray_rollout(cfg, checkpoint, "eval")
+    model = None if ray is not None else AutoModelForCausalLM.from_pretrained(str(checkpoint))
+    return RolloutEngine(model, tokenizer, rollout_config(cfg), device=cfg.trainer.device, seed=cfg.trainer.seed,
+                         ray=ray)
 
 
 def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
     """Greedy accuracy of ``checkpoint`` on the config's held-out split."""
     from agentloop_trainer.assets import load_records
+    from agentloop_trainer.trainer import ray_session
 
-    _, test = load_records(cfg)
-    engine = _engine(cfg, checkpoint)
-    try:
-        return engine.evaluate(test)
-    finally:
-        engine.close()
+    tokenizer = _tokenizer(cfg, checkpoint)
+    _, test = load_records(cfg, tokenizer, print)
+    with ray_session(cfg, print):
+        engine = _engine(cfg, checkpoint, tokenizer)
+        try:
+            return engine.evaluate(test)
+        finally:
+            engine.close()
 
 
 def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16) -> Path:
     """Sample ``rollout.n`` trajectories for the first ``num_prompts`` held-out prompts and
     write one JSON object per trajectory (token ids, mask, log-probs, reward, messages)."""
     from agentloop_trainer.assets import load_records
+    from agentloop_trainer.trainer import ray_session
 
-    _, test = load_records(cfg)
-    engine = _engine(cfg, checkpoint)
-    try:
-        rows = make_rows(test[:num_prompts], cfg.actor_rollout_ref.rollout.n)
-        batch = engine.generate(rows)
-    finally:
-        engine.close()
+    tokenizer = _tokenizer(cfg, checkpoint)
+    _, test = load_records(cfg, tokenizer, print)
+    with ray_session(cfg, print):
+        engine = _engine(cfg, checkpoint, tokenizer)
+        try:
+            rows = make_rows(test[:num_prompts], cfg.actor_rollout_ref.rollout.n, tag="rollout")
+            batch = engine.generate(rows)
+        finally:
+            engine.close()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     P = batch.prompts.shape[1]

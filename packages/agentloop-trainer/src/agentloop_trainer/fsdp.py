@@ -1,5 +1,6 @@
 """FSDP2 for the GRPO actor: ``fully_shard`` over a 1-D device mesh, gloo on CPU and NCCL on
-GPU, ranks started with ``torch.multiprocessing`` (or already running under ``torchrun``).
+GPU, ranks started with ``torch.multiprocessing`` (or already running under ``torchrun``), or as
+Ray actors on several nodes (:mod:`agentloop_trainer.ray_ranks`).
 
 Rank 0 hosts the rollout engine and does rollouts, evaluation, logging and checkpoints; every
 rank holds a shard of the policy and computes the loss on its slice of the batch. After each
@@ -15,18 +16,29 @@ from pathlib import Path
 from typing import Any
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for the process-group rendezvous."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A free TCP port on ``host`` for the process-group rendezvous (``""``: all interfaces, for
+    a rendezvous other nodes connect to)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
-def init_process_group(rank: int, world_size: int, port: int, device: str = "cpu") -> None:
-    """Join the default process group (gloo on CPU, NCCL on CUDA)."""
+def init_process_group(rank: int, world_size: int, port: int, device: str = "cpu", addr: str | None = None) -> None:
+    """Join the default process group (gloo on CPU, NCCL on CUDA).
+
+    Args:
+        rank: This process's rank.
+        world_size: Number of ranks.
+        port: Rendezvous port on rank 0's node.
+        device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL).
+        addr: Rank 0's address; None keeps ``MASTER_ADDR`` if set, else 127.0.0.1.
+    """
     import torch
     import torch.distributed as dist
 
+    if addr is not None:
+        os.environ["MASTER_ADDR"] = addr
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     # One thread per rank: with 2 cores, more threads per process were many times slower.
@@ -133,19 +145,56 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
         tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model = shard_policy(model.to(cfg.trainer.device), cfg.trainer.device)
-    engine_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32) if rank == 0 else None
-    train, test = load_records(cfg)
+    from agentloop_trainer.config import uses_ray
+
+    # On the ray backend rank 0 starts engine replicas that load the checkpoint themselves.
+    in_process_engine = rank == 0 and not uses_ray(cfg)
+    engine_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32) if in_process_engine else None
+    if rank == 0 and uses_ray(cfg):
+        from agentloop_engines.ray_hosting import connect_ray
+
+        connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
+    train, test = load_records(cfg, tokenizer)
     log = print if rank == 0 else (lambda *_: None)
-    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log)
+    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
+                          model_path=model_path)
     try:
         return trainer.fit()
     finally:
         trainer.close()
 
 
-def run_fsdp_training(cfg: Any, model_path: str | Path, run_dir: str | Path) -> dict[str, Any]:
-    """Run GRPO on ``cfg.trainer.fsdp_ranks`` spawned ranks; returns rank 0's summary."""
+def run_fsdp_training(cfg: Any, model_path: str | Path, run_dir: str | Path, launcher: str = "spawn", *,
+                      num_cpus_per_rank: float = 1.0, num_gpus_per_rank: float | None = None,
+                      strategy: str = "PACK", placement_group: Any = None) -> dict[str, Any]:
+    """Run GRPO on ``cfg.trainer.fsdp_ranks`` ranks; returns rank 0's summary.
+
+    Args:
+        cfg: The training config.
+        model_path: Checkpoint every rank loads.
+        run_dir: Output directory (written by rank 0, on rank 0's node).
+        launcher: ``"spawn"``: processes on this machine; ``"ray"``: Ray actors in a placement
+            group (:func:`agentloop_trainer.ray_ranks.spawn_ray`; Ray must be initialised).
+        num_cpus_per_rank: CPUs per rank (``"ray"`` only).
+        num_gpus_per_rank: GPUs per rank (``"ray"`` only); None: 1 when
+            ``cfg.trainer.device`` is cuda, else 0.
+        strategy: Placement strategy, PACK or SPREAD (or STRICT_*) (``"ray"`` only).
+        placement_group: A ready placement group to use instead of creating one (``"ray"`` only).
+
+    Raises:
+        ValueError: on an unknown launcher.
+    """
     from omegaconf import OmegaConf
 
-    return spawn(_train_rank, int(cfg.trainer.fsdp_ranks), OmegaConf.to_yaml(cfg), str(model_path), str(run_dir),
-                 device=cfg.trainer.device)
+    args = (OmegaConf.to_yaml(cfg), str(model_path), str(run_dir))
+    world_size, device = int(cfg.trainer.fsdp_ranks), cfg.trainer.device
+    if launcher == "spawn":
+        return spawn(_train_rank, world_size, *args, device=device)
+    if launcher == "ray":
+        from agentloop_trainer.ray_ranks import spawn_ray
+
+        gpus = (1.0 if device == "cuda" else 0.0) if num_gpus_per_rank is None else num_gpus_per_rank
+        return spawn_ray(_train_rank, world_size, *args, device=device, num_cpus_per_rank=num_cpus_per_rank,
+                         num_gpus_per_rank=gpus, strategy=strategy, placement_group=placement_group)
+    raise ValueError(f"unknown launcher {launcher!r}; use 'spawn' (processes on this machine) or 'ray' "
+                     "(Ray actors, possibly on several nodes)")

@@ -8,7 +8,6 @@ rollouts and ``update_weights`` all happen on the same loop.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +45,14 @@ class RolloutConfig:
     """Rollout workers the manager splits a batch over (verl: ``agent.num_workers``)."""
 
 
-def rollout_settings(cfg: RolloutConfig, tools: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``AgentLoopManager`` config for ``cfg`` (tool agent keys included)."""
+def rollout_settings(cfg: RolloutConfig, tools: Mapping[str, Any], seed: int | None = None) -> dict[str, Any]:
+    """The ``AgentLoopManager`` config for ``cfg`` (tool agent keys included).
+
+    ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
+    follow from it, the step and the row's request id, whichever replica or node serves it.
+    """
     return {
+        "sampling_seed": seed,
         "default_agent_loop": "tool_agent",
         "tools": dict(tools),
         "tool_reward": "none",
@@ -65,18 +69,20 @@ def rollout_settings(cfg: RolloutConfig, tools: Mapping[str, Any]) -> dict[str, 
     }
 
 
-def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0) -> list[dict[str, Any]]:
+def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
     """Loop rows for dataset ``records``, each repeated ``n`` times with a shared group id.
 
     Args:
         records: Parquet-layout rows (``prompt``, ``agent_name``, ``reward_model``, ``extra_info``).
         n: Samples per record.
-        step: Mixed into request ids so every trajectory has its own.
+        step: Mixed into request ids so every trajectory of a run has its own.
+        tag: Also mixed in (``train``/``eval``). Ids are deterministic, so a resumed run's
+            trajectories get the sampling seeds the uninterrupted run's got.
     """
     rows = []
     for i, rec in enumerate(records):
         extra = dict(rec.get("extra_info") or {})
-        group = f"{step}-{i}-{uuid.uuid4().hex[:8]}"
+        group = f"{tag}-{step}-{i}"
         for k in range(n):
             rows.append({
                 "raw_prompt": list(rec["prompt"]),
@@ -123,23 +129,54 @@ class EvalResult:
     """Wall time."""
 
 
+@dataclass
+class RayRollout:
+    """Where and how the ray backend runs (from the config's ``ray`` section)."""
+
+    model_path: str
+    """Checkpoint every replica loads at start (weights are pushed after each update)."""
+    tokenizer_path: str
+    """Tokenizer folder the rollout workers load."""
+    address: str | None = None
+    """Cluster to join; None: start a local one."""
+    num_cpus: int | None = None
+    """CPUs of a local cluster."""
+    num_replicas: int = 1
+    """Engine replicas."""
+    replica_num_cpus: float = 1.0
+    """CPUs per replica."""
+    replica_num_gpus: float = 0.0
+    """GPUs per replica."""
+    placement_strategy: str = "PACK"
+    """Placement-group strategy of the replicas."""
+    worker_placement: str = "spread"
+    """Rollout worker placement (see ``AgentLoopManager``)."""
+    name: str = "agentloop"
+    """Prefix of the replica actors' names."""
+
+
 class RolloutEngine:
-    """An in-process ``HFServer`` plus an ``AgentLoopManager``, driven from synchronous code.
+    """The rollout engine(s) plus an ``AgentLoopManager``, driven from synchronous code.
+
+    In-process (default): one ``HFServer`` on this process's event loop. With ``ray``: engine
+    replicas as Ray actors in a placement group, one shared routing client actor, and rollout
+    workers spread over the cluster's nodes; weight updates go to every replica.
 
     Args:
-        model: The engine's own copy of the policy (weights are pushed into it after updates).
+        model: The engine's own copy of the policy (in-process; weights are pushed into it
+            after updates). Ignored with ``ray`` (replicas load ``ray.model_path``).
         tokenizer: The tokenizer.
         cfg: Rollout settings.
         tools: Tools by name (default: the calculator).
         device: Engine device.
-        seed: Seeds the engine's per-request sampling seeds.
+        seed: The run's sampling seed (per-trajectory seeds derive from it).
+        ray: Run on Ray instead of in-process.
     """
 
     def __init__(self, model: Any, tokenizer: Any, cfg: RolloutConfig, tools: Mapping[str, Any] | None = None,
-                 device: str = "cpu", seed: int = 0) -> None:
+                 device: str = "cpu", seed: int = 0, ray: RayRollout | None = None) -> None:
         import agentloop_tools.agent_loop  # noqa: F401  registers "tool_agent"
         from agentloop_core.runtime import AgentLoopManager
-        from agentloop_engines.hf import HFServer
 
         if tools is None:
             from agentloop_trainer.task import calculator_tool
@@ -148,8 +185,63 @@ class RolloutEngine:
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.loop = asyncio.new_event_loop()
-        self.server = HFServer(model, tokenizer, device=device, max_batch_size=cfg.max_batch_size, seed=seed)
-        self.manager = AgentLoopManager(self.server, tokenizer, rollout_settings(cfg, tools), num_workers=cfg.num_workers)
+        self.replicas: list[Any] = []
+        self.client_actor: Any = None
+        settings = rollout_settings(cfg, tools, seed)
+        if ray is None:
+            from agentloop_engines.hf import HFServer
+
+            self.server = HFServer(model, tokenizer, device=device, max_batch_size=cfg.max_batch_size, seed=seed)
+            self.manager = AgentLoopManager(self.server, tokenizer, settings, num_workers=cfg.num_workers)
+        else:
+            self.server = self._start_ray(ray, cfg, device, seed)
+            try:
+                self.manager = AgentLoopManager(self.server, ray.tokenizer_path, settings, num_workers=cfg.num_workers,
+                                                backend="ray", placement=ray.worker_placement)
+            except BaseException:
+                self._stop_ray()
+                raise
+
+    def _start_ray(self, ray_cfg: RayRollout, cfg: RolloutConfig, device: str, seed: int) -> Any:
+        import functools
+
+        from agentloop_engines.hf import HFServer
+        from agentloop_engines.ray_hosting import (
+            bundle_for,
+            check_resources,
+            client_actor,
+            connect_ray,
+            start_replicas,
+        )
+
+        connect_ray(ray_cfg.address, num_cpus=ray_cfg.num_cpus)
+        # Everything is checked before anything starts: Ray would leave a replica pending forever.
+        check_resources([bundle_for(ray_cfg.replica_num_cpus, ray_cfg.replica_num_gpus)] * ray_cfg.num_replicas,
+                        strategy=ray_cfg.placement_strategy,
+                        what=f"{ray_cfg.num_replicas} engine replicas (actor_rollout_ref.rollout.num_replicas, "
+                             "ray.replica_num_cpus, ray.replica_num_gpus)")
+        factory = functools.partial(HFServer, ray_cfg.model_path, device=device, max_batch_size=cfg.max_batch_size,
+                                    seed=seed)
+        self.replicas = start_replicas(factory, ray_cfg.num_replicas, num_cpus=ray_cfg.replica_num_cpus,
+                                       num_gpus=ray_cfg.replica_num_gpus, name_prefix=f"{ray_cfg.name}-engine",
+                                       placement_strategy=ray_cfg.placement_strategy)
+        try:
+            return client_actor(self.replicas)
+        except BaseException:
+            self._stop_ray()
+            raise
+
+    def _stop_ray(self) -> None:
+        if self.replicas:
+            from agentloop_engines.ray_hosting import stop_replicas
+
+            stop_replicas(self.replicas)
+            self.replicas = []
+        actor = getattr(self.server, "actor", None)
+        if actor is not None:
+            import ray
+
+            ray.kill(actor)
 
     def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
         """Roll out ``rows``; returns the scored ``RolloutBatch``."""
@@ -158,15 +250,16 @@ class RolloutEngine:
         return batch
 
     def update_weights(self, named_tensors: Any) -> None:
-        """Push new policy weights into the engine."""
-        self.loop.run_until_complete(self.server.update_weights(named_tensors))
+        """Push new policy weights into the engine (every replica)."""
+        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        self.loop.run_until_complete(self.server.update_weights(items))
 
     def evaluate(self, records: Sequence[Mapping[str, Any]]) -> EvalResult:
         """Greedy accuracy on ``records`` with the full multi-turn loop and the real tool."""
         import time
 
         start = time.perf_counter()
-        rows = make_rows(records, 1)
+        rows = make_rows(records, 1, tag="eval")
         batch = self.generate(rows, validate=True)
         per: dict[int, list[float]] = {}
         for row, r in zip(rows, batch.rewards, strict=True):
@@ -181,9 +274,12 @@ class RolloutEngine:
         )
 
     def close(self) -> None:
-        """Stop the engine and the event loop."""
+        """Stop the engine(s) and the event loop."""
         try:
-            self.loop.run_until_complete(self.server.close())
+            if self.replicas:
+                self._stop_ray()
+            else:
+                self.loop.run_until_complete(self.server.close())
         finally:
             self.manager.shutdown()
             self.loop.close()

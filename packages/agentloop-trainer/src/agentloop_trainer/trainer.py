@@ -3,6 +3,7 @@ with held-out evaluation, metrics, checkpoints and the run summary."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -15,7 +16,7 @@ import numpy as np
 from agentloop_trainer.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
 from agentloop_trainer.algos import compute_advantages
 from agentloop_trainer.metrics import MetricsLogger, plot_reward_curve
-from agentloop_trainer.rollout import RolloutConfig, RolloutEngine, make_rows
+from agentloop_trainer.rollout import RayRollout, RolloutConfig, RolloutEngine, make_rows
 
 
 def actor_config(cfg: Any) -> ActorConfig:
@@ -39,6 +40,49 @@ def rollout_config(cfg: Any) -> RolloutConfig:
         max_assistant_turns=r.multi_turn.max_assistant_turns, sanity_check=r.sanity_check,
         max_batch_size=r.max_batch_size, num_workers=r.agent.num_workers,
     )
+
+
+def ray_rollout(cfg: Any, model_path: str | Path | None, run_name: str = "agentloop") -> RayRollout | None:
+    """The :class:`RayRollout` of a config on the ray backend; None in-process."""
+    from agentloop_trainer.config import uses_ray
+
+    if not uses_ray(cfg):
+        return None
+    if model_path is None:
+        raise ValueError("the ray rollout backend needs the starting checkpoint folder (model_path)")
+    r = cfg.ray
+    return RayRollout(
+        model_path=str(model_path), tokenizer_path=str(cfg.model.tokenizer_path or model_path), address=r.address,
+        num_cpus=r.num_cpus, num_replicas=cfg.actor_rollout_ref.rollout.num_replicas,
+        replica_num_cpus=r.replica_num_cpus, replica_num_gpus=r.replica_num_gpus,
+        placement_strategy=r.placement_strategy, worker_placement=r.worker_placement,
+        name=f"agentloop-{run_name}",
+    )
+
+
+@contextlib.contextmanager
+def ray_session(cfg: Any, log: Any) -> Any:
+    """Join (``ray.address``) or start a local Ray cluster when the run uses Ray; a cluster this
+    run started is stopped at the end. Yields ``ray`` or None (no Ray needed)."""
+    from agentloop_trainer.config import uses_ray
+
+    if not (uses_ray(cfg) or (cfg.trainer.fsdp_ranks > 1 and cfg.trainer.launcher == "ray")):
+        yield None
+        return
+    import ray
+
+    from agentloop_engines.ray_hosting import connect_ray
+
+    started = not ray.is_initialized()
+    connect_ray(cfg.ray.address, num_cpus=cfg.ray.num_cpus)
+    resources = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
+    log(f"Ray: {'joined ' + cfg.ray.address if cfg.ray.address else 'local cluster'} with "
+        f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s), {resources}")
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
 
 
 class DataIterator:
@@ -88,10 +132,12 @@ class GRPOTrainer:
         test_records: Held-out rows.
         run_dir: Where metrics, checkpoints, plots and the summary go.
         log: Console printer.
+        model_path: The starting checkpoint folder (engine replicas load it on the ray backend).
     """
 
     def __init__(self, cfg: Any, model: Any, engine_model: Any, tokenizer: Any, train_records: Sequence[dict],
-                 test_records: Sequence[dict], run_dir: Path, log: Any = print) -> None:
+                 test_records: Sequence[dict], run_dir: Path, log: Any = print,
+                 model_path: str | Path | None = None) -> None:
         import torch
 
         self.cfg, self.tokenizer, self.log = cfg, tokenizer, log
@@ -114,7 +160,7 @@ class GRPOTrainer:
         self.engine = None
         if self.rank == 0:
             self.engine = RolloutEngine(engine_model, tokenizer, self.rollout_cfg, device=cfg.trainer.device,
-                                        seed=cfg.trainer.seed)
+                                        seed=cfg.trainer.seed, ray=ray_rollout(cfg, model_path, self.run_dir.name))
         self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.test_records = list(test_records)
         self.step = 0
@@ -150,8 +196,6 @@ class GRPOTrainer:
         if self.engine is not None:
             records = self.data.next_batch()
             rows = make_rows(records, self.rollout_cfg.n, step=self.step)
-            # Reseed the engine per step so a resumed run samples what the uninterrupted one did.
-            self.engine.server._seeds.seed(self.cfg.trainer.seed * 1_000_003 + self.step)
             batch = self.engine.generate(rows, step=self.step)
             if batch.num_failed == len(batch):
                 errors = [m.get("error", "?") for m in batch.sample_metrics if m.get("failed")]

@@ -1,0 +1,91 @@
+"""The trainer's ray rollout backend: replicas and workers as Ray actors give the in-process
+result for the same seeds; `agentloop train` runs on it; unmet resources fail before start."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-engines[ray]"')
+    from agentloop_engines.ray_hosting import init_local_ray
+
+    ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def _cfg(model_path, *extra):
+    from agentloop_trainer.config import load_config
+
+    return load_config([
+        f"model.path={model_path}", "data.train_size=64", "data.val_size=4", "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", "data.max_response_length=40",
+        "trainer.progress_bar=false", "ray.replica_num_cpus=0.25", *extra,
+    ])
+
+
+def test_ray_backend_equals_in_process_for_the_same_seed(local_ray, random_model_path, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.assets import load_records
+    from agentloop_trainer.rollout import RolloutEngine, make_rows
+    from agentloop_trainer.trainer import ray_rollout, rollout_config
+
+    cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "actor_rollout_ref.rollout.num_replicas=2",
+               "actor_rollout_ref.rollout.agent.num_workers=2",
+               "ray.placement_strategy=SPREAD")
+    rows = make_rows(load_records(cfg)[0][:6], 4, step=3)
+    batches = []
+    for ray_cfg in (None, ray_rollout(cfg, random_model_path, "eq")):
+        model = AutoModelForCausalLM.from_pretrained(random_model_path) if ray_cfg is None else None
+        engine = RolloutEngine(model, tokenizer, rollout_config(cfg), seed=7, ray=ray_cfg)
+        try:
+            batches.append(engine.generate(rows, step=3))
+            if ray_cfg is not None:
+                stats = engine.loop.run_until_complete(engine.server.get_stats())
+        finally:
+            engine.close()
+    local, remote = batches
+    assert local.num_failed == 0 and remote.num_failed == 0
+    np.testing.assert_array_equal(local.responses, remote.responses)
+    np.testing.assert_array_equal(local.response_mask, remote.response_mask)
+    np.testing.assert_allclose(local.rollout_log_probs, remote.rollout_log_probs, atol=1e-4)
+    # Both replicas served: equality is not an accident of one replica doing everything.
+    assert len(stats["per_replica"]) == 2 and min(stats["per_replica"]) > 0, stats
+    # close() stopped the replicas.
+    assert not [a for a in local_ray.util.list_named_actors(all_namespaces=True) if "eq-engine" in str(a)]
+
+
+def test_agentloop_train_on_the_ray_backend(local_ray, random_model_path, tmp_path):
+    from agentloop_trainer.cli import run_train
+
+    cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "actor_rollout_ref.rollout.num_replicas=2",
+               "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=0", f"trainer.output_dir={tmp_path}",
+               "trainer.experiment_name=ray")
+    logged: list[str] = []
+    run_dir, summary = run_train(cfg, log=logged.append)
+    assert summary["steps"] == 2 and 0.0 <= summary["eval_accuracy_after"] <= 1.0
+    assert any(line.startswith("Ray: local cluster with 1 node(s)") for line in logged), logged
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "reward/mean" in m] == [1, 2]
+    assert local_ray.is_initialized()  # a cluster the run did not start is left running
+
+
+def test_unmet_replica_resources_fail_before_anything_starts(local_ray, random_model_path, tmp_path):
+    from agentloop_engines.ray_hosting import InsufficientResourcesError
+    from agentloop_trainer.cli import run_train
+
+    cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "ray.replica_num_gpus=1",
+               "trainer.total_steps=1", f"trainer.output_dir={tmp_path}")
+    before = len(local_ray.util.list_named_actors(all_namespaces=True))
+    with pytest.raises(InsufficientResourcesError, match="GPU"):
+        run_train(cfg, log=lambda *_: None)
+    assert len(local_ray.util.list_named_actors(all_namespaces=True)) == before
