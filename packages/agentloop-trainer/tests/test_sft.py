@@ -37,6 +37,23 @@ def test_demo_tokens_equal_tool_agent_rollout_tokens(tokenizer):
     assert out.prompt_ids + out.response_ids == tc.input_ids
     assert out.response_mask == tc.loss_mask[len(out.prompt_ids):]
     assert tokenizer.decode(out.response_ids).endswith(f"#### {problem.answer}<|im_end|>")
+    # Skipping the per-turn prefix check (as SFT does after its first step) changes nothing.
+    assert tokenize_conversation(tokenizer, demo, tool_schemas(), check_prefix=False) == tc
+
+
+def test_a_template_that_renders_history_differently_is_caught_by_the_prefix_check(tokenizer):
+    import copy
+
+    demo = demonstration(make_problems(1, 2)[0], random.Random(0), flip_prob=0.0)
+    odd = copy.copy(tokenizer)
+    # Like templates that strip reasoning from earlier turns: the last assistant message is
+    # rendered with a marker, earlier ones without it.
+    odd.chat_template = tokenizer.chat_template.replace(
+        "{%- for message in messages %}",
+        "{%- for message in messages %}{%- if loop.last and message.role == 'assistant' %}[last]{%- endif %}", 1)
+    assert odd.chat_template != tokenizer.chat_template, "the template changed shape; update this test"
+    with pytest.raises(ValueError, match="does not render message 2 as an extension of the history"):
+        tokenize_conversation(odd, demo, tool_schemas())
 
 
 def test_loss_mask_covers_assistant_turns_only(tokenizer):

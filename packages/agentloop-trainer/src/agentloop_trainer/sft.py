@@ -33,13 +33,17 @@ def _render(tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None, 
     )
 
 
-def tokenize_conversation(tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None = None) -> TokenizedConversation:
+def tokenize_conversation(tokenizer: Any, messages: Sequence[dict], tools: list[dict] | None = None,
+                          check_prefix: bool = True) -> TokenizedConversation:
     """Tokenize a conversation segment by segment with a mask on assistant turns.
 
     Args:
         tokenizer: Hugging Face tokenizer with a chat template and an EOS token.
         messages: Chat messages; the last one must be an assistant turn.
         tools: Tool schemas rendered into the system turn.
+        check_prefix: Also render each assistant turn as the last message and check the full
+            conversation extends it (what a rollout generates is what SFT trains). Costs two
+            renders per assistant turn; conversations of one shape need it once.
 
     Returns:
         Ids and loss mask. Text after the final assistant turn's EOS is dropped, as a rollout
@@ -65,7 +69,7 @@ def tokenize_conversation(tokenizer: Any, messages: Sequence[dict], tools: list[
         if message["role"] != "assistant":
             continue
         before = _render(tokenizer, messages[:i], tools, True)
-        after = _render(tokenizer, messages[: i + 1], tools, False)
+        after = _render(tokenizer, messages[: i + 1], tools, False) if check_prefix else full
         if not (full.startswith(before) and after.startswith(before) and full.startswith(after)):
             raise ValueError(
                 f"the chat template does not render message {i} as an extension of the history; "
@@ -85,12 +89,15 @@ def tokenize_conversation(tokenizer: Any, messages: Sequence[dict], tools: list[
 
 
 def demonstration_batch(tokenizer: Any, problems: Sequence[Problem], rng: random.Random,
-                        flip_prob: float, biased_templates: tuple[int, ...]) -> list[TokenizedConversation]:
-    """Tokenized teacher demonstrations for ``problems``."""
+                        flip_prob: float, biased_templates: tuple[int, ...],
+                        check_prefix: bool = True) -> list[TokenizedConversation]:
+    """Tokenized teacher demonstrations for ``problems`` (all of one shape: system, user,
+    tool call, tool result, answer; ``check_prefix`` applies to the first only)."""
     tools = tool_schemas()
     return [
-        tokenize_conversation(tokenizer, demonstration(p, rng, flip_prob, biased_templates), tools)
-        for p in problems
+        tokenize_conversation(tokenizer, demonstration(p, rng, flip_prob, biased_templates), tools,
+                              check_prefix=check_prefix and k == 0)
+        for k, p in enumerate(problems)
     ]
 
 
@@ -149,36 +156,26 @@ def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: S
     Returns:
         The loss of every step.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     import torch
 
     rng = random.Random(config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
-
-    def next_batch() -> list[TokenizedConversation]:
-        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
-        return demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates)
-
     model.train()
     losses: list[float] = []
-    # Rendering and tokenizing the next batch (~15% of a step) runs in a thread while torch
-    # computes this one; batches are made one after another, so the stream stays seeded.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sft-data") as pool:
-        pending = pool.submit(next_batch)
-        for step in range(config.steps):
-            examples = pending.result()
-            if step + 1 < config.steps:
-                pending = pool.submit(next_batch)
-            for group in opt.param_groups:
-                group["lr"] = cosine_lr(step, config.steps, config.lr, config.warmup_steps)
-            loss = sft_loss(model, examples)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            losses.append(float(loss.detach()))
-            if progress is not None:
-                progress(step, losses[-1])
+    for step in range(config.steps):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(step, config.steps, config.lr, config.warmup_steps)
+        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
+        # The demonstrations' template rendering is checked on the first step (one shape for all).
+        examples = demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates,
+                                       check_prefix=step == 0)
+        loss = sft_loss(model, examples)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress(step, losses[-1])
     model.eval()
     return losses
