@@ -136,6 +136,9 @@ class RolloutSection:
     machine); ray: engine replicas and rollout workers as Ray actors (set by ``ray.address``)."""
     num_replicas: int = 1
     """Engine replicas (ray backend), each in its own placement-group bundle."""
+    free_cache_engine: bool = True
+    """Put engines that support it to sleep (weights and KV cache off the GPU) during the
+    update, and wake them before the weight sync."""
     sanity_check: str = "ignore_strippable"
     """Delta-tokenization check: strict | ignore_strippable | disable."""
     multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)

@@ -226,7 +226,11 @@ class RolloutEngine:
                                        num_gpus=ray_cfg.replica_num_gpus, name_prefix=f"{ray_cfg.name}-engine",
                                        placement_strategy=ray_cfg.placement_strategy)
         try:
-            return client_actor(self.replicas)
+            import ray
+
+            # One routing view for every worker (global least-in-flight), on the driver's node:
+            # a worker node going away must not take the router with it.
+            return client_actor(self.replicas, node_id=ray.get_runtime_context().get_node_id())
         except BaseException:
             self._stop_ray()
             raise
@@ -248,6 +252,22 @@ class RolloutEngine:
         batch = self.loop.run_until_complete(self.manager.agenerate_sequences(rows, validate=validate, step=step))
         score_batch(batch, rows, self.tokenizer)
         return batch
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether the engine frees its memory on ``sleep`` (HFServer: on CUDA only)."""
+        caps = getattr(self.server, "capabilities", None)
+        return bool(caps is not None and caps.sleep)
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory for the update (no-op when unsupported)."""
+        if self.can_sleep:
+            self.loop.run_until_complete(self.server.sleep())
+
+    def wake_up(self) -> None:
+        """Bring a sleeping engine back (no-op when unsupported)."""
+        if self.can_sleep:
+            self.loop.run_until_complete(self.server.wake_up())
 
     def update_weights(self, named_tensors: Any) -> None:
         """Push new policy weights into the engine (every replica)."""

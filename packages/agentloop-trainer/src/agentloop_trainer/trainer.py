@@ -156,6 +156,7 @@ class GRPOTrainer:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=true is not supported with trainer.fsdp_ranks > 1 "
                              "yet; use one rank or turn the KL loss off")
         self.rollout_cfg = rollout_config(cfg)
+        self.free_cache_engine = bool(cfg.actor_rollout_ref.rollout.free_cache_engine)
         # Rank 0 hosts the engine; the other ranks only hold policy shards.
         self.engine = None
         if self.rank == 0:
@@ -208,6 +209,9 @@ class GRPOTrainer:
 
             rows, batch = broadcast_object((rows, batch))
         t_gen = time.perf_counter() - t0
+        slept = self.engine is not None and self.free_cache_engine and self.engine.can_sleep
+        if slept:
+            self.engine.sleep()  # the update gets the accelerator memory the engine held
         rewards = torch.as_tensor(batch.rewards)
         advantages = compute_advantages(self.cfg.algorithm.adv_estimator, rewards, [r["group_id"] for r in rows])
         pb = policy_batch_from_rollout(batch)
@@ -220,6 +224,8 @@ class GRPOTrainer:
         metrics = self.actor.update(pb, advantages, old, ref)
         t_update = time.perf_counter() - t1
         t2 = time.perf_counter()
+        if slept:
+            self.engine.wake_up()
         self.sync_weights()
         t_sync = time.perf_counter() - t2
         mask = pb.response_mask
@@ -232,6 +238,7 @@ class GRPOTrainer:
             "rollout/generated_tokens": generated,
             "rollout/response_length_mean": float(batch.attention_mask[:, batch.prompts.shape[1]:].sum(1).mean()),
             "rollout/num_failed": int(batch.num_failed),
+            "rollout/engine_slept": int(bool(slept)),
             "rollout/groups_with_signal": float(_groups_with_signal(rows, batch.rewards)),
             "timing_s/generate": t_gen, "timing_s/update": t_update, "timing_s/sync_weights": t_sync,
             "timing_s/step": time.perf_counter() - t0,
