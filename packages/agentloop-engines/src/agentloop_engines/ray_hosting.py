@@ -479,6 +479,7 @@ def client_actor(
     num_cpus: float = 0.1,
     max_concurrency: int = 10000,
     ready_timeout_s: float = 120.0,
+    node_id: str | None = None,
     **client_kwargs: Any,
 ) -> RemoteClient:
     """Host an ``LLMServerClient`` over ``handles`` as a Ray actor and return its proxy.
@@ -491,6 +492,9 @@ def client_actor(
         max_concurrency: Requests it routes concurrently; bound it above the total number of
             trajectories in flight, or requests queue inside Ray, invisible to the balancer.
         ready_timeout_s: How long to wait for the actor to start.
+        node_id: Pin the actor to this node (hard affinity), e.g. the driver's own
+            (``ray.get_runtime_context().get_node_id()``): every request goes through it, so it
+            should live where losing it loses the run anyway, not on a worker node.
         **client_kwargs: Passed to ``LLMServerClient`` (``imbalance_threshold``,
             ``request_timeout_s``, ...).
 
@@ -498,8 +502,13 @@ def client_actor(
         A picklable :class:`RemoteClient`.
     """
     ray = _ray()
+    options: dict[str, Any] = {}
+    if node_id is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
     actor = _remote_class(ClientActor).options(
-        name=name, namespace=namespace, num_cpus=num_cpus, max_concurrency=max_concurrency
+        name=name, namespace=namespace, num_cpus=num_cpus, max_concurrency=max_concurrency, **options
     ).remote(list(handles), client_kwargs)
     try:
         caps = ray.get(actor.get_capabilities.remote(), timeout=ready_timeout_s)
