@@ -134,10 +134,8 @@ def conformance(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
-@nox.session(tags=["ci"])
-def fault(session: nox.Session) -> None:
-    """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
-    input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
+def _install_integration(session: nox.Session) -> None:
+    """Every package with the extras the cross-package suites (fault, cluster) exercise."""
     session.install(TORCH)
     paths = [
         "packages/agentloop-core[ray,mlflow]", "packages/agentloop-engines[hf,ray,server]",
@@ -146,6 +144,13 @@ def fault(session: nox.Session) -> None:
     args = [a for p in paths for a in ("-e", p)]
     session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+
+
+@nox.session(tags=["ci"])
+def fault(session: nox.Session) -> None:
+    """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
+    input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
+    _install_integration(session)
     session.run("python", "-m", "pytest", "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
@@ -153,14 +158,7 @@ def fault(session: nox.Session) -> None:
 def cluster(session: nox.Session) -> None:
     """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
     checks, the same tokens as one machine, and a node removed mid-rollout (~2.5 min)."""
-    session.install(TORCH)
-    paths = [
-        "packages/agentloop-core[ray,mlflow]", "packages/agentloop-engines[hf,ray,server]",
-        "packages/agentloop-tools[mcp]", "packages/agentloop-trainer",
-    ]
-    args = [a for p in paths for a in ("-e", p)]
-    session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    _install_integration(session)
     session.run("python", "-m", "pytest", "tests/cluster", "-q", "-s", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 

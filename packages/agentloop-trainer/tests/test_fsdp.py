@@ -60,6 +60,11 @@ def test_fsdp2_two_ranks_match_one_process(random_model_path):
     single = _steps(model)
     assert abs(single[0][0]) > 1e-4 and single[0][1] > 1e-4
     (sharded, state) = spawn(_fsdp_rank, 2, str(random_model_path))
+    assert_same_training(single, sharded, model, state)
+
+
+def assert_same_training(single, sharded, model, state) -> None:
+    """Per-step (loss, grad norm) and final weights of a sharded run equal the single process's."""
     for (l1, g1), (l2, g2) in zip(single, sharded, strict=True):
         assert l2 == pytest.approx(l1, abs=1e-5)
         assert g2 == pytest.approx(g1, rel=1e-4)
