@@ -11,39 +11,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_trainer.algos import kl_k3, masked_mean, ppo_clip_loss, truncated_importance_weight
+from agentloop_trainer.config import ActorSection
 from agentloop_trainer.forward import sequence_log_probs
 
 
 @dataclass
-class ActorConfig:
-    """Optimisation settings of the GRPO actor."""
+class ActorConfig(ActorSection):
+    """Optimisation settings of the GRPO actor: the config's ``actor_rollout_ref.actor``
+    section (see :class:`~agentloop_trainer.config.ActorSection` for its fields) plus what the
+    actor takes from elsewhere."""
 
-    lr: float = 1e-4
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
-    clip_ratio_low: float = 0.2
-    """PPO ratio floor is 1 - this."""
-    clip_ratio_high: float = 0.2
-    """PPO ratio ceiling is 1 + this."""
-    grad_clip: float = 1.0
-    """Max global gradient norm."""
-    loss_agg_mode: str = "token-mean"
-    """How per-token losses are reduced (see ``algos.aggregate_loss``)."""
-    use_kl_loss: bool = False
-    """Add ``kl_loss_coef * KL(policy || reference)`` (k3) to the loss."""
-    kl_loss_coef: float = 0.001
-    """Weight of the KL term."""
-    tis_cap: float | None = 2.0
-    """Cap of the truncated importance weight pi_old / pi_rollout; None: no correction."""
-    ppo_epochs: int = 1
-    """Passes over each batch."""
-    ppo_mini_batch_size: int | None = None
-    """Samples per optimizer step; None: the whole batch (one update per batch)."""
     temperature: float = 1.0
-    """Sampling temperature; log-probs are taken of ``logits / temperature``."""
+    """Sampling temperature (``rollout.temperature``); log-probs are of ``logits / temperature``."""
 
 
 @dataclass

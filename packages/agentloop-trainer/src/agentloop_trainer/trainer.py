@@ -21,13 +21,10 @@ from agentloop_trainer.rollout import RayRollout, RolloutConfig, RolloutEngine, 
 
 def actor_config(cfg: Any) -> ActorConfig:
     """The :class:`ActorConfig` of a :class:`~agentloop_trainer.config.TrainConfig`."""
-    a, r = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
-    return ActorConfig(
-        lr=a.lr, weight_decay=a.weight_decay, clip_ratio_low=a.clip_ratio_low, clip_ratio_high=a.clip_ratio_high,
-        grad_clip=a.grad_clip, loss_agg_mode=a.loss_agg_mode, use_kl_loss=a.use_kl_loss, kl_loss_coef=a.kl_loss_coef,
-        tis_cap=a.tis_cap, ppo_epochs=a.ppo_epochs, ppo_mini_batch_size=a.ppo_mini_batch_size,
-        temperature=r.temperature,
-    )
+    from omegaconf import OmegaConf
+
+    section = OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True)
+    return ActorConfig(**section, temperature=cfg.actor_rollout_ref.rollout.temperature)
 
 
 def rollout_config(cfg: Any) -> RolloutConfig:
