@@ -51,6 +51,7 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
 
     def build(out: Path) -> None:
         import torch
+        from omegaconf import OmegaConf
         from tqdm import tqdm
 
         from agentloop_trainer.model import build_tiny_policy
@@ -69,8 +70,7 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
                 bar.set_postfix(loss=f"{loss:.3f}")
 
         losses = train_sft(model, tokenizer, problems,
-                           SFTConfig(steps=s.steps, batch_size=s.batch_size, lr=s.lr, warmup_steps=s.warmup_steps,
-                                     flip_prob=s.flip_prob, seed=s.seed),
+                           SFTConfig(**OmegaConf.to_container(s, resolve=True)),
                            tuple(BIASED_TEMPLATES), progress)
         bar.close()
         model.cpu().save_pretrained(out)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop_trainer.config import SFTSection
 from agentloop_trainer.task import Problem, demonstration, tool_schemas
 
 
@@ -130,23 +131,12 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
 
 
 @dataclass
-class SFTConfig:
-    """SFT warm-up settings."""
+class SFTConfig(SFTSection):
+    """SFT warm-up settings: the config's ``sft`` section (see
+    :class:`~agentloop_trainer.config.SFTSection` for its fields) plus the optimizer's weight decay."""
 
-    steps: int = 3000
-    """Optimizer steps."""
-    batch_size: int = 32
-    """Conversations per step."""
-    lr: float = 3e-3
-    """Peak learning rate (cosine schedule)."""
-    warmup_steps: int = 100
-    """Linear warm-up steps."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
-    flip_prob: float = 0.6
-    """Probability the teacher flips the last operator on a biased template."""
-    seed: int = 0
-    """Seed for the demonstration stream and the teacher's mistakes."""
 
 
 def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTConfig,
