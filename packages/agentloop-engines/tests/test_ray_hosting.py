@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import sys
+import time
 
 import pytest
 
@@ -60,10 +61,29 @@ async def test_killing_a_replica_mid_run_loses_no_request(ray_cluster):
 
 
 async def test_shared_client_actor_balances_requests_from_several_workers(ray_cluster):
-    handles = start_replicas(functools.partial(ScriptedServer, latency_s=0.2), 2, name_prefix="shared")
+    # Each request takes 3 s and both workers start sending together (a gate), so all 12 are in
+    # flight at once whatever the process start-up times: the split is then exactly 6/6.
+    handles = start_replicas(functools.partial(ScriptedServer, latency_s=3.0), 2, name_prefix="shared")
     try:
         remote = client_actor(handles, name="shared-client", imbalance_threshold=4)
         assert isinstance(remote, RemoteClient)
+
+        @ray.remote(num_cpus=0)
+        class Gate:
+            def __init__(self):
+                self.opened, self.waiting = asyncio.Event(), 0
+
+            async def wait(self):
+                self.waiting += 1
+                await self.opened.wait()
+
+            def num_waiting(self):
+                return self.waiting
+
+            def open(self):
+                self.opened.set()
+
+        gate = Gate.remote()
 
         @ray.remote(num_cpus=0.1)
         def worker(proxy: RemoteClient, wid: int) -> list[int]:
@@ -71,9 +91,16 @@ async def test_shared_client_actor_balances_requests_from_several_workers(ray_cl
                 outs = await asyncio.gather(*(proxy.generate(f"w{wid}-{i}", [3, 4, i], {"max_tokens": 3})
                                               for i in range(6)))
                 return [o.extra["replica"] for o in outs]
+            ray.get(gate.wait.remote())
             return asyncio.run(run())
 
-        served = ray.get([worker.remote(remote, w) for w in range(2)], timeout=60)
+        refs = [worker.remote(remote, w) for w in range(2)]
+        deadline = time.monotonic() + 60
+        while ray.get(gate.num_waiting.remote()) < 2:
+            assert time.monotonic() < deadline, "the two worker tasks did not start within 60 s"
+            time.sleep(0.05)
+        gate.open.remote()
+        served = ray.get(refs, timeout=60)
         flat = [r for per_worker in served for r in per_worker]
         # One routing view: 12 concurrent requests split evenly over the two replicas. Two
         # clients each with their own counts could not guarantee this split.
