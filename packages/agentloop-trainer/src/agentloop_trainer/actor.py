@@ -165,6 +165,19 @@ class GRPOActor:
         has = (mask.sum(-1) > 0).float()
         return float(has[rows].sum()), float(has[mini].sum())
 
+    _TOKEN_MEANS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean", "actor/tis_weight_mean", "actor/kl_loss")
+
+    def _reduce_metrics(self, metrics: dict[str, float], pg_loss_part: float, token_share: float) -> None:
+        """Turn this rank's metrics into the whole mini-batch's, in one all-reduce: the loss
+        parts add up, and the token means are weighted by this rank's share of the tokens."""
+        import torch
+
+        keys = [k for k in self._TOKEN_MEANS if k in metrics]
+        parts = torch.tensor([pg_loss_part] + [metrics[k] * token_share for k in keys], dtype=torch.float64)
+        total = self._all_reduce_sum(parts).tolist()
+        metrics["actor/pg_loss"] = total[0]
+        metrics.update(zip(keys, total[1:], strict=True))
+
     def update(self, pb: PolicyBatch, advantages: Any, old_log_probs: Any = None, ref_log_probs: Any = None) -> dict[str, float]:
         """PPO-clip updates on one rollout batch.
 
@@ -222,18 +235,25 @@ class GRPOActor:
                         dist.all_reduce(gap, op=dist.ReduceOp.MAX)
                     metrics["rollout/logprob_abs_diff_max"] = float(gap[0])
                 if cfg.use_kl_loss:
+                    if ref_log_probs is None:
+                        raise ValueError("use_kl_loss=True needs ref_log_probs; compute them with "
+                                         "compute_log_probs(pb, actor.ref_model)")
                     kl = masked_mean(kl_k3(logp, ref_log_probs.to(device)[rows]), mask[rows])
-                    loss = loss + cfg.kl_loss_coef * kl
                     metrics["actor/kl_loss"] = float(kl.detach())
                 if self.world_size > 1:
                     # Each rank's loss is a mean over its rows; FSDP averages gradients over
                     # ranks. Rescale so the result is the mean over the whole mini-batch, exactly
                     # what one process computes (token-mean: weight by this rank's token share).
                     local_n, total_n = self._share(mask, rows, mini)
-                    scale = self.world_size * local_n / max(total_n, 1e-9)
-                    loss = loss * scale
-                    summed = self._all_reduce_sum(torch.tensor([float(loss.detach()) / self.world_size]))
-                    metrics["actor/pg_loss"] = float(summed[0])
+                    loss = loss * (self.world_size * local_n / max(total_n, 1e-9))
+                    # The KL term and the diagnostics are token means over the whole mini-batch
+                    # whatever the aggregation mode: weight them by this rank's token share.
+                    share = float(mask[rows].sum()) / max(float(mask[mini].sum()), 1e-9)
+                    if cfg.use_kl_loss:
+                        kl = kl * (self.world_size * share)
+                    self._reduce_metrics(metrics, float(loss.detach()) / self.world_size, share)
+                if cfg.use_kl_loss:
+                    loss = loss + cfg.kl_loss_coef * kl
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -243,10 +263,4 @@ class GRPOActor:
                 self.optimizer.step()
                 history.append(metrics)
         keys = {k for m in history for k in m}
-        if self.world_size > 1:
-            # Diagnostics that were averaged over this rank's rows only: report their rank mean.
-            for m in history:
-                for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean", "actor/tis_weight_mean", "actor/kl_loss"):
-                    if k in m:
-                        m[k] = float(self._all_reduce_sum(torch.tensor([m[k]]))[0]) / self.world_size
         return {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in sorted(keys)}

@@ -66,6 +66,16 @@ def shard_policy(model: Any, device: str = "cpu") -> Any:
     return model
 
 
+def load_reference(model_path: str | Path, device: str = "cpu") -> Any:
+    """The frozen reference policy for the KL loss, sharded like the policy (each rank holds a
+    shard; a forward pass all-gathers layer by layer, so every rank must run the same number)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    return shard_policy(ref.to(device).eval().requires_grad_(False), device)
+
+
 def full_model_state(model: Any) -> dict[str, Any]:
     """The full (unsharded) state dict on CPU; complete on rank 0, empty elsewhere. Every rank
     must call it (it is a collective). Works on a plain module too."""
@@ -156,8 +166,9 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
         connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
     train, test = load_records(cfg, tokenizer)
     log = print if rank == 0 else (lambda *_: None)
+    ref = load_reference(model_path, cfg.trainer.device) if cfg.actor_rollout_ref.actor.use_kl_loss else None
     trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
-                          model_path=model_path)
+                          model_path=model_path, ref_model=ref)
     try:
         return trainer.fit()
     finally:

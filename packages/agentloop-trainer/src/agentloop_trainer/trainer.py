@@ -130,11 +130,14 @@ class GRPOTrainer:
         run_dir: Where metrics, checkpoints, plots and the summary go.
         log: Console printer.
         model_path: The starting checkpoint folder (engine replicas load it on the ray backend).
+        ref_model: The frozen reference policy for the KL loss. None: a copy of ``model`` when
+            ``use_kl_loss`` on one process; under FSDP the caller passes one sharded like the
+            policy (:func:`agentloop_trainer.fsdp.load_reference`).
     """
 
     def __init__(self, cfg: Any, model: Any, engine_model: Any, tokenizer: Any, train_records: Sequence[dict],
                  test_records: Sequence[dict], run_dir: Path, log: Any = print,
-                 model_path: str | Path | None = None) -> None:
+                 model_path: str | Path | None = None, ref_model: Any = None) -> None:
         import torch
 
         self.cfg, self.tokenizer, self.log = cfg, tokenizer, log
@@ -142,16 +145,18 @@ class GRPOTrainer:
         self.device = torch.device(cfg.trainer.device)
         self.model = model.to(self.device)
         self.actor_cfg = actor_config(cfg)
-        ref = None
-        if self.actor_cfg.use_kl_loss:
+        ref = ref_model if self.actor_cfg.use_kl_loss else None
+        if self.actor_cfg.use_kl_loss and ref is None:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                raise ValueError("use_kl_loss under FSDP needs ref_model=, the reference sharded like the policy "
+                                 "(agentloop_trainer.fsdp.load_reference); a copy of a sharded policy is not one")
             import copy
 
             ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.actor = GRPOActor(self.model, self.actor_cfg, ref_model=ref)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
-        if self.world_size > 1 and self.actor_cfg.use_kl_loss:
-            raise ValueError("actor_rollout_ref.actor.use_kl_loss=true is not supported with trainer.fsdp_ranks > 1 "
-                             "yet; use one rank or turn the KL loss off")
         self.rollout_cfg = rollout_config(cfg)
         self.free_cache_engine = bool(cfg.actor_rollout_ref.rollout.free_cache_engine)
         # Rank 0 hosts the engine; the other ranks only hold policy shards.
