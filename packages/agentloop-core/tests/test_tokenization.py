@@ -370,3 +370,74 @@ def test_apply_chat_template_kwargs_reach_the_template(inference_template):
     # The engine saw the empty think block before "Hello."; a history render drops it, which
     # only the inference view reports.
     assert traj.sanity_check("strict").ok is not inference_template
+
+
+# Numbers every tool result across the whole conversation, so what a new tool message adds
+# depends on turns before the last assistant turn: the short delta is wrong for it.
+COUNTING_TOOLS = (
+    "{%- set ns = namespace(n=0) %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}{%- set ns.n = ns.n + 1 %}"
+    "{{- '<|im_start|>tool\\n#' ~ ns.n ~ ' ' ~ m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def _tool_turns(renderer, turns: int) -> Trajectory:
+    traj = Trajectory(renderer, [{"role": "user", "content": "Add up the numbers."}])
+    for k in range(turns):
+        generated = renderer.encode(f"Calling the tool, turn {k}.") + [renderer.eos_token_id]
+        traj.append_generated(TokenOutput(generated, [-0.1] * len(generated)))
+        traj.append_messages([{"role": "tool", "content": str(k * 7)}])
+    return traj
+
+
+def test_auto_delta_turns_short_after_agreeing_and_gives_the_history_ids(monkeypatch):
+    from agentloop_core.tokenization import renderer as renderer_module
+
+    monkeypatch.setattr(renderer_module, "_SHORT_DELTA_VERDICTS", {})
+    tok = load_tiny_tokenizer()
+    exact = _tool_turns(ChatRenderer(tok, tools=TOOLS, delta_strategy="history"), 12)
+    auto_renderer = ChatRenderer(tok, tools=TOOLS)
+    rendered: list[int] = []
+    original = auto_renderer.render_text
+
+    def counting(messages, **kw):
+        rendered.append(len(messages))
+        return original(messages, **kw)
+
+    monkeypatch.setattr(auto_renderer, "render_text", counting)
+    auto = _tool_turns(auto_renderer, 12)
+    during = list(rendered)
+    assert auto.context_ids == exact.context_ids and auto.response_mask == exact.response_mask
+    assert auto.sanity_check("strict").ok
+    # Verification renders the whole history; after VERIFY_DELTAS agreeing deltas each render
+    # holds the fixed user message + the last assistant turn (+ the tool message): at most 3.
+    assert max(during[-2 * 4:]) <= 3 and max(during) > 3
+    # A second renderer of the same template (loops build one per trajectory) trusts the verdict.
+    fresh = ChatRenderer(tok, tools=TOOLS)
+    lengths: list[int] = []
+    fresh_render = fresh.render_text
+    monkeypatch.setattr(fresh, "render_text", lambda messages, **kw: (lengths.append(len(messages)),
+                                                                       fresh_render(messages, **kw))[1])
+    _tool_turns(fresh, 3)
+    assert lengths and max(lengths[1:]) <= 3  # after the prompt render
+
+
+def test_auto_delta_keeps_the_history_render_for_a_template_that_looks_further_back(monkeypatch):
+    from agentloop_core.tokenization import renderer as renderer_module
+
+    monkeypatch.setattr(renderer_module, "_SHORT_DELTA_VERDICTS", {})
+    tok = load_tiny_tokenizer()
+    auto = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOLS), 6)
+    assert "#6 35" in auto.renderer.decode(auto.context_ids)  # numbered over the whole conversation
+    assert auto.sanity_check("strict").ok
+    assert list(renderer_module._SHORT_DELTA_VERDICTS.values()) == [-1]  # pinned to history
+    # Forcing the short render on such a template is caught by the strict sanity check.
+    short = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOLS, delta_strategy="short"), 3)
+    report = short.sanity_check("strict")
+    assert not report.ok and "#2" in report.expected_text
+    with pytest.raises(ValueError, match="delta_strategy='shortest'; use one of auto, history, short"):
+        ChatRenderer(tok, delta_strategy="shortest")

@@ -5,9 +5,22 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
+
+DeltaStrategy = Literal["auto", "history", "short"]
+DELTA_STRATEGIES: tuple[str, ...] = ("auto", "history", "short")
+VERIFY_DELTAS = 3
+"""``auto``: deltas of one shape computed both ways (and equal) before the short way is trusted."""
+
+# Per template (text, tools, variables, special tokens) and shape of the new messages: how many
+# deltas agreed both ways, or -1 once one did not. Shared by every renderer of the same template,
+# since loops build one renderer per trajectory.
+_SHORT_DELTA_VERDICTS: dict[tuple, int] = {}
 
 # Content no real conversation contains, so its position in a rendered probe is unambiguous.
 _PROBE_MARKER = "\u2063agentloop-probe-7d1f\u2063"
@@ -63,6 +76,16 @@ class ChatRenderer:
             so such trajectories are reported as mismatches (training context != inference
             context); use it to measure that gap. Delta ids are the same either way.
         apply_chat_template_kwargs: Extra template variables (e.g. ``enable_thinking``).
+        delta_strategy: How :meth:`delta` renders what new messages add after an assistant
+            turn. ``history``: the template over the whole history, with and without the new
+            messages (exact by construction; the cost grows with the history). ``short``: over
+            a fixed user message plus the last assistant turn only (constant cost). ``auto``
+            (default): ``history`` and ``short`` side by side for the first
+            ``VERIFY_DELTAS`` deltas of each shape (the roles of the new messages) per
+            template; once they agree, ``short``; the first disagreement pins that shape to
+            ``history`` for good. A template whose output depends on turns further back than
+            the last assistant turn in a way the first deltas do not show is still caught by
+            the trajectory's sanity check; set ``history`` for it.
 
     Raises:
         ValueError: when there is no chat template, or the template drops assistant content
@@ -77,6 +100,7 @@ class ChatRenderer:
         chat_template: str | None = None,
         use_inference_chat_template: bool = False,
         apply_chat_template_kwargs: Mapping[str, Any] | None = None,
+        delta_strategy: DeltaStrategy = "auto",
     ) -> None:
         self.processor = tokenizer
         inner = getattr(tokenizer, "tokenizer", None)
@@ -92,6 +116,9 @@ class ChatRenderer:
                 f"{type(tokenizer).__name__} has no chat template; pass chat_template=... "
                 "(a Jinja string) or set tokenizer.chat_template"
             )
+        if delta_strategy not in DELTA_STRATEGIES:
+            raise ValueError(f"delta_strategy={delta_strategy!r}; use one of {', '.join(DELTA_STRATEGIES)}")
+        self.delta_strategy = delta_strategy
         self.tools = copy.deepcopy(tools) if tools else None
         self.chat_template = chat_template
         self.use_inference_chat_template = use_inference_chat_template
@@ -99,6 +126,12 @@ class ChatRenderer:
         self.assistant_suffix, self.eos_token_id, self.eos_text = self._probe_assistant_suffix()
         self.generation_prompt_extra = self._probe_generation_prompt_extra()
         self._base_text = self.render_text(list(BASE_CONVERSATION), add_generation_prompt=False)
+        self._template_key = (
+            type(self.processor).__name__, chat_template or getattr(self.processor, "chat_template", None),
+            json.dumps(self.tools, sort_keys=True, default=str),
+            json.dumps(self.apply_chat_template_kwargs, sort_keys=True, default=str),
+            getattr(self.tokenizer, "bos_token", None), getattr(self.tokenizer, "eos_token", None),
+        )
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -165,6 +198,34 @@ class ChatRenderer:
             return DeltaResult(self.encode(text), text, False)
         ends_with_assistant = history[-1].get("role") == "assistant"
         glue = self.glue_after_assistant(assistant_ended_with_eos) if ends_with_assistant else ""
+        if ends_with_assistant and self.delta_strategy != "history":
+            short_history = [BASE_CONVERSATION[0], history[-1]]
+            if self.delta_strategy == "short":
+                text, used_fallback = self._delta_text(short_history, new_messages)
+            else:
+                key = (self._template_key, tuple(str(m.get("role")) for m in new_messages))
+                verdict = _SHORT_DELTA_VERDICTS.get(key, 0)
+                if verdict >= VERIFY_DELTAS:
+                    text, used_fallback = self._delta_text(short_history, new_messages)
+                else:
+                    text, used_fallback = self._delta_text(history, new_messages)
+                    if verdict >= 0:
+                        agrees = self._delta_text(short_history, new_messages) == (text, used_fallback)
+                        _SHORT_DELTA_VERDICTS[key] = verdict + 1 if agrees else -1
+                        if not agrees:
+                            logger.info("the chat template renders %s after the last assistant turn differently "
+                                        "when earlier turns are present; those deltas render the whole history",
+                                        list(key[1]))
+            return DeltaResult(self.encode(glue + text), glue + text, used_fallback)
+        text, used_fallback = self._delta_text(history, new_messages)
+        return DeltaResult(self.encode(glue + text), glue + text, used_fallback)
+
+    def _delta_text(
+        self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[str, bool]:
+        """Text the template adds for ``new_messages`` (+ generation prompt) after ``history``,
+        glue excluded, and whether the base-conversation fallback was needed."""
+        ends_with_assistant = history[-1].get("role") == "assistant"
         before = self.render_text(history, add_generation_prompt=False)
         after = self.render_text([*history, *new_messages], add_generation_prompt=True)
         used_fallback = not after.startswith(before)
@@ -183,8 +244,7 @@ class ChatRenderer:
                     "a prefix of itself plus the new messages, so new messages cannot be "
                     f"tokenized as a delta.\nbase render:\n{before!r}\nbase + new render:\n{after!r}"
                 )
-        text = glue + after[len(before) :]
-        return DeltaResult(self.encode(text), text, used_fallback)
+        return after[len(before) :], used_fallback
 
     def delta_ids(
         self,
