@@ -66,6 +66,20 @@ def test_metrics_timing_and_lengths():
     assert m["rollout/num_failed"] == 0 and m["rollout/reward/mean"] == 1.0
 
 
+def test_numeric_sample_metrics_become_mean_and_max_over_successful_samples():
+    a, b = two_outputs()
+    a.metrics.update({"tool_calls": 3, "tool/calc/attempts": 2.0, "flag": True})
+    b.metrics.update({"tool_calls": 1})
+    failed = AgentLoopOutput.failure([1, 2], "boom")
+    failed.metrics["tool_calls"] = 50  # a failed sample's counters stay out of the means
+    m = RolloutBatch.from_outputs([a, b, failed], prompt_length=4, response_length=3, pad_token_id=0).metrics
+    assert m["agent_loop/tool_calls/mean"] == 2.0 and m["agent_loop/tool_calls/max"] == 3.0
+    # b never called the tool: it counts 0 in the mean
+    assert m["agent_loop/tool/calc/attempts/mean"] == 1.0 and m["agent_loop/tool/calc/attempts/max"] == 2.0
+    assert not any(k.startswith("agent_loop/flag") or k.startswith("agent_loop/agent_name") for k in m)
+    assert m["rollout/num_failed"] == 1
+
+
 def test_widths_default_to_longest_and_pad_from_tokenizer():
     class Tok:
         pad_token_id = None

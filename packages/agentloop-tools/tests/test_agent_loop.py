@@ -207,6 +207,34 @@ async def test_raising_hanging_and_junk_tools_become_error_text(tokenizer):
     assert all(t.live_instances == 0 for t in tools)
 
 
+class ReportingTool(BaseTool):
+    """Reports what it did as metrics: numbers, a bool, a string, or (mode "bad") not a dict."""
+
+    def __init__(self, mode: str = "good") -> None:
+        super().__init__({}, schema("report", text="string"))
+        self.mode = mode
+
+    async def execute(self, instance_id, parameters):
+        metrics = {"rows": len(parameters["text"]), "cache_hit": parameters["text"] == "bb", "source": "db"}
+        return ToolResponse(text="ok"), 0.0, metrics if self.mode == "good" else ["rows", 3]
+
+
+async def test_tool_metrics_add_up_per_trajectory_and_are_kept_whole(tokenizer):
+    server = scripted(tokenizer, [call("report", text="aaa"), call("report", text="bb"), "done"])
+    out = await make_loop(server, tokenizer, [ReportingTool()]).run(SAMPLING, raw_prompt=PROMPT)
+    assert out.metrics["tool/report/rows"] == 5.0 and out.metrics["tool/report/cache_hit"] == 1.0
+    assert "tool/report/source" not in out.metrics  # not a number: kept in extra_fields only
+    reported = out.extra_fields["reported_metrics"]
+    assert [r["turn"] for r in reported] == [1, 2] and {r["source"] for r in reported} == {"tool/report"}
+    assert reported[1]["metrics"] == {"rows": 2, "cache_hit": True, "source": "db"}
+
+    server = scripted(tokenizer, [call("report", text="aaa"), "done"])
+    bad = await make_loop(server, tokenizer, [ReportingTool("bad")]).run(SAMPLING, raw_prompt=PROMPT)
+    assert tool_messages(bad) == ["ok"]  # the response still reaches the model
+    assert bad.metrics["invalid_metrics"] == 1 and bad.metrics["tool_errors"] == 0
+    assert bad.extra_fields["reported_metrics"][0]["metrics"] == {"invalid": "['rows', 3]"}
+
+
 async def test_tool_timeout_from_config_applies_to_tools_without_their_own(tokenizer):
     server = scripted(tokenizer, [call("hang", text="x"), "done"])
     out = await make_loop(server, tokenizer, [BrokenTool("hang")], tool_timeout_s=0.05).run(SAMPLING, raw_prompt=PROMPT)

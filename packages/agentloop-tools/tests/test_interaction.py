@@ -55,6 +55,8 @@ async def test_interaction_asks_again_then_ends_on_the_right_answer(tokenizer):
     assert out.extra_fields["turn_scores"] == [0.0, 1.0]
     assert out.extra_fields["termination_reason"] == "interaction"
     assert out.metrics["user_turns"] == 1 and out.metrics["assistant_turns"] == 2
+    assert out.metrics["interaction/answered"] == 2  # both turns gave an answer (its metrics add up)
+    assert [r["source"] for r in out.extra_fields["reported_metrics"]] == ["interaction"] * 2
     assert out.reward_score == 1.0  # the interaction's calculate_score: the last turn's score
     # The user reply is mask 0 and sits between the two generated turns.
     generated = [t for c in server.calls for t in c.output.token_ids]

@@ -148,3 +148,5 @@ def test_agentloop_train_on_two_fsdp_ranks_with_the_kl_loss(random_model_path, t
     # process once the policy moves is the sharded-reference test above.)
     assert all(m["actor/kl_loss"] == pytest.approx(0.0, abs=1e-7) for m in steps)
     assert all(m["rollout/num_failed"] == 0 and m["rollout/generated_tokens"] > 0 for m in steps)
+    # the rollout's batch metrics reach metrics.jsonl: per-loop timings and the tool counters
+    assert all("timing_s/agent_loop/generate/mean" in m and "agent_loop/tool_calls/mean" in m for m in steps)

@@ -76,6 +76,8 @@ def test_agentloop_train_on_the_ray_backend(local_ray, random_model_path, tmp_pa
     assert any(line.startswith("Ray: local cluster with 1 node(s)") for line in logged), logged
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "reward/mean" in m] == [1, 2]
+    # the Ray pool's accounting reaches metrics.jsonl (no worker died here)
+    assert [m["rollout/worker_failures"] for m in metrics if "reward/mean" in m] == [0, 0]
     assert local_ray.is_initialized()  # a cluster the run did not start is left running
 
 

@@ -260,7 +260,10 @@ def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> di
     """Batch metrics: sample and failure counts, lengths, rewards, and for every numeric
     per-sample metric ending in ``_s`` (``generate_s``, ``tool_calls_s``, ``reward_s``,
     ``agent_loop_s``...) its min/max/mean over the samples that report it, as
-    ``timing_s/agent_loop/<name>/{min,max,mean}``."""
+    ``timing_s/agent_loop/<name>/{min,max,mean}``; and for every other numeric per-sample
+    metric (``tool_calls``, ``tool_errors``, ``tool/<name>/<key>`` that tools report...) its
+    mean and max over the successful samples, a sample without the key counting 0, as
+    ``agent_loop/<name>/{mean,max}``."""
     ok = ~batch.failed
     metrics: dict[str, float] = {
         "rollout/num_samples": float(len(batch)),
@@ -286,12 +289,22 @@ def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> di
     metrics.update(_stats("rollout/reward", batch.rewards[batch.has_reward].tolist()))
 
     timings: dict[str, list[float]] = {}
-    for o in outputs:
+    counts: dict[str, list[float]] = {}
+    n_ok = int(ok.sum())
+    for o, good in zip(outputs, ok, strict=True):
         for key, value in o.metrics.items():
-            if key.endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if key.endswith("_s"):
                 timings.setdefault(key[:-2], []).append(float(value))
+            elif good:
+                counts.setdefault(key, []).append(float(value))
     for key in sorted(timings):
         metrics.update(_stats(f"timing_s/agent_loop/{key}", timings[key]))
+    for key in sorted(counts):
+        values = counts[key] + [0.0] * (n_ok - len(counts[key]))  # absent: 0
+        metrics[f"agent_loop/{key}/mean"] = float(np.mean(values))
+        metrics[f"agent_loop/{key}/max"] = float(max(values))
     return metrics
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -79,6 +80,9 @@ class ToolAgentConfig:
     """Extra keyword arguments for the chat template (e.g. ``enable_thinking``)."""
     use_inference_chat_template: bool = False
     """Render history with the inference template even when it strips reasoning."""
+    delta_strategy: Literal["auto", "history", "short"] = "auto"
+    """How tool results and user turns are tokenized after a generated turn; see
+    ``ChatRenderer(delta_strategy=)``. ``auto`` costs the same at turn 100 as at turn 1."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ToolAgentConfig:
@@ -103,6 +107,7 @@ LOOP_CONFIG_CHOICES: dict[str, tuple[str, ...]] = {
     "tool_response_truncate_side": ("left", "right", "middle"),
     "tool_reward": ("sum", "none"),
     "sanity_check": ("strict", "ignore_strippable", "disable"),
+    "delta_strategy": ("auto", "history", "short"),
 }
 
 
@@ -241,6 +246,27 @@ class _Run:
          "generate_s", "tool_calls_s", "interaction_s"), 0))
     termination: str = ""
     ended_with_eos: bool = True
+    reported: list[dict[str, Any]] = field(default_factory=list)
+    """Every metrics dict a tool call or the interaction returned, as returned."""
+
+    def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
+        """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the
+        trajectory into ``counters["<source>/<key>"]``; the whole dict, numbers or not, goes
+        to ``extra_fields["reported_metrics"]``."""
+        if metrics is None:
+            return
+        if not isinstance(metrics, Mapping):
+            self.counters["invalid_metrics"] = self.counters.get("invalid_metrics", 0) + 1
+            logger.warning("%s returned metrics of type %s; metrics must be a dict (kept as text)",
+                           source, type(metrics).__name__)
+            metrics = {"invalid": repr(metrics)[:200]}
+        if not metrics:
+            return
+        self.reported.append({"source": source, "turn": turn, "metrics": dict(metrics)})
+        for key, value in metrics.items():
+            if isinstance(value, (bool, int, float)) and math.isfinite(value):
+                name = f"{source}/{key}"
+                self.counters[name] = self.counters.get(name, 0) + float(value)
 
 
 @register("tool_agent")
@@ -270,6 +296,7 @@ class ToolAgentLoop(AgentLoopBase):
             tokenizer, tools=schemas or None,
             use_inference_chat_template=self.settings.use_inference_chat_template,
             apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
+            delta_strategy=self.settings.delta_strategy,
         )
         self.stop_token_ids = _stop_token_ids(tokenizer, self.parser.stop_tokens)
         if schemas:
@@ -318,7 +345,7 @@ class ToolAgentLoop(AgentLoopBase):
                    "turns": run.assistant_turns + run.user_turns}
         extra = {"turn_scores": list(run.turn_scores), "tool_rewards": list(run.tool_rewards),
                  "messages": list(trajectory.messages), "termination_reason": run.termination,
-                 "request_id": run.request_id}
+                 "request_id": run.request_id, "reported_metrics": list(run.reported)}
         return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
                                     sanity_check=self.settings.sanity_check)
 
@@ -395,9 +422,10 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED
         start = time.perf_counter()
         with self.tracer.span("interaction", turn=run.user_turns, request_id=run.request_id):
-            done, text, score, _metrics = await self.interaction.generate_response(
+            done, text, score, metrics = await self.interaction.generate_response(
                 interaction_id, list(trajectory.messages))
         run.counters["interaction_s"] += time.perf_counter() - start
+        run.add_metrics("interaction", run.user_turns, metrics)
         run.turn_scores.append(float(score))
         if done:
             run.termination = "interaction"
@@ -466,7 +494,8 @@ class ToolAgentLoop(AgentLoopBase):
             logger.warning("tool %r returned %s; execute must return (ToolResponse, reward, metrics)",
                            call.name, type(result).__name__)
             return f"Error: tool {call.name!r} returned an invalid result."
-        response, reward, _metrics = result
+        response, reward, metrics = result
+        run.add_metrics(f"tool/{call.name}", run.assistant_turns, metrics)
         try:
             run.tool_rewards.append(float(reward or 0.0))
         except (TypeError, ValueError):

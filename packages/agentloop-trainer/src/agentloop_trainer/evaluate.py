@@ -76,6 +76,9 @@ def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompt
                 "response_mask": batch.response_mask[b][:n].tolist(),
                 "rollout_log_probs": None if batch.rollout_log_probs is None else [round(float(x), 6) for x in batch.rollout_log_probs[b][:n]],
                 "messages": batch.extra_fields[b].get("messages"),
+                "metrics": batch.sample_metrics[b] if batch.sample_metrics else {},
+                "reported_metrics": batch.extra_fields[b].get("reported_metrics", []),
             }
-            fh.write(json.dumps(record) + "\n")
+            # default=str: what a tool reported is kept even when it is not JSON (a path, a date)
+            fh.write(json.dumps(record, default=str) + "\n")
     return out

@@ -246,7 +246,9 @@ class GRPOTrainer:
             "timing_s/step": time.perf_counter() - t0,
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
         })
-        return metrics
+        # The rollout's own batch metrics too: per-loop timings, tool counters and what tools
+        # report (agent_loop/...), failures and worker losses on the Ray backend.
+        return {**batch.metrics, **metrics}
 
     # -- checkpoints ----------------------------------------------------------------------------
 
