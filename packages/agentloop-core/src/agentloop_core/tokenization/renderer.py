@@ -198,27 +198,37 @@ class ChatRenderer:
             return DeltaResult(self.encode(text), text, False)
         ends_with_assistant = history[-1].get("role") == "assistant"
         glue = self.glue_after_assistant(assistant_ended_with_eos) if ends_with_assistant else ""
-        if ends_with_assistant and self.delta_strategy != "history":
-            short_history = [BASE_CONVERSATION[0], history[-1]]
-            if self.delta_strategy == "short":
-                text, used_fallback = self._delta_text(short_history, new_messages)
-            else:
-                key = (self._template_key, tuple(str(m.get("role")) for m in new_messages))
-                verdict = _SHORT_DELTA_VERDICTS.get(key, 0)
-                if verdict >= VERIFY_DELTAS:
-                    text, used_fallback = self._delta_text(short_history, new_messages)
-                else:
-                    text, used_fallback = self._delta_text(history, new_messages)
-                    if verdict >= 0:
-                        agrees = self._delta_text(short_history, new_messages) == (text, used_fallback)
-                        _SHORT_DELTA_VERDICTS[key] = verdict + 1 if agrees else -1
-                        if not agrees:
-                            logger.info("the chat template renders %s after the last assistant turn differently "
-                                        "when earlier turns are present; those deltas render the whole history",
-                                        list(key[1]))
-            return DeltaResult(self.encode(glue + text), glue + text, used_fallback)
-        text, used_fallback = self._delta_text(history, new_messages)
-        return DeltaResult(self.encode(glue + text), glue + text, used_fallback)
+        short = [BASE_CONVERSATION[0], history[-1]] if ends_with_assistant else None
+        if short is None or self.delta_strategy == "history":
+            text, used_fallback = self._delta_text(history, new_messages)
+        elif self.delta_strategy == "short":
+            text, used_fallback = self._delta_text(short, new_messages)
+        else:
+            text, used_fallback = self._auto_delta_text(history, short, new_messages)
+        text = glue + text
+        return DeltaResult(self.encode(text), text, used_fallback)
+
+    def _auto_delta_text(
+        self,
+        history: Sequence[Mapping[str, Any]],
+        short: Sequence[Mapping[str, Any]],
+        new_messages: Sequence[Mapping[str, Any]],
+    ) -> tuple[str, bool]:
+        """``delta_strategy="auto"``: the short render once this template and shape of new
+        messages has agreed with the history render ``VERIFY_DELTAS`` times; until then the
+        history render, checked against the short one."""
+        key = (self._template_key, tuple(str(m.get("role")) for m in new_messages))
+        verdict = _SHORT_DELTA_VERDICTS.get(key, 0)
+        if verdict >= VERIFY_DELTAS:
+            return self._delta_text(short, new_messages)
+        result = self._delta_text(history, new_messages)
+        if verdict >= 0:
+            agrees = self._delta_text(short, new_messages) == result
+            _SHORT_DELTA_VERDICTS[key] = verdict + 1 if agrees else -1
+            if not agrees:
+                logger.info("the chat template renders %s after the last assistant turn differently when earlier "
+                            "turns are present; those deltas render the whole history", list(key[1]))
+        return result
 
     def _delta_text(
         self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]]
