@@ -16,20 +16,24 @@ import pytest
 pytest.importorskip("agentloop_trainer.cli", reason="agentloop-trainer is not installed")
 pytest.importorskip("torch", reason="training needs torch")
 
-# The `agentloop` command, with one change: a random policy never writes "#### N", so reward
-# the parity of the generated text's length instead; advantages (and so the update) then
-# depend on exactly what was sampled, which is what resume must reproduce.
+# The `agentloop` command. A random policy never writes "#### N", so a custom reward function
+# scores the parity of the generated text's length instead; advantages (and so the update)
+# then depend on exactly what was sampled, which is what resume must reproduce.
 TRAIN = textwrap.dedent('''
     import sys
-    import agentloop_trainer.rollout as rollout
-    rollout.answer_reward = lambda text, truth: float(len(text) % 2)
     from agentloop_trainer.cli import main
     sys.exit(main(sys.argv[1:]))
 ''')
+PARITY = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
+         "    return float(len(solution_str) % 2)\n"
 
 
 def _args(model_path: Path, out: Path, name: str) -> list[str]:
-    return [
+    reward = out / "parity.py"
+    if not reward.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        reward.write_text(PARITY)
+    return [f"custom_reward_function.path={reward}",
         "train", f"model.path={model_path}", "trainer.total_steps=4", f"trainer.output_dir={out}",
         f"trainer.experiment_name={name}", "trainer.test_freq=0", "trainer.save_freq=2", "trainer.progress_bar=false",
         "data.train_size=64", "data.val_size=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=3",

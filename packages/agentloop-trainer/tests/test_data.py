@@ -20,8 +20,8 @@ def test_malformed_rows_after_the_first_are_named(tmp_path):
     rows[3]["prompt"] = [{"role": "user"}]  # no content
     rows[5]["reward_model"] = {"style": "rule", "ground_truth": ""}
     path = write_parquet_rows(rows, tmp_path / "bad.parquet")
-    with pytest.raises(ValueError, match=r"2 of 6 rows are malformed: row 3: prompt message 0 needs string "
-                                         r"'role' and 'content'; row 5: 'reward_model.ground_truth' is missing"):
+    with pytest.raises(ValueError, match=r"2 of 6 rows are malformed: row 3: prompt message 0 needs a string "
+                                         r"'role' and 'content' \(a string or a list of text parts\); row 5: 'reward_model.ground_truth' is missing"):
         read_parquet_rows(path)
     assert len(read_parquet_rows(write_parquet_rows(_rows(6), tmp_path / "good.parquet"))) == 6
 
@@ -37,7 +37,11 @@ def test_overlong_prompts_are_measured_with_the_tool_schemas_and_dropped_or_reje
     without = prompt_lengths(rows, tokenizer, None)
     assert all(a > b + 50 for a, b in zip(with_tools, without, strict=True))  # schemas are counted
     limit = sorted(with_tools)[-2]  # every prompt but the long one fits
-    overrides = [f"data.train_files={train}", f"data.val_files={test}", f"data.max_prompt_length={limit}"]
+    from agentloop_trainer.rollout import BUILTIN_TOOL_CONFIG
+
+    # The configured tools' schemas count: here the calculator's, as a user's tool YAML names it.
+    overrides = [f"data.train_files={train}", f"data.val_files={test}", f"data.max_prompt_length={limit}",
+                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={BUILTIN_TOOL_CONFIG}"]
     stats: dict[str, int] = {}
     logged: list[str] = []
     kept, held = load_records(load_config(overrides), tokenizer, logged.append, stats)

@@ -10,7 +10,8 @@ import torch
 
 from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
 from agentloop_trainer.forward import common_prefix_length, sequence_log_probs
-from agentloop_trainer.rollout import RolloutConfig, RolloutEngine, make_rows
+from agentloop_trainer.config import load_config
+from agentloop_trainer.rollout import RolloutEngine, make_rows
 from agentloop_trainer.task import BIASED_TEMPLATES, dataset_row, make_problems
 
 
@@ -57,8 +58,9 @@ def test_scoring_from_a_later_token_gives_the_same_values_there(model, tokenizer
 def test_recomputed_log_probs_match_hfserver(model, tokenizer):
     import copy
 
-    engine = RolloutEngine(copy.deepcopy(model), tokenizer,
-                           RolloutConfig(max_tokens_per_turn=12, response_length=40, temperature=1.0), seed=3)
+    cfg = load_config(["actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12", "data.max_response_length=40",
+                       "actor_rollout_ref.rollout.temperature=1.0", "trainer.seed=3"])
+    engine = RolloutEngine(cfg, "unused: the engine serves the in-memory copy", tokenizer, copy.deepcopy(model))
     try:
         records = [dataset_row(p, "test") for p in make_problems(2, 5)]
         batch = engine.generate(make_rows(records, 3))

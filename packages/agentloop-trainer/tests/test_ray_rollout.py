@@ -37,19 +37,19 @@ def test_ray_backend_equals_in_process_for_the_same_seed(local_ray, random_model
 
     from agentloop_trainer.assets import load_records
     from agentloop_trainer.rollout import RolloutEngine, make_rows
-    from agentloop_trainer.trainer import ray_rollout, rollout_config
 
     cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "actor_rollout_ref.rollout.num_replicas=2",
-               "actor_rollout_ref.rollout.agent.num_workers=2",
+               "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.seed=7",
                "ray.placement_strategy=SPREAD")
+    local_cfg = _cfg(random_model_path, "trainer.seed=7")
     rows = make_rows(load_records(cfg)[0][:6], 4, step=3)
     batches = []
-    for ray_cfg in (None, ray_rollout(cfg, random_model_path, "eq")):
-        model = AutoModelForCausalLM.from_pretrained(random_model_path) if ray_cfg is None else None
-        engine = RolloutEngine(model, tokenizer, rollout_config(cfg), seed=7, ray=ray_cfg)
+    for on_ray in (False, True):
+        model = None if on_ray else AutoModelForCausalLM.from_pretrained(random_model_path)
+        engine = RolloutEngine(cfg if on_ray else local_cfg, random_model_path, tokenizer, model, name="eq")
         try:
             batches.append(engine.generate(rows, step=3))
-            if ray_cfg is not None:
+            if on_ray:
                 stats = engine.loop.run_until_complete(engine.server.get_stats())
         finally:
             engine.close()

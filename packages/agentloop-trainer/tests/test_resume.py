@@ -39,17 +39,19 @@ def _run(cfg, tokenizer, quiet):
 
 
 @pytest.mark.slow
-def test_resume_reproduces_next_step_loss(tmp_path, random_model_path, tokenizer, monkeypatch):
-    import agentloop_trainer.rollout as rollout
-
-    # A random policy never writes "#### N"; reward the parity of the generated text's length
-    # instead, so advantages, and hence the loss, depend on exactly what was sampled.
-    monkeypatch.setattr(rollout, "answer_reward", lambda text, truth: float(len(text) % 2))
+def test_resume_reproduces_next_step_loss(tmp_path, random_model_path, tokenizer):
+    # A random policy never writes "#### N"; a custom reward function (the user's path) scores
+    # the parity of the generated text's length instead, so advantages, and hence the loss,
+    # depend on exactly what was sampled.
+    reward = tmp_path / "parity.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) % 2)\n")
+    fn = {"custom_reward_function.path": str(reward)}
     quiet = lambda *_: None  # noqa: E731
-    full = _run(_cfg(tmp_path, random_model_path, "full", 3), tokenizer, quiet)
-    _run(_cfg(tmp_path, random_model_path, "cut", 2), tokenizer, quiet)
+    full = _run(_cfg(tmp_path, random_model_path, "full", 3, **fn), tokenizer, quiet)
+    _run(_cfg(tmp_path, random_model_path, "cut", 2, **fn), tokenizer, quiet)
     assert (tmp_path / "cut" / "checkpoints" / "step_2" / "optimizer.pt").exists()
-    resumed = _run(_cfg(tmp_path, random_model_path, "cut", 3, **{"trainer.resume": "true"}), tokenizer, quiet)
+    resumed = _run(_cfg(tmp_path, random_model_path, "cut", 3, **{"trainer.resume": "true"}, **fn), tokenizer, quiet)
     assert [h["step"] for h in full] == [1, 2, 3]
     assert resumed[-1]["step"] == 3
     # With one update per batch the PPO ratio is 1 and equal-length responses make the

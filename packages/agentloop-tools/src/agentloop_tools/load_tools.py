@@ -6,6 +6,8 @@ YAML format (verl-compatible)::
       - class_name: agentloop_tools.builtin.gsm8k.Gsm8kTool
         config: {type: native, timeout_s: 5}
         tool_schema: {type: function, function: {name: check_answer, ...}}   # optional if the class has a default
+      - class_name: agentloop_tools.builtin.calculator.calculator           # a @function_tool object
+        config: {type: function}
       - config:
           type: mcp
           timeout_s: 30
@@ -132,8 +134,10 @@ def load_tools_from_config(tool_config_path: str | Path) -> dict[str, BaseTool]:
             built = _build_native(entry, config, key)
         elif kind == "mcp":
             built = _build_mcp(entry, config, key, file.parent)
+        elif kind == "function":
+            built = _build_function(entry, config, key)
         else:
-            raise ValueError(f"{key}.config.type: {kind!r} is not one of 'native', 'mcp'")
+            raise ValueError(f"{key}.config.type: {kind!r} is not one of 'native', 'function', 'mcp'")
         for name, tool in built.items():
             if name in tools:
                 raise ValueError(f"{key}: tool name {name!r} is already defined by {source[name]}")
@@ -153,6 +157,22 @@ def _build_native(entry: Mapping[str, Any], config: dict[str, Any], key: str) ->
         tool = cls(config, entry.get("tool_schema"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{key}: building {entry['class_name']} failed: {exc}") from exc
+    return {tool.name: tool}
+
+
+def _build_function(entry: Mapping[str, Any], config: dict[str, Any], key: str) -> dict[str, BaseTool]:
+    """A ``@function_tool`` object (or any BaseTool instance) named by import path; it is
+    shared as it is, so the entry takes no config or schema of its own."""
+    if "class_name" not in entry:
+        raise ValueError(f"{key}.class_name: missing; function tools need the import path of a @function_tool "
+                         "object, e.g. agentloop_tools.builtin.calculator.calculator")
+    tool = import_object(entry["class_name"], where=f"{key}.class_name")
+    if not isinstance(tool, BaseTool):
+        raise ValueError(f"{key}.class_name: {entry['class_name']!r} is a {type(tool).__name__}, not a tool; "
+                         "decorate the function with @function_tool")
+    extra = sorted(set(config) - {"type"}) + (["tool_schema"] if entry.get("tool_schema") is not None else [])
+    if extra:
+        raise ValueError(f"{key}: function tools take their settings from @function_tool(...); remove {extra}")
     return {tool.name: tool}
 
 

@@ -25,6 +25,14 @@ class ActorConfig(ActorSection):
     """AdamW betas."""
     temperature: float = 1.0
     """Sampling temperature (``rollout.temperature``); log-probs are of ``logits / temperature``."""
+    rollout_n: int = 1
+    """Samples per prompt (``rollout.n``): ``ppo_mini_batch_size`` counts prompts, as in verl."""
+
+    def mini_batch_samples(self, batch_samples: int) -> int:
+        """Samples per optimizer step for a batch of ``batch_samples``."""
+        if self.ppo_mini_batch_size is None:
+            return batch_samples
+        return min(batch_samples, self.ppo_mini_batch_size * self.rollout_n)
 
 
 @dataclass
@@ -197,7 +205,7 @@ class GRPOActor:
 
         cfg = self.config
         B = len(pb.sequences)
-        mb = cfg.ppo_mini_batch_size or B
+        mb = cfg.mini_batch_samples(B)
         device = next(self.model.parameters()).device
         advantages = advantages.to(device)
         on_policy = old_log_probs is None

@@ -97,16 +97,18 @@ def load_records(cfg: Any, tokenizer: Any = None, log: Any = None,
     """
     if cfg.data.train_files or cfg.data.val_files:
         if not (cfg.data.train_files and cfg.data.val_files):
-            raise ValueError("set both data.train_files and data.val_files, or neither (synthetic task)")
-        from agentloop_trainer.data import limit_prompt_length, read_parquet_rows
+            raise ValueError("set both data.train_files and data.val_files, or neither (the built-in task)")
+        from agentloop_trainer.data import limit_prompt_length, read_parquet_files
+        from agentloop_trainer.rollout import tool_schemas
 
-        train, test = read_parquet_rows(cfg.data.train_files), read_parquet_rows(cfg.data.val_files)
+        need_truth = cfg.reward.source != "loop"
+        train = read_parquet_files(cfg.data.train_files, "data.train_files", need_ground_truth=need_truth)
+        test = read_parquet_files(cfg.data.val_files, "data.val_files", need_ground_truth=need_truth)
         if tokenizer is not None:
-            from agentloop_trainer.task import tool_schemas
-
+            schemas = tool_schemas(cfg)
             out = []
             for name, key, rows in (("data.train_files", "train", train), ("data.val_files", "val", test)):
-                kept, dropped = limit_prompt_length(rows, tokenizer, tool_schemas(), cfg.data.max_prompt_length,
+                kept, dropped = limit_prompt_length(rows, tokenizer, schemas, cfg.data.max_prompt_length,
                                                     cfg.data.filter_overlong_prompts, name)
                 if stats is not None:
                     stats[f"data/dropped_overlong_{key}"] = dropped

@@ -21,47 +21,40 @@ def _log(message: str) -> None:
     tqdm.write(message)
 
 
+def run_dir_of(cfg: Any) -> Path:
+    """The run folder: ``trainer.run_dir``, else ``<output_dir>/<experiment_name or a timestamp>``."""
+    tc = cfg.trainer
+    if tc.run_dir:
+        return Path(tc.run_dir)
+    return Path(tc.output_dir) / (tc.experiment_name or time.strftime("run-%Y%m%d-%H%M%S"))
+
+
 def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     """Run a full training job for ``cfg``; returns the run folder and the summary."""
-    import random
+    import json
 
-    import numpy as np
-    import torch
-
-    from agentloop_trainer.assets import load_records, load_tokenizer, sft_checkpoint
+    from agentloop_trainer.assets import load_tokenizer, sft_checkpoint
     from agentloop_trainer.config import to_yaml
     from agentloop_trainer.trainer import ray_session
 
-    tc = cfg.trainer
-    name = tc.experiment_name or time.strftime("run-%Y%m%d-%H%M%S")
-    run_dir = Path(tc.output_dir) / name
+    run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()
-    tokenizer = load_tokenizer(cfg)
-    model_path = Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, tokenizer, log)
+    model_path = Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, load_tokenizer(cfg), log)
     data_stats: dict[str, int] = {}
-    train, test = load_records(cfg, tokenizer, log, data_stats)
-    random.seed(tc.seed)
-    np.random.seed(tc.seed)
-    torch.manual_seed(tc.seed)
     with ray_session(cfg, log):
-        summary = _fit(cfg, model_path, tokenizer, train, test, run_dir, log)
+        summary = _fit(cfg, model_path, run_dir, log, data_stats)
     summary["total_wall_seconds"] = time.perf_counter() - wall
     summary["start_checkpoint"] = str(model_path)
     summary.update(data_stats)
-    import json
-
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir, summary
 
 
-def _fit(cfg: Any, model_path: Path, tokenizer: Any, train: list, test: list, run_dir: Path, log: Any) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-
+def _fit(cfg: Any, model_path: Path, run_dir: Path, log: Any, stats: dict[str, int]) -> dict:
+    from agentloop_trainer.build import build_trainer
     from agentloop_trainer.config import uses_ray
-    from agentloop_trainer.trainer import GRPOTrainer
 
     tc = cfg.trainer
     if tc.fsdp_ranks > 1:
@@ -74,21 +67,14 @@ def _fit(cfg: Any, model_path: Path, tokenizer: Any, train: list, test: list, ru
 
             cfg = OmegaConf.merge(cfg, {"ray": {"address": ray.get_runtime_context().gcs_address}})
 
-        summary = run_fsdp_training(cfg, model_path, run_dir, launcher=tc.launcher,
-                                    num_cpus_per_rank=cfg.ray.rank_num_cpus,
-                                    num_gpus_per_rank=cfg.ray.rank_num_gpus, strategy=cfg.ray.placement_strategy)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-        # On the ray backend the replicas load the checkpoint themselves.
-        engine_model = None if uses_ray(cfg) else AutoModelForCausalLM.from_pretrained(str(model_path),
-                                                                                         dtype=torch.float32)
-        trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, run_dir, log=log,
-                              model_path=model_path)
-        try:
-            summary = trainer.fit()
-        finally:
-            trainer.close()
-    return summary
+        return run_fsdp_training(cfg, model_path, run_dir, launcher=tc.launcher,
+                                 num_cpus_per_rank=cfg.ray.rank_num_cpus,
+                                 num_gpus_per_rank=cfg.ray.rank_num_gpus, strategy=cfg.ray.placement_strategy)
+    trainer = build_trainer(cfg, model_path, run_dir, log, stats=stats)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -106,8 +92,9 @@ def _train(args: argparse.Namespace) -> int:
         print(to_yaml(cfg))
         return 0
     run_dir, summary = run_train(cfg)
+    before = summary["eval_accuracy_before"]
     print(
-        f"\nheld-out accuracy {summary['eval_accuracy_before']:.3f} -> {summary['eval_accuracy_after']:.3f} "
+        f"\nheld-out accuracy {'-' if before is None else f'{before:.3f}'} -> {summary['eval_accuracy_after']:.3f} "
         f"(n={summary['held_out_size']}, seed={summary['seed']}) in {summary['total_wall_seconds']:.0f} s"
     )
     print(f"outputs: {run_dir.resolve()}")

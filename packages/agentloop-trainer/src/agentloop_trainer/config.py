@@ -7,7 +7,8 @@ that names the key and the closest valid one, never a silently ignored setting.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,10 @@ from typing import Any
 class DataSection:
     """Datasets (verl: ``data``)."""
 
-    train_files: str | None = None
-    """Parquet file of training rows; None: the synthetic calculator task."""
-    val_files: str | None = None
-    """Parquet file of held-out rows; None: the synthetic calculator task."""
+    train_files: Any = None
+    """Parquet file (or list of files) of training rows; None: the built-in calculator task."""
+    val_files: Any = None
+    """Parquet file (or list of files) of held-out rows; None: the built-in calculator task."""
     train_size: int = 20000
     """Synthetic training problems."""
     val_size: int = 200
@@ -76,9 +77,9 @@ class ActorSection:
     """GRPO actor (verl: ``actor_rollout_ref.actor``)."""
 
     lr: float = 1e-4
-    """AdamW learning rate."""
+    """AdamW learning rate (verl: ``actor.optim.lr``)."""
     weight_decay: float = 0.0
-    """AdamW weight decay."""
+    """AdamW weight decay (verl: ``actor.optim.weight_decay``)."""
     clip_ratio_low: float = 0.2
     """PPO ratio floor is 1 - this."""
     clip_ratio_high: float = 0.2
@@ -96,31 +97,98 @@ class ActorSection:
     ppo_epochs: int = 1
     """Passes over each batch."""
     ppo_mini_batch_size: int | None = None
-    """Samples per optimizer step; null: one update per batch."""
+    """Prompts per optimizer step, as in verl (each brings ``rollout.n`` samples); null: one
+    update per batch."""
 
 
 @dataclass
 class MultiTurnSection:
-    """Multi-turn limits (verl: ``rollout.multi_turn``)."""
+    """Multi-turn settings of the tool loops (verl: ``rollout.multi_turn``)."""
 
-    max_assistant_turns: int = 3
-    """Most model turns per trajectory."""
+    enable: bool = True
+    """verl's switch; agentloop's loops are always multi-turn (false is an error)."""
+    max_assistant_turns: int | None = 3
+    """Most model turns per trajectory; null: bounded by the response budget."""
+    max_user_turns: int | None = None
+    """Most interaction (user) replies; null: until the interaction ends the conversation."""
+    max_parallel_calls: int = 4
+    """Most tool calls run per turn; later calls get an error message."""
+    max_tool_response_length: int = 1024
+    """Most characters of one tool response shown to the model."""
+    tool_response_truncate_side: str = "middle"
+    """left (keep the tail) | right (keep the head) | middle (keep both ends)."""
     max_tokens_per_turn: int = 64
     """Most tokens one assistant turn may generate."""
+    tool_config_path: str | None = None
+    """Tool YAML (native, function and MCP tools; see ``agentloop_tools.load_tools``); null: no
+    tools, or the calculator for the built-in task."""
+    function_tool_path: str | None = None
+    """Python file whose module-level ``@function_tool`` functions become tools."""
+    interaction_config_path: str | None = None
+    """Interaction YAML (a simulated user that replies when the model stops calling tools)."""
+    format: str = "hermes"
+    """Tool-call parser (see ``agentloop_tools.parsers.tool_parser_names()``)."""
+    tool_timeout_s: float | None = 60.0
+    """Time limit of one tool call unless the tool sets its own."""
 
 
 @dataclass
 class AgentSection:
-    """Agent loop workers (verl: ``rollout.agent``)."""
+    """Agent loops and their workers (verl: ``rollout.agent``)."""
 
     num_workers: int = 1
     """Workers a batch is split over."""
+    default_agent_loop: str = "tool_agent"
+    """Loop of rows without an ``agent_name`` column."""
+    agent_loop_config_path: str | None = None
+    """verl-style YAML list of ``{name, _target_}`` (``_target_``: ``pkg.module.Class``) that
+    registers user loops by import path."""
+    agent_loop_modules: list[str] = field(default_factory=list)
+    """Modules to import so their ``@register`` loops exist (also on Ray workers)."""
+    loops: dict[str, Any] = field(default_factory=dict)
+    """Per-loop settings merged over the common ones, e.g. ``loops.react_agent.graph_factory``;
+    ``loops.<name>._target_`` registers a loop class by import path. Unknown keys are errors."""
+
+
+@dataclass
+class ValKwargsSection:
+    """Sampling of validation rollouts (verl: ``rollout.val_kwargs``)."""
+
+    temperature: float = 0.0
+    """0: greedy."""
+    top_k: int = 0
+    """0 disables top-k."""
+    top_p: float = 1.0
+    """1.0 disables nucleus sampling."""
+    do_sample: bool = False
+    """false forces greedy whatever the temperature (verl's meaning)."""
+    n: int = 1
+    """Samples per held-out prompt (the reported reward is their mean)."""
 
 
 @dataclass
 class RolloutSection:
     """Rollout (verl: ``actor_rollout_ref.rollout``)."""
 
+    name: str = "hf"
+    """Engine: hf (transformers, CPU or GPU) | vllm | sglang."""
+    server_urls: list[str] | None = None
+    """Already-running agentloop engine HTTP servers (``agentloop_engines.serve``) to roll out
+    on instead of starting an engine; weights are pushed to them after each update."""
+    server_api_key_env: str | None = None
+    """Environment variable holding the servers' bearer token (kept out of config files)."""
+    dtype: str | None = None
+    """Engine weights dtype (float32, bfloat16, float16); null: the engine's default."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM/SGLang may take (SGLang: ``mem_fraction_static``)."""
+    tensor_model_parallel_size: int = 1
+    """GPUs one engine replica spans."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs / torch.compile (fast start-up)."""
+    max_model_len: int | None = None
+    """Engine context length; null: prompt + response budget for vLLM/SGLang, the model's for hf."""
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"hf": {}, "vllm": {}, "sglang": {}})
+    """Extra constructor arguments per engine (``engine_kwargs.vllm.enable_prefix_caching=true``)."""
     n: int = 8
     """Samples per prompt (GRPO group size)."""
     temperature: float = 1.0
@@ -130,7 +198,7 @@ class RolloutSection:
     top_p: float = 1.0
     """1.0 disables nucleus sampling."""
     max_batch_size: int = 128
-    """Requests the engine decodes together."""
+    """Requests the hf engine decodes together."""
     backend: str = "inprocess"
     """inprocess: one engine and the rollout workers in the trainer process (fastest on one small
     machine); ray: engine replicas and rollout workers as Ray actors (set by ``ray.address``)."""
@@ -140,11 +208,16 @@ class RolloutSection:
     """Put engines that support it to sleep (weights and KV cache off the GPU) during the
     update, and wake them before the weight sync."""
     sanity_check: str = "ignore_strippable"
-    """Delta-tokenization check: strict | ignore_strippable | disable."""
+    """Delta-tokenization check: strict | ignore_strippable | disable (verl:
+    ``multi_turn.tokenization_sanity_check_mode``)."""
+    sample_timeout_s: float | None = None
+    """A trajectory running longer fails (counted in rollout/num_failed); null: no limit."""
+    val_kwargs: ValKwargsSection = field(default_factory=ValKwargsSection)
+    """Validation sampling."""
     multi_turn: MultiTurnSection = field(default_factory=MultiTurnSection)
-    """Multi-turn limits."""
+    """Multi-turn settings."""
     agent: AgentSection = field(default_factory=AgentSection)
-    """Agent loop workers."""
+    """Agent loops and workers."""
 
 
 @dataclass
@@ -163,6 +236,31 @@ class AlgorithmSection:
 
     adv_estimator: str = "grpo"
     """grpo (mean/std per group) | dr_grpo (mean only)."""
+
+
+@dataclass
+class CustomRewardFunctionSection:
+    """A reward function from a Python file (verl: ``custom_reward_function``)."""
+
+    path: str | None = None
+    """Python file defining the function; null: the built-in scorer of each row's ``data_source``."""
+    name: str = "compute_score"
+    """Function name; signature ``(data_source, solution_str, ground_truth, extra_info)``, sync
+    or async, returning a float or a dict with ``score`` (other numbers become metrics)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the function."""
+
+
+@dataclass
+class RewardSection:
+    """How a trajectory's reward is put together."""
+
+    source: str = "auto"
+    """function: the reward function only | loop: the loop's own reward (tool ``calc_reward``
+    and step rewards, interaction scores) | sum: both added | auto: the function when one
+    applies (custom, or a built-in scorer for the row's data_source), else the loop's."""
+    zero_reward_warn_steps: int = 3
+    """Warn loudly when every reward has been zero for this many steps in a row (0: never)."""
 
 
 @dataclass
@@ -193,14 +291,18 @@ class TrainerSection:
     """Run control (verl: ``trainer``)."""
 
     total_steps: int = 30
-    """GRPO steps (30 keep the default job under 15 minutes on 2 CPU cores; the H200 runs in
-    the README used 50)."""
+    """GRPO steps (verl: ``total_training_steps``; 30 keep the default job short on 2 CPU cores;
+    the H200 runs in the README used 50)."""
     seed: int = 0
     """Seed of data order, sampling and the engine."""
+    project_name: str = "agentloop"
+    """Project (MLflow experiment name)."""
     experiment_name: str | None = None
     """Run name: outputs go to ``<output_dir>/<experiment_name>``; None: a timestamp."""
     output_dir: str = "outputs"
     """Parent folder of runs."""
+    run_dir: str | None = None
+    """The run folder itself (verl: ``default_local_dir``); null: ``<output_dir>/<experiment_name>``."""
     fsdp_ranks: int = 1
     """Trainer processes (FSDP2 over gloo on CPU, NCCL on GPU); 1: no sharding."""
     launcher: str = "spawn"
@@ -210,6 +312,8 @@ class TrainerSection:
     """cpu or cuda."""
     test_freq: int = 10
     """Evaluate on the held-out split every this many steps (0: only before and after)."""
+    val_before_train: bool = True
+    """Evaluate before the first step."""
     save_freq: int = 25
     """Checkpoint every this many steps (0: never)."""
     resume: bool = False
@@ -229,12 +333,28 @@ class TrainConfig:
     sft: SFTSection = field(default_factory=SFTSection)
     actor_rollout_ref: ActorRolloutRefSection = field(default_factory=ActorRolloutRefSection)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    custom_reward_function: CustomRewardFunctionSection = field(default_factory=CustomRewardFunctionSection)
+    reward: RewardSection = field(default_factory=RewardSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     ray: RaySection = field(default_factory=RaySection)
 
 
+ENGINE_NAMES = ("hf", "vllm", "sglang")
+"""Values of ``actor_rollout_ref.rollout.name``."""
+REWARD_SOURCES = ("auto", "function", "loop", "sum")
+"""Values of ``reward.source``."""
+
+
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names it and the fix."""
+
+
+FREE_FORM: tuple[str, ...] = (
+    "actor_rollout_ref.rollout.engine_kwargs.", "actor_rollout_ref.rollout.agent.loops.",
+    "custom_reward_function.reward_kwargs.",
+)
+"""Sections whose keys are the user's (engine arguments, per-loop settings, reward kwargs);
+they are checked where they are used, against the engine or loop they configure."""
 
 
 def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
@@ -252,8 +372,18 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted leaf keys of a nested mapping (lists and free-form sections stay whole)."""
+    if isinstance(value, dict) and value and not prefix.startswith(FREE_FORM):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: value}
+
+
 def _check_key(key: str, valid: list[str]) -> None:
-    if key in valid:
+    if key in valid or (key + ".").startswith(FREE_FORM) or key.startswith(FREE_FORM):
         return
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not close:
@@ -266,12 +396,22 @@ def _check_key(key: str, valid: list[str]) -> None:
     raise ConfigError(f"unknown config key {key!r}{hint} (see `agentloop train --show-config` for all keys)")
 
 
-def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = None) -> Any:
+def _notice(message: str) -> None:
+    print(f"agentloop: {message}", file=sys.stderr)
+
+
+def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = None,
+                notice: Callable[[str], None] = _notice) -> Any:
     """Build the config from defaults, an optional YAML file, then ``key=value`` overrides.
+
+    verl's spellings are accepted in both (``actor_rollout_ref.model.path``,
+    ``trainer.total_training_steps``...; see :mod:`agentloop_trainer.verl_compat`), each with
+    a one-line notice.
 
     Args:
         overrides: Dotted ``key=value`` strings, e.g. ``actor_rollout_ref.rollout.n=4``.
         config_file: YAML file merged over the defaults.
+        notice: Receives one line per verl key that was translated or ignored.
 
     Returns:
         A read-only OmegaConf ``DictConfig`` typed by :class:`TrainConfig`.
@@ -283,28 +423,55 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from agentloop_trainer.verl_compat import translate
+
     cfg = OmegaConf.structured(TrainConfig)
     valid = _leaf_keys(cfg)
-    layers = []
-    if config_file is not None:
-        loaded = OmegaConf.load(str(config_file))
-        for key in _leaf_keys(loaded):
-            _check_key(key, valid)
-        layers.append(loaded)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. trainer.total_steps=20)")
-        key = item.split("=", 1)[0].strip().lstrip("+")
-        _check_key(key, valid)
+    layers: list[dict[str, Any]] = []
     try:
-        if overrides:
-            layers.append(OmegaConf.from_dotlist([o.lstrip("+") for o in overrides]))
-        cfg = OmegaConf.merge(cfg, *layers)
+        if config_file is not None:
+            loaded = OmegaConf.to_container(OmegaConf.load(str(config_file)), resolve=True)
+            if not isinstance(loaded, dict):
+                raise ConfigError(f"{config_file} is not a YAML mapping of config sections")
+            layers.append(_flatten(loaded))
+        dotted: dict[str, Any] = {}
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not key=value (e.g. trainer.total_steps=20)")
+            dotted.update(_flatten(OmegaConf.to_container(OmegaConf.from_dotlist([item.lstrip("+")]), resolve=True)))
+        if dotted:
+            layers.append(dotted)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"bad config value: {exc}".strip()) from None
+    merged = []
+    for flat in layers:
+        try:
+            flat = translate(flat, set(valid), notice)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        for key in flat:
+            _check_key(key, valid)
+        merged.append(OmegaConf.from_dotlist([]) if not flat else _nest(flat))
+    try:
+        cfg = OmegaConf.merge(cfg, *merged)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad config value: {exc}".strip()) from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
     return cfg
+
+
+def _nest(flat: dict[str, Any]) -> Any:
+    from omegaconf import OmegaConf
+
+    root: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = root
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return OmegaConf.create(root)
 
 
 def validate(cfg: Any) -> None:
@@ -315,6 +482,7 @@ def validate(cfg: Any) -> None:
     """
     from agentloop_trainer.algos import ADV_ESTIMATORS, LOSS_AGG_MODES
 
+    r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     checks = [
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator in ADV_ESTIMATORS, f"one of {ADV_ESTIMATORS}"),
         ("actor_rollout_ref.actor.loss_agg_mode", cfg.actor_rollout_ref.actor.loss_agg_mode in LOSS_AGG_MODES,
@@ -334,6 +502,20 @@ def validate(cfg: Any) -> None:
         ("ray.placement_strategy", cfg.ray.placement_strategy in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
          "one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"),
         ("ray.worker_placement", cfg.ray.worker_placement in ("spread", "default"), "spread or default"),
+        ("actor_rollout_ref.rollout.name", r.name in ENGINE_NAMES, f"one of {ENGINE_NAMES}"),
+        ("actor_rollout_ref.rollout.server_urls", not r.server_urls or not uses_ray(cfg),
+         "unset with the ray backend (remote servers are routed from the trainer process)"),
+        ("actor_rollout_ref.rollout.multi_turn.enable", r.multi_turn.enable,
+         "true (agentloop's loops are multi-turn; a loop that stops after one turn is still one)"),
+        ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
+         r.multi_turn.tool_response_truncate_side in ("left", "right", "middle"), "left, right or middle"),
+        ("actor_rollout_ref.rollout.sanity_check", r.sanity_check in ("strict", "ignore_strippable", "disable"),
+         "strict, ignore_strippable or disable"),
+        ("actor_rollout_ref.rollout.val_kwargs.n", r.val_kwargs.n >= 1, "at least 1"),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size",
+         a.ppo_mini_batch_size is None or 1 <= a.ppo_mini_batch_size <= cfg.data.train_batch_size,
+         "null or between 1 and data.train_batch_size (it counts prompts, as in verl)"),
+        ("reward.source", cfg.reward.source in REWARD_SOURCES, f"one of {REWARD_SOURCES}"),
     ]
     for key, ok, expected in checks:
         if not ok:

@@ -86,19 +86,30 @@ def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
-def check_row(row: Any) -> str | None:
-    """Why ``row`` is not a usable dataset row, or None when it is."""
+def check_row(row: Any, need_ground_truth: bool = True) -> str | None:
+    """Why ``row`` is not a usable dataset row, or None when it is. Message content may be a
+    string or a list of text parts; ``reward_model.ground_truth`` is needed unless the reward
+    comes from the loop alone."""
+    from agentloop_trainer.rollout import normalize_content
+
     if not isinstance(row, dict):
         return "is not a mapping"
     prompt = row.get("prompt")
     if not isinstance(prompt, list) or not prompt:
         return "'prompt' must be a non-empty list of chat messages"
     for k, m in enumerate(prompt):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return f"prompt message {k} needs string 'role' and 'content'"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("content") is None:
+            return f"prompt message {k} needs a string 'role' and 'content' (a string or a list of text parts)"
+        try:
+            normalize_content(m.get("content"), f"prompt message {k}")
+        except ValueError as exc:
+            return str(exc)
     rm = row.get("reward_model")
-    if not isinstance(rm, dict) or rm.get("ground_truth") in (None, ""):
-        return "'reward_model.ground_truth' is missing"
+    if rm is not None and not isinstance(rm, dict):
+        return "'reward_model' must be a mapping with 'ground_truth'"
+    if need_ground_truth and (not isinstance(rm, dict) or rm.get("ground_truth") in (None, "")):
+        return ("'reward_model.ground_truth' is missing (needed by the reward function; with rewards from "
+                "the loop's tools alone set reward.source=loop)")
     extra = row.get("extra_info")
     if extra is not None and not isinstance(extra, dict):
         return "'extra_info' must be a mapping"
@@ -107,7 +118,24 @@ def check_row(row: Any) -> str | None:
     return None
 
 
-def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
+def read_parquet_files(paths: Any, key: str, need_ground_truth: bool = True) -> list[dict[str, Any]]:
+    """Rows of one parquet file or a list of them (verl's ``data.train_files`` forms), in order.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`read_parquet_rows`, naming the file.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise ValueError(f"{key} is an empty list; give one parquet file or a list of them")
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows.extend(read_parquet_rows(path, need_ground_truth=need_ground_truth))
+    return rows
+
+
+def read_parquet_rows(path: str | Path, need_ground_truth: bool = True) -> list[dict[str, Any]]:
     """Rows of a parquet dataset as plain Python dicts and lists, every row checked.
 
     Raises:
@@ -123,14 +151,20 @@ def read_parquet_rows(path: str | Path) -> list[dict[str, Any]]:
     rows = pq.read_table(path).to_pylist()
     if not rows:
         raise ValueError(f"{path} has no rows")
-    required = {"prompt", "reward_model"}
+    required = {"prompt", "reward_model"} if need_ground_truth else {"prompt"}
     if not required <= set(rows[0]):
-        raise ValueError(f"{path} lacks columns {sorted(required - set(rows[0]))}; expected verl-style rows")
-    bad = [(i, why) for i, row in enumerate(rows) if (why := check_row(row)) is not None]
+        raise ValueError(f"{path} lacks columns {sorted(required - set(rows[0]))}; expected verl-style rows "
+                         "(prompt, data_source, reward_model.ground_truth, extra_info)")
+    bad = [(i, why) for i, row in enumerate(rows) if (why := check_row(row, need_ground_truth)) is not None]
     if bad:
         listed = "; ".join(f"row {i}: {why}" for i, why in bad[:20])
         more = f" (and {len(bad) - 20} more)" if len(bad) > 20 else ""
         raise ValueError(f"{path}: {len(bad)} of {len(rows)} rows are malformed: {listed}{more}")
+    from agentloop_trainer.rollout import normalize_messages
+
+    for i, row in enumerate(rows):
+        # Text parts joined, absent struct fields (None) dropped: what the chat template renders.
+        row["prompt"] = normalize_messages(row["prompt"], f"{path} row {i} prompt")
     return rows
 
 

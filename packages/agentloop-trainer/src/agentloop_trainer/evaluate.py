@@ -21,14 +21,7 @@ def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
 def _engine(cfg: Any, checkpoint: str | Path, tokenizer: Any) -> RolloutEngine:
     """In-process, or replicas on Ray (``ray.address`` / ``rollout.backend=ray``; the caller
     holds a :func:`~agentloop_trainer.trainer.ray_session`)."""
-    from transformers import AutoModelForCausalLM
-
-    from agentloop_trainer.trainer import ray_rollout, rollout_config
-
-    ray = ray_rollout(cfg, checkpoint, "eval")
-    model = None if ray is not None else AutoModelForCausalLM.from_pretrained(str(checkpoint))
-    return RolloutEngine(model, tokenizer, rollout_config(cfg), device=cfg.trainer.device, seed=cfg.trainer.seed,
-                         ray=ray)
+    return RolloutEngine(cfg, checkpoint, tokenizer, name="agentloop-eval")
 
 
 def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
@@ -70,6 +63,7 @@ def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompt
             n = int(attn[P:].sum())
             record = {
                 "group_id": row["group_id"], "rollout_n": row["rollout_n"], "ground_truth": row["ground_truth"],
+                "data_source": row.get("data_source"),
                 "reward": float(batch.rewards[b]), "failed": bool(batch.failed[b]),
                 "prompt_ids": batch.prompts[b][attn[:P] == 1].tolist(),
                 "response_ids": batch.responses[b][:n].tolist(),

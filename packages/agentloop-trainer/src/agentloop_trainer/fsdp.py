@@ -139,36 +139,19 @@ def spawn(fn: Callable, world_size: int, *args: Any, device: str = "cpu") -> Any
 
 
 def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict[str, Any]:
-    import torch
+    import torch.distributed as dist
     from omegaconf import OmegaConf
-    from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.assets import load_records, load_tokenizer
-    from agentloop_trainer.trainer import GRPOTrainer
-
-    cfg = OmegaConf.create(cfg_yaml)
-    torch.manual_seed(cfg.trainer.seed)
-    tokenizer = load_tokenizer(cfg) if cfg.model.tokenizer_path or cfg.model.path else None
-    if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    model = shard_policy(model.to(cfg.trainer.device), cfg.trainer.device)
+    from agentloop_trainer.build import build_trainer
     from agentloop_trainer.config import uses_ray
 
-    # On the ray backend rank 0 starts engine replicas that load the checkpoint themselves.
-    in_process_engine = rank == 0 and not uses_ray(cfg)
-    engine_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32) if in_process_engine else None
+    cfg = OmegaConf.create(cfg_yaml)
     if rank == 0 and uses_ray(cfg):
         from agentloop_engines.ray_hosting import connect_ray
 
         connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
-    train, test = load_records(cfg, tokenizer)
-    log = print if rank == 0 else (lambda *_: None)
-    ref = load_reference(model_path, cfg.trainer.device) if cfg.actor_rollout_ref.actor.use_kl_loss else None
-    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
-                          model_path=model_path, ref_model=ref)
+    trainer = build_trainer(cfg, model_path, run_dir, log=print if rank == 0 else (lambda *_: None), rank=rank,
+                            world_size=dist.get_world_size())
     try:
         return trainer.fit()
     finally:

@@ -1,5 +1,5 @@
-"""Rollouts for training and evaluation: dataset rows through ``AgentLoopManager`` and an
-in-process ``HFServer``, with the ``tool_agent`` loop calling the real calculator.
+"""Rollouts for training and evaluation: dataset rows through ``AgentLoopManager`` and the
+configured engine, with the configured loops, tools and reward.
 
 The trainer owns one asyncio event loop for the whole run, so the engine's scheduler, the
 rollouts and ``update_weights`` all happen on the same loop.
@@ -10,70 +10,180 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from agentloop_trainer.reward import answer_reward
+BUILTIN_TOOL_CONFIG = Path(__file__).parent / "configs" / "calculator_tools.yaml"
+"""Tool config of the built-in calculator task."""
 
 
-@dataclass
-class RolloutConfig:
-    """How samples are rolled out (verl: ``actor_rollout_ref.rollout``)."""
-
-    n: int = 8
-    """Samples per prompt (the GRPO group size)."""
-    temperature: float = 1.0
-    """Sampling temperature for training rollouts."""
-    top_k: int = 0
-    """0: no top-k, so rollout log-probs are of the full distribution the trainer recomputes."""
-    top_p: float = 1.0
-    """1.0: no nucleus filtering, for the same reason."""
-    max_tokens_per_turn: int = 64
-    """Most tokens one assistant turn may generate."""
-    response_length: int = 128
-    """Token budget of the whole response (generated + tool tokens)."""
-    prompt_length: int = 512
-    """Longest rendered prompt; a longer one fails its sample with an error saying so."""
-    max_assistant_turns: int = 3
-    """Most model turns per trajectory (a call, then an answer, fits in 2)."""
-    sanity_check: str = "ignore_strippable"
-    """Delta-tokenization check mode of the tool agent loop."""
-    max_batch_size: int = 128
-    """Requests the engine decodes together."""
-    num_workers: int = 1
-    """Rollout workers the manager splits a batch over (verl: ``agent.num_workers``)."""
+def tool_paths(cfg: Any) -> tuple[str | None, str | None]:
+    """``(tool_config_path, function_tool_path)`` of a run: the configured ones, or the
+    calculator's config for the built-in task when neither is set."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.tool_config_path is None and mt.function_tool_path is None and not cfg.data.train_files:
+        return str(BUILTIN_TOOL_CONFIG), None
+    return mt.tool_config_path, mt.function_tool_path
 
 
-def rollout_settings(cfg: RolloutConfig, tools: Mapping[str, Any], seed: int | None = None) -> dict[str, Any]:
-    """The ``AgentLoopManager`` config for ``cfg`` (tool agent keys included).
+def run_tools(cfg: Any) -> dict[str, Any]:
+    """The run's tools by name (loaded once per process and shared with the loops)."""
+    from agentloop_tools.agent_loop import resolve_tools
+
+    config_path, function_path = tool_paths(cfg)
+    return resolve_tools({"tool_config_path": config_path, "function_tool_path": function_path})
+
+
+def tool_schemas(cfg: Any) -> list[dict[str, Any]] | None:
+    """The tool schemas prompts are rendered with (None without tools), as the loop renders them."""
+    tools = run_tools(cfg)
+    return [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] or None
+
+
+def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """``(classes by import path, per-loop settings)`` from ``rollout.agent``: its ``loops``
+    sections (``_target_`` registers a class) and verl's ``agent_loop_config_path`` YAML."""
+    from omegaconf import OmegaConf
+
+    agent = cfg.actor_rollout_ref.rollout.agent
+    sections: dict[str, dict[str, Any]] = {}
+    if agent.agent_loop_config_path:
+        path = Path(agent.agent_loop_config_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path {path} does not exist")
+        entries = OmegaConf.to_container(OmegaConf.load(str(path)), resolve=True)
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e for e in entries):
+            raise ValueError(f"{path}: expected a YAML list of {{name, _target_, ...}} entries (verl's layout)")
+        for e in entries:
+            sections[str(e["name"])] = {k: v for k, v in e.items() if k != "name"}
+    for name, section in (OmegaConf.to_container(agent.loops, resolve=True) or {}).items():
+        if not isinstance(section, dict):
+            raise ValueError(f"actor_rollout_ref.rollout.agent.loops.{name} must be a mapping of settings")
+        sections.setdefault(name, {}).update(section)
+    classes = {name: str(s.pop("_target_")) for name, s in sections.items() if "_target_" in s}
+    return classes, {name: s for name, s in sections.items() if s}
+
+
+def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
+    """The ``AgentLoopManager`` config of a training config: worker keys, the tool loops' keys,
+    per-loop sections and the reward hook. Built here once; the loops check their own keys.
 
     ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
     follow from it, the step and the row's request id, whichever replica or node serves it.
     """
+    from agentloop_trainer.scoring import RewardScorer
+
+    r = cfg.actor_rollout_ref.rollout
+    mt, val = r.multi_turn, r.val_kwargs
+    config_path, function_path = tool_paths(cfg)
+    classes, per_loop = agent_loops(cfg)
+    crf = cfg.custom_reward_function
+    if val.do_sample and val.temperature > 0:
+        val_params = {"temperature": val.temperature, "top_k": val.top_k, "top_p": val.top_p}
+    else:
+        val_params = {"temperature": 0.0}
     return {
         "sampling_seed": seed,
-        "default_agent_loop": "tool_agent",
-        "tools": dict(tools),
-        "tool_reward": "none",
-        "response_length": cfg.response_length,
-        "prompt_length": cfg.prompt_length,
-        "max_assistant_turns": cfg.max_assistant_turns,
-        "sanity_check": cfg.sanity_check,
+        "default_agent_loop": r.agent.default_agent_loop,
+        "agent_loop_modules": list(r.agent.agent_loop_modules),
+        "agent_loop_classes": classes,
+        "agent_loop_configs": per_loop,
+        "tool_config_path": config_path,
+        "function_tool_path": function_path,
+        "interaction_config_path": mt.interaction_config_path,
+        "tool_parser": mt.format,
+        "max_assistant_turns": mt.max_assistant_turns,
+        "max_user_turns": mt.max_user_turns,
+        "max_parallel_calls": mt.max_parallel_calls,
+        "max_tool_response_length": mt.max_tool_response_length,
+        "tool_response_truncate_side": mt.tool_response_truncate_side,
+        "tool_timeout_s": mt.tool_timeout_s,
+        # The loop adds up its own rewards only when they are used.
+        "tool_reward": "none" if cfg.reward.source == "function" else "sum",
+        "response_length": cfg.data.max_response_length,
+        "prompt_length": cfg.data.max_prompt_length,
+        "sanity_check": r.sanity_check,
+        "sample_timeout_s": r.sample_timeout_s,
         "sampling_params": {
-            "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
-            "max_tokens": cfg.max_tokens_per_turn, "logprobs": True,
+            "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
+            "max_tokens": mt.max_tokens_per_turn, "logprobs": True,
         },
-        "val_sampling_params": {"temperature": 0.0},
+        "val_sampling_params": val_params,
         "truncate": True,
+        "reward_fn": RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
+                                  reward_kwargs=dict(crf.reward_kwargs or {})),
     }
+
+
+def check_loop_sections(settings: dict[str, Any]) -> None:
+    """Every per-loop section names keys its loop reads (a typo is an error, not a no-op).
+
+    Raises:
+        ValueError: naming the loop, the unknown key and the closest valid one.
+    """
+    from agentloop_core.registry import get_agent_loop_class
+    from agentloop_core.runtime.worker import import_loop_modules, register_loop_classes
+
+    import_loop_modules(settings.get("agent_loop_modules") or ())
+    register_loop_classes(settings.get("agent_loop_classes") or {})
+    for name, section in (settings.get("agent_loop_configs") or {}).items():
+        cls = get_agent_loop_class(name)
+        config_class = getattr(cls, "config_class", None)
+        if config_class is None:
+            continue  # a user loop that declares no config class reads what it likes
+        from agentloop_tools.agent_loop import check_loop_config_keys
+
+        check_loop_config_keys(name, config_class, list(section))
+
+
+def normalize_content(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}``
+    parts (OpenAI's list form) joined in order.
+
+    Raises:
+        ValueError: a part that is not text (images need a multimodal loop), naming ``where``.
+    """
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, (list, tuple)) or (hasattr(content, "__len__") and not isinstance(content, Mapping)):
+        texts = []
+        for k, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{where} content part {k} is {kind!r}; only text parts "
+                                 "({'type': 'text', 'text': ...}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"{where} content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]], where: str = "prompt") -> list[dict[str, Any]]:
+    """Chat messages with text content, keys whose value is None dropped (parquet fills absent
+    struct fields with None, which chat templates would render)."""
+    out = []
+    for k, m in enumerate(messages):
+        msg = {key: v for key, v in dict(m).items() if v is not None}
+        msg["content"] = normalize_content(m.get("content"), f"{where} message {k}")
+        out.append(msg)
+    return out
 
 
 def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
     """Loop rows for dataset ``records``, each repeated ``n`` times with a shared group id.
 
+    Every column reaches the loop and the reward: ``prompt`` (as ``raw_prompt``), ``agent_name``,
+    ``data_source``, ``reward_model``, ``extra_info`` and, from it (or a top-level column),
+    ``tools_kwargs`` (all four lifecycle parts) and ``interaction_kwargs``.
+
     Args:
-        records: Parquet-layout rows (``prompt``, ``agent_name``, ``reward_model``, ``extra_info``).
+        records: Parquet-layout rows.
         n: Samples per record.
         step: Mixed into request ids so every trajectory of a run has its own.
         tag: Also mixed in (``train``/``eval``). Ids are deterministic, so a resumed run's
@@ -82,35 +192,39 @@ def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: 
     rows = []
     for i, rec in enumerate(records):
         extra = dict(rec.get("extra_info") or {})
+        tools_kwargs = {k: v for k, v in dict(extra.get("tools_kwargs") or rec.get("tools_kwargs") or {}).items()
+                        if v is not None}
+        interaction_kwargs = dict(extra.get("interaction_kwargs") or rec.get("interaction_kwargs") or {})
+        reward_model = dict(rec.get("reward_model") or {})
         group = f"{tag}-{step}-{i}"
+        prompt = normalize_messages(rec["prompt"], f"row {extra.get('index', i)} prompt")
         for k in range(n):
-            rows.append({
-                "raw_prompt": list(rec["prompt"]),
-                "agent_name": rec.get("agent_name") or "tool_agent",
-                "tools_kwargs": dict(extra.get("tools_kwargs") or {}),
-                "ground_truth": str(rec["reward_model"]["ground_truth"]),
+            row = {
+                "raw_prompt": [dict(m) for m in prompt],
+                "data_source": rec.get("data_source"),
+                "reward_model": reward_model,
+                "ground_truth": reward_model.get("ground_truth"),
+                "extra_info": extra,
+                "tools_kwargs": tools_kwargs,
+                "interaction_kwargs": interaction_kwargs,
                 "index": extra.get("index", i),
                 "template": extra.get("template"),
                 "group_id": group,
                 "rollout_n": k,
                 "request_id": f"{group}-{k}",
-            })
+            }
+            if rec.get("agent_name"):
+                row["agent_name"] = rec["agent_name"]
+            rows.append(row)
     return rows
 
 
-def score_batch(batch: Any, rows: Sequence[Mapping[str, Any]], tokenizer: Any) -> np.ndarray:
-    """0/1 rewards: the generated text (mask-1 tokens only, so a tool result cannot answer for
-    the model) must end in ``#### <ground truth>``. Also writes them into ``batch.rewards``."""
-    rewards = np.zeros(len(rows), dtype=np.float32)
-    for b, row in enumerate(rows):
-        if batch.failed[b]:
-            continue
-        generated = batch.responses[b][batch.response_mask[b] == 1]
-        text = tokenizer.decode(generated.tolist(), skip_special_tokens=True)
-        rewards[b] = answer_reward(text, row["ground_truth"])
-    batch.rewards = rewards
+def attach_rewards(batch: Any) -> np.ndarray:
+    """The batch's rewards (set per trajectory by the reward hook as it finished); failed
+    samples get 0 and no reward."""
     batch.has_reward = ~np.asarray(batch.failed, dtype=bool)
-    return rewards
+    batch.rewards = np.where(batch.has_reward, batch.rewards, 0.0).astype(np.float32)
+    return batch.rewards
 
 
 @dataclass
@@ -127,85 +241,64 @@ class EvalResult:
     """Tokens the engine generated."""
     seconds: float = 0.0
     """Wall time."""
-
-
-@dataclass
-class RayRollout:
-    """Where and how the ray backend runs (from the config's ``ray`` section)."""
-
-    model_path: str
-    """Checkpoint every replica loads at start (weights are pushed after each update)."""
-    tokenizer_path: str
-    """Tokenizer folder the rollout workers load."""
-    address: str | None = None
-    """Cluster to join; None: start a local one."""
-    num_cpus: int | None = None
-    """CPUs of a local cluster."""
-    num_replicas: int = 1
-    """Engine replicas."""
-    replica_num_cpus: float = 1.0
-    """CPUs per replica."""
-    replica_num_gpus: float = 0.0
-    """GPUs per replica."""
-    placement_strategy: str = "PACK"
-    """Placement-group strategy of the replicas."""
-    worker_placement: str = "spread"
-    """Rollout worker placement (see ``AgentLoopManager``)."""
-    name: str = "agentloop"
-    """Prefix of the replica actors' names."""
+    num_failed: int = 0
+    """Samples whose trajectory or reward failed (counted as 0)."""
 
 
 class RolloutEngine:
     """The rollout engine(s) plus an ``AgentLoopManager``, driven from synchronous code.
 
-    In-process (default): one ``HFServer`` on this process's event loop. With ``ray``: engine
-    replicas as Ray actors in a placement group, one shared routing client actor, and rollout
-    workers spread over the cluster's nodes; weight updates go to every replica.
+    In-process (default): the engine named by ``rollout.name`` on this process's event loop
+    (or a routing client over ``rollout.server_urls``). On Ray (``rollout.backend=ray`` or
+    ``ray.address``): engine replicas as Ray actors in a placement group, one shared routing
+    client actor, and rollout workers spread over the cluster's nodes. Weight updates go to
+    every engine.
 
     Args:
-        model: The engine's own copy of the policy (in-process; weights are pushed into it
-            after updates). Ignored with ``ray`` (replicas load ``ray.model_path``).
+        cfg: The training config.
+        model_path: The starting checkpoint (engines that load by path, Ray replicas).
         tokenizer: The tokenizer.
-        cfg: Rollout settings.
-        tools: Tools by name (default: the calculator).
-        device: Engine device.
-        seed: The run's sampling seed (per-trajectory seeds derive from it).
-        ray: Run on Ray instead of in-process.
+        engine_model: hf in-process only: the engine's own copy of the policy (weights are
+            pushed into it after updates) instead of loading ``model_path`` again.
+        name: Prefix of the Ray replica actors' names.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, cfg: RolloutConfig, tools: Mapping[str, Any] | None = None,
-                 device: str = "cpu", seed: int = 0, ray: RayRollout | None = None) -> None:
-        import agentloop_tools.agent_loop  # noqa: F401  registers "tool_agent"
+    def __init__(self, cfg: Any, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
+                 name: str = "agentloop") -> None:
         from agentloop_core.runtime import AgentLoopManager
+        from agentloop_trainer.config import uses_ray
+        from agentloop_trainer.engines import build_engine, engine_spec, remote_engines
 
-        if tools is None:
-            from agentloop_trainer.task import calculator_tool
-
-            tools = {"calculator": calculator_tool()}
-        self.tokenizer = tokenizer
         self.cfg = cfg
+        self.tokenizer = tokenizer
         self.loop = asyncio.new_event_loop()
         self.replicas: list[Any] = []
-        self.client_actor: Any = None
-        settings = rollout_settings(cfg, tools, seed)
-        if ray is None:
-            from agentloop_engines.hf import HFServer
-
-            self.server = HFServer(model, tokenizer, device=device, max_batch_size=cfg.max_batch_size, seed=seed)
-            self.manager = AgentLoopManager(self.server, tokenizer, settings, num_workers=cfg.num_workers)
+        r = cfg.actor_rollout_ref.rollout
+        self.n = r.n
+        self.val_n = r.val_kwargs.n
+        settings = rollout_settings(cfg, cfg.trainer.seed)
+        check_loop_sections(settings)
+        # A wrong reward path or signature fails here, not in every sample of the first step.
+        settings["reward_fn"].function_for(None)
+        self.spec = engine_spec(cfg, str(model_path), cfg.model.tokenizer_path)
+        if r.server_urls:
+            self.server = remote_engines(list(r.server_urls), r.server_api_key_env)
+        elif uses_ray(cfg):
+            self.server = self._start_ray(cfg)
         else:
-            self.server = self._start_ray(ray, cfg, device, seed)
-            try:
-                self.manager = AgentLoopManager(self.server, ray.tokenizer_path, settings, num_workers=cfg.num_workers,
-                                                backend="ray", placement=ray.worker_placement)
-            except BaseException:
-                self._stop_ray()
-                raise
+            self.server = build_engine(self.spec, model=engine_model if r.name == "hf" else None, tokenizer=tokenizer)
+        try:
+            if uses_ray(cfg):
+                self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,
+                                                num_workers=r.agent.num_workers, backend="ray",
+                                                placement=cfg.ray.worker_placement)
+            else:
+                self.manager = AgentLoopManager(self.server, tokenizer, settings, num_workers=r.agent.num_workers)
+        except BaseException:
+            self._stop_engines()
+            raise
 
-    def _start_ray(self, ray_cfg: RayRollout, cfg: RolloutConfig, device: str, seed: int) -> Any:
-        import functools
-
-        from agentloop_engines.hf import HFServer
+    def _start_ray(self, cfg: Any) -> Any:
         from agentloop_engines.ray_hosting import (
             bundle_for,
             check_resources,
@@ -213,18 +306,18 @@ class RolloutEngine:
             connect_ray,
             start_replicas,
         )
+        from agentloop_trainer.engines import engine_factory
 
-        connect_ray(ray_cfg.address, num_cpus=ray_cfg.num_cpus)
+        rc = cfg.ray
+        num = cfg.actor_rollout_ref.rollout.num_replicas
+        connect_ray(rc.address, num_cpus=rc.num_cpus)
         # Everything is checked before anything starts: Ray would leave a replica pending forever.
-        check_resources([bundle_for(ray_cfg.replica_num_cpus, ray_cfg.replica_num_gpus)] * ray_cfg.num_replicas,
-                        strategy=ray_cfg.placement_strategy,
-                        what=f"{ray_cfg.num_replicas} engine replicas (actor_rollout_ref.rollout.num_replicas, "
+        check_resources([bundle_for(rc.replica_num_cpus, rc.replica_num_gpus)] * num, strategy=rc.placement_strategy,
+                        what=f"{num} engine replicas (actor_rollout_ref.rollout.num_replicas, "
                              "ray.replica_num_cpus, ray.replica_num_gpus)")
-        factory = functools.partial(HFServer, ray_cfg.model_path, device=device, max_batch_size=cfg.max_batch_size,
-                                    seed=seed)
-        self.replicas = start_replicas(factory, ray_cfg.num_replicas, num_cpus=ray_cfg.replica_num_cpus,
-                                       num_gpus=ray_cfg.replica_num_gpus, name_prefix=f"{ray_cfg.name}-engine",
-                                       placement_strategy=ray_cfg.placement_strategy)
+        self.replicas = start_replicas(engine_factory(self.spec), num, num_cpus=rc.replica_num_cpus,
+                                       num_gpus=rc.replica_num_gpus, name_prefix=f"{self.spec.name}-engine",
+                                       placement_strategy=rc.placement_strategy)
         try:
             import ray
 
@@ -232,25 +325,27 @@ class RolloutEngine:
             # a worker node going away must not take the router with it.
             return client_actor(self.replicas, node_id=ray.get_runtime_context().get_node_id())
         except BaseException:
-            self._stop_ray()
+            self._stop_engines()
             raise
 
-    def _stop_ray(self) -> None:
+    def _stop_engines(self) -> None:
         if self.replicas:
             from agentloop_engines.ray_hosting import stop_replicas
 
             stop_replicas(self.replicas)
             self.replicas = []
-        actor = getattr(self.server, "actor", None)
-        if actor is not None:
-            import ray
+            actor = getattr(self.server, "actor", None)
+            if actor is not None:
+                import ray
 
-            ray.kill(actor)
+                ray.kill(actor)
+        elif getattr(self, "server", None) is not None:
+            self.loop.run_until_complete(self.server.close())
 
     def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
-        """Roll out ``rows``; returns the scored ``RolloutBatch``."""
+        """Roll out ``rows``; returns the ``RolloutBatch`` with rewards (0 for failed samples)."""
         batch = self.loop.run_until_complete(self.manager.agenerate_sequences(rows, validate=validate, step=step))
-        score_batch(batch, rows, self.tokenizer)
+        attach_rewards(batch)
         return batch
 
     @property
@@ -275,11 +370,12 @@ class RolloutEngine:
         self.loop.run_until_complete(self.server.update_weights(items))
 
     def evaluate(self, records: Sequence[Mapping[str, Any]]) -> EvalResult:
-        """Greedy accuracy on ``records`` with the full multi-turn loop and the real tool."""
+        """Held-out mean reward (the accuracy for 0/1 rewards) with the full multi-turn loop,
+        the run's tools and reward, and ``rollout.val_kwargs`` sampling."""
         import time
 
         start = time.perf_counter()
-        rows = make_rows(records, 1, tag="eval")
+        rows = make_rows(records, self.val_n, tag="eval")
         batch = self.generate(rows, validate=True)
         per: dict[int, list[float]] = {}
         for row, r in zip(rows, batch.rewards, strict=True):
@@ -291,15 +387,13 @@ class RolloutEngine:
             per_template={k: round(float(np.mean(v)), 6) for k, v in sorted(per.items())},
             generated_tokens=int(batch.response_mask.sum()),
             seconds=time.perf_counter() - start,
+            num_failed=int(batch.num_failed),
         )
 
     def close(self) -> None:
         """Stop the engine(s) and the event loop."""
         try:
-            if self.replicas:
-                self._stop_ray()
-            else:
-                self.loop.run_until_complete(self.server.close())
+            self._stop_engines()
         finally:
             self.manager.shutdown()
             self.loop.close()

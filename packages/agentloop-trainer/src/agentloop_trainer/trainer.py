@@ -16,7 +16,7 @@ import numpy as np
 from agentloop_trainer.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
 from agentloop_trainer.algos import compute_advantages
 from agentloop_trainer.metrics import MetricsLogger, plot_reward_curve
-from agentloop_trainer.rollout import RayRollout, RolloutConfig, RolloutEngine, make_rows
+from agentloop_trainer.rollout import RolloutEngine, make_rows
 
 
 def actor_config(cfg: Any) -> ActorConfig:
@@ -24,37 +24,8 @@ def actor_config(cfg: Any) -> ActorConfig:
     from omegaconf import OmegaConf
 
     section = OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True)
-    return ActorConfig(**section, temperature=cfg.actor_rollout_ref.rollout.temperature)
-
-
-def rollout_config(cfg: Any) -> RolloutConfig:
-    """The :class:`RolloutConfig` of a :class:`~agentloop_trainer.config.TrainConfig`."""
     r = cfg.actor_rollout_ref.rollout
-    return RolloutConfig(
-        n=r.n, temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-        max_tokens_per_turn=r.multi_turn.max_tokens_per_turn, response_length=cfg.data.max_response_length,
-        prompt_length=cfg.data.max_prompt_length,
-        max_assistant_turns=r.multi_turn.max_assistant_turns, sanity_check=r.sanity_check,
-        max_batch_size=r.max_batch_size, num_workers=r.agent.num_workers,
-    )
-
-
-def ray_rollout(cfg: Any, model_path: str | Path | None, run_name: str = "agentloop") -> RayRollout | None:
-    """The :class:`RayRollout` of a config on the ray backend; None in-process."""
-    from agentloop_trainer.config import uses_ray
-
-    if not uses_ray(cfg):
-        return None
-    if model_path is None:
-        raise ValueError("the ray rollout backend needs the starting checkpoint folder (model_path)")
-    r = cfg.ray
-    return RayRollout(
-        model_path=str(model_path), tokenizer_path=str(cfg.model.tokenizer_path or model_path), address=r.address,
-        num_cpus=r.num_cpus, num_replicas=cfg.actor_rollout_ref.rollout.num_replicas,
-        replica_num_cpus=r.replica_num_cpus, replica_num_gpus=r.replica_num_gpus,
-        placement_strategy=r.placement_strategy, worker_placement=r.worker_placement,
-        name=f"agentloop-{run_name}",
-    )
+    return ActorConfig(**section, temperature=r.temperature, rollout_n=r.n)
 
 
 @contextlib.contextmanager
@@ -129,7 +100,8 @@ class GRPOTrainer:
         test_records: Held-out rows.
         run_dir: Where metrics, checkpoints, plots and the summary go.
         log: Console printer.
-        model_path: The starting checkpoint folder (engine replicas load it on the ray backend).
+        model_path: The starting checkpoint folder (engines that load by path and Ray replicas
+            load it).
         ref_model: The frozen reference policy for the KL loss. None: a copy of ``model`` when
             ``use_kl_loss`` on one process; under FSDP the caller passes one sharded like the
             policy (:func:`agentloop_trainer.fsdp.load_reference`).
@@ -141,6 +113,7 @@ class GRPOTrainer:
         import torch
 
         self.cfg, self.tokenizer, self.log = cfg, tokenizer, log
+        model_path = model_path if model_path is not None else cfg.model.path
         self.run_dir = Path(run_dir)
         self.device = torch.device(cfg.trainer.device)
         self.model = model.to(self.device)
@@ -157,16 +130,16 @@ class GRPOTrainer:
             ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.actor = GRPOActor(self.model, self.actor_cfg, ref_model=ref)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
-        self.rollout_cfg = rollout_config(cfg)
+        self.n = cfg.actor_rollout_ref.rollout.n
         self.free_cache_engine = bool(cfg.actor_rollout_ref.rollout.free_cache_engine)
         # Rank 0 hosts the engine; the other ranks only hold policy shards.
         self.engine = None
         if self.rank == 0:
-            self.engine = RolloutEngine(engine_model, tokenizer, self.rollout_cfg, device=cfg.trainer.device,
-                                        seed=cfg.trainer.seed, ray=ray_rollout(cfg, model_path, self.run_dir.name))
+            self.engine = RolloutEngine(cfg, model_path, tokenizer, engine_model, name=f"agentloop-{self.run_dir.name}")
         self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.test_records = list(test_records)
         self.step = 0
+        self.zero_reward_steps = 0
         self.history: list[dict[str, Any]] = []
         self.metrics = None
         if self.rank == 0:
@@ -198,7 +171,7 @@ class GRPOTrainer:
         rows = batch = None
         if self.engine is not None:
             records = self.data.next_batch()
-            rows = make_rows(records, self.rollout_cfg.n, step=self.step)
+            rows = make_rows(records, self.n, step=self.step)
             batch = self.engine.generate(rows, step=self.step)
             if batch.num_failed == len(batch):
                 errors = [m.get("error", "?") for m in batch.sample_metrics if m.get("failed")]
@@ -219,7 +192,7 @@ class GRPOTrainer:
         pb = policy_batch_from_rollout(batch)
         t1 = time.perf_counter()
         a = self.actor_cfg
-        one_step = a.ppo_epochs == 1 and (a.ppo_mini_batch_size or len(rows)) >= len(rows)
+        one_step = a.ppo_epochs == 1 and a.mini_batch_samples(len(rows)) >= len(rows)
         # One optimizer step per batch: the update's own forward is the old policy (saves a pass).
         old = None if one_step else self.actor.compute_log_probs(pb)
         ref = self.actor.compute_log_probs(pb, self.actor.ref_model) if self.actor.ref_model is not None else None
@@ -246,9 +219,41 @@ class GRPOTrainer:
             "timing_s/step": time.perf_counter() - t0,
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
         })
+        self._check_rewards(rows, batch, rewards)
         # The rollout's own batch metrics too: per-loop timings, tool counters and what tools
         # report (agent_loop/...), failures and worker losses on the Ray backend.
         return {**batch.metrics, **metrics}
+
+    def _check_rewards(self, rows: Sequence[dict], batch: Any, rewards: Any) -> None:
+        """Say loudly when every reward has been zero for ``reward.zero_reward_warn_steps``
+        steps: GRPO then learns nothing, and the cause is almost always the reward's input."""
+        patience = self.cfg.reward.zero_reward_warn_steps
+        self.zero_reward_steps = self.zero_reward_steps + 1 if bool((rewards == 0).all()) else 0
+        if self.rank != 0 or not patience or self.zero_reward_steps != patience:
+            return
+        ok = [b for b in range(len(rows)) if not batch.failed[b]]
+        sample = ""
+        if ok:
+            b = ok[0]
+            generated = batch.responses[b][batch.response_mask[b] == 1].tolist()
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            sample = (f"\n  a generated response (mask-1 tokens, what the reward sees): {text[-300:]!r}"
+                      f"\n  its ground truth: {rows[b].get('ground_truth')!r}")
+        sources = sorted({str(r.get("data_source")) for r in rows})
+        truncated = float(np.mean(batch.truncated)) if getattr(batch, "truncated", None) is not None else 0.0
+        from agentloop_trainer.scoring import RewardScorer
+
+        crf = self.cfg.custom_reward_function
+        scorer = RewardScorer(self.cfg.reward.source, crf.path, crf.name)
+        self.log(
+            f"WARNING: every reward has been 0 for {patience} steps in a row, so GRPO has nothing to learn "
+            f"from. Rows' data_source {sources} are scored by: {scorer.describe(rows[0].get('data_source'))}. "
+            "Likely causes: the reward function expects a different answer format than the model writes "
+            "(e.g. '#### N' vs '\\boxed{}'), the wrong data_source for a built-in scorer (set "
+            "custom_reward_function.path), ground truths in another form than the answers, responses cut "
+            f"by data.max_response_length ({truncated:.0%} of this batch was truncated), or a model that "
+            f"never calls the tools or answers.{sample}"
+        )
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -308,7 +313,7 @@ class GRPOTrainer:
         start = time.perf_counter()
         resumed = self.resume() if tc.resume else False
         before = None
-        if self.rank == 0 and (not resumed or not any("eval/accuracy" in h for h in self.history)):
+        if self.rank == 0 and tc.val_before_train and (not resumed or not any("eval/accuracy" in h for h in self.history)):
             before = self.evaluate()
             self.log(f"held-out accuracy before RL: {before.accuracy:.3f} (n={before.n})")
             self._record({"step": self.step, "eval/accuracy": before.accuracy, **_per_template(before)})
@@ -332,9 +337,9 @@ class GRPOTrainer:
         after = self.evaluate()
         self._record({"step": self.step, "eval/accuracy": after.accuracy, **_per_template(after)})
         self.log(f"held-out accuracy after RL: {after.accuracy:.3f} (n={after.n})")
-        first = next(h for h in self.history if "eval/accuracy" in h)
+        first = next((h for h in self.history if "eval/accuracy" in h), None)
         summary = {
-            "eval_accuracy_before": first["eval/accuracy"] if before is None else before.accuracy,
+            "eval_accuracy_before": (first or {}).get("eval/accuracy") if before is None else before.accuracy,
             "eval_accuracy_after": after.accuracy,
             "steps": self.step,
             "wall_seconds": time.perf_counter() - start,

@@ -15,7 +15,7 @@ from agentloop_core.protocol import AsyncServer
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import plain, resolve_agent_names
 from agentloop_core.runtime.ray_pool import PLACEMENTS, ChunkStats, RayWorkerPool
-from agentloop_core.runtime.worker import AgentLoopWorker, import_loop_modules
+from agentloop_core.runtime.worker import AgentLoopWorker, import_loop_modules, register_loop_classes
 from agentloop_core.tracing import Tracer, make_tracer
 
 logger = logging.getLogger(__name__)
@@ -105,6 +105,7 @@ class AgentLoopManager:
         self.ray_timeout_s = ray_timeout_s
         self.placement = placement
         import_loop_modules(self.config.get("agent_loop_modules") or ())
+        register_loop_classes(self.config.get("agent_loop_classes") or {})
         self._tracer_spec = tracer
         self._workers: list[AgentLoopWorker] = []
         self._pool: RayWorkerPool | None = None

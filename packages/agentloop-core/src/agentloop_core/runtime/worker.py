@@ -39,6 +39,13 @@ class AgentLoopWorker:
             ``sample_timeout_s`` (a sample running longer fails; None: no limit),
             ``max_concurrent_samples`` (cap on samples in flight; None: all at once),
             ``agent_loop_modules`` (modules to import so their ``@register`` runs),
+            ``agent_loop_classes`` (``{name: "pkg.module:Class"}``: loops registered by import
+            path), ``agent_loop_configs`` (``{name: {key: value}}``: settings merged over this
+            config for that loop only), ``reward_fn`` (an async callable
+            ``reward_fn(output, row, tokenizer) -> None`` that sets ``output.reward_score``
+            (and metrics) as soon as a sample finishes, so scoring overlaps the rest of the
+            rollout; it must pickle for the Ray backend; if it raises, the sample fails with
+            its error),
             ``sampling_seed`` (an int: every ``generate`` call without an explicit ``seed``
             gets one derived from it, the sample's key and the call index, so results do not
             depend on which worker, replica or node served them; see
@@ -67,6 +74,17 @@ class AgentLoopWorker:
             self._tokenizer_path = None
             self._tokenizer = tokenizer
         import_loop_modules(self.config.get("agent_loop_modules") or ())
+        register_loop_classes(self.config.get("agent_loop_classes") or {})
+        self.reward_fn = self.config.pop("reward_fn", None)
+        if self.reward_fn is not None and not callable(self.reward_fn):
+            raise ValueError(f"reward_fn must be an async callable (output, row, tokenizer), got "
+                             f"{type(self.reward_fn).__name__}")
+        per_loop = self.config.get("agent_loop_configs") or {}
+        if not isinstance(per_loop, Mapping) or not all(isinstance(v, Mapping) for v in per_loop.values()):
+            raise ValueError("agent_loop_configs must map loop names to dicts of settings, got "
+                             f"{per_loop!r}")
+        # One merged config per loop name, built once, not per sample.
+        self._loop_configs: dict[str, dict[str, Any]] = {}
         timeout = self.config.get("sample_timeout_s")
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(
@@ -167,6 +185,10 @@ class AgentLoopWorker:
                         output = await self._run_one(
                             classes[name], name, tokenizer, sampling_params, row, timeout
                         )
+                    if self.reward_fn is not None and not output.failed:
+                        reward_start = time.perf_counter()
+                        await self.reward_fn(output, row, tokenizer)
+                        output.metrics["reward_s"] = time.perf_counter() - reward_start
                 except Exception as exc:  # noqa: BLE001 - one bad sample must not kill the batch
                     logger.warning(
                         "sample %d (agent %r) failed: %s: %s", index, name, type(exc).__name__, exc
@@ -181,6 +203,16 @@ class AgentLoopWorker:
         finally:
             self.tracer.flush()
 
+    def loop_config(self, name: str) -> dict[str, Any]:
+        """The config loop ``name`` is built with: this worker's config with
+        ``agent_loop_configs[name]`` merged over it."""
+        merged = self._loop_configs.get(name)
+        if merged is None:
+            own = (self.config.get("agent_loop_configs") or {}).get(name) or {}
+            merged = {**self.config, **own} if own else self.config
+            self._loop_configs[name] = merged
+        return merged
+
     async def _run_one(
         self,
         cls: type,
@@ -194,7 +226,7 @@ class AgentLoopWorker:
             loop = cls(
                 server=self.loop_server,
                 tokenizer=tokenizer,
-                config=self.config,
+                config=self.loop_config(name),
                 processor=self.processor,
                 tracer=self.tracer,
             )
@@ -217,6 +249,31 @@ class AgentLoopWorker:
                 f"agent loop {name!r} returned {type(output).__name__}; run() must return an AgentLoopOutput"
             )
         return output
+
+
+def register_loop_classes(classes: Mapping[str, str]) -> None:
+    """Register loops given by import path (``{name: "pkg.module:Class"}``) under their names.
+
+    Raises:
+        ValueError: naming the loop when its path cannot be imported or is not an agent loop.
+    """
+    from agentloop_core.loop import AgentLoopBase
+    from agentloop_core.registry import register, registered_names
+
+    for name, path in classes.items():
+        if not isinstance(path, str) or not (":" in path or "." in path):
+            raise ValueError(f"agent_loop_classes[{name!r}] must be an import path like 'pkg.module:Class', "
+                             f"got {path!r}")
+        module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"agent_loop_classes[{name!r}]: cannot import {path!r}: {exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+            raise ValueError(f"agent_loop_classes[{name!r}]: {path!r} is not an AgentLoopBase subclass")
+        if name in registered_names() and getattr(cls, "agent_name", None) == name:
+            continue  # the module's own @register already did it
+        register(name)(cls)
 
 
 def import_loop_modules(modules: Sequence[str]) -> None:

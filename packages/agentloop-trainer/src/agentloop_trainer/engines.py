@@ -1,0 +1,159 @@
+"""The rollout engine named by ``actor_rollout_ref.rollout.name`` (hf, vllm, sglang), or the
+already-running HTTP servers of ``rollout.server_urls``.
+
+Every engine is built through :func:`build_engine` from the same arguments, in the trainer
+process or inside a Ray replica (:func:`engine_factory` returns a picklable callable), and is
+driven the same way afterwards: ``generate``, then ``sleep`` / ``update_weights`` /
+``wake_up`` around each update where the engine declares those capabilities.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EXTRAS = {"hf": "hf", "vllm": "vllm", "sglang": "sglang"}
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine is built from (plain values, so it pickles to a Ray replica)."""
+
+    name: str
+    """hf | vllm | sglang."""
+    model_path: str
+    """Checkpoint folder the engine loads."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder; None: the checkpoint's."""
+    device: str = "cpu"
+    """Device of the hf engine (vLLM/SGLang pick their own)."""
+    seed: int = 0
+    """Engine seed."""
+    dtype: str | None = None
+    """Weights dtype; None: the engine's default."""
+    max_model_len: int | None = None
+    """Context length."""
+    max_batch_size: int = 128
+    """hf: requests decoded together."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM ``gpu_memory_utilization`` / SGLang ``mem_fraction_static``."""
+    tensor_model_parallel_size: int = 1
+    """GPUs per engine."""
+    enforce_eager: bool = True
+    """vLLM: no CUDA graphs."""
+    free_cache_engine: bool = True
+    """SGLang: start with the memory saver so sleep frees memory."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """``rollout.engine_kwargs.<name>``: passed to the engine's constructor last (they win)."""
+
+
+def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None) -> EngineSpec:
+    """The :class:`EngineSpec` of a training config."""
+    from omegaconf import OmegaConf
+
+    r = cfg.actor_rollout_ref.rollout
+    per_engine = OmegaConf.to_container(r.engine_kwargs, resolve=True) if r.engine_kwargs is not None else {}
+    unknown = sorted(set(per_engine) - set(EXTRAS))
+    if unknown:
+        raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs has sections {unknown}; valid: {sorted(EXTRAS)}")
+    max_len = r.max_model_len
+    if max_len is None and r.name != "hf":
+        # vLLM/SGLang reserve KV cache for the whole context: size it to what a trajectory needs.
+        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+    return EngineSpec(
+        name=r.name, model_path=str(model_path), tokenizer_path=tokenizer_path, device=cfg.trainer.device,
+        seed=cfg.trainer.seed, dtype=r.dtype, max_model_len=max_len, max_batch_size=r.max_batch_size,
+        gpu_memory_utilization=r.gpu_memory_utilization, tensor_model_parallel_size=r.tensor_model_parallel_size,
+        enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
+        kwargs=dict(per_engine.get(r.name) or {}),
+    )
+
+
+def _missing(name: str, exc: ImportError) -> ImportError:
+    return ImportError(f'actor_rollout_ref.rollout.name={name} needs {exc.name or "its engine"}: '
+                       f'pip install "agentloop-engines[{EXTRAS[name]}]" ({exc})')
+
+
+def build_engine(spec: EngineSpec, model: Any = None, tokenizer: Any = None) -> Any:
+    """Start the engine ``spec`` names.
+
+    Args:
+        spec: What to build.
+        model: hf only: an in-memory copy of the policy to serve instead of loading the path.
+        tokenizer: A loaded tokenizer (else loaded from ``spec``).
+
+    Raises:
+        ImportError: naming the extra to install when the engine's package is missing.
+    """
+    tok = tokenizer if tokenizer is not None else (spec.tokenizer_path or spec.model_path)
+    if spec.name == "hf":
+        from agentloop_engines.hf import HFServer
+
+        return HFServer(model if model is not None else spec.model_path, tok, device=spec.device, dtype=spec.dtype,
+                        max_batch_size=spec.max_batch_size, max_model_len=spec.max_model_len, seed=spec.seed,
+                        **spec.kwargs)
+    if spec.name == "vllm":
+        try:
+            from agentloop_engines.vllm_server import VLLMServer
+
+            kwargs = {"enforce_eager": spec.enforce_eager, "seed": spec.seed,
+                      "tensor_parallel_size": spec.tensor_model_parallel_size,
+                      "gpu_memory_utilization": spec.gpu_memory_utilization}
+            if spec.dtype:
+                kwargs["dtype"] = spec.dtype
+            if spec.max_model_len:
+                kwargs["max_model_len"] = spec.max_model_len
+            return VLLMServer(model=spec.model_path, tokenizer=tok, **{**kwargs, **spec.kwargs})
+        except ImportError as exc:
+            raise _missing("vllm", exc) from exc
+    if spec.name == "sglang":
+        try:
+            from agentloop_engines.sglang_server import SGLangServer
+
+            kwargs = {"random_seed": spec.seed, "tp_size": spec.tensor_model_parallel_size,
+                      "mem_fraction_static": spec.gpu_memory_utilization,
+                      "enable_memory_saver": spec.free_cache_engine}
+            if spec.dtype:
+                kwargs["dtype"] = spec.dtype
+            if spec.max_model_len:
+                kwargs["context_length"] = spec.max_model_len
+            if tokenizer is None or isinstance(tok, str):
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(tok)
+            return SGLangServer(model_path=spec.model_path, tokenizer=tok, **{**kwargs, **spec.kwargs})
+        except ImportError as exc:
+            raise _missing("sglang", exc) from exc
+    raise ValueError(f"unknown engine {spec.name!r}; actor_rollout_ref.rollout.name is one of {sorted(EXTRAS)}")
+
+
+def engine_factory(spec: EngineSpec) -> Callable[[], Any]:
+    """A picklable zero-argument callable that builds the engine (for Ray replicas)."""
+    return functools.partial(build_engine, spec)
+
+
+def remote_engines(urls: list[str], api_key_env: str | None = None) -> Any:
+    """A routing client over already-running agentloop engine HTTP servers.
+
+    Raises:
+        ValueError: ``api_key_env`` names an unset environment variable.
+    """
+    from agentloop_engines.client import LLMServerClient
+    from agentloop_engines.http_client import HTTPServer
+
+    key = None
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise ValueError(f"actor_rollout_ref.rollout.server_api_key_env={api_key_env} but that environment "
+                             "variable is unset or empty")
+    return LLMServerClient([HTTPServer(str(u), api_key=key) for u in urls])
+
+
+def capabilities(server: Any) -> Mapping[str, Any]:
+    """An engine's (or client's) declared capabilities as a dict ({} when it declares none)."""
+    caps = getattr(server, "capabilities", None)
+    return caps.as_dict() if caps is not None and hasattr(caps, "as_dict") else {}

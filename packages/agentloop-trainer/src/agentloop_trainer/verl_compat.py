@@ -1,0 +1,101 @@
+"""verl's config spellings, read as agentloop's with a one-line notice each.
+
+A config copied from verl should either mean the same thing here or fail with the reason: a
+key is renamed (:data:`RENAMED`), accepted because agentloop always behaves that way or the
+setting only tunes memory and speed (:data:`NO_EFFECT`), accepted only at the value that
+matches agentloop's behaviour (:data:`ONLY_VALUE`), or unknown (the usual did-you-mean error).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+RENAMED: dict[str, str] = {
+    "actor_rollout_ref.model.path": "model.path",
+    "actor_rollout_ref.model.tokenizer_path": "model.tokenizer_path",
+    "trainer.total_training_steps": "trainer.total_steps",
+    "trainer.default_local_dir": "trainer.run_dir",
+    "actor_rollout_ref.actor.optim.lr": "actor_rollout_ref.actor.lr",
+    "actor_rollout_ref.actor.optim.weight_decay": "actor_rollout_ref.actor.weight_decay",
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": "actor_rollout_ref.rollout.sanity_check",
+    "actor_rollout_ref.rollout.response_length": "data.max_response_length",
+    "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
+    "actor_rollout_ref.rollout.multi_turn.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+}
+"""verl key -> agentloop key (same meaning)."""
+
+SPLIT: dict[str, tuple[str, ...]] = {
+    "actor_rollout_ref.actor.clip_ratio": ("actor_rollout_ref.actor.clip_ratio_low",
+                                           "actor_rollout_ref.actor.clip_ratio_high"),
+}
+"""verl key -> several agentloop keys that all take its value."""
+
+NO_EFFECT_PREFIXES: tuple[str, ...] = (
+    "actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.ref.", "actor_rollout_ref.actor.checkpoint.",
+    "actor_rollout_ref.actor.optim.lr_warmup", "actor_rollout_ref.actor.optim.warmup_style",
+    "actor_rollout_ref.actor.optim.min_lr_ratio", "actor_rollout_ref.actor.optim.total_training_steps",
+    "critic.", "trainer.logger", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.log_val_generations",
+    "data.return_raw_chat", "data.truncation", "data.prompt_key", "data.reward_fn_key", "data.tokenizer",
+    "data.return_full_prompt", "data.val_batch_size", "data.custom_cls.", "data.dataloader_num_workers",
+    "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.model.external_lib", "actor_rollout_ref.model.override_config",
+    "actor_rollout_ref.model.trust_remote_code", "actor_rollout_ref.model.use_fused_kernels",
+    "actor_rollout_ref.model.enable_activation_offload", "actor_rollout_ref.hybrid_engine",
+    "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.actor.use_dynamic_bsz",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.actor.use_torch_compile", "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "actor_rollout_ref.rollout.load_format", "actor_rollout_ref.rollout.layered_summon",
+    "actor_rollout_ref.rollout.calculate_log_probs", "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template",
+    "reward_model.enable", "reward_model.reward_manager", "reward_model.launch_reward_fn_async",
+    "trainer.balance_batch", "trainer.project_name_suffix", "trainer.val_only", "trainer.max_actor_ckpt_to_keep",
+    "trainer.max_critic_ckpt_to_keep", "trainer.resume_mode", "trainer.del_local_ckpt_after_load", "ray_init.",
+)
+"""Keys accepted and ignored: memory/speed knobs (agentloop sizes these itself), logging and
+layout settings with an agentloop counterpart, or things agentloop always does."""
+
+ONLY_VALUE: dict[str, tuple[tuple[Any, ...], str]] = {
+    "actor_rollout_ref.rollout.mode": (("async",), "agentloop's rollout is always asynchronous"),
+    "actor_rollout_ref.actor.kl_loss_type": (("low_var_kl", "k3"), "agentloop's KL loss is the k3 (low_var_kl) estimator"),
+    "actor_rollout_ref.actor.entropy_coeff": ((0, 0.0), "agentloop has no entropy bonus"),
+    "algorithm.use_kl_in_reward": ((False,), "agentloop puts the KL in the loss (actor.use_kl_loss), not the reward"),
+    "algorithm.norm_adv_by_std_in_grpo": ((True,), "use algorithm.adv_estimator=dr_grpo for mean-only advantages"),
+    "trainer.critic_warmup": ((0,), "GRPO has no critic"),
+    "actor_rollout_ref.rollout.multi_turn.enable": ((True,), "agentloop's loops are multi-turn"),
+}
+"""Keys accepted at the values that match agentloop, with why other values are not."""
+
+
+def translate(flat: dict[str, Any], valid: set[str], notice: Callable[[str], None]) -> dict[str, Any]:
+    """Rewrite verl spellings in ``flat`` (dotted key -> value) to agentloop's.
+
+    Keys agentloop already knows pass through unchanged, so a key both tools spell the same way
+    (``data.train_batch_size``) needs no entry here.
+
+    Raises:
+        ValueError: a key of :data:`ONLY_VALUE` has a value agentloop cannot honour.
+    """
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        if key in valid:
+            out[key] = value
+        elif key in RENAMED:
+            notice(f"verl key {key} read as {RENAMED[key]}")
+            out[RENAMED[key]] = value
+        elif key in SPLIT:
+            notice(f"verl key {key} read as {' and '.join(SPLIT[key])}")
+            out.update(dict.fromkeys(SPLIT[key], value))
+        elif key in ONLY_VALUE:
+            allowed, why = ONLY_VALUE[key]
+            if value not in allowed:
+                raise ValueError(f"{key}={value!r} is not supported: {why}")
+            notice(f"verl key {key}={value!r} matches agentloop's behaviour; ignored")
+        elif key.startswith(NO_EFFECT_PREFIXES):
+            notice(f"verl key {key} has no effect in agentloop; ignored")
+        else:
+            out[key] = value
+    return out
