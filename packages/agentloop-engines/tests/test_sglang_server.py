@@ -2,80 +2,156 @@
 
 The stand-in enforces what the real engine enforces: ``async_generate`` only on ``engine.loop``,
 control methods synchronous via ``engine.loop.run_until_complete`` (so they fail if called
-while the loop runs), unique live rids, ``abort_request`` on the tokenizer manager. The same
-checks run against a real ``sglang.Engine`` in the gpu-marked test.
+while the loop runs), unique live rids, ``abort_request`` on the tokenizer manager. It also
+misbehaves the way SGLang does (checked on a real SGLang build, see the stand-in's docstring),
+so each test below fails on an adapter that trusts SGLang on that point. The same checks run
+against a real ``sglang.Engine`` in the gpu-marked test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
+import logging
 import os
+import random
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from agentloop_core.protocol import TokenOutput
-from agentloop_engines.sglang_server import SGLangServer
+from agentloop_core.protocol import CapabilityNotSupported, TokenOutput
+from agentloop_engines.sglang_server import SGLangServer, _checkpoint_weight_names
 
 EOS = 2
 VOCAB = 300
 ALLOWED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
                 "sampling_seed"}
+WEIGHTS = ("step", "model.embed_tokens.weight")
+
+
+def write_checkpoint(folder: Path, names=WEIGHTS, tied: bool = True, index: bool = False) -> Path:
+    """A safetensors checkpoint holding one int64 scalar per name (the header is all we read)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    header = {n: {"dtype": "I64", "shape": [], "data_offsets": [8 * i, 8 * i + 8]}
+              for i, n in enumerate(names)}
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(8 * len(names)))
+    if index:
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": dict.fromkeys(names, "model.safetensors")}))
+    (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
+    return folder
 
 
 class StandInSGLangEngine:
-    """Next token = (last + step) % VOCAB, step being the 'weight'; logprob -0.01 * (token % 7)."""
+    """Next token = (last + step) % VOCAB, step being the 'weight' (plus a coin flip when
+    temperature > 0); logprob -0.01 * (token % 7).
 
-    def __init__(self, context_len: int = 64, step_delay_s: float = 0.0) -> None:
+    Like SGLang (measured outside the project):
+    (a) ``ignore_eos=True`` disables ``stop_token_ids`` too, not only EOS;
+    (b) a finished request still counts as running until a later loop pass (``finish_lag_s``);
+        ``flush_cache`` returns False while anything runs; ``update_weights_from_tensor`` (with
+        its default ``flush_cache=True``) and ``release_memory_occupation`` assert the scheduler
+        is idle, and a failed assertion kills the engine: every later call fails;
+    (c) ``sampling_seed`` is ignored unless ``enable_deterministic_inference``;
+    (d) the tokenizer manager rejects prompt + max_new_tokens >= context_len, the scheduler
+        aborts prompts longer than ``max_req_input_len`` (= context_len - 6) with no output and
+        cuts new tokens to context_len - prompt - 2;
+    (e) ``server_args`` tell whether the memory saver is on; without it release frees nothing;
+    (f) unknown weight names are skipped silently (the checkpoint in ``server_args.model_path``
+        has ``step`` and a tied ``model.embed_tokens.weight``).
+    """
+
+    def __init__(self, context_len: int = 64, step_delay_s: float = 0.0, finish_lag_s: float = 0.01,
+                 enable_memory_saver: bool = False, enable_deterministic_inference: bool = False) -> None:
         try:
             self.loop = asyncio.get_running_loop()
         except RuntimeError:
             self.loop = asyncio.new_event_loop()
+        self._checkpoint = tempfile.TemporaryDirectory(prefix="standin-sglang-")
+        checkpoint = write_checkpoint(Path(self._checkpoint.name))
+        self.server_args = SimpleNamespace(
+            model_path=str(checkpoint), enable_memory_saver=enable_memory_saver,
+            enable_deterministic_inference=enable_deterministic_inference)
         self.step = 1
         self.step_delay_s = step_delay_s
+        self.finish_lag_s = finish_lag_s
+        self.running = 0
         self.released = False
+        self.memory_freed = False
+        self.dead: str | None = None
         self.flushes = 0
         self.calls: list[dict] = []
         self.live: dict[str, bool] = {}
         self.shut_down = False
+        self._rng = random.Random()
         self.tokenizer_manager = SimpleNamespace(
-            context_len=context_len, model_config=SimpleNamespace(vocab_size=VOCAB),
-            abort_request=self._abort_request)
+            context_len=context_len, max_req_input_len=context_len - 6,
+            model_config=SimpleNamespace(vocab_size=VOCAB), abort_request=self._abort_request)
+
+    def _check_alive(self) -> None:
+        if self.dead:
+            raise RuntimeError(f"the SGLang scheduler process died earlier: {self.dead}")
+
+    def _assert_idle(self, what: str) -> None:
+        if self.running:
+            self.dead = f"{what}: AssertionError: the scheduler is not idle ({self.running} running)"
+            raise AssertionError(self.dead)
 
     def _abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         assert asyncio.get_running_loop() is self.loop, "abort_request called off the engine loop"
         if rid in self.live:
             self.live[rid] = True
 
+    def _finished(self) -> None:
+        self.running -= 1
+
     async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, rid=None):
+        self._check_alive()
         if asyncio.get_running_loop() is not self.loop:
             raise RuntimeError("async_generate awaited off engine.loop (the real engine hangs here)")
         if self.released:
             raise RuntimeError("memory released; resume_memory_occupation first")
         assert set(sampling_params) <= ALLOWED_KEYS, sampling_params
         assert rid not in self.live, f"duplicate live rid {rid}"
+        tm, n, max_new = self.tokenizer_manager, len(input_ids), sampling_params["max_new_tokens"]
+        if n + max_new >= tm.context_len:
+            raise ValueError(f"Requested token count exceeds the model's maximum context length of "
+                             f"{tm.context_len} tokens ({n} input + {max_new} new)")
         self.calls.append({"rid": rid, "input_ids": list(input_ids), **sampling_params})
+        meta = {"id": rid}
+        if n > tm.max_req_input_len:
+            meta["finish_reason"] = {"type": "abort", "message": f"input {n} > max_req_input_len"}
+            meta["output_token_logprobs"] = []
+            return {"text": "", "output_ids": [], "meta_info": meta}
+        max_new = min(max_new, tm.context_len - n - 2)
+        stops = set() if sampling_params["ignore_eos"] else {EOS, *sampling_params["stop_token_ids"]}
+        rng = self._rng
+        if self.server_args.enable_deterministic_inference and "sampling_seed" in sampling_params:
+            rng = random.Random(sampling_params["sampling_seed"])
         self.live[rid] = False
-        stops = set(sampling_params["stop_token_ids"])
-        if not sampling_params["ignore_eos"]:
-            stops.add(EOS)
-        ids, last, reason = [], input_ids[-1], {"type": "length", "length": sampling_params["max_new_tokens"]}
+        self.running += 1
+        ids, last, reason = [], input_ids[-1], {"type": "length", "length": max_new}
         try:
-            while len(ids) < sampling_params["max_new_tokens"]:
+            while len(ids) < max_new:
                 if self.step_delay_s:
                     await asyncio.sleep(self.step_delay_s)
                 if self.live[rid]:
                     reason = {"type": "abort", "message": "aborted"}
                     break
-                last = (last + self.step) % VOCAB
+                noise = rng.randint(0, 1) if sampling_params["temperature"] > 0 else 0
+                last = (last + self.step + noise) % VOCAB
                 ids.append(last)
                 if last in stops:
                     reason = {"type": "stop", "matched": last}
                     break
         finally:
             del self.live[rid]
-        meta = {"id": rid, "finish_reason": reason}
+            self.loop.call_later(self.finish_lag_s, self._finished)
+        meta["finish_reason"] = reason
         if return_logprob:
             meta["output_token_logprobs"] = [(-0.01 * (t % 7), t, None) for t in ids]
         return {"text": "", "output_ids": ids, "meta_info": meta}
@@ -86,21 +162,40 @@ class StandInSGLangEngine:
             setattr(self, k, v)
 
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        step = dict(named_tensors)["step"]
-        self.loop.run_until_complete(self._bump(step=int(step)))
-        return (True, "Success") if step > 0 else (False, "step must be positive")
+        self._check_alive()
+        if flush_cache:
+            self._assert_idle("update_weights_from_tensor")
+        weights = dict(named_tensors)  # other names: tied lm_head or unknown, skipped silently
+        step = int(weights.get("step", self.step))
+        if step <= 0:
+            return False, "step must be positive"
+        self.loop.run_until_complete(self._bump(step=step, flushes=self.flushes + flush_cache))
+        return True, "Success"
 
     def flush_cache(self):
-        self.loop.run_until_complete(self._bump(flushes=self.flushes + 1))
+        self._check_alive()
+        return self.loop.run_until_complete(self._flush())
+
+    async def _flush(self) -> bool:
+        await asyncio.sleep(0)
+        if self.running:
+            return False
+        self.flushes += 1
+        return True
 
     def release_memory_occupation(self, tags=None):
-        self.loop.run_until_complete(self._bump(released=True))
+        self._check_alive()
+        self._assert_idle("release_memory_occupation")
+        self.loop.run_until_complete(self._bump(released=True,
+                                                memory_freed=self.server_args.enable_memory_saver))
 
     def resume_memory_occupation(self, tags=None):
-        self.loop.run_until_complete(self._bump(released=False))
+        self._check_alive()
+        self.loop.run_until_complete(self._bump(released=False, memory_freed=False))
 
     def shutdown(self):
         self.shut_down = True
+        self._checkpoint.cleanup()
 
 
 def expected(prompt_last: int, n: int, step: int = 1) -> list[int]:
@@ -109,6 +204,10 @@ def expected(prompt_last: int, n: int, step: int = 1) -> list[int]:
         last = (last + step) % VOCAB
         out.append(last)
     return out
+
+
+def greedy(max_tokens: int, **extra) -> dict:
+    return {"max_tokens": max_tokens, "temperature": 0, **extra}
 
 
 @pytest.fixture()
@@ -125,37 +224,231 @@ async def server(engine):
     await srv.close()
 
 
+async def in_thread_server(**engine_kwargs) -> tuple[StandInSGLangEngine, SGLangServer]:
+    # Built in a worker thread, so it gets its own loop as sglang.Engine does outside asyncio.
+    engine = await asyncio.to_thread(StandInSGLangEngine, **engine_kwargs)
+    return engine, SGLangServer(engine, eos_token_ids=[EOS])
+
+
+async def close(engine: StandInSGLangEngine, server: SGLangServer) -> None:
+    await server.close()
+    engine.loop.close()
+
+
+def test_stand_in_misbehaves_like_sglang():
+    """Guards the stand-in itself: the adapter tests below prove nothing if it stops misbehaving."""
+    eng = StandInSGLangEngine(finish_lag_s=60)
+    params = {"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [23], "ignore_eos": True}
+    out = eng.loop.run_until_complete(eng.async_generate([20], params, return_logprob=True, rid="r"))
+    assert len(out["output_ids"]) == 10  # (a) the stop token did not stop it
+    assert eng.flush_cache() is False and eng.running == 1  # (b) still "running" after returning
+    with pytest.raises(AssertionError):
+        eng.update_weights_from_tensor([("step", 2)])
+    with pytest.raises(RuntimeError, match="died"):
+        eng.flush_cache()
+    eng.loop.close()
+    eng = StandInSGLangEngine()
+    params = {**params, "max_new_tokens": 2, "ignore_eos": False}
+    out = eng.loop.run_until_complete(eng.async_generate([5] * 59, params, return_logprob=True, rid="long"))
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []  # (d)
+    eng.update_weights_from_tensor([("stepp", 5)], flush_cache=False)
+    assert eng.step == 1  # (f) skipped silently
+    eng.loop.close()
+
+
 async def test_generate_returns_engine_tokens_and_logprobs(server, engine):
-    out = await server.generate("a", [10, 11], {"max_tokens": 5, "temperature": 0, "top_k": 0, "seed": 3})
+    out = await server.generate("a", [10, 11], greedy(5, top_k=0))
     assert out.token_ids == expected(11, 5)
     assert out.log_probs == [-0.01 * (t % 7) for t in out.token_ids]
     assert out.stop_reason == "length"
     call = engine.calls[-1]
-    assert call["top_k"] == -1 and call["sampling_seed"] == 3 and call["max_new_tokens"] == 5
+    assert call["top_k"] == -1 and call["max_new_tokens"] == 5 and call["ignore_eos"] is False
     assert call["rid"].startswith("a#")
 
 
-async def test_stop_token_is_included_and_max_tokens_clamped(server, engine):
-    out = await server.generate("s", [20], {"max_tokens": 50, "stop_token_ids": [23]})
+async def test_stop_token_and_eos_end_generation_included(server):
+    out = await server.generate("s", [20], greedy(50, stop_token_ids=[23]))
     assert out.token_ids == [21, 22, 23] and out.stop_reason == "stop"
-    long = await server.generate("l", list(range(3, 63)), {"max_tokens": 50, "ignore_eos": True})
-    assert len(long.token_ids) == 4  # 64-token context minus the 60-token prompt
-    nolp = await server.generate("n", [5], {"max_tokens": 2, "logprobs": False})
+    eos = await server.generate("e", [0], greedy(50))
+    assert eos.token_ids == [1, EOS] and eos.stop_reason == "stop"
+    nolp = await server.generate("n", [5], greedy(2, logprobs=False))
     assert nolp.log_probs is None and nolp.token_ids == [6, 7]
 
 
+async def test_ignore_eos_ignores_eos_only_and_still_honours_stop_token_ids(server, engine):
+    """(a) SGLang's ignore_eos drops every stop token; the adapter cuts at the requested one."""
+    out = await server.generate("i", [0], greedy(50, ignore_eos=True, stop_token_ids=[5]))
+    assert out.token_ids == [1, EOS, 3, 4, 5] and out.stop_reason == "stop"  # past EOS, stopped at 5
+    assert out.log_probs == [-0.01 * (t % 7) for t in out.token_ids]
+    assert engine.calls[-1]["ignore_eos"] is True
+    free = await server.generate("f", [0], greedy(20, ignore_eos=True))
+    assert free.token_ids == expected(0, 20) and free.stop_reason == "length"
+
+
+async def test_update_right_after_generate_waits_until_sglang_is_idle():
+    """(b) SGLang counts a returned request as running for one more pass; updating (or sleeping)
+    then kills it. The adapter flushes with retries first, then updates with flush_cache=False."""
+    engine, server = await in_thread_server(finish_lag_s=0.3)
+    try:
+        before = await server.generate("w", [10], greedy(4))
+        await server.update_weights([("step", 3)])
+        assert engine.dead is None and engine.flushes == 1
+        after = await server.generate("w", [10], greedy(4))
+        assert after.token_ids == expected(10, 4, step=3) != before.token_ids
+    finally:
+        await close(engine, server)
+
+
+async def test_update_and_sleep_wait_for_running_requests():
+    """(b) A request in flight finishes untouched before sleep/update; requests sent meanwhile
+    wait and then run on the new state."""
+    engine, server = await in_thread_server(step_delay_s=0.005, enable_memory_saver=True)
+    try:
+        running = asyncio.create_task(server.generate("r", [3], greedy(30)))
+        await asyncio.sleep(0.02)
+        sleeping = asyncio.create_task(server.sleep())
+        await asyncio.sleep(0.02)
+        waiting = asyncio.create_task(server.generate("later", [3], greedy(3)))
+        out = await running
+        assert out.token_ids == expected(3, 30) and out.stop_reason == "length"
+        await sleeping
+        assert engine.released and engine.memory_freed and not waiting.done()
+        await server.wake_up()
+        assert (await waiting).token_ids == expected(3, 3)
+        running = asyncio.create_task(server.generate("r2", [3], greedy(30)))
+        await asyncio.sleep(0.02)
+        await server.update_weights([("step", 2)])
+        assert (await running).token_ids == expected(3, 30) and engine.dead is None
+        assert (await server.generate("r3", [3], greedy(3))).token_ids == expected(3, 3, step=2)
+    finally:
+        await close(engine, server)
+
+
+async def test_update_gives_up_with_a_clear_error_while_sglang_stays_busy(engine):
+    """(b) Another client's request keeps the scheduler busy: a bounded wait, then an error and
+    no update (an update then would kill the engine)."""
+    server = SGLangServer(engine, eos_token_ids=[EOS], flush_timeout_s=0.05)
+    engine.running = 1
+    with pytest.raises(RuntimeError, match="flush_cache kept failing"):
+        await server.update_weights([("step", 5)])
+    assert engine.step == 1 and engine.dead is None
+    engine.running = 0
+    await server.update_weights([("step", 5)])
+    assert engine.step == 5
+    await server.close()
+
+
+async def test_seeds_are_not_promised_without_deterministic_inference(server, engine, caplog):
+    """(c) SGLang ignores sampling_seed unless deterministic inference is on: the server says so
+    (per_request_seed), accepts seeded requests as the conformance suite sends them, and warns."""
+    with caplog.at_level(logging.WARNING, logger="agentloop_engines.sglang_server"):
+        a, b = [await server.generate("s", [10], {"max_tokens": 40, "temperature": 1.0, "seed": 7})
+                for _ in range(2)]
+    assert a.token_ids != b.token_ids  # 2**-40 to collide
+    assert "sampling_seed" not in engine.calls[-1]
+    assert sum("enable_deterministic_inference" in r.message for r in caplog.records) == 1
+    assert server.per_request_seed is False
+
+    det, det_server = await in_thread_server(enable_deterministic_inference=True)
+    try:
+        assert det_server.per_request_seed is True
+        a, b = [await det_server.generate("s", [10], {"max_tokens": 40, "temperature": 1.0, "seed": 7})
+                for _ in range(2)]
+        assert a.token_ids == b.token_ids and det.calls[-1]["sampling_seed"] == 7
+    finally:
+        await close(det, det_server)
+
+
+async def test_prompt_and_budget_follow_sglang_limits(server, engine):
+    """(d) Prompts up to max_req_input_len are served with max_tokens clamped to
+    context - prompt - 2; longer ones are a ValueError (SGLang would abort them silently)."""
+    longest = await server.generate("l", list(range(3, 61)), greedy(50, ignore_eos=True))
+    assert longest.token_ids == expected(60, 4) and longest.stop_reason == "length"
+    with pytest.raises(ValueError, match="max_req_input_len=58"):
+        await server.generate("x", list(range(3, 62)), greedy(2))
+    assert (server.context_len, server.max_req_input_len, server.max_model_len) == (64, 58, 62)
+    other = await asyncio.to_thread(StandInSGLangEngine)
+    narrow = SGLangServer(other, eos_token_ids=[EOS], max_req_input_len=10, context_len=40)
+    try:
+        assert narrow.max_model_len == 38
+        with pytest.raises(ValueError, match="max_req_input_len=10"):
+            await narrow.generate("x", list(range(3, 14)), greedy(2))
+    finally:
+        await close(other, narrow)
+
+
+async def test_sleep_is_declared_only_with_the_memory_saver(server, engine):
+    """(e) Without SGLang's memory saver sleep frees nothing, so it is not declared."""
+    assert server.capabilities.sleep is False and server.capabilities.weight_update
+    with pytest.raises(CapabilityNotSupported, match="enable_memory_saver=True"):
+        await server.sleep()
+    assert not engine.released
+    with pytest.raises(ValueError, match="enable_memory_saver"):
+        SGLangServer(engine, enable_memory_saver=True)
+
+
+async def test_sleep_releases_and_wake_up_restores():
+    engine, server = await in_thread_server(enable_memory_saver=True)
+    try:
+        assert server.capabilities.sleep is True
+        await server.sleep()
+        await server.sleep()  # idempotent
+        assert engine.released and engine.memory_freed and engine.dead is None
+        with pytest.raises(RuntimeError, match="wake_up"):
+            await server.update_weights([("step", 2)])
+        held = asyncio.create_task(server.generate("held", [5], greedy(2)))
+        await asyncio.sleep(0.01)
+        await server.abort("held")  # held back while asleep: returns at once, never reaches SGLang
+        out = await asyncio.wait_for(held, 5)
+        assert (out.token_ids, out.log_probs, out.stop_reason) == ([], [], "aborted")
+        assert not any(c["rid"].startswith("held#") for c in engine.calls)
+        await server.wake_up()
+        assert (await server.generate("z", [5], greedy(2))).token_ids == [6, 7]
+    finally:
+        await close(engine, server)
+
+
+async def test_unknown_weight_names_are_rejected(server, engine):
+    """(f) SGLang skips unknown names silently; the adapter checks them against the checkpoint."""
+    with pytest.raises(ValueError, match=r"'stepp' \(did you mean 'step'\?\)"):
+        await server.update_weights([("stepp", 3)])
+    with pytest.raises(ValueError, match="'module.step'"):
+        await server.update_weights([("step", 3), ("module.step", 3)])
+    assert engine.step == 1
+    await server.update_weights([("step", 3), ("lm_head.weight", 0)])  # tied: SGLang skips it on purpose
+    assert engine.step == 3
+    assert server.weight_names == {"step", "model.embed_tokens.weight", "lm_head.weight"}
+
+
+def test_checkpoint_weight_names(tmp_path, caplog):
+    sharded = write_checkpoint(tmp_path / "sharded", names=("a.weight", "b.weight"), tied=False, index=True)
+    (sharded / "model.safetensors").unlink()  # the index alone names the weights
+    assert _checkpoint_weight_names(str(sharded)) == {"a.weight", "b.weight"}
+    assert _checkpoint_weight_names(str(tmp_path / "missing")) is None
+    pointer = write_checkpoint(tmp_path / "lfs")
+    (pointer / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:00\n")
+    assert _checkpoint_weight_names(str(pointer)) is None
+    engine = StandInSGLangEngine()
+    engine.server_args.model_path = str(tmp_path / "missing")
+    with caplog.at_level(logging.WARNING, logger="agentloop_engines.sglang_server"):
+        unchecked = SGLangServer(engine, eos_token_ids=[EOS])
+    assert unchecked.weight_names is None and "cannot read the checkpoint" in caplog.text
+    unchecked._loop_thread.close()
+    given = SGLangServer(engine, eos_token_ids=[EOS], weight_names=["step"])
+    assert given.weight_names == {"step"}
+    given._loop_thread.close()
+    engine.loop.close()
+
+
 async def test_concurrent_requests_all_run_on_the_engine_loop(server):
-    outs = await asyncio.gather(*(server.generate("same-trajectory", [i + 3], {"max_tokens": 3})
-                                  for i in range(8)))
+    outs = await asyncio.gather(*(server.generate("same-trajectory", [i + 3], greedy(3)) for i in range(8)))
     assert [o.token_ids for o in outs] == [expected(i + 3, 3) for i in range(8)]
 
 
 async def test_abort_stops_an_in_flight_request():
-    # Built in a worker thread, so it gets its own loop as sglang.Engine does outside asyncio.
-    engine = await asyncio.to_thread(StandInSGLangEngine, context_len=10_000, step_delay_s=0.005)
-    server = SGLangServer(engine, eos_token_ids=[EOS])
+    engine, server = await in_thread_server(context_len=10_000, step_delay_s=0.005)
     try:
-        task = asyncio.create_task(server.generate("long", [3], {"max_tokens": 5000, "ignore_eos": True}))
+        task = asyncio.create_task(server.generate("long", [3], greedy(5000, ignore_eos=True)))
         await asyncio.sleep(0.1)
         await server.abort("long")
         out = await asyncio.wait_for(task, 5)
@@ -163,29 +456,20 @@ async def test_abort_stops_an_in_flight_request():
         assert 0 < len(out.token_ids) < 5000
         assert out.token_ids == expected(3, len(out.token_ids))
     finally:
-        await server.close()
-        engine.loop.close()
+        await close(engine, server)
 
 
 async def test_update_weights_changes_output_flushes_cache_and_restores(server, engine):
-    before = await server.generate("w", [10], {"max_tokens": 4})
+    before = await server.generate("w", [10], greedy(4))
     await server.update_weights([("step", 3)])
-    after = await server.generate("w", [10], {"max_tokens": 4})
+    after = await server.generate("w", [10], greedy(4))
     assert after.token_ids == expected(10, 4, step=3) != before.token_ids
     assert engine.flushes == 1
     await server.update_weights([("step", 1)])
-    assert (await server.generate("w", [10], {"max_tokens": 4})).token_ids == before.token_ids
+    assert (await server.generate("w", [10], greedy(4))).token_ids == before.token_ids
     with pytest.raises(RuntimeError, match="step must be positive"):
         await server.update_weights([("step", 0)])
-
-
-async def test_sleep_releases_and_wake_up_restores(server, engine):
-    await server.sleep()
-    assert engine.released
-    with pytest.raises(RuntimeError, match="memory released"):
-        await server.generate("z", [5], {"max_tokens": 2})
-    await server.wake_up()
-    assert (await server.generate("z", [5], {"max_tokens": 2})).token_ids == [6, 7]
+    assert engine.dead is None
 
 
 async def test_engine_created_inside_a_running_loop_is_rejected():
@@ -196,9 +480,11 @@ async def test_engine_created_inside_a_running_loop_is_rejected():
 
 def test_construction_errors():
     engine = StandInSGLangEngine()
-    engine.tokenizer_manager = SimpleNamespace()
-    with pytest.raises(ValueError, match="pass them to SGLangServer"):
+    engine.tokenizer_manager = SimpleNamespace(context_len=64, model_config=SimpleNamespace(vocab_size=VOCAB))
+    with pytest.raises(ValueError, match="pass them to SGLangServer"):  # no max_req_input_len
         SGLangServer(engine)
+    with pytest.raises(ValueError, match="only used when engine is None"):
+        SGLangServer(engine, mem_fraction_static=0.5)
     if importlib.util.find_spec("sglang") is None:
         with pytest.raises(ImportError, match=r'pip install "agentloop-engines\[sglang\]"'):
             SGLangServer(model_path="some/model")
@@ -231,7 +517,8 @@ def _gpu_and_sglang() -> str | None:
 @pytest.mark.gpu
 @pytest.mark.skipif(_gpu_and_sglang() is not None, reason=str(_gpu_and_sglang()))
 def test_real_sglang_engine_same_checks(tmp_path):
-    """Same checks on a real sglang.Engine over the tiny model: greedy equals HF's greedy."""
+    """Same checks on a real sglang.Engine over the tiny model: greedy equals HF's greedy, and
+    (a)-(f) of the stand-in hold (memory saver and deterministic inference left off)."""
     import sglang
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -245,17 +532,33 @@ def test_real_sglang_engine_same_checks(tmp_path):
 
     async def run():
         server = SGLangServer(engine, tokenizer=tok)
+        assert not server.capabilities.sleep and not server.per_request_seed  # (e), (c)
+        assert "model.embed_tokens.weight" in server.weight_names
         prompt = tok.encode("hello world", add_special_tokens=False)
-        out = await server.generate("g", prompt, {"max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        out = await server.generate("g", prompt, greedy(8, ignore_eos=True))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8)
         assert out.token_ids == ref[0, len(prompt):].tolist()
+        stop = out.token_ids[3]  # (a)
+        cut = await server.generate("a", prompt, greedy(8, ignore_eos=True, stop_token_ids=[stop]))
+        assert cut.token_ids == out.token_ids[: out.token_ids.index(stop) + 1] and cut.stop_reason == "stop"
+        with pytest.raises(ValueError, match="max_req_input_len"):  # (d)
+            await server.generate("d", prompt[:1] * (server.max_req_input_len + 1), greedy(2))
+        longest = await server.generate("d2", prompt[:1] * server.max_req_input_len,
+                                        greedy(10_000, ignore_eos=True))
+        assert 0 < len(longest.token_ids) <= server.max_model_len - server.max_req_input_len
+        assert longest.stop_reason == "length"
         params = {name: p.detach().clone() * 0.5 for name, p in model.named_parameters()}
+        with pytest.raises(ValueError, match="did you mean"):  # (f)
+            await server.update_weights([("model.embed_tokens.weigth", params["model.embed_tokens.weight"])])
         await server.update_weights(params.items())
-        changed = await server.generate("g2", prompt, {"max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        changed = await server.generate("g2", prompt, greedy(8, ignore_eos=True))
         assert changed.token_ids != out.token_ids
-        await server.update_weights({n: p for n, p in model.named_parameters()}.items())
-        restored = await server.generate("g3", prompt, {"max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        original = dict(model.state_dict())  # includes the tied lm_head.weight
+        for i in range(20):  # (b) updates right after a generation return
+            await server.generate(f"b{i}", prompt, greedy(2, ignore_eos=True))
+            await server.update_weights(original.items())
+        restored = await server.generate("g3", prompt, greedy(8, ignore_eos=True))
         assert restored.token_ids == out.token_ids
         await server.close()
 

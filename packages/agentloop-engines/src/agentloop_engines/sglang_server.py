@@ -1,15 +1,33 @@
 """``SGLangServer``: the token-level server API over an in-process ``sglang.Engine``.
 
-The adapter calls only this part of the engine's surface:
+The adapter calls only this part of the engine's surface: ``async_generate(input_ids=...,
+sampling_params=..., return_logprob=True, rid=...)`` awaited on ``engine.loop``;
+``update_weights_from_tensor``, ``flush_cache``, ``release_memory_occupation`` and
+``resume_memory_occupation`` (synchronous: they run ``engine.loop.run_until_complete``);
+``engine.tokenizer_manager`` (``context_len``, ``max_req_input_len``, ``model_config``,
+``abort_request``) and ``engine.server_args``.
 
-* ``await engine.async_generate(input_ids=..., sampling_params={max_new_tokens, temperature,
-  top_p, top_k, stop_token_ids, ignore_eos[, sampling_seed]}, return_logprob=True, rid=...)``
-  returning ``{"output_ids", "meta_info": {"output_token_logprobs": [(logprob, id, ...)],
-  "finish_reason": {"type": "stop" | "length" | "abort", ...}}}``, awaited on ``engine.loop``;
-* ``engine.update_weights_from_tensor(named_tensors=...)``, ``engine.flush_cache()``,
-  ``engine.release_memory_occupation()``, ``engine.resume_memory_occupation()``: synchronous
-  (they run ``engine.loop.run_until_complete``) or coroutine functions;
-* ``engine.tokenizer_manager.abort_request(rid=...)`` (or ``engine.abort_request``).
+Where SGLang departs from the agentloop contract, and what the adapter does about it:
+
+* ``ignore_eos`` switches off *every* stop token (``Req.check_finished`` skips the whole stop
+  check) and a request cannot take EOS out of SGLang's stop set. So the adapter passes
+  ``ignore_eos`` and cuts the output after the first requested stop token: up to there it is
+  exactly what SGLang sampled (stop checks never change sampling), at the cost of decoding on
+  to ``max_tokens``.
+* ``update_weights_from_tensor`` and ``release_memory_occupation`` flush the cache and assert the
+  scheduler is idle, and it may count a request that just returned as running for one more
+  loop pass: the assertion kills the engine. The adapter holds new requests back, waits for its
+  own, retries ``flush_cache`` (it fails while the scheduler is busy), then updates with
+  ``flush_cache=False`` or releases memory.
+* ``sampling_seed`` is honoured only with ``enable_deterministic_inference`` (which the CPU
+  attention backend rejects): ``per_request_seed`` says so. Seeded requests are still served
+  (the conformance suite and ``sampling_seed`` runs send seeds), with a warning once.
+* The scheduler aborts prompts over ``max_req_input_len`` without output and cuts new tokens to
+  ``context_len - prompt - 2``: the adapter raises ValueError on such prompts and clamps
+  ``max_tokens`` itself (``max_model_len = context_len - 2``).
+* Sleep frees memory only with ``enable_memory_saver=True``: ``capabilities.sleep`` says so.
+* The loader skips unknown weight names with a log line: ``update_weights`` checks them against
+  the checkpoint's safetensors headers and raises.
 
 Needs the ``[sglang]`` extra and a GPU; the adapter logic is tested here against a stand-in.
 """
@@ -17,16 +35,25 @@ Needs the ``[sglang]`` extra and a GPU; the adapter logic is tested here against
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import difflib
 import inspect
 import itertools
-from collections.abc import Iterable
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import CapabilityNotSupported, SamplingParams, ServerCapabilities, TokenOutput
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.engine_loop import EngineLoopThread
 
 __all__ = ["SGLangServer"]
+
+logger = logging.getLogger(__name__)
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -39,6 +66,35 @@ def _require_sglang() -> Any:
     return sglang
 
 
+def _checkpoint_weight_names(model_path: str) -> frozenset[str] | None:
+    """The weight names of a safetensors checkpoint (the names SGLang's loader accepts), or None
+    when the folder (or its copy in the Hugging Face cache) cannot be read."""
+    folder = Path(model_path)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(model_path, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not cached here, or no huggingface_hub: no check
+            return None
+    names: set[str] = set()
+    index, config = folder / "model.safetensors.index.json", folder / "config.json"
+    try:
+        if index.is_file():
+            names.update(json.loads(index.read_text())["weight_map"])
+        else:
+            for file in sorted(folder.glob("*.safetensors")):
+                with file.open("rb") as fh:  # an 8-byte little-endian header size, then a JSON header
+                    size = int.from_bytes(fh.read(8), "little")
+                    names.update(k for k in json.loads(fh.read(size)) if k != "__metadata__")
+        if names and config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings"):
+            # Not in a tied checkpoint, but in the trainer's state_dict; SGLang skips it on purpose.
+            names.add("lm_head.weight")
+    except (OSError, ValueError, KeyError, OverflowError, MemoryError):  # e.g. Git LFS pointer files
+        return None
+    return frozenset(names) or None
+
+
 class SGLangServer(AsyncServerBase):
     """Serve an SGLang engine (GPU) behind ``AsyncServerBase``.
 
@@ -47,46 +103,137 @@ class SGLangServer(AsyncServerBase):
             built from ``model_path`` and ``engine_kwargs``.
         model_path: Model folder or hub id, used when ``engine`` is None.
         tokenizer: Hugging Face tokenizer, for ``chat_completion`` and EOS ids.
-        max_model_len: Context length; read from the engine's tokenizer manager when omitted.
-        vocab_size: Vocabulary size; read from the engine's model config when omitted.
+        context_len: The model's context length; from the engine's tokenizer manager if omitted.
+        max_req_input_len: Longest prompt SGLang admits; from the tokenizer manager if omitted.
+        vocab_size: Vocabulary size; from the engine's model config if omitted.
         eos_token_ids: Token ids that end generation; from the tokenizer when omitted.
+        weight_names: Names ``update_weights`` accepts. None: the checkpoint's, read from the
+            engine's model path (no check, with a warning, when it cannot be read).
+        enable_memory_saver: Build the engine with SGLang's memory saver, so ``sleep`` frees GPU
+            memory (only when ``engine`` is None; it is fixed when an engine is created).
+        flush_timeout_s: How long ``update_weights``/``sleep`` retry ``flush_cache`` while
+            SGLang's scheduler is busy (e.g. serving another client) before giving up.
         **engine_kwargs: Passed to ``sglang.Engine`` when ``engine`` is None.
+
+    Attributes:
+        max_model_len: ``context_len - 2``: the most prompt + generated tokens SGLang serves.
+        per_request_seed: Whether ``SamplingParams.seed`` is honoured (SGLang's
+            ``enable_deterministic_inference``); when False, seeded sampling does not reproduce.
 
     Raises:
         ImportError: when ``engine`` is None and SGLang is not installed.
         ValueError: when a size cannot be read from the engine and was not given.
     """
 
-    capabilities = ServerCapabilities(logprobs=True, sleep=True, weight_update=True, prefix_cache=True,
-                                      chat_completion=True)
+    capabilities = ServerCapabilities(weight_update=True, prefix_cache=True, chat_completion=True)
 
     def __init__(self, engine: Any | None = None, *, model_path: str | None = None, tokenizer: Any = None,
-                 max_model_len: int | None = None, vocab_size: int | None = None,
-                 eos_token_ids: Iterable[int] | None = None, **engine_kwargs: Any) -> None:
+                 context_len: int | None = None, max_req_input_len: int | None = None,
+                 vocab_size: int | None = None, eos_token_ids: Iterable[int] | None = None,
+                 weight_names: Iterable[str] | None = None, enable_memory_saver: bool = False,
+                 flush_timeout_s: float = 30.0, **engine_kwargs: Any) -> None:
         if engine is None:
             if model_path is None:
                 raise ValueError("SGLangServer needs an engine or a model_path")
-            engine = _require_sglang().Engine(model_path=model_path, **engine_kwargs)
-        elif engine_kwargs:
-            raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} are only used when engine is None")
+            engine = _require_sglang().Engine(model_path=model_path, enable_memory_saver=enable_memory_saver,
+                                              **engine_kwargs)
+        elif engine_kwargs or enable_memory_saver:
+            given = sorted(engine_kwargs) + (["enable_memory_saver"] if enable_memory_saver else [])
+            raise ValueError(f"{given} are only used when engine is None; create the engine with them")
         self.engine = engine
         tm = getattr(engine, "tokenizer_manager", None)
-        self.max_model_len = int(max_model_len or getattr(tm, "context_len", 0) or 0)
-        mc = getattr(tm, "model_config", None)
-        self.vocab_size = int(vocab_size or getattr(mc, "vocab_size", 0) or 0)
-        if not self.max_model_len or not self.vocab_size:
-            raise ValueError(
-                "could not read max_model_len/vocab_size from the engine; pass them to SGLangServer"
-            )
+        args = getattr(engine, "server_args", None)
+        self.context_len = int(context_len or getattr(tm, "context_len", 0) or 0)
+        self.max_req_input_len = int(max_req_input_len or getattr(tm, "max_req_input_len", 0) or 0)
+        self.vocab_size = int(vocab_size or getattr(getattr(tm, "model_config", None), "vocab_size", 0) or 0)
+        if not (self.context_len > 2 and self.max_req_input_len and self.vocab_size):
+            raise ValueError("could not read context_len/max_req_input_len/vocab_size from the engine; "
+                             "pass them to SGLangServer")
+        # SGLang cuts new tokens to max_req_len - prompt - 1, max_req_len being context_len - 1.
+        self.max_model_len = self.context_len - 2
         self.tokenizer = tokenizer
         if eos_token_ids is None and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = tuple(int(t) for t in (eos_token_ids or ()))
+        saver = bool(getattr(args, "enable_memory_saver", False))
+        self.capabilities = replace(type(self).capabilities, sleep=saver)
+        self.per_request_seed = bool(getattr(args, "enable_deterministic_inference", False))
+        if weight_names is None:
+            path = model_path or getattr(args, "model_path", None)
+            weight_names = _checkpoint_weight_names(str(path)) if path else None
+            if weight_names is None:
+                logger.warning("SGLangServer cannot read the checkpoint's weight names from %r; "
+                               "update_weights will not catch misspelt names", path)
+        self.weight_names = None if weight_names is None else frozenset(weight_names)
+        self.flush_timeout_s = flush_timeout_s
         self._loop_thread = EngineLoopThread(engine.loop, name="sglang-engine-loop")
         self._rids: dict[str, set[str]] = {}
         self._seq = itertools.count()
+        self._seed_warned = False
+        # Admission state, changed only on the caller's event loop; see _exclusive.
+        self._inflight = 0
+        self._exclusive_held = False
+        self._asleep = False
+        self._aborted: set[str] = set()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    # ---- admission: requests wait while a weight update or sleep holds the engine ---------------
+
+    def _wake(self) -> None:
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+        self._waiters.clear()
+
+    async def _wait_until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        """Hold new requests back and wait until ours have finished."""
+        await self._wait_until(lambda: not self._exclusive_held)
+        self._exclusive_held = True
+        try:
+            await self._wait_until(lambda: self._inflight == 0)
+            yield
+        finally:
+            self._exclusive_held = False
+            self._wake()
+
+    async def _flush_when_idle(self) -> None:
+        """Flush the cache, retrying while SGLang's scheduler still counts a request as running
+        (one loop pass after it returned, or another client's); a bounded wait, then an error."""
+        deadline, delay = time.monotonic() + self.flush_timeout_s, 0.005
+        while True:
+            result = await self._control("flush_cache")
+            ok = getattr(result, "success", result)
+            if ok is None or ok:  # None: an SGLang whose flush_cache reports nothing
+                return
+            if time.monotonic() + delay > deadline:
+                raise RuntimeError(
+                    f"SGLang's flush_cache kept failing for {self.flush_timeout_s:g} s: its scheduler is "
+                    "still busy (requests from another client?). Not updating weights or releasing "
+                    "memory, which would kill the engine (SGLang asserts it is idle)"
+                )
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.5)
 
     # ---- generation -----------------------------------------------------------------------
+
+    def validate_request(
+        self, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any] | SamplingParams | None
+    ) -> SamplingParams:
+        """:meth:`AsyncServerBase.validate_request`, and a ValueError for a prompt over
+        ``max_req_input_len`` (SGLang's scheduler would abort it without output)."""
+        if prompt_ids is not None and len(prompt_ids) > self.max_req_input_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens but SGLang admits at most max_req_input_len="
+                f"{self.max_req_input_len} (context {self.context_len}); shorten it"
+            )
+        return super().validate_request(prompt_ids, sampling_params)
 
     def _engine_sampling_params(self, sp: SamplingParams) -> dict[str, Any]:
         params: dict[str, Any] = {
@@ -94,11 +241,15 @@ class SGLangServer(AsyncServerBase):
             "temperature": sp.temperature,
             "top_p": sp.top_p,
             "top_k": sp.top_k if sp.top_k > 0 else -1,  # SGLang disables top-k with -1 only
-            "stop_token_ids": list(sp.stop_token_ids),
+            "stop_token_ids": list(sp.stop_token_ids),  # ignored by SGLang under ignore_eos: cut later
             "ignore_eos": sp.ignore_eos,
         }
-        if sp.seed is not None:
+        if sp.seed is not None and self.per_request_seed:
             params["sampling_seed"] = sp.seed
+        elif sp.seed is not None and sp.temperature > 0 and not self._seed_warned:
+            self._seed_warned = True
+            logger.warning("SGLang ignores per-request seeds unless the engine runs with "
+                           "enable_deterministic_inference=True; seeded sampling will not reproduce")
         return params
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
@@ -107,11 +258,20 @@ class SGLangServer(AsyncServerBase):
         rid = f"{request_id}#{next(self._seq)}"
         self._rids.setdefault(request_id, set()).add(rid)
         try:
-            out = await self._loop_thread.run(self.engine.async_generate(
-                input_ids=list(prompt_ids), sampling_params=self._engine_sampling_params(sp),
-                return_logprob=True, rid=rid,
-            ))
+            await self._wait_until(lambda: rid in self._aborted or not (self._exclusive_held or self._asleep))
+            if rid in self._aborted:  # aborted while held back by an update or sleep
+                return TokenOutput([], [] if sp.logprobs else None, "aborted")
+            self._inflight += 1
+            try:
+                out = await self._loop_thread.run(self.engine.async_generate(
+                    input_ids=list(prompt_ids), sampling_params=self._engine_sampling_params(sp),
+                    return_logprob=True, rid=rid,
+                ))
+            finally:
+                self._inflight -= 1
+                self._wake()
         finally:
+            self._aborted.discard(rid)
             self._rids[request_id].discard(rid)
             if not self._rids[request_id]:
                 del self._rids[request_id]
@@ -136,6 +296,10 @@ class SGLangServer(AsyncServerBase):
         reason = _FINISH.get(kind or "length")
         if reason is None:
             raise RuntimeError(f"unknown SGLang finish_reason {finish!r}")
+        if sp.ignore_eos and sp.stop_token_ids:
+            cut = next((i for i, t in enumerate(ids) if t in sp.stop_token_ids), None)
+            if cut is not None:
+                pairs, ids, reason = pairs[: cut + 1], ids[: cut + 1], "stop"
         log_probs = [float(p[0]) for p in pairs] if sp.logprobs else None
         return TokenOutput(token_ids=ids, log_probs=log_probs, stop_reason=reason,  # type: ignore[arg-type]
                            extra={"sglang_finish_reason": finish})
@@ -144,8 +308,10 @@ class SGLangServer(AsyncServerBase):
         """Abort every live SGLang request of ``request_id``; each returns ``'aborted'``."""
         abort = getattr(self.engine, "abort_request", None) or self.engine.tokenizer_manager.abort_request
         for rid in list(self._rids.get(request_id, ())):
+            self._aborted.add(rid)
             # abort_request is synchronous but touches loop-owned state: run it on that loop.
             self._loop_thread.call_soon(lambda r=rid: abort(rid=r))
+        self._wake()
 
     # ---- control --------------------------------------------------------------------------
 
@@ -155,27 +321,68 @@ class SGLangServer(AsyncServerBase):
             return await self._loop_thread.run(method(**kwargs))
         return await asyncio.to_thread(self._loop_thread.call_paused, method, **kwargs)
 
+    def _check_weight_names(self, names: Iterable[str]) -> None:
+        known = self.weight_names or frozenset()
+        unknown = [n for n in dict.fromkeys(names) if n not in known] if self.weight_names else []
+        if unknown:
+            close = {n: difflib.get_close_matches(n, sorted(known), n=1) for n in unknown[:10]}
+            hints = [repr(n) + "".join(f" (did you mean {c!r}?)" for c in cs) for n, cs in close.items()]
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            raise ValueError(
+                f"update_weights: the model has no weight named {', '.join(hints)}{more}; SGLang would "
+                "skip them silently and keep the old weights. Use the checkpoint's names (strip "
+                "wrapper prefixes such as 'module.' or '_orig_mod.')"
+            )
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights in place, then flush the prefix cache (stale KV would mix policies).
+        """Load new weights in place, with the prefix cache flushed (stale KV would mix policies):
+        new requests wait and running ones finish, so none runs between the flush and the update.
 
         Raises:
-            RuntimeError: when SGLang reports the update failed.
+            ValueError: on a name the model does not have (SGLang would skip it silently).
+            RuntimeError: when SGLang reports the update failed, or stays busy past ``flush_timeout_s``.
         """
-        result = await self._control("update_weights_from_tensor", named_tensors=list(named_tensors))
+        items = list(named_tensors)
+        self._check_weight_names(name for name, _ in items)
+        async with self._exclusive():
+            if self._asleep:
+                raise RuntimeError("SGLang's weights are released while asleep; call wake_up() first")
+            await self._flush_when_idle()
+            result = await self._control("update_weights_from_tensor", named_tensors=items, flush_cache=False)
         ok, message = (result[0], result[1]) if isinstance(result, tuple) else (
             getattr(result, "success", True), getattr(result, "message", ""))
         if not ok:
             raise RuntimeError(f"SGLang update_weights_from_tensor failed: {message}")
-        await self._control("flush_cache")
+
+    def _require_memory_saver(self) -> None:
+        if not self.capabilities.sleep:
+            raise CapabilityNotSupported(
+                "SGLang frees memory on sleep only with its memory saver: create the engine with "
+                "enable_memory_saver=True (SGLangServer(model_path=..., enable_memory_saver=True))"
+            )
 
     async def sleep(self) -> None:
-        """Release GPU memory (weights and KV cache) until :meth:`wake_up`."""
-        await self._control("flush_cache")
-        await self._control("release_memory_occupation")
+        """Release GPU memory (weights and KV cache) until :meth:`wake_up`; requests wait.
+
+        Raises:
+            CapabilityNotSupported: when the engine runs without the memory saver.
+            RuntimeError: when SGLang stays busy past ``flush_timeout_s``.
+        """
+        self._require_memory_saver()
+        async with self._exclusive():
+            if self._asleep:
+                return
+            await self._flush_when_idle()
+            await self._control("release_memory_occupation")
+            self._asleep = True
 
     async def wake_up(self) -> None:
-        """Restore what :meth:`sleep` released."""
-        await self._control("resume_memory_occupation")
+        """Restore what :meth:`sleep` released and serve the requests that waited."""
+        self._require_memory_saver()
+        async with self._exclusive():
+            if self._asleep:
+                await self._control("resume_memory_occupation")
+                self._asleep = False
 
     async def close(self) -> None:
         """Stop the loop thread and shut the engine down."""
