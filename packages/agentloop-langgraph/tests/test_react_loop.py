@@ -11,10 +11,12 @@ import pytest
 from langgraph_helpers import generated, hermes_call, masked
 
 from agentloop_core.registry import get_agent_loop_class
-from agentloop_langgraph import ReactAgentLoop
+from agentloop_langgraph import ReactAgentConfig, ReactAgentLoop
 from agentloop_tools.agent_loop import ToolAgentLoop
-from agentloop_tools.base import BaseTool
+from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import calculator
+from agentloop_tools.loop_config import check_loop_config_keys
+from agentloop_tools.schema import ToolResponse
 
 PROMPT = [{"role": "user", "content": "What is (3 + 4) * 2?"}]
 REPLIES = [hermes_call("calculator", expression="3 + 4"), hermes_call("calculator", expression="7 * 2"),
@@ -208,3 +210,94 @@ async def test_factory_that_returns_no_graph_is_a_clear_error(tokenizer, scripte
     with pytest.raises(ValueError, match="not a compiled graph"):
         await run_loop(scripted([]), tokenizer, {"graph_factory": lambda model, tools: object()})
     assert calculator.live_instances == 0
+
+
+class RecordingTool(BaseTool):
+    """Records what every lifecycle stage receives from the row (verl-style ``**kwargs``)."""
+
+    def __init__(self) -> None:
+        super().__init__({}, {"type": "function", "function": {
+            "name": "record", "description": "echoes text",
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}})
+        self.seen: list[tuple[str, Any]] = []
+
+    async def init_state(self, **create_kwargs: Any):
+        self.seen.append(("create", create_kwargs))
+        return {}
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        self.seen.append(("execute", kwargs))
+        return ToolResponse(text=parameters["text"]), 0.0, {}
+
+    async def calc_reward(self, instance_id, **kwargs):
+        self.seen.append(("calc_reward", kwargs))
+        return 0.5
+
+    async def release(self, instance_id, **kwargs):
+        self.seen.append(("release", kwargs))
+        await super().release(instance_id)
+
+
+async def test_every_tools_kwargs_part_reaches_its_stage(tokenizer, scripted):
+    tool = RecordingTool()
+    server = scripted([hermes_call("record", text="a") + "\n" + hermes_call("record", text="b"), "done"])
+    loop = ReactAgentLoop(server, tokenizer, {"tools": {"record": tool}})
+    out = await loop.run({"temperature": 0.0}, raw_prompt=PROMPT, tools_kwargs={"record": {
+        "create_kwargs": {"seed": 1}, "execute_kwargs": {"mode": "fast"},
+        "calc_reward_kwargs": {"ground_truth": "7"}, "release_kwargs": {"keep": False}}})
+    assert not out.failed, out.metrics
+    assert tool.seen == [("create", {"seed": 1}), ("execute", {"mode": "fast"}), ("execute", {"mode": "fast"}),
+                         ("calc_reward", {"ground_truth": "7"}), ("release", {"keep": False})]
+    assert out.reward_score == 0.5 and tool.live_instances == 0
+
+
+async def test_row_kwargs_a_tool_cannot_take_fail_the_sample(tokenizer, scripted):
+    server = scripted([hermes_call("calculator", expression="1 + 1"), "2"])
+    record = RecordingTool()
+    loop = ReactAgentLoop(server, tokenizer, {"tools": {"calculator": calculator, "record": record}})
+    # calculator is a function tool without hidden parameters: execute_kwargs have nowhere to go.
+    with pytest.raises(ToolKwargsError, match=r"function tool 'calculator'.*\['precision'\]"):
+        await loop.run({}, raw_prompt=PROMPT, tools_kwargs={"calculator": {"execute_kwargs": {"precision": 3}}})
+    assert server.calls == []
+    assert calculator.live_instances == 0 and record.live_instances == 0
+    assert ("release", {}) in record.seen  # the other tool's instance was released
+
+
+async def test_max_parallel_calls_answers_later_calls_as_the_tool_agent_loop_does(tokenizer, scripted):
+    replies = ["\n".join(hermes_call("calculator", expression=f"{i} + 1") for i in range(3)), "done"]
+    graph_server, tool_server = scripted(replies), scripted(replies)
+    graph_out = await run_loop(graph_server, tokenizer, {"max_parallel_calls": 2})
+    tool_loop = ToolAgentLoop(tool_server, tokenizer, {"tools": {"calculator": calculator}, "max_parallel_calls": 2})
+    tool_out = await tool_loop.run({"temperature": 0.0, "logprobs": True}, raw_prompt=PROMPT)
+
+    tool_texts = [m["content"] for m in graph_out.extra_fields["messages"] if m["role"] == "tool"]
+    assert tool_texts[:2] == ["1", "2"]
+    assert tool_texts[2] == ("Error: too many tool calls in one turn (limit 2); this call to 'calculator' was "
+                             "not run. Call it again next turn.")
+    assert graph_out.metrics["tool_calls_over_limit"] == 1 and graph_out.metrics["tool_errors"] == 1
+    assert graph_out.extra_fields["messages"] == tool_out.extra_fields["messages"]
+    assert graph_out.response_ids == tool_out.response_ids
+    assert graph_out.response_mask == tool_out.response_mask
+
+
+@pytest.mark.parametrize("strategy", ["history", "short"])
+async def test_delta_strategy_reaches_the_renderer(tokenizer, scripted, strategy):
+    loop = ReactAgentLoop(scripted(REPLIES), tokenizer, {"tools": {"calculator": calculator},
+                                                         "delta_strategy": strategy})
+    model = loop.chat_model({"temperature": 0.0}, "r")
+    assert model.delta_strategy == strategy and model.max_parallel_calls == 4
+    assert model._renderer([], "[]").delta_strategy == strategy
+    out = await run_loop(scripted(REPLIES), tokenizer, {"delta_strategy": strategy})
+    assert not out.failed and out.extra_fields["termination_reason"] == "graph_end"
+    with pytest.raises(ValueError, match="delta_strategy must be one of"):
+        ReactAgentLoop(object(), tokenizer, {"delta_strategy": "fast"})
+
+
+def test_loop_declares_its_config_class():
+    assert ReactAgentLoop.config_class is ReactAgentConfig
+    check_loop_config_keys("react_agent", ReactAgentLoop.config_class,
+                           ["graph_factory", "max_parallel_calls", "delta_strategy", "tools", "tool_config_path"])
+    with pytest.raises(ValueError, match=r"'interaction_config_path'.*valid keys:"):
+        check_loop_config_keys("react_agent", ReactAgentConfig, ["interaction_config_path"])
+    with pytest.raises(ValueError, match=r"'graph_factory_kwarg' \(did you mean 'graph_factory_kwargs'\?\)"):
+        check_loop_config_keys("react_agent", ReactAgentConfig, ["graph_factory_kwarg"])

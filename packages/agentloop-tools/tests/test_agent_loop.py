@@ -19,8 +19,9 @@ from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_core.tracing import Tracer
 from agentloop_tools.agent_loop import ToolAgentConfig, ToolAgentLoop, truncate_text
-from agentloop_tools.base import BaseTool
+from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import calculator
+from agentloop_tools.loop_config import check_loop_config_keys
 from agentloop_tools.parsers import HermesToolParser, register_tool_parser
 from agentloop_tools.schema import ToolResponse
 
@@ -377,3 +378,71 @@ async def test_tools_from_a_function_tool_file_are_loaded_once(tokenizer, tmp_pa
     assert tool_messages(out) == ["HEY"]
     assert ToolAgentLoop(server, tokenizer, config).tools["shout"] is loop.tools["shout"]  # shared, not reloaded
     assert '"name": "shout"' in tokenizer.decode(out.prompt_ids)  # the schema reached the system prompt
+
+
+class RecordingTool(BaseTool):
+    """Records what every lifecycle stage receives from the row (verl-style ``**kwargs``)."""
+
+    def __init__(self) -> None:
+        super().__init__({}, schema("record", text="string"))
+        self.seen: list[tuple[str, Any]] = []
+
+    async def init_state(self, **create_kwargs: Any):
+        self.seen.append(("create", create_kwargs))
+        return {}
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        self.seen.append(("execute", kwargs))
+        return ToolResponse(text=parameters["text"]), 0.0, {}
+
+    async def calc_reward(self, instance_id, **kwargs):
+        self.seen.append(("calc_reward", kwargs))
+        return 0.5
+
+    async def release(self, instance_id, **kwargs):
+        self.seen.append(("release", kwargs))
+        await super().release(instance_id)
+
+
+ROW_TOOLS_KWARGS = {"record": {"create_kwargs": {"seed": 1}, "execute_kwargs": {"mode": "fast"},
+                               "calc_reward_kwargs": {"ground_truth": "7"}, "release_kwargs": {"keep": False}}}
+
+
+async def test_every_tools_kwargs_part_reaches_its_stage(tokenizer):
+    tool = RecordingTool()
+    server = scripted(tokenizer, [call("record", text="a") + call("record", text="b"), "done"])
+    out = await make_loop(server, tokenizer, [tool]).run(SAMPLING, raw_prompt=PROMPT, tools_kwargs=ROW_TOOLS_KWARGS)
+    assert tool.seen == [("create", {"seed": 1}), ("execute", {"mode": "fast"}), ("execute", {"mode": "fast"}),
+                         ("calc_reward", {"ground_truth": "7"}), ("release", {"keep": False})]
+    assert tool_messages(out) == ["a", "b"] and out.reward_score == 0.5
+    assert tool.live_instances == 0
+
+
+async def test_row_kwargs_a_tool_cannot_take_fail_the_sample_before_generating(tokenizer):
+    # EchoTool.execute takes no **kwargs: the row's execute_kwargs must not be dropped, nor shown
+    # to the model as a tool error; the sample fails (the worker records it) with the fix.
+    server = scripted(tokenizer, [call("echo", text="a"), "done"])
+    echo, counter = EchoTool(), CounterTool()
+    loop = make_loop(server, tokenizer, [echo, counter])
+    with pytest.raises(ToolKwargsError, match=r"tool 'echo'.*'execute_kwargs'.*add \*\*kwargs to execute"):
+        await loop.run(SAMPLING, raw_prompt=PROMPT, tools_kwargs={"echo": {"execute_kwargs": {"mode": "x"}},
+                                                                  "count": {"start": 3}})
+    assert server.calls == []
+    assert echo.live_instances == 0 and counter.live_instances == 0  # the other tool's instance was released
+    # Without row kwargs the same tool works.
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT, tools_kwargs={"echo": {"create_kwargs": {}}})
+    assert tool_messages(out) == ["a"]
+
+
+def test_loop_declares_its_config_class_and_unknown_keys_are_named():
+    assert ToolAgentLoop.config_class is ToolAgentConfig
+    check_loop_config_keys("tool_agent", ToolAgentLoop.config_class,
+                           ["response_length", "max_parallel_calls", "tools", "tool_config_path",
+                            "function_tool_path", "interaction", "interaction_config_path"])
+    with pytest.raises(ValueError, match=r"tool_agent config has unknown keys 'max_assistant_turn' "
+                                         r"\(did you mean 'max_assistant_turns'\?\), 'zzz'; valid keys: .*tool_parser"):
+        check_loop_config_keys("tool_agent", ToolAgentConfig, ["max_assistant_turn", "zzz", "tool_parser"])
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        check_loop_config_keys("x", dict, [])
+    from agentloop_tools.agent_loop import read_loop_config, resolve_tools  # still importable from here
+    assert callable(read_loop_config) and callable(resolve_tools)

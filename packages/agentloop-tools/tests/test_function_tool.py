@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional
 
 import pytest
 
-from agentloop_tools.base import BaseTool
+from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.function_schema import json_schema_for_type, parse_google_docstring
 from agentloop_tools.function_tool import FunctionTool, function_tool, normalize_tool_result
 from agentloop_tools.schema import ToolResponse
@@ -210,3 +210,56 @@ async def test_calc_reward_sums_step_rewards():
     await scored.execute(iid, {"x": 1})
     await scored.execute(iid, {"x": 2})
     assert await scored.calc_reward(iid) == 3.0
+
+
+async def test_hidden_parameters_come_from_the_row_and_stay_out_of_the_schema():
+    @function_tool(hidden_params=["user_id", "region"])
+    def lookup(query: str, user_id: str, region: str = "eu") -> str:
+        """Look up the user's records.
+
+        Args:
+            query: What to look up.
+            user_id: Whose records (from the dataset row).
+            region: Where they are stored.
+        """
+        return f"{user_id}/{region}/{query}"
+
+    params = lookup.tool_schema.function.parameters
+    assert list(params.properties) == ["query"] and params.required == ["query"]
+    iid = await lookup.create(create_kwargs={}, execute_kwargs={"user_id": "u7"})
+    assert (await lookup.run_execute(iid, {"query": "q"}))[0].text == "u7/eu/q"
+    # The model cannot set a hidden parameter, even one it guessed.
+    with pytest.raises(TypeError, match=r"unexpected arguments \['user_id'\]; expected \['query'\]"):
+        await lookup.run_execute(iid, {"query": "q", "user_id": "admin"})
+    with pytest.raises(ToolKwargsError, match=r"hidden parameters \['user_id'\] have no default"):
+        await lookup.create()
+    with pytest.raises(ToolKwargsError, match=r"keys \['tenant'\] that are not hidden parameters"):
+        await lookup.create(execute_kwargs={"user_id": "u", "tenant": "t"})
+    assert lookup.live_instances == 1
+
+
+async def test_row_kwargs_for_a_function_without_hidden_parameters_are_an_error():
+    @function_tool
+    def shout(text: str) -> str:
+        """Shout."""
+        return text.upper()
+
+    iid = await shout.create(execute_kwargs={})  # none given: fine
+    assert (await shout.run_execute(iid, {"text": "a"}))[0].text == "A"
+    with pytest.raises(ToolKwargsError, match=r"function tool 'shout'.*hidden_params"):
+        await shout.create(execute_kwargs={"lang": "en"})
+    with pytest.raises(ToolKwargsError, match="calc_reward"):
+        await shout.create(calc_reward_kwargs={"gt": 1})
+
+
+def test_hidden_parameter_declaration_errors():
+    def f(x: int, y: int = 0) -> str:
+        """F."""
+        return ""
+
+    with pytest.raises(TypeError, match="hidden parameter 'z' is not a named parameter"):
+        FunctionTool(f, hidden_params=["z"])
+    schema = {"type": "function", "function": {"name": "f", "description": "F.", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x"]}}}
+    with pytest.raises(ValueError, match=r"shows hidden parameters \['y'\]"):
+        FunctionTool(f, schema=schema, hidden_params=["y"])

@@ -4,6 +4,7 @@ from decimal import Decimal
 
 import pytest
 
+from agentloop_tools.base import ToolKwargsError
 from agentloop_tools.builtin.gsm8k import Gsm8kTool, parse_number
 
 
@@ -45,3 +46,17 @@ async def test_missing_ground_truth_is_an_error():
         await tool.create(create_kwargs={})
     with pytest.raises(ValueError, match="unexpected create kwargs"):
         await tool.create(create_kwargs={"ground_truth": 1, "gt": 2})
+
+
+async def test_calc_reward_kwargs_rescore_against_another_ground_truth():
+    tool = Gsm8kTool({}, None)
+    iid = await tool.create(create_kwargs={"ground_truth": "10"}, calc_reward_kwargs={"ground_truth": "#### 12"})
+    await tool.run_execute(iid, {"answer": "10"})
+    await tool.run_execute(iid, {"answer": "12"})
+    assert await tool.calc_reward(iid) == 1.0  # against create's ground truth: "10" was right
+    assert await tool.run_calc_reward(iid) == 1.0  # against the row's "12": right too
+    other = await tool.create(create_kwargs={"ground_truth": "10"}, calc_reward_kwargs={"ground_truth": 99})
+    await tool.run_execute(other, {"answer": "10"})
+    assert await tool.run_calc_reward(other) == 0.0
+    with pytest.raises(ToolKwargsError, match="execute"):  # the checker takes no execute kwargs
+        await tool.create(create_kwargs={"ground_truth": 1}, execute_kwargs={"strict": True})

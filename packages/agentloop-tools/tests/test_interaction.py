@@ -15,6 +15,8 @@ from agentloop_tools.interaction import (
     Gsm8kInteraction,
     extract_final_answer,
     load_interaction,
+    load_interaction_config,
+    load_interactions,
 )
 
 PROMPT = [{"role": "user", "content": "Ben has 5 coins and finds 7 more. How many coins?"}]
@@ -128,3 +130,70 @@ async def test_lifecycle_and_missing_ground_truth():
     gid = await g.start()
     with pytest.raises(ValueError, match="ground_truth"):
         await g.generate_response(gid, [{"role": "assistant", "content": "#### 1"}])
+
+
+INTERACTION_YAML = """
+interaction:
+  - name: strict
+    class_name: agentloop_tools.interaction.Gsm8kInteraction
+    config: {retry_message: "Wrong."}
+  - name: lenient
+    class_name: agentloop_tools.interaction:Gsm8kInteraction
+    config: {retry_message: "Close! Try once more.", correct_score: 2.0}
+"""
+
+
+async def test_interaction_config_path_rows_pick_an_interaction_by_name(tokenizer, tmp_path):
+    path = tmp_path / "interaction.yaml"
+    path.write_text(INTERACTION_YAML)
+    server = scripted(tokenizer, ["#### 11", "#### 12"])
+    loop = ToolAgentLoop(server, tokenizer, {"response_length": 2048, "interaction_config_path": str(path)})
+    assert sorted(loop.interactions) == ["lenient", "strict"]
+    out = await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"name": "lenient", "ground_truth": "12"})
+    users = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "user"]
+    assert users[1:] == ["Close! Try once more."]
+    assert out.extra_fields["turn_scores"] == [0.0, 2.0] and out.reward_score == 2.0
+    # The loaded file is shared by the next sample's loop (loops are built per sample).
+    again = ToolAgentLoop(server, tokenizer, {"interaction_config_path": str(path)})
+    assert again.interactions["strict"] is loop.interactions["strict"]
+    with pytest.raises(ValueError, match=r"several interactions are configured \(\['lenient', 'strict'\]\)"):
+        await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": "12"})
+    with pytest.raises(ValueError, match=r"names interaction 'gsm8k', which is not configured"):
+        await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"name": "gsm8k"})
+
+
+async def test_interaction_kwargs_reach_start_whole(tokenizer):
+    class Recording(BaseInteraction):
+        started: list[dict[str, Any]] = []
+
+        async def start(self, instance_id=None, **kwargs):
+            self.started.append(kwargs)
+            return await super().start(instance_id, **kwargs)
+
+        async def generate_response(self, instance_id, messages, **kwargs):
+            return True, "", 1.0, {}
+
+    interaction = Recording({"name": "rec"})
+    loop = run_loop(tokenizer, scripted(tokenizer, ["hi"]), interaction)
+    # One interaction serves every row, whatever name the row gives (verl rows carry one).
+    await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"name": "gsm8k", "ground_truth": 3})
+    assert Recording.started == [{"name": "gsm8k", "ground_truth": 3}]
+    assert interaction.live_instances == 0
+
+
+def test_interaction_config_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_interaction_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("interactions: []\n")
+    with pytest.raises(ValueError, match="top-level 'interaction:' list"):
+        load_interaction_config(bad)
+    twice = [{"name": "a", "class_name": "agentloop_tools.interaction:Gsm8kInteraction"}] * 2
+    with pytest.raises(ValueError, match=r"interaction\[1\]: two interactions are named 'a'"):
+        load_interactions(twice)
+    with pytest.raises(ValueError, match=r"interaction\[0\]: .*needs 'class_name'"):
+        load_interactions({"interaction": [{"name": "a"}]})
+    assert load_interactions(None) == {}
+    with pytest.raises(ValueError, match="both 'interaction' and 'interaction_config_path'"):
+        ToolAgentLoop(object(), load_tiny_tokenizer(), {"interaction": Gsm8kInteraction(),
+                                                        "interaction_config_path": "x.yaml"})

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -65,6 +65,9 @@ class TrajectorySession:
     """Whether the last generation ended with the end-of-turn token."""
     generate_s: float = 0.0
     """Seconds spent waiting for the engine."""
+    calls_over_limit: set[str] = field(default_factory=set)
+    """Ids of the tool calls past ``max_parallel_calls`` in their turn (see
+    :meth:`ChatModel.is_call_over_limit`)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises calls: two concurrent calls cannot both extend one trajectory."""
 
@@ -103,6 +106,8 @@ class ChatModel(BaseChatModel):
         max_assistant_turns: Most model turns per trajectory, or None.
         apply_chat_template_kwargs: Extra chat template variables.
         use_inference_chat_template: See ``ChatRenderer``.
+        delta_strategy: See ``ChatRenderer(delta_strategy=)``.
+        max_parallel_calls: Most tool calls of one turn that may run, or None.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -127,6 +132,14 @@ class ChatModel(BaseChatModel):
     """Extra keyword arguments for the chat template."""
     use_inference_chat_template: bool = False
     """See :class:`~agentloop_core.tokenization.ChatRenderer`."""
+    delta_strategy: Literal["auto", "history", "short"] = "auto"
+    """How tool and user messages are tokenized after a generated turn; see
+    ``ChatRenderer(delta_strategy=)``."""
+    max_parallel_calls: int | None = None
+    """Most tool calls of one turn that may run; None: no limit. Later calls stay in the
+    ``AIMessage`` (so the graph answers every call), and :meth:`is_call_over_limit` names them:
+    the agentloop tool adapters answer them with an error instead of running them, as the
+    ``tool_agent`` loop does."""
 
     _sessions: dict[str, TrajectorySession] = PrivateAttr(default_factory=dict)
     _renderers: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -140,7 +153,7 @@ class ChatModel(BaseChatModel):
         base = SamplingParams.from_mapping(self.sampling_params)
         stops = _stop_ids(self.tokenizer, self._parser.stop_tokens)
         self._base_params = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + stops)))
-        for key in ("response_length", "prompt_length", "max_assistant_turns"):
+        for key in ("response_length", "prompt_length", "max_assistant_turns", "max_parallel_calls"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"ChatModel {key} must be a positive integer or None, got {value!r}")
@@ -179,6 +192,12 @@ class ChatModel(BaseChatModel):
     def pop_session(self, request_id: str | None = None) -> TrajectorySession | None:
         """Forget a trajectory (and return it), e.g. once its output was built."""
         return self._sessions.pop(request_id or self.request_id, None)
+
+    def is_call_over_limit(self, call_id: str, request_id: str | None = None) -> bool:
+        """Whether a tool call of the trajectory came after ``max_parallel_calls`` others in its
+        turn, so it must be answered with an error instead of being run."""
+        session = self.session(request_id)
+        return session is not None and call_id in session.calls_over_limit
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -234,7 +253,8 @@ class ChatModel(BaseChatModel):
             self._renderers[tools_key] = ChatRenderer(
                 self.tokenizer, tools=tools or None,
                 use_inference_chat_template=self.use_inference_chat_template,
-                apply_chat_template_kwargs=dict(self.apply_chat_template_kwargs))
+                apply_chat_template_kwargs=dict(self.apply_chat_template_kwargs),
+                delta_strategy=self.delta_strategy)
         return self._renderers[tools_key]
 
     def _start(self, request_id: str, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],
@@ -327,6 +347,8 @@ class ChatModel(BaseChatModel):
                            "type": "tool_call"} for c in parsed.calls]
             invalid = [{"name": e.name, "args": e.raw, "id": f"call_{turn}_invalid_{i}", "error": e.reason,
                         "type": "invalid_tool_call"} for i, e in enumerate(parsed.errors)]
+            if self.max_parallel_calls is not None:
+                session.calls_over_limit.update(c["id"] for c in tool_calls[self.max_parallel_calls:])
         finish = {"stop": "tool_calls" if tool_calls else "stop", "length": "length", "aborted": "aborted"}
         metadata = {
             METADATA_KEY: {

@@ -8,13 +8,12 @@ log-probs, everything else with mask 0. Nothing is rebuilt from the graph's fina
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
@@ -24,8 +23,8 @@ from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
 from agentloop_langgraph.graph import load_graph_factory
 from agentloop_langgraph.messages import HistoryRewrittenError, RolloutLimitReached
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
-from agentloop_tools.agent_loop import TruncateSide, read_loop_config, resolve_tools
-from agentloop_tools.base import BaseTool
+from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
+from agentloop_tools.loop_config import TruncateSide, read_loop_config, resolve_tools
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +32,9 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ReactAgentConfig:
     """The ``react_agent`` keys of the rollout config (other keys are ignored)."""
+
+    EXTRA_KEYS: ClassVar[tuple[str, ...]] = ("tools", "tool_config_path", "function_tool_path")
+    """Keys the loop reads outside this dataclass: its tools (``resolve_tools``)."""
 
     graph_factory: Any = None
     """``"package.module:function"`` or a callable ``(chat_model, tools, **kwargs) -> graph``;
@@ -65,6 +67,12 @@ class ReactAgentConfig:
     """Extra chat template variables."""
     use_inference_chat_template: bool = False
     """See ``ChatRenderer``."""
+    delta_strategy: Literal["auto", "history", "short"] = "auto"
+    """How tool results and user turns are tokenized after a generated turn; see
+    ``ChatRenderer(delta_strategy=)``."""
+    max_parallel_calls: int = 4
+    """Most tool calls of one turn that run; later calls of the turn are answered with an error
+    message instead (as in ``tool_agent``)."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ReactAgentConfig:
@@ -77,7 +85,7 @@ class ReactAgentConfig:
             cls, config, loop_name="react_agent",
             nullable=("prompt_length", "max_assistant_turns", "tool_timeout_s"),
             positive=("response_length", "recursion_limit", "max_tool_response_length", "prompt_length",
-                      "max_assistant_turns"),
+                      "max_assistant_turns", "max_parallel_calls"),
         )
         if not isinstance(cfg.graph_factory_kwargs, Mapping):
             raise ValueError("react_agent config graph_factory_kwargs must be a mapping, got "
@@ -93,16 +101,24 @@ class ReactAgentLoop(AgentLoopBase):
     ``function_tool_path`` (as for ``tool_agent``).
 
     Row keys: ``raw_prompt`` (chat messages, the graph's input ``{"messages": raw_prompt}``),
-    ``tools_kwargs`` (per tool name, passed to ``create``), ``request_id`` (optional).
+    ``tools_kwargs`` (per tool name: ``create_kwargs`` go to ``create``, ``execute_kwargs`` /
+    ``calc_reward_kwargs`` / ``release_kwargs`` to those methods, as in ``tool_agent``),
+    ``request_id`` (optional). The loop has no interactions; a user turn is the graph's business.
 
     A graph that rewrites history (summaries, trimming, edited AI messages) fails the sample
-    with ``metrics["history_rewritten"] = 1`` and the reason in ``metrics["error"]``.
+    with ``metrics["history_rewritten"] = 1`` and the reason in ``metrics["error"]``. Row
+    ``tools_kwargs`` that a tool cannot take raise :class:`~agentloop_tools.base.ToolKwargsError`
+    (the worker records the sample as failed).
     """
+
+    config_class: ClassVar[type] = ReactAgentConfig
+    """The dataclass of this loop's config keys; a trainer checks a user's section for this
+    loop with ``check_loop_config_keys(name, loop.config_class, section)``."""
 
     def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        self.settings = ReactAgentConfig.from_mapping(self.config)
+        self.settings = self.config_class.from_mapping(self.config)
         self.tools: dict[str, BaseTool] = resolve_tools(self.config)
         self.factory = load_graph_factory(self.settings.graph_factory)
         kwargs = dict(self.settings.graph_factory_kwargs)
@@ -118,7 +134,8 @@ class ReactAgentLoop(AgentLoopBase):
             server=self.server, tokenizer=self.tokenizer, sampling_params=params, tool_parser=cfg.tool_parser,
             request_id=request_id, response_length=cfg.response_length, prompt_length=cfg.prompt_length,
             max_assistant_turns=cfg.max_assistant_turns, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
-            use_inference_chat_template=cfg.use_inference_chat_template)
+            use_inference_chat_template=cfg.use_inference_chat_template, delta_strategy=cfg.delta_strategy,
+            max_parallel_calls=cfg.max_parallel_calls)
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
         """Roll out one trajectory; see the class docstring for the row keys.
@@ -126,6 +143,7 @@ class ReactAgentLoop(AgentLoopBase):
         Raises:
             ValueError: a malformed row, a prompt over ``prompt_length``, or a factory that
                 does not return a graph.
+            ToolKwargsError: a tool cannot take the row's ``tools_kwargs``.
             Exception: whatever the graph raises besides history rewrites and rollout limits.
         """
         messages = row.get("raw_prompt")
@@ -141,7 +159,7 @@ class ReactAgentLoop(AgentLoopBase):
                              f"configured tools: {sorted(self.tools) or '(none)'}")
         request_id = str(row.get("request_id") or uuid.uuid4().hex)
         model = self.chat_model(sampling_params, request_id)
-        adapters = await self._create_tools(tools_kwargs)
+        adapters = await self._create_tools(tools_kwargs, model, request_id)
         termination = "graph_end"
         start = time.perf_counter()
         try:
@@ -179,6 +197,7 @@ class ReactAgentLoop(AgentLoopBase):
             "assistant_turns": session.trajectory.num_generations,
             "tool_calls": sum(a.calls for a in adapters.values()),
             "tool_errors": sum(a.errors for a in adapters.values()),
+            "tool_calls_over_limit": sum(a.calls_over_limit for a in adapters.values()),
             "generate_s": session.generate_s, "graph_s": graph_s,
         }
         extra = {"messages": list(session.trajectory.messages), "termination_reason": termination,
@@ -186,22 +205,27 @@ class ReactAgentLoop(AgentLoopBase):
         return session.trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
                                             sanity_check=self.settings.sanity_check)
 
-    async def _create_tools(self, tools_kwargs: dict[str, Any]) -> dict[str, AgentLoopTool]:
+    async def _create_tools(self, tools_kwargs: dict[str, Any], model: ChatModel,
+                            request_id: str) -> dict[str, AgentLoopTool]:
         cfg = self.settings
         options = {"timeout_s": cfg.tool_timeout_s, "max_response_length": cfg.max_tool_response_length,
-                   "truncate_side": cfg.tool_response_truncate_side}
-
-        async def create(name: str, tool: BaseTool) -> AgentLoopTool:
-            try:
-                iid = await tool.create(None, **dict(tools_kwargs.get(name) or {}))
-            except Exception as exc:  # the model gets an error when it calls this tool
-                why = f"{type(exc).__name__}: {exc}"
+                   "truncate_side": cfg.tool_response_truncate_side, "max_parallel_calls": cfg.max_parallel_calls,
+                   "is_over_limit": lambda call_id: model.is_call_over_limit(call_id, request_id)}
+        adapters: dict[str, AgentLoopTool] = {}
+        misconfigured: list[ToolKwargsError] = []
+        for name, result in (await create_instances(self.tools, tools_kwargs)).items():
+            if isinstance(result, ToolKwargsError):
+                misconfigured.append(result)
+            elif isinstance(result, Exception):  # the model gets an error when it calls this tool
+                why = f"{type(result).__name__}: {result}"
                 logger.warning("tool %r create failed: %s", name, why)
-                return to_langchain_tool(tool, "", unavailable=why, **options)
-            return to_langchain_tool(tool, iid, **options)
-
-        made = await asyncio.gather(*(create(n, t) for n, t in self.tools.items()))
-        return dict(zip(self.tools, made, strict=True))
+                adapters[name] = to_langchain_tool(self.tools[name], "", unavailable=why, **options)
+            else:
+                adapters[name] = to_langchain_tool(self.tools[name], result, **options)
+        if misconfigured:
+            await self._release(adapters)
+            raise misconfigured[0]
+        return adapters
 
     async def _reward(self, adapters: dict[str, AgentLoopTool]) -> float | None:
         if self.settings.tool_reward == "none":
@@ -211,7 +235,7 @@ class ReactAgentLoop(AgentLoopBase):
             if adapter.unavailable is not None:
                 continue
             try:
-                total += float(await self.tools[name].calc_reward(adapter.instance_id))
+                total += float(await self.tools[name].run_calc_reward(adapter.instance_id))
             except Exception as exc:  # noqa: BLE001 - one bad reward must not lose the trajectory
                 adapter.errors += 1
                 logger.warning("tool %r calc_reward failed: %s: %s", name, type(exc).__name__, exc)
@@ -222,7 +246,7 @@ class ReactAgentLoop(AgentLoopBase):
             if adapter.unavailable is not None:
                 continue
             try:
-                await self.tools[name].release(adapter.instance_id)
+                await self.tools[name].run_release(adapter.instance_id)
             except Exception as exc:  # noqa: BLE001 - release everything even if one fails
                 logger.warning("tool %r release failed: %s: %s", name, type(exc).__name__, exc)
 

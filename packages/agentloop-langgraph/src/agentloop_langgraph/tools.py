@@ -3,20 +3,25 @@
 Each adapter is bound to one trajectory's tool instance (``BaseTool.create``), keeps the tool's
 exact OpenAI schema (so the prompt renders exactly as in the ``tool_agent`` loop) and turns
 every failure into a ``ToolMessage`` with ``status="error"`` (``handle_tool_error``): a broken
-tool is something the model should read about, not an exception that ends the graph.
+tool is something the model should read about, not an exception that ends the graph. Calls go
+through ``BaseTool.run_execute``, so the row's ``execute_kwargs`` reach the tool as in the
+``tool_agent`` loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
+from langchain_core.messages import ToolMessage
 from langchain_core.tools import BaseTool as LangChainBaseTool
 from langchain_core.tools import ToolException
 from pydantic import ConfigDict, Field
 
-from agentloop_tools.agent_loop import TruncateSide, truncate_text
+from agentloop_tools.agent_loop import truncate_text
 from agentloop_tools.base import BaseTool
+from agentloop_tools.loop_config import TruncateSide
 from agentloop_tools.schema import ToolResponse
 
 
@@ -49,7 +54,30 @@ class AgentLoopTool(LangChainBaseTool):
     """How many calls failed."""
     unavailable: str | None = None
     """Why the tool cannot run for this trajectory (its ``create`` failed), or None."""
+    max_parallel_calls: int | None = None
+    """Most tool calls of one turn that may run (named in the error message); None: no limit."""
+    is_over_limit: Callable[[str], bool] | None = Field(default=None, exclude=True)
+    """Tells, by tool call id, whether a call came after ``max_parallel_calls`` others in its
+    turn (``ChatModel.is_call_over_limit`` of the trajectory); None: never."""
+    calls_over_limit: int = 0
+    """How many calls were answered with an error because of ``max_parallel_calls``."""
     handle_tool_error: bool = True
+
+    async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+        """Run a call, or answer it with an error when it is past ``max_parallel_calls`` in its
+        turn. The id of a call is only seen here (``ToolNode`` passes the whole tool call), not in
+        ``_arun``."""
+        call_id = input.get("id") if isinstance(input, dict) and input.get("type") == "tool_call" else None
+        if call_id is not None and self.is_over_limit is not None and self.is_over_limit(call_id):
+            self.calls += 1
+            self.errors += 1
+            self.calls_over_limit += 1
+            # The tool_agent loop's wording, so both loops show the model the same text.
+            return ToolMessage(
+                content=f"Error: too many tool calls in one turn (limit {self.max_parallel_calls}); this call "
+                        f"to {self.name!r} was not run. Call it again next turn.",
+                tool_call_id=call_id, name=self.name, status="error")
+        return await super().ainvoke(input, config, **kwargs)
 
     def _run(self, *args: Any, **kwargs: Any) -> str:
         raise NotImplementedError(
@@ -65,7 +93,7 @@ class AgentLoopTool(LangChainBaseTool):
             raise ToolException(f"Error: tool {self.name!r} takes keyword arguments only.")
         timeout = self.tool.timeout_s if self.tool.timeout_s is not None else self.timeout_s
         try:
-            result = await asyncio.wait_for(self.tool.execute(self.instance_id, dict(kwargs)), timeout)
+            result = await asyncio.wait_for(self.tool.run_execute(self.instance_id, dict(kwargs)), timeout)
         except asyncio.TimeoutError:
             self.errors += 1
             raise ToolException(f"Error: tool {self.name!r} timed out after {timeout:g} s.") from None
@@ -94,7 +122,8 @@ def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> Agent
     Args:
         tool: The agentloop tool.
         instance_id: From ``await tool.create(...)``.
-        **options: ``timeout_s``, ``max_response_length``, ``truncate_side``.
+        **options: ``timeout_s``, ``max_response_length``, ``truncate_side``,
+            ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``.
 
     Raises:
         TypeError: when ``tool`` is not an agentloop ``BaseTool``.

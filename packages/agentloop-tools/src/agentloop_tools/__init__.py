@@ -4,11 +4,18 @@ MCP support (``agentloop_tools.mcp``) needs the ``[mcp]`` extra and is imported 
 """
 
 from agentloop_tools.agent_loop import AgentState, ToolAgentConfig, ToolAgentLoop, truncate_text
-from agentloop_tools.base import BaseTool
+from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import Gsm8kTool, PythonSandboxTool, calculator, evaluate_expression
 from agentloop_tools.function_tool import FunctionTool, function_tool
-from agentloop_tools.interaction import BaseInteraction, Gsm8kInteraction, load_interaction
+from agentloop_tools.interaction import (
+    BaseInteraction,
+    Gsm8kInteraction,
+    load_interaction,
+    load_interaction_config,
+    load_interactions,
+)
 from agentloop_tools.load_tools import load_tools
+from agentloop_tools.loop_config import check_loop_config_keys
 from agentloop_tools.parsers import (
     ParseResult,
     ToolCall,
@@ -34,13 +41,17 @@ __all__ = [
     "ToolAgentLoop",
     "ToolCall",
     "ToolCallError",
+    "ToolKwargsError",
     "ToolParser",
     "ToolResponse",
     "calculator",
+    "check_loop_config_keys",
     "evaluate_expression",
     "function_tool",
     "get_tool_parser",
     "load_interaction",
+    "load_interaction_config",
+    "load_interactions",
     "load_tools",
     "register_tool_parser",
     "tool_parser_names",

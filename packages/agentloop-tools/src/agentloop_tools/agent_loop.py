@@ -8,7 +8,9 @@ decoded only to find tool calls, never re-encoded for training.
 
 Anything a tool does wrong (raises, hangs, returns junk, gets bad arguments, does not exist)
 becomes an error message the model reads on its next turn and a counter in ``metrics``; it
-never ends the trajectory with an exception.
+never ends the trajectory with an exception. A misconfigured row is different: ``tools_kwargs``
+that a tool cannot take (:class:`~agentloop_tools.base.ToolKwargsError`), or naming a tool or an
+interaction the loop does not have, fails the sample with the error.
 """
 
 from __future__ import annotations
@@ -21,20 +23,28 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.registry import register
-from agentloop_tools.base import BaseTool
-from agentloop_tools.interaction import BaseInteraction, load_interaction
+from agentloop_tools.base import ToolKwargsError, create_instances
+from agentloop_tools.interaction import BaseInteraction, select_interaction
+from agentloop_tools.loop_config import (
+    LOOP_CONFIG_CHOICES,
+    ToolAgentConfig,
+    TruncateSide,
+    check_loop_config_keys,
+    read_loop_config,
+    resolve_interactions,
+    resolve_tools,
+)
 from agentloop_tools.parsers import ParseResult, ToolCall, get_tool_parser
 from agentloop_tools.schema import ToolResponse
 
 logger = logging.getLogger(__name__)
 
-TruncateSide = Literal["left", "right", "middle"]
 TRUNCATION_MARKER = "...(truncated)..."
 
 
@@ -46,95 +56,6 @@ class AgentState(enum.Enum):
     PROCESSING_TOOLS = "processing_tools"
     INTERACTING = "interacting"
     TERMINATED = "terminated"
-
-
-@dataclass(frozen=True)
-class ToolAgentConfig:
-    """The ``tool_agent`` keys of the rollout config (other keys are ignored)."""
-
-    response_length: int = 1024
-    """Token budget for everything after the prompt: generated, tool and user tokens."""
-    prompt_length: int | None = None
-    """Longest accepted rendered prompt, in tokens; None: no limit."""
-    tool_parser: str = "hermes"
-    """Name of the tool-call parser (see ``agentloop_tools.parsers.tool_parser_names()``)."""
-    max_assistant_turns: int | None = None
-    """Most model turns; None: bounded only by ``response_length``."""
-    max_user_turns: int | None = None
-    """Most interaction replies; None: until the interaction ends the conversation."""
-    max_parallel_calls: int = 4
-    """Most tool calls run (concurrently) per turn; later calls get an error message."""
-    max_tool_response_length: int = 1024
-    """Most characters of one tool response shown to the model."""
-    tool_response_truncate_side: TruncateSide = "middle"
-    """Which part of a long response to keep: ``left`` keeps the tail, ``right`` the head,
-    ``middle`` head and tail."""
-    tool_timeout_s: float | None = 60.0
-    """Time limit of one tool call unless the tool sets its own ``timeout_s``; None: no limit."""
-    tool_reward: Literal["sum", "none"] = "sum"
-    """``sum``: reward_score = step rewards of every call + each tool's ``calc_reward`` + the
-    interaction's ``calculate_score``; ``none``: reward_score is None (the trainer computes it)."""
-    sanity_check: Literal["strict", "ignore_strippable", "disable"] = "strict"
-    """Delta-tokenization check against full re-tokenization, see ``Trajectory.to_output``."""
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for the chat template (e.g. ``enable_thinking``)."""
-    use_inference_chat_template: bool = False
-    """Render history with the inference template even when it strips reasoning."""
-    delta_strategy: Literal["auto", "history", "short"] = "auto"
-    """How tool results and user turns are tokenized after a generated turn; see
-    ``ChatRenderer(delta_strategy=)``. ``auto`` costs the same at turn 100 as at turn 1."""
-
-    @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> ToolAgentConfig:
-        """Read and check the loop's keys.
-
-        Raises:
-            ValueError: naming the key, the bad value and what is accepted.
-        """
-        cfg = read_loop_config(
-            cls, config, loop_name="tool_agent",
-            nullable=("max_assistant_turns", "max_user_turns", "prompt_length", "tool_timeout_s"),
-            positive=("response_length", "max_parallel_calls", "max_tool_response_length", "prompt_length",
-                      "max_assistant_turns", "max_user_turns"),
-        )
-        if cfg.tool_timeout_s is not None and not (isinstance(cfg.tool_timeout_s, (int, float)) and cfg.tool_timeout_s > 0):
-            raise ValueError(f"tool_agent config tool_timeout_s must be a positive number or None, got {cfg.tool_timeout_s!r}")
-        return cfg
-
-
-# Choice-valued keys shared by every loop that runs tools (tool_agent, react_agent).
-LOOP_CONFIG_CHOICES: dict[str, tuple[str, ...]] = {
-    "tool_response_truncate_side": ("left", "right", "middle"),
-    "tool_reward": ("sum", "none"),
-    "sanity_check": ("strict", "ignore_strippable", "disable"),
-    "delta_strategy": ("auto", "history", "short"),
-}
-
-
-def read_loop_config(cls: type, config: Mapping[str, Any], *, loop_name: str, nullable: tuple[str, ...],
-                     positive: tuple[str, ...]) -> Any:
-    """Build a loop's frozen config dataclass from the rollout config and check it.
-
-    Keys the dataclass does not name are ignored (the worker passes its whole config); a None
-    value keeps the default unless the key is in ``nullable``.
-
-    Raises:
-        ValueError: naming the loop, the key, the bad value and what is accepted.
-    """
-    names = cls.__dataclass_fields__
-    data = {k: config[k] for k in names if k in config and config[k] is not None}
-    for key in nullable:
-        if key in config and config[key] is None:
-            data[key] = None
-    cfg = cls(**data)
-    for key in positive:
-        value = getattr(cfg, key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{loop_name} config {key} must be a positive integer, got {value!r}")
-    for key, allowed in LOOP_CONFIG_CHOICES.items():
-        if key in names and getattr(cfg, key) not in allowed:
-            raise ValueError(f"{loop_name} config {key} must be one of {allowed}, got {getattr(cfg, key)!r}")
-    return cfg
 
 
 def truncate_text(text: str, limit: int, side: TruncateSide) -> str:
@@ -153,39 +74,6 @@ def truncate_text(text: str, limit: int, side: TruncateSide) -> str:
         return text[:limit] + TRUNCATION_MARKER
     head = limit // 2
     return text[:head] + TRUNCATION_MARKER + text[len(text) - (limit - head) :]
-
-
-_TOOL_CACHE: dict[tuple[str | None, str | None], dict[str, BaseTool]] = {}
-
-
-def resolve_tools(config: Mapping[str, Any]) -> dict[str, BaseTool]:
-    """The loop's tools: ``config["tools"]`` (dict name -> BaseTool, or a list), else
-    ``load_tools(tool_config_path, function_tool_path)``, loaded once per process and shared
-    (per-trajectory state lives in tool instances, not in the tool objects).
-
-    Raises:
-        ValueError: a tool is not a BaseTool or its key differs from its name.
-    """
-    tools = config.get("tools")
-    if tools is None:
-        paths = (config.get("tool_config_path"), config.get("function_tool_path"))
-        if paths == (None, None):
-            return {}
-        if paths not in _TOOL_CACHE:
-            from agentloop_tools.load_tools import load_tools
-
-            _TOOL_CACHE[paths] = load_tools(*paths)
-        return _TOOL_CACHE[paths]
-    items = tools.items() if isinstance(tools, Mapping) else ((getattr(t, "name", None), t) for t in tools)
-    resolved: dict[str, BaseTool] = {}
-    for name, tool in items:
-        if not isinstance(tool, BaseTool):
-            raise ValueError(f"tool_agent config tools[{name!r}] is a {type(tool).__name__}, not a BaseTool; "
-                             "wrap functions with @function_tool")
-        if name != tool.name:
-            raise ValueError(f"tool_agent config tools key {name!r} differs from the tool's name {tool.name!r}")
-        resolved[name] = tool
-    return resolved
 
 
 def _stop_token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> tuple[int, ...]:
@@ -235,6 +123,9 @@ class _Run:
     """Per-trajectory bookkeeping."""
 
     request_id: str
+    interaction: BaseInteraction | None = None
+    """The interaction this row picked (see ``select_interaction``), or None."""
+    interaction_id: str | None = None
     instances: dict[str, str] = field(default_factory=dict)
     create_errors: dict[str, str] = field(default_factory=dict)
     assistant_turns: int = 0
@@ -275,22 +166,30 @@ class ToolAgentLoop(AgentLoopBase):
 
     Config keys: see :class:`ToolAgentConfig`, plus ``tools`` / ``tool_config_path`` /
     ``function_tool_path`` (see :func:`resolve_tools`) and ``interaction`` (a
-    :class:`~agentloop_tools.interaction.BaseInteraction` or ``{"class_name", "config"}``).
+    :class:`~agentloop_tools.interaction.BaseInteraction`, ``{"class_name", "config", "name"}``
+    or a list of those) or ``interaction_config_path`` (verl's interaction YAML); see
+    :func:`resolve_interactions`.
 
-    Row keys: ``raw_prompt`` (chat messages), ``tools_kwargs`` (per tool name, passed to
-    ``create``), ``interaction_kwargs`` (passed to ``Interaction.start``), ``request_id``
-    (optional; one id for all turns keeps them on one replica's prefix cache).
+    Row keys: ``raw_prompt`` (chat messages), ``tools_kwargs`` (per tool name: ``create_kwargs``
+    go to ``create``, ``execute_kwargs`` / ``calc_reward_kwargs`` / ``release_kwargs`` to those
+    methods, see :mod:`agentloop_tools.base`), ``interaction_kwargs`` (passed whole to
+    ``Interaction.start``; its ``name`` picks the interaction when several are configured),
+    ``request_id`` (optional; one id for all turns keeps them on one replica's prefix cache).
     """
+
+    config_class: ClassVar[type] = ToolAgentConfig
+    """The dataclass of this loop's config keys; a trainer checks a user's section for this
+    loop with ``check_loop_config_keys(name, loop.config_class, section)``."""
 
     def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
         from agentloop_core.tokenization import ChatRenderer
 
-        self.settings = ToolAgentConfig.from_mapping(self.config)
+        self.settings = self.config_class.from_mapping(self.config)
         self.tools = resolve_tools(self.config)
         self.parser = get_tool_parser(self.settings.tool_parser)
-        self.interaction: BaseInteraction | None = load_interaction(self.config.get("interaction"))
+        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.config)
         schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
         self.renderer = ChatRenderer(
             tokenizer, tools=schemas or None,
@@ -307,7 +206,9 @@ class ToolAgentLoop(AgentLoopBase):
 
         Raises:
             ValueError: the row is malformed (no ``raw_prompt``, ``tools_kwargs`` for an unknown
-                tool) or the prompt is longer than ``prompt_length``.
+                tool, ``interaction_kwargs`` naming an unknown interaction) or the prompt is
+                longer than ``prompt_length``.
+            ToolKwargsError: a tool cannot take the row's ``tools_kwargs``.
         """
         from agentloop_core.tokenization import Trajectory
 
@@ -331,16 +232,17 @@ class ToolAgentLoop(AgentLoopBase):
         if limit is not None and len(trajectory.prompt_ids) > limit:
             raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
                              f"prompt_length={limit}; raise prompt_length or filter long prompts")
-        run = _Run(request_id=str(row.get("request_id") or uuid.uuid4().hex))
-        interaction_id: str | None = None
+        interaction_kwargs = dict(row.get("interaction_kwargs") or {})
+        run = _Run(request_id=str(row.get("request_id") or uuid.uuid4().hex),
+                   interaction=select_interaction(self.interactions, interaction_kwargs))
         try:
             await self._create_instances(run, tools_kwargs)
-            if self.interaction is not None:
-                interaction_id = await self.interaction.start(None, **dict(row.get("interaction_kwargs") or {}))
-            await self._loop(run, trajectory, base, per_turn_cap, interaction_id)
-            reward = await self._reward(run, interaction_id)
+            if run.interaction is not None:
+                run.interaction_id = await run.interaction.start(None, **interaction_kwargs)
+            await self._loop(run, trajectory, base, per_turn_cap)
+            reward = await self._reward(run)
         finally:
-            await self._release(run, interaction_id)
+            await self._release(run)
         metrics = {**run.counters, "assistant_turns": run.assistant_turns, "user_turns": run.user_turns,
                    "turns": run.assistant_turns + run.user_turns}
         extra = {"turn_scores": list(run.turn_scores), "tool_rewards": list(run.tool_rewards),
@@ -349,8 +251,7 @@ class ToolAgentLoop(AgentLoopBase):
         return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
                                     sanity_check=self.settings.sanity_check)
 
-    async def _loop(self, run: _Run, trajectory: Any, base: SamplingParams, per_turn_cap: int | None,
-                    interaction_id: str | None) -> None:
+    async def _loop(self, run: _Run, trajectory: Any, base: SamplingParams, per_turn_cap: int | None) -> None:
         cfg = self.settings
         state = AgentState.GENERATING
         parsed: ParseResult | None = None
@@ -375,7 +276,7 @@ class ToolAgentLoop(AgentLoopBase):
                 tool_messages = await self._run_tools(run, parsed)
                 state = self._append(run, trajectory, tool_messages)
             elif state is AgentState.INTERACTING:
-                state = await self._interact(run, trajectory, interaction_id)
+                state = await self._interact(run, trajectory)
 
     def _after_generate(self, run: _Run, trajectory: Any, out: TokenOutput) -> tuple[AgentState, ParseResult | None]:
         cfg = self.settings
@@ -397,7 +298,7 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED, None
         if parsed.attempted:
             return AgentState.PROCESSING_TOOLS, parsed
-        if self.interaction is not None:
+        if run.interaction is not None:
             return AgentState.INTERACTING, None
         run.termination = "no_tool_call"
         return AgentState.TERMINATED, None
@@ -414,16 +315,16 @@ class ToolAgentLoop(AgentLoopBase):
         trajectory.append_messages(new_messages)
         return AgentState.GENERATING
 
-    async def _interact(self, run: _Run, trajectory: Any, interaction_id: str | None) -> AgentState:
-        assert self.interaction is not None and interaction_id is not None
+    async def _interact(self, run: _Run, trajectory: Any) -> AgentState:
+        assert run.interaction is not None and run.interaction_id is not None
         limit = self.settings.max_user_turns
         if limit is not None and run.user_turns >= limit:
             run.termination = "max_user_turns"
             return AgentState.TERMINATED
         start = time.perf_counter()
         with self.tracer.span("interaction", turn=run.user_turns, request_id=run.request_id):
-            done, text, score, metrics = await self.interaction.generate_response(
-                interaction_id, list(trajectory.messages))
+            done, text, score, metrics = await run.interaction.generate_response(
+                run.interaction_id, list(trajectory.messages))
         run.counters["interaction_s"] += time.perf_counter() - start
         run.add_metrics("interaction", run.user_turns, metrics)
         run.turn_scores.append(float(score))
@@ -436,14 +337,17 @@ class ToolAgentLoop(AgentLoopBase):
     # --- tools ---------------------------------------------------------------------------------
 
     async def _create_instances(self, run: _Run, tools_kwargs: dict[str, Any]) -> None:
-        async def create(name: str, tool: BaseTool) -> None:
-            try:
-                run.instances[name] = await tool.create(None, **dict(tools_kwargs.get(name) or {}))
-            except Exception as exc:  # the model gets an error when it calls this tool
-                run.create_errors[name] = f"{type(exc).__name__}: {exc}"
+        misconfigured: list[ToolKwargsError] = []
+        for name, result in (await create_instances(self.tools, tools_kwargs)).items():
+            if isinstance(result, ToolKwargsError):
+                misconfigured.append(result)
+            elif isinstance(result, Exception):  # the model gets an error when it calls this tool
+                run.create_errors[name] = f"{type(result).__name__}: {result}"
                 logger.warning("tool %r create failed for request %s: %s", name, run.request_id, run.create_errors[name])
-
-        await asyncio.gather(*(create(name, tool) for name, tool in self.tools.items()))
+            else:
+                run.instances[name] = result
+        if misconfigured:  # run() releases the instances that were created
+            raise misconfigured[0]
 
     async def _run_tools(self, run: _Run, parsed: ParseResult) -> list[dict[str, Any]]:
         limit = self.settings.max_parallel_calls
@@ -480,7 +384,7 @@ class ToolAgentLoop(AgentLoopBase):
         timeout = tool.timeout_s if tool.timeout_s is not None else self.settings.tool_timeout_s
         with self.tracer.span(f"tool:{call.name}", request_id=run.request_id) as span:
             try:
-                result = await asyncio.wait_for(tool.execute(run.instances[call.name], dict(call.arguments)), timeout)
+                result = await asyncio.wait_for(tool.run_execute(run.instances[call.name], dict(call.arguments)), timeout)
             except asyncio.TimeoutError:
                 run.counters["tool_errors"] += 1
                 span["tool_error"] = "timeout"
@@ -508,32 +412,45 @@ class ToolAgentLoop(AgentLoopBase):
             text += "\n[the tool returned images or videos, which this loop cannot show]"
         return text
 
-    async def _reward(self, run: _Run, interaction_id: str | None) -> float | None:
+    async def _reward(self, run: _Run) -> float | None:
         if self.settings.tool_reward == "none":
             return None
         total = sum(run.tool_rewards)
         with self.tracer.span("reward", request_id=run.request_id):
             for name, iid in run.instances.items():
                 try:
-                    total += float(await self.tools[name].calc_reward(iid))
+                    total += float(await self.tools[name].run_calc_reward(iid))
                 except Exception as exc:  # noqa: BLE001
                     run.counters["tool_errors"] += 1
                     logger.warning("tool %r calc_reward failed: %s: %s", name, type(exc).__name__, exc)
-            if self.interaction is not None and interaction_id is not None:
-                total += float(await self.interaction.calculate_score(interaction_id))
+            if run.interaction is not None and run.interaction_id is not None:
+                total += float(await run.interaction.calculate_score(run.interaction_id))
         return total
 
-    async def _release(self, run: _Run, interaction_id: str | None) -> None:
+    async def _release(self, run: _Run) -> None:
         for name, iid in run.instances.items():
             try:
-                await self.tools[name].release(iid)
+                await self.tools[name].run_release(iid)
             except Exception as exc:  # noqa: BLE001 - release everything even if one fails
                 logger.warning("tool %r release failed: %s: %s", name, type(exc).__name__, exc)
-        if self.interaction is not None and interaction_id is not None:
+        if run.interaction is not None and run.interaction_id is not None:
             try:
-                await self.interaction.finalize(interaction_id)
+                await run.interaction.finalize(run.interaction_id)
             except Exception as exc:  # noqa: BLE001
                 logger.warning("interaction finalize failed: %s: %s", type(exc).__name__, exc)
 
 
-__all__ = ["AgentState", "ToolAgentConfig", "ToolAgentLoop", "resolve_tools", "truncate_text"]
+# The config names (LOOP_CONFIG_CHOICES ... resolve_tools) live in loop_config; they stay
+# importable from here for code written before the split.
+__all__ = [
+    "LOOP_CONFIG_CHOICES",
+    "AgentState",
+    "ToolAgentConfig",
+    "ToolAgentLoop",
+    "TruncateSide",
+    "check_loop_config_keys",
+    "read_loop_config",
+    "resolve_interactions",
+    "resolve_tools",
+    "truncate_text",
+]

@@ -2,11 +2,26 @@
 
 One tool object serves every trajectory of a batch at once, so per-trajectory state lives in a
 dict keyed by ``instance_id``; two trajectories never see each other's state.
+
+A dataset row's ``tools_kwargs[tool_name]`` may use verl's nested form ``{"create_kwargs",
+"execute_kwargs", "calc_reward_kwargs", "release_kwargs"}``. ``create_kwargs`` go to
+:meth:`BaseTool.init_state`; the others reach ``execute(instance_id, parameters, **kwargs)``,
+``calc_reward(instance_id, **kwargs)`` and ``release(instance_id, **kwargs)`` as keyword
+arguments when the loops call :meth:`BaseTool.run_execute`, :meth:`BaseTool.run_calc_reward` and
+:meth:`BaseTool.run_release`. They are passed only when the row has some, so a tool whose
+methods take no ``**kwargs`` keeps working on rows without them. When a row has kwargs that a
+method cannot take, :meth:`BaseTool.create` raises :class:`ToolKwargsError` before any state
+exists, and the loops fail the sample with it: a misconfigured dataset is not something the
+model should read about, nor should the kwargs be dropped silently. The default
+``calc_reward``/``release`` take no kwargs on purpose, so row kwargs for a tool that never reads
+them are an error too.
 """
 
 from __future__ import annotations
 
 import abc
+import asyncio
+import inspect
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +30,14 @@ from pydantic import ValidationError
 
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
-__all__ = ["LIFECYCLE_KWARGS_KEYS", "BaseTool", "normalize_tools_kwargs"]
+__all__ = [
+    "LIFECYCLE_KWARGS_KEYS",
+    "LIFECYCLE_STAGES",
+    "BaseTool",
+    "ToolKwargsError",
+    "create_instances",
+    "normalize_tools_kwargs",
+]
 
 LIFECYCLE_KWARGS_KEYS: tuple[str, ...] = (
     "create_kwargs",
@@ -24,6 +46,15 @@ LIFECYCLE_KWARGS_KEYS: tuple[str, ...] = (
     "release_kwargs",
 )
 """Keys of the verl-style nested form of a dataset row's ``tools_kwargs[tool_name]``."""
+
+LIFECYCLE_STAGES: tuple[str, ...] = ("execute", "calc_reward", "release")
+"""The methods that receive the row's ``<stage>_kwargs`` as keyword arguments."""
+
+
+class ToolKwargsError(TypeError):
+    """A dataset row's ``tools_kwargs`` do not fit the tool: a method cannot take its
+    ``execute_kwargs`` / ``calc_reward_kwargs`` / ``release_kwargs``. The loops fail the sample
+    with it instead of showing it to the model."""
 
 
 def normalize_tools_kwargs(
@@ -137,6 +168,8 @@ class BaseTool(abc.ABC):
 
         Raises:
             ValueError: The id is already live, or tools_kwargs is malformed.
+            ToolKwargsError: A method cannot take the row's kwargs for its stage (see
+                :meth:`check_lifecycle_kwargs`).
         """
         iid = instance_id if instance_id is not None else f"{self.name}-{uuid.uuid4().hex}"
         if iid in self._instances:
@@ -145,6 +178,8 @@ class BaseTool(abc.ABC):
                 "instance_id=None for a fresh one"
             )
         create_kwargs, lifecycle = normalize_tools_kwargs(tools_kwargs, tool_name=self.name)
+        for stage in LIFECYCLE_STAGES:
+            self.check_lifecycle_kwargs(stage, lifecycle.get(f"{stage}_kwargs", {}))
         state = await self.init_state(**create_kwargs)
         if not isinstance(state, dict):
             raise TypeError(f"{type(self).__name__}.init_state must return a dict, got {type(state).__name__}")
@@ -174,7 +209,63 @@ class BaseTool(abc.ABC):
             stage: ``"execute"``, ``"calc_reward"`` or ``"release"``.
         """
         self.state(instance_id)
-        return dict(self._lifecycle_kwargs.get(instance_id, {}).get(f"{stage}_kwargs", {}))
+        return self._stage_kwargs(instance_id, stage)
+
+    def _stage_kwargs(self, instance_id: str, stage: str) -> dict[str, Any]:
+        return dict(self._lifecycle_kwargs.get(instance_id, {}).get(f"{stage}_kwargs") or {})
+
+    def check_lifecycle_kwargs(self, stage: str, kwargs: Mapping[str, Any]) -> None:
+        """Check that a stage's method can take the row's kwargs for it. :meth:`create` calls it
+        for every stage (with ``{}`` when the row has none) before any state exists; override it
+        to check more (``FunctionTool`` checks its hidden parameters).
+
+        Args:
+            stage: ``"execute"``, ``"calc_reward"`` or ``"release"``.
+            kwargs: The row's ``<stage>_kwargs``.
+
+        Raises:
+            ToolKwargsError: The method's signature cannot bind them; the message names the tool,
+                the stage, the keys and the fix.
+        """
+        if not kwargs:
+            return
+        method = getattr(self, stage)
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):  # no introspectable signature: let the call decide
+            return
+        positional = ("instance_id", {}) if stage == "execute" else ("instance_id",)
+        try:
+            signature.bind(*positional, **kwargs)
+        except TypeError as exc:
+            raise ToolKwargsError(
+                f"tool {self.name!r}: the row's tools_kwargs[{self.name!r}][{stage + '_kwargs'!r}] has keys "
+                f"{sorted(kwargs)}, but {type(self).__name__}.{stage}{signature} cannot take them ({exc}); "
+                f"add **kwargs to {stage} (verl-style) or name them as parameters, or remove "
+                f"{stage}_kwargs from the dataset"
+            ) from None
+
+    async def run_execute(
+        self, instance_id: str, parameters: dict[str, Any]
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """What a loop calls for one tool call: :meth:`execute` with the row's ``execute_kwargs``
+        as keyword arguments, when the row has any.
+
+        Args:
+            instance_id: From :meth:`create`.
+            parameters: Arguments the model passed.
+        """
+        return await self.execute(instance_id, parameters, **self._stage_kwargs(instance_id, "execute"))
+
+    async def run_calc_reward(self, instance_id: str) -> float:
+        """What a loop calls for the reward: :meth:`calc_reward` with the row's
+        ``calc_reward_kwargs``, when the row has any."""
+        return await self.calc_reward(instance_id, **self._stage_kwargs(instance_id, "calc_reward"))
+
+    async def run_release(self, instance_id: str) -> None:
+        """What a loop calls at the end of a trajectory: :meth:`release` with the row's
+        ``release_kwargs``, when the row has any."""
+        await self.release(instance_id, **self._stage_kwargs(instance_id, "release"))
 
     @property
     def live_instances(self) -> int:
@@ -183,13 +274,15 @@ class BaseTool(abc.ABC):
 
     @abc.abstractmethod
     async def execute(
-        self, instance_id: str, parameters: dict[str, Any]
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        """Run one tool call.
+        """Run one tool call. An implementation that reads no ``execute_kwargs`` may leave out
+        ``**kwargs``; rows that give some are then an error, not silently ignored.
 
         Args:
             instance_id: From :meth:`create`.
             parameters: Arguments the model passed (already checked against the schema by the loop).
+            **kwargs: The row's ``execute_kwargs``, passed only when it has some.
 
         Returns:
             ``(response, step_reward, metrics)``.
@@ -197,6 +290,9 @@ class BaseTool(abc.ABC):
 
     async def calc_reward(self, instance_id: str) -> float:
         """The tool's reward for the trajectory so far (default 0.0).
+
+        Override it as ``calc_reward(self, instance_id, **kwargs)`` to receive the row's
+        ``calc_reward_kwargs``; this default takes none, so rows that give some are an error.
 
         Args:
             instance_id: From :meth:`create`.
@@ -208,8 +304,33 @@ class BaseTool(abc.ABC):
         """Drop the instance's state. Releasing an unknown id is a no-op, so a loop can release
         in a ``finally`` block after a failed create.
 
+        Override it as ``release(self, instance_id, **kwargs)`` (and call ``super().release``) to
+        receive the row's ``release_kwargs``; this default takes none.
+
         Args:
             instance_id: From :meth:`create`.
         """
         self._instances.pop(instance_id, None)
         self._lifecycle_kwargs.pop(instance_id, None)
+
+
+async def create_instances(tools: Mapping[str, BaseTool], tools_kwargs: Mapping[str, Any]) -> dict[str, str | Exception]:
+    """Create one trajectory's instance of every tool, concurrently.
+
+    Args:
+        tools: The loop's tools by name.
+        tools_kwargs: The row's ``tools_kwargs`` (by tool name; tools it does not name get none).
+
+    Returns:
+        By tool name, the instance id or the exception its ``create`` raised. Every create has
+        finished, so a loop that fails the sample on a :class:`ToolKwargsError` can first
+        release every instance that exists.
+    """
+    async def create(name: str, tool: BaseTool) -> str | Exception:
+        try:
+            return await tool.create(None, **dict(tools_kwargs.get(name) or {}))
+        except Exception as exc:  # noqa: BLE001 - the loop decides: unavailable tool or failed sample
+            return exc
+
+    results = await asyncio.gather(*(create(name, tool) for name, tool in tools.items()))
+    return dict(zip(tools, results, strict=True))

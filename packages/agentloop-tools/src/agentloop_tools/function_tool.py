@@ -3,6 +3,14 @@
 The schema comes from the type hints and the Google-style docstring
 (:func:`agentloop_tools.function_schema.schema_from_function`). Sync functions run in a worker
 thread so a slow one does not stall the other trajectories sharing the event loop.
+
+A dataset row's ``execute_kwargs`` reach the function as *hidden parameters*: parameters named
+in ``@function_tool(hidden_params=[...])``, left out of the schema the model sees, and filled on
+every call from the row (``tools_kwargs[name]["execute_kwargs"]``). The model cannot pass them.
+Row keys that are not hidden parameters, and hidden parameters without a default that the row
+does not give, raise :class:`~agentloop_tools.base.ToolKwargsError` at ``create``, which fails
+the sample. ``calc_reward_kwargs``/``release_kwargs`` have no function to go to, so rows giving
+them for a function tool fail the same way.
 """
 
 from __future__ import annotations
@@ -12,10 +20,10 @@ import functools
 import inspect
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
-from agentloop_tools.base import BaseTool
+from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.function_schema import schema_from_function
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
@@ -86,6 +94,13 @@ class FunctionTool(BaseTool):
         description: Overrides the docstring summary.
         schema: A full schema to use instead of inferring one.
         config: Tool config (``timeout_s``...).
+        hidden_params: Parameters of ``fn`` filled from the row's ``execute_kwargs`` and hidden
+            from the model (see the module docstring).
+
+    Raises:
+        TypeError: ``*args`` in the signature, or a hidden parameter that is not a named
+            parameter of ``fn``.
+        ValueError: An explicit ``schema`` shows a hidden parameter to the model.
     """
 
     def __init__(
@@ -96,6 +111,7 @@ class FunctionTool(BaseTool):
         description: str | None = None,
         schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None,
         config: dict[str, Any] | None = None,
+        hidden_params: Sequence[str] = (),
     ) -> None:
         if not callable(fn):
             raise TypeError(f"function_tool needs a callable, got {type(fn).__name__}")
@@ -105,14 +121,26 @@ class FunctionTool(BaseTool):
         self._is_async = inspect.iscoroutinefunction(fn) or (
             not inspect.isroutine(fn) and inspect.iscoroutinefunction(type(fn).__call__)
         )
+        if isinstance(hidden_params, str):
+            hidden_params = (hidden_params,)
+        self.hidden_params: tuple[str, ...] = tuple(hidden_params)
+        for pname in self.hidden_params:
+            param = self._signature.parameters.get(pname)
+            if param is None or param.kind not in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY):
+                raise TypeError(f"function tool {name or getattr(fn, '__name__', fn)!r}: hidden parameter {pname!r} is not a named "
+                                f"parameter of the function (parameters: {list(self._signature.parameters)})")
         if schema is None:
-            schema = schema_from_function(fn, name=name, description=description)
+            schema = _without(schema_from_function(fn, name=name, description=description), self.hidden_params)
         else:
             # Even with an explicit schema, reject *args/**kwargs: the model sends named arguments.
             for p in self._signature.parameters.values():
                 if p.kind is inspect.Parameter.VAR_POSITIONAL:
                     raise TypeError(f"function tool {name or fn.__name__!r}: *{p.name} is not allowed")
         super().__init__(config, schema)
+        shown = sorted(set(self.hidden_params) & set(self.tool_schema.function.parameters.properties))
+        if shown:
+            raise ValueError(f"function tool {self.name!r}: schema= shows hidden parameters {shown} to the model; "
+                             "remove them from the schema's properties")
         if name is not None and name != self.name:
             # An explicit name wins over the schema's; copy so a shared schema object is not mutated.
             self.tool_schema = self.tool_schema.model_copy(deep=True)
@@ -130,30 +158,65 @@ class FunctionTool(BaseTool):
     async def init_state(self, **create_kwargs: Any) -> dict[str, Any]:
         return {"create_kwargs": dict(create_kwargs), "rewards": []}
 
-    async def execute(
-        self, instance_id: str, parameters: dict[str, Any]
-    ) -> tuple[ToolResponse, float, dict[str, Any]]:
-        """Call the function with ``parameters`` as keyword arguments.
+    def check_lifecycle_kwargs(self, stage: str, kwargs: Mapping[str, Any]) -> None:
+        """``execute_kwargs`` must name hidden parameters only, and give every hidden parameter
+        that has no default; other stages take no kwargs.
 
         Raises:
-            TypeError: Arguments do not fit the signature (missing/unexpected), or the
-                return value cannot be normalised.
+            ToolKwargsError: naming the tool, the keys and the fix.
+        """
+        if stage != "execute":
+            return super().check_lifecycle_kwargs(stage, kwargs)
+        extra = sorted(set(kwargs) - set(self.hidden_params))
+        if extra:
+            raise ToolKwargsError(
+                f"function tool {self.name!r}: the row's tools_kwargs[{self.name!r}]['execute_kwargs'] has keys "
+                f"{extra} that are not hidden parameters (hidden: {list(self.hidden_params)}); add them as "
+                f"parameters of the function and to @function_tool(hidden_params=[...]), or remove them "
+                "from the dataset")
+        missing = [p for p in self.hidden_params
+                   if p not in kwargs and self._signature.parameters[p].default is inspect.Parameter.empty]
+        if missing:
+            raise ToolKwargsError(
+                f"function tool {self.name!r}: hidden parameters {missing} have no default and the row's "
+                f"tools_kwargs[{self.name!r}]['execute_kwargs'] does not give them; add them to the dataset "
+                "or give them defaults")
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """Call the function with ``parameters`` and the row's hidden parameters as keyword
+        arguments.
+
+        Args:
+            instance_id: From :meth:`create`.
+            parameters: The model's arguments.
+            **kwargs: The row's ``execute_kwargs`` (hidden parameters only).
+
+        Raises:
+            TypeError: Arguments do not fit the signature (missing/unexpected, or the model
+                named a hidden parameter), or the return value cannot be normalised.
             Exception: Whatever the function raises; the loop turns it into error text.
         """
         state = self.state(instance_id)
         if not isinstance(parameters, dict):
             raise TypeError(f"tool {self.name!r}: arguments must be a JSON object, got {type(parameters).__name__}")
+        visible = [p for p in self._signature.parameters if p not in self.hidden_params]
+        # The model does not see hidden parameters; passing one would override the row's value.
+        named_hidden = sorted(set(parameters) & set(self.hidden_params))
+        if named_hidden:
+            raise TypeError(f"tool {self.name!r}: unexpected arguments {named_hidden}; expected {visible}")
+        arguments = {**parameters, **kwargs}
         try:
-            self._signature.bind(**parameters)
+            self._signature.bind(**arguments)
         except TypeError as exc:
             raise TypeError(
-                f"tool {self.name!r}: bad arguments {sorted(parameters)}: {exc}; "
-                f"expected {list(self._signature.parameters)}"
+                f"tool {self.name!r}: bad arguments {sorted(parameters)}: {exc}; expected {visible}"
             ) from None
         if self._is_async:
-            result = await self.fn(**parameters)
+            result = await self.fn(**arguments)
         else:
-            result = await asyncio.to_thread(self.fn, **parameters)
+            result = await asyncio.to_thread(self.fn, **arguments)
             if inspect.isawaitable(result):
                 result = await result
         response, reward, metrics = normalize_tool_result(result, tool_name=self.name)
@@ -162,6 +225,17 @@ class FunctionTool(BaseTool):
 
     async def calc_reward(self, instance_id: str) -> float:
         return float(sum(self.state(instance_id)["rewards"]))
+
+
+def _without(schema: OpenAIFunctionToolSchema, hidden: Sequence[str]) -> OpenAIFunctionToolSchema:
+    """The schema minus the hidden parameters (they are filled from the row, not by the model)."""
+    if not hidden:
+        return schema
+    data = schema.model_dump(exclude_none=True)
+    params = data["function"]["parameters"]
+    params["properties"] = {k: v for k, v in params.get("properties", {}).items() if k not in hidden}
+    params["required"] = [k for k in params.get("required", []) if k not in hidden]
+    return OpenAIFunctionToolSchema.model_validate(data)
 
 
 @overload
@@ -174,6 +248,7 @@ def function_tool(
     description: str | None = None,
     schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    hidden_params: Sequence[str] = (),
 ) -> Callable[[Callable[..., Any]], FunctionTool]: ...
 
 
@@ -185,9 +260,13 @@ def function_tool(
     description: str | None = None,
     schema: OpenAIFunctionToolSchema | dict[str, Any] | None = None,
     config: dict[str, Any] | None = None,
+    hidden_params: Sequence[str] = (),
 ) -> FunctionTool | Callable[[Callable[..., Any]], FunctionTool]:
     """Decorate a function to make it a tool: ``@function_tool``, ``@function_tool("name")`` or
-    ``@function_tool(name=..., description=..., schema=..., config=...)``.
+    ``@function_tool(name=..., description=..., schema=..., config=..., hidden_params=[...])``.
+
+    ``hidden_params`` name parameters filled from the dataset row's ``execute_kwargs`` and hidden
+    from the model (see the module docstring).
 
     The result is a :class:`FunctionTool` (a :class:`BaseTool`) that is still callable like the
     original function.
@@ -197,7 +276,8 @@ def function_tool(
         ValueError: No docstring and no ``description=``.
     """
     if callable(fn_or_name):
-        return FunctionTool(fn_or_name, name=name, description=description, schema=schema, config=config)
+        return FunctionTool(fn_or_name, name=name, description=description, schema=schema, config=config,
+                            hidden_params=hidden_params)
     if fn_or_name is not None and not isinstance(fn_or_name, str):
         raise TypeError(f"@function_tool(...) takes a tool name string, got {type(fn_or_name).__name__}")
     if fn_or_name is not None and name is not None and fn_or_name != name:
@@ -205,6 +285,7 @@ def function_tool(
     tool_name = fn_or_name or name
 
     def decorate(fn: Callable[..., Any]) -> FunctionTool:
-        return FunctionTool(fn, name=tool_name, description=description, schema=schema, config=config)
+        return FunctionTool(fn, name=tool_name, description=description, schema=schema, config=config,
+                            hidden_params=hidden_params)
 
     return decorate

@@ -5,6 +5,17 @@ for the user's reply. The reply is appended as a ``user`` message (response mask
 model generates again, until the interaction says the conversation is over or the loop's
 ``max_user_turns`` is reached. Each reply carries a score, kept per turn in
 ``extra_fields["turn_scores"]``.
+
+Several interactions can be configured at once, verl-style, in a YAML file::
+
+    interaction:
+      - name: gsm8k
+        class_name: agentloop_tools.interaction.Gsm8kInteraction
+        config: {retry_message: "Try again."}
+
+and each row picks one with ``interaction_kwargs["name"]`` (when only one is configured, it
+serves every row). The whole ``interaction_kwargs``, ``name`` included as in verl, goes to
+``start``.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ import abc
 import re
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from agentloop_tools.load_tools import import_object
@@ -124,6 +136,86 @@ def load_interaction(spec: BaseInteraction | Mapping[str, Any] | None) -> BaseIn
     return cls(config)
 
 
+def load_interactions(spec: Any) -> dict[str, BaseInteraction]:
+    """Resolve one interaction or a list of them (verl's ``interaction:`` list), by name.
+
+    Args:
+        spec: None, anything :func:`load_interaction` takes, a list of those, or a mapping
+            ``{"interaction": [...]}`` (the content of an interaction YAML file).
+
+    Returns:
+        The interactions by their ``name`` (empty for None).
+
+    Raises:
+        ValueError: A bad entry (see :func:`load_interaction`) or two interactions with one name.
+    """
+    if spec is None:
+        return {}
+    if isinstance(spec, Mapping) and set(spec) == {"interaction"}:
+        spec = spec["interaction"]
+    entries = spec if isinstance(spec, (list, tuple)) else [spec]
+    interactions: dict[str, BaseInteraction] = {}
+    for i, entry in enumerate(entries):
+        try:
+            interaction = load_interaction(entry)
+        except ValueError as exc:
+            raise ValueError(f"interaction[{i}]: {exc}") from exc
+        if interaction is None:
+            raise ValueError(f"interaction[{i}] is empty; give class_name and config")
+        if interaction.name in interactions:
+            raise ValueError(f"interaction[{i}]: two interactions are named {interaction.name!r}; give each a "
+                             "distinct 'name'")
+        interactions[interaction.name] = interaction
+    return interactions
+
+
+def load_interaction_config(path: str | Path) -> dict[str, BaseInteraction]:
+    """Build the interactions of a verl-style YAML file (see the module docstring).
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Bad YAML or a bad entry; the message names the file.
+    """
+    import yaml
+
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"interaction config {str(file)!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{file}: not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping) or not isinstance(data.get("interaction"), list):
+        raise ValueError(f"{file}: expected a top-level 'interaction:' list of {{name, class_name, config}} entries")
+    try:
+        return load_interactions(data["interaction"])
+    except ValueError as exc:
+        raise ValueError(f"{file}: {exc}") from exc
+
+
+def select_interaction(interactions: Mapping[str, BaseInteraction],
+                       interaction_kwargs: Mapping[str, Any] | None) -> BaseInteraction | None:
+    """The interaction a row asks for with ``interaction_kwargs["name"]`` when several are
+    configured; the only one when one is (whatever name the row gives, so rows written for
+    another name keep working); None when none is.
+
+    Raises:
+        ValueError: Several are configured and the row names none, or one that is not configured.
+    """
+    if not interactions:
+        return None
+    if len(interactions) == 1:
+        return next(iter(interactions.values()))
+    name = (interaction_kwargs or {}).get("name")
+    if name is None:
+        raise ValueError(f"several interactions are configured ({sorted(interactions)}); the row must pick one "
+                         "with interaction_kwargs={'name': ...}")
+    if name not in interactions:
+        raise ValueError(f"row interaction_kwargs names interaction {name!r}, which is not configured; "
+                         f"configured: {sorted(interactions)}")
+    return interactions[name]
+
+
 _ANSWER = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 
 
@@ -168,4 +260,12 @@ def _same_number(a: str, b: str) -> bool:
         return a.strip() == b.strip()
 
 
-__all__ = ["BaseInteraction", "Gsm8kInteraction", "extract_final_answer", "load_interaction"]
+__all__ = [
+    "BaseInteraction",
+    "Gsm8kInteraction",
+    "extract_final_answer",
+    "load_interaction",
+    "load_interaction_config",
+    "load_interactions",
+    "select_interaction",
+]

@@ -3,6 +3,8 @@
 The per-trajectory ground truth comes from the dataset row
 (``tools_kwargs["check_answer"]["create_kwargs"]["ground_truth"]``); the reward is 1.0 for a
 correct answer and 0.0 otherwise, and :meth:`Gsm8kTool.calc_reward` returns the best one seen.
+A row's ``calc_reward_kwargs={"ground_truth": ...}`` re-scores the submitted answers against
+another ground truth (e.g. the reward model's label, when create_kwargs carried a hint).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class Gsm8kTool(BaseTool):
             raise ValueError(
                 f"tool {self.name!r} needs a numeric ground_truth in create_kwargs, got {ground_truth!r}"
             )
-        return {"ground_truth": expected, "best_reward": 0.0, "attempts": 0}
+        return {"ground_truth": expected, "best_reward": 0.0, "attempts": 0, "answers": []}
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any]
@@ -92,6 +94,7 @@ class Gsm8kTool(BaseTool):
         state["attempts"] += 1
         raw = parameters.get("answer")
         answer = parse_number(raw)
+        state["answers"].append(answer)
         if answer is None:
             text, reward = f"Could not find a number in the answer {str(raw)[:100]!r}.", 0.0
         elif answer == state["ground_truth"]:
@@ -101,8 +104,24 @@ class Gsm8kTool(BaseTool):
         state["best_reward"] = max(state["best_reward"], reward)
         return ToolResponse(text=text), reward, {"attempts": state["attempts"]}
 
-    async def calc_reward(self, instance_id: str) -> float:
-        return float(self.state(instance_id)["best_reward"])
+    async def calc_reward(self, instance_id: str, ground_truth: Any = None) -> float:
+        """1.0 when an answer was correct, else 0.0.
+
+        Args:
+            instance_id: From :meth:`create`.
+            ground_truth: The row's ``calc_reward_kwargs["ground_truth"]``: score the submitted
+                answers against it instead of the create-time ground truth.
+
+        Raises:
+            ValueError: ``ground_truth`` contains no number.
+        """
+        state = self.state(instance_id)
+        if ground_truth is None:
+            return float(state["best_reward"])
+        expected = parse_number(ground_truth)
+        if expected is None:
+            raise ValueError(f"tool {self.name!r}: calc_reward_kwargs ground_truth {ground_truth!r} has no number")
+        return float(any(answer == expected for answer in state["answers"]))
 
 
 def _plain(value: Decimal) -> str:
