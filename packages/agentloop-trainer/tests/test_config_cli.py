@@ -70,7 +70,7 @@ def test_gsm8k_conversion_reports_malformed_lines(tmp_path, capsys):
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["5", "1200"]
     assert rows[0]["agent_name"] == "tool_agent" and rows[0]["data_source"] == "openai/gsm8k"
     assert rows[0]["prompt"][1] == {"role": "user", "content": "What is 2 + 3?"}
-    assert rows[0]["extra_info"]["tools_kwargs"] == {"calculator": {"create_kwargs": {"ground_truth": "5"}}}
+    assert rows[0]["extra_info"]["tools_kwargs"] == {"check_answer": {"create_kwargs": {"ground_truth": "5"}}}
 
 
 @pytest.mark.skipif(not SHARED_GSM8K.exists(), reason="GSM8K jsonl is only at ../shared/data/gsm8k in the dev checkout")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
-from agentloop_trainer.forward import common_prefix_length, sequence_log_probs
 from agentloop_trainer.config import load_config
+from agentloop_trainer.forward import common_prefix_length, sequence_log_probs
 from agentloop_trainer.rollout import RolloutEngine, make_rows
 from agentloop_trainer.task import BIASED_TEMPLATES, dataset_row, make_problems
 

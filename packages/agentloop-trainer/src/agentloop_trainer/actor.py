@@ -271,4 +271,6 @@ class GRPOActor:
                 self.optimizer.step()
                 history.append(metrics)
         keys = {k for m in history for k in m}
-        return {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in sorted(keys)}
+        means = {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in sorted(keys)}
+        means["actor/num_updates"] = float(len(history))
+        return means

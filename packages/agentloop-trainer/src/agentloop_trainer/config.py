@@ -311,11 +311,11 @@ class TrainerSection:
     device: str = "cpu"
     """cpu or cuda."""
     test_freq: int = 10
-    """Evaluate on the held-out split every this many steps (0: only before and after)."""
+    """Evaluate on the held-out split every this many steps (0 or -1: only before and after)."""
     val_before_train: bool = True
     """Evaluate before the first step."""
     save_freq: int = 25
-    """Checkpoint every this many steps (0: never)."""
+    """Checkpoint every this many steps (0 or -1: never)."""
     resume: bool = False
     """Resume from the latest checkpoint of this run."""
     mlflow_tracking_uri: str | None = None

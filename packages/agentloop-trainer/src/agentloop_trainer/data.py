@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 GSM8K_SYSTEM = (
-    "Solve the math problem step by step. Use the calculator tool for arithmetic. "
-    "End with the final answer as #### N."
+    "Solve the math problem step by step. Use the calculator tool for arithmetic and check_answer to "
+    "check your answer. End with the final answer as #### N."
 )
 """System turn of converted GSM8K prompts."""
 
@@ -44,7 +44,7 @@ def gsm8k_row(question: str, answer: str, split: str, index: int) -> dict[str, A
             "index": index,
             "answer": answer,
             "question": question,
-            "tools_kwargs": {"calculator": {"create_kwargs": {"ground_truth": truth}}},
+            "tools_kwargs": {"check_answer": {"create_kwargs": {"ground_truth": truth}}},
         },
     }
 

@@ -323,13 +323,13 @@ class GRPOTrainer:
             m = self.train_step()
             gen_tokens += m["rollout/generated_tokens"]
             gen_seconds += m["timing_s/generate"]
-            if self.rank == 0 and tc.test_freq and self.step % tc.test_freq == 0 and self.step < tc.total_steps:
+            if self.rank == 0 and tc.test_freq > 0 and self.step % tc.test_freq == 0 and self.step < tc.total_steps:
                 m["eval/accuracy"] = self.evaluate().accuracy
             self._record(m)
             bar.update(1)
             bar.set_postfix(reward=f"{m['reward/mean']:.3f}", **({"eval": f"{m['eval/accuracy']:.3f}"} if "eval/accuracy" in m else {}))
             self.log(_console_line(m))
-            if tc.save_freq and self.step % tc.save_freq == 0:
+            if tc.save_freq > 0 and self.step % tc.save_freq == 0:
                 self.save()
         bar.close()
         if self.rank != 0:

@@ -54,9 +54,19 @@ NO_EFFECT_PREFIXES: tuple[str, ...] = (
     "reward_model.enable", "reward_model.reward_manager", "reward_model.launch_reward_fn_async",
     "trainer.balance_batch", "trainer.project_name_suffix", "trainer.val_only", "trainer.max_actor_ckpt_to_keep",
     "trainer.max_critic_ckpt_to_keep", "trainer.resume_mode", "trainer.del_local_ckpt_after_load", "ray_init.",
+    "trainer.total_epochs",
 )
 """Keys accepted and ignored: memory/speed knobs (agentloop sizes these itself), logging and
 layout settings with an agentloop counterpart, or things agentloop always does."""
+
+REASONS: dict[str, str] = {
+    "trainer.total_epochs": "the run length is trainer.total_training_steps / trainer.total_steps",
+    "trainer.logger": "metrics always go to the console and metrics.jsonl; MLflow via trainer.mlflow_tracking_uri",
+    "trainer.n_gpus_per_node": "set trainer.fsdp_ranks, ray.rank_num_gpus and ray.replica_num_gpus",
+    "trainer.nnodes": "set ray.address to run on a cluster",
+    "actor_rollout_ref.model.enable_gradient_checkpointing": "not implemented yet; memory options are planned",
+}
+"""Why a key is ignored, where the generic reason would mislead."""
 
 ONLY_VALUE: dict[str, tuple[tuple[Any, ...], str]] = {
     "actor_rollout_ref.rollout.mode": (("async",), "agentloop's rollout is always asynchronous"),
@@ -95,7 +105,8 @@ def translate(flat: dict[str, Any], valid: set[str], notice: Callable[[str], Non
                 raise ValueError(f"{key}={value!r} is not supported: {why}")
             notice(f"verl key {key}={value!r} matches agentloop's behaviour; ignored")
         elif key.startswith(NO_EFFECT_PREFIXES):
-            notice(f"verl key {key} has no effect in agentloop; ignored")
+            why = REASONS.get(key, "agentloop sizes memory and speed itself, or always behaves this way")
+            notice(f"verl key {key} ignored ({why})")
         else:
             out[key] = value
     return out
