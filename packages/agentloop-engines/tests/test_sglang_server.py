@@ -1,9 +1,9 @@
 """SGLangServer against a stand-in honouring the sglang.Engine surface it calls.
 
-The stand-in enforces what the real engine enforces: ``async_generate`` only on ``engine.loop``,
-control methods synchronous via ``engine.loop.run_until_complete`` (so they fail if called
-while the loop runs), unique live rids, ``abort_request`` on the tokenizer manager. It also
-misbehaves the way SGLang does (checked on a real SGLang build, see the stand-in's docstring),
+The stand-in (``agentloop_engines.testing.StandInSGLangEngine``) enforces what the real
+engine enforces: ``async_generate`` only on ``engine.loop``, control methods synchronous via
+``engine.loop.run_until_complete`` (so they fail if called while the loop runs), unique live
+rids, ``abort_request`` on the tokenizer manager. It also misbehaves the way SGLang does (checked on a real SGLang build, see the stand-in's docstring),
 so each test below fails on an adapter that trusts SGLang on that point. The same checks run
 against a real ``sglang.Engine`` in the gpu-marked test.
 """
@@ -12,190 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import json
 import logging
 import os
-import random
-import tempfile
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from agentloop_core.protocol import CapabilityNotSupported, TokenOutput
 from agentloop_engines.sglang_server import SGLangServer, _checkpoint_weight_names
-
-EOS = 2
-VOCAB = 300
-ALLOWED_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
-                "sampling_seed"}
-WEIGHTS = ("step", "model.embed_tokens.weight")
-
-
-def write_checkpoint(folder: Path, names=WEIGHTS, tied: bool = True, index: bool = False) -> Path:
-    """A safetensors checkpoint holding one int64 scalar per name (the header is all we read)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    header = {n: {"dtype": "I64", "shape": [], "data_offsets": [8 * i, 8 * i + 8]}
-              for i, n in enumerate(names)}
-    raw = json.dumps(header).encode()
-    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(8 * len(names)))
-    if index:
-        (folder / "model.safetensors.index.json").write_text(
-            json.dumps({"weight_map": dict.fromkeys(names, "model.safetensors")}))
-    (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
-    return folder
-
-
-class StandInSGLangEngine:
-    """Next token = (last + step) % VOCAB, step being the 'weight' (plus a coin flip when
-    temperature > 0); logprob -0.01 * (token % 7).
-
-    Like SGLang (measured outside the project):
-    (a) ``ignore_eos=True`` disables ``stop_token_ids`` too, not only EOS;
-    (b) a finished request still counts as running until a later loop pass (``finish_lag_s``);
-        ``flush_cache`` returns False while anything runs; ``update_weights_from_tensor`` (with
-        its default ``flush_cache=True``) and ``release_memory_occupation`` assert the scheduler
-        is idle, and a failed assertion kills the engine: every later call fails;
-    (c) ``sampling_seed`` is ignored unless ``enable_deterministic_inference``;
-    (d) the tokenizer manager rejects prompt + max_new_tokens >= context_len, the scheduler
-        aborts prompts longer than ``max_req_input_len`` (= context_len - 6) with no output and
-        cuts new tokens to context_len - prompt - 2;
-    (e) ``server_args`` tell whether the memory saver is on; without it release frees nothing;
-    (f) unknown weight names are skipped silently (the checkpoint in ``server_args.model_path``
-        has ``step`` and a tied ``model.embed_tokens.weight``).
-    """
-
-    def __init__(self, context_len: int = 64, step_delay_s: float = 0.0, finish_lag_s: float = 0.01,
-                 enable_memory_saver: bool = False, enable_deterministic_inference: bool = False) -> None:
-        try:
-            self.loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.loop = asyncio.new_event_loop()
-        self._checkpoint = tempfile.TemporaryDirectory(prefix="standin-sglang-")
-        checkpoint = write_checkpoint(Path(self._checkpoint.name))
-        self.server_args = SimpleNamespace(
-            model_path=str(checkpoint), enable_memory_saver=enable_memory_saver,
-            enable_deterministic_inference=enable_deterministic_inference)
-        self.step = 1
-        self.step_delay_s = step_delay_s
-        self.finish_lag_s = finish_lag_s
-        self.running = 0
-        self.released = False
-        self.memory_freed = False
-        self.dead: str | None = None
-        self.flushes = 0
-        self.calls: list[dict] = []
-        self.live: dict[str, bool] = {}
-        self.shut_down = False
-        self._rng = random.Random()
-        self.tokenizer_manager = SimpleNamespace(
-            context_len=context_len, max_req_input_len=context_len - 6,
-            model_config=SimpleNamespace(vocab_size=VOCAB), abort_request=self._abort_request)
-
-    def _check_alive(self) -> None:
-        if self.dead:
-            raise RuntimeError(f"the SGLang scheduler process died earlier: {self.dead}")
-
-    def _assert_idle(self, what: str) -> None:
-        if self.running:
-            self.dead = f"{what}: AssertionError: the scheduler is not idle ({self.running} running)"
-            raise AssertionError(self.dead)
-
-    def _abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        assert asyncio.get_running_loop() is self.loop, "abort_request called off the engine loop"
-        if rid in self.live:
-            self.live[rid] = True
-
-    def _finished(self) -> None:
-        self.running -= 1
-
-    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, rid=None):
-        self._check_alive()
-        if asyncio.get_running_loop() is not self.loop:
-            raise RuntimeError("async_generate awaited off engine.loop (the real engine hangs here)")
-        if self.released:
-            raise RuntimeError("memory released; resume_memory_occupation first")
-        assert set(sampling_params) <= ALLOWED_KEYS, sampling_params
-        assert rid not in self.live, f"duplicate live rid {rid}"
-        tm, n, max_new = self.tokenizer_manager, len(input_ids), sampling_params["max_new_tokens"]
-        if n + max_new >= tm.context_len:
-            raise ValueError(f"Requested token count exceeds the model's maximum context length of "
-                             f"{tm.context_len} tokens ({n} input + {max_new} new)")
-        self.calls.append({"rid": rid, "input_ids": list(input_ids), **sampling_params})
-        meta = {"id": rid}
-        if n > tm.max_req_input_len:
-            meta["finish_reason"] = {"type": "abort", "message": f"input {n} > max_req_input_len"}
-            meta["output_token_logprobs"] = []
-            return {"text": "", "output_ids": [], "meta_info": meta}
-        max_new = min(max_new, tm.context_len - n - 2)
-        stops = set() if sampling_params["ignore_eos"] else {EOS, *sampling_params["stop_token_ids"]}
-        rng = self._rng
-        if self.server_args.enable_deterministic_inference and "sampling_seed" in sampling_params:
-            rng = random.Random(sampling_params["sampling_seed"])
-        self.live[rid] = False
-        self.running += 1
-        ids, last, reason = [], input_ids[-1], {"type": "length", "length": max_new}
-        try:
-            while len(ids) < max_new:
-                if self.step_delay_s:
-                    await asyncio.sleep(self.step_delay_s)
-                if self.live[rid]:
-                    reason = {"type": "abort", "message": "aborted"}
-                    break
-                noise = rng.randint(0, 1) if sampling_params["temperature"] > 0 else 0
-                last = (last + self.step + noise) % VOCAB
-                ids.append(last)
-                if last in stops:
-                    reason = {"type": "stop", "matched": last}
-                    break
-        finally:
-            del self.live[rid]
-            self.loop.call_later(self.finish_lag_s, self._finished)
-        meta["finish_reason"] = reason
-        if return_logprob:
-            meta["output_token_logprobs"] = [(-0.01 * (t % 7), t, None) for t in ids]
-        return {"text": "", "output_ids": ids, "meta_info": meta}
-
-    async def _bump(self, **changes):
-        await asyncio.sleep(0)
-        for k, v in changes.items():
-            setattr(self, k, v)
-
-    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
-        self._check_alive()
-        if flush_cache:
-            self._assert_idle("update_weights_from_tensor")
-        weights = dict(named_tensors)  # other names: tied lm_head or unknown, skipped silently
-        step = int(weights.get("step", self.step))
-        if step <= 0:
-            return False, "step must be positive"
-        self.loop.run_until_complete(self._bump(step=step, flushes=self.flushes + flush_cache))
-        return True, "Success"
-
-    def flush_cache(self):
-        self._check_alive()
-        return self.loop.run_until_complete(self._flush())
-
-    async def _flush(self) -> bool:
-        await asyncio.sleep(0)
-        if self.running:
-            return False
-        self.flushes += 1
-        return True
-
-    def release_memory_occupation(self, tags=None):
-        self._check_alive()
-        self._assert_idle("release_memory_occupation")
-        self.loop.run_until_complete(self._bump(released=True,
-                                                memory_freed=self.server_args.enable_memory_saver))
-
-    def resume_memory_occupation(self, tags=None):
-        self._check_alive()
-        self.loop.run_until_complete(self._bump(released=False, memory_freed=False))
-
-    def shutdown(self):
-        self.shut_down = True
-        self._checkpoint.cleanup()
+from agentloop_engines.testing import DEFAULT_EOS_TOKEN_ID as EOS
+from agentloop_engines.testing import DEFAULT_VOCAB_SIZE as VOCAB
+from agentloop_engines.testing import StandInSGLangEngine, write_checkpoint
 
 
 def expected(prompt_last: int, n: int, step: int = 1) -> list[int]:
@@ -446,7 +273,7 @@ async def test_concurrent_requests_all_run_on_the_engine_loop(server):
 
 
 async def test_abort_stops_an_in_flight_request():
-    engine, server = await in_thread_server(context_len=10_000, step_delay_s=0.005)
+    engine, server = await in_thread_server(context_length=10_000, step_delay_s=0.005)
     try:
         task = asyncio.create_task(server.generate("long", [3], greedy(5000, ignore_eos=True)))
         await asyncio.sleep(0.1)

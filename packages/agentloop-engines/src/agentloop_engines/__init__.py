@@ -17,11 +17,12 @@ __all__ = [
     "AsyncServerBase", "HFServer", "build_tiny_model",
     "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "StickyLeastInFlightPolicy",
     "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",
-    "ServerThread", "create_app", "serve", "SGLangServer", "VLLMServer",
+    "ServerThread", "create_app", "serve", "HTTPServer", "SGLangServer", "VLLMServer",
 ]
 
-# Adapters whose modules need heavy optional deps at use time, resolved on first access.
-_LAZY = {"SGLangServer": "agentloop_engines.sglang_server", "VLLMServer": "agentloop_engines.vllm_server"}
+# Adapters whose modules need optional deps (httpx, vLLM, SGLang), resolved on first access.
+_LAZY = {"HTTPServer": "agentloop_engines.http_client", "SGLangServer": "agentloop_engines.sglang_server",
+         "VLLMServer": "agentloop_engines.vllm_server"}
 
 
 def __getattr__(name: str):

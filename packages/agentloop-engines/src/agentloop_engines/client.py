@@ -50,7 +50,9 @@ def is_replica_failure(exc: BaseException) -> bool:
     """Whether ``exc`` means the replica (not the request) is broken, so another may serve it.
 
     ValueError is never a replica failure: a request that fails validation fails everywhere.
-    Connection errors, timeouts and dead Ray actors / workers / nodes are.
+    Connection errors, timeouts and dead Ray actors / workers / nodes are; so is an
+    ``HTTPServer`` replica that is unreachable or answers 502/503/504: it raises
+    ``ReplicaUnavailableError``, a ``ConnectionError``.
     """
     if isinstance(exc, ValueError):
         return False
@@ -289,7 +291,10 @@ class LLMServerClient:
             # The hung replica may still be working on it; stop it so it does not finish later.
             self._spawn(self._quiet_abort(replica, request_id))
         self.policy.mark_unhealthy(replica.index)
-        what = f"timed out after {self.request_timeout_s}s" if timed_out else f"{type(exc).__name__}: {exc}"
+        # asyncio.wait_for's TimeoutError has no message; a transport's own timeout (HTTPServer's
+        # timeout_s) has one, and request_timeout_s may not even be set then.
+        what = (f"timed out after {self.request_timeout_s}s" if timed_out and not str(exc)
+                else f"{type(exc).__name__}: {exc}")
         logger.warning("replica %d taken out of rotation: %s (request %r will be retried)",
                        replica.index, what, request_id)
         return f"replica {replica.index} {what}"
@@ -337,8 +342,9 @@ class LLMServerClient:
             CapabilityNotSupported: unless every replica declares ``weight_update``.
         """
         self._require("weight_update")
-        # Materialise once: a generator would be exhausted by the first replica.
-        payload: Any = list(named_tensors)
+        # Materialise once: a generator would be exhausted by the first replica; a state dict
+        # gives (name, tensor) pairs, not just its keys.
+        payload: Any = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
         if any(r.is_actor for r in self._replicas):
             import ray
 

@@ -1,0 +1,12 @@
+"""Test helpers for engine adapters that ship with the package, so other packages' tests and
+third parties can use them: a CPU stand-in for ``sglang.Engine``."""
+
+from agentloop_engines.testing.sglang_standin import (
+    DEFAULT_EOS_TOKEN_ID,
+    DEFAULT_VOCAB_SIZE,
+    StandInSGLangEngine,
+    WeightUpdate,
+    write_checkpoint,
+)
+
+__all__ = ["DEFAULT_EOS_TOKEN_ID", "DEFAULT_VOCAB_SIZE", "StandInSGLangEngine", "WeightUpdate", "write_checkpoint"]

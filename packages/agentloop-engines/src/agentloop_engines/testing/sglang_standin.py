@@ -1,0 +1,330 @@
+"""A CPU stand-in for ``sglang.Engine``, faithful to the parts of SGLang that ``SGLangServer`` calls.
+
+SGLang needs a GPU, so the adapter (and anything built on it, such as ``agentloop train
+actor_rollout_ref.rollout.name=sglang``) is tested against this class. It enforces what the real
+engine enforces and misbehaves the way SGLang does (each point checked on a real SGLang build; see
+:class:`StandInSGLangEngine`), so a test over it fails on an adapter that trusts SGLang where it
+should not. It records what it was asked to do (``events``, ``weight_updates``, ``calls``) so a
+test can check, for example, that each weight update arrived while the scheduler was idle.
+
+To put it behind ``SGLangServer(model_path=...)`` (which builds ``sglang.Engine`` itself)::
+
+    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang",
+                        lambda: SimpleNamespace(Engine=StandInSGLangEngine))
+
+Imports nothing beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+__all__ = ["DEFAULT_EOS_TOKEN_ID", "DEFAULT_VOCAB_SIZE", "StandInSGLangEngine", "WeightUpdate", "write_checkpoint"]
+
+DEFAULT_EOS_TOKEN_ID = 2
+"""EOS of the checkpoint :func:`write_checkpoint` writes (and of a stand-in built without a model_path)."""
+DEFAULT_VOCAB_SIZE = 300
+"""Vocabulary size of that checkpoint."""
+DEFAULT_WEIGHT_NAMES = ("step", "model.embed_tokens.weight")
+"""Tensors of that checkpoint: ``step`` is the stand-in's one real weight (see the class docstring)."""
+
+# SGLang builds SamplingParams(**sampling_params), so any other key is a TypeError there.
+_SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
+                            "sampling_seed"})
+
+
+def write_checkpoint(folder: Path, names: Iterable[str] = DEFAULT_WEIGHT_NAMES, tied: bool = True,
+                     index: bool = False, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                     eos_token_id: int = DEFAULT_EOS_TOKEN_ID, max_position_embeddings: int = 64) -> Path:
+    """Write a safetensors checkpoint holding one int64 scalar per name (the header is all that
+    SGLang's name check and the stand-in read) and its ``config.json``.
+
+    Args:
+        folder: Where to write (created if missing).
+        names: Tensor names.
+        tied: ``tie_word_embeddings`` (then ``lm_head.weight`` is not in the checkpoint).
+        index: Also write ``model.safetensors.index.json``, as sharded checkpoints have.
+        vocab_size: ``config.json``'s ``vocab_size``.
+        eos_token_id: ``config.json``'s ``eos_token_id``.
+        max_position_embeddings: The context length the stand-in uses without ``context_length``.
+
+    Returns:
+        ``folder``.
+    """
+    names = list(names)
+    folder.mkdir(parents=True, exist_ok=True)
+    header = {n: {"dtype": "I64", "shape": [], "data_offsets": [8 * i, 8 * i + 8]} for i, n in enumerate(names)}
+    raw = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(8 * len(names)))
+    if index:
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": dict.fromkeys(names, "model.safetensors")}))
+    (folder / "config.json").write_text(json.dumps({
+        "tie_word_embeddings": tied, "vocab_size": vocab_size, "eos_token_id": eos_token_id,
+        "max_position_embeddings": max_position_embeddings}))
+    return folder
+
+
+def _tensor_names(folder: Path) -> frozenset[str]:
+    # SGLang's loader walks the checkpoint's tensors the same way. Deliberately not the adapter's
+    # _checkpoint_weight_names: the stand-in plays SGLang, so a bug in the adapter's reader must
+    # show up as a mismatch, not be shared.
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return frozenset(json.loads(index.read_text())["weight_map"])
+    names: set[str] = set()
+    for file in sorted(folder.glob("*.safetensors")):
+        with file.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            names.update(k for k in json.loads(fh.read(size)) if k != "__metadata__")
+    if not names:
+        raise FileNotFoundError(f"no safetensors tensors in {folder} (the stand-in loads safetensors only)")
+    return frozenset(names)
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """One ``update_weights_from_tensor`` call, as the stand-in received it."""
+
+    names: tuple[str, ...]
+    """Tensor names, in the order sent."""
+    skipped: tuple[str, ...]
+    """Names the model has no parameter for, skipped silently as SGLang does (a tied
+    ``lm_head.weight`` is one of them, on purpose)."""
+    running: int
+    """Requests the scheduler counted as running when the update was applied (0: idle)."""
+    flush_cache: bool
+    """The ``flush_cache`` argument."""
+
+
+class StandInSGLangEngine:
+    """Next token = (last + step) % vocab_size, ``step`` being the checkpoint's ``step`` weight
+    (1 until an update sends one; a real checkpoint has none, so it stays 1), plus a coin flip
+    when temperature > 0; logprob -0.01 * (token % 7).
+
+    Like SGLang (measured outside the project):
+    (a) ``ignore_eos=True`` disables ``stop_token_ids`` too, not only EOS;
+    (b) a finished request still counts as running until a later loop pass (``finish_lag_s``);
+        ``flush_cache`` returns False while anything runs; ``update_weights_from_tensor`` (with
+        its default ``flush_cache=True``) and ``release_memory_occupation`` assert the scheduler
+        is idle, and a failed assertion kills the engine: every later call fails. Writing weights
+        while the memory is released kills it too;
+    (c) ``sampling_seed`` is ignored unless ``enable_deterministic_inference``;
+    (d) the tokenizer manager rejects prompt + max_new_tokens >= context_len, the scheduler
+        aborts prompts longer than ``max_req_input_len`` (= context_len - 6) with no output and
+        cuts new tokens to context_len - prompt - 2;
+    (e) ``server_args`` tell whether the memory saver is on; without it release frees nothing;
+    (f) unknown weight names are skipped silently; the model's parameters are the tensors of the
+        checkpoint in ``server_args.model_path``.
+
+    Args:
+        model_path: A local checkpoint folder (safetensors and ``config.json``): weight names,
+            ``vocab_size``, ``eos_token_id`` and the default context length come from it. None:
+            a temporary :func:`write_checkpoint` checkpoint (``step`` and a tied
+            ``model.embed_tokens.weight``), removed by :meth:`shutdown`.
+        context_length: SGLang's ``context_length``; None: the checkpoint's
+            ``max_position_embeddings``.
+        enable_memory_saver: Whether ``release_memory_occupation`` frees memory (e).
+        enable_deterministic_inference: Whether ``sampling_seed`` is honoured (c).
+        random_seed: Seeds the sampling coin flips.
+        tp_size: Recorded in ``server_args``; no effect (one process, no GPU).
+        mem_fraction_static: Recorded in ``server_args``; no effect (there is no KV pool to size).
+        dtype: Recorded in ``server_args``; no effect (the stand-in computes no activations).
+        step_delay_s: Stand-in only: sleep per decoded token, to keep requests in flight.
+        finish_lag_s: Stand-in only: how long a returned request still counts as running (b).
+        **server_args: Other ``sglang.ServerArgs`` fields (e.g. ``disable_cuda_graph``): recorded
+            in ``server_args``, no effect. Real SGLang rejects names it lacks; the stand-in does
+            not know SGLang's full list, so it cannot.
+
+    Raises:
+        FileNotFoundError: when ``model_path`` is not a local checkpoint folder (no hub download).
+
+    Attributes:
+        events: Control calls in order (``flush_cache``, ``update_weights_from_tensor``,
+            ``release_memory_occupation``, ``resume_memory_occupation``, ``shutdown``).
+        weight_updates: One :class:`WeightUpdate` per accepted ``update_weights_from_tensor``.
+        calls: One dict per ``async_generate`` (rid, input_ids and the sampling params).
+        dead: Why the engine died (a failed SGLang assertion), or None.
+    """
+
+    def __init__(self, model_path: str | None = None, *, context_length: int | None = None,
+                 enable_memory_saver: bool = False, enable_deterministic_inference: bool = False,
+                 random_seed: int | None = None, tp_size: int = 1, mem_fraction_static: float | None = None,
+                 dtype: str = "auto", step_delay_s: float = 0.0, finish_lag_s: float = 0.01,
+                 **server_args: Any) -> None:
+        self._checkpoint: tempfile.TemporaryDirectory[str] | None = None
+        if model_path is None:
+            self._checkpoint = tempfile.TemporaryDirectory(prefix="standin-sglang-")
+            folder = write_checkpoint(Path(self._checkpoint.name))
+        else:
+            folder = Path(model_path)
+            if not (folder / "config.json").is_file():
+                raise FileNotFoundError(f"model_path {model_path!r} is not a local checkpoint folder with a "
+                                        "config.json (the SGLang stand-in downloads nothing)")
+        config = json.loads((folder / "config.json").read_text())
+        self.parameter_names = _tensor_names(folder)
+        eos = config.get("eos_token_id")
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or ())
+        context_len = int(context_length or config["max_position_embeddings"])
+        # Like sglang.Engine: the loop running at construction, else a new one (never started here).
+        try:
+            self.loop = asyncio.get_running_loop()
+            self._owns_loop = False
+        except RuntimeError:
+            self.loop = asyncio.new_event_loop()
+            self._owns_loop = True
+        self.server_args = SimpleNamespace(
+            model_path=str(folder), context_length=context_length,
+            enable_memory_saver=enable_memory_saver, enable_deterministic_inference=enable_deterministic_inference,
+            random_seed=random_seed, tp_size=tp_size, mem_fraction_static=mem_fraction_static, dtype=dtype,
+            **server_args)
+        self.step = 1
+        self.step_delay_s = step_delay_s
+        self.finish_lag_s = finish_lag_s
+        self.running = 0
+        self.released = False
+        self.memory_freed = False
+        self.dead: str | None = None
+        self.flushes = 0
+        self.calls: list[dict[str, Any]] = []
+        self.events: list[str] = []
+        self.weight_updates: list[WeightUpdate] = []
+        self.live: dict[str, bool] = {}
+        self.shut_down = False
+        self._rng = random.Random(random_seed)
+        self.tokenizer_manager = SimpleNamespace(
+            context_len=context_len, max_req_input_len=context_len - 6,
+            model_config=SimpleNamespace(vocab_size=int(config["vocab_size"])), abort_request=self._abort_request)
+
+    def _check_alive(self) -> None:
+        if self.dead:
+            raise RuntimeError(f"the SGLang scheduler process died earlier: {self.dead}")
+
+    def _die(self, why: str, exc_type: type[Exception] = AssertionError) -> None:
+        self.dead = why
+        raise exc_type(why)
+
+    def _assert_idle(self, what: str) -> None:
+        if self.running:
+            self._die(f"{what}: AssertionError: the scheduler is not idle ({self.running} running)")
+
+    def _abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        assert asyncio.get_running_loop() is self.loop, "abort_request called off the engine loop"
+        if rid in self.live:
+            self.live[rid] = True
+
+    def _finished(self) -> None:
+        self.running -= 1
+
+    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, rid=None):
+        self._check_alive()
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError("async_generate awaited off engine.loop (the real engine hangs here)")
+        if self.released:
+            raise RuntimeError("memory released; resume_memory_occupation first")
+        assert set(sampling_params) <= _SAMPLING_KEYS, sampling_params
+        assert rid not in self.live, f"duplicate live rid {rid}"
+        tm, n, max_new = self.tokenizer_manager, len(input_ids), sampling_params["max_new_tokens"]
+        if n + max_new >= tm.context_len:
+            raise ValueError(f"Requested token count exceeds the model's maximum context length of "
+                             f"{tm.context_len} tokens ({n} input + {max_new} new)")
+        self.calls.append({"rid": rid, "input_ids": list(input_ids), **sampling_params})
+        meta: dict[str, Any] = {"id": rid}
+        if n > tm.max_req_input_len:
+            meta["finish_reason"] = {"type": "abort", "message": f"input {n} > max_req_input_len"}
+            meta["output_token_logprobs"] = []
+            return {"text": "", "output_ids": [], "meta_info": meta}
+        max_new = min(max_new, tm.context_len - n - 2)
+        stops = set() if sampling_params["ignore_eos"] else {*self.eos_token_ids, *sampling_params["stop_token_ids"]}
+        rng = self._rng
+        if self.server_args.enable_deterministic_inference and "sampling_seed" in sampling_params:
+            rng = random.Random(sampling_params["sampling_seed"])
+        vocab = tm.model_config.vocab_size
+        self.live[rid] = False
+        self.running += 1
+        ids, last, reason = [], input_ids[-1], {"type": "length", "length": max_new}
+        try:
+            while len(ids) < max_new:
+                if self.step_delay_s:
+                    await asyncio.sleep(self.step_delay_s)
+                if self.live[rid]:
+                    reason = {"type": "abort", "message": "aborted"}
+                    break
+                noise = rng.randint(0, 1) if sampling_params["temperature"] > 0 else 0
+                last = (last + self.step + noise) % vocab
+                ids.append(last)
+                if last in stops:
+                    reason = {"type": "stop", "matched": last}
+                    break
+        finally:
+            del self.live[rid]
+            self.loop.call_later(self.finish_lag_s, self._finished)
+        meta["finish_reason"] = reason
+        if return_logprob:
+            meta["output_token_logprobs"] = [(-0.01 * (t % 7), t, None) for t in ids]
+        return {"text": "", "output_ids": ids, "meta_info": meta}
+
+    async def _bump(self, **changes):
+        await asyncio.sleep(0)
+        for k, v in changes.items():
+            setattr(self, k, v)
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        self._check_alive()
+        self.events.append("update_weights_from_tensor")
+        if flush_cache:
+            self._assert_idle("update_weights_from_tensor")
+        if self.released:
+            self._die("update_weights_from_tensor: the weights' memory is released (illegal memory access)",
+                      RuntimeError)
+        weights = dict(named_tensors)
+        step = int(weights.get("step", self.step))
+        if step <= 0:
+            return False, "step must be positive"
+        self.weight_updates.append(WeightUpdate(
+            names=tuple(weights), skipped=tuple(n for n in weights if n not in self.parameter_names),
+            running=self.running, flush_cache=bool(flush_cache)))
+        self.loop.run_until_complete(self._bump(step=step, flushes=self.flushes + flush_cache))
+        return True, "Success"
+
+    def flush_cache(self):
+        self._check_alive()
+        self.events.append("flush_cache")
+        return self.loop.run_until_complete(self._flush())
+
+    async def _flush(self) -> bool:
+        await asyncio.sleep(0)
+        if self.running:
+            return False
+        self.flushes += 1
+        return True
+
+    def release_memory_occupation(self, tags=None):
+        self._check_alive()
+        self.events.append("release_memory_occupation")
+        self._assert_idle("release_memory_occupation")
+        self.loop.run_until_complete(self._bump(released=True,
+                                                memory_freed=self.server_args.enable_memory_saver))
+
+    def resume_memory_occupation(self, tags=None):
+        self._check_alive()
+        self.events.append("resume_memory_occupation")
+        self.loop.run_until_complete(self._bump(released=False, memory_freed=False))
+
+    def shutdown(self):
+        """Stop the engine; the stand-in also removes its temporary checkpoint and closes the loop
+        it created (once nothing runs it any more)."""
+        self.events.append("shutdown")
+        self.shut_down = True
+        if self._checkpoint is not None:
+            self._checkpoint.cleanup()
+        if self._owns_loop and not self.loop.is_running():
+            self.loop.close()
