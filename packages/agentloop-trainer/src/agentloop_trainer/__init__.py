@@ -16,7 +16,7 @@ from agentloop_trainer.algos import (
 from agentloop_trainer.config import ConfigError, TrainConfig, load_config
 from agentloop_trainer.reward import answer_reward, extract_answer
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ConfigError",

@@ -1,0 +1,62 @@
+"""`agentloop train` over already-running engine HTTP servers (`rollout.server_urls`): the
+routing client balances the rollout over both replicas and pushes every update into both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("httpx", reason='server_urls needs pip install "agentloop-engines[server]"')
+pytest.importorskip("uvicorn", reason='the test servers need pip install "agentloop-engines[server]"')
+
+
+class CountingServer:
+    """An HFServer that counts the generate calls it served (the replica's own view)."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    async def generate(self, *args, **kwargs):
+        self.calls += 1
+        return await self.inner.generate(*args, **kwargs)
+
+
+@pytest.mark.slow
+def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, tmp_path):
+    import torch
+
+    from agentloop_engines.hf import HFServer
+    from agentloop_engines.http_server import ServerThread
+    from agentloop_trainer.cli import main
+
+    # The parity of the generated text's length: a random policy gets a learning signal.
+    reward = tmp_path / "parity.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    return float(len(solution_str) % 2)\n")
+    engines = [CountingServer(HFServer(str(random_model_path), seed=0)) for _ in range(2)]
+    with ServerThread(engines[0]) as a, ServerThread(engines[1]) as b:
+        assert main([
+            "train", f"model.path={random_model_path}", f"actor_rollout_ref.rollout.server_urls=[{a.url},{b.url}]",
+            "data.train_size=64", "data.val_size=4", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12", "data.max_response_length=40",
+            "actor_rollout_ref.actor.lr=1e-2", "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=2",
+            "trainer.progress_bar=false", f"trainer.output_dir={tmp_path}", "trainer.experiment_name=remote",
+            f"custom_reward_function.path={reward}",
+        ]) == 0
+    assert all(e.calls > 0 for e in engines), [e.calls for e in engines]  # both replicas served
+    steps = [json.loads(line) for line in (tmp_path / "remote" / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "actor/pg_loss" in s] == [1, 2]
+    # Both remote engines hold exactly the trained policy: the last update reached each of them.
+    trained = torch.load(tmp_path / "remote" / "checkpoints" / "step_2" / "model.pt", weights_only=True)
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(random_model_path).state_dict()
+    assert any(not torch.equal(original[k], trained[k]) for k in trained), "training changed nothing"
+    for engine in engines:
+        served = engine.inner.model.state_dict()
+        for name, value in trained.items():
+            torch.testing.assert_close(served[name].float(), value.float(), rtol=0, atol=0)
