@@ -156,8 +156,8 @@ def fault(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"])
 def integration(session: nox.Session) -> None:
-    """Across packages: `agentloop train` with LangGraph react_agent rows, and rollout over
-    remote engine replicas through the HTTP AsyncServer."""
+    """Across packages: `agentloop train` with LangGraph react_agent rows (the trainer reaches the
+    loop through the registry, never by import)."""
     _install_integration(session)
     session.install("-e", "packages/agentloop-langgraph[agents]", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)

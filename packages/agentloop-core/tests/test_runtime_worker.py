@@ -159,3 +159,72 @@ async def test_tokenizer_path_is_loaded_lazily(tokenizer):
         ),
         add_special_tokens=False,
     )
+
+
+class RecordingReward:
+    """A ``reward_fn``: scores the first generated token's parity x 10 and records the order."""
+
+    def __init__(self, fail_index: int | None = None):
+        self.order: list[int] = []
+        self.fail_index = fail_index
+
+    async def __call__(self, output, row, tokenizer):
+        self.order.append(row["index"])
+        if row["index"] == self.fail_index:
+            raise ValueError("reward.py:compute_score returned 'yes'")
+        output.metrics["reward/loop_said"] = output.reward_score
+        output.reward_score = 10.0 * (output.response_ids[0] % 2)
+
+
+async def test_reward_fn_scores_each_sample_as_it_finishes(tokenizer):
+    server = ScriptedServer(eos_token_id=tokenizer.eos_token_id)
+    reward = RecordingReward()
+    worker = AgentLoopWorker(server, tokenizer, {**CONFIG, "reward_fn": reward})
+    rows = make_rows(3)
+    rows[0]["sleep_s"] = 0.3  # still running while the others are scored
+    outputs = await worker.generate_sequences(rows)
+    assert reward.order[-1] == 0 and sorted(reward.order) == [0, 1, 2]
+    for out in outputs:
+        assert out.reward_score == 10.0 * (out.response_ids[0] % 2)
+        assert out.metrics["reward/loop_said"] in (0.0, 1.0)  # the loop's own reward was there to use
+        assert out.metrics["reward_s"] >= 0
+
+
+async def test_a_failing_reward_fn_fails_only_its_sample_with_the_error(tokenizer):
+    server = ScriptedServer(eos_token_id=tokenizer.eos_token_id)
+    worker = AgentLoopWorker(server, tokenizer, {**CONFIG, "reward_fn": RecordingReward(fail_index=1)})
+    outputs = await worker.generate_sequences(make_rows(3))
+    assert [o.failed for o in outputs] == [False, True, False]
+    assert "compute_score returned 'yes'" in outputs[1].metrics["error"]
+
+
+def test_reward_fn_must_be_callable(tokenizer):
+    with pytest.raises(ValueError, match="reward_fn must be an async callable"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"reward_fn": "compute_score"})
+
+
+async def test_loop_classes_by_import_path_and_per_loop_settings(tokenizer, tmp_path, monkeypatch):
+    (tmp_path / "user_loops.py").write_text(
+        "from agentloop_core.testing.loops import ChatTestLoop\n"
+        "SEEN = []\n"
+        "class MyLoop(ChatTestLoop):\n"
+        "    async def run(self, sampling_params, **row):\n"
+        "        SEEN.append(dict(self.config))\n"
+        "        return await super().run(sampling_params, **row)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = {**CONFIG, "greeting": "common", "agent_loop_classes": {"my_loop": "user_loops:MyLoop"},
+              "agent_loop_configs": {"my_loop": {"greeting": "mine"}}}
+    worker = AgentLoopWorker(ScriptedServer(eos_token_id=tokenizer.eos_token_id), tokenizer, config)
+    outputs = await worker.generate_sequences([{**make_rows(1)[0], "agent_name": "my_loop"}])
+    assert not outputs[0].failed, outputs[0].metrics
+    import user_loops
+
+    assert user_loops.SEEN[0]["greeting"] == "mine"  # its own section wins over the common key
+    assert worker.loop_config(TEST_CHAT_AGENT)["greeting"] == "common"  # other loops keep it
+
+
+def test_a_loop_path_that_does_not_import_names_the_key(tokenizer):
+    with pytest.raises(ValueError, match=r"agent_loop_classes\['x'\]: cannot import 'nowhere.mod:Loop'"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_classes": {"x": "nowhere.mod:Loop"}})
+    with pytest.raises(ValueError, match="is not an AgentLoopBase subclass"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_classes": {"x": "json:dumps"}})
