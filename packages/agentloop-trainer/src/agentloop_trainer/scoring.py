@@ -43,7 +43,7 @@ def _balanced_boxed(text: str) -> str | None:
     return None
 
 
-_STRIP = [(r"\\left|\\right|\\!|\\,|\\;|\\:|\$", ""), (r"\\[dt]frac", r"\\frac"), (r"\^\{\\circ\}|\^\\circ", ""),
+_STRIP = [(r"\\left|\\right|\\!|\\,|\\;|\\:|\\\$|\$", ""), (r"\\[dt]frac", r"\\frac"), (r"\^\{\\circ\}|\^\\circ", ""),
           (r"\\text\{\s*([^}]*)\}", r"\1"), (r"\\mbox\{\s*([^}]*)\}", r"\1"), (r"\s+", "")]
 
 
