@@ -80,7 +80,53 @@ def test_stand_in_misbehaves_like_sglang():
     assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []  # (d)
     eng.update_weights_from_tensor([("stepp", 5)], flush_cache=False)
     assert eng.step == 1  # (f) skipped silently
+    assert [u.skipped for u in eng.weight_updates] == [("stepp",)]
+    eng.release_memory_occupation()
+    with pytest.raises(RuntimeError, match="released"):  # (b) writing released weights kills it
+        eng.update_weights_from_tensor([("step", 2)], flush_cache=False)
+    assert eng.dead
     eng.loop.close()
+
+
+def test_stand_in_built_from_a_model_path_reads_the_checkpoint(tmp_path, monkeypatch):
+    """Behind ``SGLangServer(model_path=...)`` the stand-in takes the Engine kwargs the adapter
+    passes, and its vocabulary, EOS, context length and weight names come from the checkpoint
+    folder; a misspelt name is skipped silently by it (as by SGLang) and caught by the adapter.
+    If this fails, the stand-in no longer accepts what ``sglang.Engine`` gets from the adapter."""
+    path = write_checkpoint(tmp_path / "ckpt", names=("model.embed_tokens.weight", "model.norm.weight"),
+                            vocab_size=50, eos_token_id=7, max_position_embeddings=128)
+    built: list[StandInSGLangEngine] = []
+
+    def engine(**kwargs):
+        built.append(StandInSGLangEngine(**kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    server = SGLangServer(model_path=str(path), enable_memory_saver=True, random_seed=3, tp_size=1,
+                          mem_fraction_static=0.4, dtype="bfloat16")
+    (eng,) = built
+    args = eng.server_args
+    assert (args.model_path, args.random_seed, args.mem_fraction_static, args.dtype) == (str(path), 3, 0.4, "bfloat16")
+    assert (server.vocab_size, server.context_len, server.capabilities.sleep) == (50, 128, True)
+    assert server.weight_names == {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+
+    async def run():
+        out = await server.generate("e", [3], greedy(20))
+        assert out.token_ids == [4, 5, 6, 7] and out.stop_reason == "stop"  # the checkpoint's EOS
+        with pytest.raises(ValueError, match="did you mean 'model.norm.weight'"):
+            await server.update_weights([("model.norm.weigth", 0)])
+        await server.update_weights([("model.norm.weight", 0), ("lm_head.weight", 0)])
+        await server.close()
+
+    asyncio.run(run())
+    assert [u.skipped for u in eng.weight_updates] == [("lm_head.weight",)]
+    assert eng.shut_down and eng.loop.is_closed()
+    direct = StandInSGLangEngine(str(path))
+    direct.update_weights_from_tensor([("model.norm.weigth", 0)])
+    assert direct.weight_updates[0].skipped == ("model.norm.weigth",) and direct.dead is None
+    direct.shutdown()
+    with pytest.raises(FileNotFoundError, match="downloads nothing"):
+        StandInSGLangEngine(model_path="some-org/some-model")
 
 
 async def test_generate_returns_engine_tokens_and_logprobs(server, engine):

@@ -73,8 +73,9 @@ def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None) ->
 
 
 def _missing(name: str, exc: ImportError) -> ImportError:
-    return ImportError(f'actor_rollout_ref.rollout.name={name} needs {exc.name or "its engine"}: '
-                       f'pip install "agentloop-engines[{EXTRAS[name]}]" ({exc})')
+    # The adapters' own messages name the package and the pip line; keep theirs when present.
+    hint = "" if "pip install" in str(exc) else f': pip install "agentloop-engines[{EXTRAS[name]}]"'
+    return ImportError(f"actor_rollout_ref.rollout.name={name}: {exc}{hint}")
 
 
 def build_engine(spec: EngineSpec, model: Any = None, tokenizer: Any = None) -> Any:

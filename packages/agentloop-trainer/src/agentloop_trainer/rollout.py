@@ -271,7 +271,6 @@ class RolloutEngine:
 
         self.cfg = cfg
         self.tokenizer = tokenizer
-        self.loop = asyncio.new_event_loop()
         self.replicas: list[Any] = []
         r = cfg.actor_rollout_ref.rollout
         self.n = r.n
@@ -281,12 +280,19 @@ class RolloutEngine:
         # A wrong reward path or signature fails here, not in every sample of the first step.
         settings["reward_fn"].function_for(None)
         self.spec = engine_spec(cfg, str(model_path), cfg.model.tokenizer_path)
-        if r.server_urls:
-            self.server = remote_engines(list(r.server_urls), r.server_api_key_env)
-        elif uses_ray(cfg):
-            self.server = self._start_ray(cfg)
-        else:
-            self.server = build_engine(self.spec, model=engine_model if r.name == "hf" else None, tokenizer=tokenizer)
+        self.loop = asyncio.new_event_loop()
+        self.server = None
+        try:
+            if r.server_urls:
+                self.server = remote_engines(list(r.server_urls), r.server_api_key_env)
+            elif uses_ray(cfg):
+                self.server = self._start_ray(cfg)
+            else:
+                self.server = build_engine(self.spec, model=engine_model if r.name == "hf" else None,
+                                           tokenizer=tokenizer)
+        except BaseException:
+            self.loop.close()
+            raise
         try:
             if uses_ray(cfg):
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,
@@ -296,6 +302,7 @@ class RolloutEngine:
                 self.manager = AgentLoopManager(self.server, tokenizer, settings, num_workers=r.agent.num_workers)
         except BaseException:
             self._stop_engines()
+            self.loop.close()
             raise
 
     def _start_ray(self, cfg: Any) -> Any:
@@ -339,7 +346,7 @@ class RolloutEngine:
                 import ray
 
                 ray.kill(actor)
-        elif getattr(self, "server", None) is not None:
+        elif self.server is not None:
             self.loop.run_until_complete(self.server.close())
 
     def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
