@@ -33,8 +33,8 @@ def _args(model_path: Path, out: Path, name: str) -> list[str]:
     if not reward.exists():
         out.mkdir(parents=True, exist_ok=True)
         reward.write_text(PARITY)
-    return [f"custom_reward_function.path={reward}",
-        "train", f"model.path={model_path}", "trainer.total_steps=4", f"trainer.output_dir={out}",
+    return [
+        "train", f"custom_reward_function.path={reward}", f"model.path={model_path}", "trainer.total_steps=4", f"trainer.output_dir={out}",
         f"trainer.experiment_name={name}", "trainer.test_freq=0", "trainer.save_freq=2", "trainer.progress_bar=false",
         "data.train_size=64", "data.val_size=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=3",
         "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12", "data.max_response_length=40",

@@ -268,15 +268,19 @@ async def test_on_cuda(model_path):
 
 
 async def test_requests_arriving_mid_batch_join_it_without_changing_outputs(server):
-    long_params = {"max_tokens": 120, "temperature": 0, "ignore_eos": True}
+    long_params = {"max_tokens": 300, "temperature": 0, "ignore_eos": True}
     short_params = {"max_tokens": 10, "temperature": 0, "ignore_eos": True}
     long_alone = await server.generate("L", PROMPTS[1], long_params)
     short_alone = [await server.generate(f"S{i}", p, short_params) for i, p in enumerate(PROMPTS[2:4])]
 
     before = server.stats["max_batch_rows"]
     server.stats["max_batch_rows"] = 0
+    generated = server.stats["generated_tokens"]
     long_task = asyncio.ensure_future(server.generate("L", PROMPTS[1], long_params))
-    await asyncio.sleep(0.15)
+    # Join once the long row is decoding (not after a fixed sleep: a loaded or idle machine
+    # would make that either too short or long enough for the long row to finish).
+    while server.stats["generated_tokens"] == generated:
+        await asyncio.sleep(0.001)
     assert not long_task.done()
     shorts = await asyncio.gather(*(server.generate(f"S{i}", p, short_params) for i, p in enumerate(PROMPTS[2:4])))
     assert not long_task.done(), "the short requests must not wait for the long one to finish"
