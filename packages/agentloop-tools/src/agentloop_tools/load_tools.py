@@ -33,7 +33,7 @@ from typing import Any
 
 from agentloop_tools.base import BaseTool
 
-__all__ = ["import_object", "load_function_tools", "load_tools", "load_tools_from_config"]
+__all__ = ["import_file", "import_object", "load_function_tools", "load_tools", "load_tools_from_config"]
 
 
 def import_object(path: str, *, where: str = "class_name") -> Any:
@@ -57,6 +57,38 @@ def import_object(path: str, *, where: str = "class_name") -> Any:
         raise ValueError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
 
 
+def import_file(path: str | Path, what: str, prefix: str = "agentloop_user") -> Any:
+    """Import a Python file by path, once per process (a second call returns the same module).
+
+    Args:
+        path: The ``.py`` file.
+        what: What the file is, for errors (``"function tool file"``, ``"custom_reward_function.path"``).
+        prefix: Start of the module name under which it is registered in ``sys.modules``.
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: The file fails to import (its exception named).
+    """
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"{what} {str(file)!r} does not exist")
+    # A stable, unique module name so two files called tools.py do not replace each other.
+    module_name = f"{prefix}_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"{file}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise ValueError(f"{file}: importing the {what} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
 def load_function_tools(path: str | Path) -> dict[str, BaseTool]:
     """Import a Python file by path and collect its module-level tools.
 
@@ -71,20 +103,7 @@ def load_function_tools(path: str | Path) -> dict[str, BaseTool]:
         ValueError: The file fails to import, defines no tool, or two tools share a name.
     """
     file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"function tool file {str(file)!r} does not exist")
-    # A stable, unique module name so two files called tools.py do not replace each other.
-    module_name = f"agentloop_function_tools_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{file}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise ValueError(f"{file}: importing the function tool file failed: {type(exc).__name__}: {exc}") from exc
+    module = import_file(file, "function tool file", prefix="agentloop_function_tools")
     tools: dict[str, BaseTool] = {}
     where: dict[str, str] = {}
     for attr, value in vars(module).items():

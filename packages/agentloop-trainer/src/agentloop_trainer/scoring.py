@@ -10,11 +10,9 @@ paths and names), so Ray workers load the user's file themselves.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import math
 import re
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,22 +127,10 @@ def load_reward_function(path: str | Path, name: str = "compute_score",
         FileNotFoundError: naming the path and the config key.
         ValueError: the file has no such callable, or it cannot take verl's four arguments.
     """
+    from agentloop_tools.load_tools import import_file
+
     path = Path(path).expanduser().resolve()
-    if not path.is_file():
-        raise FileNotFoundError(f"custom_reward_function.path {path} does not exist")
-    module_name = f"agentloop_reward_{abs(hash(str(path)))}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"custom_reward_function.path {path} is not an importable Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(module_name, None)
-            raise
+    module = import_file(path, "custom_reward_function.path", prefix="agentloop_reward")
     fn = getattr(module, name, None)
     if not callable(fn):
         found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
