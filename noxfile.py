@@ -127,7 +127,7 @@ def conformance(session: nox.Session) -> None:
     deliberately broken implementations it must catch."""
     session.install(TORCH)
     session.install(
-        "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf]", "-e", "packages/agentloop-tools",
+        "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
         "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]", TORCH,
     )
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
