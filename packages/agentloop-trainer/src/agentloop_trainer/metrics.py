@@ -61,7 +61,7 @@ class MetricsLogger:
             self._mlflow = None
 
 
-def plot_reward_curve(history: Sequence[dict[str, Any]], path: str | Path) -> Path:
+def plot_reward_curve(history: Sequence[dict[str, Any]], path: str | Path, title: str = "agentloop GRPO") -> Path:
     """Plot training reward per step and held-out accuracy at each evaluation.
 
     Returns:
@@ -84,7 +84,7 @@ def plot_reward_curve(history: Sequence[dict[str, Any]], path: str | Path) -> Pa
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-    ax.set_title("agentloop GRPO: calculator task")
+    ax.set_title(title)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)

@@ -351,7 +351,10 @@ class GRPOTrainer:
             "fsdp_ranks": tc.fsdp_ranks,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        plot_reward_curve(self.history, self.run_dir / "reward_curve.png")
+        task = "the calculator task" if not self.cfg.data.train_files else ", ".join(
+            sorted({str(r.get("data_source")) for r in self.test_records[:1000]}))
+        plot_reward_curve(self.history, self.run_dir / "reward_curve.png",
+                          title=f"agentloop GRPO: {task} ({self.run_dir.name})")
         if self.metrics is not None:
             self.metrics.close()
         return summary
