@@ -159,3 +159,57 @@ def test_a_reward_function_that_cannot_take_the_reward_kwargs_fails_before_any_r
                                          "    return 1.0\n")
     with pytest.raises(ValueError, match=r"compute_score must accept .*reward_kwargs \['scale'\]"):
         main(["train", *_overrides(user_task, random_model_path, tmp_path / "out")])
+
+
+INTERACTION = textwrap.dedent('''
+    """A user's simulated user: the built-in GSM8K checker, recording what each trajectory got."""
+    import json, os
+    from agentloop_tools.interaction import Gsm8kInteraction
+
+    class RecordingChecker(Gsm8kInteraction):
+        async def start(self, instance_id=None, **kwargs):
+            with open(os.environ["USER_TASK_LOG"], "a") as fh:
+                fh.write(json.dumps({"interaction_kwargs": kwargs, "config": self.config}) + "\\n")
+            return await super().start(instance_id, **kwargs)
+''')
+
+
+@pytest.mark.slow
+def test_train_with_an_interaction_from_its_yaml(tmp_path, random_model_path, monkeypatch):
+    """A verl-style interaction YAML (a simulated user) and each row's interaction_kwargs reach
+    the loop through `agentloop train`; with reward.source=loop the reward is the loop's own."""
+    folder = tmp_path / "chat_task"
+    folder.mkdir()
+    (folder / "checker.py").write_text(INTERACTION)
+    (folder / "interaction.yaml").write_text(textwrap.dedent('''
+        interaction:
+          - name: checker
+            class_name: checker.RecordingChecker
+            config: {retry_message: "Try again."}
+    '''))
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("USER_TASK_LOG", str(folder / "calls.jsonl"))
+    rows = [{"data_source": "user/chat", "prompt": [{"role": "user", "content": f"What is {i} + {i}?"}],
+             "reward_model": {"ground_truth": str(2 * i)},
+             "extra_info": {"index": i, "interaction_kwargs": {"name": "checker", "ground_truth": str(2 * i)}}}
+            for i in range(6)]
+    write_parquet_rows(rows[:4], folder / "train.parquet")
+    write_parquet_rows(rows[4:], folder / "val.parquet")
+    out = tmp_path / "out"
+    assert main([
+        "train", f"model.path={random_model_path}", f"data.train_files={folder / 'train.parquet'}",
+        f"data.val_files={folder / 'val.parquet'}", "reward.source=loop",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={folder / 'interaction.yaml'}",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns=2", "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=6",
+        "data.max_response_length=60", "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=0",
+        "trainer.progress_bar=false", f"trainer.output_dir={out}", "trainer.experiment_name=chat",
+    ]) == 0
+    steps = [json.loads(line) for line in (out / "chat" / "metrics.jsonl").read_text().splitlines()]
+    train = [s for s in steps if "actor/pg_loss" in s]
+    assert [s["step"] for s in train] == [1, 2] and all(s["rollout/num_failed"] == 0 for s in train)
+    calls = [json.loads(line) for line in (folder / "calls.jsonl").read_text().splitlines()]
+    assert len(calls) == 2 * 2 * 2 + 2 * 2  # every trajectory, held-out ones before and after included
+    assert all(c["config"]["retry_message"] == "Try again." for c in calls)
+    assert {c["interaction_kwargs"]["ground_truth"] for c in calls} == {str(2 * i) for i in range(6)}
+    assert all(c["interaction_kwargs"]["name"] == "checker" for c in calls)
