@@ -373,8 +373,9 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted leaf keys of a nested mapping (lists and free-form sections stay whole)."""
-    if isinstance(value, dict) and value and not prefix.startswith(FREE_FORM):
+    """Dotted leaf keys of a nested mapping (lists stay whole), so that two layers, or two
+    overrides, setting different keys of one section both survive."""
+    if isinstance(value, dict) and value:
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flatten(v, f"{prefix}{k}."))

@@ -1,0 +1,96 @@
+"""From config to engine and loops: engine specs, remote servers' key, verl's loop YAML."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from agentloop_trainer.config import ConfigError, load_config
+from agentloop_trainer.engines import build_engine, engine_spec, remote_engines
+from agentloop_trainer.rollout import agent_loops, rollout_settings
+
+
+def test_engine_spec_carries_the_common_and_per_engine_keys():
+    cfg = load_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
+                       "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
+                       "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                       "+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_prefix_caching=true",
+                       "+actor_rollout_ref.rollout.engine_kwargs.sglang.ignored_here=1",
+                       "data.max_prompt_length=100", "data.max_response_length=28"])
+    spec = engine_spec(cfg, "/m")
+    assert (spec.name, spec.dtype, spec.gpu_memory_utilization, spec.tensor_model_parallel_size) == \
+        ("vllm", "bfloat16", 0.7, 2)
+    assert spec.kwargs == {"enable_prefix_caching": True}  # only the chosen engine's section
+    assert spec.max_model_len == 128  # sized to what a trajectory needs
+
+
+def test_bad_engine_settings_are_named():
+    with pytest.raises(ConfigError, match=r"rollout.name must be one of \('hf', 'vllm', 'sglang'\)"):
+        load_config(["actor_rollout_ref.rollout.name=tgi"])
+    cfg = load_config(["+actor_rollout_ref.rollout.engine_kwargs.vlm.x=1"])
+    with pytest.raises(ValueError, match=r"engine_kwargs has sections \['vlm'\]"):
+        engine_spec(cfg, "/m")
+    with pytest.raises(ConfigError, match="server_urls must be unset with the ray backend"):
+        load_config(["actor_rollout_ref.rollout.server_urls=[http://127.0.0.1:1]", "actor_rollout_ref.rollout.backend=ray"])
+
+
+def test_a_missing_engine_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'", name="vllm")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    spec = engine_spec(load_config(["actor_rollout_ref.rollout.name=vllm"]), "/m")
+    with pytest.raises(ImportError, match=r'rollout.name=vllm: .*pip install "agentloop-engines\[vllm\]"'):
+        build_engine(spec)
+
+
+def test_remote_servers_key_comes_from_the_environment(monkeypatch):
+    pytest.importorskip("httpx", reason='needs pip install "agentloop-engines[server]"')
+    monkeypatch.delenv("MY_ENGINE_KEY", raising=False)
+    with pytest.raises(ValueError, match="server_api_key_env=MY_ENGINE_KEY but that environment variable is unset"):
+        remote_engines(["http://127.0.0.1:9"], "MY_ENGINE_KEY")
+
+
+def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):
+    path = tmp_path / "agent_loops.yaml"
+    path.write_text(textwrap.dedent("""
+        - name: my_agent
+          _target_: my_pkg.loops.MyAgentLoop
+        - name: react_agent
+          recursion_limit: 12
+    """))
+    cfg = load_config([f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}",
+                       "+actor_rollout_ref.rollout.agent.loops.react_agent.system_prompt=Be brief."])
+    classes, sections = agent_loops(cfg)
+    assert classes == {"my_agent": "my_pkg.loops.MyAgentLoop"}
+    assert sections == {"react_agent": {"recursion_limit": 12, "system_prompt": "Be brief."}}
+    settings = rollout_settings(cfg)
+    assert settings["agent_loop_classes"] == classes and settings["agent_loop_configs"] == sections
+    path.write_text("my_agent: pkg.Loop\n")
+    with pytest.raises(ValueError, match="expected a YAML list"):
+        agent_loops(cfg)
+
+
+def test_settings_reach_the_loop_under_the_loops_names():
+    cfg = load_config([
+        "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
+        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3",
+        "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left", "reward.source=function",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=react_agent",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
+    ])
+    s = rollout_settings(cfg)
+    from agentloop_tools.loop_config import ToolAgentConfig
+
+    loop = ToolAgentConfig.from_mapping(s)
+    assert (loop.tool_parser, loop.max_user_turns, loop.max_parallel_calls, loop.tool_response_truncate_side,
+            loop.tool_reward) == ("hermes", 2, 3, "left", "none")
+    assert s["default_agent_loop"] == "react_agent"
+    assert s["val_sampling_params"] == {"temperature": 0.6, "top_k": 0, "top_p": 1.0}
