@@ -290,7 +290,12 @@ class ToolAgentLoop(AgentLoopBase):
         if len(trajectory.response_ids) >= cfg.response_length:
             run.termination = "response_length"
             return AgentState.TERMINATED, None
-        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        if self.parser.needs_special_tokens:
+            # Harmony/Mistral call markup is special tokens; the assistant message holds this
+            # turn decoded with them kept and the trailing end-of-turn token removed.
+            text = trajectory.messages[-1]["content"]
+        else:
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         parsed = self.parser.parse(text, self.tools)
         run.counters["parse_errors"] += len(parsed.errors)
         if cfg.max_assistant_turns is not None and run.assistant_turns >= cfg.max_assistant_turns:

@@ -1,4 +1,5 @@
-"""Tool-call parsers by name: ``get_tool_parser("hermes")``, ``get_tool_parser("llama3_json")``."""
+"""Tool-call parsers by name: ``get_tool_parser("hermes")``, ``"llama3_json"``, ``"gpt_oss"``
+(alias ``"harmony"``), ``"mistral"``."""
 
 from agentloop_tools.parsers.base import (
     ParseResult,
@@ -6,6 +7,7 @@ from agentloop_tools.parsers.base import (
     ToolCall,
     ToolCallError,
     ToolParser,
+    json_error,
     tool_parameters,
 )
 from agentloop_tools.parsers.registry import (
@@ -19,10 +21,14 @@ from agentloop_tools.parsers.schema_check import check_arguments
 # Importing the modules registers the built-in parsers.
 from agentloop_tools.parsers.hermes import HermesToolParser  # noqa: E402  isort: skip
 from agentloop_tools.parsers.llama3_json import Llama3JsonToolParser  # noqa: E402  isort: skip
+from agentloop_tools.parsers.harmony import GptOssToolParser  # noqa: E402  isort: skip
+from agentloop_tools.parsers.mistral import MistralToolParser  # noqa: E402  isort: skip
 
 __all__ = [
+    "GptOssToolParser",
     "HermesToolParser",
     "Llama3JsonToolParser",
+    "MistralToolParser",
     "ParseResult",
     "ParseStats",
     "ToolCall",
@@ -31,6 +37,7 @@ __all__ = [
     "UnknownToolParserError",
     "check_arguments",
     "get_tool_parser",
+    "json_error",
     "register_tool_parser",
     "tool_parameters",
     "tool_parser_names",

@@ -93,6 +93,13 @@ def tool_parameters(spec: Any) -> dict[str, Any] | None:
     return dict(parameters) if isinstance(parameters, Mapping) else None
 
 
+def json_error(exc: BaseException) -> str:
+    """A short, model-readable description of a JSON decoding failure."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos}"
+    return type(exc).__name__
+
+
 class ParseStats:
     """Thread-safe counters of parse outcomes with one aggregated warning per ``log_every``
     failed calls, so a model that emits broken calls all batch long does not flood the log."""
@@ -150,6 +157,11 @@ class ToolParser(abc.ABC):
     stop_tokens: ClassVar[tuple[str, ...]] = ()
     """Token strings (besides the model's EOS) that end a tool-calling turn; the loop maps
     them to ids with the tokenizer and passes them as ``stop_token_ids``."""
+    needs_special_tokens: ClassVar[bool] = False
+    """True when the call markup is made of special tokens (harmony's ``<|channel|>`` and
+    ``<|call|>``, Mistral's ``[TOOL_CALLS]``) that ``skip_special_tokens=True`` erases, leaving
+    text no parser can split into calls. The loop then passes the turn decoded with special
+    tokens kept and the trailing end-of-turn token removed."""
 
     def __init__(self, stats: ParseStats | None = None) -> None:
         self.stats = stats if stats is not None else ParseStats()
@@ -158,7 +170,8 @@ class ToolParser(abc.ABC):
         """Find the tool calls in ``text``.
 
         Args:
-            text: Decoded text the engine generated for one turn (special tokens skipped).
+            text: Decoded text the engine generated for one turn: special tokens skipped, or
+                kept (minus the trailing end-of-turn token) when :attr:`needs_special_tokens`.
             tools: Known tools by name (schemas, ``BaseTool`` objects or OpenAI tool dicts).
                 A call to a name not in it is an error; None accepts any name unchecked.
 
@@ -228,4 +241,4 @@ class ToolParser(abc.ABC):
         return ToolCall(id=f"call_{index}", name=name, arguments=arguments)
 
 
-__all__ = ["ParseResult", "ParseStats", "ToolCall", "ToolCallError", "ToolParser", "tool_parameters"]
+__all__ = ["ParseResult", "ParseStats", "ToolCall", "ToolCallError", "ToolParser", "json_error", "tool_parameters"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 _INSTANCES: dict[str, ToolParser] = {}
+_ALIASES: dict[str, str] = {}
+"""Alias -> registered name."""
 P = TypeVar("P", bound="type[ToolParser]")
 
 
@@ -20,19 +22,27 @@ class UnknownToolParserError(KeyError):
         return str(self.args[0])
 
 
-def register_tool_parser(name: str) -> Callable[[P], P]:
+def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[[P], P]:
     """Register a :class:`~agentloop_tools.parsers.base.ToolParser` subclass under ``name``.
 
+    Args:
+        name: The parser's name (also set as the class's ``name``).
+        aliases: Other names that resolve to the same parser and the same shared instance
+            (``harmony`` for ``gpt_oss``: one format, known by the model family and by its own name).
+
     Raises:
-        ValueError: if another class already holds the name.
+        ValueError: if another class already holds the name or one of the aliases.
     """
 
     def decorator(cls: P) -> P:
-        existing = _PARSERS.get(name)
-        if existing is not None and existing is not cls:
-            raise ValueError(f"tool parser name {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}; pick another name")
+        for taken in (name, *aliases):
+            existing = _PARSERS.get(_ALIASES.get(taken, taken))
+            if existing is not None and existing is not cls:
+                raise ValueError(f"tool parser name {taken!r} is already registered by "
+                                 f"{existing.__module__}.{existing.__qualname__}; pick another name")
         _PARSERS[name] = cls
+        for alias in aliases:
+            _ALIASES[alias] = name
         cls.name = name
         return cls
 
@@ -40,8 +50,8 @@ def register_tool_parser(name: str) -> Callable[[P], P]:
 
 
 def tool_parser_names() -> list[str]:
-    """Names of all registered tool-call parsers."""
-    return sorted(_PARSERS)
+    """Every name ``get_tool_parser`` accepts, aliases included."""
+    return sorted([*_PARSERS, *_ALIASES])
 
 
 def get_tool_parser(name: str) -> ToolParser:
@@ -51,9 +61,11 @@ def get_tool_parser(name: str) -> ToolParser:
     Raises:
         UnknownToolParserError: listing the known names and how to add one.
     """
+    name = _ALIASES.get(name, name)
     if name not in _PARSERS:
+        known = ", ".join(f"{n} (alias of {_ALIASES[n]})" if n in _ALIASES else n for n in tool_parser_names())
         raise UnknownToolParserError(
-            f"unknown tool parser {name!r}; known tool parsers: {', '.join(tool_parser_names())}. "
+            f"unknown tool parser {name!r}; known tool parsers: {known}. "
             "Add one by subclassing agentloop_tools.parsers.ToolParser and decorating it with "
             f"@agentloop_tools.parsers.register_tool_parser({name!r})."
         )
