@@ -82,3 +82,23 @@ class NewlineDroppingTokenizer:
 
 def newline_dropping_tokenizer() -> NewlineDroppingTokenizer:
     return NewlineDroppingTokenizer(load_tiny_tokenizer())
+
+
+class ParallelCallsCrashingTokenizer:
+    """Wraps a tokenizer; its apply_chat_template (Python code, not the template) raises
+    TypeError on an assistant turn with several tool calls: a bug, not a template refusal."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def apply_chat_template(self, conversation: list[dict], **kwargs: Any) -> Any:
+        if any(len(m.get("tool_calls") or []) > 1 for m in conversation):
+            raise TypeError("'NoneType' object is not iterable")
+        return self._inner.apply_chat_template(conversation, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def parallel_calls_crashing_tokenizer() -> ParallelCallsCrashingTokenizer:
+    return ParallelCallsCrashingTokenizer(load_tiny_tokenizer())

@@ -5,11 +5,18 @@ Each test replays multi-turn conversations (system, user, tool calls and results
 rounds, unicode, empty content, reasoning) the way an agent loop builds a trajectory: the
 assistant turns come in as "generated" ids (the tokenization of the text the template renders
 for them), everything else is appended as a template delta with mask 0.
+
+A conversation the chat template refuses as written (``raise_exception(...)``: Llama 3.1 on
+parallel tool calls, Mistral on tool call ids that are not 9 characters) skips with the
+template's message; any other error (a template crash, a refusal of messages the replay built, a
+bug in the code under test) fails.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -20,6 +27,7 @@ from agentloop_conformance.conversations import CONVERSATIONS, Conversation
 from agentloop_core.protocol import TokenOutput
 from agentloop_core.tokenization import ChatRenderer, Trajectory
 from agentloop_core.tokenization.sanity import compare
+from agentloop_core.tokenization.template_errors import template_refusal
 
 
 class ConformanceNote(UserWarning):
@@ -69,6 +77,30 @@ def generated_text(renderer: ChatRenderer, history: list[dict], message: dict) -
     return body[: len(body) - len(suffix)] + (renderer.eos_text or "")
 
 
+@contextmanager
+def skip_when_the_template_refuses() -> Iterator[None]:
+    """Skip the test when the chat template raises its own ``raise_exception(...)``, naming its
+    message; every other exception propagates (the check does not apply, it never passes)."""
+    try:
+        yield
+    except Exception as exc:
+        refusal = template_refusal(exc)
+        if refusal is None:
+            raise
+        pytest.skip(f"the chat template refuses this conversation: {refusal}")
+
+
+def render_as_written(tokenizer: Any, conversation: Conversation, *, chat_template: str | None = None,
+                      apply_chat_template_kwargs: dict | None = None) -> tuple[ChatRenderer, str]:
+    """A renderer for ``conversation`` and its text as written; skips the test when the template
+    refuses it. Only the conversation as written may skip: a refusal of messages a replay builds
+    (gpt-oss refusing ``<|channel|>`` tags in decoded generated content) is a failure."""
+    with skip_when_the_template_refuses():
+        renderer = ChatRenderer(tokenizer, tools=conversation.tools, chat_template=chat_template,
+                                apply_chat_template_kwargs=apply_chat_template_kwargs)
+        return renderer, renderer.render_text(conversation.messages, add_generation_prompt=False)
+
+
 def replay(tokenizer: Any, conversation: Conversation, *, chat_template: str | None = None,
            apply_chat_template_kwargs: dict | None = None) -> Replay:
     """Build the trajectory of ``conversation`` as an agent loop would."""
@@ -113,7 +145,9 @@ def expected_text(replayed: Replay) -> str | None:
 
 
 class TokenizationConformanceTests(SuiteGuard):
-    """Delta tokenization against full tokenization, decoding, round trips and masks."""
+    """Delta tokenization against full tokenization, decoding, round trips and masks. A
+    conversation the chat template refuses as written (``raise_exception``) skips with its
+    message; see :func:`render_as_written`."""
 
     __conformance_suite__ = True
 
@@ -145,6 +179,8 @@ class TokenizationConformanceTests(SuiteGuard):
     @pytest.fixture
     def replayed(self, tokenizer: Any, conversation: Conversation, chat_template: str | None,
                  apply_chat_template_kwargs: dict[str, Any]) -> Replay:
+        render_as_written(tokenizer, conversation, chat_template=chat_template,
+                          apply_chat_template_kwargs=apply_chat_template_kwargs)
         return replay(tokenizer, conversation, chat_template=chat_template,
                       apply_chat_template_kwargs=apply_chat_template_kwargs)
 
@@ -197,9 +233,8 @@ class TokenizationConformanceTests(SuiteGuard):
                                          chat_template: str | None, apply_chat_template_kwargs: dict[str, Any]) -> None:
         """decode(encode(text)) returns the rendered conversation unchanged. Debug: a lossy
         normaliser (NFKC, lower-casing, stripping) or an unknown-token fallback."""
-        renderer = ChatRenderer(tokenizer, tools=conversation.tools, chat_template=chat_template,
-                                apply_chat_template_kwargs=apply_chat_template_kwargs)
-        text = renderer.render_text(conversation.messages, add_generation_prompt=False)
+        renderer, text = render_as_written(tokenizer, conversation, chat_template=chat_template,
+                                           apply_chat_template_kwargs=apply_chat_template_kwargs)
         back = renderer.decode(renderer.encode(text))
         assert back == text, f"round trip changed the text:\n  before: {text!r}\n  after:  {back!r}"
 

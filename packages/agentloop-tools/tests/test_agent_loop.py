@@ -446,3 +446,23 @@ def test_loop_declares_its_config_class_and_unknown_keys_are_named():
         check_loop_config_keys("x", dict, [])
     from agentloop_tools.agent_loop import read_loop_config, resolve_tools  # still importable from here
     assert callable(read_loop_config) and callable(resolve_tools)
+
+
+def test_a_template_that_needs_tools_is_accepted_when_the_loop_has_them():
+    """A tool_use template crashes without tools; the loop's check that the template renders
+    tools must read that as "it does", not crash."""
+    from agentloop_core.testing import load_tiny_tokenizer
+    from agentloop_tools.agent_loop import ToolAgentLoop
+    from agentloop_tools.builtin import calculator
+
+    tok = load_tiny_tokenizer()
+    needs_tools = ("{% for t in tools %}<|im_start|>system\ntool {{ t['function']['name'] }}<|im_end|>\n{% endfor %}"
+                   "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    saved = tok.chat_template
+    tok.chat_template = needs_tools
+    try:
+        loop = ToolAgentLoop(object(), tok, {"tools": {"calculator": calculator}})
+        assert "tool calculator" in loop.renderer.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    finally:
+        tok.chat_template = saved

@@ -106,6 +106,12 @@ def _check_template_renders_tools(renderer: Any, names: list[str]) -> None:
     saved, renderer.tools = renderer.tools, None
     try:
         without = renderer.render_text(probe, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - only a failure inside the template is an answer
+        from agentloop_core.tokenization.template_errors import raised_by_template
+
+        if not raised_by_template(exc):
+            raise
+        without = None  # a template that cannot render without tools certainly reads them
     finally:
         renderer.tools = saved
     if with_tools == without:

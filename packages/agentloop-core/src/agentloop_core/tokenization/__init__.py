@@ -9,12 +9,14 @@ from agentloop_core.tokenization.renderer import (
     TokenizationMismatchError,
 )
 from agentloop_core.tokenization.sanity import SANITY_CHECK_MODES, SanityCheckMode, SanityCheckReport
+from agentloop_core.tokenization.template_errors import ChatTemplateError
 from agentloop_core.tokenization.trajectory import Trajectory
 
 __all__ = [
     "BASE_CONVERSATION",
     "SANITY_CHECK_MODES",
     "ChatRenderer",
+    "ChatTemplateError",
     "DeltaResult",
     "SanityCheckMode",
     "SanityCheckReport",

@@ -10,6 +10,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentloop_core.tokenization.template_errors import (
+    ChatTemplateError,
+    raised_by_template,
+    template_line,
+    template_refusal,
+)
+
 logger = logging.getLogger(__name__)
 
 DeltaStrategy = Literal["auto", "history", "short"]
@@ -33,6 +40,12 @@ BASE_CONVERSATION: tuple[dict[str, str], ...] = (
     {"role": "user", "content": "Hello."},
     {"role": "assistant", "content": "Hello."},
 )
+
+# Only rendered when the template failed without tools, to tell "needs tools" from other failures.
+_PROBE_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {"name": "probe", "description": "Probe.", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 class TokenizationMismatchError(ValueError):
@@ -88,6 +101,9 @@ class ChatRenderer:
             the trajectory's sanity check; set ``history`` for it.
 
     Raises:
+        ChatTemplateError: when the template fails to render a minimal conversation with these
+            tools and variables: it refuses it (``raise_exception``) or crashes in Jinja (a
+            tool_use template given no tools). The message names the failure and the fix.
         ValueError: when there is no chat template, or the template drops assistant content
             so the end of an assistant turn cannot be located.
     """
@@ -123,9 +139,17 @@ class ChatRenderer:
         self.chat_template = chat_template
         self.use_inference_chat_template = use_inference_chat_template
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
-        self.assistant_suffix, self.eos_token_id, self.eos_text = self._probe_assistant_suffix()
-        self.generation_prompt_extra = self._probe_generation_prompt_extra()
-        self._base_text = self.render_text(list(BASE_CONVERSATION), add_generation_prompt=False)
+        # These probes are the template's first renders here, so a template that cannot be used
+        # with these tools fails now, with a message, instead of deep inside the first rollout.
+        # Turning their failure into an error costs no extra render.
+        try:
+            self.assistant_suffix, self.eos_token_id, self.eos_text = self._probe_assistant_suffix()
+            self.generation_prompt_extra = self._probe_generation_prompt_extra()
+            self._base_text = self.render_text(list(BASE_CONVERSATION), add_generation_prompt=False)
+        except Exception as exc:
+            if not raised_by_template(exc):
+                raise
+            raise self._template_error(exc) from exc
         self._template_key = (
             type(self.processor).__name__, chat_template or getattr(self.processor, "chat_template", None),
             json.dumps(self.tools, sort_keys=True, default=str),
@@ -315,6 +339,43 @@ class ChatRenderer:
             return generation_prompt[len(header) :]
         return ""
 
+    def _template_error(self, exc: Exception) -> ChatTemplateError:
+        """The error for a template that failed on the construction probes: what it did, and
+        the fix (configure tools when it renders with a tool but not without)."""
+        from jinja2 import TemplateSyntaxError
+
+        if isinstance(exc, TemplateSyntaxError):
+            return ChatTemplateError(
+                f"the chat template does not compile: {exc} (template line {exc.lineno}); fix it, or use the "
+                "model's default template"
+            )
+        refusal = template_refusal(exc)
+        line = template_line(exc)
+        if refusal is not None:
+            verb, failure = "refuses", f"raise_exception({refusal!r})"
+        else:
+            verb, failure = "cannot render", f"{type(exc).__name__}: {exc}" + (f" (template line {line})" if line else "")
+        tools = "no tools" if self.tools is None else f"tools={_tool_names(self.tools)}"
+        message = f"the chat template {verb} a minimal conversation (one user message, one reply) with {tools}: {failure}"
+        if self.tools is None and self._renders_with_a_tool():
+            message += ("; this chat template needs tools=...; configure tools (ChatRenderer(tools=[...]), or the "
+                        "agent loop's tools), or use the model's default template")
+        else:
+            message += "; pass a chat_template= that renders it, or use the model's default template"
+        return ChatTemplateError(message, refusal=refusal)
+
+    def _renders_with_a_tool(self) -> bool:
+        try:
+            self.processor.apply_chat_template(
+                list(BASE_CONVERSATION), tools=[_PROBE_TOOL], chat_template=self.chat_template,
+                add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs,
+            )
+        except Exception as exc:
+            if raised_by_template(exc):
+                return False
+            raise
+        return True
+
     def _end_of_turn_token(self, suffix: str) -> tuple[str | None, int | None]:
         tok = self.tokenizer
         candidates: list[str] = []
@@ -339,3 +400,12 @@ class ChatRenderer:
                 "eos_token_id": self.eos_token_id,
             }
         )
+
+
+def _tool_names(tools: Sequence[Any]) -> str:
+    """``[calculator, search]`` from OpenAI function schemas (``?`` for one without a name)."""
+    names = []
+    for tool in tools:
+        spec = tool.get("function", tool) if isinstance(tool, Mapping) else None
+        names.append(str(spec.get("name", "?")) if isinstance(spec, Mapping) else "?")
+    return "[" + ", ".join(names) + "]"
