@@ -273,12 +273,33 @@ class ChatRenderer:
             before = self._base_text
             after = self.render_text([*BASE_CONVERSATION, *new_messages], add_generation_prompt=True)
             if not after.startswith(before):
-                raise TokenizationMismatchError(
-                    "the chat template renders neither history nor a fixed base conversation as "
-                    "a prefix of itself plus the new messages, so new messages cannot be "
-                    f"tokenized as a delta.\nbase render:\n{before!r}\nbase + new render:\n{after!r}"
-                )
+                return self._cut_after_assistant(new_messages, before, after), True
         return after[len(before) :], used_fallback
+
+    def _cut_after_assistant(self, new_messages: Sequence[Mapping[str, Any]], base: str, base_new: str) -> str:
+        """What ``new_messages`` add after an assistant turn, for templates that render that turn
+        differently once later messages exist (Qwen3 drops the empty think block of an assistant
+        turn that a user message follows): render a base whose assistant content is a marker,
+        and cut right after the marker and the turn's end-of-turn text. Only what comes after
+        the assistant turn is taken; how the template would re-render the turn itself does not
+        matter, since its tokens are the engine's.
+
+        Raises:
+            TokenizationMismatchError: the turn's end differs once messages follow it, so no cut
+                point is known (naming both renders).
+        """
+        probe = [BASE_CONVERSATION[0], {"role": "assistant", "content": _PROBE_MARKER}]
+        text = self.render_text([*probe, *new_messages], add_generation_prompt=True)
+        at = text.find(_PROBE_MARKER)
+        rest = text[at + len(_PROBE_MARKER) :] if at >= 0 else ""
+        if at < 0 or not rest.startswith(self.assistant_suffix):
+            raise TokenizationMismatchError(
+                "the chat template renders neither history nor a fixed base conversation as a prefix of "
+                "itself plus the new messages, and ends an assistant turn differently once messages follow "
+                f"it (expected {self.assistant_suffix!r} after the turn's content), so new messages cannot "
+                f"be tokenized as a delta.\nbase render:\n{base!r}\nbase + new render:\n{base_new!r}"
+            )
+        return rest[len(self.assistant_suffix) :]
 
     def delta_ids(
         self,

@@ -1,0 +1,72 @@
+"""Templates that render an assistant turn differently once later messages exist (Qwen3 drops the
+empty think block of an assistant turn that a user message follows): new messages are appended
+as what the template puts after that turn, never by raising mid-rollout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
+
+SHARED_QWEN3 = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates" / \
+    "Qwen-Qwen3-0.6B.jinja"
+
+# ChatML where an assistant turn that is not followed by a user message gets a "[open]" tag:
+# the base conversation is then not a prefix of itself plus a user message.
+TAGS_UNFOLLOWED_TURNS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and (loop.last or messages[loop.index0 + 1]['role'] != 'user') %}[open]{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# The same, but the turn's end-of-turn text also changes once a user message follows.
+CHANGES_THE_TURN_END = TAGS_UNFOLLOWED_TURNS.replace(
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}",
+    "{{ m['content'] }}{% if not loop.last and messages[loop.index0 + 1]['role'] == 'user' %}<|endoftext|>"
+    "{% else %}<|im_end|>{% endif %}\n{% endfor %}",
+)
+
+
+def _generated(tok, text: str) -> TokenOutput:
+    ids = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="stop")
+
+
+@pytest.mark.parametrize("strategy", ["auto", "history", "short"])
+def test_a_user_turn_after_a_rerendered_assistant_turn_is_what_the_template_puts_after_it(strategy):
+    tok = load_tiny_tokenizer()
+    renderer = ChatRenderer(tok, chat_template=TAGS_UNFOLLOWED_TURNS, delta_strategy=strategy)
+    traj = Trajectory(renderer, [{"role": "user", "content": "Hi."}])
+    traj.append_generated(_generated(tok, "Hello there."))
+    traj.append_messages([{"role": "user", "content": "Are you sure?"}])
+    tail = tok.decode(traj.response_ids, skip_special_tokens=False)
+    # The engine's tokens stay as generated; what follows is the user turn and the next prompt.
+    assert tail == "Hello there.<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n"
+    assert traj.response_mask == [1] * len(_generated(tok, "Hello there.").token_ids) + \
+        [0] * (len(traj.response_ids) - len(_generated(tok, "Hello there.").token_ids))
+
+
+def test_a_template_that_also_changes_the_turn_end_still_says_why():
+    tok = load_tiny_tokenizer()
+    renderer = ChatRenderer(tok, chat_template=CHANGES_THE_TURN_END)
+    history = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    with pytest.raises(TokenizationMismatchError, match="ends an assistant turn differently once messages follow"):
+        renderer.delta_ids(history, [{"role": "user", "content": "Sure?"}])
+
+
+@pytest.mark.skipif(not SHARED_QWEN3.exists(), reason="needs ../shared/data/chat_templates (absent in a fresh clone)")
+def test_qwen3_user_follow_up_turns_append_without_raising():
+    tok = load_tiny_tokenizer()
+    renderer = ChatRenderer(tok, chat_template=SHARED_QWEN3.read_text())
+    traj = Trajectory(renderer, [{"role": "user", "content": "What is 2 + 2?"}])
+    for reply, follow_up in (("4", "Are you sure?"), ("Yes, 4.", "Thanks.")):
+        traj.append_generated(_generated(tok, reply))
+        traj.append_messages([{"role": "user", "content": follow_up}])
+        tail = tok.decode(traj.response_ids, skip_special_tokens=False)
+        assert tail.endswith(f"<|im_start|>user\n{follow_up}<|im_end|>\n<|im_start|>assistant\n")
+    masked = [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1]
+    assert tok.decode(masked, skip_special_tokens=False) == "4<|im_end|>Yes, 4.<|im_end|>"
