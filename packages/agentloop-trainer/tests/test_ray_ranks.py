@@ -129,7 +129,7 @@ def test_bad_arguments_are_named_before_ray_is_touched():
 def test_run_fsdp_training_rejects_unknown_launcher():
     from omegaconf import OmegaConf
 
-    from agentloop_trainer.fsdp import run_fsdp_training
+    from agentloop_trainer.build import run_fsdp_training
 
     cfg = OmegaConf.create({"trainer": {"fsdp_ranks": 2, "device": "cpu"}})
     with pytest.raises(ValueError, match="unknown launcher 'slurm'"):

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.tracing import Tracer, redact
+from agentloop_core.tracing_base import Tracer, redact
 
 _CURRENT_SPAN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentloop_jsonl_span", default=None

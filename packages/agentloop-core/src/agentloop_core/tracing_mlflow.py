@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.tracing import Tracer, current_tags, redact
+from agentloop_core.tracing_base import Tracer, current_tags, redact
 
 _INSTALL_HINT = 'MLflow tracing needs mlflow: pip install "agentloop-core[mlflow]"'
 

@@ -95,8 +95,6 @@ def connect_ray(
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConnectionError(_join_hint(address, exc)) from exc
         return ray
-    from agentloop_engines.ray_hosting import init_local_ray
-
     if temp_dir is None:
         temp_dir = tempfile.mkdtemp(prefix="agentloop-ray-")
     kwargs = dict(init_kwargs)
@@ -105,6 +103,31 @@ def connect_ray(
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     return init_local_ray(temp_dir, **kwargs)
+
+
+def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, object_store_mb: int = 256,
+                   **init_kwargs: Any) -> Any:
+    """Start a local Ray cluster sized for a small machine (no dashboard, bounded object store,
+    session files under ``temp_dir``, no auth token written to ``~/.ray``) and return ``ray``.
+
+    Raises:
+        ImportError: without Ray.
+    """
+    ray = _ray()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs = dict(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
+                  _temp_dir=str(temp_dir), log_to_driver=False, **init_kwargs)
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:
+        # Ray waits a hard-coded 30 s for its raylet; on a saturated 2-core machine that can run
+        # out once. A second failure is real and raises.
+        if "timed out during startup" not in str(exc):
+            raise
+        ray.shutdown()
+        ray.init(**kwargs)
+    return ray
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

@@ -33,6 +33,7 @@ from agentloop_engines.placement import (
     check_resources,
     connect_ray,
     create_placement_group,
+    init_local_ray,
     placement_group_for_ranks,
     rank_scheduling_strategy,
     remove_placement_group,
@@ -72,31 +73,6 @@ def _ray() -> Any:
         raise ImportError(
             'Ray hosting needs Ray: pip install "agentloop-engines[ray]"'
         ) from exc
-    return ray
-
-
-def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, object_store_mb: int = 256,
-                   **init_kwargs: Any) -> Any:
-    """Start a local Ray cluster sized for a small machine (no dashboard, bounded object store,
-    session files under ``temp_dir``, no auth token written to ``~/.ray``) and return ``ray``.
-
-    Raises:
-        ImportError: without Ray.
-    """
-    ray = _ray()
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    kwargs = dict(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
-                  _temp_dir=str(temp_dir), log_to_driver=False, **init_kwargs)
-    try:
-        ray.init(**kwargs)
-    except Exception as exc:
-        # Ray waits a hard-coded 30 s for its raylet; on a saturated 2-core machine that can run
-        # out once. A second failure is real and raises.
-        if "timed out during startup" not in str(exc):
-            raise
-        ray.shutdown()
-        ray.init(**kwargs)
     return ray
 
 

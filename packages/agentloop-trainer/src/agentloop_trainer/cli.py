@@ -58,7 +58,7 @@ def _fit(cfg: Any, model_path: Path, run_dir: Path, log: Any, stats: dict[str, i
 
     tc = cfg.trainer
     if tc.fsdp_ranks > 1:
-        from agentloop_trainer.fsdp import run_fsdp_training
+        from agentloop_trainer.build import run_fsdp_training
 
         if uses_ray(cfg) and cfg.ray.address is None:
             # Spawned ranks are not Ray workers: rank 0 joins the cluster this driver runs by address.

@@ -1,6 +1,8 @@
 """FSDP2 for the GRPO actor: ``fully_shard`` over a 1-D device mesh, gloo on CPU and NCCL on
 GPU, ranks started with ``torch.multiprocessing`` (or already running under ``torchrun``), or as
-Ray actors on several nodes (:mod:`agentloop_trainer.ray_ranks`).
+Ray actors on several nodes (:mod:`agentloop_trainer.ray_ranks`). What a rank runs, and the
+launch of a whole run, are in :mod:`agentloop_trainer.build`; this module knows nothing of the
+trainer.
 
 Rank 0 hosts the rollout engine and does rollouts, evaluation, logging and checkpoints; every
 rank holds a shard of the policy and computes the loss on its slice of the batch. After each
@@ -136,59 +138,3 @@ def spawn(fn: Callable, world_size: int, *args: Any, device: str = "cpu") -> Any
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         mp.spawn(_entry, args=(world_size, free_port(), device, fn, args, tmp), nprocs=world_size, join=True)
         return pickle.loads(Path(tmp, "result.pkl").read_bytes())
-
-
-def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict[str, Any]:
-    import torch.distributed as dist
-    from omegaconf import OmegaConf
-
-    from agentloop_trainer.build import build_trainer
-    from agentloop_trainer.config import uses_ray
-
-    cfg = OmegaConf.create(cfg_yaml)
-    if rank == 0 and uses_ray(cfg):
-        from agentloop_engines.ray_hosting import connect_ray
-
-        connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
-    trainer = build_trainer(cfg, model_path, run_dir, log=print if rank == 0 else (lambda *_: None), rank=rank,
-                            world_size=dist.get_world_size())
-    try:
-        return trainer.fit()
-    finally:
-        trainer.close()
-
-
-def run_fsdp_training(cfg: Any, model_path: str | Path, run_dir: str | Path, launcher: str = "spawn", *,
-                      num_cpus_per_rank: float = 1.0, num_gpus_per_rank: float | None = None,
-                      strategy: str = "PACK", placement_group: Any = None) -> dict[str, Any]:
-    """Run GRPO on ``cfg.trainer.fsdp_ranks`` ranks; returns rank 0's summary.
-
-    Args:
-        cfg: The training config.
-        model_path: Checkpoint every rank loads.
-        run_dir: Output directory (written by rank 0, on rank 0's node).
-        launcher: ``"spawn"``: processes on this machine; ``"ray"``: Ray actors in a placement
-            group (:func:`agentloop_trainer.ray_ranks.spawn_ray`; Ray must be initialised).
-        num_cpus_per_rank: CPUs per rank (``"ray"`` only).
-        num_gpus_per_rank: GPUs per rank (``"ray"`` only); None: 1 when
-            ``cfg.trainer.device`` is cuda, else 0.
-        strategy: Placement strategy, PACK or SPREAD (or STRICT_*) (``"ray"`` only).
-        placement_group: A ready placement group to use instead of creating one (``"ray"`` only).
-
-    Raises:
-        ValueError: on an unknown launcher.
-    """
-    from omegaconf import OmegaConf
-
-    args = (OmegaConf.to_yaml(cfg), str(model_path), str(run_dir))
-    world_size, device = int(cfg.trainer.fsdp_ranks), cfg.trainer.device
-    if launcher == "spawn":
-        return spawn(_train_rank, world_size, *args, device=device)
-    if launcher == "ray":
-        from agentloop_trainer.ray_ranks import spawn_ray
-
-        gpus = (1.0 if device == "cuda" else 0.0) if num_gpus_per_rank is None else num_gpus_per_rank
-        return spawn_ray(_train_rank, world_size, *args, device=device, num_cpus_per_rank=num_cpus_per_rank,
-                         num_gpus_per_rank=gpus, strategy=strategy, placement_group=placement_group)
-    raise ValueError(f"unknown launcher {launcher!r}; use 'spawn' (processes on this machine) or 'ray' "
-                     "(Ray actors, possibly on several nodes)")
