@@ -224,7 +224,7 @@ async def test_loop_classes_by_import_path_and_per_loop_settings(tokenizer, tmp_
 
 
 def test_a_loop_path_that_does_not_import_names_the_key(tokenizer):
-    with pytest.raises(ValueError, match=r"agent_loop_classes\['x'\]: cannot import 'nowhere.mod:Loop'"):
+    with pytest.raises(ValueError, match=r"agent_loop_classes\['x'\]: cannot import module 'nowhere.mod' for 'nowhere.mod:Loop'"):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_classes": {"x": "nowhere.mod:Loop"}})
     with pytest.raises(ValueError, match="is not an AgentLoopBase subclass"):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_classes": {"x": "json:dumps"}})

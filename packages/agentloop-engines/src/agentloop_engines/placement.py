@@ -68,7 +68,7 @@ def connect_ray(
     Args:
         address: ``"auto"`` (the cluster started on this machine with ``ray start --head``),
             ``"host:6379"`` (a head node's GCS) or ``"ray://host:10001"`` (Ray Client). None:
-            start a local Ray with :func:`~agentloop_engines.ray_hosting.init_local_ray`.
+            start a local Ray with :func:`init_local_ray`.
         temp_dir: Session folder of a local Ray (None: a fresh temporary directory).
         num_cpus: CPUs of a local Ray (None: ``init_local_ray``'s default). Ignored when joining.
         namespace: Ray namespace, so named replicas are found across drivers.

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentloop_tools.load_tools import import_object
+from agentloop_tools.load_tools import import_object, read_yaml_list
 
 
 class BaseInteraction(abc.ABC):
@@ -176,19 +176,10 @@ def load_interaction_config(path: str | Path) -> dict[str, BaseInteraction]:
         FileNotFoundError: No such file.
         ValueError: Bad YAML or a bad entry; the message names the file.
     """
-    import yaml
-
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"interaction config {str(file)!r} does not exist")
+    file, entries = read_yaml_list(path, "interaction", what="interaction config",
+                                   entries="{name, class_name, config} entries")
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{file}: not valid YAML: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("interaction"), list):
-        raise ValueError(f"{file}: expected a top-level 'interaction:' list of {{name, class_name, config}} entries")
-    try:
-        return load_interactions(data["interaction"])
+        return load_interactions(entries)
     except ValueError as exc:
         raise ValueError(f"{file}: {exc}") from exc
 

@@ -31,30 +31,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.imports import import_object
 from agentloop_tools.base import BaseTool
 
-__all__ = ["import_file", "import_object", "load_function_tools", "load_tools", "load_tools_from_config"]
-
-
-def import_object(path: str, *, where: str = "class_name") -> Any:
-    """Import ``"pkg.module.Name"`` (or ``"pkg.module:Name"``).
-
-    Raises:
-        ValueError: The path is malformed, the module cannot be imported, or it lacks the name.
-    """
-    if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"{where}: expected a dotted import path like 'pkg.module.Class', got {path!r}")
-    module_name, sep, attr = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attr or not sep:
-        raise ValueError(f"{where}: {path!r} is not a dotted import path like 'pkg.module.Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{where}: cannot import module {module_name!r} for {path!r}: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"{where}: module {module_name!r} has no attribute {attr!r}") from None
+__all__ = ["import_file", "import_object", "read_yaml_list", "load_function_tools", "load_tools", "load_tools_from_config"]
 
 
 def import_file(path: str | Path, what: str, prefix: str = "agentloop_user") -> Any:
@@ -87,6 +67,36 @@ def import_file(path: str | Path, what: str, prefix: str = "agentloop_user") -> 
         sys.modules.pop(module_name, None)
         raise ValueError(f"{file}: importing the {what} failed: {type(exc).__name__}: {exc}") from exc
     return module
+
+
+def read_yaml_list(path: str | Path, key: str, *, what: str, entries: str) -> tuple[Path, list[Any]]:
+    """The top-level ``key:`` list of a YAML config file (tool and interaction configs).
+
+    Args:
+        path: The YAML file.
+        key: The top-level key holding the list.
+        what: What the file is, for errors (``"tool config"``).
+        entries: What the list holds, for errors (``"tool entries"``).
+
+    Returns:
+        ``(resolved path, the list)``.
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Not YAML, or no top-level ``key:`` list; the message names the file.
+    """
+    import yaml
+
+    file = Path(path).expanduser().resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"{what} {str(file)!r} does not exist")
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{file}: not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping) or not isinstance(data.get(key), list):
+        raise ValueError(f"{file}: expected a top-level '{key}:' list of {entries}")
+    return file, data[key]
 
 
 def load_function_tools(path: str | Path) -> dict[str, BaseTool]:
@@ -127,20 +137,10 @@ def load_tools_from_config(tool_config_path: str | Path) -> dict[str, BaseTool]:
         FileNotFoundError: No such file.
         ValueError: Bad YAML or a bad entry; the message names the file and the key.
     """
-    import yaml
-
-    file = Path(tool_config_path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"tool config {str(file)!r} does not exist")
-    try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{file}: not valid YAML: {exc}") from exc
-    if not isinstance(data, Mapping) or not isinstance(data.get("tools"), list):
-        raise ValueError(f"{file}: expected a top-level 'tools:' list of tool entries")
+    file, entries = read_yaml_list(tool_config_path, "tools", what="tool config", entries="tool entries")
     tools: dict[str, BaseTool] = {}
     source: dict[str, str] = {}
-    for i, entry in enumerate(data["tools"]):
+    for i, entry in enumerate(entries):
         key = f"{file}: tools[{i}]"
         if not isinstance(entry, Mapping):
             raise ValueError(f"{key}: each tool entry must be a mapping, got {type(entry).__name__}")

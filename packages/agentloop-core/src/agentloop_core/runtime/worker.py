@@ -257,18 +257,12 @@ def register_loop_classes(classes: Mapping[str, str]) -> None:
     Raises:
         ValueError: naming the loop when its path cannot be imported or is not an agent loop.
     """
+    from agentloop_core.imports import import_object
     from agentloop_core.loop import AgentLoopBase
     from agentloop_core.registry import register, registered_names
 
     for name, path in classes.items():
-        if not isinstance(path, str) or not (":" in path or "." in path):
-            raise ValueError(f"agent_loop_classes[{name!r}] must be an import path like 'pkg.module:Class', "
-                             f"got {path!r}")
-        module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"agent_loop_classes[{name!r}]: cannot import {path!r}: {exc}") from exc
+        cls = import_object(path, where=f"agent_loop_classes[{name!r}]")
         if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
             raise ValueError(f"agent_loop_classes[{name!r}]: {path!r} is not an AgentLoopBase subclass")
         if name in registered_names() and getattr(cls, "agent_name", None) == name:
