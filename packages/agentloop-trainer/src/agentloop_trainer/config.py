@@ -384,7 +384,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _check_key(key: str, valid: list[str]) -> None:
-    if key in valid or (key + ".").startswith(FREE_FORM) or key.startswith(FREE_FORM):
+    if key in valid or (key + ".").startswith(FREE_FORM):
         return
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if not close:
@@ -452,7 +452,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
             raise ConfigError(str(exc)) from None
         for key in flat:
             _check_key(key, valid)
-        merged.append(OmegaConf.from_dotlist([]) if not flat else _nest(flat))
+        merged.append(_nest(flat))
     try:
         cfg = OmegaConf.merge(cfg, *merged)
     except OmegaConfBaseException as exc:

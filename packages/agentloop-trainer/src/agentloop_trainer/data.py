@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,12 +86,47 @@ def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
+def normalize_content(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}``
+    parts (OpenAI's list form) joined in order.
+
+    Raises:
+        ValueError: a part that is not text (images need a multimodal loop), naming ``where``.
+    """
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, (list, tuple)) or (hasattr(content, "__len__") and not isinstance(content, Mapping)):
+        texts = []
+        for k, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{where} content part {k} is {kind!r}; only text parts "
+                                 "({'type': 'text', 'text': ...}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"{where} content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]], where: str = "prompt") -> list[dict[str, Any]]:
+    """Chat messages with text content, keys whose value is None dropped (parquet fills absent
+    struct fields with None, which chat templates would render)."""
+    out = []
+    for k, m in enumerate(messages):
+        msg = {key: v for key, v in dict(m).items() if v is not None}
+        msg["content"] = normalize_content(m.get("content"), f"{where} message {k}")
+        out.append(msg)
+    return out
+
+
 def check_row(row: Any, need_ground_truth: bool = True) -> str | None:
     """Why ``row`` is not a usable dataset row, or None when it is. Message content may be a
     string or a list of text parts; ``reward_model.ground_truth`` is needed unless the reward
     comes from the loop alone."""
-    from agentloop_trainer.rollout import normalize_content
-
     if not isinstance(row, dict):
         return "is not a mapping"
     prompt = row.get("prompt")
@@ -160,8 +195,6 @@ def read_parquet_rows(path: str | Path, need_ground_truth: bool = True) -> list[
         listed = "; ".join(f"row {i}: {why}" for i, why in bad[:20])
         more = f" (and {len(bad) - 20} more)" if len(bad) > 20 else ""
         raise ValueError(f"{path}: {len(bad)} of {len(rows)} rows are malformed: {listed}{more}")
-    from agentloop_trainer.rollout import normalize_messages
-
     for i, row in enumerate(rows):
         # Text parts joined, absent struct fields (None) dropped: what the chat template renders.
         row["prompt"] = normalize_messages(row["prompt"], f"{path} row {i} prompt")

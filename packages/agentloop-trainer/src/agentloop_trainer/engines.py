@@ -72,6 +72,25 @@ def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None) ->
     )
 
 
+ENGINE_ARGS: dict[str, dict[str, str]] = {
+    "vllm": {"seed": "seed", "tensor_model_parallel_size": "tensor_parallel_size",
+             "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
+             "dtype": "dtype", "max_model_len": "max_model_len"},
+    "sglang": {"seed": "random_seed", "tensor_model_parallel_size": "tp_size",
+               "gpu_memory_utilization": "mem_fraction_static", "free_cache_engine": "enable_memory_saver",
+               "dtype": "dtype", "max_model_len": "context_length"},
+}
+"""The :class:`EngineSpec` fields each engine takes, by the engine's own argument name."""
+
+
+def engine_arguments(spec: EngineSpec) -> dict[str, Any]:
+    """Constructor arguments of a vLLM/SGLang engine: the spec's fields under the engine's names
+    (unset ones left to the engine's default), then ``engine_kwargs.<name>``, which win."""
+    args = {theirs: getattr(spec, ours) for ours, theirs in ENGINE_ARGS[spec.name].items()
+            if getattr(spec, ours) is not None}
+    return {**args, **spec.kwargs}
+
+
 def _missing(name: str, exc: ImportError) -> ImportError:
     # The adapters' own messages name the package and the pip line; keep theirs when present.
     hint = "" if "pip install" in str(exc) else f': pip install "agentloop-engines[{EXTRAS[name]}]"'
@@ -96,39 +115,22 @@ def build_engine(spec: EngineSpec, model: Any = None, tokenizer: Any = None) -> 
         return HFServer(model if model is not None else spec.model_path, tok, device=spec.device, dtype=spec.dtype,
                         max_batch_size=spec.max_batch_size, max_model_len=spec.max_model_len, seed=spec.seed,
                         **spec.kwargs)
-    if spec.name == "vllm":
-        try:
+    if spec.name not in ENGINE_ARGS:
+        raise ValueError(f"unknown engine {spec.name!r}; actor_rollout_ref.rollout.name is one of {sorted(EXTRAS)}")
+    try:
+        if spec.name == "vllm":
             from agentloop_engines.vllm_server import VLLMServer
 
-            kwargs = {"enforce_eager": spec.enforce_eager, "seed": spec.seed,
-                      "tensor_parallel_size": spec.tensor_model_parallel_size,
-                      "gpu_memory_utilization": spec.gpu_memory_utilization}
-            if spec.dtype:
-                kwargs["dtype"] = spec.dtype
-            if spec.max_model_len:
-                kwargs["max_model_len"] = spec.max_model_len
-            return VLLMServer(model=spec.model_path, tokenizer=tok, **{**kwargs, **spec.kwargs})
-        except ImportError as exc:
-            raise _missing("vllm", exc) from exc
-    if spec.name == "sglang":
-        try:
-            from agentloop_engines.sglang_server import SGLangServer
+            return VLLMServer(model=spec.model_path, tokenizer=tok, **engine_arguments(spec))
+        from agentloop_engines.sglang_server import SGLangServer
 
-            kwargs = {"random_seed": spec.seed, "tp_size": spec.tensor_model_parallel_size,
-                      "mem_fraction_static": spec.gpu_memory_utilization,
-                      "enable_memory_saver": spec.free_cache_engine}
-            if spec.dtype:
-                kwargs["dtype"] = spec.dtype
-            if spec.max_model_len:
-                kwargs["context_length"] = spec.max_model_len
-            if tokenizer is None or isinstance(tok, str):
-                from transformers import AutoTokenizer
+        if tokenizer is None or isinstance(tok, str):
+            from transformers import AutoTokenizer
 
-                tok = AutoTokenizer.from_pretrained(tok)
-            return SGLangServer(model_path=spec.model_path, tokenizer=tok, **{**kwargs, **spec.kwargs})
-        except ImportError as exc:
-            raise _missing("sglang", exc) from exc
-    raise ValueError(f"unknown engine {spec.name!r}; actor_rollout_ref.rollout.name is one of {sorted(EXTRAS)}")
+            tok = AutoTokenizer.from_pretrained(tok)
+        return SGLangServer(model_path=spec.model_path, tokenizer=tok, **engine_arguments(spec))
+    except ImportError as exc:
+        raise _missing(spec.name, exc) from exc
 
 
 def engine_factory(spec: EngineSpec) -> Callable[[], Any]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from agentloop_trainer.data import normalize_messages
+
 BUILTIN_TOOL_CONFIG = Path(__file__).parent / "configs" / "calculator_tools.yaml"
 """Tool config of the built-in calculator task."""
 
@@ -138,43 +140,6 @@ def check_loop_sections(settings: dict[str, Any]) -> None:
         check_loop_config_keys(name, config_class, list(section))
 
 
-def normalize_content(content: Any, where: str) -> str:
-    """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}``
-    parts (OpenAI's list form) joined in order.
-
-    Raises:
-        ValueError: a part that is not text (images need a multimodal loop), naming ``where``.
-    """
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, (list, tuple)) or (hasattr(content, "__len__") and not isinstance(content, Mapping)):
-        texts = []
-        for k, part in enumerate(content):
-            if isinstance(part, str):
-                texts.append(part)
-                continue
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            if kind != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"{where} content part {k} is {kind!r}; only text parts "
-                                 "({'type': 'text', 'text': ...}) are supported")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise ValueError(f"{where} content must be a string or a list of text parts, got {type(content).__name__}")
-
-
-def normalize_messages(messages: Sequence[Mapping[str, Any]], where: str = "prompt") -> list[dict[str, Any]]:
-    """Chat messages with text content, keys whose value is None dropped (parquet fills absent
-    struct fields with None, which chat templates would render)."""
-    out = []
-    for k, m in enumerate(messages):
-        msg = {key: v for key, v in dict(m).items() if v is not None}
-        msg["content"] = normalize_content(m.get("content"), f"{where} message {k}")
-        out.append(msg)
-    return out
-
-
 def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
     """Loop rows for dataset ``records``, each repeated ``n`` times with a shared group id.
 
@@ -277,8 +242,9 @@ class RolloutEngine:
         self.val_n = r.val_kwargs.n
         settings = rollout_settings(cfg, cfg.trainer.seed)
         check_loop_sections(settings)
+        self.scorer = settings["reward_fn"]
         # A wrong reward path or signature fails here, not in every sample of the first step.
-        settings["reward_fn"].function_for(None)
+        self.scorer.function_for(None)
         self.spec = engine_spec(cfg, str(model_path), cfg.model.tokenizer_path)
         self.loop = asyncio.new_event_loop()
         self.server = None

@@ -241,13 +241,9 @@ class GRPOTrainer:
                       f"\n  its ground truth: {rows[b].get('ground_truth')!r}")
         sources = sorted({str(r.get("data_source")) for r in rows})
         truncated = float(np.mean(batch.truncated)) if getattr(batch, "truncated", None) is not None else 0.0
-        from agentloop_trainer.scoring import RewardScorer
-
-        crf = self.cfg.custom_reward_function
-        scorer = RewardScorer(self.cfg.reward.source, crf.path, crf.name)
         self.log(
             f"WARNING: every reward has been 0 for {patience} steps in a row, so GRPO has nothing to learn "
-            f"from. Rows' data_source {sources} are scored by: {scorer.describe(rows[0].get('data_source'))}. "
+            f"from. Rows' data_source {sources} are scored by: {self.engine.scorer.describe(rows[0].get('data_source'))}. "
             "Likely causes: the reward function expects a different answer format than the model writes "
             "(e.g. '#### N' vs '\\boxed{}'), the wrong data_source for a built-in scorer (set "
             "custom_reward_function.path), ground truths in another form than the answers, responses cut "
