@@ -240,7 +240,7 @@ class GRPOTrainer:
             sample = (f"\n  a generated response (mask-1 tokens, what the reward sees): {text[-300:]!r}"
                       f"\n  its ground truth: {rows[b].get('ground_truth')!r}")
         sources = sorted({str(r.get("data_source")) for r in rows})
-        truncated = float(np.mean(batch.truncated)) if getattr(batch, "truncated", None) is not None else 0.0
+        truncated = float(np.mean(batch.truncated))
         self.log(
             f"WARNING: every reward has been 0 for {patience} steps in a row, so GRPO has nothing to learn "
             f"from. Rows' data_source {sources} are scored by: {self.engine.scorer.describe(rows[0].get('data_source'))}. "
