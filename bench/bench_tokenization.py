@@ -6,10 +6,10 @@ result. Three ways to get the ids for the tool result plus the next generation p
 * ``ours (delta)``: :meth:`Trajectory.append_generated` + :meth:`Trajectory.append_messages`,
   what ``tool_agent`` does, with the default ``delta_strategy="auto"``: the first deltas of a
   shape are rendered after the whole history and after a fixed user message + the last
-  assistant turn; once they agree, only the latter (constant size); only the difference is
-  encoded.
-* ``history delta``: the same with ``delta_strategy="history"`` (renders the template for the
-  whole history and history + new message every turn; the previous default).
+  assistant turn (generated turns as opaque markers, cut after the last one); once they agree,
+  only the latter (constant size); only the cut-off text is encoded.
+* ``history delta``: the same with ``delta_strategy="history"`` (renders the template over the
+  whole history + new messages every turn).
 * ``re-render``: apply the chat template to the whole history and encode all of it, every turn
   (what a loop that re-tokenizes the conversation does; it also re-encodes generated text).
 

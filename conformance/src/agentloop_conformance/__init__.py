@@ -15,7 +15,7 @@ from agentloop_conformance.engine import (
 )
 from agentloop_conformance.hooks import EngineTarget, hf_named_weights, hf_reference_log_probs
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "EngineConcurrencyTests",

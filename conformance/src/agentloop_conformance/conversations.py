@@ -24,8 +24,9 @@ SEARCH: dict[str, Any] = {
 }
 
 
-def _call(name: str, **arguments: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(call_id: str, name: str, **arguments: Any) -> dict[str, Any]:
+    # Ids are 9 alphanumeric characters, the form Mistral's template requires.
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 @dataclass(frozen=True)
@@ -55,18 +56,18 @@ CONVERSATIONS: tuple[Conversation, ...] = (
     Conversation("tool_calls_several_rounds", [
         {"role": "system", "content": "Use the tools."},
         {"role": "user", "content": "Compute 12 * 7, then 84 - 9."},
-        {"role": "assistant", "content": "", "tool_calls": [_call("calculator", expression="12 * 7")]},
-        {"role": "tool", "name": "calculator", "content": "84"},
-        {"role": "assistant", "content": "Next step.", "tool_calls": [_call("calculator", expression="84 - 9")]},
-        {"role": "tool", "name": "calculator", "content": "75"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("calc00001", "calculator", expression="12 * 7")]},
+        {"role": "tool", "name": "calculator", "tool_call_id": "calc00001", "content": "84"},
+        {"role": "assistant", "content": "Next step.", "tool_calls": [_call("calc00002", "calculator", expression="84 - 9")]},
+        {"role": "tool", "name": "calculator", "tool_call_id": "calc00002", "content": "75"},
         {"role": "assistant", "content": "The answer is 75.\n#### 75"},
     ], tools=[CALCULATOR]),
     Conversation("parallel_tool_calls", [
         {"role": "user", "content": "Look up apple and compute 1 + 1."},
-        {"role": "assistant", "content": "", "tool_calls": [_call("search", query="apple"),
-                                                            _call("calculator", expression="1 + 1")]},
-        {"role": "tool", "name": "search", "content": "a fruit"},
-        {"role": "tool", "name": "calculator", "content": "2"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("srch00001", "search", query="apple"),
+                                                            _call("calc00001", "calculator", expression="1 + 1")]},
+        {"role": "tool", "name": "search", "tool_call_id": "srch00001", "content": "a fruit"},
+        {"role": "tool", "name": "calculator", "tool_call_id": "calc00001", "content": "2"},
         {"role": "assistant", "content": "An apple is a fruit and 1 + 1 = 2."},
     ], tools=[CALCULATOR, SEARCH]),
     Conversation("unicode", [
@@ -89,7 +90,7 @@ CONVERSATIONS: tuple[Conversation, ...] = (
     ]),
     Conversation("ends_with_tool_result", [
         {"role": "user", "content": "Compute 6 * 7."},
-        {"role": "assistant", "content": "", "tool_calls": [_call("calculator", expression="6 * 7")]},
-        {"role": "tool", "name": "calculator", "content": "42"},
+        {"role": "assistant", "content": "", "tool_calls": [_call("calc00001", "calculator", expression="6 * 7")]},
+        {"role": "tool", "name": "calculator", "tool_call_id": "calc00001", "content": "42"},
     ], tools=[CALCULATOR]),
 )

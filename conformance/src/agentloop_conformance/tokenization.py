@@ -25,6 +25,7 @@ import pytest
 from agentloop_conformance._guard import SuiteGuard
 from agentloop_conformance.conversations import CONVERSATIONS, Conversation
 from agentloop_core.protocol import TokenOutput
+from agentloop_core.testing import TemplateTurnError, one_render_holds, template_turn_text
 from agentloop_core.tokenization import ChatRenderer, Trajectory
 from agentloop_core.tokenization.sanity import compare
 from agentloop_core.tokenization.template_errors import template_refusal
@@ -60,21 +61,12 @@ class Replay:
 
 def generated_text(renderer: ChatRenderer, history: list[dict], message: dict) -> str:
     """The text a model writes for ``message`` after ``history``: what the template renders
-    after the generation prompt, up to and including the end-of-turn token."""
-    with_prompt = renderer.render_text(history, add_generation_prompt=True)
-    turn = renderer.render_text([*history, message], add_generation_prompt=False)
-    extra = renderer.generation_prompt_extra
-    if turn.startswith(with_prompt):
-        body = turn[len(with_prompt):]
-    elif extra and with_prompt.endswith(extra) and turn.startswith(with_prompt[: -len(extra)]):
-        body = turn[len(with_prompt) - len(extra):]
-    else:
-        pytest.fail("the template renders an assistant turn that does not start with its generation prompt:\n"
-                    f"  generation prompt render: {with_prompt[-80:]!r}\n  turn render: {turn[-120:]!r}")
-    suffix = renderer.assistant_suffix
-    if not body.endswith(suffix):
-        pytest.fail(f"the rendered assistant turn does not end with the probed turn suffix {suffix!r}: {body[-80:]!r}")
-    return body[: len(body) - len(suffix)] + (renderer.eos_text or "")
+    for the turn after the generation prompt, up to and including its closing token (see
+    :func:`agentloop_core.testing.template_turn_text`)."""
+    try:
+        return template_turn_text(renderer, history, message)
+    except TemplateTurnError as exc:
+        pytest.fail(str(exc))
 
 
 @contextmanager
@@ -93,8 +85,9 @@ def skip_when_the_template_refuses() -> Iterator[None]:
 def render_as_written(tokenizer: Any, conversation: Conversation, *, chat_template: str | None = None,
                       apply_chat_template_kwargs: dict | None = None) -> tuple[ChatRenderer, str]:
     """A renderer for ``conversation`` and its text as written; skips the test when the template
-    refuses it. Only the conversation as written may skip: a refusal of messages a replay builds
-    (gpt-oss refusing ``<|channel|>`` tags in decoded generated content) is a failure."""
+    refuses it. Only the conversation as written may skip; a replay never hands the engine's
+    decoded text to the template (generated turns are rendered opaque), so gpt-oss refusing
+    ``<|channel|>`` tags in content cannot be triggered by it."""
     with skip_when_the_template_refuses():
         renderer = ChatRenderer(tokenizer, tools=conversation.tools, chat_template=chat_template,
                                 apply_chat_template_kwargs=apply_chat_template_kwargs)
@@ -118,6 +111,8 @@ def replay(tokenizer: Any, conversation: Conversation, *, chat_template: str | N
             log_probs = [-0.001 * (1 + len(blocks)) - 0.0001 * j for j in range(len(ids))]
             start = len(trajectory.context_ids)
             trajectory.append_generated(TokenOutput(token_ids=ids, log_probs=log_probs))
+            if messages[i].get("tool_calls"):
+                trajectory.attach_tool_calls(messages[i]["tool_calls"])
             blocks.append(GeneratedBlock(start, ids, log_probs, text))
             i += 1
         else:
@@ -131,16 +126,19 @@ def replay(tokenizer: Any, conversation: Conversation, *, chat_template: str | N
 
 def expected_text(replayed: Replay) -> str | None:
     """The template's text for the whole replayed conversation (ending right after the last
-    generated id when it ends with an assistant turn); None when the template rewrites history
-    (base-conversation fallback), so no single render holds every generated turn."""
-    if replayed.trajectory.used_base_fallback:
-        return None
+    generated id when it ends with an assistant turn); None when no single render holds every
+    turn as the engine saw and wrote it (the template rewrites earlier turns: Qwen3, gpt-oss,
+    Mistral), so the trajectory is checked turn by turn (the engine view) only."""
     renderer, messages = replayed.renderer, replayed.conversation.messages
+    if not one_render_holds(renderer, messages):
+        return None
     ends_generated = messages[-1]["role"] == "assistant"
     text = renderer.render_text(messages, add_generation_prompt=not ends_generated)
-    glue = renderer.glue_after_assistant(True)
-    if ends_generated and glue and text.endswith(glue):
-        text = text[: -len(glue)]
+    if ends_generated:
+        # Up to the last turn's closing token: the glue after it was never appended.
+        last = next(i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "assistant")
+        seen = renderer.render_text(messages[:last], add_generation_prompt=True)
+        text = text[: len(seen) + len(template_turn_text(renderer, messages[:last], messages[last]))]
     return text
 
 

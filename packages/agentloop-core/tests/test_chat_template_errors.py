@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.testing import load_tiny_tokenizer, tiny_tokenizer_for_template
 from agentloop_core.tokenization.renderer import ChatRenderer
 from agentloop_core.tokenization.template_errors import (
     ChatTemplateError,
@@ -34,24 +34,6 @@ NEEDS_TOOLS = (
 REFUSES_WITHOUT_TOOLS = "{%- if not tools %}{{- raise_exception('This template needs tools.') }}{%- endif %}" + CHATML_TURNS
 
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
-# Special tokens the shared templates write that the tiny tokenizer lacks (end of turn as in the
-# models' own tokenizers: gpt-oss <|return|>, Mistral </s>).
-GPT_OSS_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"]
-MISTRAL_TOKENS = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-                  "[/TOOL_RESULTS]"]
-
-
-def tokenizer_for(template_file: Path):
-    """The tiny tokenizer (a fresh copy) with a shared template and the special tokens it needs."""
-    tok = load_tiny_tokenizer()
-    if template_file.name.startswith("openai-gpt-oss"):
-        tok.add_special_tokens({"eos_token": "<|return|>", "additional_special_tokens": GPT_OSS_TOKENS})
-    elif template_file.name.startswith("mistralai-"):
-        tok.add_special_tokens({"bos_token": "<s>", "eos_token": "</s>", "additional_special_tokens": MISTRAL_TOKENS})
-    tok.chat_template = template_file.read_text()
-    return tok
-
-
 def test_a_template_that_needs_tools_names_the_failure_and_the_fix():
     tok = load_tiny_tokenizer()
     with pytest.raises(ChatTemplateError) as caught:
@@ -120,10 +102,10 @@ class _CountingProcessor:
 
 def test_the_check_costs_no_render_for_a_template_that_works():
     # Loops build one renderer per sample: construction renders only the probes it needs anyway
-    # (turn suffix, generation prompt, base conversation); the error check rides on them.
+    # (turn suffix, generation prompt); the error check rides on them.
     processor = _CountingProcessor(load_tiny_tokenizer())
     ChatRenderer(processor, tools=TOOLS)
-    assert processor.rendered == 5
+    assert processor.rendered == 4
 
 
 def test_template_refusal_ignores_jinja_errors_that_are_not_refusals():
@@ -140,7 +122,7 @@ def test_shared_templates_construct(name, tools):
     path = SHARED_TEMPLATES / name
     if not path.is_file():
         pytest.skip(f"{path} is absent (the shared chat templates are not part of a fresh clone)")
-    tok = tokenizer_for(path)
+    tok = tiny_tokenizer_for_template(path)
     renderer = ChatRenderer(tok, tools=tools)
     messages = [{"role": "user", "content": "Hi."}]
     assert renderer.render_text(messages, add_generation_prompt=True) == tok.apply_chat_template(

@@ -36,7 +36,8 @@ def test_clean_trajectory_passes(renderer):
 
 def test_missing_glue_newline_fails_strict_and_passes_ignore_strippable(renderer, monkeypatch):
     # The verl bug: nothing appended between <|im_end|> and the next turn's <|im_start|>.
-    monkeypatch.setattr(renderer, "glue_after_assistant", lambda ended_with_eos: "")
+    cut = renderer._cut
+    monkeypatch.setattr(renderer, "_cut", lambda *args: cut(*args).removeprefix("\n"))
     traj = _tool_trajectory(renderer)
     monkeypatch.undo()
     assert "<|im_end|><|im_start|>user" in renderer.decode(traj.context_ids)
@@ -100,10 +101,23 @@ def test_noncanonical_generation_passes_strict(renderer):
     assert traj.to_output().metrics["tokenization_noncanonical"] == 1
 
 
-def test_tool_calls_added_to_history_are_reported(renderer):
-    traj = _tool_trajectory(renderer)
-    # Rendering parsed calls again duplicates the markup the model already wrote.
+def test_attached_tool_calls_change_no_id_and_the_inference_view_reports_them():
+    traj = _tool_trajectory(renderer_for_view := ChatRenderer(load_tiny_tokenizer()))
+    before = list(traj.context_ids)
     traj.messages[1]["tool_calls"] = [
-        {"type": "function", "function": {"name": "calc", "arguments": {"x": "6*7"}}}
+        {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": {"x": "6*7"}}}
     ]
-    assert not traj.sanity_check("ignore_strippable").ok
+    # The engine view never renders a generated turn's text or calls: the ids are the engine's.
+    assert traj.context_ids == before and traj.sanity_check("strict").ok
+    inference = Trajectory(ChatRenderer(load_tiny_tokenizer(), use_inference_chat_template=True), traj.messages[:1])
+    for piece in _tool_trajectory(renderer_for_view).messages[1:]:
+        if piece["role"] == "assistant":
+            inference.append_generated(TokenOutput(renderer_for_view.encode(piece["content"])
+                                                   + [renderer_for_view.eos_token_id]))
+        else:
+            inference.append_messages([piece])
+    assert inference.sanity_check("strict").ok
+    # An inference server sent the calls as well as the text renders the markup twice.
+    inference.messages[1]["tool_calls"] = traj.messages[1]["tool_calls"]
+    report = inference.sanity_check("ignore_strippable")
+    assert not report.ok and "inference view" in report.reason

@@ -34,7 +34,7 @@ from agentloop_core.tracing import NullTracer, Tracer, make_tracer, trace_contex
 from agentloop_core.tracing_jsonl import JsonlTracer
 from agentloop_core.tracing_mlflow import MLflowTracer
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "AgentLoopBase",

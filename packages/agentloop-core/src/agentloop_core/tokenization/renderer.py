@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,14 +33,78 @@ _SHORT_DELTA_VERDICTS: dict[tuple, int] = {}
 # Content no real conversation contains, so its position in a rendered probe is unambiguous.
 _PROBE_MARKER = "\u2063agentloop-probe-7d1f\u2063"
 
-# A fixed conversation that ends with an assistant turn. Templates that rewrite earlier turns
-# (Qwen3 strips reasoning before the last user message) make render(history) not a prefix of
-# render(history + new); rendering new messages after this base instead gives the text those
-# messages add, and ending with an assistant turn keeps tool-message grouping right.
+# Per template key: True once a template rendered tool results only with the assistant turn's
+# tool_calls present (gpt-oss, Mistral), so deltas try that form first.
+_CALLS_MODE: dict[tuple, bool] = {}
+
+# The user message in front of the last assistant turn in a ``short`` delta render.
 BASE_CONVERSATION: tuple[dict[str, str], ...] = (
     {"role": "user", "content": "Hello."},
     {"role": "assistant", "content": "Hello."},
 )
+
+
+def _turn_marker(index: int) -> str:
+    """Stands in for the content of the assistant message at ``index`` in delta renders."""
+    return f"\u2063agentloop-turn-{index}-7d1f\u2063"
+
+
+def _args_marker(index: int) -> str:
+    """Stands in for the tool call arguments of that message (ASCII: templates JSON-encode it)."""
+    return f"agentloop-args-{index}-7d1f"
+
+
+def _opaque(history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]], *,
+            with_calls: bool) -> list[dict]:
+    """``history + new_messages`` with every assistant turn of ``history`` made opaque: content
+    replaced by its marker, reasoning fields dropped, and (``with_calls``) its tool calls kept
+    with their arguments replaced by a marker; calls not attached are read from the tool
+    messages that follow the turn."""
+    combined = [*history, *new_messages]
+    out: list[dict] = []
+    for i, message in enumerate(history):
+        if message.get("role") != "assistant":
+            out.append(dict(message))
+            continue
+        turn: dict[str, Any] = {"role": "assistant", "content": _turn_marker(i)}
+        if with_calls:
+            calls = message.get("tool_calls") or _calls_from_results(combined, i)
+            if calls:
+                turn["tool_calls"] = [_opaque_call(call, i) for call in calls]
+        out.append(turn)
+    return out + [dict(m) for m in new_messages]
+
+
+def _opaque_call(call: Mapping[str, Any], index: int) -> dict:
+    function = call.get("function", call) if isinstance(call, Mapping) else {}
+    opaque: dict[str, Any] = {
+        "type": "function",
+        "function": {"name": str(function.get("name", "")), "arguments": {"input": _args_marker(index)}},
+    }
+    if call.get("id") is not None:
+        opaque["id"] = str(call["id"])
+    return opaque
+
+
+def _calls_from_results(messages: Sequence[Mapping[str, Any]], index: int) -> list[dict]:
+    """Calls for the assistant turn at ``index`` from the tool messages right after it (their
+    ``name`` and ``tool_call_id``); empty when they name no function."""
+    calls = []
+    for message in messages[index + 1 :]:
+        if message.get("role") != "tool":
+            break
+        if not message.get("name"):
+            return []
+        call: dict[str, Any] = {"function": {"name": message["name"]}}
+        if message.get("tool_call_id") is not None:
+            call["id"] = message["tool_call_id"]
+        calls.append(call)
+    return calls
+
+
+def _roles(messages: Sequence[Mapping[str, Any]]) -> str:
+    return "[" + ", ".join(str(m.get("role")) for m in messages) + "]"
+
 
 # Only rendered when the template failed without tools, to tell "needs tools" from other failures.
 _PROBE_TOOL: dict[str, Any] = {
@@ -55,15 +120,12 @@ class TokenizationMismatchError(ValueError):
 
 @dataclass(frozen=True)
 class DeltaResult:
-    """Ids and text appended after a history, and how they were found."""
+    """Ids and text appended after a history."""
 
     ids: list[int]
     """Token ids to append (glue after the last generated token, new messages, generation prompt)."""
     text: str
     """The text those ids encode."""
-    used_base_fallback: bool
-    """True when render(history) was not a prefix of render(history + new) and the fixed
-    base conversation was used instead."""
 
 
 class ChatRenderer:
@@ -79,13 +141,13 @@ class ChatRenderer:
             its ``.tokenizer`` encodes and decodes).
         tools: OpenAI function schemas passed as ``tools=`` to every render.
         chat_template: A Jinja template that replaces the tokenizer's own.
-        use_inference_chat_template: How :meth:`Trajectory.sanity_check` builds its reference
-            when the template renders history differently from what the engine saw (reasoning
-            models that strip ``<think>`` from earlier turns; a generation prompt that adds an
-            empty think block). False (default): the training view; the trajectory keeps every
-            generated token and the text the engine saw, so the reference is the template's
-            rendering of each turn as it was appended. True: the reference is the template
-            applied to the whole conversation exactly as an inference server would render it,
+        use_inference_chat_template: Which view :meth:`Trajectory.sanity_check` compares
+            with. False (default): the engine view; the prompt as rendered, each generated turn
+            verbatim, and after it what the template renders for the messages that followed,
+            so whatever the template does to earlier turns once later messages exist
+            (reasoning stripped, an empty think block added to the last turn, harmony's
+            ``<|return|>`` rendered ``<|end|>``) is not a mismatch: the engine never saw it.
+            True: the template over the whole conversation as an inference server renders it,
             so such trajectories are reported as mismatches (training context != inference
             context); use it to measure that gap. Delta ids are the same either way.
         apply_chat_template_kwargs: Extra template variables (e.g. ``enable_thinking``).
@@ -139,13 +201,18 @@ class ChatRenderer:
         self.chat_template = chat_template
         self.use_inference_chat_template = use_inference_chat_template
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
+        self.special_tokens, self.special_ids = _special_tokens(self.tokenizer)
+        """The tokenizer's special tokens (text, longest first) and their ids: the tokens that can
+        close a turn."""
+        self._special_pattern = (
+            re.compile("|".join(re.escape(t) for t in self.special_tokens)) if self.special_tokens else None
+        )
         # These probes are the template's first renders here, so a template that cannot be used
         # with these tools fails now, with a message, instead of deep inside the first rollout.
         # Turning their failure into an error costs no extra render.
         try:
             self.assistant_suffix, self.eos_token_id, self.eos_text = self._probe_assistant_suffix()
             self.generation_prompt_extra = self._probe_generation_prompt_extra()
-            self._base_text = self.render_text(list(BASE_CONVERSATION), add_generation_prompt=False)
         except Exception as exc:
             if not raised_by_template(exc):
                 raise
@@ -196,16 +263,25 @@ class ChatRenderer:
     # -- delta -----------------------------------------------------------------------------
 
     def glue_after_assistant(self, ended_with_eos: bool) -> str:
-        """Text the template puts after generated assistant content that was not generated.
+        """Text the template puts after generated assistant content that was not generated,
+        when a user message follows the turn.
 
-        With EOS the engine produced the end-of-turn token itself, so the glue is the rest of
-        the suffix (``"\\n"`` after ``<|im_end|>`` in ChatML). Without EOS (stopped by length or
-        by a stop token that is not EOS) the whole suffix is appended with mask 0, so the
-        sequence stays what the template renders for the (truncated) turn.
+        With a stop token the engine produced the end-of-turn token itself, so the glue is the
+        rest of the suffix (``"\\n"`` after ``<|im_end|>`` in ChatML). Without one (stopped by
+        length or by a stop string) the whole suffix is appended with mask 0, so the sequence
+        stays what the template renders for the (truncated) turn.
         """
-        if ended_with_eos and self.eos_text and self.assistant_suffix.startswith(self.eos_text):
-            return self.assistant_suffix[len(self.eos_text) :]
-        return self.assistant_suffix
+        close = self._turn_close(self.assistant_suffix)
+        return self.assistant_suffix[len(close) :] if ended_with_eos else self.assistant_suffix
+
+    def ended_turn(self, token_ids: Sequence[int], stop_reason: str | None = "stop") -> bool:
+        """Whether generated ids end on a token that closes the turn: a special token the engine
+        stopped on (EOS, ``<|im_end|>``, ``<|eot_id|>``/``<|eom_id|>``, harmony's ``<|call|>``
+        or ``<|return|>``...), not a cut by ``max_tokens`` or an abort.
+
+        The template's own close of the turn is then replaced by the engine's token: the ids
+        that follow start after the close, whichever stop token the engine emitted."""
+        return bool(token_ids) and stop_reason not in ("length", "aborted") and token_ids[-1] in self.special_ids
 
     def delta(
         self,
@@ -213,41 +289,54 @@ class ChatRenderer:
         new_messages: Sequence[Mapping[str, Any]],
         *,
         assistant_ended_with_eos: bool = True,
+        strategy: DeltaStrategy | None = None,
     ) -> DeltaResult:
-        """Like :meth:`delta_ids`, also returning the text and whether the fallback was used."""
+        """Like :meth:`delta_ids`, also returning the text.
+
+        Args:
+            history: The conversation so far (see :meth:`delta_ids`).
+            new_messages: Messages to add.
+            assistant_ended_with_eos: Whether the last generated turn ended on a stop token
+                (:meth:`ended_turn`).
+            strategy: Overrides the renderer's ``delta_strategy`` for this call.
+        """
         if not new_messages:
             raise ValueError("delta needs at least one new message")
         if not history:
             text = self.render_text(new_messages, add_generation_prompt=True)
-            return DeltaResult(self.encode(text), text, False)
-        ends_with_assistant = history[-1].get("role") == "assistant"
-        glue = self.glue_after_assistant(assistant_ended_with_eos) if ends_with_assistant else ""
-        short = [BASE_CONVERSATION[0], history[-1]] if ends_with_assistant else None
-        if short is None or self.delta_strategy == "history":
-            text, used_fallback = self._delta_text(history, new_messages)
-        elif self.delta_strategy == "short":
-            text, used_fallback = self._delta_text(short, new_messages)
+            return DeltaResult(self.encode(text), text)
+        strategy = strategy or self.delta_strategy
+        if history[-1].get("role") != "assistant":
+            raise TokenizationMismatchError(
+                "delta needs a history that ends with an assistant turn (the generated ids the new messages "
+                "follow); append all messages between two assistant turns in one call"
+            )
+        short = [BASE_CONVERSATION[0], history[-1]]
+        if strategy == "history":
+            text = self._delta_text(history, new_messages, assistant_ended_with_eos)
+        elif strategy == "short":
+            text = self._delta_text(short, new_messages, assistant_ended_with_eos)
         else:
-            text, used_fallback = self._auto_delta_text(history, short, new_messages)
-        text = glue + text
-        return DeltaResult(self.encode(text), text, used_fallback)
+            text = self._auto_delta_text(history, short, new_messages, assistant_ended_with_eos)
+        return DeltaResult(self.encode(text), text)
 
     def _auto_delta_text(
         self,
         history: Sequence[Mapping[str, Any]],
         short: Sequence[Mapping[str, Any]],
         new_messages: Sequence[Mapping[str, Any]],
-    ) -> tuple[str, bool]:
+        ended: bool,
+    ) -> str:
         """``delta_strategy="auto"``: the short render once this template and shape of new
         messages has agreed with the history render ``VERIFY_DELTAS`` times; until then the
         history render, checked against the short one."""
         key = (self._template_key, tuple(str(m.get("role")) for m in new_messages))
         verdict = _SHORT_DELTA_VERDICTS.get(key, 0)
         if verdict >= VERIFY_DELTAS:
-            return self._delta_text(short, new_messages)
-        result = self._delta_text(history, new_messages)
+            return self._delta_text(short, new_messages, ended)
+        result = self._delta_text(history, new_messages, ended)
         if verdict >= 0:
-            agrees = self._delta_text(short, new_messages) == result
+            agrees = self._delta_text(short, new_messages, ended) == result
             _SHORT_DELTA_VERDICTS[key] = verdict + 1 if agrees else -1
             if not agrees:
                 logger.info("the chat template renders %s after the last assistant turn differently when earlier "
@@ -255,51 +344,73 @@ class ChatRenderer:
         return result
 
     def _delta_text(
-        self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]]
-    ) -> tuple[str, bool]:
-        """Text the template adds for ``new_messages`` (+ generation prompt) after ``history``,
-        glue excluded, and whether the base-conversation fallback was needed."""
-        ends_with_assistant = history[-1].get("role") == "assistant"
-        before = self.render_text(history, add_generation_prompt=False)
-        after = self.render_text([*history, *new_messages], add_generation_prompt=True)
-        used_fallback = not after.startswith(before)
-        if used_fallback:
-            if not ends_with_assistant:
-                raise TokenizationMismatchError(
-                    "render(history) is not a prefix of render(history + new) and history does "
-                    "not end with an assistant turn, so the base-conversation fallback does not "
-                    "apply. Append all messages between two assistant turns in one call."
-                )
-            before = self._base_text
-            after = self.render_text([*BASE_CONVERSATION, *new_messages], add_generation_prompt=True)
-            if not after.startswith(before):
-                return self._cut_after_assistant(new_messages, before, after), True
-        return after[len(before) :], used_fallback
+        self, history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]], ended: bool
+    ) -> str:
+        """Text the template adds for ``new_messages`` (+ generation prompt) after the assistant
+        turn that ends ``history``, starting right after the engine's last token.
 
-    def _cut_after_assistant(self, new_messages: Sequence[Mapping[str, Any]], base: str, base_new: str) -> str:
-        """What ``new_messages`` add after an assistant turn, for templates that render that turn
-        differently once later messages exist (Qwen3 drops the empty think block of an assistant
-        turn that a user message follows): render a base whose assistant content is a marker,
-        and cut right after the marker and the turn's end-of-turn text. Only what comes after
-        the assistant turn is taken; how the template would re-render the turn itself does not
-        matter, since its tokens are the engine's.
-
-        Raises:
-            TokenizationMismatchError: the turn's end differs once messages follow it, so no cut
-                point is known (naming both renders).
+        Every assistant turn of ``history`` is rendered opaque: its content is a marker, so the
+        template's treatment of generated text (Qwen3 stripping reasoning from earlier turns,
+        gpt-oss refusing channel tags in content, an empty think block added to the last turn)
+        cannot move the cut. The render is cut after the last turn's marker (or its tool call
+        arguments) and the template's close of the turn, the first special token after it.
+        Templates that render a tool result only after an assistant turn with ``tool_calls``
+        (gpt-oss names the function, Mistral checks role alternation) get the calls the turn
+        made: attached to the message (:meth:`Trajectory.attach_tool_calls`), or read from the
+        ``name``/``tool_call_id`` of the tool messages that follow it.
         """
-        probe = [BASE_CONVERSATION[0], {"role": "assistant", "content": _PROBE_MARKER}]
-        text = self.render_text([*probe, *new_messages], add_generation_prompt=True)
-        at = text.find(_PROBE_MARKER)
-        rest = text[at + len(_PROBE_MARKER) :] if at >= 0 else ""
-        if at < 0 or not rest.startswith(self.assistant_suffix):
+        key = self._template_key
+        modes = (True, False) if _CALLS_MODE.get(key) else (False, True)
+        first_error: Exception | None = None
+        for with_calls in modes:
+            messages = _opaque(history, new_messages, with_calls=with_calls)
+            if with_calls and not any("tool_calls" in m for m in messages):
+                break  # no calls to give: the plain render's failure stands
+            try:
+                text = self.render_text(messages, add_generation_prompt=True)
+            except Exception as exc:
+                if not raised_by_template(exc):
+                    raise
+                first_error = first_error or exc
+                continue
+            if with_calls and not _CALLS_MODE.get(key):
+                _CALLS_MODE[key] = True
+            return self._cut(text, len(history) - 1, with_calls, ended)
+        assert first_error is not None
+        raise TokenizationMismatchError(
+            f"the chat template refuses the conversation with the new messages {_roles(new_messages)} after an "
+            f"assistant turn: {template_refusal(first_error) or first_error}. If it renders a tool result only "
+            "after the call it answers (gpt-oss, Mistral), attach the turn's calls with "
+            "Trajectory.attach_tool_calls(...) or give each tool message 'name' and 'tool_call_id'"
+        ) from first_error
+
+    def _cut(self, text: str, index: int, with_calls: bool, ended: bool) -> str:
+        """The part of ``text`` after assistant turn ``index``: after its marker (or the marker in
+        its tool call arguments, whichever comes later), and after the template's close of the
+        turn when the engine ended the turn itself."""
+        marker = _turn_marker(index)
+        at = text.rfind(marker)
+        end = at + len(marker) if at >= 0 else -1
+        if with_calls:
+            args = _args_marker(index)
+            at_args = text.rfind(args)
+            if at_args >= 0:
+                end = max(end, at_args + len(args))
+        if end < 0:
             raise TokenizationMismatchError(
-                "the chat template renders neither history nor a fixed base conversation as a prefix of "
-                "itself plus the new messages, and ends an assistant turn differently once messages follow "
-                f"it (expected {self.assistant_suffix!r} after the turn's content), so new messages cannot "
-                f"be tokenized as a delta.\nbase render:\n{base!r}\nbase + new render:\n{base_new!r}"
+                "the chat template renders neither the content nor the tool calls of the assistant turn, so "
+                "where the new messages start cannot be found; pass a chat_template= that renders "
+                "message.content"
             )
-        return rest[len(self.assistant_suffix) :]
+        rest = text[end:]
+        return rest[len(self._turn_close(rest)) :] if ended else rest
+
+    def _turn_close(self, rest: str) -> str:
+        """The template's close of an assistant turn at the start of ``rest``: everything up to
+        and including the first special token (``<|im_end|>``, ``<|end|>``, ``</s>``,
+        ``<|call|>``...); empty when the template closes turns without one."""
+        found = self._special_pattern.search(rest) if self._special_pattern is not None else None
+        return rest[: found.end()] if found else ""
 
     def delta_ids(
         self,
@@ -312,14 +423,18 @@ class ChatRenderer:
         generation prompt.
 
         Args:
-            history: The conversation so far. When it ends with an assistant turn, that turn's
-                content is the decoded generated text and its ids are already in the sequence.
+            history: The conversation so far, ending with an assistant turn whose ids (generated
+                by the engine) are already in the sequence. Assistant contents are not
+                rendered; an assistant message's ``tool_calls`` are, for templates that need
+                them before a tool result.
             new_messages: Messages to add (tool results, user turns).
-            assistant_ended_with_eos: Whether the generated ids of the last assistant turn ended
-                with :attr:`eos_token_id`; decides how much of the turn suffix is glue.
+            assistant_ended_with_eos: Whether the last assistant turn's ids ended on a stop
+                token (:meth:`ended_turn`); decides whether the template's close of the turn
+                is appended.
 
         Returns:
-            Token ids: glue after the generated turn, the new messages, the generation prompt.
+            Token ids: the turn's close (when the engine did not write it) and glue, the new
+            messages, the generation prompt.
 
         Raises:
             TokenizationMismatchError: when the template cannot be split into turns.
@@ -421,6 +536,22 @@ class ChatRenderer:
                 "eos_token_id": self.eos_token_id,
             }
         )
+
+
+def _special_tokens(tokenizer: Any) -> tuple[tuple[str, ...], frozenset[int]]:
+    """Special tokens of ``tokenizer`` (named ones and added tokens marked special) whose text
+    encodes to one id, longest first, and those ids."""
+    names = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    names.update(str(tok) for tok in decoder.values() if getattr(tok, "special", False))
+    texts, ids = [], set()
+    for name in sorted(filter(None, names), key=lambda t: (-len(t), t)):
+        token_id = tokenizer.convert_tokens_to_ids(name) if hasattr(tokenizer, "convert_tokens_to_ids") else None
+        is_unk = token_id == getattr(tokenizer, "unk_token_id", None) and name != getattr(tokenizer, "unk_token", None)
+        if isinstance(token_id, int) and token_id >= 0 and not is_unk:
+            texts.append(name)
+            ids.add(token_id)
+    return tuple(texts), frozenset(ids)
 
 
 def _tool_names(tools: Sequence[Any]) -> str:

@@ -12,6 +12,7 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
 from agentloop_core.tokenization.renderer import ChatRenderer, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckReport, check_mode, compare
+from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ class _Piece:
     """The text these ids stand for (decoded text for generated pieces)."""
     n_ids: int
     """How many ids of prompt_ids + response_ids this piece covers."""
+    ended: bool = True
+    """Generated pieces: whether the engine ended the turn on a stop token."""
 
 
 class Trajectory:
@@ -58,12 +61,11 @@ class Trajectory:
         """1 for engine-generated ids, 0 for all other ids."""
         self.response_logprobs: list[float] | None = None
         """Engine log-prob per response id (0.0 on mask 0); None until an engine returns some."""
-        self.used_base_fallback = False
-        """True once a delta needed the base-conversation fallback (template rewrites history)."""
         self.num_generations = 0
         """How many generate outputs were appended."""
         self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids))]
         self._generated_messages: list[int] = []
+        self._tool_calls: dict[int, list[dict]] = {}
         self._last_ended_with_eos = True
 
     @property
@@ -104,16 +106,37 @@ class Trajectory:
         self.response_ids.extend(ids)
         self.response_mask.extend([1] * len(ids))
         text = self.renderer.decode(ids)
-        eos_id, eos_text = self.renderer.eos_token_id, self.renderer.eos_text
-        ended_with_eos = bool(ids) and eos_id is not None and ids[-1] == eos_id
-        content = text[: -len(eos_text)] if ended_with_eos and eos_text and text.endswith(eos_text) else text
+        ended = self.renderer.ended_turn(ids, out.stop_reason)
+        stop_text = self.renderer.decode(ids[-1:]) if ended else ""
+        content = text[: -len(stop_text)] if stop_text and text.endswith(stop_text) else text
         message = {"role": "assistant", "content": content}
         self.messages.append(message)
         self._generated_messages.append(len(self.messages) - 1)
-        self._pieces.append(_Piece("generated", text, len(ids)))
-        self._last_ended_with_eos = ended_with_eos
+        self._pieces.append(_Piece("generated", text, len(ids), ended))
+        self._last_ended_with_eos = ended
         self.num_generations += 1
         return message
+
+    def attach_tool_calls(self, tool_calls: Sequence[Mapping[str, Any]]) -> None:
+        """Record the tool calls parsed from the last generated turn (OpenAI form: ``id``,
+        ``function.name``, ``function.arguments``).
+
+        They are never rendered as the turn's text (its ids are the engine's); templates that
+        render a tool result only after the call it answers (gpt-oss names the function in the
+        result's header, Mistral checks ids and role alternation) get them in delta renders.
+        Without them, the ``name`` and ``tool_call_id`` of the tool messages stand in.
+
+        Raises:
+            ValueError: before any generated turn.
+        """
+        if not self._generated_messages:
+            raise ValueError("attach_tool_calls needs a generated turn to attach the calls to")
+        self._tool_calls[self._generated_messages[-1]] = [dict(call) for call in tool_calls]
+
+    def _history_with_calls(self, end: int) -> list[dict]:
+        """``messages[:end]`` with attached tool calls on their assistant turns."""
+        return [dict(m, tool_calls=self._tool_calls[i]) if i in self._tool_calls else m
+                for i, m in enumerate(self.messages[:end])]
 
     def append_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
         """Append non-assistant messages (tool results, user turns) with mask 0 and log-prob 0.0.
@@ -154,11 +177,10 @@ class Trajectory:
             self.prompt_ids = self.renderer.encode(text)
             self._pieces = [_Piece("prompt", text, len(self.prompt_ids))]
             return list(self.prompt_ids)
-        last_assistant = max(i for i, m in enumerate(self.messages) if m["role"] == "assistant")
-        history = self.messages[: last_assistant + 1]
+        last_assistant = self._generated_messages[-1]
+        history = self._history_with_calls(last_assistant + 1)
         tail = self.messages[last_assistant + 1 :] + new
         delta = self.renderer.delta(history, tail, assistant_ended_with_eos=self._last_ended_with_eos)
-        self.used_base_fallback |= delta.used_base_fallback
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
         del self.response_ids[keep:], self.response_mask[keep:]
         self.response_ids.extend(delta.ids)
@@ -173,31 +195,43 @@ class Trajectory:
     # -- checking and output ---------------------------------------------------------------
 
     def _reference_text(self) -> tuple[str, str]:
-        """Text the built ids should encode, and a note on how it was obtained."""
-        if self.used_base_fallback and not self.renderer.use_inference_chat_template:
-            # The template rewrites earlier turns (e.g. strips reasoning), so no single render
-            # keeps the generated tokens; the training view is the turn-by-turn rendering.
-            return "".join(p.text for p in self._pieces), (
-                "template rewrites history; compared with the turn-by-turn rendering "
-                "(use_inference_chat_template=False)"
-            )
+        """Text the built ids should encode, and a note on which view it is."""
+        if self.renderer.use_inference_chat_template:
+            return self._inference_text(), "inference view: the template over the whole conversation"
+        return self._engine_text(), "engine view: each generation's context as the template renders it"
+
+    def _engine_text(self) -> str:
+        """The training (engine) view, rebuilt independently of the deltas the trajectory took:
+        the prompt rendered with its generation prompt; each generated turn's text verbatim;
+        after it, what the template renders for the messages that followed, cut from a render
+        of the whole history up to them (``delta_strategy="history"``). Whatever the template
+        does to generated turns once later messages exist (strip reasoning, add an empty
+        think block to the last turn, swap ``<|return|>`` for ``<|end|>``, refuse channel tags
+        in content) is not what the engine saw, so it is not compared."""
+        generated = self._generated_messages
+        first = generated[0] if generated else len(self.messages)
+        text = self.renderer.render_text(self.messages[:first], add_generation_prompt=True)
+        pieces = [p for p in self._pieces if p.kind == "generated"]
+        for k, index in enumerate(generated):
+            text += pieces[k].text
+            following = self.messages[index + 1 : generated[k + 1] if k + 1 < len(generated) else len(self.messages)]
+            if following:
+                text += self.renderer.delta(self._history_with_calls(index + 1), following,
+                                            assistant_ended_with_eos=pieces[k].ended, strategy="history").text
+        return text
+
+    def _inference_text(self) -> str:
+        """The inference view: the template over all messages, generated contents as decoded
+        text, as an inference server renders a conversation it is sent."""
         pending = self._pieces[-1].kind != "generated"
-        messages = self.messages
-        extra = self.renderer.generation_prompt_extra
-        if extra and not self.renderer.use_inference_chat_template:
-            # The engine saw the generation prompt's extra text before each generated turn
-            # (e.g. an empty think block); a history render leaves it out.
-            messages = [dict(m) for m in messages]
-            for i in self._generated_messages:
-                messages[i]["content"] = extra + (messages[i].get("content") or "")
-        text = self.renderer.render_text(messages, add_generation_prompt=pending)
+        text = self.renderer.render_text(self.messages, add_generation_prompt=pending)
         if not pending:
             # The trajectory ends right after the generated ids; the template's glue after
             # them was never appended.
             glue = self.renderer.glue_after_assistant(self._last_ended_with_eos)
             if glue and text.endswith(glue):
                 text = text[: -len(glue)]
-        return text, "full render of all messages"
+        return text
 
     def sanity_check(self, mode: SanityCheckMode = "strict") -> SanityCheckReport:
         """Compare the built ids with a re-tokenization of the rendered conversation.
@@ -219,7 +253,14 @@ class Trajectory:
         if mode == "disable":
             return SanityCheckReport(ok=True, mode=mode, reason="sanity check disabled")
         built = self.context_ids
-        ref_text, note = self._reference_text()
+        try:
+            ref_text, note = self._reference_text()
+        except Exception as exc:
+            if not raised_by_template(exc):
+                raise
+            return SanityCheckReport(ok=False, mode=mode, reason=(
+                f"the chat template refuses the reference conversation ({note_for(self.renderer)}): "
+                f"{template_refusal(exc) or exc}"))
         full = self.renderer.encode(ref_text)
         canonical = full == built
         if canonical:
@@ -291,6 +332,11 @@ class Trajectory:
             metrics=out_metrics,
             extra_fields=dict(extra_fields or {}),
         )
+
+
+def note_for(renderer: ChatRenderer) -> str:
+    """Which view a trajectory's sanity check compares with (see ``use_inference_chat_template``)."""
+    return "inference view" if renderer.use_inference_chat_template else "engine view"
 
 
 def _check_message(message: Mapping[str, Any], index: int) -> dict:
