@@ -102,10 +102,16 @@ class _CountingProcessor:
 
 def test_the_check_costs_no_render_for_a_template_that_works():
     # Loops build one renderer per sample: construction renders only the probes it needs anyway
-    # (turn suffix, generation prompt); the error check rides on them.
+    # (turn suffix, generation prompt); the error check rides on them. The first renderer of a
+    # template also checks once that a turn can be cut from its render.
+    from agentloop_core.tokenization import renderer as renderer_module
+
     processor = _CountingProcessor(load_tiny_tokenizer())
+    renderer_module._SPLITS.clear()
     ChatRenderer(processor, tools=TOOLS)
-    assert processor.rendered == 4
+    assert processor.rendered == 5
+    ChatRenderer(processor, tools=TOOLS)
+    assert processor.rendered == 5 + 4
 
 
 def test_template_refusal_ignores_jinja_errors_that_are_not_refusals():

@@ -37,6 +37,9 @@ _PROBE_MARKER = "\u2063agentloop-probe-7d1f\u2063"
 # tool_calls present (gpt-oss, Mistral), so deltas try that form first.
 _CALLS_MODE: dict[tuple, bool] = {}
 
+# Per template key: why it cannot be split into turns ("" when it can), probed once.
+_SPLITS: dict[tuple, str] = {}
+
 # The user message in front of the last assistant turn in a ``short`` delta render.
 BASE_CONVERSATION: tuple[dict[str, str], ...] = (
     {"role": "user", "content": "Hello."},
@@ -223,6 +226,10 @@ class ChatRenderer:
             json.dumps(self.apply_chat_template_kwargs, sort_keys=True, default=str),
             getattr(self.tokenizer, "bos_token", None), getattr(self.tokenizer, "eos_token", None),
         )
+        if self._template_key not in _SPLITS:
+            _SPLITS[self._template_key] = self._probe_split()
+        if _SPLITS[self._template_key]:
+            raise TokenizationMismatchError(_SPLITS[self._template_key])
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -456,6 +463,16 @@ class ChatRenderer:
         suffix = text[at + len(_PROBE_MARKER) :]
         eos_text, eos_id = self._end_of_turn_token(suffix)
         return suffix, eos_id, eos_text
+
+    def _probe_split(self) -> str:
+        """Why a user message after an assistant turn cannot be cut from this template's render
+        (once per template; empty when it can), so a template that cannot be split into turns
+        fails at construction rather than in the middle of a rollout."""
+        try:
+            self._delta_text(list(BASE_CONVERSATION), [{"role": "user", "content": "Hi."}], True)
+        except TokenizationMismatchError as exc:
+            return f"this chat template cannot be split into turns, so no delta can be appended: {exc}"
+        return ""
 
     def _probe_generation_prompt_extra(self) -> str:
         """Text the generation prompt adds after the assistant header, which a rendered
