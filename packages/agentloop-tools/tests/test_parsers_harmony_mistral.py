@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from jinja2 import TemplateError
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_tools.agent_loop import ToolAgentLoop, _stop_token_ids
@@ -243,21 +242,41 @@ def test_harmony_valid_call_next_to_a_broken_one():
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "model_id"),
     [
-        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}]',
-        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}]</s>',
-        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',  # older variants: no id
-        '[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]',
-        '[TOOL_CALLS]{"name": "get_weather", "arguments": {"city": "Paris"}}',  # no list around one call
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}]', "abc123XYZ"),
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123XYZ"}]</s>', "abc123XYZ"),
+        ('[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', None),  # older variants: no id
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}]', None),
+        ('[TOOL_CALLS]{"name": "get_weather", "arguments": {"city": "Paris"}}', None),  # no list around one call
+        # Ids the template would refuse are dropped (the loop makes a valid one).
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc123"}]', None),
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "abc_23XYZ"}]', None),
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": 123456789}]', None),
     ],
 )
-def test_mistral_single_call(text):
-    """Every variant of one Nemo call (id or not, EOS or not, string arguments) gives the same call."""
+def test_mistral_single_call(text, model_id):
+    """Every variant of one Nemo call (id or not, EOS or not, string arguments) gives the same call;
+    the model's id is kept when it is 9 letters or digits."""
     result = MistralToolParser().parse(text, TOOLS)
     assert result.errors == []
-    assert result.calls == [ToolCall("call_0", "get_weather", {"city": "Paris"})]
+    assert result.calls == [ToolCall("call_0", "get_weather", {"city": "Paris"}, model_id=model_id)]
     assert result.content == ""
+
+
+def test_mistral_makes_nine_character_ids():
+    """Ids the loop makes for Mistral calls are 9 letters or digits, distinct per turn and index, and
+    deterministic; every other parser keeps the call_<turn>_<id> form ("" for unusable calls)."""
+    parser = MistralToolParser()
+    made = {(turn, index): parser.make_call_id(turn, index) for turn in (1, 2, 35, 36, 1000) for index in range(40)}
+    assert all(len(i) == 9 and i.isascii() and i.isalnum() for i in made.values())
+    assert len(set(made.values())) == len(made)
+    assert made[(1, 0)] == "call00100" and made[(36, 35)] == "call0100z"
+    assert parser.make_call_id(1, 0) == MistralToolParser().make_call_id(1, 0)
+    call = ToolCall("call_2", "get_weather", {"city": "Paris"})
+    assert HermesToolParser().make_call_id(3, 2, call) == "call_3_call_2"
+    assert GptOssToolParser().make_call_id(3, 2, call) == "call_3_call_2"
+    assert HermesToolParser().make_call_id(3, 2) == ""
 
 
 def test_mistral_parallel_calls_and_content():
@@ -265,8 +284,8 @@ def test_mistral_parallel_calls_and_content():
     text = "Let me check. " + mistral_calls(("get_weather", {"city": "Paris"}), ("get_time", {"city": "Rome"})) + "</s>"
     result = MistralToolParser().parse(text, TOOLS)
     assert result.errors == []
-    assert result.calls == [ToolCall("call_0", "get_weather", {"city": "Paris"}),
-                            ToolCall("call_1", "get_time", {"city": "Rome"})]
+    assert result.calls == [ToolCall("call_0", "get_weather", {"city": "Paris"}, model_id="abc000XYZ"),
+                            ToolCall("call_1", "get_time", {"city": "Rome"}, model_id="abc001XYZ")]
     assert result.content == "Let me check."
 
 
@@ -371,7 +390,8 @@ def test_fuzz_mistral_roundtrip_of_valid_calls(cities, prose):
     result = MistralToolParser().parse(prose + mistral_calls(*(("get_time", {"city": c}) for c in cities)) + "</s>",
                                        TOOLS)
     assert result.errors == []
-    assert result.calls == [ToolCall(f"call_{i}", "get_time", {"city": c}) for i, c in enumerate(cities)]
+    assert result.calls == [ToolCall(f"call_{i}", "get_time", {"city": c}, model_id=f"abc{i:03d}XYZ")
+                            for i, c in enumerate(cities)]
     assert result.content == prose.strip()
 
 
@@ -512,43 +532,11 @@ async def test_tool_agent_mistral_runs_the_tool(mistral_tokenizer):
     assert server.calls[0].output.token_ids[-1] == tok.eos_token_id
     assert "Made up" not in tok.decode(server.calls[0].output.token_ids)
     assert out.metrics["tool_calls"] == 2 and out.metrics["parse_errors"] == 0 and out.metrics["tool_errors"] == 0
-    assert [m["content"] for m in out.extra_fields["messages"] if m["role"] == "tool"] == ["sunny in Paris", "sunny in Rome"]
+    assert [(m["content"], m["tool_call_id"]) for m in out.extra_fields["messages"] if m["role"] == "tool"] == [
+        ("sunny in Paris", "abc000XYZ"), ("sunny in Rome", "abc001XYZ")]  # the model's own ids
     assert out.extra_fields["termination_reason"] == "no_tool_call"
     assert "tokenization_mismatch" not in out.metrics
 
 
-# Known gap, not the parsers': with the real templates tool_agent cannot render the history it
-# builds. The assistant message holds the generated text verbatim (Trajectory never adds
-# tool_calls, so a template cannot render the calls twice), while these templates need the calls
-# as tool_calls. Strict xfails: when delta tokenization handles them, turn these into tests.
-_GPT_OSS_GAP = (
-    "the gpt-oss template refuses the first tool-result delta: assistant content holding "
-    "<|channel|>analysis<|message|> ('pass analysis messages in the thinking field'); without reasoning, "
-    "a tool message after an assistant message with no tool_calls ('no previous assistant message with a tool call')"
-)
-_MISTRAL_GAP = (
-    "the Mistral template refuses the first tool-result delta: tool_call_id must have 9 characters, the loop "
-    "writes call_<turn>_call_<i> ('' for parse errors); with 9-character ids the loop runs, but the strict "
-    "check's reference render is refused: the [TOOL_CALLS] assistant turn has no tool_calls, so it counts "
-    "in the user/assistant alternation check and the final answer breaks it"
-)
-
-
-@pytest.mark.xfail(raises=(TemplateError, ValueError), strict=True, reason=_GPT_OSS_GAP)
-async def test_tool_agent_on_the_real_gpt_oss_template_strict():
-    """tool_agent with the real gpt-oss template and the strict check (see the xfail reason)."""
-    tok = tokenizer_with(HARMONY_TOKENS)
-    tok.chat_template = template(GPT_OSS_TEMPLATE)
-    first = "<|channel|>analysis<|message|>Look it up.<|end|>" + harmony_call("get_weather", {"city": "Paris"}, start=True)
-    _, out = await run_loop(tok, "gpt_oss", [first, "<|channel|>final<|message|>Sunny.<|return|>"], sanity_check="strict")
-    assert out.metrics["tool_calls"] == 1 and "tokenization_mismatch" not in out.metrics
-
-
-@pytest.mark.xfail(raises=(TemplateError, ValueError), strict=True, reason=_MISTRAL_GAP)
-async def test_tool_agent_on_the_real_mistral_template_strict():
-    """tool_agent with the real Mistral Nemo template and the strict check (see the xfail reason)."""
-    tok = tokenizer_with(MISTRAL_TOKENS, bos_token="<s>", eos_token="</s>")
-    tok.chat_template = template(MISTRAL_TEMPLATE)
-    _, out = await run_loop(tok, "mistral", [mistral_calls(("get_weather", {"city": "Paris"})), "Sunny."],
-                            sanity_check="strict")
-    assert out.metrics["tool_calls"] == 1 and "tokenization_mismatch" not in out.metrics
+# tool_agent on the real gpt-oss and Mistral templates (and inline stand-ins), with the strict
+# check: test_agent_loop_harmony_mistral.py.

@@ -62,7 +62,7 @@ class TrajectorySession:
     outputs: list[TokenOutput] = field(default_factory=list)
     """Every engine output of the trajectory, in order."""
     ended_with_eos: bool = True
-    """Whether the last generation ended with the end-of-turn token."""
+    """Whether the last generation ended on a stop token (``ChatRenderer.ended_turn``)."""
     generate_s: float = 0.0
     """Seconds spent waiting for the engine."""
     calls_over_limit: set[str] = field(default_factory=set)
@@ -323,8 +323,7 @@ class ChatModel(BaseChatModel):
         session.generate_s += time.perf_counter() - start
         trajectory.append_generated(out)
         session.outputs.append(out)
-        eos = trajectory.renderer.eos_token_id
-        session.ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == eos
+        session.ended_with_eos = trajectory.renderer.ended_turn(out.token_ids, out.stop_reason)
         message = self._to_message(session, out, prompt_ids, tools)
         session.recorded.append(Recorded(
             "generated", turn=trajectory.num_generations, response_ids=tuple(out.token_ids),

@@ -6,6 +6,12 @@ results and user replies are rendered with the chat template and appended as the
 the template applied to the history and to history + new messages (mask 0). Generated text is
 decoded only to find tool calls, never re-encoded for training.
 
+Each call the model makes is answered by one tool message carrying the function's ``name`` and
+a ``tool_call_id``: the id the model wrote when its format has one the template accepts
+(Mistral), else one the parser makes (:meth:`~agentloop_tools.parsers.ToolParser.make_call_id`).
+The turn's calls are attached to the trajectory in OpenAI form with the same ids, so templates
+that render a tool result only after the call it answers (gpt-oss, Mistral) can render it.
+
 Anything a tool does wrong (raises, hangs, returns junk, gets bad arguments, does not exist)
 becomes an error message the model reads on its next turn and a counter in ``metrics``; it
 never ends the trajectory with an exception. A misconfigured row is different: ``tools_kwargs``
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
 import math
 import time
@@ -143,6 +150,9 @@ class _Run:
          "generate_s", "tool_calls_s", "interaction_s"), 0))
     termination: str = ""
     ended_with_eos: bool = True
+    """Whether the last generated turn ended on a stop token (``ChatRenderer.ended_turn``)."""
+    call_ids: list[str] = field(default_factory=list)
+    """Ids of the last turn's calls: its usable calls, then the calls the parser could not use."""
     reported: list[dict[str, Any]] = field(default_factory=list)
     """Every metrics dict a tool call or the interaction returned, as returned."""
 
@@ -275,7 +285,7 @@ class ToolAgentLoop(AgentLoopBase):
                 run.counters["generate_s"] += time.perf_counter() - start
                 trajectory.append_generated(out)
                 run.assistant_turns += 1
-                run.ended_with_eos = bool(out.token_ids) and out.token_ids[-1] == self.renderer.eos_token_id
+                run.ended_with_eos = self.renderer.ended_turn(out.token_ids, out.stop_reason)
                 state, parsed = self._after_generate(run, trajectory, out)
             elif state is AgentState.PROCESSING_TOOLS:
                 assert parsed is not None
@@ -298,8 +308,12 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED, None
         if self.parser.needs_special_tokens:
             # Harmony/Mistral call markup is special tokens; the assistant message holds this
-            # turn decoded with them kept and the trailing end-of-turn token removed.
+            # turn decoded with them kept and the token that ended the turn removed. The parser
+            # gets that token back when it is one of its own stop tokens (harmony's <|call|>
+            # closes the call).
             text = trajectory.messages[-1]["content"]
+            if run.ended_with_eos and out.token_ids[-1] in self.stop_token_ids:
+                text += self.renderer.decode(out.token_ids[-1:])
         else:
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         parsed = self.parser.parse(text, self.tools)
@@ -308,16 +322,31 @@ class ToolAgentLoop(AgentLoopBase):
             run.termination = "max_assistant_turns"
             return AgentState.TERMINATED, None
         if parsed.attempted:
+            self._attach_calls(run, trajectory, parsed)
             return AgentState.PROCESSING_TOOLS, parsed
         if run.interaction is not None:
             return AgentState.INTERACTING, None
         run.termination = "no_tool_call"
         return AgentState.TERMINATED, None
 
+    def _attach_calls(self, run: _Run, trajectory: Any, parsed: ParseResult) -> None:
+        """Give every call of the turn (usable or not; each gets a tool message) its id, and
+        attach the calls to the turn in OpenAI form, so templates that render a tool result
+        only after the call it answers (gpt-oss, Mistral) can render the tool messages."""
+        turn = run.assistant_turns
+        run.call_ids = [call.model_id or self.parser.make_call_id(turn, i, call)
+                        for i, call in enumerate(parsed.calls)]
+        run.call_ids += [self.parser.make_call_id(turn, len(parsed.calls) + i) for i in range(len(parsed.errors))]
+        functions = [{"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}
+                     for call in parsed.calls]
+        functions += [{"name": error.name or "", "arguments": error.raw} for error in parsed.errors]
+        calls = [{"id": call_id, "type": "function", "function": function}
+                 for call_id, function in zip(run.call_ids, functions, strict=True)]
+        trajectory.attach_tool_calls(calls)
+
     def _append(self, run: _Run, trajectory: Any, new_messages: list[dict[str, Any]]) -> AgentState:
         """Append tool or user messages unless they would leave no room to generate."""
-        delta = self.renderer.delta_ids(trajectory.messages, new_messages,
-                                        assistant_ended_with_eos=run.ended_with_eos)
+        delta = trajectory.preview_messages(new_messages)  # append_messages reuses it
         if len(trajectory.response_ids) + len(delta) >= self.settings.response_length:
             # Truncating the delta would cut the template mid-turn; dropping it ends cleanly.
             run.termination = "response_length"
@@ -362,21 +391,21 @@ class ToolAgentLoop(AgentLoopBase):
 
     async def _run_tools(self, run: _Run, parsed: ParseResult) -> list[dict[str, Any]]:
         limit = self.settings.max_parallel_calls
-        turn = run.assistant_turns
+        ids = iter(run.call_ids)  # one per call, then one per error (see _attach_calls)
         start = time.perf_counter()
         results = await asyncio.gather(*(self._call_tool(run, call) for call in parsed.calls[:limit]))
         run.counters["tool_calls_s"] += time.perf_counter() - start
         messages = []
         for call, text in zip(parsed.calls[:limit], results, strict=True):
-            messages.append(self._tool_message(call.name, f"call_{turn}_{call.id}", text))
+            messages.append(self._tool_message(call.name, next(ids), text))
         for call in parsed.calls[limit:]:
             run.counters["tool_errors"] += 1
             run.counters["tool_calls_over_limit"] += 1
-            messages.append(self._tool_message(call.name, f"call_{turn}_{call.id}",
+            messages.append(self._tool_message(call.name, next(ids),
                                                f"Error: too many tool calls in one turn (limit {limit}); "
                                                f"this call to {call.name!r} was not run. Call it again next turn."))
         for error in parsed.errors:
-            messages.append(self._tool_message(error.name or "", "", f"Error: {error.reason}"))
+            messages.append(self._tool_message(error.name or "", next(ids), f"Error: {error.reason}"))
         return messages
 
     def _tool_message(self, name: str, call_id: str, text: str) -> dict[str, Any]:

@@ -372,7 +372,7 @@ class ChatRenderer:
         for with_calls in modes:
             messages = _opaque(history, new_messages, with_calls=with_calls)
             if with_calls and not any("tool_calls" in m for m in messages):
-                break  # no calls to give: the plain render's failure stands
+                continue  # no calls to give: only the plain render applies
             try:
                 text = self.render_text(messages, add_generation_prompt=True)
             except Exception as exc:

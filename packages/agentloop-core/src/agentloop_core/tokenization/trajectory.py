@@ -3,6 +3,7 @@ the chat template as a delta (mask 0)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -10,7 +11,7 @@ from typing import Any, Literal
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
-from agentloop_core.tokenization.renderer import ChatRenderer, TokenizationMismatchError
+from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckReport, check_mode, compare
 from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
 
@@ -66,6 +67,7 @@ class Trajectory:
         self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids))]
         self._generated_messages: list[int] = []
         self._tool_calls: dict[int, list[dict]] = {}
+        self._preview: tuple[tuple, DeltaResult] | None = None
         self._last_ended_with_eos = True
 
     @property
@@ -114,6 +116,7 @@ class Trajectory:
         self._generated_messages.append(len(self.messages) - 1)
         self._pieces.append(_Piece("generated", text, len(ids), ended))
         self._last_ended_with_eos = ended
+        self._preview = None
         self.num_generations += 1
         return message
 
@@ -132,6 +135,7 @@ class Trajectory:
         if not self._generated_messages:
             raise ValueError("attach_tool_calls needs a generated turn to attach the calls to")
         self._tool_calls[self._generated_messages[-1]] = [dict(call) for call in tool_calls]
+        self._preview = None
 
     def _history_with_calls(self, end: int) -> list[dict]:
         """``messages[:end]`` with attached tool calls on their assistant turns."""
@@ -159,15 +163,7 @@ class Trajectory:
             ValueError: for an assistant message or a message without a role.
             TokenizationMismatchError: when the template cannot be split into turns.
         """
-        new = [_check_message(m, i) for i, m in enumerate(messages)]
-        if not new:
-            raise ValueError("append_messages needs at least one message")
-        for m in new:
-            if m["role"] == "assistant":
-                raise ValueError(
-                    "append_messages got an assistant message; engine output goes through "
-                    "append_generated (mask 1) so its tokens are never re-encoded"
-                )
+        new = _check_new_messages(messages)
         # Drop the mask-0 tail after the last generated piece; it is rendered again below.
         while self._pieces and self._pieces[-1].kind == "appended":
             self._pieces.pop()
@@ -177,10 +173,7 @@ class Trajectory:
             self.prompt_ids = self.renderer.encode(text)
             self._pieces = [_Piece("prompt", text, len(self.prompt_ids))]
             return list(self.prompt_ids)
-        last_assistant = self._generated_messages[-1]
-        history = self._history_with_calls(last_assistant + 1)
-        tail = self.messages[last_assistant + 1 :] + new
-        delta = self.renderer.delta(history, tail, assistant_ended_with_eos=self._last_ended_with_eos)
+        delta = self._delta_after_last_turn(new)
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
         del self.response_ids[keep:], self.response_mask[keep:]
         self.response_ids.extend(delta.ids)
@@ -191,6 +184,31 @@ class Trajectory:
         self.messages.extend(new)
         self._pieces.append(_Piece("appended", delta.text, len(delta.ids)))
         return list(delta.ids)
+
+    def preview_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The mask-0 ids that would follow the last generated token if ``messages`` were
+        appended now, without appending them (for a budget check before :meth:`append_messages`,
+        which then reuses the result). Before any generation: the prompt ids they would give.
+
+        Raises:
+            ValueError, TokenizationMismatchError: as :meth:`append_messages`.
+        """
+        new = _check_new_messages(messages)
+        if not self._generated_messages:
+            return self.renderer.render_prompt([*self.messages, *new])
+        return list(self._delta_after_last_turn(new).ids)
+
+    def _delta_after_last_turn(self, new: list[dict]) -> DeltaResult:
+        """What follows the last generated turn once ``new`` joins the messages after it (with
+        attached calls on their turns); the last preview is reused when it asked the same."""
+        key = (len(self.messages), json.dumps(new, sort_keys=True, default=str))
+        if self._preview is not None and self._preview[0] == key:
+            return self._preview[1]
+        last = self._generated_messages[-1]
+        delta = self.renderer.delta(self._history_with_calls(last + 1), self.messages[last + 1 :] + new,
+                                    assistant_ended_with_eos=self._last_ended_with_eos)
+        self._preview = (key, delta)
+        return delta
 
     # -- checking and output ---------------------------------------------------------------
 
@@ -337,6 +355,19 @@ class Trajectory:
 def note_for(renderer: ChatRenderer) -> str:
     """Which view a trajectory's sanity check compares with (see ``use_inference_chat_template``)."""
     return "inference view" if renderer.use_inference_chat_template else "engine view"
+
+
+def _check_new_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:
+    new = [_check_message(m, i) for i, m in enumerate(messages)]
+    if not new:
+        raise ValueError("append_messages needs at least one message")
+    for m in new:
+        if m["role"] == "assistant":
+            raise ValueError(
+                "append_messages got an assistant message; engine output goes through "
+                "append_generated (mask 1) so its tokens are never re-encoded"
+            )
+    return new
 
 
 def _check_message(message: Mapping[str, Any], index: int) -> dict:

@@ -32,6 +32,10 @@ class ToolCall:
     """Tool name."""
     arguments: dict[str, Any]
     """Decoded arguments."""
+    model_id: str | None = None
+    """The id the model wrote for the call, for formats that carry one (Mistral's ``"id"``) and
+    only when it is one the model's chat template accepts; the loop answers the call under it.
+    None: the loop makes an id with :meth:`ToolParser.make_call_id`."""
 
 
 @dataclass(frozen=True)
@@ -161,17 +165,35 @@ class ToolParser(abc.ABC):
     """True when the call markup is made of special tokens (harmony's ``<|channel|>`` and
     ``<|call|>``, Mistral's ``[TOOL_CALLS]``) that ``skip_special_tokens=True`` erases, leaving
     text no parser can split into calls. The loop then passes the turn decoded with special
-    tokens kept and the trailing end-of-turn token removed."""
+    tokens kept; a trailing token that ended the turn is removed unless it is one of
+    :attr:`stop_tokens` (harmony's ``<|call|>`` closes the call it ends)."""
 
     def __init__(self, stats: ParseStats | None = None) -> None:
         self.stats = stats if stats is not None else ParseStats()
+
+    def make_call_id(self, turn: int, index: int, call: ToolCall | None = None) -> str:
+        """The id a loop gives a call the model wrote no id for (``call.model_id`` is None): it
+        goes on the tool message answering the call (``tool_call_id``) and on the call attached
+        to the assistant turn, so it must be one the model's chat template accepts.
+
+        Args:
+            turn: The assistant turn the call is in (1 for the first generated turn).
+            index: Position of the call in that turn's answers: usable calls first, then the
+                calls the parser could not use (:attr:`ParseResult.errors`).
+            call: The call, or None for one the parser could not use.
+
+        Returns:
+            ``call_<turn>_<call.id>`` (``call_2_call_0``), and ``""`` for an unusable call. Parsers
+            whose template checks ids (Mistral: 9 letters or digits) override this.
+        """
+        return f"call_{turn}_{call.id}" if call is not None else ""
 
     def parse(self, text: str, tools: Mapping[str, Any] | None = None) -> ParseResult:
         """Find the tool calls in ``text``.
 
         Args:
             text: Decoded text the engine generated for one turn: special tokens skipped, or
-                kept (minus the trailing end-of-turn token) when :attr:`needs_special_tokens`.
+                kept when :attr:`needs_special_tokens` (see there).
             tools: Known tools by name (schemas, ``BaseTool`` objects or OpenAI tool dicts).
                 A call to a name not in it is an error; None accepts any name unchecked.
 

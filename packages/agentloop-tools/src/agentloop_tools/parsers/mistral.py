@@ -13,7 +13,9 @@ which this parser reports as invalid JSON.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +25,10 @@ from agentloop_tools.parsers.registry import register_tool_parser
 TOOL_CALLS = "[TOOL_CALLS]"
 EOS = "</s>"
 _WHITESPACE = " \t\r\n"
+_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+"""A tool call id the Mistral chat template accepts (it checks the length; the tokenizer's own
+validation asks for letters and digits)."""
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 _EXAMPLE = '[TOOL_CALLS][{"name": <tool name>, "arguments": {...}}]'
 
 
@@ -31,12 +37,21 @@ class MistralToolParser(ToolParser):
     """Parses ``[TOOL_CALLS]`` JSON lists; text before the first one is the turn's content.
 
     Each list item is decoded on its own, so a broken item (truncated JSON, unknown tool) is an
-    error while the items before it are still usable calls. The ``id`` the model writes is not
-    kept: calls get the same per-turn ids (``call_0``, ``call_1``...) as every other parser.
+    error while the items before it are still usable calls. Calls get the same per-turn ids
+    (``call_0``, ``call_1``...) as every other parser; the ``id`` the model writes is kept as
+    :attr:`ToolCall.model_id` when it is 9 ASCII letters or digits (the only ids the chat template
+    accepts), so the tool result answers the call under the model's own id. For calls without
+    one, :meth:`make_call_id` makes a 9-character id.
     """
 
     stop_tokens = ()
     needs_special_tokens = True
+
+    def make_call_id(self, turn: int, index: int, call: ToolCall | None = None) -> str:
+        """``call`` + the turn in 3 and the index in 2 base-36 digits (``call00100`` for the first
+        call of turn 1): 9 letters and digits, as the template demands, the same on every run, and
+        distinct for up to 1296 calls a turn and 46655 turns."""
+        return "call" + _base36(turn, 3) + _base36(index, 2)
 
     def _parse(self, text: str, tools: Mapping[str, Any] | None) -> ParseResult:
         body = text.rstrip()
@@ -55,6 +70,9 @@ class MistralToolParser(ToolParser):
             for raw, payload in items:
                 call = self.build_call(raw, payload, len(calls), tools, ("arguments",))
                 if isinstance(call, ToolCall):
+                    model_id = payload.get("id")
+                    if isinstance(model_id, str) and _CALL_ID.fullmatch(model_id):
+                        call = dataclasses.replace(call, model_id=model_id)
                     calls.append(call)
                 else:
                     errors.append(call)
@@ -72,6 +90,16 @@ class MistralToolParser(ToolParser):
                                             "turn after the closing ]", "trailing_text"))
             start = following
         return ParseResult(content=body[: body.find(TOOL_CALLS)].strip(), calls=calls, errors=errors)
+
+
+def _base36(value: int, width: int) -> str:
+    """``value`` modulo ``36**width`` in ``width`` base-36 digits."""
+    value %= 36**width
+    digits = []
+    for _ in range(width):
+        value, digit = divmod(value, 36)
+        digits.append(_BASE36[digit])
+    return "".join(reversed(digits))
 
 
 def _decode_list(body: str, pos: int, block_end: int) -> tuple[list[tuple[str, Any]], int, ToolCallError | None]:
