@@ -119,7 +119,7 @@ class ChatModel(BaseChatModel):
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     """Sampling parameters for every turn; ``max_tokens`` caps each turn."""
     tool_parser: str = "hermes"
-    """Tool-call parser name (``agentloop_tools.parsers.tool_parser_names()``)."""
+    """Tool-call parser name (``agentloop_core.parsers.tool_parser_names()``)."""
     request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     """Request id used when the run config does not name one."""
     response_length: int | None = None
@@ -147,7 +147,7 @@ class ChatModel(BaseChatModel):
     _base_params: Any = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
-        from agentloop_tools.parsers import get_tool_parser
+        from agentloop_core.parsers import get_tool_parser
 
         self._parser = get_tool_parser(self.tool_parser)
         base = SamplingParams.from_mapping(self.sampling_params)

@@ -3,6 +3,15 @@
 MCP support (``agentloop_tools.mcp``) needs the ``[mcp]`` extra and is imported on use.
 """
 
+from agentloop_core.parsers import (
+    ParseResult,
+    ToolCall,
+    ToolCallError,
+    ToolParser,
+    get_tool_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
 from agentloop_tools.agent_loop import AgentState, ToolAgentConfig, ToolAgentLoop, truncate_text
 from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import Gsm8kTool, PythonSandboxTool, calculator, evaluate_expression
@@ -16,15 +25,6 @@ from agentloop_tools.interaction import (
 )
 from agentloop_tools.load_tools import load_tools
 from agentloop_tools.loop_config import check_loop_config_keys
-from agentloop_tools.parsers import (
-    ParseResult,
-    ToolCall,
-    ToolCallError,
-    ToolParser,
-    get_tool_parser,
-    register_tool_parser,
-    tool_parser_names,
-)
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = [

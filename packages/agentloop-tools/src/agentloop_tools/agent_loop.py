@@ -8,7 +8,7 @@ decoded only to find tool calls, never re-encoded for training.
 
 Each call the model makes is answered by one tool message carrying the function's ``name`` and
 a ``tool_call_id``: the id the model wrote when its format has one the template accepts
-(Mistral), else one the parser makes (:meth:`~agentloop_tools.parsers.ToolParser.make_call_id`).
+(Mistral), else one the parser makes (:meth:`~agentloop_core.parsers.ToolParser.make_call_id`).
 The turn's calls are attached to the trajectory in OpenAI form with the same ids, so templates
 that render a tool result only after the call it answers (gpt-oss, Mistral) can render it.
 
@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
+from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.registry import register
 from agentloop_tools.base import ToolKwargsError, create_instances
@@ -47,7 +48,6 @@ from agentloop_tools.loop_config import (
     resolve_interactions,
     resolve_tools,
 )
-from agentloop_tools.parsers import ParseResult, ToolCall, get_tool_parser
 from agentloop_tools.schema import ToolResponse
 
 logger = logging.getLogger(__name__)

@@ -49,7 +49,7 @@ class ToolAgentConfig:
     prompt_length: int | None = None
     """Longest accepted rendered prompt, in tokens; None: no limit."""
     tool_parser: str = "hermes"
-    """Name of the tool-call parser (see ``agentloop_tools.parsers.tool_parser_names()``)."""
+    """Name of the tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``)."""
     max_assistant_turns: int | None = None
     """Most model turns; None: bounded only by ``response_length``."""
     max_user_turns: int | None = None

@@ -127,7 +127,7 @@ class MultiTurnSection:
     interaction_config_path: str | None = None
     """Interaction YAML (a simulated user that replies when the model stops calling tools)."""
     format: str = "hermes"
-    """Tool-call parser (see ``agentloop_tools.parsers.tool_parser_names()``)."""
+    """Tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``)."""
     tool_timeout_s: float | None = 60.0
     """Time limit of one tool call unless the tool sets its own."""
 

@@ -1,44 +1,13 @@
-"""Tool-call parsers by name: ``get_tool_parser("hermes")``, ``"llama3_json"``, ``"gpt_oss"``
-(alias ``"harmony"``), ``"mistral"``."""
+"""Tool-call parsers, re-exported from :mod:`agentloop_core.parsers` where they live (pure text
+in, structured calls out, so the HTTP server in agentloop-engines can return ``tool_calls``
+without importing this package). ``agentloop_tools.parsers.<module>`` names the same module
+objects as ``agentloop_core.parsers.<module>``, so classes and the registry are shared."""
 
-from agentloop_tools.parsers.base import (
-    ParseResult,
-    ParseStats,
-    ToolCall,
-    ToolCallError,
-    ToolParser,
-    json_error,
-    tool_parameters,
-)
-from agentloop_tools.parsers.registry import (
-    UnknownToolParserError,
-    get_tool_parser,
-    register_tool_parser,
-    tool_parser_names,
-)
-from agentloop_tools.parsers.schema_check import check_arguments
+import importlib
+import sys
 
-# Importing the modules registers the built-in parsers.
-from agentloop_tools.parsers.hermes import HermesToolParser  # noqa: E402  isort: skip
-from agentloop_tools.parsers.llama3_json import Llama3JsonToolParser  # noqa: E402  isort: skip
-from agentloop_tools.parsers.harmony import GptOssToolParser  # noqa: E402  isort: skip
-from agentloop_tools.parsers.mistral import MistralToolParser  # noqa: E402  isort: skip
+from agentloop_core.parsers import *  # noqa: F403
+from agentloop_core.parsers import __all__  # noqa: F401
 
-__all__ = [
-    "GptOssToolParser",
-    "HermesToolParser",
-    "Llama3JsonToolParser",
-    "MistralToolParser",
-    "ParseResult",
-    "ParseStats",
-    "ToolCall",
-    "ToolCallError",
-    "ToolParser",
-    "UnknownToolParserError",
-    "check_arguments",
-    "get_tool_parser",
-    "json_error",
-    "register_tool_parser",
-    "tool_parameters",
-    "tool_parser_names",
-]
+for _module in ("base", "registry", "schema_check", "hermes", "llama3_json", "harmony", "mistral"):
+    sys.modules[f"{__name__}.{_module}"] = importlib.import_module(f"agentloop_core.parsers.{_module}")

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_tools.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser, json_error
-from agentloop_tools.parsers.registry import register_tool_parser
+from agentloop_core.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser, json_error
+from agentloop_core.parsers.registry import register_tool_parser
 
 START = "<|start|>"
 MESSAGE = "<|message|>"

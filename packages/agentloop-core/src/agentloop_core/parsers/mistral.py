@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from agentloop_tools.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser, json_error
-from agentloop_tools.parsers.registry import register_tool_parser
+from agentloop_core.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser, json_error
+from agentloop_core.parsers.registry import register_tool_parser
 
 TOOL_CALLS = "[TOOL_CALLS]"
 EOS = "</s>"

@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentloop_tools.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser
-from agentloop_tools.parsers.registry import register_tool_parser
+from agentloop_core.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser
+from agentloop_core.parsers.registry import register_tool_parser
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"

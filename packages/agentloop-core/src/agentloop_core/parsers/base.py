@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentloop_tools.parsers.schema_check import check_arguments
+from agentloop_core.parsers.schema_check import check_arguments
 
-logger = logging.getLogger("agentloop_tools.parsers")
+logger = logging.getLogger("agentloop_core.parsers")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from agentloop_tools.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser
-from agentloop_tools.parsers.registry import register_tool_parser
+from agentloop_core.parsers.base import ParseResult, ToolCall, ToolCallError, ToolParser
+from agentloop_core.parsers.registry import register_tool_parser
 
 PYTHON_TAG = "<|python_tag|>"
 _WHITESPACE = " \t\r\n"

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from agentloop_tools.parsers.base import ToolParser
+    from agentloop_core.parsers.base import ToolParser
 
 _PARSERS: dict[str, type[ToolParser]] = {}
 _INSTANCES: dict[str, ToolParser] = {}
@@ -23,7 +23,7 @@ class UnknownToolParserError(KeyError):
 
 
 def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[[P], P]:
-    """Register a :class:`~agentloop_tools.parsers.base.ToolParser` subclass under ``name``.
+    """Register a :class:`~agentloop_core.parsers.base.ToolParser` subclass under ``name``.
 
     Args:
         name: The parser's name (also set as the class's ``name``).
@@ -66,8 +66,8 @@ def get_tool_parser(name: str) -> ToolParser:
         known = ", ".join(f"{n} (alias of {_ALIASES[n]})" if n in _ALIASES else n for n in tool_parser_names())
         raise UnknownToolParserError(
             f"unknown tool parser {name!r}; known tool parsers: {known}. "
-            "Add one by subclassing agentloop_tools.parsers.ToolParser and decorating it with "
-            f"@agentloop_tools.parsers.register_tool_parser({name!r})."
+            "Add one by subclassing agentloop_core.parsers.ToolParser and decorating it with "
+            f"@agentloop_core.parsers.register_tool_parser({name!r})."
         )
     parser = _INSTANCES.get(name)
     if parser is None:

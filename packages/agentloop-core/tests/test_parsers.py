@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop_tools.parsers import (
+from agentloop_core.parsers import (
     HermesToolParser,
     Llama3JsonToolParser,
     ParseStats,
@@ -20,9 +20,8 @@ from agentloop_tools.parsers import (
     tool_parameters,
     tool_parser_names,
 )
-from agentloop_tools.schema import OpenAIFunctionToolSchema
 
-CALC = OpenAIFunctionToolSchema.model_validate({
+CALC = {
     "type": "function",
     "function": {
         "name": "calculator",
@@ -37,7 +36,7 @@ CALC = OpenAIFunctionToolSchema.model_validate({
             "required": ["expression"],
         },
     },
-})
+}
 TOOLS = {"calculator": CALC, "search": {"type": "function", "function": {"name": "search", "parameters": {
     "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}}
 
@@ -170,9 +169,7 @@ def test_check_arguments_nested_and_additional_properties():
 
 
 def test_tool_parameters_accepts_every_spec_form():
-    expected = CALC.function.parameters.model_dump(exclude_none=True)
-    assert tool_parameters(CALC) == expected
-    assert tool_parameters(CALC.model_dump()) == CALC.model_dump()["function"]["parameters"]
+    assert tool_parameters(CALC) == CALC["function"]["parameters"]
     assert tool_parameters({"name": "f", "parameters": {"type": "object"}}) == {"type": "object"}
     assert tool_parameters(None) is None
     assert tool_parameters(42) is None
@@ -181,7 +178,7 @@ def test_tool_parameters_accepts_every_spec_form():
 def test_errors_are_logged_as_one_summary_per_batch(caplog):
     stats = ParseStats(log_every=50)
     parser = HermesToolParser(stats=stats)
-    with caplog.at_level(logging.WARNING, logger="agentloop_tools.parsers"):
+    with caplog.at_level(logging.WARNING, logger="agentloop_core.parsers"):
         for _ in range(120):
             parser.parse("<tool_call>{bad</tool_call>", TOOLS)
         parser.parse(hermes_call("calculator", {"expression": "1"}), TOOLS)
@@ -189,7 +186,7 @@ def test_errors_are_logged_as_one_summary_per_batch(caplog):
     assert len(summaries) == 2  # at 50 and 100 errors, never one per call
     assert "invalid_json=50" in summaries[0].getMessage()
     assert stats.as_dict() == {"turns": 121, "calls": 1, "errors/invalid_json": 120}
-    with caplog.at_level(logging.WARNING, logger="agentloop_tools.parsers"):
+    with caplog.at_level(logging.WARNING, logger="agentloop_core.parsers"):
         stats.flush("hermes")
     assert "invalid_json=20" in caplog.records[-1].getMessage()
 

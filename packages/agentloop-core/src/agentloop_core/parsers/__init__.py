@@ -1,0 +1,44 @@
+"""Tool-call parsers by name: ``get_tool_parser("hermes")``, ``"llama3_json"``, ``"gpt_oss"``
+(alias ``"harmony"``), ``"mistral"``."""
+
+from agentloop_core.parsers.base import (
+    ParseResult,
+    ParseStats,
+    ToolCall,
+    ToolCallError,
+    ToolParser,
+    json_error,
+    tool_parameters,
+)
+from agentloop_core.parsers.registry import (
+    UnknownToolParserError,
+    get_tool_parser,
+    register_tool_parser,
+    tool_parser_names,
+)
+from agentloop_core.parsers.schema_check import check_arguments
+
+# Importing the modules registers the built-in parsers.
+from agentloop_core.parsers.hermes import HermesToolParser  # noqa: E402  isort: skip
+from agentloop_core.parsers.llama3_json import Llama3JsonToolParser  # noqa: E402  isort: skip
+from agentloop_core.parsers.harmony import GptOssToolParser  # noqa: E402  isort: skip
+from agentloop_core.parsers.mistral import MistralToolParser  # noqa: E402  isort: skip
+
+__all__ = [
+    "GptOssToolParser",
+    "HermesToolParser",
+    "Llama3JsonToolParser",
+    "MistralToolParser",
+    "ParseResult",
+    "ParseStats",
+    "ToolCall",
+    "ToolCallError",
+    "ToolParser",
+    "UnknownToolParserError",
+    "check_arguments",
+    "get_tool_parser",
+    "json_error",
+    "register_tool_parser",
+    "tool_parameters",
+    "tool_parser_names",
+]
