@@ -52,6 +52,10 @@ def test_padding_matches_hand_computed_arrays():
     assert batch.input_ids.dtype == np.int64 and batch.rollout_log_probs.dtype == np.float32
     assert batch.extra_fields == [{"k": 1}, {}]
     assert len(batch) == 2
+    # outputs without a trajectory_index are a trajectory each, of one segment
+    np.testing.assert_array_equal(batch.trajectory_index, [0, 1])
+    np.testing.assert_array_equal(batch.segment_index, [0, 0])
+    assert batch.num_trajectories == 2 and batch.last_segment_rows().tolist() == [0, 1]
 
 
 def test_metrics_timing_and_lengths():

@@ -25,11 +25,31 @@ def _batch(vocab: int):
     return PolicyBatch(seqs, plens, mask, rollout), adv
 
 
-def _steps(model, steps: int = 3, ref=None, loss_agg_mode: str = "token-mean"):
+SEGMENT_TRAJECTORIES = [0, 0, 1, 2, 2, 3, 4]
+"""7 rows: trajectories 0 and 2 split into two segments each (an odd row count on purpose)."""
+
+
+def _segmented_batch(vocab: int, world_size: int):
+    from agentloop_trainer.algos import sequence_weights
+
+    pb, adv = _batch(vocab)
+    mask = pb.response_mask[:7]
+    adv = adv[torch.tensor(SEGMENT_TRAJECTORIES)]  # a trajectory's advantage on each of its rows
+    pb = PolicyBatch(pb.sequences[:7], pb.prompt_lengths[:7], mask, pb.rollout_log_probs[:7],
+                     sequence_weights(mask, SEGMENT_TRAJECTORIES))
+    padded = pb.padded(world_size)
+    return padded, torch.cat([adv, adv.new_zeros(len(padded.sequences) - len(adv))])
+
+
+def _steps(model, steps: int = 3, ref=None, loss_agg_mode: str = "token-mean", segments: bool = False,
+           world_size: int = 1):
     """(pg_loss, grad_norm[, kl_loss]) per step; with ``ref`` the k3 KL term is in the loss."""
     kl = {"use_kl_loss": True, "kl_loss_coef": 0.5} if ref is not None else {}
     actor = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=None, loss_agg_mode=loss_agg_mode, **kl), ref_model=ref)
-    pb, adv = _batch(model.config.vocab_size)
+    if segments:
+        pb, adv = _segmented_batch(model.config.vocab_size, world_size)
+    else:
+        pb, adv = _batch(model.config.vocab_size)
     out = []
     # old log-probs fixed at step 0 (several PPO updates on one batch), so the ratio, the
     # clipping and the loss all move from step to step
@@ -41,7 +61,8 @@ def _steps(model, steps: int = 3, ref=None, loss_agg_mode: str = "token-mean"):
     return out
 
 
-def _fsdp_rank(rank: int, model_path: str, with_ref: bool = False, loss_agg_mode: str = "token-mean"):
+def _fsdp_rank(rank: int, model_path: str, with_ref: bool = False, loss_agg_mode: str = "token-mean",
+               segments: bool = False):
     from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.fsdp import full_model_state, load_reference, shard_policy
@@ -49,7 +70,7 @@ def _fsdp_rank(rank: int, model_path: str, with_ref: bool = False, loss_agg_mode
     torch.manual_seed(0)
     model = shard_policy(AutoModelForCausalLM.from_pretrained(model_path))
     ref = load_reference(model_path) if with_ref else None
-    losses = _steps(model, ref=ref, loss_agg_mode=loss_agg_mode)
+    losses = _steps(model, ref=ref, loss_agg_mode=loss_agg_mode, segments=segments, world_size=2)
     state = full_model_state(model)
     return losses, {k: v.clone() for k, v in state.items()} if rank == 0 else None
 
@@ -86,6 +107,22 @@ def test_fsdp2_two_ranks_with_kl_to_a_sharded_reference_match_one_process(random
     (sharded, state) = spawn(_fsdp_rank, 2, str(random_model_path), True, "seq-mean-token-mean")
     for s1, s2 in zip(single, sharded, strict=True):
         assert s2[2] == pytest.approx(s1[2], rel=1e-4, abs=1e-8)
+    assert_same_training(single, sharded, model, state)
+
+
+@pytest.mark.slow
+def test_fsdp2_two_ranks_on_segments_match_one_process(random_model_path):
+    """A batch of segments has a row count the ranks need not divide (7 here): the trainer pads
+    it with empty rows, and the sequence-mean loss, which counts a split trajectory once
+    through its rows' weights, still equals the unpadded single process's."""
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.fsdp import spawn
+
+    model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
+    single = _steps(model, loss_agg_mode="seq-mean-token-mean", segments=True)
+    assert abs(single[0][0]) > 1e-4 and single[0][1] > 1e-4
+    (sharded, state) = spawn(_fsdp_rank, 2, str(random_model_path), False, "seq-mean-token-mean", True)
     assert_same_training(single, sharded, model, state)
 
 

@@ -22,6 +22,7 @@ from agentloop_core.registry import (
     registered_names,
 )
 from agentloop_core.runtime import AgentLoopManager, AgentLoopWorker, SampleTimeoutError
+from agentloop_core.segments import SegmentBuilder
 from agentloop_core.single_turn import SingleTurnAgentLoop
 from agentloop_core.tokenization import (
     ChatRenderer,
@@ -52,6 +53,7 @@ __all__ = [
     "SamplingParams",
     "SanityCheckMode",
     "SanityCheckReport",
+    "SegmentBuilder",
     "SequenceTooLongError",
     "ServerCapabilities",
     "SingleTurnAgentLoop",

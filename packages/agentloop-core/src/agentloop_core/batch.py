@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from agentloop_core.output import AgentLoopOutput
+from agentloop_core.segments import trajectory_reward
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,13 @@ class SequenceTooLongError(ValueError):
 
 @dataclass
 class RolloutBatch:
-    """A padded rollout batch of ``B`` samples. Arrays are numpy; see :meth:`to_torch`.
+    """A padded rollout batch of ``B`` rows. Arrays are numpy; see :meth:`to_torch`.
+
+    A row is one segment of a trajectory: one row per sample, unless its loop split the
+    trajectory into segments (:mod:`agentloop_core.segments`). ``trajectory_index`` and
+    ``segment_index`` say which sample and which segment a row is; the segments of a
+    trajectory share its reward and its failed flag. Per-trajectory values (reward, turns,
+    timings, counters) are read from its last segment.
 
     Prompts are left-padded to ``P`` and responses right-padded to ``R`` so every prompt ends
     and every response starts at column ``P`` of ``input_ids``.
@@ -42,15 +49,24 @@ class RolloutBatch:
     rollout_log_probs: np.ndarray | None
     """[B, R] float32 engine log-probs (0 where the mask is 0), or None when no loop asked for them."""
     rewards: np.ndarray
-    """[B] float32 ``reward_score``; 0 where it is missing, NaN, or the sample failed."""
+    """[B] float32 the trajectory's ``reward_score`` (every segment gets it); 0 where it is
+    missing, NaN, or the sample failed."""
     has_reward: np.ndarray
     """[B] bool: the loop returned a finite ``reward_score`` (reward functions fill the rest)."""
     num_turns: np.ndarray
     """[B] int64 messages per conversation."""
     failed: np.ndarray
-    """[B] bool: the loop raised or timed out; its row holds no response. Mask it out of the loss."""
+    """[B] bool: the loop raised or timed out (on any segment of the trajectory); a failed
+    sample is one row holding no response. Mask it out of the loss."""
     truncated: np.ndarray
     """[B] bool: the prompt or response was cut to fit (only with ``truncate=True``)."""
+    trajectory_index: np.ndarray
+    """[B] int64: the sample (trajectory) each row belongs to, the output's
+    ``trajectory_index``: from the manager, the row's index in the rows rolled out (hence its
+    prompt and ``rollout_n``). Outputs without one count as a trajectory each, numbered by
+    position."""
+    segment_index: np.ndarray
+    """[B] int64: the row's position among its trajectory's segments (0 for one segment)."""
     pad_token_id: int
     """The id used for padding."""
     extra_fields: list[dict[str, Any]] = field(default_factory=list)
@@ -65,6 +81,7 @@ class RolloutBatch:
     ARRAY_FIELDS = (
         "prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
         "rollout_log_probs", "rewards", "has_reward", "num_turns", "failed", "truncated",
+        "trajectory_index", "segment_index",
     )  # fmt: skip
 
     def __len__(self) -> int:
@@ -72,8 +89,19 @@ class RolloutBatch:
 
     @property
     def num_failed(self) -> int:
-        """How many samples failed."""
-        return int(self.failed.sum())
+        """How many samples (trajectories) failed."""
+        return int(np.unique(self.trajectory_index[self.failed]).size)
+
+    @property
+    def num_trajectories(self) -> int:
+        """How many samples (trajectories) the rows hold."""
+        return int(np.unique(self.trajectory_index).size)
+
+    def last_segment_rows(self) -> np.ndarray:
+        """[T] the row of each trajectory's last segment, trajectories in ascending
+        ``trajectory_index``: where per-trajectory values (reward, failed, turns) are read.
+        For a batch of one segment per sample, ``arange(B)`` in sample order."""
+        return last_segment_rows(self.trajectory_index, self.segment_index)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The array fields by name (``rollout_log_probs`` left out when None)."""
@@ -106,7 +134,9 @@ class RolloutBatch:
         """Pad outputs into a batch.
 
         Args:
-            outputs: One output per sample, in batch order.
+            outputs: One output per sample, or per segment of a sample (then every output
+                carries its ``trajectory_index`` and ``segment_index``, as the worker sets
+                them), in batch order.
             prompt_length: Prompt width ``P``; None: the longest prompt in the batch.
             response_length: Response width ``R``; None: the longest response in the batch.
             pad_token_id: Padding id; None: the tokenizer's ``pad_token_id``, else its
@@ -120,7 +150,9 @@ class RolloutBatch:
 
         Raises:
             SequenceTooLongError: an output is longer than the widths and ``truncate`` is False.
-            ValueError: no pad id, an empty batch, or log-probs present for some samples only.
+            ValueError: no pad id, an empty batch, log-probs present for some samples only,
+                ``trajectory_index`` on some outputs only, segment indices of a trajectory
+                that are not 0..n-1, or segments of one trajectory holding different rewards.
         """
         if not outputs:
             raise ValueError("cannot build a RolloutBatch from zero outputs")
@@ -129,6 +161,7 @@ class RolloutBatch:
             if not isinstance(out, AgentLoopOutput):
                 raise TypeError(f"output {i} is a {type(out).__name__}, not an AgentLoopOutput")
             out.validate()
+        trajectory_index, segment_index = _segment_indices(outputs)
         P = prompt_length if prompt_length is not None else max(1, max(len(o.prompt_ids) for o in outputs))
         R = (
             response_length
@@ -198,7 +231,17 @@ class RolloutBatch:
         attention_mask = np.concatenate([prompt_attn, response_attn], axis=1)
         position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None).astype(np.int64)
         failed = np.array([o.failed for o in outputs], dtype=bool)
-        raw_rewards = [o.reward_score for o in outputs]
+        # A trajectory failed if any of its segments did; its reward is its last segment's.
+        failed_trajectories = np.unique(trajectory_index[failed])
+        failed = np.isin(trajectory_index, failed_trajectories)
+        by_trajectory: dict[int, list[AgentLoopOutput]] = {}
+        for t, out in sorted(
+            zip(trajectory_index.tolist(), outputs, strict=True), key=lambda x: (x[0], x[1].segment_index)
+        ):
+            by_trajectory.setdefault(t, []).append(out)
+        failed_set = set(failed_trajectories.tolist())
+        reward_of = {t: None if t in failed_set else trajectory_reward(segs) for t, segs in by_trajectory.items()}
+        raw_rewards = [reward_of[t] for t in trajectory_index.tolist()]
         has_reward = np.array(
             [
                 r is not None and math.isfinite(float(r)) and not f
@@ -223,6 +266,8 @@ class RolloutBatch:
             num_turns=np.array([o.num_turns for o in outputs], dtype=np.int64),
             failed=failed,
             truncated=truncated,
+            trajectory_index=trajectory_index,
+            segment_index=segment_index,
             pad_token_id=pad,
             extra_fields=[dict(o.extra_fields) for o in outputs],
             sample_metrics=[dict(o.metrics) for o in outputs],
@@ -230,6 +275,45 @@ class RolloutBatch:
         )
         batch.metrics = batch_metrics(outputs, batch)
         return batch
+
+
+def _segment_indices(outputs: Sequence[AgentLoopOutput]) -> tuple[np.ndarray, np.ndarray]:
+    """``(trajectory_index, segment_index)`` arrays of the outputs, checked."""
+    given = [o.trajectory_index is not None for o in outputs]
+    if not any(given):
+        trajectory_index = np.arange(len(outputs), dtype=np.int64)
+    elif not all(given):
+        missing = [i for i, g in enumerate(given) if not g]
+        raise ValueError(
+            f"outputs {missing[:10]} have no trajectory_index while others do; set it on every output "
+            "(the worker does) or on none (each output is then a trajectory of its own)"
+        )
+    else:
+        trajectory_index = np.array([o.trajectory_index for o in outputs], dtype=np.int64)
+    segment_index = np.array([o.segment_index for o in outputs], dtype=np.int64)
+    seen: dict[int, list[int]] = {}
+    for t, k in zip(trajectory_index.tolist(), segment_index.tolist(), strict=True):
+        seen.setdefault(t, []).append(k)
+    for t, ks in seen.items():
+        if sorted(ks) != list(range(len(ks))):
+            raise ValueError(
+                f"trajectory {t} has segment indices {ks}; its outputs need segment_index 0..{len(ks) - 1}, "
+                "one each (the worker numbers a trajectory's outputs in the order run() returned them)"
+            )
+    return trajectory_index, segment_index
+
+
+def last_segment_rows(trajectory_index: np.ndarray, segment_index: np.ndarray) -> np.ndarray:
+    """[T] the row of each trajectory's last (highest ``segment_index``) segment, trajectories
+    in ascending index order."""
+    trajectory_index = np.asarray(trajectory_index)
+    segment_index = np.asarray(segment_index)
+    if trajectory_index.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    # Sort by trajectory, then segment: the last entry of each trajectory's run is its last segment.
+    order = np.lexsort((segment_index, trajectory_index))
+    ends = np.flatnonzero(np.diff(trajectory_index[order], append=trajectory_index[order][-1] + 1))
+    return order[ends].astype(np.int64)
 
 
 def _pad_id(pad_token_id: int | None, tokenizer: Any) -> int:
@@ -257,18 +341,29 @@ def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
 
 
 def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> dict[str, float]:
-    """Batch metrics: sample and failure counts, lengths, rewards, and for every numeric
-    per-sample metric ending in ``_s`` (``generate_s``, ``tool_calls_s``, ``reward_s``,
-    ``agent_loop_s``...) its min/max/mean over the samples that report it, as
-    ``timing_s/agent_loop/<name>/{min,max,mean}``; and for every other numeric per-sample
-    metric (``tool_calls``, ``tool_errors``, ``tool/<name>/<key>`` that tools report...) its
-    mean and max over the successful samples, a sample without the key counting 0, as
-    ``agent_loop/<name>/{mean,max}``."""
+    """Batch metrics.
+
+    Per trajectory (one value per sample, read from its last segment): sample and failure
+    counts, rewards, ``rollout/num_turns``, ``agent_loop/num_segments/{mean,max}`` (over
+    successful samples); for every numeric per-sample metric ending in ``_s``
+    (``generate_s``, ``tool_calls_s``, ``reward_s``, ``agent_loop_s``...) its min/max/mean
+    over the samples that report it, as ``timing_s/agent_loop/<name>/{min,max,mean}``; and
+    for every other numeric per-sample metric (``tool_calls``, ``tool_errors``,
+    ``tool/<name>/<key>`` that tools report...) its mean and max over the successful
+    samples, a sample without the key counting 0, as ``agent_loop/<name>/{mean,max}``.
+
+    Per row (segment), as the padding sees them: ``rollout/{response_length,
+    generated_tokens,prompt_length}/{mean,max,min}``, ``rollout/response_clip_fraction`` and
+    ``rollout/num_truncated``.
+    """
     ok = ~batch.failed
+    last = batch.last_segment_rows()
+    num_samples = len(last)
+    num_failed = int(batch.failed[last].sum())
     metrics: dict[str, float] = {
-        "rollout/num_samples": float(len(batch)),
-        "rollout/num_failed": float(batch.failed.sum()),
-        "rollout/failed_fraction": float(batch.failed.mean()),
+        "rollout/num_samples": float(num_samples),
+        "rollout/num_failed": float(num_failed),
+        "rollout/failed_fraction": num_failed / num_samples,
         "rollout/num_truncated": float(batch.truncated.sum()),
     }
     lengths = [len(o.response_ids) for o, good in zip(outputs, ok, strict=True) if good]
@@ -280,18 +375,21 @@ def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> di
             "rollout/prompt_length", [len(o.prompt_ids) for o, good in zip(outputs, ok, strict=True) if good]
         )
     )
-    metrics.update(
-        _stats("rollout/num_turns", [o.num_turns for o, good in zip(outputs, ok, strict=True) if good])
-    )
+    finals = [(outputs[r], not batch.failed[r]) for r in last.tolist()]
+    metrics.update(_stats("rollout/num_turns", [o.num_turns for o, good in finals if good]))
     if lengths:
         R = batch.responses.shape[1]
         metrics["rollout/response_clip_fraction"] = float(np.mean([n >= R for n in lengths]))
-    metrics.update(_stats("rollout/reward", batch.rewards[batch.has_reward].tolist()))
+    metrics.update(_stats("rollout/reward", batch.rewards[last][batch.has_reward[last]].tolist()))
+    segments = [float(o.segment_index + 1) for o, good in finals if good]
+    if segments:
+        metrics["agent_loop/num_segments/mean"] = float(np.mean(segments))
+        metrics["agent_loop/num_segments/max"] = float(max(segments))
 
     timings: dict[str, list[float]] = {}
     counts: dict[str, list[float]] = {}
-    n_ok = int(ok.sum())
-    for o, good in zip(outputs, ok, strict=True):
+    n_ok = sum(good for _, good in finals)
+    for o, good in finals:
         for key, value in o.metrics.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 continue
@@ -308,4 +406,4 @@ def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> di
     return metrics
 
 
-__all__ = ["RolloutBatch", "SequenceTooLongError", "batch_metrics"]
+__all__ = ["RolloutBatch", "SequenceTooLongError", "batch_metrics", "last_segment_rows"]

@@ -45,7 +45,9 @@ class AgentLoopBase(abc.ABC):
         self.tracer = tracer
 
     @abc.abstractmethod
-    async def run(self, sampling_params: Mapping[str, Any], **row: Any) -> AgentLoopOutput:
+    async def run(
+        self, sampling_params: Mapping[str, Any], **row: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
         """Roll out one sample.
 
         Args:
@@ -54,5 +56,8 @@ class AgentLoopBase(abc.ABC):
                 ``index``, ground truth and anything else the loop needs.
 
         Returns:
-            The trajectory as token ids with its response mask.
+            The trajectory as token ids with its response mask; or, when its calls' prompts do
+            not extend each other (the agent rewrote its context), its segments in call order,
+            as :class:`~agentloop_core.segments.SegmentBuilder` makes them. The segments share
+            one reward: the last segment's ``reward_score``.
         """

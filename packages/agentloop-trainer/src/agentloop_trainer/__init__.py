@@ -11,12 +11,14 @@ from agentloop_trainer.algos import (
     kl_k3,
     masked_mean,
     ppo_clip_loss,
+    sequence_weights,
+    trajectory_advantages,
     truncated_importance_weight,
 )
 from agentloop_trainer.config import ConfigError, TrainConfig, load_config
 from agentloop_trainer.reward import answer_reward, extract_answer
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ConfigError",
@@ -30,5 +32,7 @@ __all__ = [
     "load_config",
     "masked_mean",
     "ppo_clip_loss",
+    "sequence_weights",
+    "trajectory_advantages",
     "truncated_importance_weight",
 ]

@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_trainer.algos import kl_k3, masked_mean, ppo_clip_loss, truncated_importance_weight
+from agentloop_trainer.algos import (
+    kl_k3,
+    masked_mean,
+    ppo_clip_loss,
+    sequence_weights,
+    truncated_importance_weight,
+)
 from agentloop_trainer.config import ActorSection
 from agentloop_trainer.forward import sequence_log_probs
 
@@ -29,7 +35,9 @@ class ActorConfig(ActorSection):
     """Samples per prompt (``rollout.n``): ``ppo_mini_batch_size`` counts prompts, as in verl."""
 
     def mini_batch_samples(self, batch_samples: int) -> int:
-        """Samples per optimizer step for a batch of ``batch_samples``."""
+        """Rows per optimizer step for a batch of ``batch_samples`` rows:
+        ``ppo_mini_batch_size * rollout_n``. A row is a sample, or one segment of a sample whose
+        loop split it, so a batch of split trajectories takes more optimizer steps."""
         if self.ppo_mini_batch_size is None:
             return batch_samples
         return min(batch_samples, self.ppo_mini_batch_size * self.rollout_n)
@@ -47,11 +55,38 @@ class PolicyBatch:
     """``[B, R]`` 1 on generated tokens."""
     rollout_log_probs: Any
     """``[B, R]`` engine log-probs, or None."""
+    seq_weights: Any = None
+    """``[B]`` fraction of its trajectory's generated tokens each row holds
+    (:func:`~agentloop_trainer.algos.sequence_weights`), for the ``seq-mean`` loss modes;
+    None when every trajectory is one row (each row with tokens is then a whole sequence)."""
+
+    def padded(self, multiple: int) -> PolicyBatch:
+        """This batch with empty rows (no tokens, mask 0) appended up to a multiple of
+        ``multiple`` rows, so a batch of segments splits evenly over FSDP ranks. The empty
+        rows add nothing to the loss, its normaliser or the metrics."""
+        import torch
+
+        extra = -len(self.sequences) % multiple
+        if not extra:
+            return self
+        R = self.response_mask.shape[1]
+
+        def grow(t: Any, shape: tuple[int, ...]) -> Any:
+            return None if t is None else torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)])
+
+        return PolicyBatch(
+            sequences=self.sequences + [[] for _ in range(extra)],
+            prompt_lengths=self.prompt_lengths + [0] * extra,
+            response_mask=grow(self.response_mask, (extra, R)),
+            rollout_log_probs=grow(self.rollout_log_probs, (extra, R)),
+            seq_weights=grow(self.seq_weights, (extra,)),
+        )
 
 
 def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
     """Unpad a :class:`agentloop_core.batch.RolloutBatch` (left-padded prompts, right-padded
-    responses) into token sequences. Failed samples keep their prompt and get an all-zero mask.
+    responses) into token sequences, one per row (a sample, or a segment of one). Failed
+    samples keep their prompt and get an all-zero mask.
     """
     import numpy as np
     import torch
@@ -69,7 +104,11 @@ def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
     rollout = None
     if batch.rollout_log_probs is not None:
         rollout = torch.from_numpy(np.ascontiguousarray(batch.rollout_log_probs)).float()
-    return PolicyBatch(sequences, prompt_lengths, mask, rollout)
+    weights = None
+    trajectories = np.asarray(batch.trajectory_index)
+    if np.unique(trajectories).size < len(trajectories):
+        weights = sequence_weights(mask, trajectories.tolist())
+    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights)
 
 
 def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None) -> Any:
@@ -166,11 +205,11 @@ class GRPOActor:
         full[rows] = local
         return self._all_reduce_sum(full)
 
-    def _share(self, mask: Any, rows: list[int], mini: list[int]) -> tuple[float, float]:
+    def _share(self, mask: Any, rows: list[int], mini: list[int], seq_weights: Any = None) -> tuple[float, float]:
         """(this rank's, the whole mini-batch's) normaliser under the loss aggregation mode."""
         if self.config.loss_agg_mode == "token-mean":
             return float(mask[rows].sum()), float(mask[mini].sum())
-        has = (mask.sum(-1) > 0).float()
+        has = (mask.sum(-1) > 0).float() if seq_weights is None else seq_weights
         return float(has[rows].sum()), float(has[mini].sum())
 
     _TOKEN_MEANS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean", "actor/tis_weight_mean", "actor/kl_loss")
@@ -191,7 +230,7 @@ class GRPOActor:
 
         Args:
             pb: The batch.
-            advantages: ``[B]`` per-sample advantages.
+            advantages: ``[B]`` per-row advantages (a trajectory's, on each of its segments).
             old_log_probs: ``[B, R]`` recomputed log-probs of the policy that generated it.
                 None (on-policy, one optimizer step per batch): the update's own forward pass,
                 detached, is the old policy, which saves a forward pass over the batch.
@@ -216,6 +255,7 @@ class GRPOActor:
             old_log_probs = old_log_probs.to(device)
         mask = pb.response_mask.to(device)
         rollout_lp = pb.rollout_log_probs.to(device) if pb.rollout_log_probs is not None else None
+        seq_weights = pb.seq_weights.to(device) if pb.seq_weights is not None else None
         self.model.train()
         history: list[dict[str, float]] = []
         for _ in range(cfg.ppo_epochs):
@@ -231,6 +271,7 @@ class GRPOActor:
                     logp, old, advantages[rows], mask[rows],
                     clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
                     loss_agg_mode=cfg.loss_agg_mode, importance_weight=weight,
+                    seq_weight=seq_weights[rows] if seq_weights is not None else None,
                 )
                 metrics["actor/pg_loss"] = float(loss.detach())
                 if weight is not None:
@@ -252,7 +293,7 @@ class GRPOActor:
                     # Each rank's loss is a mean over its rows; FSDP averages gradients over
                     # ranks. Rescale so the result is the mean over the whole mini-batch, exactly
                     # what one process computes (token-mean: weight by this rank's token share).
-                    local_n, total_n = self._share(mask, rows, mini)
+                    local_n, total_n = self._share(mask, rows, mini, seq_weights)
                     loss = loss * (self.world_size * local_n / max(total_n, 1e-9))
                     # The KL term and the diagnostics are token means over the whole mini-batch
                     # whatever the aggregation mode: weight them by this rank's token share.

@@ -2,8 +2,14 @@
 the k3 KL estimator, and the truncated importance weight that corrects for the gap between
 the engine's (rollout) log-probs and the trainer's.
 
-Every function takes torch tensors shaped ``[B]`` (per sample) or ``[B, R]`` (per response
+Every function takes torch tensors shaped ``[B]`` (per row) or ``[B, R]`` (per response
 token) and never looks at padding: ``response_mask`` decides which tokens count.
+
+A row is one segment of a trajectory (one row per sample unless its loop split the trajectory,
+see ``agentloop_core.segments``). Advantages are computed once per trajectory and broadcast to
+its rows (:func:`trajectory_advantages`); the loss counts a trajectory once, however many rows
+it spans: ``token-mean`` weights every generated token once, wherever it sits, and the
+``seq-mean`` modes take the trajectory, not the row, as the sequence (:func:`sequence_weights`).
 """
 
 from __future__ import annotations
@@ -57,6 +63,60 @@ def group_advantages(rewards: Any, group_ids: Sequence[Any], *, norm_by_std: boo
     return adv
 
 
+def trajectory_advantages(
+    estimator: str, rewards: Any, group_ids: Sequence[Any], trajectory_ids: Sequence[Any]
+) -> Any:
+    """Advantages for rows that may be segments: computed once per trajectory (a group counts
+    each of its trajectories once, not each segment) and broadcast to every row of it.
+
+    Args:
+        estimator: ``grpo`` or ``dr_grpo``.
+        rewards: ``[B]`` per-row rewards; the rows of one trajectory hold its reward.
+        group_ids: ``B`` per-row group ids (the prompt's); equal within a trajectory.
+        trajectory_ids: ``B`` per-row trajectory ids.
+
+    Returns:
+        ``[B]`` advantages; for one row per trajectory, exactly :func:`compute_advantages`.
+
+    Raises:
+        ValueError: lengths differ, or the rows of one trajectory disagree on reward or group.
+    """
+    import torch
+
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if not len(group_ids) == len(trajectory_ids) == rewards.shape[0]:
+        raise ValueError(f"rewards has {rewards.shape[0]} rows, group_ids {len(group_ids)} and "
+                         f"trajectory_ids {len(trajectory_ids)}; give one of each per row")
+    first: dict[Any, int] = {}
+    for i, t in enumerate(trajectory_ids):
+        j = first.setdefault(t, i)
+        if j != i and (group_ids[i] != group_ids[j] or not torch.equal(rewards[i], rewards[j])):
+            raise ValueError(
+                f"rows {j} and {i} of trajectory {t!r} have rewards {float(rewards[j])}/{float(rewards[i])} and "
+                f"groups {group_ids[j]!r}/{group_ids[i]!r}; every segment of a trajectory carries its reward and group"
+            )
+    heads = list(first.values())
+    adv = compute_advantages(estimator, rewards[heads], [group_ids[i] for i in heads])
+    position = {t: k for k, t in enumerate(first)}
+    return adv[torch.tensor([position[t] for t in trajectory_ids], dtype=torch.long)]
+
+
+def sequence_weights(response_mask: Any, trajectory_ids: Sequence[Any]) -> Any:
+    """``[B]`` the share of its trajectory's generated tokens each row holds: 1 for the row of
+    a one-row trajectory, 0 for a row with no generated tokens. The ``seq-mean`` modes of
+    :func:`aggregate_loss` count a row as this fraction of a sequence, so a trajectory split
+    into segments counts as one sequence, like one that was not."""
+    import torch
+
+    tokens = response_mask.to(torch.float32).sum(-1)
+    if len(trajectory_ids) != tokens.shape[0]:
+        raise ValueError(f"trajectory_ids has {len(trajectory_ids)} entries but response_mask has {tokens.shape[0]} rows")
+    number: dict[Any, int] = {}
+    inverse = torch.tensor([number.setdefault(t, len(number)) for t in trajectory_ids], dtype=torch.long)
+    total = torch.zeros(len(number)).index_add_(0, inverse, tokens)[inverse]
+    return torch.where(total > 0, tokens / total.clamp(min=1.0), torch.zeros_like(tokens))
+
+
 def compute_advantages(estimator: str, rewards: Any, group_ids: Sequence[Any]) -> Any:
     """Advantages by estimator name (``grpo`` or ``dr_grpo``).
 
@@ -68,28 +128,47 @@ def compute_advantages(estimator: str, rewards: Any, group_ids: Sequence[Any]) -
     return group_advantages(rewards, group_ids, norm_by_std=estimator == "grpo")
 
 
-def aggregate_loss(per_token: Any, mask: Any, mode: str = "token-mean") -> Any:
+def aggregate_loss(per_token: Any, mask: Any, mode: str = "token-mean", seq_weight: Any = None) -> Any:
     """Reduce a ``[B, R]`` per-token loss to a scalar over masked tokens.
 
     ``token-mean`` weights every generated token equally (long responses count more);
     ``seq-mean-token-mean`` averages per sequence first; ``seq-mean-token-sum`` sums tokens
     per sequence then averages sequences.
 
+    Args:
+        per_token: ``[B, R]`` loss per token.
+        mask: ``[B, R]`` 1 on the tokens that count.
+        mode: The aggregation.
+        seq_weight: ``[B]`` for the ``seq-mean`` modes: the fraction of a sequence each row
+            is (:func:`sequence_weights`; a row of a trajectory split into segments is part
+            of one sequence). None: every row with tokens is a whole sequence.
+
     Raises:
         ValueError: on an unknown mode.
     """
+    import torch
+
     mask = mask.to(per_token.dtype)
     if mode == "token-mean":
         return masked_mean(per_token, mask)
     per_seq_tokens = (per_token * mask).sum(-1)
-    has_tokens = (mask.sum(-1) > 0).to(per_token.dtype)
+    if seq_weight is None:
+        weight = (mask.sum(-1) > 0).to(per_token.dtype)
+        denominator = weight.sum().clamp(min=1.0)
+    else:
+        weight = seq_weight.to(per_token.dtype)
+        total = weight.sum()
+        # A mini-batch may hold a fraction of a trajectory: never round its count up to 1.
+        denominator = torch.where(total > 0, total, torch.ones_like(total))
     if mode == "seq-mean-token-mean":
-        per_seq = per_seq_tokens / mask.sum(-1).clamp(min=1.0)
+        # weight = row tokens / trajectory tokens: each row adds its tokens' share of the mean.
+        per_seq = per_seq_tokens / mask.sum(-1).clamp(min=1.0) * weight
     elif mode == "seq-mean-token-sum":
-        per_seq = per_seq_tokens
+        # A trajectory's token sum is the sum over its rows, whatever their shares.
+        per_seq = per_seq_tokens * (weight > 0).to(per_token.dtype)
     else:
         raise ValueError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
-    return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
+    return per_seq.sum() / denominator
 
 
 def kl_k3(log_probs: Any, ref_log_probs: Any) -> Any:
@@ -125,6 +204,7 @@ def ppo_clip_loss(
     clip_ratio_high: float = 0.2,
     loss_agg_mode: str = "token-mean",
     importance_weight: Any = None,
+    seq_weight: Any = None,
 ) -> tuple[Any, dict[str, float]]:
     """PPO clipped surrogate loss over generated tokens.
 
@@ -138,6 +218,8 @@ def ppo_clip_loss(
         loss_agg_mode: See :func:`aggregate_loss`.
         importance_weight: Optional ``[B, R]`` detached per-token weight (see
             :func:`truncated_importance_weight`).
+        seq_weight: Optional ``[B]`` fraction of a sequence each row is, for the ``seq-mean``
+            modes (see :func:`aggregate_loss`).
 
     Returns:
         The scalar loss and metrics (``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/ratio_mean``).
@@ -154,7 +236,7 @@ def ppo_clip_loss(
     per_token = torch.maximum(unclipped, clipped)
     if importance_weight is not None:
         per_token = per_token * importance_weight
-    loss = aggregate_loss(per_token, mask, loss_agg_mode)
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, seq_weight)
     with torch.no_grad():
         metrics = {
             "actor/pg_clipfrac": float(masked_mean((clipped > unclipped).to(mask.dtype), mask)),

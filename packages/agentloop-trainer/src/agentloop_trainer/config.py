@@ -87,7 +87,9 @@ class ActorSection:
     grad_clip: float = 1.0
     """Max global gradient norm."""
     loss_agg_mode: str = "token-mean"
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum."""
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum. A trajectory split into segments
+    counts once: token-mean weights each generated token once, the seq-mean modes take the
+    whole trajectory as the sequence."""
     use_kl_loss: bool = False
     """Add a k3 KL term to a frozen reference policy."""
     kl_loss_coef: float = 0.001
@@ -97,8 +99,9 @@ class ActorSection:
     ppo_epochs: int = 1
     """Passes over each batch."""
     ppo_mini_batch_size: int | None = None
-    """Prompts per optimizer step, as in verl (each brings ``rollout.n`` samples); null: one
-    update per batch."""
+    """Prompts per optimizer step, as in verl (each brings ``rollout.n`` samples; a mini-batch
+    is that many rows, so trajectories split into segments take more steps); null: one update
+    per batch."""
 
 
 @dataclass

@@ -41,7 +41,8 @@ def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
 
 def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16) -> Path:
     """Sample ``rollout.n`` trajectories for the first ``num_prompts`` held-out prompts and
-    write one JSON object per trajectory (token ids, mask, log-probs, reward, messages)."""
+    write one JSON object per trajectory (token ids, mask, log-probs, reward, messages), or per
+    segment of a trajectory whose loop split it (``segment_index`` 0, 1, ...)."""
     from agentloop_trainer.assets import load_records
     from agentloop_trainer.trainer import ray_session
 
@@ -58,11 +59,13 @@ def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompt
     out.parent.mkdir(parents=True, exist_ok=True)
     P = batch.prompts.shape[1]
     with out.open("w") as fh:
-        for b, row in enumerate(rows):
+        for b in range(len(batch)):
+            row = rows[int(batch.trajectory_index[b])]
             attn = batch.attention_mask[b]
             n = int(attn[P:].sum())
             record = {
                 "group_id": row["group_id"], "rollout_n": row["rollout_n"], "ground_truth": row["ground_truth"],
+                "segment_index": int(batch.segment_index[b]),
                 "data_source": row.get("data_source"),
                 "reward": float(batch.rewards[b]), "failed": bool(batch.failed[b]),
                 "prompt_ids": batch.prompts[b][attn[:P] == 1].tolist(),

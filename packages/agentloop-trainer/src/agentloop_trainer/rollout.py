@@ -316,7 +316,8 @@ class RolloutEngine:
             self.loop.run_until_complete(self.server.close())
 
     def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
-        """Roll out ``rows``; returns the ``RolloutBatch`` with rewards (0 for failed samples)."""
+        """Roll out ``rows``; returns the ``RolloutBatch`` with rewards (0 for failed samples),
+        one row per trajectory segment (``batch.trajectory_index`` maps rows back to ``rows``)."""
         batch = self.loop.run_until_complete(self.manager.agenerate_sequences(rows, validate=validate, step=step))
         attach_rewards(batch)
         return batch
@@ -350,12 +351,15 @@ class RolloutEngine:
         start = time.perf_counter()
         rows = make_rows(records, self.val_n, tag="eval")
         batch = self.generate(rows, validate=True)
+        last = batch.last_segment_rows()
+        rewards = batch.rewards[last]  # one per trajectory, in row order
         per: dict[int, list[float]] = {}
-        for row, r in zip(rows, batch.rewards, strict=True):
+        for t, r in zip(batch.trajectory_index[last].tolist(), rewards, strict=True):
+            row = rows[t]
             if row.get("template") is not None:
                 per.setdefault(int(row["template"]), []).append(float(r))
         return EvalResult(
-            accuracy=round(float(np.mean(batch.rewards, dtype=np.float64)), 6) if len(rows) else 0.0,
+            accuracy=round(float(np.mean(rewards, dtype=np.float64)), 6) if len(rows) else 0.0,
             n=len(rows),
             per_template={k: round(float(np.mean(v)), 6) for k, v in sorted(per.items())},
             generated_tokens=int(batch.response_mask.sum()),

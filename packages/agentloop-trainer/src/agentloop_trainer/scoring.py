@@ -168,7 +168,9 @@ class RewardScorer:
 
     ``solution_str`` is the text of the tokens the model generated (mask 1), decoded without
     special tokens: tool results and user turns are not part of it, so a tool cannot answer
-    for the model.
+    for the model. A trajectory split into segments is scored once, on all of them
+    (``agentloop_core.segments.trajectory_view``: every segment's generated tokens in order,
+    the last segment's messages and turns).
     """
 
     source: str = "auto"

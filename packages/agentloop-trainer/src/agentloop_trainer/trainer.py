@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from agentloop_trainer.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
-from agentloop_trainer.algos import compute_advantages
+from agentloop_trainer.algos import trajectory_advantages
 from agentloop_trainer.metrics import MetricsLogger, plot_reward_curve
 from agentloop_trainer.rollout import RolloutEngine, make_rows
 
@@ -173,11 +173,11 @@ class GRPOTrainer:
             records = self.data.next_batch()
             rows = make_rows(records, self.n, step=self.step)
             batch = self.engine.generate(rows, step=self.step)
-            if batch.num_failed == len(batch):
+            if batch.failed.all():
                 errors = [m.get("error", "?") for m in batch.sample_metrics if m.get("failed")]
                 raise RuntimeError(
-                    f"all {len(batch)} rollout samples of step {self.step} failed, so there is nothing to "
-                    f"train on; first error: {errors[0] if errors else '?'}"
+                    f"all {batch.num_trajectories} rollout samples of step {self.step} failed, so there is "
+                    f"nothing to train on; first error: {errors[0] if errors else '?'}"
                 )
         if self.world_size > 1:
             from agentloop_trainer.fsdp import broadcast_object
@@ -187,12 +187,21 @@ class GRPOTrainer:
         slept = self.engine is not None and self.free_cache_engine and self.engine.can_sleep
         if slept:
             self.engine.sleep()  # the update gets the accelerator memory the engine held
-        rewards = torch.as_tensor(batch.rewards)
-        advantages = compute_advantages(self.cfg.algorithm.adv_estimator, rewards, [r["group_id"] for r in rows])
+        # A batch row is one segment of a trajectory (usually the whole of it): the advantage is
+        # the trajectory's, computed over its prompt's group once per trajectory.
+        trajectories = batch.trajectory_index.tolist()
+        advantages = trajectory_advantages(self.cfg.algorithm.adv_estimator, torch.as_tensor(batch.rewards),
+                                           [rows[t]["group_id"] for t in trajectories], trajectories)
+        last = batch.last_segment_rows()
+        rewards = torch.as_tensor(batch.rewards[last])  # one per trajectory
         pb = policy_batch_from_rollout(batch)
+        if self.world_size > 1:
+            # Segments make the row count vary; every rank must run the same number of rows.
+            pb = pb.padded(self.world_size)
+            advantages = torch.cat([advantages, advantages.new_zeros(len(pb.sequences) - len(advantages))])
         t1 = time.perf_counter()
         a = self.actor_cfg
-        one_step = a.ppo_epochs == 1 and a.mini_batch_samples(len(rows)) >= len(rows)
+        one_step = a.ppo_epochs == 1 and a.mini_batch_samples(len(pb.sequences)) >= len(pb.sequences)
         # One optimizer step per batch: the update's own forward is the old policy (saves a pass).
         old = None if one_step else self.actor.compute_log_probs(pb)
         ref = self.actor.compute_log_probs(pb, self.actor.ref_model) if self.actor.ref_model is not None else None
@@ -214,7 +223,8 @@ class GRPOTrainer:
             "rollout/response_length_mean": float(batch.attention_mask[:, batch.prompts.shape[1]:].sum(1).mean()),
             "rollout/num_failed": int(batch.num_failed),
             "rollout/engine_slept": int(bool(slept)),
-            "rollout/groups_with_signal": float(_groups_with_signal(rows, batch.rewards)),
+            "rollout/groups_with_signal": float(_groups_with_signal(
+                [rows[t] for t in batch.trajectory_index[last]], batch.rewards[last])),
             "timing_s/generate": t_gen, "timing_s/update": t_update, "timing_s/sync_weights": t_sync,
             "timing_s/step": time.perf_counter() - t0,
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
@@ -231,14 +241,14 @@ class GRPOTrainer:
         self.zero_reward_steps = self.zero_reward_steps + 1 if bool((rewards == 0).all()) else 0
         if self.rank != 0 or not patience or self.zero_reward_steps != patience:
             return
-        ok = [b for b in range(len(rows)) if not batch.failed[b]]
+        ok = [b for b in range(len(batch)) if not batch.failed[b]]
         sample = ""
         if ok:
             b = ok[0]
             generated = batch.responses[b][batch.response_mask[b] == 1].tolist()
             text = self.tokenizer.decode(generated, skip_special_tokens=True)
             sample = (f"\n  a generated response (mask-1 tokens, what the reward sees): {text[-300:]!r}"
-                      f"\n  its ground truth: {rows[b].get('ground_truth')!r}")
+                      f"\n  its ground truth: {rows[int(batch.trajectory_index[b])].get('ground_truth')!r}")
         sources = sorted({str(r.get("data_source")) for r in rows})
         truncated = float(np.mean(batch.truncated))
         self.log(

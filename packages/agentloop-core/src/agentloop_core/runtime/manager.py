@@ -159,8 +159,10 @@ class AgentLoopManager:
     async def agenerate_outputs(
         self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None
     ) -> list[AgentLoopOutput]:
-        """Roll out ``rows`` over the workers; one output per row, in input order (failed
-        samples included, flagged in ``metrics``).
+        """Roll out ``rows`` over the workers; rows in input order, each as one output or,
+        when its loop split the trajectory, as its segments (``trajectory_index`` is the
+        row's index, ``segment_index`` the segment's). Failed samples are one output each,
+        flagged in ``metrics``.
 
         Raises:
             ValueError / UnknownAgentLoopError: a row names no loop, or an unknown one; raised
@@ -193,7 +195,8 @@ class AgentLoopManager:
             reason = (f"all {self._pool.started} rollout workers died in earlier batches; restart the "
                       "AgentLoopManager (or the run) once the cluster has nodes again")
             stats = ChunkStats(num_lost=len(rows))
-            return [AgentLoopOutput.failure(None, reason, sample_index=i, agent_name=n, worker_failure=True)
+            return [AgentLoopOutput.failure(None, reason, trajectory_index=i, sample_index=i, agent_name=n,
+                                            worker_failure=True)
                     for i, n in enumerate(names)], stats
         chunks = split_evenly(len(rows), self._pool.alive)
         return await self._pool.run(rows, chunks, (validate, step, modules), names, self.ray_timeout_s)
@@ -210,7 +213,8 @@ class AgentLoopManager:
             step: Training step, for trace tags.
 
         Returns:
-            The padded batch; ``metrics`` holds ``rollout/num_failed``, timings and, with the
+            The padded batch, one row per segment (``trajectory_index`` maps a row back to
+            ``rows``); ``metrics`` holds ``rollout/num_failed``, timings and, with the
             Ray backend, ``rollout/worker_failures`` (workers that died during the batch),
             ``rollout/num_retried`` (samples re-run on a survivor) and
             ``rollout/num_lost_to_worker_failures`` (samples returned failed because of it).
@@ -234,8 +238,9 @@ class AgentLoopManager:
         if batch.num_failed:
             first = next(m.get("error") for m in batch.sample_metrics if m.get("failed"))
             logger.warning(
-                "%d of %d rollout samples failed; first error: %s", batch.num_failed, len(batch), first
-            )
+                "%d of %d rollout samples failed; first error: %s",
+                batch.num_failed, batch.num_trajectories, first,
+            )  # fmt: skip
         return batch
 
     def generate_sequences(

@@ -158,6 +158,7 @@ class RayWorkerPool:
         timeout_s: float,
     ) -> tuple[list[AgentLoopOutput], ChunkStats]:
         """Run chunk ``k`` on worker ``k``; re-run a dead worker's chunk once elsewhere.
+        Returns every chunk's outputs (a sample's segments, or its one failed output) in order.
 
         Args:
             rows: The batch.
@@ -188,7 +189,8 @@ class RayWorkerPool:
         def lost(a: int, b: int, reason: str) -> list[AgentLoopOutput]:
             stats.num_lost += b - a
             return [
-                AgentLoopOutput.failure(None, reason, sample_index=i, agent_name=names[i], worker_failure=True)
+                AgentLoopOutput.failure(None, reason, trajectory_index=i, sample_index=i, agent_name=names[i],
+                                        worker_failure=True)
                 for i in range(a, b)
             ]
 

@@ -15,6 +15,7 @@ from agentloop_core.protocol import AsyncServer, SamplingParams
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import plain, resolve_agent_names
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
+from agentloop_core.segments import trajectory_reward, trajectory_view
 from agentloop_core.tracing import Tracer, make_tracer, trace_context
 
 logger = logging.getLogger(__name__)
@@ -44,8 +45,10 @@ class AgentLoopWorker:
             config for that loop only), ``reward_fn`` (an async callable
             ``reward_fn(output, row, tokenizer) -> None`` that sets ``output.reward_score``
             (and metrics) as soon as a sample finishes, so scoring overlaps the rest of the
-            rollout; it must pickle for the Ray backend; if it raises, the sample fails with
-            its error),
+            rollout; it is called once per trajectory, on
+            :func:`~agentloop_core.segments.trajectory_view` when the loop returned several
+            segments, and every segment gets the reward and the metrics it set; it must
+            pickle for the Ray backend; if it raises, the sample fails with its error),
             ``sampling_seed`` (an int: every ``generate`` call without an explicit ``seed``
             gets one derived from it, the sample's key and the call index, so results do not
             depend on which worker, replica or node served them; see
@@ -137,7 +140,7 @@ class AgentLoopWorker:
         """Roll out every row concurrently.
 
         A loop that raises, or runs past ``sample_timeout_s``, does not stop the others: its
-        sample comes back as :meth:`AgentLoopOutput.failure` with the error in ``metrics``.
+        sample comes back as one :meth:`AgentLoopOutput.failure` with the error in ``metrics``.
 
         Args:
             rows: Dataset rows; each names its loop by ``agent_name`` and is passed to the
@@ -147,7 +150,11 @@ class AgentLoopWorker:
             sample_offset: Index of ``rows[0]`` in the whole batch, for trace tags and errors.
 
         Returns:
-            One output per row, in input order.
+            The outputs of every row, rows in input order: one per row, or a row's segments
+            in order when its loop returned several. Each carries ``trajectory_index`` (the
+            row's index in the whole batch, ``sample_offset + i``) and ``segment_index``; all
+            segments of a trajectory carry its reward, ``agent_name``, ``agent_loop_s`` and
+            ``reward_s``.
 
         Raises:
             ValueError: a row has no ``agent_name`` and there is no ``default_agent_loop``.
@@ -161,7 +168,7 @@ class AgentLoopWorker:
         semaphore = asyncio.Semaphore(limit) if limit else None
         tokenizer = self.tokenizer  # load once, before thousands of tasks ask for it
 
-        async def one(i: int, row: Mapping[str, Any]) -> AgentLoopOutput:
+        async def one(i: int, row: Mapping[str, Any]) -> list[AgentLoopOutput]:
             index = sample_offset + i
             name = names[i]
             tags = {
@@ -178,30 +185,58 @@ class AgentLoopWorker:
                 try:
                     if semaphore is not None:
                         async with semaphore:
-                            output = await self._run_one(
+                            segments = await self._run_one(
                                 classes[name], name, tokenizer, sampling_params, row, timeout
                             )
                     else:
-                        output = await self._run_one(
+                        segments = await self._run_one(
                             classes[name], name, tokenizer, sampling_params, row, timeout
                         )
-                    if self.reward_fn is not None and not output.failed:
-                        reward_start = time.perf_counter()
-                        await self.reward_fn(output, row, tokenizer)
-                        output.metrics["reward_s"] = time.perf_counter() - reward_start
+                    if not any(s.failed for s in segments):
+                        await self._score(segments, row, tokenizer)
                 except Exception as exc:  # noqa: BLE001 - one bad sample must not kill the batch
                     logger.warning(
                         "sample %d (agent %r) failed: %s: %s", index, name, type(exc).__name__, exc
                     )
-                    output = AgentLoopOutput.failure(None, exc, sample_index=index)
-            output.metrics.setdefault("agent_name", name)
-            output.metrics["agent_loop_s"] = time.perf_counter() - start
-            return output
+                    segments = [AgentLoopOutput.failure(None, exc, sample_index=index)]
+            # A failed trajectory is one failed output, whatever segments it had, so failures
+            # are counted per sample as before.
+            failed = [s for s in segments if s.failed]
+            if failed:
+                segments = failed[:1]
+            elapsed = time.perf_counter() - start
+            for k, output in enumerate(segments):
+                output.trajectory_index = index
+                output.segment_index = k
+                output.metrics.setdefault("agent_name", name)
+                output.metrics["agent_loop_s"] = elapsed
+            return segments
 
         try:
-            return list(await asyncio.gather(*(one(i, row) for i, row in enumerate(rows))))
+            parts = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
         finally:
             self.tracer.flush()
+        return [output for part in parts for output in part]
+
+    async def _score(self, segments: list[AgentLoopOutput], row: Mapping[str, Any], tokenizer: Any) -> None:
+        """Give every segment the trajectory's reward: ``reward_fn`` once on the trajectory,
+        or the loop's own reward (the last segment's) when there is no ``reward_fn``."""
+        if self.reward_fn is None:
+            reward = trajectory_reward(segments)
+            for output in segments:
+                output.reward_score = reward
+            return
+        view = trajectory_view(segments)
+        before = dict(view.metrics)
+        reward_start = time.perf_counter()
+        await self.reward_fn(view, row, tokenizer)
+        view.metrics["reward_s"] = time.perf_counter() - reward_start
+        if len(segments) == 1:
+            return  # the view is the segment itself
+        added = {k: v for k, v in view.metrics.items() if k not in before or before[k] is not v}
+        for output in segments:
+            output.reward_score = view.reward_score
+            output.metrics.update(added)
 
     def loop_config(self, name: str) -> dict[str, Any]:
         """The config loop ``name`` is built with: this worker's config with
@@ -221,7 +256,7 @@ class AgentLoopWorker:
         sampling_params: dict[str, Any],
         row: Mapping[str, Any],
         timeout: float | None,
-    ) -> AgentLoopOutput:
+    ) -> list[AgentLoopOutput]:
         with self.tracer.span("agent_loop", agent_name=name):
             loop = cls(
                 server=self.loop_server,
@@ -244,11 +279,22 @@ class AgentLoopWorker:
                     raise SampleTimeoutError(
                         f"sample ran longer than sample_timeout_s={timeout}; raise it or set it to None"
                     ) from exc
-        if not isinstance(output, AgentLoopOutput):
-            raise TypeError(
-                f"agent loop {name!r} returned {type(output).__name__}; run() must return an AgentLoopOutput"
-            )
-        return output
+        if isinstance(output, AgentLoopOutput):
+            return [output]
+        if isinstance(output, (list, tuple)) and all(isinstance(o, AgentLoopOutput) for o in output):
+            if not output:
+                raise ValueError(
+                    f"agent loop {name!r} returned an empty list; return at least one AgentLoopOutput "
+                    "(or raise, and the sample is counted as failed)"
+                )
+            return list(output)
+        what = type(output).__name__
+        if isinstance(output, (list, tuple)):
+            what += " of " + ", ".join(sorted({type(o).__name__ for o in output}))
+        raise TypeError(
+            f"agent loop {name!r} returned {what}; run() must return an AgentLoopOutput or a list "
+            "of them (the segments of one trajectory, see agentloop_core.segments)"
+        )
 
 
 def register_loop_classes(classes: Mapping[str, str]) -> None:
