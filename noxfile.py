@@ -49,7 +49,7 @@ for optional, spec in {
     "agentloop-langgraph": {
         "path": [
             "packages/agentloop-core",
-            "packages/agentloop-engines[hf]",
+            "packages/agentloop-engines[hf,server]",
             "packages/agentloop-tools",
             "packages/agentloop-langgraph[test]",
         ],

@@ -2,6 +2,15 @@
 
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.client import ClientStats, LLMServerClient, NoHealthyReplicaError
+from agentloop_engines.gateway import (
+    Gateway,
+    GatewayThread,
+    RecordedCall,
+    SessionNotFoundError,
+    SessionRecorder,
+    create_gateway_app,
+    serve_gateway,
+)
 from agentloop_engines.http_server import ServerThread, create_app, serve
 from agentloop_engines.ray_hosting import (
     RemoteClient,
@@ -18,6 +27,8 @@ __all__ = [
     "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "StickyLeastInFlightPolicy",
     "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",
     "ServerThread", "create_app", "serve", "HTTPServer", "SGLangServer", "VLLMServer",
+    "Gateway", "GatewayThread", "RecordedCall", "SessionNotFoundError", "SessionRecorder",
+    "create_gateway_app", "serve_gateway",
 ]
 
 # Adapters whose modules need optional deps (httpx, vLLM, SGLang), resolved on first access.

@@ -1,0 +1,42 @@
+"""An OpenAI-compatible gateway over any token-level ``AsyncServer``, with per-session
+recording of the exact tokens, so black-box agents (the ``openai`` client, LangChain's
+``ChatOpenAI``) can be trained on what the engine generated.
+
+``Gateway`` and ``SessionRecorder`` need nothing beyond core; ``create_gateway_app``,
+``GatewayThread`` and ``serve_gateway`` need the ``[server]`` extra
+(``pip install "agentloop-engines[server]"``), imported when they are called.
+"""
+
+from agentloop_engines.gateway.app import (
+    SESSION_HEADER,
+    GatewayThread,
+    add_gateway_routes,
+    create_gateway_app,
+    serve_gateway,
+)
+from agentloop_engines.gateway.core import Gateway, GatewayResponse
+from agentloop_engines.gateway.recorder import (
+    RecordedCall,
+    SessionCallLimitError,
+    SessionNotFoundError,
+    SessionRecorder,
+    check_session_id,
+)
+from agentloop_engines.gateway.stop import StopMatch, find_stop
+
+__all__ = [
+    "SESSION_HEADER",
+    "Gateway",
+    "GatewayResponse",
+    "GatewayThread",
+    "RecordedCall",
+    "SessionCallLimitError",
+    "SessionNotFoundError",
+    "SessionRecorder",
+    "StopMatch",
+    "add_gateway_routes",
+    "check_session_id",
+    "create_gateway_app",
+    "find_stop",
+    "serve_gateway",
+]

@@ -1,0 +1,224 @@
+"""The gateway over HTTP: OpenAI endpoints, per-session base URLs, and an in-process thread.
+
+Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer <api_key>`` when the
+app has one):
+
+* ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``;
+* the same under ``/sessions/<session_id>/v1/...``: the call is recorded in that session (so
+  a trajectory's base URL is ``http://host:port/sessions/<id>/v1``); a ``X-Agentloop-Session``
+  header on the plain paths does the same;
+* ``GET /sessions``: open sessions and the limits; ``POST /sessions/<id>`` opens one
+  (optional body ``{"sampling_params": {...}}``: overrides for its calls);
+  ``GET /sessions/<id>``: its recorded calls; ``DELETE /sessions/<id>``: the same, and the
+  session is forgotten (how a remote loop takes a trajectory);
+* ``GET /health``: liveness and the model name (no key needed).
+
+Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: 400 for bad input (the
+key or value named), 401 without the key, 404 for an unknown or dropped session (the message
+says which limit dropped it), 413 for an oversized body, 503 when no engine replica is left.
+
+A streamed request (``stream: true``) is generated whole, then sent as server-sent events, so
+an error still arrives as a plain JSON error before any event.
+"""
+
+# No `from __future__ import annotations`: FastAPI resolves the endpoints' annotations.
+
+from typing import Any
+from urllib.parse import quote
+
+from agentloop_engines.gateway.core import Gateway, GatewayResponse
+from agentloop_engines.gateway.openai_response import sse
+from agentloop_engines.gateway.recorder import SessionCallLimitError, SessionNotFoundError, check_session_id
+from agentloop_engines.http_common import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    LimitBodySize,
+    UvicornThread,
+    bearer_auth,
+    error_response,
+    install_error_handlers,
+    require_server_extra,
+    warn_if_exposed,
+)
+from agentloop_engines.routing import NoHealthyReplicaError
+
+__all__ = ["SESSION_HEADER", "GatewayThread", "add_gateway_routes", "create_gateway_app", "serve_gateway"]
+
+SESSION_HEADER = "X-Agentloop-Session"
+"""Header naming the session of a call made on the plain ``/v1/...`` paths."""
+
+ERRORS = {
+    SessionNotFoundError: (404, "session_not_found"),
+    SessionCallLimitError: (400, "session_call_limit"),
+    NoHealthyReplicaError: (503, "engine_unavailable"),
+}
+
+
+def _session(path_id: str | None, header_id: str | None) -> str | None:
+    if path_id is not None and header_id is not None and header_id != path_id:
+        raise ValueError(f"the URL names session {path_id!r} but the {SESSION_HEADER} header names "
+                         f"{header_id!r}; use one of them")
+    session_id = path_id if path_id is not None else header_id
+    return None if session_id is None else check_session_id(session_id)
+
+
+def _sessions_body(session_id: str, calls: list[Any]) -> dict[str, Any]:
+    return {"session_id": session_id, "num_calls": len(calls), "calls": [c.as_dict() for c in calls]}
+
+
+def add_gateway_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
+    """Add the gateway's endpoints (not ``/health``) to a FastAPI ``app``.
+
+    Args:
+        app: The FastAPI app (error handlers installed with
+            :func:`~agentloop_engines.http_common.install_error_handlers`).
+        gateway: The gateway to serve.
+        auth: FastAPI dependencies every endpoint takes (the bearer check).
+    """
+    fastapi, _ = require_server_extra()
+    from fastapi.responses import StreamingResponse
+
+    for exc_type, (status, code) in ERRORS.items():
+        async def handler(request: Any, exc: BaseException, status: int = status, code: str = code) -> Any:
+            return error_response(status, str(exc), code)
+
+        app.add_exception_handler(exc_type, handler)
+
+    def reply(response: GatewayResponse) -> Any:
+        if not response.stream:
+            return response.body
+        return StreamingResponse(sse(iter(response.chunks())), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    header = fastapi.Header(default=None, alias=SESSION_HEADER)
+
+    # Two functions per endpoint: on the plain paths a session_id parameter would otherwise
+    # become a query parameter, a third, undocumented way to name a session.
+    async def chat(body: dict[str, Any], session: str | None = header) -> Any:
+        return reply(await gateway.chat_completion(body, session_id=_session(None, session)))
+
+    async def session_chat(session_id: str, body: dict[str, Any], session: str | None = header) -> Any:
+        return reply(await gateway.chat_completion(body, session_id=_session(session_id, session)))
+
+    async def completions(body: dict[str, Any], session: str | None = header) -> Any:
+        return reply(await gateway.completion(body, session_id=_session(None, session)))
+
+    async def session_completions(session_id: str, body: dict[str, Any], session: str | None = header) -> Any:
+        return reply(await gateway.completion(body, session_id=_session(session_id, session)))
+
+    async def models() -> dict[str, Any]:
+        return gateway.models()
+
+    async def session_models(session_id: str) -> dict[str, Any]:
+        return gateway.models()
+
+    for prefix, endpoints in (("", (chat, completions, models)),
+                              ("/sessions/{session_id}", (session_chat, session_completions, session_models))):
+        app.add_api_route(f"{prefix}/v1/chat/completions", endpoints[0], methods=["POST"], dependencies=auth)
+        app.add_api_route(f"{prefix}/v1/completions", endpoints[1], methods=["POST"], dependencies=auth)
+        app.add_api_route(f"{prefix}/v1/models", endpoints[2], methods=["GET"], dependencies=auth)
+
+    @app.get("/sessions", dependencies=auth)
+    async def list_sessions() -> dict[str, Any]:
+        rec = gateway.recorder
+        return {"sessions": rec.session_ids(), "max_sessions": rec.max_sessions, "ttl_s": rec.ttl_s,
+                "max_calls_per_session": rec.max_calls_per_session, "evicted": rec.evicted, "expired": rec.expired}
+
+    @app.post("/sessions/{session_id}", dependencies=auth)
+    async def open_session(session_id: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = body or {}
+        unknown = sorted(set(body) - {"sampling_params"})
+        if unknown:
+            raise ValueError(f"unsupported key(s) {unknown} to open a session; send {{\"sampling_params\": {{...}}}}")
+        overrides = body.get("sampling_params")
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ValueError("'sampling_params' must be an object of sampling parameters")
+        gateway.open_session(session_id, sampling_overrides=overrides)
+        return {"session_id": session_id, "base_url": f"/sessions/{quote(session_id)}/v1"}
+
+    @app.get("/sessions/{session_id}", dependencies=auth)
+    async def get_session(session_id: str) -> dict[str, Any]:
+        return _sessions_body(session_id, gateway.recorder.get(session_id))
+
+    @app.delete("/sessions/{session_id}", dependencies=auth)
+    async def delete_session(session_id: str) -> dict[str, Any]:
+        return _sessions_body(session_id, gateway.close_session(session_id))
+
+
+def create_gateway_app(gateway: Gateway, *, api_key: str | None = None,
+                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Any:
+    """Build the ASGI app serving ``gateway`` (the endpoints in this module's docstring).
+
+    Args:
+        gateway: The gateway.
+        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <key>``.
+        max_request_bytes: Larger request bodies get 413.
+
+    Returns:
+        A FastAPI application (wrapped in the body-size limit).
+
+    Raises:
+        ImportError: without the ``[server]`` extra.
+        ValueError: on a non-positive body limit or an empty ``api_key``.
+    """
+    fastapi, _ = require_server_extra()
+    if max_request_bytes <= 0:
+        raise ValueError(f"max_request_bytes must be positive, got {max_request_bytes}")
+    app = fastapi.FastAPI(title="agentloop gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    auth = [fastapi.Depends(bearer_auth(api_key))]
+    install_error_handlers(app)
+    add_gateway_routes(app, gateway, auth)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "gateway": True, "model": gateway.model_name,
+                "engine": type(gateway.server).__name__}
+
+    return LimitBodySize(app, max_request_bytes)
+
+
+def serve_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
+                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_level: str = "info") -> None:
+    """Serve ``gateway`` with uvicorn until interrupted (blocks). Loopback by default."""
+    _, uvicorn = require_server_extra()
+    warn_if_exposed(host, api_key)
+    app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)).run()
+
+
+class GatewayThread(UvicornThread):
+    """Run a gateway in a background thread; a context manager.
+
+    A rollout loop starts one around its server client and gives each trajectory
+    :meth:`session_url`. When the server lives on another event loop (the loop running the
+    rollout), build the gateway with ``server_loop=`` that loop.
+
+    ``port=0`` picks a free port; read the address from :attr:`url` after entering.
+
+    Args:
+        gateway: The gateway to serve.
+        host: Bind address.
+        port: TCP port, 0 for any free one.
+        api_key: See :func:`create_gateway_app`.
+        max_request_bytes: See :func:`create_gateway_app`.
+        start_timeout_s: How long to wait for the socket to listen.
+    """
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, start_timeout_s: float = 30.0) -> None:
+        warn_if_exposed(host, api_key)
+        app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes)
+        super().__init__(app, host, port, start_timeout_s=start_timeout_s)
+        self.gateway = gateway
+
+    def __enter__(self) -> "GatewayThread":
+        return super().__enter__()
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL without a session, e.g. ``http://127.0.0.1:40123/v1``."""
+        return f"{self.url}/v1"
+
+    def session_url(self, session_id: str) -> str:
+        """The OpenAI base URL whose calls are recorded in ``session_id``
+        (``http://127.0.0.1:40123/sessions/<id>/v1``)."""
+        return f"{self.url}/sessions/{quote(check_session_id(session_id))}/v1"

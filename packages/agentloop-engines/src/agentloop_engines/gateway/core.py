@@ -1,0 +1,388 @@
+"""``Gateway``: OpenAI chat and text completions over any token-level ``AsyncServer``.
+
+The gateway renders chat messages with the tokenizer's chat template, calls
+``server.generate(request_id, prompt_ids, sampling_params)``, decodes, honours text ``stop``
+strings by cutting the generated ids (see :mod:`~agentloop_engines.gateway.stop`), and parses
+tool calls with one of core's tool-call parsers. Calls made in a session are recorded with their
+exact ids (:mod:`~agentloop_engines.gateway.recorder`), and use the session id as the engine
+``request_id``: the sticky-session key of ``LLMServerClient``, so a trajectory's calls stay on
+one replica and reuse its prefix cache, and ``abort(session_id)`` stops the session's calls.
+
+No HTTP here: :mod:`~agentloop_engines.gateway.app` serves these methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop_core.parsers import ToolParser, get_tool_parser
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.tokenization.template_errors import raised_by_template
+from agentloop_engines.gateway.openai_request import (
+    ChatRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
+from agentloop_engines.gateway.openai_response import chat_chunks, completion_chunks
+from agentloop_engines.gateway.recorder import RecordedCall, SessionRecorder, check_session_id
+from agentloop_engines.gateway.stop import find_stop, single_token_stop_ids
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Gateway", "GatewayResponse"]
+
+_FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
+
+
+@dataclass(frozen=True)
+class GatewayResponse:
+    """One answered request."""
+
+    body: dict[str, Any]
+    """The OpenAI response object (``chat.completion`` or ``text_completion``)."""
+    stream: bool
+    """The client asked for server-sent events."""
+    include_usage: bool
+    """The client asked for a usage chunk at the end of the stream."""
+    call: RecordedCall | None
+    """What was recorded, when the request was made in a session."""
+
+    def chunks(self) -> list[dict[str, Any]]:
+        """The stream chunks of :attr:`body` (without the final ``[DONE]``)."""
+        make = chat_chunks if self.body["object"] == "chat.completion" else completion_chunks
+        return list(make(self.body, self.include_usage))
+
+
+@dataclass(frozen=True)
+class _Generation:
+    prompt_ids: list[int]
+    token_ids: list[int]
+    log_probs: list[float] | None
+    stop_reason: str
+    text: str
+    stop: str | None
+    dropped: int
+    extra: dict[str, Any]
+
+
+class Gateway:
+    """OpenAI-compatible chat and text completions over a token-level ``AsyncServer``, with
+    per-session recording of the exact tokens.
+
+    Args:
+        server: Any ``AsyncServer``: an engine, an ``LLMServerClient`` over replicas, an
+            ``HTTPServer`` client, a ``ScriptedServer``.
+        tokenizer: The model's Hugging Face tokenizer (or processor): renders chat messages
+            (``apply_chat_template``), encodes text prompts and decodes generations.
+        chat_template: A Jinja template replacing the tokenizer's own.
+        tool_parser: Name of a core tool-call parser (``hermes``, ``llama3_json``,
+            ``gpt_oss``, ``mistral``) or a parser object; turns generated text into
+            ``tool_calls``. None: requests with ``tools`` are refused (400), as their calls
+            could not be returned.
+        model_name: Listed by ``/v1/models`` and returned when a request names no model.
+            None: the server's ``model_name``, else the tokenizer's ``name_or_path``.
+        chat_template_kwargs: Template variables for every render (``enable_thinking``);
+            a request's ``chat_template_kwargs`` add to them.
+        default_max_tokens: ``max_tokens`` of requests that set none. None: the rest of the
+            context when the server declares ``max_model_len``, else ``SamplingParams``'
+            default (256).
+        sampling_overrides: Sampling parameters that replace what every request asks for
+            (the trainer's ``temperature``); a session's own overrides replace these.
+        recorder: Where sessions are recorded; None: a ``SessionRecorder`` with its defaults
+            (10,000 sessions, one hour idle, 1,000 calls each).
+        server_loop: The event loop that owns ``server``, when it is not the loop the gateway
+            runs on (a gateway in a :class:`~agentloop_engines.gateway.app.GatewayThread`
+            around an engine or client that lives on the rollout worker's loop). Calls are
+            then submitted to it; it must keep running (an agent that blocks it, e.g. a
+            synchronous client called on it, deadlocks: run such agents in a thread).
+
+    Raises:
+        UnknownToolParserError: for an unknown parser name (the message lists the known ones).
+        ValueError: when the tokenizer has no ``apply_chat_template``. A tokenizer without a chat
+            template (a base model) still serves ``/v1/completions``; chat requests are then 400.
+    """
+
+    def __init__(
+        self,
+        server: Any,
+        tokenizer: Any,
+        *,
+        chat_template: str | None = None,
+        tool_parser: str | ToolParser | None = None,
+        model_name: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        default_max_tokens: int | None = None,
+        sampling_overrides: Mapping[str, Any] | None = None,
+        recorder: SessionRecorder | None = None,
+        server_loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not callable(getattr(server, "generate", None)):
+            raise TypeError(f"{type(server).__name__} has no generate(); pass an AsyncServer")
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise ValueError(f"{type(tokenizer).__name__} has no apply_chat_template; pass a Hugging Face tokenizer")
+        if default_max_tokens is not None and default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1 or None, got {default_max_tokens}")
+        self.server = server
+        self.processor = tokenizer
+        inner = getattr(tokenizer, "tokenizer", None)
+        # Processors render with their own apply_chat_template but tokenize with .tokenizer.
+        self.tokenizer = inner if inner is not None and hasattr(inner, "encode") else tokenizer
+        self.chat_template = chat_template
+        self.parser = get_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
+        self.model_name = (model_name or getattr(server, "model_name", None)
+                           or getattr(self.tokenizer, "name_or_path", None) or "agentloop")
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.default_max_tokens = default_max_tokens
+        self.sampling_overrides = dict(sampling_overrides or {})
+        self.recorder = recorder if recorder is not None else SessionRecorder()
+        self.server_loop = server_loop
+        self.max_model_len = _max_model_len(server)
+        capabilities = getattr(server, "capabilities", None)
+        self._logprobs = bool(getattr(capabilities, "logprobs", True))
+        special = getattr(self.tokenizer, "all_special_ids", None) or ()
+        self._special_ids = frozenset(int(i) for i in special)
+        parser_stops = self.parser.stop_tokens if self.parser is not None else ()
+        self._parser_stop_ids = frozenset(single_token_stop_ids(self.tokenizer, parser_stops))
+
+    def __repr__(self) -> str:
+        return f"Gateway({type(self.server).__name__}, model={self.model_name!r})"
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None) -> None:
+        """Start recording ``session_id`` (see :meth:`SessionRecorder.open`)."""
+        self.recorder.open(session_id, sampling_overrides=sampling_overrides)
+
+    def close_session(self, session_id: str) -> list[RecordedCall]:
+        """Take the session's recorded calls and free its sticky-routing slot in the server.
+
+        Raises:
+            SessionNotFoundError: saying whether it expired, was evicted or never existed.
+        """
+        calls = self.recorder.pop(session_id)
+        forget = getattr(self.server, "forget_session", None)
+        if callable(forget):
+            if self.server_loop is not None and not self.server_loop.is_closed():
+                self.server_loop.call_soon_threadsafe(forget, session_id)
+            else:
+                forget(session_id)
+        return calls
+
+    # ---- endpoints -----------------------------------------------------------------------
+
+    def models(self) -> dict[str, Any]:
+        """The ``/v1/models`` list: the one model this gateway serves."""
+        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0,
+                                            "owned_by": "agentloop"}]}
+
+    def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None,
+               chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """Prompt ids of ``messages`` (and ``tools``) with the generation prompt.
+
+        Raises:
+            ValueError: when the chat template refuses or fails on the messages.
+        """
+        if self.chat_template is None and not getattr(self.processor, "chat_template", None):
+            raise ValueError(f"the tokenizer ({type(self.processor).__name__}) has no chat template, so this gateway "
+                             "serves /v1/completions only; start it with Gateway(..., chat_template=...)")
+        kwargs = {**self.chat_template_kwargs, **(chat_template_kwargs or {})}
+        try:
+            text = self.processor.apply_chat_template(
+                [dict(m) for m in messages], tools=tools, chat_template=self.chat_template,
+                add_generation_prompt=True, tokenize=False, **kwargs)
+        except Exception as exc:
+            if not raised_by_template(exc):
+                raise
+            raise ValueError(f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(text, str):  # some processors return a one-element batch
+            text = text[0]
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def chat_completion(self, body: Mapping[str, Any], *, session_id: str | None = None) -> GatewayResponse:
+        """Answer a ``/v1/chat/completions`` body.
+
+        Args:
+            body: The OpenAI request.
+            session_id: Record the call in this session (and use it as the engine request id).
+
+        Returns:
+            The ``chat.completion`` object (with ``prompt_token_ids``, ``token_ids`` and
+            ``token_logprobs``) and how the client wants it delivered.
+
+        Raises:
+            ValueError: on an unsupported key or value, messages the template cannot render,
+                ``tools`` without a tool parser, or a request the engine rejects.
+            SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
+        """
+        req = parse_chat_request(body)
+        if req.tools is not None and self.parser is None:
+            raise ValueError("this gateway has no tool parser, so tool calls could not be returned; start it "
+                             "with Gateway(..., tool_parser='hermes') (or the model's format)")
+        prompt_ids = self.render(req.messages, req.tools, req.chat_template_kwargs)
+        gen = await self._generate("chatcmpl", prompt_ids, req, session_id)
+        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
+        finish = _FINISH[gen.stop_reason]
+        choice: dict[str, Any] = {"index": 0, "message": message}
+        if req.parse_tool_calls and self.parser is not None:
+            calls, errors, content = self._tool_calls(gen, req)
+            if calls:
+                message["content"] = content or None
+                message["tool_calls"] = calls
+                finish = "tool_calls"
+            if errors:
+                choice["tool_call_errors"] = errors
+        choice["logprobs"] = ({"content": [
+            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+            for t, lp in zip(self._token_texts(gen.token_ids), gen.log_probs, strict=True)]}
+            if req.logprobs and gen.log_probs is not None else None)
+        choice["finish_reason"] = finish
+        choice["token_ids"] = gen.token_ids
+        choice["token_logprobs"] = gen.log_probs
+        response = self._body("chatcmpl", "chat.completion", req, choice, gen)
+        return self._finish("chat.completions", body, response, gen, req, session_id)
+
+    async def completion(self, body: Mapping[str, Any], *, session_id: str | None = None) -> GatewayResponse:
+        """Answer a ``/v1/completions`` body (prompt as text or token ids).
+
+        Raises:
+            ValueError: on an unsupported key or value, or a request the engine rejects.
+            SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
+        """
+        req = parse_completion_request(body)
+        if isinstance(req.prompt, str):
+            prompt_ids = list(self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+        else:
+            prompt_ids = list(req.prompt)
+        gen = await self._generate("cmpl", prompt_ids, req, session_id)
+        logprobs = None
+        if req.logprobs is not None and gen.log_probs is not None:
+            tokens = self._token_texts(gen.token_ids)
+            offsets, pos = [], 0
+            for t in tokens:
+                offsets.append(pos)
+                pos += len(t)
+            logprobs = {"tokens": tokens, "token_logprobs": gen.log_probs, "top_logprobs": None,
+                        "text_offset": offsets}
+        choice = {"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": _FINISH[gen.stop_reason],
+                  "token_ids": gen.token_ids, "token_logprobs": gen.log_probs}
+        response = self._body("cmpl", "text_completion", req, choice, gen)
+        return self._finish("completions", body, response, gen, req, session_id)
+
+    # ---- internals -----------------------------------------------------------------------
+
+    async def _generate(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
+                        session_id: str | None) -> _Generation:
+        overrides: dict[str, Any] = {}
+        if session_id is not None:
+            check_session_id(session_id)
+            overrides = self.recorder.begin(session_id)
+        params: dict[str, Any] = {**req.sampling, "logprobs": self._logprobs, **self.sampling_overrides, **overrides}
+        if "max_tokens" not in params:
+            if self.default_max_tokens is not None:
+                params["max_tokens"] = self.default_max_tokens
+            elif self.max_model_len is not None and self.max_model_len > len(prompt_ids):
+                params["max_tokens"] = self.max_model_len - len(prompt_ids)
+        stop_ids = single_token_stop_ids(self.tokenizer, req.stop)
+        if stop_ids:
+            params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or ()), *stop_ids]))
+        request_id = session_id or f"{prefix}-{uuid.uuid4().hex}"
+        out = await self._call_server(request_id, prompt_ids, params)
+        ids = list(out.token_ids)
+        log_probs = None if out.log_probs is None else list(out.log_probs)
+        stop_reason = out.stop_reason
+        match = find_stop(ids, self._text, req.stop) if req.stop else None
+        dropped = 0
+        if match is not None:
+            dropped = len(ids) - match.keep
+            ids = ids[: match.keep]
+            log_probs = None if log_probs is None else log_probs[: match.keep]
+            text = match.text
+            if stop_reason != "aborted":
+                stop_reason = "stop"
+        else:
+            text = self._text(ids)
+        return _Generation(prompt_ids=list(prompt_ids), token_ids=ids, log_probs=log_probs, stop_reason=stop_reason,
+                           text=text, stop=None if match is None else match.stop, dropped=dropped,
+                           extra=dict(out.extra))
+
+    async def _call_server(self, request_id: str, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+        loop = self.server_loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return await self.server.generate(request_id, prompt_ids, params)
+        future = asyncio.run_coroutine_threadsafe(self.server.generate(request_id, prompt_ids, params), loop)
+        return await asyncio.wrap_future(future)
+
+    def _text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _token_texts(self, ids: Sequence[int]) -> list[str]:
+        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+    def _tool_calls(self, gen: _Generation, req: ChatRequest) -> tuple[list[dict], list[dict], str]:
+        assert self.parser is not None and req.tools is not None
+        if self.parser.needs_special_tokens:
+            # The call markup is special tokens, erased from the response text: parse the
+            # generation with them kept, minus a token that only ended the turn (EOS), but
+            # keeping the parser's own stop token (harmony's <|call|> closes the call).
+            ids = gen.token_ids
+            if (ids and gen.stop_reason == "stop" and ids[-1] in self._special_ids
+                    and ids[-1] not in self._parser_stop_ids):
+                ids = ids[:-1]
+            text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+            if gen.stop is not None and gen.stop in text:
+                text = text[: text.rindex(gen.stop)]
+        else:
+            text = gen.text
+        tools = {t["function"]["name"]: t for t in req.tools}
+        parsed = self.parser.parse(text, tools)
+        # Ids unique within the conversation: the turn is the number of assistant messages so far + 1.
+        turn = 1 + sum(m.get("role") == "assistant" for m in req.messages)
+        calls = [{"id": call.model_id or self.parser.make_call_id(turn, i, call), "type": "function",
+                  "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+                 for i, call in enumerate(parsed.calls)]
+        errors = [{"raw": e.raw, "reason": e.reason, "kind": e.kind, "name": e.name} for e in parsed.errors]
+        return calls, errors, parsed.content
+
+    def _body(self, prefix: str, obj: str, req: ChatRequest | CompletionRequest, choice: dict[str, Any],
+              gen: _Generation) -> dict[str, Any]:
+        n_prompt, n_gen = len(gen.prompt_ids), len(gen.token_ids)
+        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
+                "model": req.model or self.model_name, "choices": [choice],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
+                "prompt_token_ids": gen.prompt_ids}
+
+    def _finish(self, endpoint: str, request: Mapping[str, Any], response: dict[str, Any], gen: _Generation,
+                req: ChatRequest | CompletionRequest, session_id: str | None) -> GatewayResponse:
+        call = None
+        if session_id is not None:
+            response["session_id"] = session_id
+            call = self.recorder.record(session_id, RecordedCall(
+                index=0, endpoint=endpoint, prompt_ids=gen.prompt_ids, token_ids=gen.token_ids,
+                log_probs=gen.log_probs, stop_reason=gen.stop_reason,  # type: ignore[arg-type]
+                finish_reason=response["choices"][0]["finish_reason"], request=dict(request), response=response,
+                dropped_after_stop=gen.dropped, extra=gen.extra, created=time.time()))
+        return GatewayResponse(body=response, stream=req.stream, include_usage=req.include_usage, call=call)
+
+
+def _max_model_len(server: Any) -> int | None:
+    """The server's context length; for an ``LLMServerClient``, the smallest of its replicas'."""
+    servers = getattr(server, "servers", None)
+    targets = list(servers) if isinstance(servers, list) and servers else [server]
+    lengths = []
+    for target in targets:
+        try:
+            value = getattr(target, "max_model_len", None)
+        except Exception:  # noqa: BLE001 - a remote server not reachable yet: use SamplingParams' default
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        lengths.append(value)
+    return min(lengths)

@@ -1,0 +1,72 @@
+"""OpenAI response bodies and the server-sent event chunks that stream them.
+
+The engine returns a whole generation at once, so a streamed answer is the finished response
+cut into the chunks the OpenAI SDK assembles (role, content, one tool call at a time, the finish
+reason, usage) followed by ``data: [DONE]``. The exact tokens ride along as extension fields:
+top-level ``prompt_token_ids``, and ``token_ids`` / ``token_logprobs`` in the choice (in the
+last chunk when streaming).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["chat_chunks", "completion_chunks", "sse"]
+
+_EXTENSIONS = ("token_ids", "token_logprobs", "tool_call_errors")
+
+
+def _chunk(body: Mapping[str, Any], obj: str, choice: dict[str, Any]) -> dict[str, Any]:
+    return {"id": body["id"], "object": obj, "created": body["created"], "model": body["model"],
+            "choices": [{"index": 0, **choice}]}
+
+
+def _last(body: Mapping[str, Any], obj: str, choice: dict[str, Any], include_usage: bool) -> Iterator[dict]:
+    full = body["choices"][0]
+    last = _chunk(body, obj, {**choice, "finish_reason": full["finish_reason"],
+                              **{k: full[k] for k in _EXTENSIONS if k in full}})
+    last["prompt_token_ids"] = body.get("prompt_token_ids")
+    yield last
+    if include_usage:
+        usage = _chunk(body, obj, {})
+        usage["choices"] = []
+        usage["usage"] = body["usage"]
+        yield usage
+
+
+def chat_chunks(body: Mapping[str, Any], include_usage: bool = False) -> Iterator[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects that stream the ``chat.completion`` ``body``."""
+    obj = "chat.completion.chunk"
+    choice = body["choices"][0]
+    message = choice["message"]
+    yield _chunk(body, obj, {"delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None})
+    if message.get("content"):
+        yield _chunk(body, obj, {"delta": {"content": message["content"]}, "logprobs": choice.get("logprobs"),
+                                 "finish_reason": None})
+    for i, call in enumerate(message.get("tool_calls") or ()):
+        function = call["function"]
+        yield _chunk(body, obj, {"delta": {"tool_calls": [{
+            "index": i, "id": call["id"], "type": "function",
+            "function": {"name": function["name"], "arguments": ""}}]}, "finish_reason": None})
+        yield _chunk(body, obj, {"delta": {"tool_calls": [{
+            "index": i, "function": {"arguments": function["arguments"]}}]}, "finish_reason": None})
+    yield from _last(body, obj, {"delta": {}, "logprobs": None}, include_usage)
+
+
+def completion_chunks(body: Mapping[str, Any], include_usage: bool = False) -> Iterator[dict[str, Any]]:
+    """The ``text_completion`` chunks that stream the ``text_completion`` ``body``."""
+    obj = "text_completion"
+    choice = body["choices"][0]
+    if choice["text"]:
+        yield _chunk(body, obj, {"text": choice["text"], "logprobs": choice.get("logprobs"), "finish_reason": None})
+    yield from _last(body, obj, {"text": "", "logprobs": None}, include_usage)
+
+
+def sse(chunks: Iterator[Mapping[str, Any]]) -> Iterator[bytes]:
+    """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
+    for chunk in chunks:
+        yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,217 @@
+"""Gateway pieces without HTTP: session bounds, text stop cuts, request key policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentloop_core.protocol import ServerCapabilities, TokenOutput
+from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
+from agentloop_engines.gateway import (
+    Gateway,
+    RecordedCall,
+    SessionCallLimitError,
+    SessionNotFoundError,
+    SessionRecorder,
+    find_stop,
+)
+from agentloop_engines.gateway.openai_request import parse_chat_request, parse_completion_request
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def call(ids: list[int]) -> RecordedCall:
+    return RecordedCall(index=0, endpoint="completions", prompt_ids=[1], token_ids=ids, log_probs=None,
+                        stop_reason="stop", finish_reason="stop", request={}, response={})
+
+
+# ---- sessions ----------------------------------------------------------------------------
+
+def test_calls_are_numbered_in_order_and_pop_forgets_the_session():
+    rec = SessionRecorder()
+    rec.open("t1")
+    assert rec.get("t1") == []
+    for ids in ([1], [2], [3]):
+        rec.begin("t1")
+        rec.record("t1", call(ids))
+    calls = rec.pop("t1")
+    assert [c.index for c in calls] == [0, 1, 2] and [c.token_ids for c in calls] == [[1], [2], [3]]
+    with pytest.raises(SessionNotFoundError, match="already taken"):
+        rec.pop("t1")
+
+
+def test_idle_sessions_expire_and_the_error_says_so():
+    clock = Clock()
+    rec = SessionRecorder(ttl_s=10, clock=clock)
+    rec.open("old")
+    clock.now = 5
+    rec.open("young")
+    clock.now = 12  # "old" idle 12 s > ttl, "young" 7 s
+    assert rec.session_ids() == ["young"] and rec.expired == 1
+    with pytest.raises(SessionNotFoundError, match=r"expired after ttl_s=10"):
+        rec.get("old")
+    rec.begin("young")  # a call refreshes the session
+    clock.now = 21
+    assert "young" in rec
+
+
+def test_the_least_recently_used_session_is_evicted_at_max_sessions():
+    rec = SessionRecorder(max_sessions=2)
+    rec.open("a")
+    rec.open("b")
+    rec.begin("a")  # "b" is now the least recently used
+    rec.open("c")
+    assert sorted(rec.session_ids()) == ["a", "c"] and rec.evicted == 1
+    with pytest.raises(SessionNotFoundError, match=r"evicted .* max_sessions=2"):
+        rec.pop("b")
+    with pytest.raises(SessionNotFoundError, match="never opened"):
+        rec.pop("nobody")
+
+
+def test_a_session_refuses_calls_beyond_its_limit_before_generating():
+    rec = SessionRecorder(max_calls_per_session=2)
+    for ids in ([1], [2]):
+        rec.begin("s")
+        rec.record("s", call(ids))
+    with pytest.raises(SessionCallLimitError, match="max_calls_per_session=2"):
+        rec.begin("s")
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", "x" * 201, "sp ace", "q?x"])
+def test_session_ids_must_be_url_and_request_id_safe(bad):
+    with pytest.raises(ValueError, match="invalid session id"):
+        SessionRecorder().open(bad)
+
+
+# ---- text stop -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer()
+
+
+def test_stop_cuts_right_after_the_completing_token(tokenizer):
+    ids = tokenizer.encode("The answer is 7. END and more words", add_special_tokens=False)
+    decode = lambda t: tokenizer.decode(list(t))  # noqa: E731
+    match = find_stop(ids, decode, ["END"])
+    assert match is not None and match.text == "The answer is 7. "
+    assert "END" in decode(ids[: match.keep]) and "END" not in decode(ids[: match.keep - 1])
+    assert find_stop(ids, decode, ["nowhere"]) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="ab \n.#", min_size=1, max_size=40), stop=st.sampled_from(["b", "a.", "\n", "##", " a"]))
+def test_the_kept_prefix_is_the_shortest_that_holds_a_stop(tokenizer, text, stop):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    decode = lambda t: tokenizer.decode(list(t))  # noqa: E731
+    match = find_stop(ids, decode, [stop])
+    if stop not in decode(ids):
+        assert match is None
+        return
+    assert match is not None
+    assert stop in decode(ids[: match.keep]) and stop not in decode(ids[: match.keep - 1])
+    assert match.text == decode(ids[: match.keep]).split(stop)[0]
+
+
+# ---- request keys --------------------------------------------------------------------------
+
+def test_harmless_keys_are_accepted():
+    req = parse_chat_request({
+        "messages": USER, "model": "gpt-4o", "user": "u1", "metadata": {"k": "v"}, "store": False,
+        "parallel_tool_calls": True, "service_tier": "auto", "presence_penalty": 0, "frequency_penalty": 0.0,
+        "logprobs": True, "top_logprobs": 3, "n": 1, "logit_bias": {}, "response_format": {"type": "text"},
+        "stream": True, "stream_options": {"include_usage": True}, "max_completion_tokens": 5, "seed": 3,
+    })
+    assert req.sampling == {"max_tokens": 5, "seed": 3} and req.stream and req.include_usage and req.logprobs
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("n", 2, "send n separate requests"),
+    ("logit_bias", {"5": 10}, "logit_bias"),
+    ("presence_penalty", 0.5, "presence_penalty"),
+    ("frequency_penalty", -1, "frequency_penalty"),
+    ("response_format", {"type": "json_object"}, "constrained decoding"),
+    ("tool_choice", "required", "cannot be enforced"),
+    ("functions", [{"name": "f"}], "unsupported request key(s) ['functions']"),
+    ("stop", [""], "empty string"),
+    ("chat_template_kwargs", {"tools": []}, "may not set ['tools']"),
+])
+def test_harmful_keys_are_refused_by_name(key, value, message):
+    with pytest.raises(ValueError) as info:
+        parse_chat_request({"messages": USER, key: value})
+    assert message in str(info.value)
+
+
+def test_tool_call_arguments_are_decoded_for_templates_and_nulls_dropped():
+    req = parse_chat_request({"messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "assistant", "content": None, "name": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "2"}]})
+    system, assistant, _ = req.messages
+    assert system == {"role": "system", "content": "be brief"}
+    assert "name" not in assistant and assistant["content"] == ""
+    assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{"x": 1}, "not json"]
+
+
+@pytest.mark.parametrize("prompt, expected", [("hello", "hello"), ([1, 2], [1, 2]), (["hi"], "hi"), ([[3]], [3])])
+def test_completion_prompts(prompt, expected):
+    assert parse_completion_request({"prompt": prompt}).prompt == expected
+
+
+@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], [], "", [True]])
+def test_completion_batches_and_empty_prompts_are_refused(prompt):
+    with pytest.raises(ValueError, match="prompt"):
+        parse_completion_request({"prompt": prompt})
+
+
+async def test_session_overrides_replace_the_agents_sampling(tokenizer):
+    server = ScriptedServer([[5, 6]], eos_token_id=None)
+    gateway = Gateway(server, tokenizer, sampling_overrides={"temperature": 1.0}, default_max_tokens=7)
+    gateway.open_session("s", sampling_overrides={"top_p": 0.5})
+    out = await gateway.chat_completion({"messages": USER, "temperature": 0, "top_p": 0.9}, session_id="s")
+    sp = server.calls[0].sampling_params
+    assert (sp.temperature, sp.top_p, sp.max_tokens, sp.logprobs) == (1.0, 0.5, 7, True)
+    assert server.calls[0].request_id == "s"
+    assert out.call is not None and out.call.token_ids == [5, 6]
+
+
+async def test_tools_without_a_parser_are_refused(tokenizer):
+    gateway = Gateway(ScriptedServer([[5]]), tokenizer)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(ValueError, match="tool_parser='hermes'"):
+        await gateway.chat_completion({"messages": USER, "tools": tools})
+
+
+async def test_no_log_probs_from_an_engine_without_them(tokenizer):
+    class NoLogprobs(ScriptedServer):
+        capabilities = ServerCapabilities(logprobs=False)
+
+        async def generate(self, request_id, prompt_ids, sampling_params):
+            assert sampling_params["logprobs"] is False
+            return TokenOutput(token_ids=[7], log_probs=None, stop_reason="length")
+
+    out = await Gateway(NoLogprobs(), tokenizer).completion({"prompt": [1, 2]}, session_id="s")
+    assert out.body["choices"][0]["token_logprobs"] is None and out.body["choices"][0]["finish_reason"] == "length"
+    assert out.call is not None and out.call.log_probs is None
+
+
+async def test_a_base_model_without_chat_template_serves_completions_only(tokenizer):
+    import copy
+
+    base = copy.deepcopy(tokenizer)
+    base.chat_template = None
+    gateway = Gateway(ScriptedServer([[5, 6]]), base)
+    assert (await gateway.completion({"prompt": "Ann has"})).body["choices"][0]["token_ids"] == [5, 6]
+    with pytest.raises(ValueError, match="serves /v1/completions only"):
+        await gateway.chat_completion({"messages": USER})
