@@ -23,50 +23,14 @@ The function-tool file is imported by path; every module-level :class:`BaseTool`
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.imports import import_object
+from agentloop_core.imports import import_file, import_object
 from agentloop_tools.base import BaseTool
 
 __all__ = ["import_file", "import_object", "read_yaml_list", "load_function_tools", "load_tools", "load_tools_from_config"]
-
-
-def import_file(path: str | Path, what: str, prefix: str = "agentloop_user") -> Any:
-    """Import a Python file by path, once per process (a second call returns the same module).
-
-    Args:
-        path: The ``.py`` file.
-        what: What the file is, for errors (``"function tool file"``, ``"custom_reward_function.path"``).
-        prefix: Start of the module name under which it is registered in ``sys.modules``.
-
-    Raises:
-        FileNotFoundError: No such file.
-        ValueError: The file fails to import (its exception named).
-    """
-    file = Path(path).expanduser().resolve()
-    if not file.is_file():
-        raise FileNotFoundError(f"{what} {str(file)!r} does not exist")
-    # A stable, unique module name so two files called tools.py do not replace each other.
-    module_name = f"{prefix}_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, file)
-    if spec is None or spec.loader is None:
-        raise ValueError(f"{file}: cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:
-        sys.modules.pop(module_name, None)
-        raise ValueError(f"{file}: importing the {what} failed: {type(exc).__name__}: {exc}") from exc
-    return module
 
 
 def read_yaml_list(path: str | Path, key: str, *, what: str, entries: str) -> tuple[Path, list[Any]]:

@@ -137,6 +137,33 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    from transformers import AutoTokenizer
+
+    from agentloop_engines.gateway import Gateway
+    from agentloop_engines.http_server import serve
+    from agentloop_trainer.config import load_config
+    from agentloop_trainer.engines import build_engine, engine_spec
+
+    cfg = load_config(list(args.overrides), args.config)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise SystemExit(f"--api-key-env={args.api_key_env}: that environment variable is not set")
+    spec = engine_spec(cfg, args.checkpoint, cfg.model.tokenizer_path)
+    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path or spec.model_path)
+    engine = build_engine(spec, tokenizer=tokenizer)
+    r = cfg.actor_rollout_ref.rollout
+    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.format, model_name=args.model_name)
+    print(f"serving {args.checkpoint} ({spec.name}) at http://{args.host}:{args.port}/v1 "
+          f"(sessions: /sessions/<id>/v1; token-level: /generate)", flush=True)
+    serve(engine, args.host, args.port, api_key, gateway=gateway)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="agentloop", description="Agentic RL for LLMs: GRPO over agent loops.")
@@ -170,6 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--out", default="trajectories.jsonl")
     ro.add_argument("--num-prompts", type=int, default=16)
     ro.set_defaults(func=_rollout)
+
+    sv = sub.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible API with per-session "
+                                      "token recording (and /generate)")
+    sv.add_argument("checkpoint", help="Hugging Face checkpoint folder")
+    sv.add_argument("overrides", nargs="*", help="config overrides: actor_rollout_ref.rollout.name=vllm, ...")
+    sv.add_argument("--config")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key-env", default=None,
+                    help="name of an environment variable holding the bearer token clients must send")
+    sv.add_argument("--model-name", default=None, help="the model name /v1/models reports (default: the path)")
+    sv.set_defaults(func=_serve)
     return parser
 
 

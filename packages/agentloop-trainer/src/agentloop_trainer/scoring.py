@@ -127,7 +127,7 @@ def load_reward_function(path: str | Path, name: str = "compute_score",
         FileNotFoundError: naming the path and the config key.
         ValueError: the file has no such callable, or it cannot take verl's four arguments.
     """
-    from agentloop_tools.load_tools import import_file
+    from agentloop_core.imports import import_file
 
     path = Path(path).expanduser().resolve()
     module = import_file(path, "custom_reward_function.path", prefix="agentloop_reward")

@@ -7,7 +7,9 @@ app has one):
 * the same under ``/sessions/<session_id>/v1/...``: the call is recorded in that session (so
   a trajectory's base URL is ``http://host:port/sessions/<id>/v1``); a ``X-Agentloop-Session``
   header on the plain paths does the same;
-* ``GET /sessions``: open sessions and the limits; ``POST /sessions/<id>`` opens one
+* ``GET /sessions``: open sessions, the limits, and how many session chat calls continued the
+  previous call token-exactly or were rendered whole after an edit (``continued_calls``,
+  ``restarted_calls``); ``POST /sessions/<id>`` opens one
   (optional body ``{"sampling_params": {...}}``: overrides for its calls);
   ``GET /sessions/<id>``: its recorded calls; ``DELETE /sessions/<id>``: the same, and the
   session is forgotten (how a remote loop takes a trajectory);
@@ -121,7 +123,8 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
     async def list_sessions() -> dict[str, Any]:
         rec = gateway.recorder
         return {"sessions": rec.session_ids(), "max_sessions": rec.max_sessions, "ttl_s": rec.ttl_s,
-                "max_calls_per_session": rec.max_calls_per_session, "evicted": rec.evicted, "expired": rec.expired}
+                "max_calls_per_session": rec.max_calls_per_session, "evicted": rec.evicted, "expired": rec.expired,
+                "continued_calls": gateway.continued_calls, "restarted_calls": gateway.restarted_calls}
 
     @app.post("/sessions/{session_id}", dependencies=auth)
     async def open_session(session_id: str, body: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -78,7 +78,10 @@ class RecordedCall:
     """Tokens the engine sampled after the token that completed a stop string, not kept."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The engine output's ``extra`` (``replica``: the replica that served it, behind an
-    ``LLMServerClient``)."""
+    ``LLMServerClient``); for chat calls also ``extends_previous``: whether the prompt is the
+    previous chat call's prompt + generated ids + the template's delta for the messages the
+    agent appended (False: the request was rendered whole, so the call starts a new segment
+    unless its re-encoded history happens to match)."""
     created: float = 0.0
     """Unix time the call finished."""
 
@@ -103,6 +106,7 @@ class _Session:
     calls: list[RecordedCall] = field(default_factory=list)
     last_used: float = 0.0
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    chat_state: Any = None
 
 
 class SessionRecorder:
@@ -230,6 +234,21 @@ class SessionRecorder:
             call = _renumber(call, len(session.calls))
             session.calls.append(call)
             return call
+
+    def chat_state(self, session_id: str) -> Any:
+        """What the gateway keeps to continue the session's last chat call token-exactly
+        (see :mod:`~agentloop_engines.gateway.continuation`); None for a session without one or
+        no session. It goes with the session (pop, expiry, eviction)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return None if session is None else session.chat_state
+
+    def set_chat_state(self, session_id: str, state: Any) -> None:
+        """Keep ``state`` for the session's next chat call (nothing when the session is gone)."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.chat_state = state
 
     # ---- bounds --------------------------------------------------------------------------
 

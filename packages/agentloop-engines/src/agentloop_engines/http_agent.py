@@ -1,0 +1,217 @@
+"""The ``http_agent`` loop: train an agent written against the OpenAI API without changing it.
+
+Each trajectory runs the user's agent against its own session URL of an OpenAI-compatible
+gateway (:mod:`agentloop_engines.gateway`) over this loop's engine. The gateway records every
+call's exact prompt ids, generated ids and log-probs; those calls become the training data
+through core's :class:`~agentloop_core.segments.SegmentBuilder`: a call whose prompt extends the
+previous prompt plus its generation joins it (mask 1 on generated tokens, 0 on the rest), and a
+call that does not (the agent trimmed, summarised or rewrote its context) starts a new segment.
+Nothing is decoded and re-encoded for training.
+
+The agent is any callable (or ``"package.module:function"`` import path) called as
+``agent(base_url, row)``, sync or async, where ``base_url`` is an OpenAI base URL (give it to
+``openai.OpenAI(base_url=..., api_key="unused")`` or ``ChatOpenAI(base_url=...)``; any model name
+is accepted) and ``row`` is the dataset row. It may return:
+
+* ``None``: the reward comes from the trainer's scorer (``reward_fn``), as for any loop;
+* a number: the trajectory's reward;
+* a mapping with ``reward`` (optional) and ``metrics`` (numbers, added to the output's metrics).
+
+A synchronous agent runs in a worker thread, so a blocking client never stalls the rollout's
+event loop. The gateway's sampling parameters are the trainer's (temperature, top-p, seed...):
+what the agent asks for is overridden, and ``max_tokens`` is capped by ``response_length``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop_core.imports import import_object
+from agentloop_core.loop import AgentLoopBase
+from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import SamplingParams
+from agentloop_core.registry import register
+from agentloop_core.segments import SegmentBuilder
+
+logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class HTTPAgentConfig:
+    """What ``http_agent`` reads from the loop config (the trainer's
+    ``actor_rollout_ref.rollout.agent`` / ``multi_turn`` sections)."""
+
+    agent: Callable[..., Any]
+    """The agent: ``agent(base_url, row)``, sync or async."""
+    tool_parser: str | None = "hermes"
+    """Parser that turns generated text into ``tool_calls`` for requests that send ``tools``."""
+    chat_template: str | None = None
+    """A Jinja chat template replacing the tokenizer's own."""
+    chat_template_kwargs: Mapping[str, Any] | None = None
+    """Template variables for every chat request (a request's own win)."""
+    timeout_s: float | None = 600.0
+    """Wall-clock limit of one agent run; past it the trajectory fails (and is counted)."""
+    max_calls: int = 1000
+    """Model calls one trajectory may make; the call past it is refused with an error."""
+    api_key: str | None = None
+    """Bearer token the gateway demands (None: none; it binds to 127.0.0.1 only)."""
+    response_length: int | None = None
+    """Cap on ``max_tokens`` of every call."""
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> HTTPAgentConfig:
+        """Read and check the loop config.
+
+        The config is the worker's, merged with this loop's section; the trainer rejects unknown
+        keys of the section itself (through :attr:`HTTPAgentLoop.config_class`).
+
+        Raises:
+            ValueError: without ``agent``, or for an agent that is not callable or cannot be
+                imported.
+        """
+        agent = config.get("agent")
+        if agent is None:
+            raise ValueError("http_agent needs config 'agent': a callable agent(base_url, row) or an import "
+                             "path 'package.module:function'")
+        if isinstance(agent, str):
+            agent = import_object(agent, where="http_agent agent")
+        if not callable(agent):
+            raise ValueError(f"http_agent: agent {agent!r} is not callable; it is called as agent(base_url, row)")
+        max_calls = int(config.get("max_calls", 1000))
+        if max_calls < 1:
+            raise ValueError(f"http_agent: max_calls must be >= 1, got {max_calls}")
+        timeout = config.get("timeout_s", 600.0)
+        return cls(agent=agent, tool_parser=config.get("tool_parser", "hermes"),
+                   chat_template=config.get("chat_template"),
+                   chat_template_kwargs=config.get("chat_template_kwargs"),
+                   timeout_s=None if timeout is None else float(timeout), max_calls=max_calls,
+                   api_key=config.get("api_key"), response_length=config.get("response_length"))
+
+
+# One gateway (and its HTTP thread) per event loop, engine, tokenizer and gateway options: loops
+# are built once per sample, the gateway outlives them.
+_GATEWAYS: dict[tuple, Any] = {}
+_GATEWAYS_LOCK = threading.Lock()
+
+
+def _gateway_for(server: Any, tokenizer: Any, cfg: HTTPAgentConfig, loop: asyncio.AbstractEventLoop) -> Any:
+    from agentloop_engines.gateway import Gateway, GatewayThread, SessionRecorder
+
+    key = (id(loop), id(server), id(tokenizer), cfg.tool_parser, cfg.chat_template, cfg.api_key, cfg.max_calls,
+           repr(sorted((cfg.chat_template_kwargs or {}).items())))
+    with _GATEWAYS_LOCK:
+        for stale in [k for k, (thread, owner) in _GATEWAYS.items() if owner.is_closed()]:
+            _GATEWAYS.pop(stale)[0].__exit__(None, None, None)
+        if key not in _GATEWAYS:
+            gateway = Gateway(server, tokenizer, chat_template=cfg.chat_template, tool_parser=cfg.tool_parser,
+                              chat_template_kwargs=cfg.chat_template_kwargs, server_loop=loop,
+                              recorder=SessionRecorder(max_calls_per_session=cfg.max_calls))
+            _GATEWAYS[key] = (GatewayThread(gateway, api_key=cfg.api_key).__enter__(), loop)
+        return _GATEWAYS[key][0]
+
+
+def close_gateways() -> None:
+    """Stop every gateway ``http_agent`` started in this process (tests, shutdown)."""
+    with _GATEWAYS_LOCK:
+        while _GATEWAYS:
+            _GATEWAYS.popitem()[1][0].__exit__(None, None, None)
+
+
+def _training_overrides(sampling_params: Mapping[str, Any] | SamplingParams, cap: int | None) -> dict[str, Any]:
+    params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params)
+    params = {k: v for k, v in params.items() if v is not None}
+    max_tokens = params.pop("max_tokens", None)
+    limits = [n for n in (max_tokens, cap) if n is not None]
+    if limits:
+        params["max_tokens"] = int(min(limits))
+    params["logprobs"] = True
+    return params
+
+
+@register("http_agent")
+class HTTPAgentLoop(AgentLoopBase):
+    """Runs a user's OpenAI-API agent against a recording session; see the module docstring."""
+
+    config_class = HTTPAgentConfig
+
+    def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None, processor: Any = None,
+                 tracer: Any = None) -> None:
+        super().__init__(server, tokenizer, config, processor, tracer)
+        self.settings = HTTPAgentConfig.from_config(self.config)
+
+    async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> list[AgentLoopOutput]:
+        """Run the agent once; return the trajectory's segments.
+
+        Raises:
+            ValueError: when the agent made no model call through its base URL, or returned
+                something other than None, a number or a mapping.
+            TimeoutError: past ``timeout_s``.
+        """
+        cfg = self.settings
+        thread = _gateway_for(self.server, self.processor or self.tokenizer, cfg, asyncio.get_running_loop())
+        session_id = f"{row.get('index', 'row')}-{uuid.uuid4().hex[:12]}".replace(" ", "_")[:200]
+        thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
+                                                                                        cfg.response_length))
+        start = time.perf_counter()
+        try:
+            with self.tracer.span("http_agent", request_id=session_id):
+                result = await asyncio.wait_for(self._call_agent(thread.session_url(session_id), row), cfg.timeout_s)
+        finally:
+            calls = thread.gateway.close_session(session_id)
+        agent_s = time.perf_counter() - start
+        if not calls:
+            raise ValueError(
+                f"http_agent: the agent made no model call through its base_url (session {session_id}); it must "
+                "send its requests to the base_url it is given (openai.OpenAI(base_url=base_url, ...))")
+        reward, metrics = _interpret(result)
+        builder = SegmentBuilder.from_calls(calls)
+        generated = sum(len(call.token_ids) for call in calls)
+        metrics = {**metrics, "http_calls": len(calls), "agent_s": agent_s, "generated_tokens": generated,
+                   "segments": builder.num_segments}
+        return builder.outputs(reward_score=reward, num_turns=len(calls), metrics=metrics,
+                               extra_fields={"session_id": session_id})
+
+    async def _call_agent(self, base_url: str, row: Mapping[str, Any]) -> Any:
+        agent = self.settings.agent
+        if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(type(agent).__call__):
+            return await agent(base_url, dict(row))
+        # A blocking client on this loop would deadlock the gateway, which runs generate here.
+        result = await asyncio.to_thread(agent, base_url, dict(row))
+        if inspect.isawaitable(result):
+            return await result
+        return result
+
+
+def _interpret(result: Any) -> tuple[float | None, dict[str, float]]:
+    """(reward, metrics) from what the agent returned."""
+    if result is None:
+        return None, {}
+    if isinstance(result, bool) or not isinstance(result, (int, float, Mapping)):
+        raise ValueError(f"http_agent: the agent returned {type(result).__name__}; return None, a number (the "
+                         "reward) or a mapping with 'reward' and/or 'metrics'")
+    if not isinstance(result, Mapping):
+        reward: Any = result
+        metrics: Any = {}
+    else:
+        unknown = sorted(set(result) - {"reward", "metrics"})
+        if unknown:
+            raise ValueError(f"http_agent: the agent's result has unknown keys {unknown}; use 'reward' and 'metrics'")
+        reward, metrics = result.get("reward"), result.get("metrics") or {}
+    if reward is not None:
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"http_agent: the agent returned a non-finite reward {reward}")
+    if not isinstance(metrics, Mapping) or not all(isinstance(v, (int, float)) for v in metrics.values()):
+        raise ValueError(f"http_agent: 'metrics' must map names to numbers, got {metrics!r}")
+    return reward, {str(k): float(v) for k, v in metrics.items()}
+
+
+__all__ = ["HTTPAgentConfig", "HTTPAgentLoop", "close_gateways"]
