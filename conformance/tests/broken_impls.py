@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from segment_loops import SummarisingLoop
+
 from agentloop_conformance import EngineTarget, hf_named_weights, hf_reference_log_probs
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
@@ -57,6 +59,20 @@ class ReencodingLoop(AgentLoopBase):
 
 def reencoding_loop(server: Any) -> ReencodingLoop:
     return ReencodingLoop(server, load_tiny_tokenizer(), {"response_length": 64})
+
+
+class UnsharedRewardLoop(SummarisingLoop):
+    """Segments right, but each segment scored on its own: the trajectory has no one reward."""
+
+    def segments(self, builder, num_turns):
+        outs = super().segments(builder, num_turns)
+        for k, out in enumerate(outs):
+            out.reward_score = float(k)
+        return outs
+
+
+def unshared_reward_loop(server: Any) -> UnsharedRewardLoop:
+    return UnsharedRewardLoop(server, load_tiny_tokenizer(), {"response_length": 64})
 
 
 class NewlineDroppingTokenizer:

@@ -58,6 +58,15 @@ def test_a_loop_that_reencodes_text_is_caught_by_the_mask_check(tmp_path):
     assert "TestAgentLoop::test_response_length_within_budget[scripted]" in passed
 
 
+def test_segments_scored_one_by_one_are_caught_by_the_segment_check(tmp_path):
+    failed, passed = failed_checks(tmp_path, "--agentloop-loop=broken_impls:unshared_reward_loop", "-k",
+                                   "TestAgentLoop")
+    assert failed == {"TestAgentLoop::test_segments_are_numbered_and_share_one_reward[scripted]"}, failed
+    # Its tokens are right, segment by segment.
+    assert {"TestAgentLoop::test_mask_one_tokens_are_the_engine_output[scripted]",
+            "TestAgentLoop::test_no_tool_or_user_token_has_mask_one[scripted]"} <= passed
+
+
 def test_a_tokenizer_dropping_the_newline_after_end_of_turn_is_caught(tmp_path):
     failed, passed = failed_checks(tmp_path, "--agentloop-tokenizer=broken_impls:newline_dropping_tokenizer",
                                    "-k", "TestTokenizer")

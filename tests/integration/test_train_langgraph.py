@@ -16,18 +16,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "langgraph_calculat
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    from agentloop_core.testing import load_tiny_tokenizer
-    from agentloop_trainer.model import TinyModelSpec, build_tiny_policy
-
-    tok = load_tiny_tokenizer()
-    path = tmp_path_factory.mktemp("policy")
-    build_tiny_policy(tok, seed=0, spec=TinyModelSpec(hidden_size=64, intermediate_size=128)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def data(tmp_path_factory):
     from agentloop_trainer.data import write_parquet_rows
     from agentloop_trainer.task import dataset_row, make_problems

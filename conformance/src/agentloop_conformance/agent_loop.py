@@ -5,6 +5,11 @@ fixture, ``agent_loop_factory``: a callable ``(server) -> AgentLoopBase`` that b
 Each check runs the loop's rows against a scripted engine (exact control, non-canonical token
 ids like a sampling engine's) and, when the ``real_engine`` fixture gives one, against a real
 engine, with a recording proxy between loop and engine.
+
+A loop may return one output per row or, when its agent rewrote its own context, the list of
+the trajectory's segments (see :mod:`agentloop_core.segments`). The token checks then apply
+to each segment with the engine calls it holds: segment ``k`` holds the calls from the one whose
+prompt is its ``prompt_ids`` up to the next segment's first call.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from agentloop_conformance._guard import SuiteGuard
 from agentloop_conformance.recording import FailingServer, RecordedCall, RecordingServer, scripted_engine
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
+from agentloop_core.segments import trajectory_reward
 
 ENGINE_KINDS = ("scripted", "real")
 
@@ -32,11 +38,42 @@ DEFAULT_ROWS: tuple[dict[str, Any], ...] = (
 
 @dataclass
 class Rollout:
-    """One row rolled out: the loop's output and the engine calls it made."""
+    """One row rolled out: the loop's outputs and the engine calls it made."""
 
-    output: AgentLoopOutput
+    outputs: list[AgentLoopOutput]
+    """What ``run`` returned: one output, or the trajectory's segments in order."""
     calls: list[RecordedCall]
+    """Every ``generate`` call of the row, in order."""
     loop: AgentLoopBase
+    """The loop that ran it."""
+
+    def segments(self, row: int) -> list[tuple[AgentLoopOutput, range]]:
+        """Each output with the indices (in :attr:`calls`) of the engine calls it holds.
+
+        The first segment starts at the first call; segment ``k > 0`` at the last call before
+        segment ``k + 1``'s start whose prompt is its ``prompt_ids`` (a call inside a segment has
+        a longer prompt than the segment's, so a retried call is not mistaken for one).
+
+        Raises:
+            AssertionError: a segment's ``prompt_ids`` is no call's prompt, or the first
+                segment does not start at the first call (``row`` names the row).
+        """
+        starts: list[int] = []
+        end = len(self.calls)
+        for k in range(len(self.outputs) - 1, -1, -1):
+            prompt = self.outputs[k].prompt_ids
+            if k == 0:
+                start = 0 if self.calls[0].prompt_ids == prompt else None
+            else:
+                start = next((i for i in range(end - 1, 0, -1) if self.calls[i].prompt_ids == prompt), None)
+            where = "the first call's prompt" if k == 0 else f"the prompt of any engine call before call {end}"
+            assert start is not None, (
+                f"row {row}: segment {k}'s prompt_ids is not {where}; each output's prompt_ids must be the prompt "
+                "the engine saw for its first call")
+            starts.insert(0, start)
+            end = start
+        bounds = [*starts[1:], len(self.calls)]
+        return [(out, range(a, b)) for out, a, b in zip(self.outputs, starts, bounds, strict=True)]
 
 
 @dataclass
@@ -103,72 +140,108 @@ class AgentLoopConformanceTests(SuiteGuard):
                     else setup.real_engine
             start = len(proxy.calls)
             out = await loop.run(dict(self.sampling_params), **row)
-            assert isinstance(out, AgentLoopOutput), f"run() returned {type(out).__name__}, not AgentLoopOutput"
+            outputs = out if isinstance(out, list) else [out]
+            assert outputs and all(isinstance(o, AgentLoopOutput) for o in outputs), (
+                f"run() returned {type(out).__name__}, not an AgentLoopOutput or a non-empty list of them")
             calls = proxy.calls[start:]
             assert calls, "the loop returned without calling generate"
-            results.append(Rollout(out, calls, loop))
+            results.append(Rollout(outputs, calls, loop))
         return results
 
     # -- checks -------------------------------------------------------------------------------
 
     async def test_mask_one_tokens_are_the_engine_output(self, loop_setup: LoopSetup) -> None:
         """The tokens with response_mask 1 are exactly the ids the engine returned, call after
-        call, in order, and prompt_ids is the first call's prompt. Debug: a loop that decodes
-        generated text and re-encodes it (the one law: never) fails here on the scripted
-        engine, which returns non-canonical ids as real samplers do."""
+        call, in order (over the segments in order, when the loop returned several), and each
+        output's prompt_ids is the prompt of its first call (the first output's: the first
+        call's). Debug: a loop that decodes generated text and re-encodes it (the one law:
+        never) fails here on the scripted engine, which returns non-canonical ids as real
+        samplers do; a segment whose tokens differ from its calls' is named."""
         for k, r in enumerate(await self.rollout(loop_setup)):
-            out = r.output
             generated = [t for c in r.calls for t in c.output.token_ids]
-            kept = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 1]
+            kept = [t for out in r.outputs for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 1]
             assert kept == generated, (
                 f"row {k}: mask-1 tokens differ from the engine's output:\n  engine: {generated[:40]}\n"
                 f"  mask-1: {kept[:40]}")
-            assert out.prompt_ids == r.calls[0].prompt_ids, f"row {k}: prompt_ids is not the first call's prompt"
+            for s, (out, calls) in enumerate(r.segments(k)):
+                own = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 1]
+                assert own == [t for j in calls for t in r.calls[j].output.token_ids], (
+                    f"row {k}: segment {s}'s mask-1 tokens are not the output of its calls {calls.start}.."
+                    f"{calls.stop - 1}")
 
     async def test_log_probs_aligned_with_mask(self, loop_setup: LoopSetup) -> None:
-        """response_logprobs holds the engine's log-prob of each mask-1 token, in order, and 0.0
-        on mask-0 tokens. Debug: log-probs appended for tool tokens, or dropped for a turn."""
+        """response_logprobs holds the engine's log-prob of each mask-1 token, in order (over
+        the segments in order), and 0.0 on mask-0 tokens. Debug: log-probs appended for tool
+        tokens, or dropped for a turn or a segment."""
         for k, r in enumerate(await self.rollout(loop_setup)):
-            out = r.output
             engine_lps = [lp for c in r.calls for lp in (c.output.log_probs or [])]
             if not engine_lps:
                 pytest.skip("the engine returned no log-probs")
-            assert out.response_logprobs is not None, f"row {k}: the engine returned log-probs but the loop dropped them"
-            kept = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 1]
+            kept: list[float] = []
+            for s, out in enumerate(r.outputs):
+                assert out.response_logprobs is not None, (
+                    f"row {k}: segment {s}: the engine returned log-probs but the loop dropped them")
+                kept += [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 1]
+                other = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 0]
+                assert all(lp == 0.0 for lp in other), f"row {k}: segment {s}: mask-0 tokens carry non-zero log-probs"
             assert kept == pytest.approx(engine_lps, abs=1e-6), f"row {k}: mask-1 log-probs are not the engine's"
-            other = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m == 0]
-            assert all(lp == 0.0 for lp in other), f"row {k}: mask-0 tokens carry non-zero log-probs"
 
     async def test_no_tool_or_user_token_has_mask_one(self, loop_setup: LoopSetup) -> None:
-        """Every generate call's prompt is a prefix of the final sequence and the engine's ids
-        follow it there; response_mask is 1 on those ids and 0 on everything the loop added
-        (tool results, user turns, template glue). Debug: compare the expected and actual mask
-        around the first difference."""
+        """Every generate call's prompt is a prefix of its segment's final sequence and the
+        engine's ids follow it there; response_mask is 1 on those ids and 0 on everything the
+        loop added (tool results, user turns, template glue). Debug: compare the expected and
+        actual mask around the first difference."""
         for k, r in enumerate(await self.rollout(loop_setup)):
-            out = r.output
-            full = out.prompt_ids + out.response_ids
-            n_prompt = len(out.prompt_ids)
-            expected = [0] * len(out.response_ids)
-            for j, c in enumerate(r.calls):
-                start, ids = len(c.prompt_ids), c.output.token_ids
-                assert full[:start] == c.prompt_ids, f"row {k}: call {j}'s prompt is not a prefix of the final ids"
-                assert full[start : start + len(ids)] == ids, f"row {k}: call {j}'s output is not where it was generated"
-                for i in range(start - n_prompt, start - n_prompt + len(ids)):
-                    expected[i] = 1
-            if out.response_mask != expected:
-                i = next(i for i, (a, b) in enumerate(zip(out.response_mask, expected, strict=True)) if a != b)
-                pytest.fail(f"row {k}: response_mask differs from the generated positions at response index {i}: "
-                            f"mask {out.response_mask[max(0, i - 5) : i + 5]} expected {expected[max(0, i - 5) : i + 5]}")
+            for s, (out, calls) in enumerate(r.segments(k)):
+                where = f"row {k}" + (f" segment {s}" if len(r.outputs) > 1 else "")
+                full = out.prompt_ids + out.response_ids
+                n_prompt = len(out.prompt_ids)
+                expected = [0] * len(out.response_ids)
+                for j in calls:
+                    c = r.calls[j]
+                    start, ids = len(c.prompt_ids), c.output.token_ids
+                    assert full[:start] == c.prompt_ids, f"{where}: call {j}'s prompt is not a prefix of the final ids"
+                    assert full[start : start + len(ids)] == ids, f"{where}: call {j}'s output is not where it was generated"
+                    for i in range(start - n_prompt, start - n_prompt + len(ids)):
+                        expected[i] = 1
+                if out.response_mask != expected:
+                    i = next(i for i, (a, b) in enumerate(zip(out.response_mask, expected, strict=True)) if a != b)
+                    pytest.fail(f"{where}: response_mask differs from the generated positions at response index {i}: "
+                                f"mask {out.response_mask[max(0, i - 5) : i + 5]} expected "
+                                f"{expected[max(0, i - 5) : i + 5]}")
 
     async def test_response_length_within_budget(self, loop_setup: LoopSetup) -> None:
-        """len(response_ids) never exceeds the loop's ``response_length`` config. Debug: a
-        tool result or user turn appended past the budget."""
+        """len(response_ids) never exceeds the loop's ``response_length`` config, for each
+        segment (each is one training row of that width). Debug: a tool result or user turn
+        appended past the budget."""
         for k, r in enumerate(await self.rollout(loop_setup)):
             budget = r.loop.config.get("response_length")
             if budget is None:
                 pytest.skip("the loop's config has no response_length")
-            assert len(r.output.response_ids) <= int(budget), (
-                f"row {k}: {len(r.output.response_ids)} response tokens, budget {budget}")
+            for s, out in enumerate(r.outputs):
+                assert len(out.response_ids) <= int(budget), (
+                    f"row {k} segment {s}: {len(out.response_ids)} response tokens, budget {budget}")
+
+    async def test_segments_are_numbered_and_share_one_reward(self, loop_setup: LoopSetup) -> None:
+        """A row returned as several outputs is one trajectory's segments: their
+        ``segment_index`` is 0, 1, ... in order (or left 0 everywhere for the worker to number),
+        they share one ``reward_score`` (earlier ones may leave it None) and none is a failure
+        (a failed trajectory is one failed output). Debug: build them with ``SegmentBuilder.outputs(reward_score=...)``, which
+        sets all of this."""
+        rollouts = await self.rollout(loop_setup)
+        if all(len(r.outputs) == 1 for r in rollouts):
+            pytest.skip("the loop returned one output per row: no segments to check")
+        for k, r in enumerate(rollouts):
+            n = len(r.outputs)
+            indices = [o.segment_index for o in r.outputs]
+            assert indices in (list(range(n)), [0] * n), f"row {k}: segment indices {indices}, expected 0..{n - 1}"
+            try:
+                trajectory_reward(r.outputs)
+            except ValueError as exc:
+                pytest.fail(f"row {k}: {exc}")
+            if n > 1:
+                failed = [s for s, o in enumerate(r.outputs) if o.failed]
+                assert not failed, f"row {k}: segments {failed} are failures; a failed trajectory is one output"
 
     async def test_failures_become_failed_samples(self, agent_loop_factory: Any, agent_loop_rows: list) -> None:
         """When the engine raises, AgentLoopWorker returns one failed sample per row

@@ -122,9 +122,9 @@ async def test_turns_stay_on_one_replica_of_the_client(tokenizer):
     assert all(r.calls for r in replicas)  # least in-flight spread the trajectories
 
 
-async def test_history_that_is_not_an_extension_is_refused(tokenizer, scripted):
+async def test_history_that_is_not_an_extension_is_refused_with_on_history_rewrite_error(tokenizer, scripted):
     server = scripted(["one", "two", "three"])
-    chat = model_for(server, tokenizer)
+    chat = model_for(server, tokenizer, on_history_rewrite="error")
     first = await chat.ainvoke(QUESTION)
 
     with pytest.raises(HistoryRewrittenError, match="message 1 differs"):

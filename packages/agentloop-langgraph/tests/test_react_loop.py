@@ -112,10 +112,11 @@ async def test_tool_errors_reach_the_graph_as_tool_messages(tokenizer, scripted)
     assert calculator.live_instances == 0 and tools["broken"].live_instances == 0
 
 
-async def test_graph_that_trims_history_fails_the_sample_with_the_reason(tokenizer, scripted):
+async def test_graph_that_trims_history_fails_the_sample_with_on_history_rewrite_error(tokenizer, scripted):
     server = scripted(REPLIES)
     # An import path, as a config file would give it.
-    out = await run_loop(server, tokenizer, {"graph_factory": "langgraph_helpers:trimming_graph"})
+    out = await run_loop(server, tokenizer, {"graph_factory": "langgraph_helpers:trimming_graph",
+                                             "on_history_rewrite": "error"})
 
     assert out.failed
     assert out.metrics["history_rewritten"] == 1
@@ -125,7 +126,7 @@ async def test_graph_that_trims_history_fails_the_sample_with_the_reason(tokeniz
     assert calculator.live_instances == 0
 
 
-async def test_graph_that_edits_a_generated_message_is_detected(tokenizer, scripted):
+async def test_graph_that_edits_a_generated_message_is_detected_with_on_history_rewrite_error(tokenizer, scripted):
     from langchain.agents import create_agent
     from langchain.agents.middleware import before_model
 
@@ -142,7 +143,7 @@ async def test_graph_that_edits_a_generated_message_is_detected(tokenizer, scrip
     def factory(chat_model, tools):
         return create_agent(chat_model, tools, middleware=[tamper])
 
-    out = await run_loop(scripted(REPLIES), tokenizer, {"graph_factory": factory})
+    out = await run_loop(scripted(REPLIES), tokenizer, {"graph_factory": factory, "on_history_rewrite": "error"})
     assert out.failed and out.metrics["history_rewritten"] == 1
     assert "were edited" in out.metrics["error"]
 
@@ -192,6 +193,7 @@ async def test_system_prompt_of_the_default_agent_is_rendered(tokenizer, scripte
     ({"graph_factory": "langgraph_helpers:nope"}, "has no attribute"),
     ({"response_length": 0}, "response_length must be a positive integer"),
     ({"sanity_check": "loose"}, "sanity_check must be one of"),
+    ({"on_history_rewrite": "ignore"}, "on_history_rewrite must be one of"),
 ])
 def test_bad_config_is_a_clear_error(tokenizer, config, message):
     with pytest.raises(ValueError, match=message):

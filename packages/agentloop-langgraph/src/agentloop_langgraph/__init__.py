@@ -2,7 +2,9 @@
 
 ``ChatModel`` is a LangChain chat model over an agentloop engine that records every turn as
 token ids; ``ReactAgentLoop`` (registered as ``react_agent``) runs a LangGraph graph per sample
-and returns those ids as an ``AgentLoopOutput``.
+and returns those ids as an ``AgentLoopOutput``, or as the trajectory's segments when the graph
+rewrote its history (``on_history_rewrite``). ``agentloop_langgraph.examples`` holds example
+graphs a config can name by import path.
 """
 
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel, TrajectorySession
@@ -10,6 +12,7 @@ from agentloop_langgraph.graph import GraphFactory, default_graph_factory, load_
 from agentloop_langgraph.loop import ReactAgentConfig, ReactAgentLoop
 from agentloop_langgraph.messages import (
     METADATA_KEY,
+    HistoryRewrite,
     HistoryRewrittenError,
     RolloutLimitReached,
     to_chat_dict,
@@ -22,6 +25,7 @@ __all__ = [
     "AgentLoopTool",
     "ChatModel",
     "GraphFactory",
+    "HistoryRewrite",
     "HistoryRewrittenError",
     "ReactAgentConfig",
     "ReactAgentLoop",

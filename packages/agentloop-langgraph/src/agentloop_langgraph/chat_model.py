@@ -6,12 +6,19 @@ each call (which would re-encode the model's earlier turns), the model keeps one
 prompt, each later call appends only the new (tool/user) messages as a template delta, and each
 generation is appended verbatim. The ids, log-probs and request id of every turn are kept on the
 returned ``AIMessage.response_metadata["agentloop"]``.
+
+A graph that edits its context (summarises, trims, edits earlier messages) makes a call whose
+messages do not extend the trajectory. By default (``on_history_rewrite="segment"``) the
+trajectory then gets a new segment: a new ``Trajectory`` rendered from that call's messages,
+earlier AI messages included as ordinary mask-0 text, while every generated id stays in the
+segment it was generated in (see :mod:`agentloop_core.segments`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -29,6 +36,8 @@ from pydantic import ConfigDict, Field, PrivateAttr
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_langgraph.messages import (
     METADATA_KEY,
+    REWRITE_FIX,
+    HistoryRewrite,
     HistoryRewrittenError,
     Recorded,
     RolloutLimitReached,
@@ -38,6 +47,8 @@ from agentloop_langgraph.messages import (
     generation_info,
     to_chat_dict,
 )
+
+logger = logging.getLogger(__name__)
 
 REQUEST_ID_KEY = "agentloop_request_id"
 """``config["configurable"]`` key that overrides the model's ``request_id`` for one graph run."""
@@ -49,20 +60,31 @@ _CALL_REQUEST_ID: ContextVar[str | None] = ContextVar("agentloop_call_request_id
 
 @dataclass
 class TrajectorySession:
-    """One request id's trajectory and what the model needs to keep extending it."""
+    """One request id's trajectory and what the model needs to keep extending it.
+
+    The trajectory is one or more segments, each a
+    :class:`~agentloop_core.tokenization.Trajectory` whose every call extends the previous one;
+    a call that rewrites the history closes :attr:`trajectory` and starts the next segment.
+    """
 
     request_id: str
     """Sent with every generate call, so the client keeps the turns on one replica."""
     trajectory: Any
-    """The :class:`~agentloop_core.tokenization.Trajectory` holding the ids."""
+    """The current (last) segment's :class:`~agentloop_core.tokenization.Trajectory`."""
     recorded: list[Recorded]
-    """One entry per message of the trajectory, to check later calls against."""
+    """One entry per message of the current segment, to check later calls against."""
     tools_key: str
-    """The bound tool schemas (JSON); the prompt was rendered with them."""
+    """The bound tool schemas (JSON) the current segment's prompt was rendered with."""
+    closed: list[Any] = field(default_factory=list)
+    """The earlier segments' trajectories, in order (each with at least one generation)."""
+    rewrites: list[str] = field(default_factory=list)
+    """Why each segment after the first was started (the history check's message), in order:
+    ``rewrites[k]`` for ``segments[k + 1]``."""
     outputs: list[TokenOutput] = field(default_factory=list)
-    """Every engine output of the trajectory, in order."""
+    """Every engine output of the trajectory, all segments, in order."""
     ended_with_eos: bool = True
-    """Whether the last generation ended on a stop token (``ChatRenderer.ended_turn``)."""
+    """Whether the current segment's last generation ended on a stop token
+    (``ChatRenderer.ended_turn``)."""
     generate_s: float = 0.0
     """Seconds spent waiting for the engine."""
     calls_over_limit: set[str] = field(default_factory=set)
@@ -70,6 +92,16 @@ class TrajectorySession:
     :meth:`ChatModel.is_call_over_limit`)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises calls: two concurrent calls cannot both extend one trajectory."""
+
+    @property
+    def segments(self) -> list[Any]:
+        """Every segment's trajectory, in order (the current one last)."""
+        return [*self.closed, self.trajectory]
+
+    @property
+    def num_generations(self) -> int:
+        """Model turns over all segments (``max_assistant_turns`` counts these)."""
+        return sum(t.num_generations for t in self.segments)
 
 
 def _tool_schema(tool: Any) -> dict[str, Any]:
@@ -95,6 +127,12 @@ class ChatModel(BaseChatModel):
     ``ChatModel`` is one trajectory), or ``config={"configurable": {"agentloop_request_id": ...}}``
     per graph run. The model is async only (``ainvoke``/``astream``, ``graph.ainvoke``).
 
+    Each call must extend the trajectory: its recorded messages, in order, plus new tool, user
+    or system messages. A call that does not (the graph trimmed, summarised or edited earlier
+    messages, changed the bound tools, or added an AI message the engine did not generate for
+    this trajectory) starts a new segment (``on_history_rewrite="segment"``) or raises
+    :class:`~agentloop_langgraph.messages.HistoryRewrittenError` (``"error"``).
+
     Args:
         server: An ``AsyncServer`` (an engine or ``LLMServerClient``).
         tokenizer: The model's Hugging Face tokenizer, with its chat template.
@@ -108,6 +146,8 @@ class ChatModel(BaseChatModel):
         use_inference_chat_template: See ``ChatRenderer``.
         delta_strategy: See ``ChatRenderer(delta_strategy=)``.
         max_parallel_calls: Most tool calls of one turn that may run, or None.
+        on_history_rewrite: ``segment`` (start a new segment) or ``error`` (raise
+            ``HistoryRewrittenError``) when a call does not extend the trajectory.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -123,11 +163,15 @@ class ChatModel(BaseChatModel):
     request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     """Request id used when the run config does not name one."""
     response_length: int | None = None
-    """Token budget after the prompt (generated + tool tokens); None: no budget."""
+    """Token budget after the prompt (generated + tool tokens) of each segment, since each
+    segment is one training row of that width; None: no budget."""
     prompt_length: int | None = None
-    """Longest accepted rendered prompt in tokens; None: no limit."""
+    """Longest accepted rendered prompt in tokens, of the first segment (a longer one is an
+    error) and of later ones (a longer one ends the episode: ``RolloutLimitReached``); None:
+    no limit."""
     max_assistant_turns: int | None = None
-    """Most generations per trajectory; None: no limit."""
+    """Most generations per trajectory, all segments together (so a graph that keeps
+    summarising still ends); None: no limit."""
     apply_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the chat template."""
     use_inference_chat_template: bool = False
@@ -140,6 +184,12 @@ class ChatModel(BaseChatModel):
     ``AIMessage`` (so the graph answers every call), and :meth:`is_call_over_limit` names them:
     the agentloop tool adapters answer them with an error instead of running them, as the
     ``tool_agent`` loop does."""
+    on_history_rewrite: HistoryRewrite = "segment"
+    """What a call that does not extend the trajectory does: ``segment`` closes the current
+    segment and starts a new one rendered from the call's messages (earlier AI messages become
+    mask-0 prompt text; every mask-1 id stays in the segment it was generated in); ``error``
+    raises :class:`~agentloop_langgraph.messages.HistoryRewrittenError`, so the trajectory is
+    always one sequence."""
 
     _sessions: dict[str, TrajectorySession] = PrivateAttr(default_factory=dict)
     _renderers: dict[str, Any] = PrivateAttr(default_factory=dict)
@@ -239,7 +289,7 @@ class ChatModel(BaseChatModel):
             session = self._start(request_id, messages, tools, tools_key)
         async with session.lock:
             if not started:
-                self._extend(session, messages, tools_key)
+                self._extend(session, messages, tools, tools_key)
             message = await self._generate_turn(session, tools)
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -259,34 +309,46 @@ class ChatModel(BaseChatModel):
 
     def _start(self, request_id: str, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],
                tools_key: str) -> TrajectorySession:
-        from agentloop_core.tokenization import Trajectory
-
         if not messages:
             raise ValueError("ChatModel was called with no messages")
         for i, msg in enumerate(messages):
             info = generation_info(msg)
             if info is not None:
+                # Generated elsewhere: most likely the graph runs with a request id per call, which
+                # would cut every trajectory into one-turn pieces.
                 raise HistoryRewrittenError(
                     f"request {request_id}: message {i} was generated for request {info.get('request_id')} "
                     "but this request has no recorded trajectory; reuse the request id of that trajectory")
-        if isinstance(messages[-1], AIMessage):
-            raise ValueError("ChatModel's last input message is an AI message; the model answers after a "
-                             "user, tool or system message")
-        chats = [to_chat_dict(m) for m in messages]
-        trajectory = Trajectory(self._renderer(tools, tools_key), chats)
+        trajectory = self._render_segment(messages, tools, tools_key)
         if self.prompt_length is not None and len(trajectory.prompt_ids) > self.prompt_length:
             raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
                              f"prompt_length={self.prompt_length}; raise prompt_length or shorten the prompt")
-        session = TrajectorySession(request_id, trajectory, [Recorded("prompt", chat=c) for c in chats], tools_key)
+        session = TrajectorySession(request_id, trajectory, _recorded_prompt(trajectory), tools_key)
         self._sessions[request_id] = session
         return session
 
-    def _extend(self, session: TrajectorySession, messages: Sequence[BaseMessage], tools_key: str) -> None:
-        if tools_key != session.tools_key:
-            raise HistoryRewrittenError(
-                f"request {session.request_id}: the bound tools changed between model calls; the prompt was "
-                "rendered with the first set, so keep one tool set per trajectory")
-        new = check_extension(session.request_id, session.recorded, messages)
+    def _render_segment(self, messages: Sequence[BaseMessage], tools: list[dict[str, Any]], tools_key: str) -> Any:
+        """A trajectory whose prompt is ``messages`` rendered afresh (AI messages as plain text)."""
+        from agentloop_core.tokenization import Trajectory
+
+        if isinstance(messages[-1], AIMessage):
+            raise ValueError("ChatModel's last input message is an AI message; the model answers after a "
+                             "user, tool or system message")
+        return Trajectory(self._renderer(tools, tools_key), [to_chat_dict(m) for m in messages])
+
+    def _extend(self, session: TrajectorySession, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],
+                tools_key: str) -> None:
+        try:
+            if tools_key != session.tools_key:
+                raise HistoryRewrittenError(
+                    f"request {session.request_id}: the bound tools changed between model calls; the prompt "
+                    "was rendered with the first set, so keep one tool set per trajectory")
+            new = check_extension(session.request_id, session.recorded, messages)
+        except HistoryRewrittenError as exc:
+            if self.on_history_rewrite == "error":
+                raise HistoryRewrittenError(f"{exc}. {REWRITE_FIX}") from None
+            self._start_segment(session, messages, tools, tools_key, str(exc))
+            return
         chats = [to_chat_dict(m) for m in new]
         trajectory = session.trajectory
         if trajectory.num_generations == 0:
@@ -303,12 +365,39 @@ class ChatModel(BaseChatModel):
             trajectory.append_messages(chats)
         session.recorded.extend(Recorded("appended", chat=c) for c in chats)
 
-    async def _generate_turn(self, session: TrajectorySession, tools: list[dict[str, Any]]) -> AIMessage:
-        trajectory = session.trajectory
-        if self.max_assistant_turns is not None and trajectory.num_generations >= self.max_assistant_turns:
+    def _start_segment(self, session: TrajectorySession, messages: Sequence[BaseMessage],
+                       tools: list[dict[str, Any]], tools_key: str, reason: str) -> None:
+        """Close the current segment and make ``messages`` the prompt of a new one.
+
+        The limits are checked first, so a segment is never started that could not generate:
+        the episode ends instead, keeping the segments so far.
+        """
+        self._check_turn_limit(session)
+        trajectory = self._render_segment(messages, tools, tools_key)
+        if self.prompt_length is not None and len(trajectory.prompt_ids) > self.prompt_length:
+            raise RolloutLimitReached(
+                "prompt_length", f"request {session.request_id}: the rewritten history starts a segment whose "
+                f"prompt has {len(trajectory.prompt_ids)} tokens, more than prompt_length={self.prompt_length}")
+        logger.debug("request %s: segment %d starts: %s", session.request_id, len(session.segments), reason)
+        if session.trajectory.num_generations:
+            session.closed.append(session.trajectory)
+            session.rewrites.append(reason)
+        elif session.rewrites:
+            session.rewrites[-1] = reason  # the empty segment is replaced, not closed
+        session.trajectory = trajectory
+        session.recorded = _recorded_prompt(trajectory)
+        session.tools_key = tools_key
+        session.ended_with_eos = True
+
+    def _check_turn_limit(self, session: TrajectorySession) -> None:
+        if self.max_assistant_turns is not None and session.num_generations >= self.max_assistant_turns:
             raise RolloutLimitReached(
                 "max_assistant_turns", f"request {session.request_id}: max_assistant_turns="
                 f"{self.max_assistant_turns} model turns reached")
+
+    async def _generate_turn(self, session: TrajectorySession, tools: list[dict[str, Any]]) -> AIMessage:
+        trajectory = session.trajectory
+        self._check_turn_limit(session)
         params = self._base_params
         if self.response_length is not None:
             remaining = self.response_length - len(trajectory.response_ids)
@@ -326,13 +415,13 @@ class ChatModel(BaseChatModel):
         session.ended_with_eos = trajectory.renderer.ended_turn(out.token_ids, out.stop_reason)
         message = self._to_message(session, out, prompt_ids, tools)
         session.recorded.append(Recorded(
-            "generated", turn=trajectory.num_generations, response_ids=tuple(out.token_ids),
+            "generated", turn=session.num_generations, response_ids=tuple(out.token_ids),
             content=content_text(message), calls=calls_signature(message)))
         return message
 
     def _to_message(self, session: TrajectorySession, out: TokenOutput, prompt_ids: list[int],
                     tools: list[dict[str, Any]]) -> AIMessage:
-        turn = session.trajectory.num_generations
+        turn = session.num_generations
         text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         tool_calls: list[dict[str, Any]] = []
         invalid: list[dict[str, Any]] = []
@@ -361,5 +450,9 @@ class ChatModel(BaseChatModel):
         }
         return AIMessage(content=content, tool_calls=tool_calls, invalid_tool_calls=invalid,
                          response_metadata=metadata)
+
+def _recorded_prompt(trajectory: Any) -> list[Recorded]:
+    return [Recorded("prompt", chat=m) for m in trajectory.messages]
+
 
 __all__ = ["REQUEST_ID_KEY", "ChatModel", "TrajectorySession"]

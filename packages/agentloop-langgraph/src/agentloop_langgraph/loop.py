@@ -4,6 +4,7 @@ Per sample the loop creates the tool instances, wraps them as LangChain tools, b
 with the configured factory around a fresh :class:`ChatModel` (one request id per trajectory),
 runs it, and packages the model's recorded trajectory: generated ids with mask 1 and their
 log-probs, everything else with mask 0. Nothing is rebuilt from the graph's final messages.
+A graph that rewrites its history yields one output per segment (see ``on_history_rewrite``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
 from agentloop_langgraph.graph import load_graph_factory
-from agentloop_langgraph.messages import HistoryRewrittenError, RolloutLimitReached
+from agentloop_langgraph.messages import (
+    HISTORY_REWRITE_CHOICES,
+    HistoryRewrite,
+    HistoryRewrittenError,
+    RolloutLimitReached,
+)
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
 from agentloop_tools.loop_config import TruncateSide, read_loop_config, resolve_tools
 
 logger = logging.getLogger(__name__)
+
+_TOKENIZATION_FLAGS = ("tokenization_mismatch", "tokenization_mismatch_ignored", "tokenization_noncanonical")
 
 
 @dataclass(frozen=True)
@@ -44,11 +52,14 @@ class ReactAgentConfig:
     system_prompt: str | None = None
     """System prompt of the default ReAct agent."""
     response_length: int = 1024
-    """Token budget for everything after the prompt: generated and tool tokens."""
+    """Token budget for everything after the prompt (generated and tool tokens) of each
+    segment: a segment is one training row, padded to this width."""
     prompt_length: int | None = None
-    """Longest accepted rendered prompt, in tokens; None: no limit."""
+    """Longest accepted rendered prompt, in tokens; None: no limit. A later segment whose prompt
+    (the rewritten history) is longer ends the episode (``termination_reason="prompt_length"``)."""
     max_assistant_turns: int | None = None
-    """Most model turns; None: bounded by ``response_length`` and ``recursion_limit``."""
+    """Most model turns over all segments; None: bounded by ``response_length`` and
+    ``recursion_limit``."""
     recursion_limit: int = 50
     """LangGraph's super-step limit for one run (a ReAct turn takes two)."""
     tool_parser: str = "hermes"
@@ -73,6 +84,10 @@ class ReactAgentConfig:
     max_parallel_calls: int = 4
     """Most tool calls of one turn that run; later calls of the turn are answered with an error
     message instead (as in ``tool_agent``)."""
+    on_history_rewrite: HistoryRewrite = "segment"
+    """A model call whose messages do not extend the trajectory (the graph summarised, trimmed
+    or edited its history): ``segment`` starts a new segment and ``run`` returns the list of
+    segments; ``error`` fails the sample (``metrics["history_rewritten"] = 1``)."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ReactAgentConfig:
@@ -87,6 +102,9 @@ class ReactAgentConfig:
             positive=("response_length", "recursion_limit", "max_tool_response_length", "prompt_length",
                       "max_assistant_turns", "max_parallel_calls"),
         )
+        if cfg.on_history_rewrite not in HISTORY_REWRITE_CHOICES:
+            raise ValueError(f"react_agent config on_history_rewrite must be one of {HISTORY_REWRITE_CHOICES}, "
+                             f"got {cfg.on_history_rewrite!r}")
         if not isinstance(cfg.graph_factory_kwargs, Mapping):
             raise ValueError("react_agent config graph_factory_kwargs must be a mapping, got "
                              f"{type(cfg.graph_factory_kwargs).__name__}")
@@ -105,8 +123,12 @@ class ReactAgentLoop(AgentLoopBase):
     ``calc_reward_kwargs`` / ``release_kwargs`` to those methods, as in ``tool_agent``),
     ``request_id`` (optional). The loop has no interactions; a user turn is the graph's business.
 
-    A graph that rewrites history (summaries, trimming, edited AI messages) fails the sample
-    with ``metrics["history_rewritten"] = 1`` and the reason in ``metrics["error"]``. Row
+    A graph that rewrites history (summaries, trimming, edited AI messages) makes segments:
+    ``run`` returns one output per segment, in order, sharing the reward, the metrics (with
+    ``num_segments``) and ``termination_reason``; each segment's ``extra_fields["messages"]`` is
+    the conversation its ids encode, and from the second on ``extra_fields["segment_reason"]``
+    says why it started. With ``on_history_rewrite="error"`` such a graph fails the sample with
+    ``metrics["history_rewritten"] = 1`` and the reason in ``metrics["error"]``. Row
     ``tools_kwargs`` that a tool cannot take raise :class:`~agentloop_tools.base.ToolKwargsError`
     (the worker records the sample as failed).
     """
@@ -135,10 +157,14 @@ class ReactAgentLoop(AgentLoopBase):
             request_id=request_id, response_length=cfg.response_length, prompt_length=cfg.prompt_length,
             max_assistant_turns=cfg.max_assistant_turns, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
             use_inference_chat_template=cfg.use_inference_chat_template, delta_strategy=cfg.delta_strategy,
-            max_parallel_calls=cfg.max_parallel_calls)
+            max_parallel_calls=cfg.max_parallel_calls, on_history_rewrite=cfg.on_history_rewrite)
 
-    async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: Mapping[str, Any] | SamplingParams,
+                  **row: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         """Roll out one trajectory; see the class docstring for the row keys.
+
+        Returns:
+            The trajectory, or its segments in order when the graph rewrote its history.
 
         Raises:
             ValueError: a malformed row, a prompt over ``prompt_length``, or a factory that
@@ -193,17 +219,35 @@ class ReactAgentLoop(AgentLoopBase):
         if session is None:
             return AgentLoopOutput.failure(None, "the graph finished without calling the chat model; a "
                                            "react_agent graph must call the ChatModel it was built with")
+        # A segment only closes once it generated, so only the current one can be empty (the
+        # first call failed); it is then the whole trajectory, kept for its prompt.
+        segments = [t for t in session.segments if t.num_generations] or [session.trajectory]
         metrics = {
-            "assistant_turns": session.trajectory.num_generations,
+            "assistant_turns": session.num_generations,
+            "num_segments": len(segments),
             "tool_calls": sum(a.calls for a in adapters.values()),
             "tool_errors": sum(a.errors for a in adapters.values()),
             "tool_calls_over_limit": sum(a.calls_over_limit for a in adapters.values()),
             "generate_s": session.generate_s, "graph_s": graph_s,
         }
-        extra = {"messages": list(session.trajectory.messages), "termination_reason": termination,
-                 "request_id": request_id, "tool_rewards": [r for a in adapters.values() for r in a.rewards]}
-        return session.trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
-                                            sanity_check=self.settings.sanity_check)
+        tool_rewards = [r for a in adapters.values() for r in a.rewards]
+        outputs = []
+        for k, trajectory in enumerate(segments):
+            extra = {"messages": list(trajectory.messages), "termination_reason": termination,
+                     "request_id": request_id, "tool_rewards": list(tool_rewards)}
+            if k:
+                extra["segment_reason"] = session.rewrites[k - 1]
+            out = trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
+                                       sanity_check=self.settings.sanity_check)
+            out.segment_index = k
+            outputs.append(out)
+        # Per-trajectory values are read from the last segment: a tokenization flag of any
+        # segment is the trajectory's.
+        for key in _TOKENIZATION_FLAGS:
+            if any(key in o.metrics for o in outputs):
+                for o in outputs:
+                    o.metrics[key] = 1
+        return outputs[0] if len(outputs) == 1 else outputs
 
     async def _create_tools(self, tools_kwargs: dict[str, Any], model: ChatModel,
                             request_id: str) -> dict[str, AgentLoopTool]:

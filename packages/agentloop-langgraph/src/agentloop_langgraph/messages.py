@@ -2,9 +2,11 @@
 the tokens already recorded for its trajectory.
 
 The check is what keeps the one law: a LangGraph graph may hand the model any list of messages
-(trimmed, summarised, edited), but the trainer can only use a trajectory whose every later turn
-extends the earlier tokens. So a call must see exactly the recorded messages, in order, plus
-new non-assistant messages; anything else is a :class:`HistoryRewrittenError`.
+(trimmed, summarised, edited), but one training sequence can only hold turns that each extend
+the earlier tokens. So a call extends the trajectory only when it sees exactly the recorded
+messages, in order, plus new non-assistant messages; anything else is a
+:class:`HistoryRewrittenError`, on which :class:`~agentloop_langgraph.ChatModel` starts a new
+segment (or, with ``on_history_rewrite="error"``, lets it fail the sample).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from langchain_core.messages import (
     AIMessage,
@@ -26,23 +28,36 @@ from langchain_core.messages import (
 METADATA_KEY = "agentloop"
 """Key of ``AIMessage.response_metadata`` under which :class:`ChatModel` keeps the token ids."""
 
+HistoryRewrite = Literal["segment", "error"]
+"""What a model call that does not extend its trajectory does (``on_history_rewrite``):
+``segment`` starts a new segment, ``error`` raises :class:`HistoryRewrittenError`."""
+HISTORY_REWRITE_CHOICES: tuple[str, ...] = get_args(HistoryRewrite)
+""":data:`HistoryRewrite`'s values."""
+
+REWRITE_FIX = ("To train such a graph, let each rewrite start a new segment (on_history_rewrite='segment', "
+               "the default), or keep the full message history while training.")
+"""How to fix a :class:`HistoryRewrittenError`; appended to it where it is raised."""
+
 
 class HistoryRewrittenError(RuntimeError):
     """A model call's messages are not the trajectory's recorded messages plus new ones.
 
-    Raised when a graph edits, drops or reorders earlier messages (summaries, trimming), edits
-    a generated message, or inserts an assistant message the engine did not generate. Training
-    on such an episode would need re-encoded text, so the sample fails with this reason.
+    Found when a graph edits, drops or reorders earlier messages (summaries, trimming), edits
+    a generated message, or inserts an assistant message the engine did not generate. One
+    sequence holding such an episode would need re-encoded text, so
+    :class:`~agentloop_langgraph.ChatModel` starts a new segment instead; with
+    ``on_history_rewrite="error"`` it raises this and the ``react_agent`` loop fails the sample.
     """
 
 
 class RolloutLimitReached(RuntimeError):
-    """The trajectory hit a rollout limit (token budget, assistant turns) before a model call.
+    """The trajectory hit a rollout limit (token budget, assistant turns, the prompt length of a
+    new segment) before a model call.
 
     Not a failure: the loop ends the episode here and trains on the tokens so far.
 
     Args:
-        reason: ``response_length`` or ``max_assistant_turns``.
+        reason: ``response_length``, ``max_assistant_turns`` or ``prompt_length``.
         message: What happened, for people.
     """
 
@@ -161,8 +176,6 @@ def check_extension(
     Raises:
         HistoryRewrittenError: naming the first message that differs and why.
     """
-    fix = ("Keep the full message history while training (apply trimming or summaries only at "
-           "inference), or run the graph so each model call extends the previous one.")
     for i, (rec, msg) in enumerate(zip(recorded, incoming, strict=False)):  # incoming may be shorter
         if rec.kind == "generated":
             info = generation_info(msg)
@@ -177,7 +190,7 @@ def check_extension(
             elif content_text(msg) != rec.content or calls_signature(msg) != rec.calls:  # type: ignore[arg-type]
                 why = f"the content or tool calls of the AI message of turn {rec.turn} were edited"
             if why is not None:
-                raise HistoryRewrittenError(f"request {request_id}: message {i}: {why}. {fix}")
+                raise HistoryRewrittenError(f"request {request_id}: message {i}: {why}")
             continue
         try:
             chat = to_chat_dict(msg)
@@ -186,12 +199,12 @@ def check_extension(
         if chat != rec.chat:
             raise HistoryRewrittenError(
                 f"request {request_id}: message {i} differs from the recorded one: recorded "
-                f"{rec.chat!r}, got {chat!r}. {fix}")
+                f"{rec.chat!r}, got {chat!r}")
     if len(incoming) <= len(recorded):
         raise HistoryRewrittenError(
             f"request {request_id}: the model was called with {len(incoming)} messages but the trajectory "
             f"already holds {len(recorded)}; a call must add at least one new message after the last "
-            f"model turn (the graph dropped or trimmed messages, or called the model twice in a row). {fix}")
+            f"model turn (the graph dropped or trimmed messages, or called the model twice in a row)")
     new = list(incoming[len(recorded):])
     for j, msg in enumerate(new, start=len(recorded)):
         if isinstance(msg, AIMessage):
@@ -203,7 +216,10 @@ def check_extension(
 
 
 __all__ = [
+    "HISTORY_REWRITE_CHOICES",
     "METADATA_KEY",
+    "REWRITE_FIX",
+    "HistoryRewrite",
     "HistoryRewrittenError",
     "Recorded",
     "RolloutLimitReached",
