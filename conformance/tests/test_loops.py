@@ -93,3 +93,40 @@ class TestSummarisingReactAgentConformance(_CallsTheCalculator):
                   # The nudge keeps a model that never calls the tool (the random tiny model) going.
                   "graph_factory_kwargs": {"summarise_after": 2, "keep_last_turns": 1, "nudge": "Check it again."}}
         return lambda server: langgraph.ReactAgentLoop(server, tokenizer, config)
+
+
+def _openai_calculator_agent(base_url: str, row: dict) -> float:
+    """An agent written with the stock openai client: answers tool calls until the model stops."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key="unused")
+    messages = list(row["raw_prompt"])
+    tools = [{"type": "function", "function": {
+        "name": "calculator", "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+    for _ in range(4):
+        message = client.chat.completions.create(model="any", messages=messages, tools=tools,
+                                                 max_tokens=64).choices[0].message
+        if not message.tool_calls:
+            return float("5" in (message.content or ""))
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            value = eval(json.loads(call.function.arguments)["expression"], {"__builtins__": {}})  # test input only
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(value)})
+    return 0.0
+
+
+class TestHTTPAgentConformance(_CallsTheCalculator):
+    """http_agent: an OpenAI-client agent against a recording gateway session; its recorded calls
+    are the trajectory (one segment while each call extends the last)."""
+
+    @pytest.fixture
+    def agent_loop_factory(self):
+        pytest.importorskip("openai", reason="needs pip install openai")
+        pytest.importorskip("fastapi", reason='needs pip install "agentloop-engines[server]"')
+        from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways
+
+        tokenizer = load_tiny_tokenizer()
+        yield lambda server: HTTPAgentLoop(server, tokenizer, {"agent": _openai_calculator_agent,
+                                                               "response_length": 160})
+        close_gateways()
