@@ -21,25 +21,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
+def _serve(*args: str) -> tuple[subprocess.Popen, str]:
+    """Start `agentloop serve ARGS` and wait until it answers /health."""
     port = _free_port()
-    env = {**os.environ, "MY_KEY": "s3cret"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentloop_trainer.cli", "serve", str(random_model_path), "--port", str(port),
-         "--api-key-env", "MY_KEY", "--model-name", "tiny", "actor_rollout_ref.rollout.max_model_len=256"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "agentloop_trainer.cli", "serve", *args, "--port", str(port)],
+                            env={**os.environ, "MY_KEY": "s3cret"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stdout.read())
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("agentloop serve did not start")
+        time.sleep(0.5)
+
+
+def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
+    proc, base = _serve(str(random_model_path), "--api-key-env", "MY_KEY", "--model-name", "tiny",
+                        "actor_rollout_ref.rollout.max_model_len=256")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.5)
         client = openai.OpenAI(base_url=f"{base}/sessions/s1/v1", api_key="s3cret")
         assert [m.id for m in client.models.list().data] == ["tiny"]
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
@@ -56,3 +63,26 @@ def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_serve_routes_over_running_engines(random_model_path):
+    from agentloop_engines.hf import HFServer
+    from agentloop_engines.http_server import ServerThread
+
+    engines = [HFServer(str(random_model_path), seed=0) for _ in range(2)]
+    with ServerThread(engines[0]) as a, ServerThread(engines[1]) as b:
+        proc, base = _serve(str(random_model_path), f"actor_rollout_ref.rollout.server_urls=[{a.url},{b.url}]")
+        try:
+            for k in range(4):
+                client = openai.OpenAI(base_url=f"{base}/sessions/t{k}/v1", api_key="unused")
+                for _ in range(2):
+                    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                                   max_tokens=3)
+            served = [httpx.get(f"{base}/sessions/t{k}").json()["calls"] for k in range(4)]
+            # Each session stayed on one replica, and the sessions were spread over both.
+            replicas = [{call["extra"]["replica"] for call in calls} for calls in served]
+            assert all(len(r) == 1 for r in replicas), replicas
+            assert len(set().union(*replicas)) == 2, replicas
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

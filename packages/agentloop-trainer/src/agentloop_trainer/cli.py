@@ -145,7 +145,7 @@ def _serve(args: argparse.Namespace) -> int:
     from agentloop_engines.gateway import Gateway
     from agentloop_engines.http_server import serve
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.engines import build_engine, engine_spec
+    from agentloop_trainer.engines import build_engine, engine_spec, remote_engines
 
     cfg = load_config(list(args.overrides), args.config)
     api_key = None
@@ -155,10 +155,15 @@ def _serve(args: argparse.Namespace) -> int:
             raise SystemExit(f"--api-key-env={args.api_key_env}: that environment variable is not set")
     spec = engine_spec(cfg, args.checkpoint, cfg.model.tokenizer_path)
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path or spec.model_path)
-    engine = build_engine(spec, tokenizer=tokenizer)
     r = cfg.actor_rollout_ref.rollout
+    if r.server_urls:
+        # A routing client over running engine servers (least in-flight, sticky per session).
+        engine = remote_engines(list(r.server_urls), r.server_api_key_env)
+    else:
+        engine = build_engine(spec, tokenizer=tokenizer)
     gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.format, model_name=args.model_name)
-    print(f"serving {args.checkpoint} ({spec.name}) at http://{args.host}:{args.port}/v1 "
+    where = f"{len(r.server_urls)} replicas" if r.server_urls else spec.name
+    print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "
           f"(sessions: /sessions/<id>/v1; token-level: /generate)", flush=True)
     serve(engine, args.host, args.port, api_key, gateway=gateway)
     return 0
@@ -201,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible API with per-session "
                                       "token recording (and /generate)")
     sv.add_argument("checkpoint", help="Hugging Face checkpoint folder")
-    sv.add_argument("overrides", nargs="*", help="config overrides: actor_rollout_ref.rollout.name=vllm, ...")
+    sv.add_argument("overrides", nargs="*", help="config overrides: actor_rollout_ref.rollout.name=vllm, "
+                                                 "or rollout.server_urls=[...] to route over running engines")
     sv.add_argument("--config")
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     sv.add_argument("--port", type=int, default=8000)
