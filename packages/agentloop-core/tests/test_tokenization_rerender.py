@@ -135,3 +135,33 @@ def test_trimming_template_strict_semantics():
     assert not trajectories[1].sanity_check("strict").ok
     relaxed = trajectories[1].sanity_check("ignore_strippable")
     assert relaxed.ok and "whitespace" in relaxed.reason
+
+
+# Llama-3-like: turns close with <|eot_id|>, the tokenizer's EOS is <|end_of_text|>, and the
+# engine may stop a turn on <|eom_id|> (a tool call) or <|eot_id|>: several stop ids.
+LLAMA_LIKE = (
+    "{{- '<|begin_of_text|>' }}{%- for m in messages %}"
+    "{{- '<|start_header_id|>' + m.role + '<|end_header_id|>\\n\\n' + (m.content or '') | trim + '<|eot_id|>' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize("stop", ["<|eom_id|>", "<|eot_id|>"])
+def test_the_glue_follows_the_token_the_engine_stopped_on(stop):
+    tok = load_tiny_tokenizer()
+    tok.add_special_tokens({"eos_token": "<|end_of_text|>", "additional_special_tokens": [
+        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>"]})
+    renderer = ChatRenderer(tok, chat_template=LLAMA_LIKE)
+    assert renderer.eos_token_id == tok.convert_tokens_to_ids("<|eot_id|>")  # the template's close, not EOS
+    traj = Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}])
+    generated = tok.encode('{"name": "calc"}', add_special_tokens=False) + [tok.convert_tokens_to_ids(stop)]
+    traj.append_generated(TokenOutput(generated, stop_reason="stop"))
+    assert traj.messages[-1]["content"] == '{"name": "calc"}'  # the stop token is not content
+    delta = traj.append_messages([{"role": "ipython", "content": "42"}])
+    # The engine's own stop token stays; the template's <|eot_id|> close is not added after it.
+    assert tok.decode(traj.response_ids, skip_special_tokens=False) == (
+        '{"name": "calc"}' + stop + "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert traj.response_mask == [1] * len(generated) + [0] * len(delta)
+    report = traj.sanity_check("strict")
+    assert report.ok, report.describe()
