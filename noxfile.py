@@ -86,6 +86,23 @@ def _install(session: nox.Session, package: str) -> None:
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
 
 
+def _ensure_chromium(session: nox.Session) -> None:
+    """The trajectory viewer's browser tests drive Debian's ``chromium``: install it when it is
+    missing and this process may (root, apt-get). Anything else only makes those tests skip with
+    their reason, so CI stays green without it."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("chromium") or not shutil.which("apt-get") or getattr(os, "geteuid", lambda: 1)() != 0:
+        return
+    try:
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, timeout=600,
+                       capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    except (OSError, subprocess.SubprocessError) as exc:
+        session.log(f"chromium not installed ({exc}); the viewer's browser tests will skip")
+
+
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree."""
@@ -105,6 +122,8 @@ def versions(session: nox.Session) -> None:
 def tests(session: nox.Session, package: str) -> None:
     """Install one package (plus its in-repo siblings, editable) into a fresh venv; run its tests."""
     _install(session, package)
+    if package == "agentloop-trainer":
+        _ensure_chromium(session)
     session.run(
         "python", "-m", "pytest", f"packages/{package}/tests", "-q", "-p", "no:cacheprovider",
         *session.posargs, env=TEST_ENV,

@@ -137,6 +137,23 @@ def _rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _view(args: argparse.Namespace) -> int:
+    from agentloop_trainer.viewer import write_view
+
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    try:
+        out = write_view(args.path, args.out, tokenizer=tokenizer)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"agentloop view: {exc}", file=sys.stderr)
+        return 2
+    print(out.resolve())
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     import os
 
@@ -202,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     ro.add_argument("--out", default="trajectories.jsonl")
     ro.add_argument("--num-prompts", type=int, default=16)
     ro.set_defaults(func=_rollout)
+
+    vw = sub.add_parser("view", help="write one self-contained HTML page of trajectories (a run folder or an "
+                                     "`agentloop rollout` JSONL) and print its path")
+    vw.add_argument("path", help="run folder (its trajectories/step_<N>.jsonl) or a trajectories JSONL")
+    vw.add_argument("--out", default=None, help="the HTML file (default: <run>/view.html, or <jsonl>.html)")
+    vw.add_argument("--tokenizer", default=None,
+                    help="tokenizer folder to decode token ids that records carry without their text")
+    vw.set_defaults(func=_view)
 
     sv = sub.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible API with per-session "
                                       "token recording (and /generate)")

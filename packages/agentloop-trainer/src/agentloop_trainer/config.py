@@ -325,6 +325,9 @@ class TrainerSection:
     """Also log metrics to MLflow at this URI (e.g. sqlite:///mlflow.db)."""
     progress_bar: bool = True
     """Show a tqdm bar."""
+    log_trajectories_per_step: int = 4
+    """Sample trajectories written each step to ``<run>/trajectories/step_<N>.jsonl`` (the format of
+    ``agentloop rollout``; ``agentloop view <run>`` renders them); failed ones are always written."""
 
 
 @dataclass
@@ -494,6 +497,7 @@ def validate(cfg: Any) -> None:
         ("actor_rollout_ref.rollout.n", cfg.actor_rollout_ref.rollout.n >= 1, "at least 1 (2+ for GRPO)"),
         ("data.train_batch_size", cfg.data.train_batch_size >= 1, "at least 1"),
         ("trainer.total_steps", cfg.trainer.total_steps >= 0, ">= 0"),
+        ("trainer.log_trajectories_per_step", cfg.trainer.log_trajectories_per_step >= 0, ">= 0"),
         ("trainer.fsdp_ranks", cfg.trainer.fsdp_ranks >= 1, "at least 1"),
         ("trainer.device", cfg.trainer.device in ("cpu", "cuda"), "cpu or cuda"),
         ("trainer.launcher", cfg.trainer.launcher in ("spawn", "ray"), "spawn or ray"),

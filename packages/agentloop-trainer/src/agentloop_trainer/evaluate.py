@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,12 @@ def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
 
 def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16) -> Path:
     """Sample ``rollout.n`` trajectories for the first ``num_prompts`` held-out prompts and
-    write one JSON object per trajectory (token ids, mask, log-probs, reward, messages), or per
-    segment of a trajectory whose loop split it (``segment_index`` 0, 1, ...)."""
+    write one JSON object per trajectory (token ids and their decoded text, mask, log-probs,
+    reward, messages), or per segment of a trajectory whose loop split it (``segment_index`` 0,
+    1, ...); ``agentloop view`` renders the file."""
     from agentloop_trainer.assets import load_records
     from agentloop_trainer.trainer import ray_session
+    from agentloop_trainer.viewer import trajectory_records, write_jsonl
 
     tokenizer = _tokenizer(cfg, checkpoint)
     _, test = load_records(cfg, tokenizer, print)
@@ -55,27 +56,4 @@ def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompt
             batch = engine.generate(rows)
         finally:
             engine.close()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    P = batch.prompts.shape[1]
-    with out.open("w") as fh:
-        for b in range(len(batch)):
-            row = rows[int(batch.trajectory_index[b])]
-            attn = batch.attention_mask[b]
-            n = int(attn[P:].sum())
-            record = {
-                "group_id": row["group_id"], "rollout_n": row["rollout_n"], "ground_truth": row["ground_truth"],
-                "segment_index": int(batch.segment_index[b]),
-                "data_source": row.get("data_source"),
-                "reward": float(batch.rewards[b]), "failed": bool(batch.failed[b]),
-                "prompt_ids": batch.prompts[b][attn[:P] == 1].tolist(),
-                "response_ids": batch.responses[b][:n].tolist(),
-                "response_mask": batch.response_mask[b][:n].tolist(),
-                "rollout_log_probs": None if batch.rollout_log_probs is None else [round(float(x), 6) for x in batch.rollout_log_probs[b][:n]],
-                "messages": batch.extra_fields[b].get("messages"),
-                "metrics": batch.sample_metrics[b] if batch.sample_metrics else {},
-                "reported_metrics": batch.extra_fields[b].get("reported_metrics", []),
-            }
-            # default=str: what a tool reported is kept even when it is not JSON (a path, a date)
-            fh.write(json.dumps(record, default=str) + "\n")
-    return out
+    return write_jsonl(trajectory_records(batch, rows, tokenizer), out)

@@ -230,6 +230,11 @@ class GRPOTrainer:
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
         })
         self._check_rewards(rows, batch, rewards)
+        if self.rank == 0:
+            from agentloop_trainer.viewer import write_step_trajectories
+
+            write_step_trajectories(self.run_dir, self.step, batch, rows, self.tokenizer,
+                                    self.cfg.trainer.log_trajectories_per_step, advantages.tolist())
         # The rollout's own batch metrics too: per-loop timings, tool counters and what tools
         # report (agent_loop/...), failures and worker losses on the Ray backend.
         return {**batch.metrics, **metrics}
