@@ -29,3 +29,16 @@ def tool_messages(output: Any) -> list[str]:
     return [m["content"] for m in output.extra_fields["messages"] if m["role"] == "tool"]
 
 
+
+
+def run_killed_script(tmp_path: Any, source: str, root: Any) -> None:
+    """Run ``source`` (a script that SIGKILLs itself mid-write) on ``root`` in a subprocess and
+    check that it did die by SIGKILL, so the test really interrupted what it meant to."""
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "killed.py"
+    script.write_text(source)
+    proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]

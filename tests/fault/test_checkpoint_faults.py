@@ -3,12 +3,10 @@ checkpoint that a resume would load."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from fault_helpers import run_killed_script
 
 pytest.importorskip("agentloop_trainer.checkpoint", reason="agentloop-trainer is not installed")
 torch = pytest.importorskip("torch", reason="checkpoints need torch")
@@ -35,11 +33,8 @@ KILLED_SAVE = textwrap.dedent('''
 
 
 def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
-    script = tmp_path / "killed_save.py"
-    script.write_text(KILLED_SAVE)
     root = tmp_path / "checkpoints"
-    proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, timeout=120)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    run_killed_script(tmp_path, KILLED_SAVE, root)
     # Something of step 2 was written (so the test did interrupt a save) ...
     leftovers = [p.name for p in root.iterdir() if p.name.startswith(".step_2")]
     assert leftovers, sorted(p.name for p in root.iterdir())

@@ -15,6 +15,7 @@ from agentloop_core.tracing_base import (
     current_tags,
     is_secret_key,
     redact,
+    redact_text,
     trace_context,
 )
 
@@ -24,6 +25,7 @@ __all__ = [
     "make_tracer",
     "NullTracer",
     "redact",
+    "redact_text",
     "REDACTED",
     "trace_context",
     "Tracer",

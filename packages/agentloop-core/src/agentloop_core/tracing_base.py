@@ -6,6 +6,7 @@ backends never import the module that imports them."""
 from __future__ import annotations
 
 import contextvars
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -116,13 +117,79 @@ def is_secret_key(key: str) -> bool:
     return False
 
 
-def redact(value: Any) -> Any:
-    """Copy ``value`` with every secret-looking mapping key's value replaced by ``[REDACTED]``
-    and every ``Bearer ...`` string masked, recursing into dicts, lists and tuples."""
+# Keys that are secrets in a query string or ``key=value`` text though not as attribute names
+# ("key" alone is too common a dict key to redact everywhere).
+_TEXT_SECRET_KEYS = frozenset({"key", "sig", "signature", "pass", "pwd"})
+# scheme://userinfo@host: the whole userinfo goes (a user name is often a key id, e.g. AWS).
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][\w+.-]*://)(?P<userinfo>[^/\s@?#'\"]+)@")
+# name=value and name: value, with the name optionally quoted (JSON, Python reprs, headers). The
+# name and the value are matched apart so that a value that swallows the next pair
+# ("model=m?api_key=...") cannot hide it.
+_NAME_SEP = re.compile(r"""(?P<name>[A-Za-z_][\w.-]*)["']?\s*[=:]\s*""")
+_VALUE = re.compile(r"""(?:bearer|basic|token)\s+[^\s&,;"'}\]]+|"[^"]*"|'[^']*'|[^\s&,;"'}\]#?]+""", re.IGNORECASE)
+_BEARER = re.compile(r"\b(?P<scheme>bearer|basic)\s+(?P<value>[^\s,;\"'}\]]+)", re.IGNORECASE)
+
+
+def _secret_in_text(name: str) -> bool:
+    return is_secret_key(name) or name.lower() in _TEXT_SECRET_KEYS
+
+
+def _mask_pairs(text: str) -> str:
+    out, pos = [], 0
+    for m in _NAME_SEP.finditer(text):
+        if m.start() < pos or not _secret_in_text(m["name"]):
+            continue
+        value = _VALUE.match(text, m.end())
+        if value is None:
+            continue
+        quote = value[0][0] if value[0][0] in "\"'" and len(value[0]) > 1 else ""
+        out += [text[pos:m.end()], quote, REDACTED, quote]
+        pos = value.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def redact_text(text: str, known: frozenset[str] = frozenset()) -> str:
+    """``text`` with credentials masked: ``scheme://user:pass@`` userinfo, values of secret-looking
+    ``name=value`` / ``name: value`` pairs (query strings, headers, JSON, reprs), ``Bearer``/``Basic``
+    credentials, and every occurrence of the ``known`` secret values."""
+    for secret in sorted(known, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = _BEARER.sub(lambda m: f"{m['scheme']} {REDACTED}", text)
+    return _mask_pairs(text)
+
+
+def _known_secrets(value: Any, out: set[str]) -> set[str]:
+    """String values held under secret-looking keys, anywhere in ``value``: an exception message
+    or a log line in the same record that repeats one is masked too."""
     if isinstance(value, dict):
-        return {k: (REDACTED if is_secret_key(k) else redact(v)) for k, v in value.items()}
+        for k, v in value.items():
+            if is_secret_key(k) and isinstance(v, str) and len(v) >= 4:
+                out.add(v)
+                if v[:7].lower() == "bearer ":
+                    out.add(v[7:].strip())
+            else:
+                _known_secrets(v, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _known_secrets(v, out)
+    return out
+
+
+def redact(value: Any, known: frozenset[str] | None = None) -> Any:
+    """Copy ``value`` with every secret-looking mapping key's value replaced by ``[REDACTED]``
+    and every string passed through :func:`redact_text` (credentials in URLs, query strings,
+    ``Bearer`` headers, exception messages), recursing into dicts, lists and tuples. Values seen
+    under secret keys are masked wherever else they appear in ``value``."""
+    if known is None:
+        known = frozenset(s for s in _known_secrets(value, set()) if len(s) >= 4)
+    if isinstance(value, dict):
+        return {k: (REDACTED if is_secret_key(k) else redact(v, known)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(redact(v) for v in value)
-    if isinstance(value, str) and value[:7].lower() == "bearer ":
-        return REDACTED
+        return type(value)(redact(v, known) for v in value)
+    if isinstance(value, str):
+        if value[:7].lower() == "bearer ":
+            return REDACTED
+        return redact_text(value, known)
     return value

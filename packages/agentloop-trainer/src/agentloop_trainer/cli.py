@@ -34,10 +34,13 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     import json
 
     from agentloop_trainer.assets import load_tokenizer, sft_checkpoint
+    from agentloop_trainer.checkpoint import checkpoint_to_resume
     from agentloop_trainer.config import to_yaml
     from agentloop_trainer.trainer import ray_session
 
     run_dir = run_dir_of(cfg)
+    # Before the SFT warm-up and model loading: a --resume with nothing to resume fails in seconds.
+    checkpoint_to_resume(run_dir / "checkpoints", cfg.trainer.resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()
@@ -78,11 +81,14 @@ def _fit(cfg: Any, model_path: Path, run_dir: Path, log: Any, stats: dict[str, i
 
 
 def _train(args: argparse.Namespace) -> int:
+    from agentloop_trainer.checkpoint import CheckpointError
     from agentloop_trainer.config import ConfigError, load_config, to_yaml
 
     overrides = list(args.overrides)
     if args.resume:
-        overrides.append("trainer.resume=true")
+        overrides.append("trainer.resume=must")
+    if args.resume_or_start:
+        overrides.append("trainer.resume=auto")
     try:
         cfg = load_config(overrides, args.config)
     except ConfigError as exc:
@@ -91,7 +97,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.show_config:
         print(to_yaml(cfg))
         return 0
-    run_dir, summary = run_train(cfg)
+    try:
+        run_dir, summary = run_train(cfg)
+    except CheckpointError as exc:
+        print(f"agentloop train: {exc}", file=sys.stderr)
+        return 2
     before = summary["eval_accuracy_before"]
     print(
         f"\nheld-out accuracy {'-' if before is None else f'{before:.3f}'} -> {summary['eval_accuracy_after']:.3f} "
@@ -194,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="SFT warm-up (cached) + GRPO + held-out eval; key=value overrides")
     train.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.total_steps=20")
     train.add_argument("--config", help="YAML file merged over the defaults")
-    train.add_argument("--resume", action="store_true", help="continue the run named by trainer.experiment_name")
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue the run named by trainer.experiment_name; an error if it has no checkpoint")
+    resume.add_argument("--resume-or-start", action="store_true",
+                        help="continue the run if it has a checkpoint, else start it (trainer.resume=auto)")
     train.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
     train.set_defaults(func=_train)
 

@@ -319,8 +319,10 @@ class TrainerSection:
     """Evaluate before the first step."""
     save_freq: int = 25
     """Checkpoint every this many steps (0 or -1: never)."""
-    resume: bool = False
-    """Resume from the latest checkpoint of this run."""
+    resume: str = "never"
+    """never: start from step 0; must (``--resume``): continue from the run's latest checkpoint
+    and fail if it has none; auto (``--resume-or-start``): continue if there is one, else start.
+    true and false are read as must and never."""
     mlflow_tracking_uri: str | None = None
     """Also log metrics to MLflow at this URI (e.g. sqlite:///mlflow.db)."""
     progress_bar: bool = True
@@ -458,6 +460,8 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
             raise ConfigError(str(exc)) from None
         for key in flat:
             _check_key(key, valid)
+        if isinstance(flat.get("trainer.resume"), bool):
+            flat["trainer.resume"] = "must" if flat["trainer.resume"] else "never"
         merged.append(_nest(flat))
     try:
         cfg = OmegaConf.merge(cfg, *merged)
@@ -501,6 +505,7 @@ def validate(cfg: Any) -> None:
         ("trainer.fsdp_ranks", cfg.trainer.fsdp_ranks >= 1, "at least 1"),
         ("trainer.device", cfg.trainer.device in ("cpu", "cuda"), "cpu or cuda"),
         ("trainer.launcher", cfg.trainer.launcher in ("spawn", "ray"), "spawn or ray"),
+        ("trainer.resume", cfg.trainer.resume in ("never", "auto", "must"), "never, auto or must"),
         ("actor_rollout_ref.rollout.backend", cfg.actor_rollout_ref.rollout.backend in ("inprocess", "ray"),
          "inprocess or ray"),
         ("actor_rollout_ref.rollout.num_replicas", cfg.actor_rollout_ref.rollout.num_replicas >= 1, "at least 1"),

@@ -285,10 +285,10 @@ class GRPOTrainer:
                                {"data": self.data.state(), "history": self.history, "world_size": self.world_size})
 
     def resume(self) -> bool:
-        """Load the run's latest checkpoint, if any; returns whether one was loaded."""
-        from agentloop_trainer.checkpoint import latest_checkpoint, load_checkpoint, set_rng_state
+        """Load the run's latest checkpoint as ``trainer.resume`` says; returns whether one was loaded."""
+        from agentloop_trainer.checkpoint import checkpoint_to_resume, load_checkpoint, set_rng_state
 
-        path = latest_checkpoint(self.run_dir / "checkpoints")
+        path = checkpoint_to_resume(self.run_dir / "checkpoints", self.cfg.trainer.resume)
         if path is None:
             return False
         model_state, opt_state, state = load_checkpoint(path)
@@ -322,7 +322,7 @@ class GRPOTrainer:
 
         tc = self.cfg.trainer
         start = time.perf_counter()
-        resumed = self.resume() if tc.resume else False
+        resumed = self.resume()
         before = None
         if self.rank == 0 and tc.val_before_train and (not resumed or not any("eval/accuracy" in h for h in self.history)):
             before = self.evaluate()

@@ -3,6 +3,11 @@
 Only numbers, ``+ - * / // % **``, unary ``+``/``-`` and parentheses are accepted. Limits on
 length, nesting depth, exponent size and result magnitude stop a model from burning CPU or
 memory with ``9**9**9`` or a million nested parentheses.
+
+Characters are checked against printable ASCII before Python's parser sees them: the parser
+accepts (and chokes on) far more than arithmetic, e.g. a lone surrogate raises
+``UnicodeEncodeError`` and NFKC folds ``ｘ`` into a name. Digits of other scripts and
+superscripts are refused rather than guessed at (NFKC reads ``2²`` as ``22``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ _BINARY = {
     ast.Pow: operator.pow,
 }
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_ALLOWED_CHARS = frozenset(chr(c) for c in range(0x20, 0x7F)) | frozenset("\t\r\n")
+"""Printable ASCII: the AST walk then refuses names, calls and strings with a message that says
+which, rather than "bad character"."""
 
 
 def evaluate_expression(expression: str, limits: CalculatorLimits = CalculatorLimits()) -> int | float:
@@ -65,6 +73,12 @@ def evaluate_expression(expression: str, limits: CalculatorLimits = CalculatorLi
         raise CalculatorError(f"expression must be a string, got {type(expression).__name__}")
     if len(expression) > limits.max_length:
         raise CalculatorError(f"expression is {len(expression)} characters; the limit is {limits.max_length}")
+    bad = next((i for i, c in enumerate(expression) if c not in _ALLOWED_CHARS), None)
+    if bad is not None:
+        c = expression[bad]
+        shown = repr(c) if c.isprintable() and c.isascii() else f"U+{ord(c):04X}"
+        raise CalculatorError(f"character {shown} at position {bad} is not allowed; write numbers with ASCII digits "
+                              "0-9 and use only + - * / // % ** and parentheses")
     if not expression.strip():
         raise CalculatorError("expression is empty")
     try:
@@ -73,7 +87,14 @@ def evaluate_expression(expression: str, limits: CalculatorLimits = CalculatorLi
         raise CalculatorError(f"not a valid arithmetic expression: {exc.msg}") from None
     except (RecursionError, MemoryError):
         raise CalculatorError(f"expression is nested too deeply (limit {limits.max_depth})") from None
-    return _eval(tree.body, limits, 0)
+    try:
+        return _eval(tree.body, limits, 0)
+    except CalculatorError:
+        raise
+    except (ArithmeticError, ValueError, TypeError, RecursionError, MemoryError) as exc:
+        # A backstop: the walk above is meant to refuse everything first, but a tool call must
+        # never crash on arithmetic the limits did not foresee.
+        raise CalculatorError(f"cannot evaluate: {type(exc).__name__}: {exc}") from None
 
 
 def _eval(node: ast.AST, limits: CalculatorLimits, depth: int) -> int | float:
