@@ -118,3 +118,154 @@ class ParallelCallsCrashingTokenizer:
 
 def parallel_calls_crashing_tokenizer() -> ParallelCallsCrashingTokenizer:
     return ParallelCallsCrashingTokenizer(load_tiny_tokenizer())
+
+
+# -- broken copies of tool_agent and react_agent (each a no-code factory) ---------------------------
+# Each copy is the real loop with one defect, run through the suite's own tool scenarios.
+
+
+def _outputs(out: Any) -> list[AgentLoopOutput]:
+    return out if isinstance(out, list) else [out]
+
+
+class _PostProcessed:
+    """Mixin: the loop runs normally, then ``damage`` edits each output it returns."""
+
+    def damage(self, out: AgentLoopOutput) -> None:
+        raise NotImplementedError
+
+    async def run(self, sampling_params, **row):
+        out = await super().run(sampling_params, **row)
+        for o in _outputs(out):
+            if not o.failed:
+                self.damage(o)
+        return out
+
+
+class _MaskOneOnToolTokens(_PostProcessed):
+    """Marks every response token, tool results and template glue included, as generated."""
+
+    def damage(self, out):
+        out.response_mask = [1] * len(out.response_ids)
+
+
+class _MaskZeroOnAGeneratedToken(_PostProcessed):
+    """Masks out the last generated token of the trajectory (its log-prob zeroed to match)."""
+
+    def damage(self, out):
+        last = max(i for i, m in enumerate(out.response_mask) if m == 1)
+        out.response_mask[last] = 0
+        if out.response_logprobs is not None:
+            out.response_logprobs[last] = 0.0
+
+
+class _LogProbsOffByOne(_PostProcessed):
+    """Each generated token carries the log-prob of the token after it."""
+
+    def damage(self, out):
+        if out.response_logprobs is None:
+            return
+        where = [i for i, m in enumerate(out.response_mask) if m == 1]
+        kept = [out.response_logprobs[i] for i in where]
+        for i, lp in zip(where, [*kept[1:], kept[-1]], strict=True):
+            out.response_logprobs[i] = lp
+
+
+class _ReencodingServer:
+    """Hands the loop the re-encoding of what the engine generated (as a loop that decodes and
+    re-encodes generated text would train on)."""
+
+    def __init__(self, inner: Any, tokenizer: Any) -> None:
+        self._inner, self._tokenizer = inner, tokenizer
+
+    async def generate(self, request_id, prompt_ids, sampling_params):
+        out = await self._inner.generate(request_id, prompt_ids, sampling_params)
+        ids = self._tokenizer.encode(self._tokenizer.decode(out.token_ids), add_special_tokens=False)
+        lps = None
+        if out.log_probs is not None:
+            lps = list(out.log_probs)[: len(ids)] + [-0.5] * max(0, len(ids) - len(out.log_probs))
+        return TokenOutput(ids, lps, out.stop_reason, out.extra)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _Reencoding:
+    def __init__(self, server, tokenizer, config=None, **kwargs):
+        super().__init__(_ReencodingServer(server, tokenizer), tokenizer, config, **kwargs)
+
+
+class _OverBudget:
+    """Enforces a budget 300 tokens above the configured ``response_length``."""
+
+    def __init__(self, server, tokenizer, config=None, **kwargs):
+        import dataclasses
+
+        super().__init__(server, tokenizer, config, **kwargs)
+        self.settings = dataclasses.replace(self.settings, response_length=self.settings.response_length + 300)
+
+
+class _ToolAgentDroppingToolResults:
+    """tool_agent that never appends tool results (the model generates again right after its call)."""
+
+    def _append(self, run, trajectory, new_messages):
+        from agentloop_tools.agent_loop import AgentState
+
+        if all(m.get("role") == "tool" for m in new_messages):
+            return AgentState.GENERATING
+        return super()._append(run, trajectory, new_messages)
+
+
+def _dropping_chat_model():
+    from agentloop_langgraph.chat_model import ChatModel
+
+    class DroppingChatModel(ChatModel):
+        """Leaves tool messages out of the trajectory the model sees."""
+
+        def _extend(self, session, messages, tools, tools_key):
+            trajectory = session.trajectory
+            append = trajectory.append_messages
+
+            def without_tool_results(chats):
+                kept = [c for c in chats if c.get("role") != "tool"]
+                return append(kept) if kept else []
+
+            trajectory.append_messages = without_tool_results
+            try:
+                super()._extend(session, messages, tools, tools_key)
+            finally:
+                del trajectory.append_messages
+
+    return DroppingChatModel
+
+
+class _ReactAgentDroppingToolResults:
+    def chat_model(self, sampling_params, request_id):
+        model = super().chat_model(sampling_params, request_id)
+        object.__setattr__(model, "__class__", _dropping_chat_model())
+        return model
+
+
+DEFECTS = {"mask_one_on_tool_tokens": _MaskOneOnToolTokens, "mask_zero_on_a_generated_token": _MaskZeroOnAGeneratedToken,
+           "log_probs_off_by_one": _LogProbsOffByOne, "reencoded_responses": _Reencoding, "budget_overflow": _OverBudget}
+
+
+def _broken(loop: str, defect: str) -> Any:
+    from loop_factories import _config
+
+    if loop == "tool_agent":
+        from agentloop_tools import ToolAgentLoop as base
+        mixin = _ToolAgentDroppingToolResults if defect == "dropped_tool_result" else DEFECTS[defect]
+    else:
+        from agentloop_langgraph import ReactAgentLoop as base
+        mixin = _ReactAgentDroppingToolResults if defect == "dropped_tool_result" else DEFECTS[defect]
+    cls = type(f"Broken_{loop}_{defect}", (mixin, base), {})
+    return lambda server: cls(server, load_tiny_tokenizer(), _config())
+
+
+def __getattr__(name: str) -> Any:
+    """``broken_impls:<loop>__<defect>`` (``tool_agent__budget_overflow``) is that broken copy's factory."""
+    loop, sep, defect = name.partition("__")
+    if sep and loop in ("tool_agent", "react_agent") and (defect in DEFECTS or defect == "dropped_tool_result"):
+        return _broken(loop, defect)
+    raise AttributeError(name)

@@ -58,6 +58,85 @@ def test_a_loop_that_reencodes_text_is_caught_by_the_mask_check(tmp_path):
     assert "TestAgentLoop::test_response_length_within_budget[scripted]" in passed
 
 
+MASK_CHECKS = {"test_mask_one_tokens_are_the_engine_output", "test_log_probs_aligned_with_mask",
+               "test_no_tool_or_user_token_has_mask_one"}
+BROKEN_LOOPS = {
+    # defect: (the check that names it, the checks its consequences may also fail)
+    "mask_one_on_tool_tokens": ("test_no_tool_or_user_token_has_mask_one", MASK_CHECKS),
+    "mask_zero_on_a_generated_token": ("test_mask_one_tokens_are_the_engine_output", MASK_CHECKS),
+    "log_probs_off_by_one": ("test_log_probs_aligned_with_mask", set()),
+    "reencoded_responses": ("test_mask_one_tokens_are_the_engine_output", MASK_CHECKS),
+    "budget_overflow": ("test_response_length_within_budget", set()),
+    "dropped_tool_result": ("test_tool_results_reach_the_model", set()),
+}
+
+
+@pytest.mark.parametrize("loop", ["tool_agent", "react_agent"])
+@pytest.mark.parametrize("defect", sorted(BROKEN_LOOPS))
+def test_a_broken_tool_loop_is_caught_in_no_code_mode(tmp_path, loop, defect):
+    """Broken copies of tool_agent and react_agent, run with the suite's own tool scenarios
+    (no replies given): each fails the check naming its defect, and nothing unrelated."""
+    pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+    if loop == "react_agent":
+        pytest.importorskip("agentloop_langgraph", reason="needs pip install agentloop-langgraph")
+    check, consequences = BROKEN_LOOPS[defect]
+    failed, passed = failed_checks(tmp_path, f"--agentloop-loop=broken_impls:{loop}__{defect}", "-k",
+                                   "TestAgentLoop and not real")
+    assert f"TestAgentLoop::{check}[scripted]" in failed, failed
+    assert names(failed) <= {check, *consequences}, failed
+    assert "TestAgentLoop::test_turn_kinds_exercised" in passed
+
+
+@pytest.mark.parametrize("loop", ["tool_agent", "react_agent", "tool_agent_with_user"])
+def test_the_unbroken_tool_loops_pass_in_no_code_mode(tmp_path, loop):
+    pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+    if loop == "react_agent":
+        pytest.importorskip("agentloop_langgraph", reason="needs pip install agentloop-langgraph")
+    failed, passed = failed_checks(tmp_path, f"--agentloop-loop=loop_factories:{loop}", "-k", "TestAgentLoop")
+    assert not failed, failed
+    assert {"TestAgentLoop::test_tool_results_reach_the_model[scripted]",
+            "TestAgentLoop::test_turn_kinds_exercised"} <= passed
+
+
+def test_a_tool_loop_whose_replies_call_no_tool_fails_the_turn_kinds_check(tmp_path):
+    pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+    replies = tmp_path / "replies.json"
+    replies.write_text('["The answer is 5.\\n#### 5"]')
+    failed, _ = failed_checks(tmp_path, "--agentloop-loop=loop_factories:tool_agent",
+                              f"--agentloop-replies={replies}", "-k", "TestAgentLoop and not real")
+    assert failed == {"TestAgentLoop::test_turn_kinds_exercised"}, failed
+
+
+@pytest.mark.parametrize(("loop", "expected"), [
+    ("tool_agent", "tools calculator (hermes); exercised: tool_call, parallel_calls, malformed_call, unknown_tool, "
+                   "tool_error, truncated, final_answer; not exercised: user_turn"),
+    ("tool_agent_with_user", "exercised: tool_call, parallel_calls, malformed_call, unknown_tool, tool_error, "
+                             "truncated, user_turn, final_answer; not exercised: none"),
+])
+def test_the_command_prints_the_turn_kinds_it_exercised(capsys, tmp_path, monkeypatch, loop, expected):
+    pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+    from agentloop_conformance.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["--loop", f"loop_factories:{loop}", "-k", "turn_kinds"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("turn kinds (TestAgentLoop): "))
+    assert expected in line, line
+
+
+def test_the_loop_suite_takes_the_tokenizer_option(tmp_path):
+    """--agentloop-tokenizer reaches a (server, tokenizer) loop factory."""
+    pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+    failed, passed = failed_checks(tmp_path, "--agentloop-loop=loop_factories:tool_agent",
+                                   "--agentloop-tokenizer=loop_factories:tiny_tokenizer", "-k",
+                                   "TestAgentLoop and turn_kinds")
+    import loop_factories
+
+    assert not failed and passed == {"TestAgentLoop::test_turn_kinds_exercised"}, (failed, passed)
+    assert loop_factories.GIVEN_TOKENIZERS, "the factory was not given the tokenizer"
+
+
 def test_segments_scored_one_by_one_are_caught_by_the_segment_check(tmp_path):
     failed, passed = failed_checks(tmp_path, "--agentloop-loop=broken_impls:unshared_reward_loop", "-k",
                                    "TestAgentLoop")

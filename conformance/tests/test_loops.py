@@ -46,27 +46,31 @@ def _call(expression: str) -> str:
     return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
 
 
-class TestToolAgentConformance(_CallsTheCalculator):
+class TestToolAgentConformance(_OnTheTinyEngine):
+    """The suite scripts the turns itself from the loop's tools (scripted_replies left None)."""
+
+    @pytest.fixture
+    def agent_loop_factory(self):
+        from loop_factories import tool_agent
+
+        return tool_agent
+
+
+class TestToolAgentWithGivenRepliesConformance(_CallsTheCalculator):
     @pytest.fixture
     def agent_loop_factory(self):
         tools = pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
         tokenizer = load_tiny_tokenizer()
-        config = {"tools": {"calculator": tools.calculator}, "response_length": 160}
+        config = {"tools": {"calculator": tools.calculator}, "response_length": 400}
         return lambda server: tools.ToolAgentLoop(server, tokenizer, config)
 
 
-class TestReactAgentConformance(_CallsTheCalculator):
+class TestReactAgentConformance(_OnTheTinyEngine):
     @pytest.fixture
     def agent_loop_factory(self):
-        langgraph = pytest.importorskip("agentloop_langgraph", reason="needs pip install agentloop-langgraph")
-        tools = pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
-        tokenizer = load_tiny_tokenizer()
-        config = {"tools": {"calculator": tools.calculator}, "response_length": 160}
-        return lambda server: langgraph.ReactAgentLoop(server, tokenizer, config)
+        from loop_factories import react_agent
 
-    @pytest.fixture
-    def scripted_replies(self):
-        return ["I will compute. " + _call("2 + 3"), "The answer is 5.\n#### 5"]
+        return react_agent
 
 
 class TestSegmentingLoopConformance(_OnTheTinyEngine):

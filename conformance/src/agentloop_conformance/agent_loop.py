@@ -4,7 +4,11 @@ fixture, ``agent_loop_factory``: a callable ``(server) -> AgentLoopBase`` that b
 
 Each check runs the loop's rows against a scripted engine (exact control, non-canonical token
 ids like a sampling engine's) and, when the ``real_engine`` fixture gives one, against a real
-engine, with a recording proxy between loop and engine.
+engine, with a recording proxy between loop and engine. Unless ``scripted_replies`` gives the
+model's turns, the scripted engine plays :class:`~agentloop_conformance.turns.TurnScript`: tool
+calls (valid, parallel, malformed, to an unknown tool, failing), a truncated turn, user turns
+and final answers in the loop's own call format, found by
+:func:`~agentloop_conformance.turns.discover_profile`.
 
 A loop may return one output per row or, when its agent rewrote its own context, the list of
 the trajectory's segments (see :mod:`agentloop_core.segments`). The token checks then apply
@@ -16,13 +20,30 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import pytest
 
 from agentloop_conformance._guard import SuiteGuard
-from agentloop_conformance.recording import FailingServer, RecordedCall, RecordingServer, scripted_engine
+from agentloop_conformance.recording import (
+    FailingServer,
+    RecordedCall,
+    RecordingServer,
+    non_canonical_ids,
+    scripted_engine,
+)
+from agentloop_conformance.turns import (
+    ALL_KINDS,
+    TOOL_KINDS,
+    LoopProfile,
+    TurnScript,
+    classify_text,
+    decode_turn,
+    discover_profile,
+    load_parser,
+    probe_failing_arguments,
+)
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.segments import trajectory_reward
@@ -35,6 +56,12 @@ DEFAULT_ROWS: tuple[dict[str, Any], ...] = (
                     {"role": "user", "content": "Name a fruit. Überraschung 🍎"}]},
 )
 
+DEFAULT_REPLIES = ["Let me think. 2 + 3 = 5.", "So the answer is 5.\n#### 5"]
+"""What the scripted engine says to a loop that declares no tools (and gets no replies)."""
+
+TURN_KINDS_PROPERTY = "agentloop_turn_kinds"
+"""The ``user_properties`` key under which ``test_turn_kinds_exercised`` reports its summary."""
+
 
 @dataclass
 class Rollout:
@@ -46,6 +73,26 @@ class Rollout:
     """Every ``generate`` call of the row, in order."""
     loop: AgentLoopBase
     """The loop that ran it."""
+    kinds: list[str] = field(default_factory=list)
+    """The turn kind of each call (see :mod:`agentloop_conformance.turns`)."""
+    profile: LoopProfile = field(default_factory=LoopProfile)
+    """The loop's tools and call format, as discovered."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Turn kinds the script could not play, with why."""
+
+    @property
+    def exercised(self) -> set[str]:
+        """The kinds the loop went through: a tool-call turn (or a plain turn: a user turn)
+        counts when the loop called the engine again after it, a truncated turn when the engine
+        stopped it on ``max_tokens``, a final answer when it was the row's last call."""
+        out = set()
+        for j, kind in enumerate(self.kinds):
+            more = j + 1 < len(self.calls)
+            if kind == "truncated" or (kind in TOOL_KINDS and more):
+                out.add(kind)
+            elif kind == "final_answer":
+                out.add("user_turn" if more else "final_answer")
+        return out
 
     def segments(self, row: int) -> list[tuple[AgentLoopOutput, range]]:
         """Each output with the indices (in :attr:`calls`) of the engine calls it holds.
@@ -111,9 +158,11 @@ class AgentLoopConformanceTests(SuiteGuard):
     @pytest.fixture
     def scripted_replies(self) -> Any:
         """What the scripted engine says on the i-th call of a request (a list of texts, the
-        last one repeating, or ``(request_id, prompt_ids, index) -> text``). Give a tool loop
-        replies that call its tools."""
-        return ["Let me think. 2 + 3 = 5.", "So the answer is 5.\n#### 5"]
+        last one repeating, or ``(request_id, prompt_ids, index) -> text``). None (the default):
+        the suite scripts the turns itself from the loop's declared tools and call format
+        (:class:`~agentloop_conformance.turns.TurnScript`; a loop without tools gets
+        :data:`DEFAULT_REPLIES`)."""
+        return None
 
     @pytest.fixture
     def real_engine(self) -> Any:
@@ -129,24 +178,75 @@ class AgentLoopConformanceTests(SuiteGuard):
 
     # -- helpers ------------------------------------------------------------------------------
 
+    probe_tool_errors: ClassVar[bool] = True
+    """Whether the suite may run the loop's tools (agentloop ``BaseTool`` objects) on
+    candidate arguments to find a call that fails, for the ``tool_error`` turn."""
+
     async def rollout(self, setup: LoopSetup) -> list[Rollout]:
-        """Roll out every row, one fresh loop per row (as the worker does)."""
+        """Roll out every row, one fresh loop per row (as the worker does). With the suite's own
+        script (``scripted_replies`` None and a loop with tools) the rows repeat until each
+        scenario of the script had one."""
         proxy = RecordingServer()
         results = []
-        for row in setup.rows:
+        rows = list(setup.rows)
+        sampling = dict(self.sampling_params)
+        script: TurnScript | None = None
+        profile, parser = LoopProfile(), None
+        k = 0
+        while k < len(rows):
+            row = rows[k]
             loop = setup.factory(proxy)
             if proxy.inner is None:
-                proxy.inner = scripted_engine(loop.tokenizer, setup.replies) if setup.kind == "scripted" \
+                profile = discover_profile(loop)
+                parser = load_parser(profile.tool_parser)
+                replies = setup.replies
+                if setup.kind == "scripted" and replies is None:
+                    replies = DEFAULT_REPLIES
+                    if profile.tools and parser is not None:
+                        if self.probe_tool_errors and not profile.failing_arguments:
+                            await probe_failing_arguments(profile)
+                        try:
+                            script = replies = TurnScript(profile, loop.tokenizer)
+                        except KeyError:  # no writer for this call format
+                            replies = DEFAULT_REPLIES
+                    if script is not None:
+                        rows = [rows[i % len(rows)] for i in range(max(len(rows), len(script.scenarios)))]
+                        sampling["max_tokens"] = max(int(sampling.get("max_tokens") or 0), script.max_tokens)
+                elif setup.kind == "scripted" and isinstance(replies, (list, tuple)) and replies:
+                    # Every given reply fits in one turn (a cut-off call would exercise nothing).
+                    longest = max(len(non_canonical_ids(loop.tokenizer, str(t))) for t in replies)
+                    sampling["max_tokens"] = max(int(sampling.get("max_tokens") or 0), longest + 8)
+                proxy.inner = scripted_engine(loop.tokenizer, replies) if setup.kind == "scripted" \
                     else setup.real_engine
+            if script is not None:
+                script.row = k
+            k += 1
             start = len(proxy.calls)
-            out = await loop.run(dict(self.sampling_params), **row)
+            out = await loop.run(dict(sampling), **row)
             outputs = out if isinstance(out, list) else [out]
             assert outputs and all(isinstance(o, AgentLoopOutput) for o in outputs), (
                 f"run() returned {type(out).__name__}, not an AgentLoopOutput or a non-empty list of them")
             calls = proxy.calls[start:]
             assert calls, "the loop returned without calling generate"
-            results.append(Rollout(outputs, calls, loop))
+            kinds = self._turn_kinds(calls, loop.tokenizer, parser, profile, script)
+            results.append(Rollout(outputs, calls, loop, kinds, profile, dict(script.skipped) if script else {}))
         return results
+
+    @staticmethod
+    def _turn_kinds(calls: list[RecordedCall], tokenizer: Any, parser: Any, profile: LoopProfile,
+                    script: TurnScript | None) -> list[str]:
+        """Each call's turn kind: ``truncated`` when the engine stopped on max_tokens, else the
+        script's label, else what the loop's parser reads in the output."""
+        kinds, seen = [], {}
+        for c in calls:
+            index = seen[c.request_id] = seen.get(c.request_id, -1) + 1
+            label = script.labels.get((c.request_id, index)) if script is not None else None
+            if c.output.stop_reason == "length":
+                label = "truncated"
+            elif label is None or label == "truncated":
+                label = classify_text(decode_turn(tokenizer, c.output.token_ids, parser), parser, profile.tools)
+            kinds.append(label)
+        return kinds
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -222,6 +322,52 @@ class AgentLoopConformanceTests(SuiteGuard):
                 assert len(out.response_ids) <= int(budget), (
                     f"row {k} segment {s}: {len(out.response_ids)} response tokens, budget {budget}")
 
+    async def test_tool_results_reach_the_model(self, loop_setup: LoopSetup) -> None:
+        """After a turn that calls a tool (valid, parallel, malformed, unknown or failing), the
+        loop's next engine call sees something answering it: between that turn's ids and the
+        next generation the loop added text beyond the chat template's generation prompt (the
+        tool results, or error messages for calls it could not run). Debug: a loop that drops a
+        tool result (or every error message for a bad call) lets the model generate as if the
+        call had never been answered."""
+        answered = 0
+        for k, r in enumerate(await self.rollout(loop_setup)):
+            header = _generation_prompt_text(r.loop.tokenizer)
+            for j, kind in enumerate(r.kinds[:-1]):
+                c, nxt = r.calls[j], r.calls[j + 1]
+                done = c.prompt_ids + list(c.output.token_ids)
+                if kind not in TOOL_KINDS or nxt.prompt_ids[: len(done)] != done:
+                    continue  # not a tool turn, or the next call starts a new segment
+                added = r.loop.tokenizer.decode(nxt.prompt_ids[len(done):], skip_special_tokens=True)
+                rest = added.strip()
+                if header and rest.endswith(header):
+                    rest = rest[: -len(header)].strip()
+                assert rest, (f"row {k}: call {j} was a {kind} turn, but the loop's next engine call adds nothing "
+                              f"answering it (added text {added!r}): a tool result or error message was dropped")
+                answered += 1
+        if not answered:
+            pytest.skip("no tool-call turn was followed by another engine call")
+
+    async def test_turn_kinds_exercised(self, request: Any, agent_loop_factory: Any, agent_loop_rows: list,
+                                        scripted_replies: Any) -> None:
+        """Records which kinds of turn the scripted rollout drove the loop through (shown by
+        ``agentloop-conformance --loop`` and in pytest's terminal summary). A loop that declares
+        tools but went through no tool-call turn fails: the other checks then only ever saw
+        generated tokens. Debug: give replies that call the loop's tools (override the
+        ``scripted_replies`` fixture, or ``--agentloop-replies=FILE.json`` in no-code mode), or
+        declare the call format (``conformance_profile()``, see
+        :mod:`agentloop_conformance.turns`)."""
+        setup = LoopSetup("scripted", agent_loop_factory, agent_loop_rows, scripted_replies, None)
+        rollouts = await self.rollout(setup)
+        summary = turn_kinds_summary(rollouts)
+        request.node.user_properties.append((TURN_KINDS_PROPERTY, summary))
+        profile = rollouts[0].profile
+        exercised = set().union(*(r.exercised for r in rollouts))
+        if profile.tools and not exercised & set(TOOL_KINDS):
+            pytest.fail(f"the loop declares tools {sorted(profile.tools)} (call format {profile.tool_parser!r}) but "
+                        "no tool-call turn was exercised: give replies that call them (override the "
+                        "`scripted_replies` fixture, or pass --agentloop-replies=FILE.json in no-code mode), or "
+                        "declare the call format with conformance_profile(). " + summary)
+
     async def test_segments_are_numbered_and_share_one_reward(self, loop_setup: LoopSetup) -> None:
         """A row returned as several outputs is one trajectory's segments: their
         ``segment_index`` is 0, 1, ... in order (or left 0 everywhere for the worker to number),
@@ -267,3 +413,33 @@ class AgentLoopConformanceTests(SuiteGuard):
         for k, out in enumerate(outs):
             assert out.failed, f"row {k}: the engine failed but the sample is not marked failed: {out.metrics}"
             assert "injected engine failure" in str(out.metrics.get("error")), f"row {k}: error text lost"
+
+
+def _generation_prompt_text(tokenizer: Any) -> str:
+    """The chat template's generation prompt as decoded without special tokens
+    (``assistant``), or "" when it cannot be rendered."""
+    try:
+        probe = [{"role": "user", "content": "x"}]
+        with_prompt = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=True)
+        without = tokenizer.apply_chat_template(probe, add_generation_prompt=False, tokenize=True)
+    except Exception:  # noqa: BLE001 - no template: compare with nothing
+        return ""
+    if hasattr(with_prompt, "keys"):
+        with_prompt, without = with_prompt["input_ids"], without["input_ids"]
+    if list(with_prompt[: len(without)]) != list(without):
+        return ""
+    return tokenizer.decode(list(with_prompt[len(without):]), skip_special_tokens=True).strip()
+
+
+def turn_kinds_summary(rollouts: list[Rollout]) -> str:
+    """One line: the loop's tools and call format, the turn kinds exercised and those not."""
+    profile = rollouts[0].profile
+    exercised = set().union(*(r.exercised for r in rollouts))
+    notes: dict[str, str] = {}
+    for r in rollouts:
+        notes.update(r.notes)
+    head = (f"tools {', '.join(sorted(profile.tools))} ({profile.tool_parser})" if profile.tools
+            else "no tools declared")
+    done = [k for k in ALL_KINDS if k in exercised]
+    missing = [f"{k} ({notes[k]})" if k in notes else k for k in ALL_KINDS if k not in exercised]
+    return f"{head}; exercised: {', '.join(done) or 'none'}; not exercised: {', '.join(missing) or 'none'}"

@@ -20,14 +20,19 @@ class CheckResult:
     """Skip reason or the first line of the failure."""
 
 
-@dataclass
+@dataclass(eq=False)  # hashable: pluggy keeps plugins in sets
 class ReportCollector:
     """A pytest plugin object that keeps one :class:`CheckResult` per test."""
 
     results: dict[str, CheckResult] = field(default_factory=dict)
+    turn_kinds: dict[str, str] = field(default_factory=dict)
+    """Per agent loop test class: the turn kinds its scripted rollout exercised."""
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         nodeid = report.nodeid
+        for key, value in getattr(report, "user_properties", None) or ():
+            if key == "agentloop_turn_kinds" and report.when == "call":
+                self.turn_kinds[nodeid.rsplit("::", 1)[0]] = str(value)
         if report.when == "call" or (report.when == "setup" and not report.passed) or \
                 (report.when == "teardown" and report.failed):
             self.results[nodeid] = CheckResult(nodeid, *_classify(report))
@@ -56,7 +61,8 @@ def build_args(ns: argparse.Namespace) -> list[str]:
             "asyncio_default_fixture_loop_scope=function",
             "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     for flag, value in (("--agentloop-engine", ns.engine), ("--agentloop-tokenizer", ns.tokenizer),
-                        ("--agentloop-chat-template", ns.chat_template), ("--agentloop-loop", ns.loop)):
+                        ("--agentloop-chat-template", ns.chat_template), ("--agentloop-loop", ns.loop),
+                        ("--agentloop-replies", ns.replies)):
         if value:
             args.append(f"{flag}={value}")
     if ns.k:
@@ -73,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", help="Hugging Face tokenizer folder (or pkg.module:factory)")
     parser.add_argument("--chat-template", help="Jinja chat template file replacing the tokenizer's own")
     parser.add_argument("--loop", help="pkg.module:factory, a callable (server) -> AgentLoopBase")
+    parser.add_argument("--replies", help="JSON file (list of texts) or pkg.module:attr: what the scripted engine "
+                                          "says to the loop (default: turns scripted from its declared tools)")
     parser.add_argument("-k", help="only checks matching this pytest -k expression")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     ns = parser.parse_args(argv)
@@ -92,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line + (f"  {r.detail}" if r.detail else "") if r.detail else line.rstrip())
     counts = {k: sum(r.outcome == k for r in results) for k in ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS")}
     print(", ".join(f"{v} {k.lower()}" for k, v in counts.items() if v))
+    for where, summary in collector.turn_kinds.items():
+        print(f"turn kinds ({where.split('::', 1)[-1]}): {summary}")
     if collector.failed():
         return 1
     return 0 if code in (0, 5) or not results else int(code)

@@ -14,7 +14,66 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--agentloop-chat-template", default=None, metavar="FILE",
                     help="Jinja chat template file that replaces the tokenizer's own")
     group.addoption("--agentloop-loop", default=None, metavar="pkg.module:factory",
-                    help="agent loop factory (server -> AgentLoopBase) for the agent loop suite")
+                    help="agent loop factory (server -> AgentLoopBase, or (server, tokenizer) -> AgentLoopBase "
+                         "to take --agentloop-tokenizer) for the agent loop suite")
+    group.addoption("--agentloop-replies", default=None, metavar="FILE.json|pkg.module:attr",
+                    help="what the scripted engine says to the loop (a JSON list of texts, the last repeating, or "
+                         "an object: a list or a (request_id, prompt_ids, index) -> text callable); default: "
+                         "turns scripted from the loop's declared tools")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per agent loop class: the turn kinds its scripted rollout exercised."""
+    from agentloop_conformance.agent_loop import TURN_KINDS_PROPERTY
+
+    lines = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", None) or ():
+                if key == TURN_KINDS_PROPERTY and getattr(report, "when", None) == "call":
+                    lines.append(f"{report.nodeid.rsplit('::', 1)[0]}: {value}")
+    if lines:
+        terminalreporter.write_sep("-", "agentloop turn kinds exercised")
+        for line in sorted(set(lines)):
+            terminalreporter.write_line(line)
+
+
+def load_replies(spec: str) -> Any:
+    """Scripted replies from a JSON file (a list of texts) or ``pkg.module:attr``."""
+    import json
+    import os
+
+    if os.path.exists(spec):
+        with open(spec, encoding="utf-8") as f:
+            replies = json.load(f)
+        if not isinstance(replies, list) or not all(isinstance(t, str) for t in replies) or not replies:
+            raise ValueError(f"--agentloop-replies={spec!r}: expected a non-empty JSON list of texts")
+        return replies
+    return load_object(spec, "--agentloop-replies")
+
+
+def make_loop_factory(factory: Any, tokenizer: Any) -> Any:
+    """``factory`` as a ``server -> loop`` callable; when ``tokenizer`` is given and the factory
+    takes a second argument or a ``tokenizer`` keyword, the tokenizer is passed to it.
+
+    Raises:
+        ValueError: a tokenizer is given but the factory takes only the server.
+    """
+    import inspect
+
+    if tokenizer is None:
+        return factory
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "tokenizer" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return lambda server: factory(server, tokenizer=tokenizer)
+    positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params.values()):
+        return lambda server: factory(server, tokenizer)
+    raise ValueError("--agentloop-tokenizer was given but the --agentloop-loop factory takes only the server; "
+                     "make it (server, tokenizer) -> AgentLoopBase to run the loop on that tokenizer")
 
 
 def load_object(spec: str, option: str) -> Any:

@@ -13,7 +13,13 @@ import pytest_asyncio
 from agentloop_conformance.agent_loop import AgentLoopConformanceTests
 from agentloop_conformance.engine import EngineConformanceTests
 from agentloop_conformance.hooks import EngineTarget
-from agentloop_conformance.plugin import call_maybe_async, load_object, load_tokenizer
+from agentloop_conformance.plugin import (
+    call_maybe_async,
+    load_object,
+    load_replies,
+    load_tokenizer,
+    make_loop_factory,
+)
 from agentloop_conformance.tokenization import TokenizationConformanceTests
 
 
@@ -65,7 +71,24 @@ class TestAgentLoop(AgentLoopConformanceTests):
         spec = request.config.getoption("--agentloop-loop")
         if not spec:
             pytest.skip("no agent loop given: pass --agentloop-loop=pkg.module:factory (server -> AgentLoopBase)")
-        return load_object(spec, "--agentloop-loop")
+        tokenizer = None
+        if request.config.getoption("--agentloop-tokenizer"):
+            tokenizer = request.getfixturevalue("loop_tokenizer")
+        return make_loop_factory(load_object(spec, "--agentloop-loop"), tokenizer)
+
+    @pytest.fixture
+    def loop_tokenizer(self, request: Any) -> Any:
+        """--agentloop-tokenizer (with --agentloop-chat-template as its template) for the loop."""
+        tokenizer = load_tokenizer(request.config.getoption("--agentloop-tokenizer"))
+        path = request.config.getoption("--agentloop-chat-template")
+        if path:
+            tokenizer.chat_template = Path(path).read_text()
+        return tokenizer
+
+    @pytest.fixture
+    def scripted_replies(self, request: Any) -> Any:
+        spec = request.config.getoption("--agentloop-replies")
+        return load_replies(spec) if spec else None
 
     @pytest.fixture
     def real_engine(self, request: Any) -> Any:

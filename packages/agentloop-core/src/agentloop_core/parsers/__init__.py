@@ -8,6 +8,7 @@ from agentloop_core.parsers.base import (
     ToolCallError,
     ToolParser,
     json_error,
+    tool_function,
     tool_parameters,
 )
 from agentloop_core.parsers.registry import (
@@ -39,6 +40,7 @@ __all__ = [
     "get_tool_parser",
     "json_error",
     "register_tool_parser",
+    "tool_function",
     "tool_parameters",
     "tool_parser_names",
 ]

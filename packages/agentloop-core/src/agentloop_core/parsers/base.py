@@ -70,8 +70,9 @@ class ParseResult:
         return bool(self.calls or self.errors)
 
 
-def tool_parameters(spec: Any) -> dict[str, Any] | None:
-    """The ``parameters`` JSON schema of a tool spec, or None when it declares none.
+def tool_function(spec: Any) -> dict[str, Any] | None:
+    """The function dict (``name``, ``description``, ``parameters``...) of a tool spec, or None
+    when it is not one.
 
     Accepts what loops hold: an ``OpenAIFunctionToolSchema`` (pydantic), a ``BaseTool`` (its
     ``tool_schema``), an OpenAI tool dict ``{"type": "function", "function": {...}}``, or a bare
@@ -89,9 +90,14 @@ def tool_parameters(spec: Any) -> dict[str, Any] | None:
     function = spec.get("function", spec)
     if hasattr(function, "model_dump"):
         function = function.model_dump(exclude_none=True)
-    if not isinstance(function, Mapping):
-        return None
-    parameters = function.get("parameters")
+    return dict(function) if isinstance(function, Mapping) else None
+
+
+def tool_parameters(spec: Any) -> dict[str, Any] | None:
+    """The ``parameters`` JSON schema of a tool spec (any form :func:`tool_function` accepts),
+    or None when it declares none."""
+    function = tool_function(spec)
+    parameters = function.get("parameters") if function is not None else None
     if hasattr(parameters, "model_dump"):
         parameters = parameters.model_dump(exclude_none=True)
     return dict(parameters) if isinstance(parameters, Mapping) else None
