@@ -147,3 +147,23 @@ async def test_an_async_agent_and_bad_agents(tok):
 def _returns_text(base_url: str, row: dict) -> str:
     openai.OpenAI(base_url=base_url, api_key="unused").chat.completions.create(model="m", messages=row["raw_prompt"])
     return "done"
+
+
+def _endless_agent(base_url: str, row: dict) -> float:
+    """Keeps asking until the gateway refuses: an agent with no notion of the trainer's budget."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    messages = list(row["raw_prompt"])
+    while True:
+        reply = client.chat.completions.create(model="any", messages=messages)
+        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                     {"role": "user", "content": "Go on."}]
+
+
+async def test_the_response_budget_ends_an_endless_agent(tok):
+    server = scripted(tok, ["one two three four five six seven eight nine ten"] * 50)
+    (out,) = await HTTPAgentLoop(server, tok, {"agent": _endless_agent, "response_length": 60}).run(SAMPLING, **ROW)
+    assert len(out.response_ids) <= 60 and out.metrics["response_budget_spent"] == 1
+    # Every call was capped to what was left, so the last generation ends exactly at the budget
+    # or the next user turn did not fit; every mask-1 token is still the engine's.
+    assert generated_runs(out) == [call.output.token_ids for call in server.calls]
+    assert server.calls[-1].sampling_params.max_tokens < 64

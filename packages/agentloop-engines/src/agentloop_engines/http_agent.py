@@ -19,7 +19,10 @@ is accepted) and ``row`` is the dataset row. It may return:
 
 A synchronous agent runs in a worker thread, so a blocking client never stalls the rollout's
 event loop. The gateway's sampling parameters are the trainer's (temperature, top-p, seed...):
-what the agent asks for is overridden, and ``max_tokens`` is capped by ``response_length``.
+what the agent asks for is overridden. ``response_length`` is the budget of each segment: every
+call's ``max_tokens`` is capped to what is left of it, and a call with nothing left is refused
+(HTTP 400). An agent that then stops with an error ends the trajectory as a length limit ends
+any loop's: its calls are trained on, and ``metrics["response_budget_spent"]`` is 1.
 """
 
 from __future__ import annotations
@@ -159,11 +162,19 @@ class HTTPAgentLoop(AgentLoopBase):
         thread = _gateway_for(self.server, self.processor or self.tokenizer, cfg, asyncio.get_running_loop())
         session_id = f"{row.get('index', 'row')}-{uuid.uuid4().hex[:12]}".replace(" ", "_")[:200]
         thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
-                                                                                        cfg.response_length))
+                                                                                        cfg.response_length),
+                                    response_budget=cfg.response_length)
         start = time.perf_counter()
+        budget_spent = False
         try:
             with self.tracer.span("http_agent", request_id=session_id):
                 result = await asyncio.wait_for(self._call_agent(thread.session_url(session_id), row), cfg.timeout_s)
+        except Exception:
+            # The gateway refused a call because the segment's response budget was used up; the
+            # agent could not go on, which ends the trajectory as a length limit ends any loop's.
+            if not thread.gateway.recorder.exhausted(session_id):
+                raise
+            result, budget_spent = None, True
         finally:
             calls = thread.gateway.close_session(session_id)
         agent_s = time.perf_counter() - start
@@ -175,7 +186,7 @@ class HTTPAgentLoop(AgentLoopBase):
         builder = SegmentBuilder.from_calls(calls)
         generated = sum(len(call.token_ids) for call in calls)
         metrics = {**metrics, "http_calls": len(calls), "agent_s": agent_s, "generated_tokens": generated,
-                   "segments": builder.num_segments}
+                   "segments": builder.num_segments, "response_budget_spent": int(budget_spent)}
         return builder.outputs(reward_score=reward, num_turns=len(calls), metrics=metrics,
                                extra_fields={"session_id": session_id})
 

@@ -17,6 +17,7 @@ from agentloop_engines.gateway.app import (
 from agentloop_engines.gateway.core import Gateway, GatewayResponse
 from agentloop_engines.gateway.recorder import (
     RecordedCall,
+    SessionBudgetError,
     SessionCallLimitError,
     SessionNotFoundError,
     SessionRecorder,
@@ -30,6 +31,7 @@ __all__ = [
     "GatewayResponse",
     "GatewayThread",
     "RecordedCall",
+    "SessionBudgetError",
     "SessionCallLimitError",
     "SessionNotFoundError",
     "SessionRecorder",

@@ -44,7 +44,12 @@ from agentloop_engines.gateway.openai_request import (
     parse_completion_request,
 )
 from agentloop_engines.gateway.openai_response import chat_chunks, completion_chunks
-from agentloop_engines.gateway.recorder import RecordedCall, SessionRecorder, check_session_id
+from agentloop_engines.gateway.recorder import (
+    RecordedCall,
+    SessionBudgetError,
+    SessionRecorder,
+    check_session_id,
+)
 from agentloop_engines.gateway.stop import find_stop, single_token_stop_ids
 
 logger = logging.getLogger(__name__)
@@ -180,9 +185,10 @@ class Gateway:
 
     # ---- sessions ------------------------------------------------------------------------
 
-    def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None) -> None:
+    def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
+                     response_budget: int | None = None) -> None:
         """Start recording ``session_id`` (see :meth:`SessionRecorder.open`)."""
-        self.recorder.open(session_id, sampling_overrides=sampling_overrides)
+        self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_budget=response_budget)
 
     def close_session(self, session_id: str) -> list[RecordedCall]:
         """Take the session's recorded calls and free its sticky-routing slot in the server.
@@ -422,6 +428,14 @@ class Gateway:
                 params["max_tokens"] = self.default_max_tokens
             elif self.max_model_len is not None and self.max_model_len > len(prompt_ids):
                 params["max_tokens"] = self.max_model_len - len(prompt_ids)
+        if session_id is not None:
+            left = self.recorder.remaining_budget(session_id, prompt_ids)
+            if left is not None:
+                if left < 1:
+                    raise SessionBudgetError(
+                        f"session {session_id!r}: this call's segment already holds its whole response budget "
+                        "(the trainer's response_length); the trajectory ends here")
+                params["max_tokens"] = min(int(params.get("max_tokens") or left), left)
         stop_ids = single_token_stop_ids(self.tokenizer, req.stop)
         if stop_ids:
             params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or ()), *stop_ids]))

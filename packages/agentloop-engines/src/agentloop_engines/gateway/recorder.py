@@ -101,12 +101,29 @@ class SessionCallLimitError(ValueError):
     """The session already holds ``max_calls_per_session`` calls."""
 
 
+class SessionBudgetError(ValueError):
+    """The session's current segment has used its response budget (``response_budget``)."""
+
+
 @dataclass
 class _Session:
     calls: list[RecordedCall] = field(default_factory=list)
     last_used: float = 0.0
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     chat_state: Any = None
+    response_budget: int | None = None
+    segment_prompt_len: int = 0
+    exhausted: bool = False
+
+
+def _extends(session: _Session, prompt_ids: list[int]) -> bool:
+    """Whether ``prompt_ids`` continues the session's last call (its prompt + generated ids)."""
+    if not session.calls:
+        return False
+    last = session.calls[-1]
+    n = len(last.prompt_ids) + len(last.token_ids)
+    return len(prompt_ids) >= n and prompt_ids[: len(last.prompt_ids)] == last.prompt_ids and \
+        prompt_ids[len(last.prompt_ids) : n] == last.token_ids
 
 
 class SessionRecorder:
@@ -147,19 +164,48 @@ class SessionRecorder:
 
     # ---- the loop's side -----------------------------------------------------------------
 
-    def open(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None) -> None:
+    def open(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
+             response_budget: int | None = None) -> None:
         """Start (or refresh) a session, so :meth:`pop` returns ``[]`` if the agent makes no call.
 
         Args:
             session_id: The trajectory's id (see :func:`check_session_id`).
             sampling_overrides: Sampling parameters that replace what the agent's requests ask
                 for in this session (the trainer's temperature, a per-turn ``max_tokens``).
+            response_budget: Response tokens one training segment may hold (the trainer's
+                ``response_length``): calls are capped to what is left of it, and a call with
+                nothing left is refused (:class:`SessionBudgetError`). None: no budget.
         """
         check_session_id(session_id)
+        if response_budget is not None and response_budget < 1:
+            raise ValueError(f"response_budget must be >= 1 or None, got {response_budget}")
         with self._lock:
             session = self._touch(session_id)
             if sampling_overrides is not None:
                 session.sampling_overrides = dict(sampling_overrides)
+            session.response_budget = response_budget
+
+    def remaining_budget(self, session_id: str, prompt_ids: list[int]) -> int | None:
+        """Response tokens a call with ``prompt_ids`` may still generate in its segment: the
+        budget minus what the segment holds after its first prompt (a call whose prompt extends
+        the last call's prompt + generation continues the segment, as in
+        :class:`~agentloop_core.segments.SegmentBuilder`; any other starts a new one). None
+        without a budget. A call with nothing left marks the session :meth:`exhausted`."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or session.response_budget is None:
+                return None
+            used = len(prompt_ids) - session.segment_prompt_len if _extends(session, prompt_ids) else 0
+            left = session.response_budget - used
+            if left < 1:
+                session.exhausted = True
+            return left
+
+    def exhausted(self, session_id: str) -> bool:
+        """Whether a call of the session was refused for want of response budget."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return session is not None and session.exhausted
 
     def get(self, session_id: str) -> list[RecordedCall]:
         """The session's calls so far, in order (the session stays).
@@ -231,6 +277,8 @@ class SessionRecorder:
         """Append ``call`` to the session (renumbered to its position) and return it."""
         with self._lock:
             session = self._touch(session_id)
+            if not _extends(session, call.prompt_ids):
+                session.segment_prompt_len = len(call.prompt_ids)
             call = _renumber(call, len(session.calls))
             session.calls.append(call)
             return call
