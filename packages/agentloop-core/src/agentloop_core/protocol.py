@@ -8,6 +8,8 @@ what lets a trainer use exactly the tokens the engine sampled.
 from __future__ import annotations
 
 import difflib
+import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -65,6 +67,22 @@ class ServerCapabilities:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass but True is never a token count, k or seed; numpy ints are fine.
+    return not isinstance(value, bool) and hasattr(type(value), "__index__")
+
+
+def _finite_float(key: str, value: Any, valid: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{key} must be {valid}, got {value!r} (not a number)")
+    if not math.isfinite(value):
+        raise ValueError(f"{key} must be {valid}, got {value!r} (not finite)")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Validated sampling parameters. Loops pass plain mappings; engines call
@@ -115,15 +133,25 @@ class SamplingParams:
         sp.check()
         return sp
 
+    def __post_init__(self) -> None:
+        # Validate on construction too: a typed SamplingParams skips from_mapping, and a NaN
+        # temperature that reaches an engine poisons a whole batch's softmax instead of failing.
+        self.check()
+
     def check(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
+        """Raise ValueError naming the key and its valid range on a bad value."""
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer (>= 1), got {self.max_tokens!r}")
+        temperature = _finite_float("temperature", self.temperature, "in [0, inf), finite (0 is greedy)")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 and finite (0 is greedy), got {self.temperature!r}")
+        top_p = _finite_float("top_p", self.top_p, "in (0, 1]")
+        if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be an integer >= -1 (-1 or 0 disables), got {self.top_k!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not _INT64_MIN <= self.seed <= _INT64_MAX):
+            raise ValueError(f"seed must be None or an integer in the int64 range [-2**63, 2**63 - 1], got {self.seed!r}")
 
     def replace(self, **changes: Any) -> SamplingParams:
         data = {f.name: getattr(self, f.name) for f in fields(self)}

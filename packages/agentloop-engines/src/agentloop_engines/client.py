@@ -135,6 +135,9 @@ class LLMServerClient:
         retry_on: Extra exception types that count as replica failures (e.g. a transport's
             own connection error).
         capabilities_timeout_s: Limit on fetching a Ray replica's capabilities at construction.
+        probe_backoff_s: An out-of-rotation replica is sent one request (a probe) after this
+            long; a success puts it back, a failure retries the request elsewhere.
+        max_probe_backoff_s: Cap of the probe backoff, which doubles after each failed probe.
 
     Raises:
         ValueError: on an empty ``servers`` list or bad routing parameters.
@@ -151,6 +154,8 @@ class LLMServerClient:
         max_retries: int | None = None,
         retry_on: tuple[type[BaseException], ...] = (),
         capabilities_timeout_s: float = 60.0,
+        probe_backoff_s: float = 5.0,
+        max_probe_backoff_s: float = 60.0,
     ) -> None:
         servers = list(servers)
         if not servers:
@@ -162,7 +167,8 @@ class LLMServerClient:
         self.servers = servers
         self._replicas = [_Replica(s, i, capabilities_timeout_s) for i, s in enumerate(servers)]
         self.policy = StickyLeastInFlightPolicy(
-            len(servers), sticky_capacity=sticky_capacity, imbalance_threshold=imbalance_threshold
+            len(servers), sticky_capacity=sticky_capacity, imbalance_threshold=imbalance_threshold,
+            probe_backoff_s=probe_backoff_s, max_probe_backoff_s=max_probe_backoff_s,
         )
         self.request_timeout_s = request_timeout_s
         self.max_retries = len(servers) - 1 if max_retries is None else max_retries
@@ -193,6 +199,8 @@ class LLMServerClient:
         snap.update(dataclasses.asdict(self.client_stats))
         snap["in_flight"] = self.in_flight
         snap["healthy"] = list(self.policy.healthy)
+        snap["unhealthy"] = [not ok for ok in self.policy.healthy]
+        snap["next_probe_in_s"] = [self.policy.next_probe_in(i) for i in range(len(self._replicas))]
         return snap
 
     def mark_healthy(self, index: int) -> None:
@@ -278,19 +286,21 @@ class LLMServerClient:
                 continue
             finally:
                 self.policy.release(index)
+            self.policy.record_success(index)
             self.client_stats.completed += 1
             if isinstance(result, TokenOutput):
                 result = dataclasses.replace(result, extra={**result.extra, "replica": index})
             return result
 
-    def _on_replica_failure(self, replica: _Replica, request_id: str, exc: BaseException) -> str:
+    def _on_replica_failure(self, replica: _Replica, request_id: str, exc: BaseException,
+                            *, probe: bool = True) -> str:
         timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not _is_remote(exc)
         self.client_stats.replica_failures += 1
         if timed_out:
             self.client_stats.timeouts += 1
             # The hung replica may still be working on it; stop it so it does not finish later.
             self._spawn(self._quiet_abort(replica, request_id))
-        self.policy.mark_unhealthy(replica.index)
+        self.policy.mark_unhealthy(replica.index, probe=probe)
         # asyncio.wait_for's TimeoutError has no message; a transport's own timeout (HTTPServer's
         # timeout_s) has one, and request_timeout_s may not even be set then.
         what = (f"timed out after {self.request_timeout_s}s" if timed_out and not str(exc)
@@ -335,8 +345,8 @@ class LLMServerClient:
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights into every healthy replica.
 
-        A replica that fails the update is taken out of rotation, so it never serves stale
-        weights.
+        A replica that fails the update is taken out of rotation, and not probed back, so it
+        never serves stale weights; :meth:`mark_healthy` returns it once it has the weights.
 
         Raises:
             CapabilityNotSupported: unless every replica declares ``weight_update``.
@@ -373,7 +383,9 @@ class LLMServerClient:
         for replica, res in zip(targets, results, strict=True):
             if isinstance(res, BaseException):
                 if is_replica_failure(res) or isinstance(res, self.retry_on):
-                    self._on_replica_failure(replica, f"<{method}>", res)
+                    # No probing back: a replica that missed a weight update or a sleep/wake
+                    # would answer a probe with stale weights; mark_healthy once it is fixed.
+                    self._on_replica_failure(replica, f"<{method}>", res, probe=False)
                 errors.append((replica.index, res))
         if errors:
             index, first = errors[0]

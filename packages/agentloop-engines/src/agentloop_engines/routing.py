@@ -14,12 +14,18 @@ The policy is *sticky and load-aware*:
   replica has more than ``imbalance_threshold`` requests in flight beyond the least-loaded one.
   Pure stickiness never migrates, so a long tail of multi-turn trajectories piles onto whichever
   replica happened to start them; pure hashing loses the prefix cache. The gate trades one
-  prefix-cache miss for not queueing behind a hot replica.
+  prefix-cache miss for not queueing behind a hot replica;
+* **probed recovery**: a replica taken out of rotation is sent one real request (a probe) once
+  its backoff has passed; the backoff doubles, up to a cap, each time a probe fails, and a probe
+  that succeeds puts the replica back. A probe that fails is retried on another replica like any
+  failover, so recovering costs at most one retry per backoff period, while never probing would
+  leave a replica that restarted (or had a network blip) out for the rest of the run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache
@@ -39,6 +45,10 @@ class RoutingStats:
     """Sticky requests moved off an overloaded replica by the imbalance gate."""
     rerouted: int = 0
     """Sticky requests moved because their replica was unhealthy or excluded (failover)."""
+    probes: int = 0
+    """Requests sent to an out-of-rotation replica to test whether it is back."""
+    recoveries: int = 0
+    """Replicas put back into rotation by a successful probe."""
     per_replica: list[int] = field(default_factory=list)
     """Requests routed to each replica."""
 
@@ -59,13 +69,19 @@ class StickyLeastInFlightPolicy:
             first, and its next request is routed as a new session.
         imbalance_threshold: Move a sticky request to the least-loaded replica when its
             replica has more than this many extra requests in flight; None never moves.
+        probe_backoff_s: Wait before the first probe of a replica taken out of rotation.
+        max_probe_backoff_s: Cap of the backoff, which doubles after every failed probe.
+        clock: Monotonic time source (a fake one makes backoff testable without sleeping).
 
     Raises:
-        ValueError: on ``num_replicas < 1``, ``sticky_capacity < 1`` or a negative threshold.
+        ValueError: on ``num_replicas < 1``, ``sticky_capacity < 1``, a negative threshold or
+            a backoff that is not positive.
     """
 
     def __init__(self, num_replicas: int, *, sticky_capacity: int = 10000,
-                 imbalance_threshold: int | None = 8) -> None:
+                 imbalance_threshold: int | None = 8, probe_backoff_s: float = 5.0,
+                 max_probe_backoff_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if num_replicas < 1:
             raise ValueError(f"need at least one replica, got num_replicas={num_replicas}")
         if sticky_capacity < 1:
@@ -74,7 +90,18 @@ class StickyLeastInFlightPolicy:
             raise ValueError(
                 f"imbalance_threshold must be >= 0 or None (never migrate), got {imbalance_threshold}"
             )
+        if not 0 < probe_backoff_s <= max_probe_backoff_s:
+            raise ValueError(
+                f"need 0 < probe_backoff_s <= max_probe_backoff_s, got {probe_backoff_s} and "
+                f"{max_probe_backoff_s}"
+            )
         self.num_replicas = num_replicas
+        self.probe_backoff_s = probe_backoff_s
+        self.max_probe_backoff_s = max_probe_backoff_s
+        self._clock = clock
+        self._backoff: list[float] = [0.0] * num_replicas
+        self._retry_at: list[float] = [0.0] * num_replicas
+        self._probing: list[bool] = [False] * num_replicas
         self.imbalance_threshold = imbalance_threshold
         self.in_flight: list[int] = [0] * num_replicas
         self.healthy: list[bool] = [True] * num_replicas
@@ -88,15 +115,46 @@ class StickyLeastInFlightPolicy:
         """Indices of the replicas in rotation."""
         return [i for i, ok in enumerate(self.healthy) if ok]
 
-    def mark_unhealthy(self, index: int) -> None:
-        """Take replica ``index`` out of rotation; its sessions move on their next request."""
+    def mark_unhealthy(self, index: int, *, probe: bool = True) -> None:
+        """Take replica ``index`` out of rotation until a probe succeeds; its sessions move on
+        their next request. Marking an already unhealthy replica (a failed probe) doubles its
+        backoff, up to ``max_probe_backoff_s``.
+
+        Args:
+            index: The replica.
+            probe: False keeps it out until :meth:`mark_healthy` (e.g. it missed a weight
+                update, so answering a probe would not make its outputs right).
+        """
         self._check_index(index)
+        if self.healthy[index]:
+            self._backoff[index] = self.probe_backoff_s
+        else:
+            self._backoff[index] = min(2 * self._backoff[index], self.max_probe_backoff_s)
         self.healthy[index] = False
+        self._probing[index] = False
+        self._retry_at[index] = self._clock() + self._backoff[index] if probe else float("inf")
 
     def mark_healthy(self, index: int) -> None:
         """Put replica ``index`` back into rotation."""
         self._check_index(index)
         self.healthy[index] = True
+        self._probing[index] = False
+        self._backoff[index] = 0.0
+
+    def record_success(self, index: int) -> None:
+        """Report that replica ``index`` served a request; an out-of-rotation one is back."""
+        self._check_index(index)
+        if not self.healthy[index]:
+            self.mark_healthy(index)
+            self.stats.recoveries += 1
+
+    def next_probe_in(self, index: int) -> float | None:
+        """Seconds until replica ``index`` is probed (0 when due); None when it is healthy or
+        is never probed (taken out with ``probe=False``)."""
+        self._check_index(index)
+        if self.healthy[index] or self._retry_at[index] == float("inf"):
+            return None
+        return max(0.0, self._retry_at[index] - self._clock())
 
     # ---- routing --------------------------------------------------------------------------
 
@@ -121,12 +179,24 @@ class StickyLeastInFlightPolicy:
         Raises:
             NoHealthyReplicaError: when no healthy replica outside ``exclude`` is left.
         """
+        now = self._clock()
+        due = [i for i in range(self.num_replicas)
+               if not self.healthy[i] and not self._probing[i] and i not in exclude
+               and self._retry_at[i] <= now]
+        if due:
+            # One probe at a time per replica: a still-broken replica costs one retry, not many.
+            choice = min(due, key=lambda i: self._retry_at[i])
+            self._probing[choice] = True
+            self.stats.probes += 1
+            return self._pin(request_id, choice)
         candidates = [i for i in range(self.num_replicas) if self.healthy[i] and i not in exclude]
         if not candidates:
+            waits = {i: round(self._retry_at[i] - now, 2) for i in range(self.num_replicas)
+                     if not self.healthy[i] and i not in exclude and not self._probing[i]}
             raise NoHealthyReplicaError(
                 f"no replica left to route request {request_id!r}: healthy={self.healthy_replicas}, "
-                f"already tried={sorted(exclude)}; check the engine logs, then restart the replicas "
-                "or call mark_healthy(index) once they are back"
+                f"already tried={sorted(exclude)}, next probe in seconds={waits}; check the engine "
+                "logs, then restart the replicas or call mark_healthy(index) once they are back"
             )
         least = min(candidates, key=lambda i: (self.in_flight[i], self.stats.per_replica[i], i))
         pinned = self._sessions.get(request_id)
@@ -143,6 +213,9 @@ class StickyLeastInFlightPolicy:
         else:
             self.stats.sticky_hits += 1
             choice = pinned
+        return self._pin(request_id, choice)
+
+    def _pin(self, request_id: str, choice: int) -> int:
         self._sessions[request_id] = choice
         self.stats.routed += 1
         self.stats.per_replica[choice] += 1
@@ -153,11 +226,12 @@ class StickyLeastInFlightPolicy:
         self.in_flight[index] += 1
 
     def release(self, index: int) -> None:
-        """Count one request fewer in flight on ``index``."""
+        """Count one request fewer in flight on ``index`` (ending its probe, if it was one)."""
         if self.in_flight[index] <= 0:
             # A release without an acquire would hide a leak elsewhere; fail loudly.
             raise RuntimeError(f"release() on replica {index} with no request in flight")
         self.in_flight[index] -= 1
+        self._probing[index] = False
 
     def _check_index(self, index: int) -> None:
         if not 0 <= index < self.num_replicas:

@@ -156,12 +156,19 @@ class DecodeBatch:
             return self._sample(out.logits[:, -1], stats)
 
     def _sample(self, logits: torch.Tensor, stats: dict[str, int]) -> DecodeBatch | None:
-        tokens, lps = sample_rows(logits, [r.sampling for r in self.rows])
+        errors: list[Exception | None] = [None] * len(self.rows)
+        try:
+            tokens, lps = sample_rows(logits, [r.sampling for r in self.rows])
+        except Exception:  # noqa: BLE001 - narrowed to the rows that raise, below
+            tokens, lps, errors = self._sample_each(logits)
         tok_list, lp_list = tokens.tolist(), lps.tolist()
         keep: list[int] = []
         for j, r in enumerate(self.rows):
             if r.aborted:
                 r.finish("aborted")
+                continue
+            if errors[j] is not None:
+                r.fail(errors[j])
                 continue
             tok = tok_list[j]
             r.token_ids.append(tok)
@@ -183,6 +190,22 @@ class DecodeBatch:
             self.rows = [self.rows[j] for j in keep]
         self.last = tokens
         return self
+
+    def _sample_each(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[Exception | None]]:
+        """Sample row by row after the batched call raised, so one request's bad settings (or a
+        sampler bug it triggers) fail that request alone instead of every row in the batch."""
+        tokens = torch.zeros(len(self.rows), dtype=torch.long, device=logits.device)
+        lps = torch.zeros(len(self.rows), dtype=torch.float32, device=logits.device)
+        errors: list[Exception | None] = []
+        for j, r in enumerate(self.rows):
+            try:
+                tok, lp = sample_rows(logits[j : j + 1], [r.sampling])
+            except Exception as exc:  # noqa: BLE001 - delivered to this row's caller
+                errors.append(exc)
+                continue
+            tokens[j], lps[j] = tok[0], lp[0]
+            errors.append(None)
+        return tokens, lps, errors
 
     def can_merge(self) -> bool:
         """Whether :meth:`merge` knows this cache layout (plain full-attention DynamicCache)."""
