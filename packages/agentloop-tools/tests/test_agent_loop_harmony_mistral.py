@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
+from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_for_template
 from agentloop_tools.agent_loop import ToolAgentLoop
 from agentloop_tools.function_tool import function_tool
 from agentloop_tools.interaction import BaseInteraction
@@ -29,12 +29,6 @@ from agentloop_tools.interaction import BaseInteraction
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
 PROMPT = [{"role": "user", "content": "What is 6 times 7?"}]
 SAMPLING = {"temperature": 0.0, "logprobs": True}
-
-HARMONY_TOKENS = {"eos_token": "<|return|>", "additional_special_tokens": [
-    "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>", "<|return|>"]}
-MISTRAL_TOKENS = {"bos_token": "<s>", "eos_token": "</s>", "additional_special_tokens": [
-    "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
-    "[/TOOL_RESULTS]"]}
 
 # Behaves like openai-gpt-oss-120b.jinja where tool_agent meets it: tools in a developer message,
 # assistant content holding channel tags refused, a tool call rendered from tool_calls[0], a tool
@@ -104,8 +98,8 @@ MISTRAL_LIKE = (
 )
 
 FAMILIES = {
-    "gpt_oss": (HARMONY_TOKENS, "openai-gpt-oss-120b.jinja", HARMONY_LIKE),
-    "mistral": (MISTRAL_TOKENS, "mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL_LIKE),
+    "gpt_oss": ("openai-gpt-oss-120b.jinja", HARMONY_LIKE),
+    "mistral": ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL_LIKE),
 }
 
 HARMONY_CALL = ('<|channel|>analysis<|message|>Multiply them.<|end|><|start|>assistant to=functions.calc'
@@ -134,18 +128,13 @@ def calc(x: str) -> str:
 def family_tokenizer(family: str, source: str) -> Any:
     """The tiny tokenizer with the family's special tokens (gpt-oss ends answers with <|return|>,
     Mistral turns with </s>) and its real (``shared``) or inline (``inline``) chat template."""
-    tokens, shared_name, inline = FAMILIES[family]
+    shared_name, inline = FAMILIES[family]
+    path = SHARED_TEMPLATES / shared_name
     if source == "shared":
-        path = SHARED_TEMPLATES / shared_name
         if not path.is_file():
             pytest.skip(f"{path} is absent (a fresh clone has no ../shared); the inline variant covers the behaviour")
-        chat_template = path.read_text()
-    else:
-        chat_template = inline
-    tok = load_tiny_tokenizer()
-    tok.add_special_tokens(tokens)
-    tok.chat_template = chat_template
-    return tok
+        return tiny_tokenizer_for_template(path)
+    return tiny_tokenizer_for_template(path, chat_template=inline)
 
 
 def encode(tok: Any, text: str) -> list[int]:

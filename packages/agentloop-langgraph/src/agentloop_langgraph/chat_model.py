@@ -355,8 +355,7 @@ class ChatModel(BaseChatModel):
             trajectory.append_messages(chats)
         else:
             if self.response_length is not None:
-                delta = trajectory.renderer.delta_ids(trajectory.messages, chats,
-                                                      assistant_ended_with_eos=session.ended_with_eos)
+                delta = trajectory.preview_messages(chats)  # append_messages reuses it
                 if len(trajectory.response_ids) + len(delta) >= self.response_length:
                     # Cutting the delta would end the trajectory mid-turn; leaving it out ends cleanly.
                     raise RolloutLimitReached(

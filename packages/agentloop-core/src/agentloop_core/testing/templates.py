@@ -108,10 +108,11 @@ _FAMILY_TOKENS: dict[str, dict[str, Any]] = {
 }
 
 
-def tiny_tokenizer_for_template(template_file: Any) -> Any:
+def tiny_tokenizer_for_template(template_file: Any, *, chat_template: str | None = None) -> Any:
     """A fresh copy of the tiny tokenizer with the chat template in ``template_file`` and, for
     the harmony (gpt-oss) and Mistral families, the special tokens their templates write, so a
-    real template can be tested without its model's tokenizer."""
+    real template can be tested without its model's tokenizer. ``chat_template`` (a stand-in
+    template of the same family) replaces the file's text; the file need not exist then."""
     from pathlib import Path
 
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
@@ -121,5 +122,5 @@ def tiny_tokenizer_for_template(template_file: Any) -> Any:
     for prefix, tokens in _FAMILY_TOKENS.items():
         if path.name.startswith(prefix):
             tok.add_special_tokens(tokens)
-    tok.chat_template = path.read_text()
+    tok.chat_template = path.read_text() if chat_template is None else chat_template
     return tok

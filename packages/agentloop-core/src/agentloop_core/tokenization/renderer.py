@@ -307,11 +307,23 @@ class ChatRenderer:
                 (:meth:`ended_turn`).
             strategy: Overrides the renderer's ``delta_strategy`` for this call.
         """
+        text = self.delta_text(history, new_messages, assistant_ended_with_eos=assistant_ended_with_eos,
+                               strategy=strategy)
+        return DeltaResult(self.encode(text), text)
+
+    def delta_text(
+        self,
+        history: Sequence[Mapping[str, Any]],
+        new_messages: Sequence[Mapping[str, Any]],
+        *,
+        assistant_ended_with_eos: bool = True,
+        strategy: DeltaStrategy | None = None,
+    ) -> str:
+        """The text :meth:`delta` encodes (for callers that need only the text)."""
         if not new_messages:
             raise ValueError("delta needs at least one new message")
         if not history:
-            text = self.render_text(new_messages, add_generation_prompt=True)
-            return DeltaResult(self.encode(text), text)
+            return self.render_text(new_messages, add_generation_prompt=True)
         strategy = strategy or self.delta_strategy
         if history[-1].get("role") != "assistant":
             raise TokenizationMismatchError(
@@ -320,12 +332,10 @@ class ChatRenderer:
             )
         short = [BASE_CONVERSATION[0], history[-1]]
         if strategy == "history":
-            text = self._delta_text(history, new_messages, assistant_ended_with_eos)
-        elif strategy == "short":
-            text = self._delta_text(short, new_messages, assistant_ended_with_eos)
-        else:
-            text = self._auto_delta_text(history, short, new_messages, assistant_ended_with_eos)
-        return DeltaResult(self.encode(text), text)
+            return self._delta_text(history, new_messages, assistant_ended_with_eos)
+        if strategy == "short":
+            return self._delta_text(short, new_messages, assistant_ended_with_eos)
+        return self._auto_delta_text(history, short, new_messages, assistant_ended_with_eos)
 
     def _auto_delta_text(
         self,

@@ -234,8 +234,8 @@ class Trajectory:
             text += pieces[k].text
             following = self.messages[index + 1 : generated[k + 1] if k + 1 < len(generated) else len(self.messages)]
             if following:
-                text += self.renderer.delta(self._history_with_calls(index + 1), following,
-                                            assistant_ended_with_eos=pieces[k].ended, strategy="history").text
+                text += self.renderer.delta_text(self._history_with_calls(index + 1), following,
+                                                 assistant_ended_with_eos=pieces[k].ended, strategy="history")
         return text
 
     def _inference_text(self) -> str:
