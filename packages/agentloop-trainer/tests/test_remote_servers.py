@@ -51,7 +51,9 @@ def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, 
     steps = [json.loads(line) for line in (tmp_path / "remote" / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "actor/pg_loss" in s] == [1, 2]
     # Both remote engines hold exactly the trained policy: the last update reached each of them.
-    trained = torch.load(tmp_path / "remote" / "checkpoints" / "step_2" / "model.pt", weights_only=True)
+    from safetensors.torch import load_file
+
+    trained = load_file(tmp_path / "remote" / "checkpoints" / "step_2" / "hf" / "model.safetensors")
     from transformers import AutoModelForCausalLM
 
     original = AutoModelForCausalLM.from_pretrained(random_model_path).state_dict()

@@ -50,7 +50,8 @@ def test_resume_reproduces_next_step_loss(tmp_path, random_model_path, tokenizer
     quiet = lambda *_: None  # noqa: E731
     full = _run(_cfg(tmp_path, random_model_path, "full", 3, **fn), tokenizer, quiet)
     _run(_cfg(tmp_path, random_model_path, "cut", 2, **fn), tokenizer, quiet)
-    assert (tmp_path / "cut" / "checkpoints" / "step_2" / "optimizer.pt").exists()
+    assert (tmp_path / "cut" / "checkpoints" / "step_2" / "trainer_state.pt").exists()
+    assert (tmp_path / "cut" / "checkpoints" / "step_2" / "hf" / "config.json").exists()
     resumed = _run(_cfg(tmp_path, random_model_path, "cut", 3, **{"trainer.resume": "true"}, **fn), tokenizer, quiet)
     assert [h["step"] for h in full] == [1, 2, 3]
     assert resumed[-1]["step"] == 3

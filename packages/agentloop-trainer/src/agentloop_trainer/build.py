@@ -54,25 +54,49 @@ def build_trainer(cfg: Any, model_path: str | Path, run_dir: str | Path, log: An
     from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.assets import load_records
+    from agentloop_trainer.config import offload_enabled, reference_offloaded
+    from agentloop_trainer.model import apply_lora, enable_gradient_checkpointing
     from agentloop_trainer.trainer import GRPOTrainer
 
     seed_everything(cfg.trainer.seed)
     device = cfg.trainer.device
+    m = cfg.model
     tokenizer = tokenizer if tokenizer is not None else load_policy_tokenizer(cfg, model_path)
+    # Master weights are float32 whatever model.dtype says: the optimizer steps them.
     model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-    ref = None
-    if world_size > 1:
-        from agentloop_trainer.fsdp import load_reference, shard_policy
+    if m.enable_gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if m.lora_rank > 0:
+        model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
+    offload, ref_offload = offload_enabled(cfg), reference_offloaded(cfg)
+    owns_group = False
+    if world_size == 1 and (offload or ref_offload):
+        # Offload is FSDP2's: one process shards over a one-rank group of its own.
+        import torch.distributed as dist
 
-        model = shard_policy(model.to(device), device)
-        if cfg.actor_rollout_ref.actor.use_kl_loss:
-            ref = load_reference(model_path, device)
+        if not dist.is_initialized():
+            from agentloop_trainer.fsdp import free_port, init_process_group
+
+            init_process_group(0, 1, free_port(), device)
+            owns_group = True
+    ref = None
+    if world_size > 1 or offload:
+        from agentloop_trainer.fsdp import shard_policy
+
+        model = shard_policy(model if offload else model.to(device), device, m.dtype, offload)
+    # With LoRA the reference is the policy with its adapters disabled: no second copy.
+    if cfg.actor_rollout_ref.actor.use_kl_loss and m.lora_rank == 0 and (world_size > 1 or ref_offload):
+        from agentloop_trainer.fsdp import load_reference
+
+        ref = load_reference(model_path, device, m.dtype, ref_offload)
     engine_model = None
     if rank == 0 and needs_engine_copy(cfg):
         engine_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     train, test = load_records(cfg, tokenizer, log if rank == 0 else None, stats)
-    return GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
-                       model_path=model_path, ref_model=ref)
+    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
+                          model_path=model_path, ref_model=ref)
+    trainer.owns_process_group = owns_group
+    return trainer
 
 
 def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict[str, Any]:

@@ -1,12 +1,19 @@
 """Checkpoints with everything a resumed run needs to continue exactly: model, optimizer,
-step, data position and RNG states.
+step, data position and RNG states, plus a Hugging Face folder of the policy.
+
+The trainer writes the sharded format (:mod:`agentloop_trainer.sharded_checkpoint`: each rank
+its own shards, resumable on any number of ranks); this module holds what every format shares
+(the step folders, the ``latest`` pointer, the atomic commit, RNG and plain-type state) and the
+single-file format of agentloop 0.3 (``model.pt``, ``optimizer.pt``, ``trainer_state.pt``: full
+states written by rank 0), which still loads, on the number of ranks that wrote it.
 
 Safety, because a checkpoint folder is input like any other (copied between machines, shared,
 downloaded):
 
-- Everything is stored as tensors and plain types (dicts, lists, tuples, str, int, float, bool,
-  None) and loaded with ``torch.load(weights_only=True)``: unpickling arbitrary objects would
-  run whatever code the file names.
+- Nothing is unpickled: tensors and plain types (dicts, lists, tuples, str, int, float, bool,
+  None) are loaded with ``torch.load(weights_only=True)``, which refuses any other object
+  (unpickling arbitrary objects would run whatever code the file names); the sharded format's
+  tensors are safetensors.
 - The ``latest`` pointer must name a folder inside the checkpoint folder; ``../elsewhere``, an
   absolute path or a symlink out is refused.
 - A step is written to a temporary folder in the same folder, every file and the folder are
@@ -94,9 +101,37 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _commit(root: Path, step: int, tmp: Path) -> Path:
+    """Rename the complete, fsynced step folder ``tmp`` to ``<root>/step_<step>`` (an existing
+    one is moved aside first and restored if the rename fails) and point ``latest`` at it."""
+    target = root / f"step_{step}"
+    aside = root / f".step_{step}.replaced"
+    if target.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(target, aside)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        if aside.exists() and not target.exists():
+            os.replace(aside, target)
+        raise
+    _fsync(root)
+    shutil.rmtree(aside, ignore_errors=True)
+    pointer = root / f".{LATEST}.tmp"
+    with open(pointer, "w") as f:
+        f.write(json.dumps({"step": step, "path": target.name}))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer, root / LATEST)
+    _fsync(root)
+    return target
+
+
 def save_checkpoint(root: str | Path, step: int, model_state: dict[str, Any], optimizer_state: dict[str, Any],
                     trainer_state: dict[str, Any]) -> Path:
-    """Write ``<root>/step_<step>`` atomically and point ``<root>/latest`` at it.
+    """Write ``<root>/step_<step>`` in the single-file format of agentloop 0.3 (full states in
+    ``model.pt`` and ``optimizer.pt``) atomically and point ``<root>/latest`` at it. The trainer
+    writes :func:`save_sharded_checkpoint`; this stays for full states held in one process.
 
     Args:
         root: The run's checkpoint folder.
@@ -117,36 +152,16 @@ def save_checkpoint(root: str | Path, step: int, model_state: dict[str, Any], op
               _plain({"step": step, "rng": rng_state(), **trainer_state}, "trainer_state"))
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    target = root / f"step_{step}"
-    aside = root / f".step_{step}.replaced"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.", dir=root))
     try:
         for name, state in zip(_FILES, states, strict=True):
             torch.save(state, tmp / name)
             _fsync(tmp / name)
         _fsync(tmp)
-        if target.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-            os.replace(target, aside)
-        try:
-            os.replace(tmp, target)
-        except BaseException:
-            if aside.exists() and not target.exists():
-                os.replace(aside, target)
-            raise
-        _fsync(root)
-        shutil.rmtree(aside, ignore_errors=True)
+        return _commit(root, step, tmp)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    pointer = root / f".{LATEST}.tmp"
-    with open(pointer, "w") as f:
-        f.write(json.dumps({"step": step, "path": target.name}))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(pointer, root / LATEST)
-    _fsync(root)
-    return target
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -203,26 +218,45 @@ def checkpoint_to_resume(root: str | Path, mode: str) -> Path | None:
     return path
 
 
+STATE_DIR = "state"
+"""DCP's safetensors files in a step folder."""
+HF_DIR = "hf"
+"""The Hugging Face folder in a step folder."""
+
+
+def _load_plain(file: Path) -> Any:
+    """A ``torch.save`` file of tensors and plain types, loaded without unpickling anything else."""
+    import torch
+
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(
+            f"{file} holds objects other than tensors and plain types and is not loaded (unpickling "
+            f"them could run code); checkpoints hold only tensors and plain types. If you wrote it yourself "
+            f"with an older agentloop, re-save it with this one. ({str(exc).splitlines()[0]})") from None
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is in the sharded format (a ``state/`` folder) rather than 0.3's."""
+    return (Path(path) / STATE_DIR).is_dir()
+
+
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``(model_state, optimizer_state, trainer_state)`` of a checkpoint folder (RNG not yet
-    restored: call :func:`set_rng_state` with ``trainer_state["rng"]``).
+    """``(model_state, optimizer_state, trainer_state)`` of a checkpoint folder in the 0.3
+    single-file format (RNG not yet restored: call :func:`set_rng_state` with
+    ``trainer_state["rng"]``).
 
     Raises:
         FileNotFoundError: the folder is not a complete checkpoint.
-        CheckpointError: a file holds something other than tensors and plain types.
+        CheckpointError: a file holds something other than tensors and plain types, or the
+            folder is a sharded checkpoint (load it with :func:`load_sharded_checkpoint`).
     """
-    import torch
-
     path = Path(path)
+    if is_sharded_checkpoint(path):
+        raise CheckpointError(f"{path} is a sharded checkpoint (state/); load it into a model and optimizer with "
+                              "agentloop_trainer.sharded_checkpoint.load_sharded_checkpoint")
     if not (path / "trainer_state.pt").exists():
         raise FileNotFoundError(f"{path} is not a complete checkpoint (no trainer_state.pt)")
-    loaded = []
-    for name in _FILES:
-        try:
-            loaded.append(torch.load(path / name, weights_only=True))
-        except pickle.UnpicklingError as exc:
-            raise CheckpointError(
-                f"{path / name} holds objects other than tensors and plain types and is not loaded (unpickling "
-                f"them could run code); checkpoints hold only tensors and plain types. If you wrote it yourself "
-                f"with an older agentloop, re-save it with this one. ({str(exc).splitlines()[0]})") from None
-    return loaded[0], loaded[1], loaded[2]
+    model, optim, state = (_load_plain(path / name) for name in _FILES)
+    return model, optim, state

@@ -52,6 +52,19 @@ class ModelSection:
     SFT warm-up checkpoint (cached on disk)."""
     tokenizer_path: str | None = None
     """Tokenizer folder; None: the model folder, or the tiny tokenizer."""
+    dtype: str = "float32"
+    """Parameters and compute of the trained policy: float32 | bfloat16. bfloat16 is mixed
+    precision: master weights, gradient reduction and optimizer state stay float32 (FSDP2
+    gathers bfloat16 parameters; one process computes under autocast)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
+    lora_rank: int = 0
+    """LoRA rank (peft); 0: train every weight. With LoRA only the adapters train, engines get
+    merged weights, and the KL reference is the base model with the adapter disabled."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get adapters: a list of names (``[q_proj, v_proj]``) or ``all-linear``."""
 
 
 @dataclass
@@ -70,6 +83,20 @@ class SFTSection:
     """Chance the teacher flips the last operator on a biased template."""
     seed: int = 0
     """Seed of the model init, the demonstration stream and the teacher's mistakes."""
+
+
+@dataclass
+class FSDPConfigSection:
+    """FSDP2 settings of the policy and reference (verl: ``actor.fsdp_config``)."""
+
+    param_offload: bool = False
+    """Keep parameters, gradients and optimizer state in host memory between uses (FSDP2's
+    ``CPUOffloadPolicy``, which offloads the three together; the optimizer step runs on the
+    CPU). On one process the policy is then sharded over a one-rank group."""
+    optimizer_offload: bool = False
+    """Same switch as ``param_offload`` (FSDP2 offloads parameters and optimizer state together)."""
+    offload_policy: bool = False
+    """verl's FSDP2 spelling of the same switch."""
 
 
 @dataclass
@@ -102,6 +129,20 @@ class ActorSection:
     """Prompts per optimizer step, as in verl (each brings ``rollout.n`` samples; a mini-batch
     is that many rows, so trajectories split into segments take more steps); null: one update
     per batch."""
+    ppo_micro_batch_size_per_gpu: int | None = None
+    """Rows per forward/backward pass on each rank; gradients accumulate over a rank's
+    micro-batches before the optimizer step (same result as one pass); null: a rank's whole
+    share of the mini-batch in one pass."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by token budget (``ppo_max_token_len_per_gpu``) instead of row count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one micro-batch with ``use_dynamic_bsz``, counted as the forward pays it:
+    rows x longest row (a longer row still gets a micro-batch of its own)."""
+    log_prob_micro_batch_size_per_gpu: int | None = None
+    """Rows per no-grad pass when recomputing old and reference log-probs; null: as
+    ``ppo_micro_batch_size_per_gpu`` (and ``use_dynamic_bsz``)."""
+    fsdp_config: FSDPConfigSection = field(default_factory=lambda: FSDPConfigSection())
+    """Sharding and offload of the policy and the reference."""
 
 
 @dataclass
@@ -210,6 +251,9 @@ class RolloutSection:
     free_cache_engine: bool = True
     """Put engines that support it to sleep (weights and KV cache off the GPU) during the
     update, and wake them before the weight sync."""
+    update_weights_bucket_megabytes: float = 512.0
+    """Weights are pushed to the engines in buckets of about this size: under FSDP each tensor
+    is gathered on its own, so a push holds one bucket beyond the model, never a second copy."""
     sanity_check: str = "ignore_strippable"
     """Delta-tokenization check: strict | ignore_strippable | disable (verl:
     ``multi_turn.tokenization_sanity_check_mode``)."""
@@ -224,6 +268,23 @@ class RolloutSection:
 
 
 @dataclass
+class RefFSDPConfigSection:
+    """FSDP2 settings of the reference policy (verl: ``ref.fsdp_config``)."""
+
+    param_offload: bool = False
+    """Keep the reference's shards in host memory (also on when the actor offloads)."""
+
+
+@dataclass
+class RefSection:
+    """The frozen reference policy of the KL loss (verl: ``actor_rollout_ref.ref``). With LoRA
+    there is none: the reference is the policy with its adapters disabled."""
+
+    fsdp_config: RefFSDPConfigSection = field(default_factory=RefFSDPConfigSection)
+    """Sharding and offload of the reference."""
+
+
+@dataclass
 class ActorRolloutRefSection:
     """Actor, rollout and reference (verl layout)."""
 
@@ -231,6 +292,8 @@ class ActorRolloutRefSection:
     """The trained policy."""
     rollout: RolloutSection = field(default_factory=RolloutSection)
     """The rollout engine and loop."""
+    ref: RefSection = field(default_factory=RefSection)
+    """The KL reference."""
 
 
 @dataclass
@@ -319,6 +382,13 @@ class TrainerSection:
     """Evaluate before the first step."""
     save_freq: int = 25
     """Checkpoint every this many steps (0 or -1: never)."""
+    save_hf: bool = True
+    """At each checkpoint, also write the policy as a Hugging Face folder
+    (``checkpoints/step_<N>/hf``: config, safetensors weights with LoRA merged, tokenizer),
+    loadable by transformers, vLLM and ``agentloop eval``."""
+    hf_max_shard_megabytes: int = 5000
+    """Split the Hugging Face folder's weights into files of at most this many megabytes, listed
+    in ``model.safetensors.index.json`` (``save_pretrained``'s ``max_shard_size``)."""
     resume: str = "never"
     """never: start from step 0; must (``--resume``): continue from the run's latest checkpoint
     and fail if it has none; auto (``--resume-or-start``): continue if there is one, else start.
@@ -351,6 +421,8 @@ ENGINE_NAMES = ("hf", "vllm", "sglang")
 """Values of ``actor_rollout_ref.rollout.name``."""
 REWARD_SOURCES = ("auto", "function", "loop", "sum")
 """Values of ``reward.source``."""
+TRAIN_DTYPES = ("float32", "bfloat16")
+"""Values of ``model.dtype``."""
 
 
 class ConfigError(ValueError):
@@ -529,10 +601,36 @@ def validate(cfg: Any) -> None:
          a.ppo_mini_batch_size is None or 1 <= a.ppo_mini_batch_size <= cfg.data.train_batch_size,
          "null or between 1 and data.train_batch_size (it counts prompts, as in verl)"),
         ("reward.source", cfg.reward.source in REWARD_SOURCES, f"one of {REWARD_SOURCES}"),
+        ("model.dtype", cfg.model.dtype in TRAIN_DTYPES,
+         f"one of {TRAIN_DTYPES} (float16 needs loss scaling, which agentloop does not do: use bfloat16)"),
+        ("model.lora_rank", cfg.model.lora_rank >= 0, ">= 0 (0: train every weight)"),
+        ("trainer.hf_max_shard_megabytes", cfg.trainer.hf_max_shard_megabytes >= 1, "at least 1"),
+        ("model.lora_alpha", cfg.model.lora_alpha > 0, "> 0"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+         a.ppo_micro_batch_size_per_gpu is None or a.ppo_micro_batch_size_per_gpu >= 1, "null or at least 1"),
+        ("actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu",
+         a.log_prob_micro_batch_size_per_gpu is None or a.log_prob_micro_batch_size_per_gpu >= 1, "null or at least 1"),
+        ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", a.ppo_max_token_len_per_gpu >= 2, "at least 2"),
+        ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", r.update_weights_bucket_megabytes > 0,
+         "> 0"),
     ]
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
+
+
+def offload_enabled(cfg: Any) -> bool:
+    """Whether the policy is offloaded: any of the actor's ``fsdp_config`` switches."""
+    f = cfg.actor_rollout_ref.actor.fsdp_config
+    return bool(f.param_offload or f.optimizer_offload or f.offload_policy)
+
+
+def reference_offloaded(cfg: Any) -> bool:
+    """Whether a separate reference policy is loaded, and offloaded (``ref.fsdp_config.param_offload``
+    or the actor's offload): KL on, no LoRA."""
+    arr = cfg.actor_rollout_ref
+    needed = arr.actor.use_kl_loss and cfg.model.lora_rank == 0
+    return bool(needed and (arr.ref.fsdp_config.param_offload or offload_enabled(cfg)))
 
 
 def uses_ray(cfg: Any) -> bool:

@@ -31,12 +31,13 @@ def _cache_kwarg(model: Any) -> str:
     would be swallowed by ``**kwargs`` and the tail would silently run without its prefix."""
     import inspect
 
-    params = inspect.signature(type(model).forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft's forward takes **kwargs
+    params = inspect.signature(type(base).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
 def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperature: float = 1.0,
-                       share_prefix: bool = True, pad_id: int = 0, first_scored: int = 1) -> Any:
+                       share_prefix: bool = True, pad_id: int = 0, first_scored: int = 1, device: Any = None) -> Any:
     """Log-prob of each next token of each sequence under ``model``.
 
     Args:
@@ -49,6 +50,7 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
             shortest prompt length); earlier entries come back 0. The vocabulary projection and
             softmax then run only from there on: with ~30 trained tokens in ~400 they are most
             of the cost that does not change the result.
+        device: Where the inputs go; None: the device of the model's first parameter.
 
     Returns:
         A float tensor ``[B, N-1]`` (N = longest sequence) where ``[b, t]`` is
@@ -59,7 +61,7 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
 
     if not sequences or min(len(s) for s in sequences) < 2:
         raise ValueError("sequence_log_probs needs at least one sequence, each of 2+ tokens")
-    device = next(model.parameters()).device
+    device = device if device is not None else next(model.parameters()).device
     B = len(sequences)
     N = max(len(s) for s in sequences)
     ids = torch.full((B, N), pad_id, dtype=torch.long)
@@ -91,7 +93,7 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
         if start >= P:  # the head's one kept position precedes start: drop it
             logits = logits[:, keep_head:]
     else:
-        logits = model(input_ids=ids, attention_mask=valid, logits_to_keep=N - start).logits
+        logits = model(input_ids=ids, attention_mask=valid, use_cache=False, logits_to_keep=N - start).logits
     # logits[:, j] is position start + j; the last position predicts nothing.
     logits = logits[:, :-1].float()
     if temperature and temperature != 1.0:

@@ -6,7 +6,8 @@ trainer.
 
 Rank 0 hosts the rollout engine and does rollouts, evaluation, logging and checkpoints; every
 rank holds a shard of the policy and computes the loss on its slice of the batch. After each
-update the full state dict is gathered to rank 0 (CPU offloaded) and pushed into the engine.
+update the weights are gathered tensor by tensor and pushed into the engine in bounded buckets
+(:mod:`agentloop_trainer.weights`).
 """
 
 from __future__ import annotations
@@ -51,31 +52,53 @@ def init_process_group(rank: int, world_size: int, port: int, device: str = "cpu
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
 
-def shard_policy(model: Any, device: str = "cpu") -> Any:
+def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offload: bool = False) -> Any:
     """``fully_shard`` each decoder layer, then the root (embeddings and the tied head).
+
+    Args:
+        model: A transformers causal LM, or a peft model over one.
+        device: The mesh's device type.
+        dtype: ``bfloat16``: mixed precision, with float32 shards (what the optimizer steps) and
+            gradient reduction, bfloat16 gathered parameters and compute.
+        offload: Keep shards, gradients and optimizer state in host memory (FSDP2
+            ``CPUOffloadPolicy``; the optimizer step runs on the CPU).
 
     Returns:
         The same module, now holding DTensor shards.
     """
+    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    from agentloop_trainer.weights import unwrap_policy
 
     mesh = init_device_mesh(device, (dist.get_world_size(),))
-    for layer in getattr(getattr(model, "model", model), "layers", []):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    kw: dict[str, Any] = {"mesh": mesh}
+    if dtype != "float32":
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
+    kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda") if offload else OffloadPolicy()
+    base = unwrap_policy(model)
+    for layer in getattr(getattr(base, "model", base), "layers", []):
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model
 
 
-def load_reference(model_path: str | Path, device: str = "cpu") -> Any:
+def is_sharded(model: Any) -> bool:
+    """Whether ``model``'s parameters are FSDP2 (DTensor) shards."""
+    return any(hasattr(p, "full_tensor") for p in model.parameters())
+
+
+def load_reference(model_path: str | Path, device: str = "cpu", dtype: str = "float32", offload: bool = False) -> Any:
     """The frozen reference policy for the KL loss, sharded like the policy (each rank holds a
     shard; a forward pass all-gathers layer by layer, so every rank must run the same number)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
-    return shard_policy(ref.to(device).eval().requires_grad_(False), device)
+    ref = ref.eval().requires_grad_(False)
+    return shard_policy(ref if offload else ref.to(device), device, dtype, offload)
 
 
 def full_model_state(model: Any) -> dict[str, Any]:

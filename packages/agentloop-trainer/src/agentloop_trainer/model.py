@@ -56,3 +56,45 @@ def build_tiny_policy(tokenizer: Any, seed: int = 0, spec: TinyModelSpec | None 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def apply_lora(model: Any, rank: int, alpha: int, target_modules: Any = "all-linear") -> Any:
+    """Wrap ``model`` with LoRA adapters (peft): only the adapters train afterwards.
+
+    Args:
+        model: A transformers causal LM.
+        rank: Adapter rank (``model.lora_rank``).
+        alpha: Scaling numerator (``model.lora_alpha``).
+        target_modules: Module names or ``"all-linear"`` (``model.target_modules``).
+
+    Raises:
+        ImportError: peft is not installed (names the extra that brings it).
+        ValueError: no module matches ``target_modules`` (names the model's linear modules).
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("model.lora_rank > 0 needs peft: pip install 'agentloop-trainer[lora]'") from None
+    import torch
+
+    targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    try:
+        return get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0,
+                                                bias="none", task_type="CAUSAL_LM"))
+    except ValueError as exc:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"model.target_modules={targets!r} matches no module of {type(model).__name__} ({exc}); "
+                         f"its linear modules are {linear}, or use all-linear") from None
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer's activations in the backward pass (non-reentrant, so
+    frozen embeddings under LoRA still pass gradients)."""
+    from agentloop_trainer.weights import unwrap_policy
+
+    base = unwrap_policy(model)
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -23,9 +23,13 @@ def actor_config(cfg: Any) -> ActorConfig:
     """The :class:`ActorConfig` of a :class:`~agentloop_trainer.config.TrainConfig`."""
     from omegaconf import OmegaConf
 
+    from agentloop_trainer.config import FSDPConfigSection
+
     section = OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True)
+    section["fsdp_config"] = FSDPConfigSection(**section["fsdp_config"])
     r = cfg.actor_rollout_ref.rollout
-    return ActorConfig(**section, temperature=r.temperature, rollout_n=r.n)
+    return ActorConfig(**section, temperature=r.temperature, rollout_n=r.n, compute_dtype=cfg.model.dtype,
+                       share_prefix_with_grad=not cfg.model.enable_gradient_checkpointing)
 
 
 @contextlib.contextmanager
@@ -115,20 +119,30 @@ class GRPOTrainer:
         self.cfg, self.tokenizer, self.log = cfg, tokenizer, log
         model_path = model_path if model_path is not None else cfg.model.path
         self.run_dir = Path(run_dir)
+        from agentloop_trainer.fsdp import is_sharded
+
         self.device = torch.device(cfg.trainer.device)
-        self.model = model.to(self.device)
+        sharded = is_sharded(model)
+        # Sharded parameters are placed by FSDP (host memory when offloaded): leave them there.
+        self.model = model if sharded else model.to(self.device)
         self.actor_cfg = actor_config(cfg)
+        if sharded:  # FSDP2's mixed-precision policy casts; no autocast on top
+            self.actor_cfg.compute_dtype = None
+        self.owns_process_group = False
         ref = ref_model if self.actor_cfg.use_kl_loss else None
-        if self.actor_cfg.use_kl_loss and ref is None:
+        lora = hasattr(model, "disable_adapter")
+        if self.actor_cfg.use_kl_loss and ref is None and not lora:
             import torch.distributed as dist
 
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            if sharded or (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
                 raise ValueError("use_kl_loss under FSDP needs ref_model=, the reference sharded like the policy "
                                  "(agentloop_trainer.fsdp.load_reference); a copy of a sharded policy is not one")
             import copy
 
             ref = copy.deepcopy(model).eval().requires_grad_(False)
-        self.actor = GRPOActor(self.model, self.actor_cfg, ref_model=ref)
+        self.actor = GRPOActor(self.model, self.actor_cfg, ref_model=ref, device=self.device)
+        self.bucket_bytes = max(1, int(cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes * 2**20))
+        self.last_sync: dict[str, float] = {}
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
         self.n = cfg.actor_rollout_ref.rollout.n
         self.free_cache_engine = bool(cfg.actor_rollout_ref.rollout.free_cache_engine)
@@ -149,15 +163,21 @@ class GRPOTrainer:
     # -- pieces ---------------------------------------------------------------------------------
 
     def sync_weights(self) -> None:
-        """Push the policy's weights into the rollout engine."""
-        if self.world_size > 1:
-            from agentloop_trainer.fsdp import full_model_state
+        """Push the policy's weights into the rollout engine, a bucket at a time (LoRA merged).
 
-            state = full_model_state(self.model)  # collective: every rank takes part
-        else:
-            state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        if self.engine is not None:
-            self.engine.update_weights(state)
+        Under FSDP every rank takes part (each tensor is gathered on its own); rank 0 pushes.
+        ``last_sync`` keeps the push's bucket count and largest bucket (the memory it held
+        beyond the model).
+        """
+        from agentloop_trainer.weights import iter_policy_weights
+
+        buckets = largest = 0
+        for bucket in iter_policy_weights(self.model, self.bucket_bytes):
+            size = sum(t.numel() * t.element_size() for _, t in bucket)
+            buckets, largest = buckets + 1, max(largest, size)
+            if self.engine is not None:
+                self.engine.update_weights(bucket)
+        self.last_sync = {"perf/sync_buckets": float(buckets), "perf/sync_bucket_peak_mb": largest / 2**20}
 
     def evaluate(self) -> Any:
         """Greedy held-out accuracy with the current engine weights (rank 0; None elsewhere)."""
@@ -204,7 +224,7 @@ class GRPOTrainer:
         one_step = a.ppo_epochs == 1 and a.mini_batch_samples(len(pb.sequences)) >= len(pb.sequences)
         # One optimizer step per batch: the update's own forward is the old policy (saves a pass).
         old = None if one_step else self.actor.compute_log_probs(pb)
-        ref = self.actor.compute_log_probs(pb, self.actor.ref_model) if self.actor.ref_model is not None else None
+        ref = self.actor.reference_log_probs(pb) if self.actor.has_reference else None
         metrics = self.actor.update(pb, advantages, old, ref)
         t_update = time.perf_counter() - t1
         t2 = time.perf_counter()
@@ -228,6 +248,7 @@ class GRPOTrainer:
             "timing_s/generate": t_gen, "timing_s/update": t_update, "timing_s/sync_weights": t_sync,
             "timing_s/step": time.perf_counter() - t0,
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
+            **self.last_sync, **_memory_metrics(self.device),
         })
         self._check_rewards(rows, batch, rewards)
         if self.rank == 0:
@@ -269,39 +290,37 @@ class GRPOTrainer:
     # -- checkpoints ----------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Checkpoint the run (model, optimizer, step, data position, RNG, history)."""
-        from agentloop_trainer.checkpoint import save_checkpoint
+        """Checkpoint the run: model and optimizer shards (each rank writes its own), step, data
+        position, RNG and history, and with ``trainer.save_hf`` the policy as a Hugging Face
+        folder (``step_<N>/hf``). Every rank must call it (a collective)."""
+        from agentloop_trainer.checkpoint import HF_DIR
+        from agentloop_trainer.sharded_checkpoint import save_sharded_checkpoint
 
-        if self.world_size > 1:
-            from agentloop_trainer.fsdp import full_train_state
+        tc = self.cfg.trainer
+        export = None
+        if tc.save_hf:
+            from agentloop_trainer.hf_folder import write_hf_folder
 
-            state, optim = full_train_state(self.model, self.actor.optimizer)  # collective
-        else:
-            state = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-            optim = self.actor.optimizer.state_dict()
-        if self.rank != 0:
-            return self.run_dir / "checkpoints"
-        return save_checkpoint(self.run_dir / "checkpoints", self.step, state, optim,
-                               {"data": self.data.state(), "history": self.history, "world_size": self.world_size})
+            def export(folder: Path) -> None:
+                write_hf_folder(self.model, self.tokenizer, folder / HF_DIR,
+                                max_shard_bytes=int(tc.hf_max_shard_megabytes) * 2**20, write=self.rank == 0)
+
+        return save_sharded_checkpoint(self.run_dir / "checkpoints", self.step, self.model, self.actor.optimizer,
+                                       {"data": self.data.state(), "history": self.history}, export=export)
 
     def resume(self) -> bool:
-        """Load the run's latest checkpoint as ``trainer.resume`` says; returns whether one was loaded."""
-        from agentloop_trainer.checkpoint import checkpoint_to_resume, load_checkpoint, set_rng_state
+        """Load the run's latest checkpoint as ``trainer.resume`` says; returns whether one was
+        loaded. A sharded checkpoint loads on any number of ranks (every rank must call this)."""
+        from agentloop_trainer.checkpoint import checkpoint_to_resume, is_sharded_checkpoint, set_rng_state
+        from agentloop_trainer.sharded_checkpoint import load_sharded_checkpoint
 
         path = checkpoint_to_resume(self.run_dir / "checkpoints", self.cfg.trainer.resume)
         if path is None:
             return False
-        model_state, opt_state, state = load_checkpoint(path)
-        if int(state.get("world_size", 1)) != self.world_size:
-            raise ValueError(f"{path} was written with trainer.fsdp_ranks={state.get('world_size', 1)}; resume "
-                             f"with the same number of ranks (now {self.world_size})")
-        if self.world_size > 1:
-            from agentloop_trainer.fsdp import load_full_train_state
-
-            load_full_train_state(self.model, self.actor.optimizer, model_state, opt_state)
+        if is_sharded_checkpoint(path):
+            state = load_sharded_checkpoint(path, self.model, self.actor.optimizer)
         else:
-            self.model.load_state_dict(model_state)
-            self.actor.optimizer.load_state_dict(opt_state)
+            state = self._load_single_file_checkpoint(path)
         self.step = int(state["step"])
         self.data.load_state(state["data"])
         self.history = list(state.get("history", []))
@@ -309,6 +328,27 @@ class GRPOTrainer:
         self.sync_weights()
         self.log(f"resumed from {path} at step {self.step}")
         return True
+
+    def _load_single_file_checkpoint(self, path: Path) -> dict:
+        """Load an agentloop 0.3 checkpoint (full ``model.pt`` and ``optimizer.pt``) on the number
+        of ranks that wrote it (its optimizer state is keyed by what that layout keyed it by)."""
+        from agentloop_trainer.checkpoint import CheckpointError, load_checkpoint
+
+        model_state, opt_state, state = load_checkpoint(path)
+        if int(state.get("world_size", 1)) != self.world_size:
+            raise CheckpointError(
+                f"{path} is a single-file checkpoint (agentloop 0.3) written with trainer.fsdp_ranks="
+                f"{state.get('world_size', 1)}; it loads only on that many ranks. Resume it once with "
+                f"trainer.fsdp_ranks={state.get('world_size', 1)}: the next save writes the sharded format, which "
+                "resumes on any number of ranks")
+        if self.world_size > 1:
+            from agentloop_trainer.fsdp import load_full_train_state
+
+            load_full_train_state(self.model, self.actor.optimizer, model_state, opt_state)
+        else:
+            self.model.load_state_dict(model_state)
+            self.actor.optimizer.load_state_dict(opt_state)
+        return state
 
     # -- the run --------------------------------------------------------------------------------
 
@@ -343,6 +383,8 @@ class GRPOTrainer:
             if tc.save_freq > 0 and self.step % tc.save_freq == 0:
                 self.save()
         bar.close()
+        if tc.save_freq > 0 and self.step % tc.save_freq:
+            self.save()  # the end of the run is saved too (with its Hugging Face folder)
         if self.rank != 0:
             return {}
         after = self.evaluate()
@@ -376,9 +418,27 @@ class GRPOTrainer:
             self.metrics.log(metrics, step=int(metrics.get("step", self.step)))
 
     def close(self) -> None:
-        """Stop the engine."""
+        """Stop the engine (and leave the one-rank process group an offloaded run joined)."""
         if self.engine is not None:
             self.engine.close()
+        if self.owns_process_group:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+            self.owns_process_group = False
+
+
+def _memory_metrics(device: Any) -> dict[str, float]:
+    """Peak memory so far: the accelerator's (reset each step) on CUDA, the process's on CPU."""
+    if device.type == "cuda":
+        import torch
+
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        torch.cuda.reset_peak_memory_stats(device)
+        return {"perf/max_memory_allocated_mb": peak}
+    import resource
+
+    return {"perf/max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _groups_with_signal(rows: Sequence[dict], rewards: np.ndarray) -> float:
