@@ -21,7 +21,7 @@ from agentloop_core.runtime import AgentLoopManager
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_path
 from agentloop_core.testing.loops import TEST_CHAT_AGENT
 from agentloop_engines import LLMServerClient
-from agentloop_engines.ray_hosting import (
+from agentloop_engines.hosting import (
     InsufficientResourcesError,
     connect_ray,
     placement_group_for_ranks,
@@ -103,7 +103,7 @@ def test_workers_and_spread_replicas_land_on_different_nodes(sim_cluster):
             placed = manager.worker_node_ids()
             assert len(placed) == 3 and ids["node_a"] not in placed
     finally:
-        from agentloop_engines.ray_hosting import remove_placement_group
+        from agentloop_engines.hosting import remove_placement_group
 
         remove_placement_group(pg)
 

@@ -1,14 +1,19 @@
-"""Placement: the resource check's logic on synthetic nodes, then placement groups, named
-replicas and connect_ray on a real local Ray. Multi-node behaviour is in tests/cluster."""
+"""Placement: the resource check's logic on synthetic nodes, the deprecated module paths,
+then placement groups, named replicas and connect_ray on a real local Ray. Multi-node
+behaviour is in tests/cluster."""
 
 from __future__ import annotations
 
 import functools
+import importlib
+import subprocess
+import sys
 
 import pytest
 
+import agentloop_engines.hosting as hosting
 from agentloop_core.testing import ScriptedServer
-from agentloop_engines.placement import _placement_problem, bundle_for
+from agentloop_engines.hosting.placement import _placement_problem, bundle_for, check_strategy
 
 CPU4 = {"CPU": 4.0}
 GPU_NODE = {"CPU": 8.0, "GPU": 2.0}
@@ -56,12 +61,46 @@ def test_bundle_for():
         bundle_for(-1, 0)
 
 
+def test_check_strategy_lists_the_valid_ones():
+    assert check_strategy("SPREAD") == "SPREAD"
+    with pytest.raises(ValueError, match="unknown placement strategy 'pack'; valid: PACK, SPREAD, STRICT_PACK"):
+        check_strategy("pack")
+
+
+def test_importing_engines_and_hosting_does_not_import_ray():
+    code = ("import sys, agentloop_engines, agentloop_engines.hosting; "
+            "print(sorted(m for m in ('ray',) if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+# The old module paths: kept one release, each warns on import and exports the same objects.
+OLD_PLACEMENT = ["PLACEMENT_STRATEGIES", "InsufficientResourcesError", "bundle_for", "check_resources",
+                 "connect_ray", "create_placement_group", "init_local_ray", "placement_group_for_ranks",
+                 "rank_scheduling_strategy", "remove_placement_group"]
+OLD_RAY_HOSTING = OLD_PLACEMENT + ["ClientActor", "RemoteClient", "ServerActor", "client_actor", "find_replicas",
+                                   "local_client", "replica_nodes", "start_replicas", "stop_replicas"]
+
+
+@pytest.mark.parametrize(("old", "names"), [("agentloop_engines.placement", OLD_PLACEMENT),
+                                            ("agentloop_engines.ray_hosting", OLD_RAY_HOSTING)])
+def test_deprecated_module_warns_and_exports_the_same_names(old, names):
+    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated.*import from agentloop_engines\.hosting"):
+        # A reload re-runs the module body even when another test imported it first.
+        shim = importlib.reload(importlib.import_module(old))
+    assert sorted(shim.__all__) == sorted(names)
+    for name in names:
+        assert getattr(shim, name) is getattr(hosting, name), name
+
+
 # ---- on a real local Ray -----------------------------------------------------------------------
 
 ray = pytest.importorskip("ray", reason='placement tests need Ray: pip install "agentloop-engines[ray]"')
 
-from agentloop_engines.ray_hosting import (  # noqa: E402
+from agentloop_engines.hosting import (  # noqa: E402
     InsufficientResourcesError,
+    ReplicaSet,
     check_resources,
     connect_ray,
     find_replicas,
@@ -103,9 +142,12 @@ def test_replicas_in_a_placement_group_are_found_by_name_and_stopped(local_ray):
     try:
         node = ray.get_runtime_context().get_node_id()
         assert replica_nodes(handles) == [node, node]
+        assert isinstance(handles, ReplicaSet) and handles.name_prefix == "pg-test"
         found = find_replicas("pg-test", timeout_s=5)
-        assert [h._actor_id for h in found] == [h._actor_id for h in handles]
+        assert isinstance(found, ReplicaSet) and found.name_prefix == "pg-test"
+        assert _pids(found) == _pids(handles)
         pg = ray.util.get_placement_group("pg-test-pg")
+        assert handles.placement_group.id == pg.id and found.placement_group.id == pg.id
         assert ray.util.placement_group_table(pg)["state"] == "CREATED"
         # The group holds 1 of the 2 CPUs: a second request for 2 full CPUs is refused at once,
         # naming the held resources, instead of pending forever.
@@ -120,6 +162,27 @@ def test_replicas_in_a_placement_group_are_found_by_name_and_stopped(local_ray):
         find_replicas("pg-test", timeout_s=0.5)
 
 
+def _pids(handles) -> list[int]:
+    return [info["pid"] for info in ray.get([h.ready.remote() for h in handles], timeout=60)]
+
+
+@pytest.mark.ray
+def test_stop_replicas_releases_the_group_of_a_replica_set_not_of_a_plain_list(local_ray):
+    """A ReplicaSet carries its placement group, so stopping it releases the group; a plain
+    list of handles says nothing about a group, so only its actors are killed."""
+    factory = functools.partial(ScriptedServer, latency_s=0.0)
+    replicas = start_replicas(factory, 2, num_cpus=0.25, name_prefix="set", placement_strategy="SPREAD",
+                              placement_timeout_s=60)
+    pg = replicas.placement_group
+    assert repr(replicas) == "ReplicaSet(2 x 'set'-<i>, placement group set-pg)"
+    assert type(replicas[:1]) is list  # a slice is a plain list: the group belongs to the whole set
+    assert stop_replicas(list(replicas)) == 2
+    assert ray.util.placement_group_table(pg)["state"] == "CREATED"  # a plain list cannot release it
+    assert stop_replicas(replicas) == 2  # killing a dead actor again is harmless
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+    stop_replicas("set")  # by prefix after all is gone: a removed group is no error
+
+
 @pytest.mark.ray
 def test_replicas_without_placement_are_checked_too(local_ray):
     before = len(ray._private.state.actors())
@@ -127,6 +190,7 @@ def test_replicas_without_placement_are_checked_too(local_ray):
         start_replicas(ScriptedServer, 3, num_gpus=1, name_prefix="no-gpu")
     assert len(ray._private.state.actors()) == before  # nothing was started
     handles = start_replicas(ScriptedServer, 1, name_prefix="plain")
+    assert handles.placement_group is None
     assert stop_replicas(handles) == 1
 
 
@@ -144,5 +208,6 @@ def test_placement_group_for_ranks(local_ray):
     finally:
         remove_placement_group(pg)
     remove_placement_group(pg)  # twice is fine
-    with pytest.raises(InsufficientResourcesError, match=r"trainer rank\(s\).*fsdp_ranks"):
+    with pytest.raises(InsufficientResourcesError, match=r"4 FSDP trainer rank\(s\) x \{CPU: 1\}, strategy PACK: "
+                       r"need CPU: 4, the cluster has CPU: 2 .*fsdp_ranks"):
         placement_group_for_ranks(4, num_cpus=1)

@@ -14,7 +14,7 @@ from agentloop_core.testing import ScriptedServer
 ray = pytest.importorskip("ray", reason='Ray hosting tests need: pip install "agentloop-engines[ray]"')
 
 from agentloop_engines.client import LLMServerClient  # noqa: E402
-from agentloop_engines.ray_hosting import (  # noqa: E402
+from agentloop_engines.hosting import (  # noqa: E402
     RemoteClient,
     client_actor,
     init_local_ray,
@@ -119,10 +119,14 @@ async def test_shared_client_actor_balances_requests_from_several_workers(ray_cl
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    import agentloop_engines.ray_hosting as rh
+    from agentloop_engines.hosting import cluster, connect_ray, import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
-    rh._remote_class.cache_clear()
-    with pytest.raises(ImportError, match=r'pip install "agentloop-engines\[ray\]"'):
+    cluster._remote_class.cache_clear()
+    with pytest.raises(ImportError, match=r'Ray hosting needs Ray: pip install "agentloop-engines\[ray\]"'):
         start_replicas(ScriptedServer, 1)
-    rh._remote_class.cache_clear()
+    with pytest.raises(ImportError, match=r'pip install "agentloop-engines\[ray\]"'):
+        connect_ray()
+    with pytest.raises(ImportError, match=r'Running FSDP ranks needs Ray: pip install "agentloop-trainer\[ray\]"'):
+        import_ray("Running FSDP ranks", extra="agentloop-trainer[ray]")
+    cluster._remote_class.cache_clear()

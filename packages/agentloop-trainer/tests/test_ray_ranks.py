@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from agentloop_trainer.ray_ranks import RankFailedError, RankResourcesError, spawn_ray
+from agentloop_engines.hosting import InsufficientResourcesError
+from agentloop_trainer.ray_ranks import RankFailedError, spawn_ray
 
 
 def _raise_on_rank(rank: int, bad_rank: int) -> int:
@@ -30,7 +31,7 @@ def local_ray(tmp_path_factory):
     import test_fsdp
     from ray import cloudpickle
 
-    from agentloop_engines.ray_hosting import init_local_ray
+    from agentloop_engines.hosting import init_local_ray
 
     cloudpickle.register_pickle_by_value(test_fsdp)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -89,11 +90,20 @@ def test_failing_rank_surfaces_rank_and_traceback_and_stops_peers(local_ray):
 
 @pytest.mark.ray
 def test_unmeetable_gpu_request_fails_fast_with_named_resource(local_ray):
-    """One GPU per rank on a CPU-only cluster: a clear error naming GPU, not a pending actor."""
+    """One GPU per rank on a CPU-only cluster: a clear error naming GPU, not a pending actor.
+
+    The message names the missing resource, what the cluster and its nodes have, and the
+    config knobs to change; nothing is reserved.
+    """
     t0 = time.monotonic()
-    with pytest.raises(RankResourcesError, match=r"GPU: need 2, cluster has 0"):
+    with pytest.raises(InsufficientResourcesError) as info:
         spawn_ray(_raise_on_rank, 2, 0, device="cuda", num_gpus_per_rank=1.0, timeout_s=60)
-    with pytest.raises(RankResourcesError, match=r"CPU: need 3, cluster has 2"):
+    text = str(info.value)
+    assert "2 FSDP trainer rank(s) x {CPU: 1, GPU: 1}, strategy PACK" in text
+    assert "need GPU: 2, the cluster has GPU: 0" in text
+    assert "(nodes: " in text and "(CPU 2, GPU 0)" in text
+    assert "lower trainer.fsdp_ranks or ray.rank_num_cpus / ray.rank_num_gpus" in text
+    with pytest.raises(InsufficientResourcesError, match=r"need CPU: 3, the cluster has CPU: 2 \(nodes: .*\(CPU 2\)\)"):
         spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.5, timeout_s=60)
     assert time.monotonic() - t0 < 10
     assert _all_placement_groups_removed(local_ray)
@@ -101,29 +111,64 @@ def test_unmeetable_gpu_request_fails_fast_with_named_resource(local_ray):
 
 @pytest.mark.ray
 def test_resources_held_by_others_time_out_with_free_resources_named(local_ray):
-    """The cluster could fit the ranks, but another placement group holds the CPUs."""
+    """The cluster could fit the ranks, but another placement group holds the CPUs: the error
+    says so within ``timeout_s`` and tells what is free now."""
     holder = local_ray.util.placement_group([{"CPU": 1.5}])
     assert holder.wait(timeout_seconds=30)
     try:
         t0 = time.monotonic()
-        with pytest.raises(RankResourcesError, match=r"not ready after 2s; free now: \{CPU: 0.5"):
+        with pytest.raises(InsufficientResourcesError) as info:
             spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.0, timeout_s=2)
         assert time.monotonic() - t0 < 15
     finally:
         local_ray.util.remove_placement_group(holder)
+    text = str(info.value)
+    assert "other actors or placement groups hold its resources; after 2s still" in text
+    assert "(free now: " in text and "(CPU 0.5)" in text
+    assert "free them (ray.kill / remove_placement_group / stop_replicas)" in text and "trainer.fsdp_ranks" in text
     assert _all_placement_groups_removed(local_ray)
+
+
+@pytest.mark.ray
+def test_a_given_placement_group_not_ready_in_time_names_what_is_free(local_ray):
+    """A caller's placement group that cannot be reserved: the error names the free resources
+    and the cluster's totals; the group is the caller's and is left alone."""
+    holder = local_ray.util.placement_group([{"CPU": 1.5}])
+    assert holder.wait(timeout_seconds=30)
+    given = local_ray.util.placement_group([{"CPU": 1}] * 2)
+    try:
+        with pytest.raises(InsufficientResourcesError,
+                           match=r"not ready after 1s; free now: \{CPU: 0.5, GPU: 0\}, the cluster has \{CPU: 2"):
+            spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.0, placement_group=given, timeout_s=1)
+        assert local_ray.util.placement_group_table(given)["state"] == "PENDING"
+    finally:
+        local_ray.util.remove_placement_group(given)
+        local_ray.util.remove_placement_group(holder)
+    assert _all_placement_groups_removed(local_ray)
+
+
+def test_rank_resources_error_is_a_deprecated_alias():
+    import agentloop_trainer.ray_ranks as ray_ranks
+
+    with pytest.warns(DeprecationWarning, match=r"agentloop_engines\.hosting\.InsufficientResourcesError"):
+        alias = ray_ranks.RankResourcesError
+    assert alias is InsufficientResourcesError
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        ray_ranks.NoSuchName  # noqa: B018
 
 
 def test_bad_arguments_are_named_before_ray_is_touched():
     pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-trainer[ray]"')
     with pytest.raises(ValueError, match="world_size >= 1"):
         spawn_ray(_raise_on_rank, 0)
-    with pytest.raises(ValueError, match="use one of PACK, SPREAD"):
+    with pytest.raises(ValueError, match="unknown placement strategy 'pack'; valid: PACK, SPREAD"):
         spawn_ray(_raise_on_rank, 2, strategy="pack")
     with pytest.raises(ValueError, match="num_gpus_per_rank > 0"):
         spawn_ray(_raise_on_rank, 2, device="cuda")
     with pytest.raises(ValueError, match="device must be"):
         spawn_ray(_raise_on_rank, 2, device="tpu")
+    with pytest.raises(ValueError, match=r"needs num_cpus > 0.*num_cpus_per_rank=0"):
+        spawn_ray(_raise_on_rank, 2, num_cpus_per_rank=0)
 
 
 def test_run_fsdp_training_rejects_unknown_launcher():

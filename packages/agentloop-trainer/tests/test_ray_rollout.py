@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
     pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-engines[ray]"')
-    from agentloop_engines.ray_hosting import init_local_ray
+    from agentloop_engines.hosting import init_local_ray
 
     ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
     yield ray
@@ -82,7 +82,7 @@ def test_agentloop_train_on_the_ray_backend(local_ray, random_model_path, tmp_pa
 
 
 def test_unmet_replica_resources_fail_before_anything_starts(local_ray, random_model_path, tmp_path):
-    from agentloop_engines.ray_hosting import InsufficientResourcesError
+    from agentloop_engines.hosting import InsufficientResourcesError
     from agentloop_trainer.cli import run_train
 
     cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "ray.replica_num_gpus=1",

@@ -11,14 +11,14 @@ from agentloop_engines.gateway import (
     create_gateway_app,
     serve_gateway,
 )
-from agentloop_engines.http_server import ServerThread, create_app, serve
-from agentloop_engines.ray_hosting import (
+from agentloop_engines.hosting import (
     RemoteClient,
     ServerActor,
     client_actor,
     local_client,
     start_replicas,
 )
+from agentloop_engines.http_server import ServerThread, create_app, serve
 from agentloop_engines.routing import StickyLeastInFlightPolicy
 from agentloop_engines.tiny_model import build_tiny_model
 

@@ -5,9 +5,9 @@ Routing is least in-flight with sticky sessions and an imbalance gate (see
 a request timeout) take it out of rotation and the request is retried on another one.
 
 Replicas are either in-process ``AsyncServer`` objects or Ray actor handles of
-:class:`~agentloop_engines.ray_hosting.ServerActor`; the client itself runs wherever it is
+:class:`~agentloop_engines.hosting.ServerActor`; the client itself runs wherever it is
 constructed. To share one client (and so one global view of the load) between many workers,
-host it as a Ray actor with :func:`agentloop_engines.ray_hosting.client_actor`.
+host it as a Ray actor with :func:`agentloop_engines.hosting.client_actor`.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class _Replica:
             except AttributeError as exc:
                 raise TypeError(
                     f"replica {index} is a Ray actor without get_capabilities(); host engines with "
-                    "agentloop_engines.ray_hosting.ServerActor (start_replicas does)"
+                    "agentloop_engines.hosting.ServerActor (start_replicas does)"
                 ) from exc
         else:
             if not callable(getattr(target, "generate", None)):

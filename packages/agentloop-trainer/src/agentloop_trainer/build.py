@@ -107,7 +107,7 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
 
     cfg = OmegaConf.create(cfg_yaml)
     if rank == 0 and uses_ray(cfg):
-        from agentloop_engines.ray_hosting import connect_ray
+        from agentloop_engines.hosting import connect_ray
 
         connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
     trainer = build_trainer(cfg, model_path, run_dir, log=print if rank == 0 else (lambda *_: None), rank=rank,

@@ -563,6 +563,7 @@ def validate(cfg: Any) -> None:
     Raises:
         ConfigError: naming the key.
     """
+    from agentloop_engines.hosting import PLACEMENT_STRATEGIES
     from agentloop_trainer.algos import ADV_ESTIMATORS, LOSS_AGG_MODES
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
@@ -584,8 +585,8 @@ def validate(cfg: Any) -> None:
         ("actor_rollout_ref.rollout.num_replicas",
          cfg.actor_rollout_ref.rollout.num_replicas == 1 or uses_ray(cfg),
          "1 with the inprocess backend (set actor_rollout_ref.rollout.backend=ray or ray.address for more)"),
-        ("ray.placement_strategy", cfg.ray.placement_strategy in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-         "one of PACK, SPREAD, STRICT_PACK, STRICT_SPREAD"),
+        ("ray.placement_strategy", cfg.ray.placement_strategy in PLACEMENT_STRATEGIES,
+         f"one of {', '.join(PLACEMENT_STRATEGIES)}"),
         ("ray.worker_placement", cfg.ray.worker_placement in ("spread", "default"), "spread or default"),
         ("actor_rollout_ref.rollout.name", r.name in ENGINE_NAMES, f"one of {ENGINE_NAMES}"),
         ("actor_rollout_ref.rollout.server_urls", not r.server_urls or not uses_ray(cfg),

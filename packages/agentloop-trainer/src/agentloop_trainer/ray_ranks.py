@@ -7,7 +7,10 @@ result comes back. Rank 0's node address and a free port on that node are the re
 
 A rank that raises does not leave the others waiting in a collective forever: its error (rank,
 node, pid and the original traceback text) reaches the caller as :class:`RankFailedError` and
-every actor is killed. Ray is imported lazily; ``import agentloop_trainer`` never imports it.
+every actor is killed. Placement (the resource check, the placement group and its readiness)
+is the engines' hosting layer, so ranks and engine replicas fail with the same
+:class:`~agentloop_engines.hosting.InsufficientResourcesError`. Ray is imported lazily;
+``import agentloop_trainer`` never imports it.
 """
 
 from __future__ import annotations
@@ -16,24 +19,26 @@ import os
 import re
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop_engines.hosting import (
+    InsufficientResourcesError,
+    bundle_for,
+    check_strategy,
+    import_ray,
+    placement_group_for_ranks,
+    rank_scheduling_strategy,
+    remove_placement_group,
+    wait_placement_group,
+)
 from agentloop_trainer.fsdp import free_port, init_process_group
 
-__all__ = ["RankFailedError", "RankResourcesError", "RayRankActor", "spawn_ray"]
+__all__ = ["RankFailedError", "RayRankActor", "spawn_ray"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError('FSDP ranks on Ray need Ray: pip install "agentloop-trainer[ray]"') from exc
-    return ray
 
 
 class RankFailedError(RuntimeError):
@@ -57,8 +62,17 @@ class RankFailedError(RuntimeError):
         super().__init__(text)
 
 
-class RankResourcesError(RuntimeError):
-    """The cluster cannot (or not within the timeout) place one bundle per rank."""
+def __getattr__(name: str) -> Any:
+    # RankResourcesError was the trainer's own twin of the engines' error; kept one release.
+    if name == "RankResourcesError":
+        warnings.warn(
+            "agentloop_trainer.ray_ranks.RankResourcesError is deprecated and will be removed in the next "
+            "release; catch agentloop_engines.hosting.InsufficientResourcesError instead (the same class)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return InsufficientResourcesError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -131,53 +145,6 @@ class RayRankActor:
                     dist.destroy_process_group()
 
 
-def _bundle(num_cpus: float, num_gpus: float) -> dict[str, float]:
-    # Zero-valued entries are left out: a bundle asks only for what the rank uses.
-    return {k: float(v) for k, v in (("CPU", num_cpus), ("GPU", num_gpus)) if v > 0}
-
-
-def _check_cluster_fits(ray: Any, world_size: int, bundle: Mapping[str, float], strategy: str) -> None:
-    """Fail fast when the cluster as it is now could never place the bundles.
-
-    Ray would otherwise leave the placement group pending forever without an error.
-    """
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    need = {k: v * world_size for k, v in bundle.items()}
-    total = {k: sum(n.get(k, 0.0) for n in nodes) for k in bundle}
-    fits_one = sum(all(n.get(k, 0.0) >= v for k, v in bundle.items()) for n in nodes)
-    problem = ""
-    missing = [f"{k}: need {need[k]:g}, cluster has {total[k]:g}" for k in bundle if total[k] < need[k]]
-    if missing:
-        problem = "not enough resources in the whole cluster (" + "; ".join(missing) + ")"
-    elif fits_one == 0:
-        problem = f"no alive node can hold one rank's bundle {dict(bundle)}"
-    elif strategy == "STRICT_PACK" and not any(all(n.get(k, 0.0) >= v for k, v in need.items()) for n in nodes):
-        problem = f"STRICT_PACK needs one node with {need}, none has that much"
-    elif strategy == "STRICT_SPREAD" and fits_one < world_size:
-        problem = f"STRICT_SPREAD needs {world_size} nodes that each fit {dict(bundle)}, only {fits_one} do"
-    if problem:
-        raise RankResourcesError(
-            f"cannot place {world_size} FSDP ranks of {dict(bundle)} each with strategy {strategy}: {problem}. "
-            f"Cluster resources: {_fmt(total)} on {len(nodes)} alive node(s). Lower "
-            "num_cpus_per_rank/num_gpus_per_rank or the number of ranks, or add nodes."
-        )
-
-
-def _fmt(resources: Mapping[str, float]) -> str:
-    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) + "}"
-
-
-def _wait_ready(ray: Any, pg: Any, world_size: int, bundle: Mapping[str, float], strategy: str,
-                timeout_s: float) -> None:
-    if not pg.wait(timeout_seconds=timeout_s):
-        avail = {k: v for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
-        raise RankResourcesError(
-            f"placement group for {world_size} FSDP ranks ({dict(bundle)} each, strategy {strategy}) not "
-            f"ready after {timeout_s:g}s; free now: {_fmt(avail)}. Other actors probably hold the "
-            "resources: stop them, lower num_cpus_per_rank/num_gpus_per_rank, or raise timeout_s."
-        )
-
-
 def spawn_ray(
     fn: Callable[..., Any],
     world_size: int,
@@ -203,7 +170,8 @@ def spawn_ray(
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL; needs ``num_gpus_per_rank > 0``).
         num_cpus_per_rank: CPUs each rank's bundle and actor reserve.
         num_gpus_per_rank: GPUs each rank's bundle and actor reserve.
-        strategy: Placement strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD.
+        strategy: Placement strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
+            (:data:`~agentloop_engines.hosting.PLACEMENT_STRATEGIES`).
         placement_group: A placement group with at least ``world_size`` bundles, each holding
             one rank's resources; it is left alone afterwards. None: one is created here and
             removed at the end.
@@ -219,30 +187,30 @@ def spawn_ray(
         ImportError: without Ray.
         RuntimeError: when Ray is not initialised.
         ValueError: on a bad world size, device, strategy or placement group.
-        RankResourcesError: when the ranks cannot be placed (now, or within ``timeout_s``).
+        InsufficientResourcesError: when the ranks cannot be placed (now, or within
+            ``timeout_s``), or their actors do not start within ``timeout_s``.
         RankFailedError: when a rank raised or its actor died.
         TimeoutError: when ``run_timeout_s`` passed before every rank finished.
     """
-    ray = _ray()
+    ray = import_ray("Running FSDP ranks on Ray", extra="agentloop-trainer[ray]")
     if world_size < 1:
         raise ValueError(f"spawn_ray needs world_size >= 1, got {world_size}")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     if device == "cuda" and num_gpus_per_rank <= 0:
         raise ValueError("device='cuda' needs num_gpus_per_rank > 0: Ray hides GPUs from actors that reserve none")
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown placement strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
-    bundle = _bundle(num_cpus_per_rank, num_gpus_per_rank)
-    if not bundle:
-        raise ValueError("each rank must reserve some CPU or GPU (num_cpus_per_rank or num_gpus_per_rank > 0)")
+    check_strategy(strategy)
+    try:
+        bundle_for(num_cpus_per_rank, num_gpus_per_rank)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (spawn_ray: num_cpus_per_rank={num_cpus_per_rank}, "
+                         f"num_gpus_per_rank={num_gpus_per_rank})") from exc
     if not ray.is_initialized():
         raise RuntimeError("Ray is not initialised: call ray.init(address=...) (or "
-                           "agentloop_engines.ray_hosting.init_local_ray) before spawn_ray")
+                           "agentloop_engines.hosting.connect_ray) before spawn_ray")
     if placement_group is not None and placement_group.bundle_count < world_size:
         raise ValueError(f"the placement group has {placement_group.bundle_count} bundles, "
                          f"{world_size} ranks need one each")
-
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **dict(env_vars or {})}
     own_pg = placement_group is None
@@ -250,21 +218,23 @@ def spawn_ray(
     actors: list[Any] = []
     try:
         if own_pg:
-            _check_cluster_fits(ray, world_size, bundle, strategy)
-            pg = ray.util.placement_group([dict(bundle)] * world_size, strategy=strategy)
-        _wait_ready(ray, pg, world_size, bundle, strategy, timeout_s)
+            pg = placement_group_for_ranks(world_size, num_cpus=num_cpus_per_rank, num_gpus=num_gpus_per_rank,
+                                           strategy=strategy, timeout_s=timeout_s)
+        else:
+            wait_placement_group(pg, timeout_s=timeout_s, what=f"the placement group given to spawn_ray for "
+                                 f"{world_size} FSDP rank(s)", fix="free what holds its resources, or build it from bundles the cluster can hold")
         actor_cls = ray.remote(RayRankActor)
         for rank in range(world_size):
             actors.append(actor_cls.options(
                 num_cpus=num_cpus_per_rank, num_gpus=num_gpus_per_rank, max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=rank),
+                scheduling_strategy=rank_scheduling_strategy(pg, rank),
                 runtime_env={"env_vars": env},
             ).remote(rank, world_size))
         try:
             addresses = ray.get([a.node_address.remote() for a in actors], timeout=timeout_s)
             port = ray.get(actors[0].free_port.remote(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
-            raise RankResourcesError(
+            raise InsufficientResourcesError(
                 f"{world_size} rank actors did not start within {timeout_s:g}s although their placement "
                 "group is ready; check the Ray worker logs (slow imports, runtime_env setup)"
             ) from exc
@@ -275,7 +245,7 @@ def spawn_ray(
             # Killing is what unblocks ranks stuck in a collective after a peer failed.
             ray.kill(actor, no_restart=True)
         if own_pg and pg is not None:
-            ray.util.remove_placement_group(pg)
+            remove_placement_group(pg)
 
 
 def _collect(ray: Any, refs: list[Any], world_size: int, run_timeout_s: float | None) -> Any:

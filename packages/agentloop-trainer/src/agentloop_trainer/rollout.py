@@ -272,7 +272,7 @@ class RolloutEngine:
             raise
 
     def _start_ray(self, cfg: Any) -> Any:
-        from agentloop_engines.ray_hosting import (
+        from agentloop_engines.hosting import (
             bundle_for,
             check_resources,
             client_actor,
@@ -303,7 +303,7 @@ class RolloutEngine:
 
     def _stop_engines(self) -> None:
         if self.replicas:
-            from agentloop_engines.ray_hosting import stop_replicas
+            from agentloop_engines.hosting import stop_replicas
 
             stop_replicas(self.replicas)
             self.replicas = []

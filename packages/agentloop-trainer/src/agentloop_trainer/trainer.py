@@ -43,7 +43,7 @@ def ray_session(cfg: Any, log: Any) -> Any:
         return
     import ray
 
-    from agentloop_engines.ray_hosting import connect_ray
+    from agentloop_engines.hosting import connect_ray
 
     started = not ray.is_initialized()
     connect_ray(cfg.ray.address, num_cpus=cfg.ray.num_cpus)

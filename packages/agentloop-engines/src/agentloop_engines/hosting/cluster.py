@@ -1,0 +1,143 @@
+"""Joining a Ray cluster or starting a local one, and the one lazy ``import ray`` of agentloop.
+
+Every module that hosts work on Ray (engine replicas, the shared client actor, the trainer's
+FSDP ranks) gets Ray through :func:`import_ray`, so a missing Ray fails the same way
+everywhere: an ImportError that prints the ``pip install`` line of the extra to add.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import tempfile
+from typing import Any
+
+__all__ = ["connect_ray", "import_ray", "init_local_ray"]
+
+
+def import_ray(purpose: str, *, extra: str = "agentloop-engines[ray]") -> Any:
+    """Import and return the ``ray`` module.
+
+    Args:
+        purpose: What needs Ray, for the message (e.g. ``"Ray hosting"``).
+        extra: The extra that installs Ray for the caller's package.
+
+    Raises:
+        ImportError: without Ray, naming ``purpose`` and ``pip install "<extra>"``.
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f'{purpose} needs Ray: pip install "{extra}"') from exc
+    return ray
+
+
+@functools.cache
+def _remote_class(cls: type) -> Any:
+    """``ray.remote(cls)``, wrapped once per class (the actor classes of this subpackage)."""
+    return import_ray("Ray hosting").remote(cls)
+
+
+def connect_ray(
+    address: str | None = None,
+    *,
+    temp_dir: str | os.PathLike[str] | None = None,
+    num_cpus: int | None = None,
+    namespace: str | None = None,
+    connect_timeout_s: float = 5.0,
+    **init_kwargs: Any,
+) -> Any:
+    """Join a Ray cluster, or start a local one, and return the ``ray`` module.
+
+    Args:
+        address: ``"auto"`` (the cluster started on this machine with ``ray start --head``),
+            ``"host:6379"`` (a head node's GCS) or ``"ray://host:10001"`` (Ray Client). None:
+            start a local Ray with :func:`init_local_ray`.
+        temp_dir: Session folder of a local Ray (None: a fresh temporary directory).
+        num_cpus: CPUs of a local Ray (None: ``init_local_ray``'s default). Ignored when joining.
+        namespace: Ray namespace, so named replicas are found across drivers.
+        connect_timeout_s: How long to try a TCP connection to ``host:port`` before giving up
+            (``ray.init`` itself retries an unreachable address for minutes).
+        **init_kwargs: Passed to ``ray.init``.
+
+    Returns:
+        The ``ray`` module, initialised. An already initialised Ray is reused as it is.
+
+    Raises:
+        ImportError: without Ray.
+        ConnectionError: when no cluster answers at ``address``, naming it and how to start one.
+    """
+    ray = import_ray("Joining a Ray cluster")
+    if ray.is_initialized():
+        return ray
+    if address:
+        host_port = _host_port(address)
+        if host_port is not None:
+            _probe(address, *host_port, connect_timeout_s)
+        try:
+            ray.init(address=address, namespace=namespace, **init_kwargs)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConnectionError(_join_hint(address, exc)) from exc
+        return ray
+    if temp_dir is None:
+        temp_dir = tempfile.mkdtemp(prefix="agentloop-ray-")
+    kwargs = dict(init_kwargs)
+    if namespace is not None:
+        kwargs["namespace"] = namespace
+    if num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
+    return init_local_ray(temp_dir, **kwargs)
+
+
+def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, object_store_mb: int = 256,
+                   **init_kwargs: Any) -> Any:
+    """Start a local Ray cluster sized for a small machine (no dashboard, bounded object store,
+    session files under ``temp_dir``, no auth token written to ``~/.ray``) and return ``ray``.
+
+    Raises:
+        ImportError: without Ray.
+    """
+    ray = import_ray("A local Ray cluster")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs = dict(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
+                  _temp_dir=str(temp_dir), log_to_driver=False, **init_kwargs)
+    try:
+        ray.init(**kwargs)
+    except Exception as exc:
+        # Ray waits a hard-coded 30 s for its raylet; on a saturated 2-core machine that can run
+        # out once. A second failure is real and raises.
+        if "timed out during startup" not in str(exc):
+            raise
+        ray.shutdown()
+        ray.init(**kwargs)
+    return ray
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    rest = address.removeprefix("ray://")
+    if address == "auto" or ":" not in rest:
+        return None
+    host, _, port = rest.rpartition(":")
+    try:
+        return host, int(port)
+    except ValueError:
+        return None
+
+
+def _probe(address: str, host: str, port: int, timeout_s: float) -> None:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConnectionError(_join_hint(address, exc)) from exc
+
+
+def _join_hint(address: str, exc: BaseException) -> str:
+    return (
+        f"cannot join the Ray cluster at ray.address={address!r}: {type(exc).__name__}: {exc}. "
+        "Start one first: `ray start --head` on the head node (then use 'auto' there, or "
+        "'<head-ip>:6379' elsewhere; 'ray://<head-ip>:10001' for Ray Client), or leave "
+        "ray.address unset to start a local Ray in this process"
+    )
