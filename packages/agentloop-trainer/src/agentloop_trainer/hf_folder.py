@@ -58,7 +58,6 @@ def write_hf_folder(model: Any, tokenizer: Any, out: str | Path, max_shard_bytes
         raise ValueError(f"max_shard_bytes must be positive, not {max_shard_bytes}")
     out = Path(out)
     config = copy.deepcopy(base_model_config(model))
-    tied = bool(getattr(config, "tie_word_embeddings", False))
     writer = _ShardWriter(out, max_shard_bytes) if write else None
     failure: BaseException | None = None
     dtypes: set[Any] = set()
@@ -66,9 +65,7 @@ def write_hf_folder(model: Any, tokenizer: Any, out: str | Path, max_shard_bytes
         if writer is None or failure is not None:
             continue
         try:
-            for name, tensor in bucket:
-                if tied and name == "lm_head.weight":
-                    continue  # the input embedding, written once; from_pretrained ties it back
+            for name, tensor in bucket:  # a tied head is not in it: from_pretrained ties it back
                 if tensor.is_floating_point():
                     dtypes.add(tensor.dtype)
                 writer.add(name, tensor)

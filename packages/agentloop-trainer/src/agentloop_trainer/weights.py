@@ -72,6 +72,20 @@ def _full(t: Any) -> Any:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def tied_output_name(model: Any) -> str | None:
+    """The base model's name of the output embedding weight when it is tied to the input
+    embedding (``tie_word_embeddings``): engines and Hugging Face folders get the weight once,
+    under the input embedding's name. None when untied."""
+    base = unwrap_policy(model)
+    if not getattr(base.config, "tie_word_embeddings", False) or not hasattr(base, "get_output_embeddings"):
+        return None
+    head = base.get_output_embeddings()
+    for name, module in base.named_modules():
+        if module is head:
+            return f"{name}.weight"
+    return None
+
+
 def _is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key or ".lora_embedding_" in key or ".lora_magnitude_vector" in key
 
@@ -91,17 +105,19 @@ def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) ->
 
     Yields:
         Lists of ``(name, tensor)``: CPU tensors in the parameter's dtype, names as in the base
-        model's ``state_dict`` (``model.layers.0.self_attn.q_proj.weight``).
+        model's ``state_dict`` (``model.layers.0.self_attn.q_proj.weight``). A tied output
+        embedding is not sent: it is the input embedding (:func:`tied_output_name`).
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
     state = model.state_dict()
     loras = _lora_layers(model)
+    tied = tied_output_name(model)
     bucket: list[tuple[str, Any]] = []
     size = 0
     for key, value in state.items():
-        if _is_adapter_key(key):
-            continue  # folded into its base weight below
+        if _is_adapter_key(key) or hf_name(key) == tied:
+            continue  # adapters are folded into their base weight below; a tied head is the embedding
         tensor = _full(value)
         lora = loras.get(key)
         if lora is not None:
