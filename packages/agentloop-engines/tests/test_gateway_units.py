@@ -143,7 +143,8 @@ def test_harmless_keys_are_accepted():
     ("tool_choice", "required", "cannot be enforced"),
     ("functions", [{"name": "f"}], "unsupported request key(s) ['functions']"),
     ("stop", [""], "empty string"),
-    ("chat_template_kwargs", {"tools": []}, "may not set ['tools']"),
+    ("chat_template_kwargs", {"tools": []}, "may not set 'tools'"),
+    ("chat_template", "{{ messages }}", "configure the template on the server"),
 ])
 def test_harmful_keys_are_refused_by_name(key, value, message):
     with pytest.raises(ValueError) as info:

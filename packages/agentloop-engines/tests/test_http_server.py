@@ -157,3 +157,30 @@ def test_create_app_rejects_bad_settings(engine):
         create_app(engine, max_request_bytes=0)
     with pytest.raises(ValueError, match="empty string"):
         create_app(engine, api_key="")
+
+
+def test_limits_reject_bad_settings_by_name():
+    from agentloop_engines.gateway import PromptLimits
+    from agentloop_engines.http_common import ServerLimits
+
+    with pytest.raises(ValueError, match="max_in_flight"):
+        ServerLimits(max_in_flight=0)
+    with pytest.raises(ValueError, match="body_timeout_s"):
+        ServerLimits(body_timeout_s=-1)
+    with pytest.raises(ValueError, match="must exceed max_in_flight"):
+        ServerLimits(max_in_flight=100, max_connections=100)
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        PromptLimits(max_prompt_tokens=0)
+    with pytest.raises(ValueError, match=r"\['tools'\].*not template variables"):
+        PromptLimits(template_variables=("enable_thinking", "tools"))
+
+
+def test_an_oversized_request_head_is_400(server, http):
+    # Over max_header_bytes (64 KiB) and over one 256 KiB read, so h11 sees it incomplete.
+    try:
+        r = http.post("/generate", json={"request_id": "x", "prompt_ids": [1]},
+                      headers={**AUTH, "X-Padding": "a" * 400_000})
+        assert r.status_code == 400
+    except (httpx.ReadError, httpx.WriteError):
+        pass  # uvicorn answers 400 and closes while the head still arrives: the client may see the reset first
+    assert http.get("/health").status_code == 200

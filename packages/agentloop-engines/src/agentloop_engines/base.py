@@ -10,6 +10,7 @@ engine into an OpenAI-compatible ``chat_completion`` endpoint for black-box agen
 from __future__ import annotations
 
 import abc
+import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -204,6 +205,11 @@ class AsyncServerBase(abc.ABC):
             params["logprobs"] = bool(params["logprobs"])
         return params
 
+    def _render_chat(self, messages: list[Any], tools: Any, template_kwargs: dict[str, Any]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                                  **template_kwargs)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
     async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Serve an OpenAI-style chat completion request.
 
@@ -238,14 +244,10 @@ class AsyncServerBase(abc.ABC):
             raise ValueError("chat_completion request needs a non-empty 'messages' list")
         params = self._chat_sampling_params(request)
         template_kwargs = dict(request.get("chat_template_kwargs") or {})
-        prompt_text = self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=request.get("tools") or None,
-            add_generation_prompt=True,
-            tokenize=False,
-            **template_kwargs,
-        )
-        prompt_ids = list(self.tokenizer.encode(prompt_text, add_special_tokens=False))
+        # Off the event loop: a long conversation takes seconds to render and tokenize, and the
+        # loop also serves every other request (and an HTTP server's health checks).
+        prompt_ids = await asyncio.to_thread(self._render_chat, list(messages), request.get("tools") or None,
+                                             template_kwargs)
         request_id = str(request.get("request_id") or f"chatcmpl-{uuid.uuid4().hex}")
         out = await self.generate(request_id, prompt_ids, params)
         content = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)

@@ -1,19 +1,26 @@
-"""What every agentloop HTTP app shares: the ``[server]`` extra check, the body-size limit,
-bearer auth, OpenAI-shaped errors, and running uvicorn in a background thread.
+"""What every agentloop HTTP app shares: the ``[server]`` extra check, the request guard (bearer
+auth, in-flight limit, body size and body deadline), OpenAI-shaped errors, and running uvicorn
+in a background thread.
 
 Used by the engine server (:mod:`agentloop_engines.http_server`) and the OpenAI-compatible
 gateway (:mod:`agentloop_engines.gateway`), so both answer auth, size and input errors the
 same way: ``{"error": {"message", "type", "code"}}``.
+
+The guard is ASGI middleware, not FastAPI dependencies, because its order matters: a request
+is authenticated and admitted from its headers alone, before one byte of its body is read (a
+dependency runs only after FastAPI has read the whole body), and the body is then read against
+a deadline (uvicorn has no body timeout: a client that stalls or trickles its body would hold
+the request forever).
 """
 
-# No `from __future__ import annotations`: FastAPI resolves the dependency's Header annotation.
-
+import asyncio
 import hmac
 import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupported
@@ -22,12 +29,13 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_REQUEST_BYTES",
-    "LimitBodySize",
+    "RequestGuard",
+    "ServerLimits",
     "UvicornThread",
-    "bearer_auth",
     "error_response",
     "install_error_handlers",
     "require_server_extra",
+    "uvicorn_config",
     "warn_if_exposed",
 ]
 
@@ -35,6 +43,55 @@ DEFAULT_MAX_REQUEST_BYTES = 8 * 2**20
 """8 MiB: a 128k-token prompt as JSON ids is ~1 MiB, so this leaves room without inviting abuse."""
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+OPEN_PATHS = frozenset({"/health"})
+"""Paths served without the API key and outside the in-flight limit, so probes always work."""
+RETRY_AFTER_S = 1
+"""``Retry-After`` of a 503 over the in-flight limit: requests finish in seconds, not minutes."""
+LINGER_S = 2.0
+"""How long a refused request's unread body is dropped before the connection closes (see :func:`refuse`)."""
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """How much of the server one client may hold: connections, requests in flight, and time.
+
+    The defaults suit a trainer's rollout on one host (hundreds of concurrent agent calls);
+    lower ``max_in_flight`` on a server shared with people, raise it for bigger rollouts.
+    """
+
+    max_in_flight: int = 1024
+    """Requests served at once (every path but ``/health``); the next one gets 503 with
+    ``Retry-After`` at once instead of queueing without bound."""
+    body_timeout_s: float = 30.0
+    """Seconds from a request's headers to the last byte of its body; a client that stalls or
+    trickles its body gets 408 and is disconnected."""
+    weights_body_timeout_s: float = 900.0
+    """The same for the engine server's ``/update_weights`` (gigabytes: 16 GiB at 20 MB/s)."""
+    header_timeout_s: float = 10.0
+    """Seconds a connection has to send a request's headers, on connect and after each response;
+    slower is disconnected (uvicorn only times connections that send nothing at all)."""
+    keep_alive_timeout_s: int = 5
+    """Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``)."""
+    max_connections: int | None = None
+    """Open connections at most (uvicorn's ``limit_concurrency``): past it uvicorn answers every
+    request 503, ``/health`` included, so it must exceed ``max_in_flight``. None: twice
+    ``max_in_flight``, at least 2048."""
+    max_header_bytes: int = 64 * 1024
+    """Most bytes of a request head held while it is incomplete (uvicorn's
+    ``h11_max_incomplete_event_size``); past it, 400. A head that arrives whole in one read
+    (asyncio reads up to 256 KiB) is parsed whatever its size."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections is None:
+            object.__setattr__(self, "max_connections", max(2048, 2 * self.max_in_flight))
+        for name in ("max_in_flight", "body_timeout_s", "weights_body_timeout_s", "header_timeout_s",
+                     "keep_alive_timeout_s", "max_connections", "max_header_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"ServerLimits.{name} must be positive, got {value!r}")
+        if self.max_connections <= self.max_in_flight:  # type: ignore[operator]
+            raise ValueError(f"ServerLimits.max_connections ({self.max_connections}) must exceed max_in_flight "
+                             f"({self.max_in_flight}): past it uvicorn answers /health 503 too")
 
 
 def require_server_extra() -> tuple[Any, Any]:
@@ -54,68 +111,195 @@ def warn_if_exposed(host: str, api_key: str | None, what: str = "generate") -> N
         logger.warning("serving on %s without an api_key: anyone who can reach it can %s", host, what)
 
 
-class LimitBodySize:
-    """ASGI middleware: 413 for bodies over the limit, by header or by counting a streamed (chunked) body.
+def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, log_level: str = "info") -> Any:
+    """uvicorn's ``Config`` for ``app`` with ``limits``' connection settings."""
+    _, uvicorn = require_server_extra()
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                          http=_header_deadline_protocol(limits.header_timeout_s),
+                          timeout_keep_alive=limits.keep_alive_timeout_s, limit_concurrency=limits.max_connections,
+                          h11_max_incomplete_event_size=limits.max_header_bytes)
+
+
+def _header_deadline_protocol(timeout_s: float) -> type:
+    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
+    ``timeout_s`` after it connected or after its last response.
+
+    uvicorn's keep-alive timer stops at the first byte a connection sends, so a client that
+    sends a request head a byte at a time (slowloris) would hold its connection forever; the
+    body is the :class:`RequestGuard`'s to time. A new request cycle means the head arrived.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineProtocol(H11Protocol):
+        _deadline_generation = 0
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_header_deadline()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm_header_deadline()
+
+        def _arm_header_deadline(self) -> None:
+            self._deadline_generation += 1
+            generation, cycle = self._deadline_generation, self.cycle
+
+            def expire() -> None:
+                waiting = cycle is None or cycle.response_complete  # no request since the timer started
+                if (generation == self._deadline_generation and self.cycle is cycle and waiting
+                        and not self.transport.is_closing()):
+                    self.transport.close()
+
+            self.loop.call_later(timeout_s, expire)
+
+    return HeaderDeadlineProtocol
+
+
+class RequestGuard:
+    """ASGI middleware run before the app on every path but ``/health``, in this order:
+
+    1. bearer auth from the headers (401, body unread, connection closed);
+    2. the in-flight limit (503 with ``Retry-After``, body unread);
+    3. the body size, by ``Content-Length`` and then by counting (413);
+    4. the body deadline, ``body_timeout_s`` from the headers to the last byte (408).
+
+    The body is buffered here and replayed to the app, so the app never reads a body the
+    guard has not admitted.
 
     Args:
         app: The wrapped ASGI app.
-        max_bytes: The limit of every path not in ``per_path``.
-        per_path: ``{path: (limit, setting name)}`` for paths with their own limit (the engine
-            server's ``/update_weights``: a model's weights are gigabytes, and raising the
-            limit of every path to that would let any request pin that much memory).
+        api_key: The bearer token every guarded request needs; None: no auth.
+        max_bytes: The body limit of every path not in ``per_path``.
+        limits: In-flight limit and body deadline.
+        per_path: ``{path: (limit, setting name, body deadline)}`` for paths with their own
+            limits (the engine server's ``/update_weights``: a model's weights are gigabytes, and
+            raising every path's limit to that would let any request pin that much memory).
+
+    Raises:
+        ValueError: on an empty ``api_key`` (pass None to disable auth) or a non-positive limit.
     """
 
-    def __init__(self, app: Any, max_bytes: int, per_path: Mapping[str, tuple[int, str]] | None = None) -> None:
+    def __init__(self, app: Any, *, api_key: str | None, max_bytes: int, limits: ServerLimits,
+                 per_path: Mapping[str, tuple[int, str, float]] | None = None) -> None:
+        if api_key is not None and not api_key:
+            raise ValueError("api_key is an empty string; pass None to disable auth or a real secret")
+        if max_bytes <= 0:
+            raise ValueError(f"max_request_bytes must be positive, got {max_bytes}")
         self.app = app
         self.max_bytes = max_bytes
+        self.limits = limits
         self.per_path = dict(per_path or {})
+        self._expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.in_flight = 0
+        """Guarded requests being served now (one event loop, so a plain counter)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("path", "") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        limit, setting = self.per_path.get(scope.get("path", ""), (self.max_bytes, "max_request_bytes"))
-        for key, value in scope.get("headers", []):
-            if key == b"content-length" and value.isdigit() and int(value) > limit:
-                await send_error(send, 413, f"request body is {int(value)} bytes; the limit is "
-                                 f"{limit} ({setting})", "request_too_large")
-                return
-        # Buffer the body before the app sees it: FastAPI turns any error raised while it reads
-        # the body into a generic 400, so the limit must be enforced out here.
+        headers = dict(scope.get("headers", []))
+        if self._expected is not None and not _bearer_ok(headers.get(b"authorization", b""), self._expected):
+            await refuse(receive, send, 401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
+                         "unauthorized", [(b"www-authenticate", b"Bearer")])
+            return
+        if self.in_flight >= self.limits.max_in_flight:
+            await refuse(receive, send, 503, f"the server is serving {self.in_flight} requests, its limit "
+                         f"(max_in_flight={self.limits.max_in_flight}); retry after {RETRY_AFTER_S}s, or raise "
+                         "ServerLimits(max_in_flight=...) on the server", "server_busy",
+                         [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            return
+        self.in_flight += 1
+        try:
+            body = await self._read_body(scope, headers, receive, send)
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.in_flight -= 1
+
+    async def _read_body(self, scope: dict[str, Any], headers: Mapping[bytes, bytes], receive: Any,
+                         send: Any) -> bytes | None:
+        """The whole body, or None after answering 413/408 (or when the client went away)."""
+        path = scope.get("path", "")
+        limit, setting, timeout_s = self.per_path.get(path, (self.max_bytes, "max_request_bytes",
+                                                             self.limits.body_timeout_s))
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await refuse(receive, send, 413, f"request body is {int(declared)} bytes; the limit is {limit} "
+                         f"({setting})", "request_too_large")
+            return None
         chunks: list[bytes] = []
         received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # client went away
-                return
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > limit:
-                await send_error(send, 413, f"request body exceeds {limit} bytes ({setting})", "request_too_large")
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks  # a weights body would otherwise be held twice for the whole request
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] != "http.request":  # client went away
+                        return None
+                    chunk = message.get("body", b"")
+                    received += len(chunk)
+                    if received > limit:
+                        break
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            setting = "weights_body_timeout_s" if path in self.per_path else "body_timeout_s"
+            await refuse(receive, send, 408, f"the request body did not arrive within {timeout_s:g}s ({received} "
+                         f"bytes received; ServerLimits.{setting}); send the body at once, or raise the limit on "
+                         "the server", "request_timeout")
+            return None
+        del chunks
+        await refuse(receive, send, 413, f"request body exceeds {limit} bytes ({setting})", "request_too_large")
+        return None
 
 
-async def send_error(send: Any, status: int, message: str, code: str) -> None:
-    """Answer an ASGI request with an OpenAI-shaped error (for middleware, outside FastAPI)."""
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code}}).encode()
+def _replay(body: bytes, receive: Any) -> Any:
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _bearer_ok(header: bytes, expected: bytes) -> bool:
+    scheme, _, token = header.strip().partition(b" ")
+    # compare_digest: a plain == leaks the key's prefix length through timing.
+    return scheme.lower() == b"bearer" and hmac.compare_digest(b"Bearer " + token.strip(), expected)
+
+
+async def refuse(receive: Any, send: Any, status: int, message: str, code: str,
+                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer an ASGI request with an OpenAI-shaped error without reading its body, then close
+    the connection (middleware, outside FastAPI).
+
+    The connection must close: what is left of the body must not be parsed as the next
+    request, and a client stalling it must not keep the connection. But closing a socket with
+    unread bytes makes the kernel send a reset, which can destroy the answer before a client
+    that is still writing (httpx, most clients) reads it. So, as nginx's lingering close does,
+    the whole answer is written first, then what the client still sends is dropped for at
+    most ``LINGER_S``, then the connection closes.
+    """
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    try:
+        async with asyncio.timeout(LINGER_S):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        pass
+    await send({"type": "http.response.body", "body": b""})
 
 
 def error_response(status: int, message: str, code: str) -> Any:
@@ -125,32 +309,6 @@ def error_response(status: int, message: str, code: str) -> Any:
     return JSONResponse(status_code=status, content={
         "error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
                   "code": code}})
-
-
-def bearer_auth(api_key: str | None) -> Callable[..., None]:
-    """A FastAPI dependency that answers 401 unless ``Authorization: Bearer <api_key>`` (no-op
-    when ``api_key`` is None).
-
-    Raises:
-        ValueError: on an empty ``api_key`` (pass None to disable auth).
-    """
-    fastapi, _ = require_server_extra()
-    if api_key is not None and not api_key:
-        raise ValueError("api_key is an empty string; pass None to disable auth or a real secret")
-    expected = api_key.encode() if api_key is not None else None
-
-    def check_auth(authorization: str | None = fastapi.Header(default=None)) -> None:
-        if expected is None:
-            return
-        scheme, _, token = (authorization or "").partition(" ")
-        # compare_digest: a plain == leaks the key's prefix length through timing.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            raise fastapi.HTTPException(
-                status_code=401, detail="missing or invalid API key; send 'Authorization: Bearer <key>'",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    return check_auth
 
 
 def install_error_handlers(app: Any, extra: Mapping[type[BaseException], tuple[int, str]] | None = None) -> None:
@@ -211,12 +369,13 @@ class UvicornThread:
         port: TCP port, 0 for any free one.
         start_timeout_s: How long to wait for the socket to listen.
         log_level: uvicorn's log level.
+        limits: Connection settings (see :class:`ServerLimits`); None: the defaults.
     """
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, start_timeout_s: float = 30.0,
-                 log_level: str = "warning") -> None:
+                 log_level: str = "warning", limits: ServerLimits | None = None) -> None:
         _, uvicorn = require_server_extra()
-        config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
+        config = uvicorn_config(app, host, port, limits or ServerLimits(), log_level)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="agentloop-http", daemon=True)
         self._start_timeout_s = start_timeout_s

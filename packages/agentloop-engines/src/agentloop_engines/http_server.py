@@ -15,10 +15,15 @@ Endpoints (JSON):
   the API key, so probes work).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: bad input is 400 with
-the engine's message, a missing or wrong bearer token 401, an oversized body 413, an
-unsupported capability 501, any other engine error 500 with its message. The default bind
-address is 127.0.0.1: exposing an engine beyond the host is an explicit choice, and should come
-with an ``api_key``.
+the engine's message, a missing or wrong bearer token 401 (answered from the headers, before
+the body is read), a body not received within ``body_timeout_s`` 408, an oversized body or
+prompt 413, an unsupported capability 501, any other engine error 500 with its message, and
+503 with ``Retry-After`` over ``max_in_flight`` (see
+:class:`~agentloop_engines.http_common.ServerLimits`). The default bind address is 127.0.0.1:
+exposing an engine beyond the host is an explicit choice, and should come with an ``api_key``.
+
+The chat passthrough takes no template text from clients and only the template variables of
+``prompt_limits.template_variables`` (see :mod:`~agentloop_engines.gateway.prompt_limits`).
 
 Needs the ``[server]`` extra (fastapi, uvicorn); ``/update_weights`` also needs torch and
 safetensors, which every engine that can load weights already has.
@@ -32,13 +37,15 @@ import logging
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupported
+from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
-    LimitBodySize,
+    RequestGuard,
+    ServerLimits,
     UvicornThread,
-    bearer_auth,
     install_error_handlers,
     require_server_extra,
+    uvicorn_config,
     warn_if_exposed,
 )
 
@@ -56,7 +63,8 @@ _WEIGHTS_PATH = "/update_weights"
 
 def create_app(server: Any, *, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, gateway: Any | None = None) -> Any:
+               max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, gateway: Any | None = None,
+               limits: ServerLimits | None = None, prompt_limits: PromptLimits | None = None) -> Any:
     """Build the ASGI app serving ``server``.
 
     Args:
@@ -69,9 +77,14 @@ def create_app(server: Any, *, api_key: str | None = None,
             (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/sessions/...``)
             are served instead of the ``server.chat_completion`` passthrough, so one port
             serves both ``/generate`` and black-box agents.
+        limits: In-flight limit and body deadlines (see
+            :class:`~agentloop_engines.http_common.ServerLimits`); None: the defaults.
+        prompt_limits: What a ``/v1/chat/completions`` passthrough request may make the engine
+            render (template variables, messages, characters); None: the defaults. With
+            ``gateway=``, the gateway's own ``prompt_limits`` apply instead.
 
     Returns:
-        A FastAPI application (wrapped in the body-size limit).
+        A FastAPI application wrapped in the :class:`~agentloop_engines.http_common.RequestGuard`.
 
     Raises:
         ImportError: without the ``[server]`` extra.
@@ -80,9 +93,10 @@ def create_app(server: Any, *, api_key: str | None = None,
     fastapi, _ = require_server_extra()
     from pydantic import BaseModel, ConfigDict, Field
 
-    for name, limit in (("max_request_bytes", max_request_bytes), ("max_weights_bytes", max_weights_bytes)):
-        if limit <= 0:
-            raise ValueError(f"{name} must be positive, got {limit}")
+    if max_weights_bytes <= 0:
+        raise ValueError(f"max_weights_bytes must be positive, got {max_weights_bytes}")
+    limits = limits or ServerLimits()
+    prompt_limits = prompt_limits or PromptLimits()
 
     class GenerateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -95,8 +109,7 @@ def create_app(server: Any, *, api_key: str | None = None,
         request_id: str = Field(min_length=1)
 
     app = fastapi.FastAPI(title="agentloop engine", docs_url=None, redoc_url=None, openapi_url=None)
-    auth = [fastapi.Depends(bearer_auth(api_key))]
-    install_error_handlers(app)
+    install_error_handlers(app, {PromptLimitError: (413, "request_too_large")})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -105,19 +118,19 @@ def create_app(server: Any, *, api_key: str | None = None,
                 "max_model_len": getattr(server, "max_model_len", None),
                 "vocab_size": getattr(server, "vocab_size", None)}
 
-    @app.post("/generate", dependencies=auth)
+    @app.post("/generate")
     async def generate(req: GenerateRequest) -> dict[str, Any]:
         out = await server.generate(req.request_id, req.prompt_ids, req.sampling_params)
         return {"token_ids": list(out.token_ids),
                 "log_probs": None if out.log_probs is None else list(out.log_probs),
                 "stop_reason": out.stop_reason}
 
-    @app.post("/abort", dependencies=auth)
+    @app.post("/abort")
     async def abort(req: AbortRequest) -> dict[str, Any]:
         await server.abort(req.request_id)
         return {"aborted": req.request_id}
 
-    @app.post(_WEIGHTS_PATH, dependencies=auth)
+    @app.post(_WEIGHTS_PATH)
     async def update_weights(request: fastapi.Request) -> dict[str, Any]:
         if not getattr(server.capabilities, "weight_update", False):
             raise CapabilityNotSupported(
@@ -129,12 +142,12 @@ def create_app(server: Any, *, api_key: str | None = None,
             raise ValueError(exc.args[0] if exc.args else str(exc)) from exc
         return {"updated": len(tensors)}
 
-    @app.post("/sleep", dependencies=auth)
+    @app.post("/sleep")
     async def sleep() -> dict[str, Any]:
         await _call_optional(server, "sleep")
         return {"status": "asleep"}
 
-    @app.post("/wake_up", dependencies=auth)
+    @app.post("/wake_up")
     async def wake_up() -> dict[str, Any]:
         await _call_optional(server, "wake_up")
         return {"status": "awake"}
@@ -142,18 +155,21 @@ def create_app(server: Any, *, api_key: str | None = None,
     if gateway is not None:
         from agentloop_engines.gateway.app import add_gateway_routes
 
-        add_gateway_routes(app, gateway, auth)
+        add_gateway_routes(app, gateway)
     else:
-        @app.post("/v1/chat/completions", dependencies=auth)
+        @app.post("/v1/chat/completions")
         async def chat_completions(body: dict[str, Any]) -> dict[str, Any]:
             if not getattr(server.capabilities, "chat_completion", False) or not hasattr(server, "chat_completion"):
                 raise CapabilityNotSupported(
                     f"{type(server).__name__} does not serve chat completions (capabilities.chat_completion"
                     "=False); use POST /generate with token ids"
                 )
+            prompt_limits.check_chat_body(body)
             return await server.chat_completion(body)
 
-    return LimitBodySize(app, max_request_bytes, {_WEIGHTS_PATH: (max_weights_bytes, "max_weights_bytes")})
+    # The guard refuses an empty api_key and a non-positive max_request_bytes.
+    return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits,
+                        per_path={_WEIGHTS_PATH: (max_weights_bytes, "max_weights_bytes", limits.weights_body_timeout_s)})
 
 
 def _load_safetensors(body: bytes) -> dict[str, Any]:
@@ -177,18 +193,10 @@ async def _call_optional(server: Any, method: str) -> None:
     await getattr(server, method)()
 
 
-def _config(server: Any, host: str, port: int, api_key: str | None, max_request_bytes: int,
-            max_weights_bytes: int, log_level: str, gateway: Any | None = None) -> Any:
-    _, uvicorn = require_server_extra()
-    warn_if_exposed(host, api_key)
-    app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
-                     max_weights_bytes=max_weights_bytes, gateway=gateway)
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)
-
-
 def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES,
-          log_level: str = "info", gateway: Any | None = None) -> None:
+          log_level: str = "info", gateway: Any | None = None, limits: ServerLimits | None = None,
+          prompt_limits: PromptLimits | None = None) -> None:
     """Serve ``server`` with uvicorn until interrupted (blocks).
 
     Args:
@@ -200,10 +208,15 @@ def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str |
         max_weights_bytes: Larger ``/update_weights`` bodies get 413.
         log_level: uvicorn's log level.
         gateway: Serve this gateway's OpenAI endpoints and sessions too (see :func:`create_app`).
+        limits: See :func:`create_app`; also uvicorn's connection settings.
+        prompt_limits: See :func:`create_app`.
     """
     _, uvicorn = require_server_extra()
-    config = _config(server, host, port, api_key, max_request_bytes, max_weights_bytes, log_level, gateway)
-    uvicorn.Server(config).run()
+    warn_if_exposed(host, api_key)
+    limits = limits or ServerLimits()
+    app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
+                     max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits, prompt_limits=prompt_limits)
+    uvicorn.Server(uvicorn_config(app, host, port, limits, log_level)).run()
 
 
 class ServerThread(UvicornThread):
@@ -220,16 +233,20 @@ class ServerThread(UvicornThread):
         max_weights_bytes: See :func:`create_app`.
         start_timeout_s: How long to wait for the socket to listen.
         gateway: See :func:`create_app`.
+        limits: See :func:`create_app`; also uvicorn's connection settings.
+        prompt_limits: See :func:`create_app`.
     """
 
     def __init__(self, server: Any, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, start_timeout_s: float = 30.0,
-                 gateway: Any | None = None) -> None:
+                 gateway: Any | None = None, limits: ServerLimits | None = None,
+                 prompt_limits: PromptLimits | None = None) -> None:
         warn_if_exposed(host, api_key)
         app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
-                         max_weights_bytes=max_weights_bytes, gateway=gateway)
-        super().__init__(app, host, port, start_timeout_s=start_timeout_s)
+                         max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits,
+                         prompt_limits=prompt_limits)
+        super().__init__(app, host, port, start_timeout_s=start_timeout_s, limits=limits)
 
     def __enter__(self) -> "ServerThread":
         return super().__enter__()

@@ -169,7 +169,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     from transformers import AutoTokenizer
 
-    from agentloop_engines.gateway import Gateway
+    from agentloop_engines.gateway import Gateway, PromptLimits
+    from agentloop_engines.gateway.prompt_limits import DEFAULT_TEMPLATE_VARIABLES
+    from agentloop_engines.http_common import ServerLimits
     from agentloop_engines.http_server import serve
     from agentloop_trainer.config import load_config
     from agentloop_trainer.engines import build_engine, engine_spec, remote_engines
@@ -188,11 +190,17 @@ def _serve(args: argparse.Namespace) -> int:
         engine = remote_engines(list(r.server_urls), r.server_api_key_env)
     else:
         engine = build_engine(spec, tokenizer=tokenizer)
-    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.format, model_name=args.model_name)
+    given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s}
+    limits = ServerLimits(**{k: v for k, v in given.items() if v is not None})
+    prompt_limits = PromptLimits(
+        template_variables=tuple(dict.fromkeys([*DEFAULT_TEMPLATE_VARIABLES, *args.template_variable])),
+        **({} if args.max_prompt_tokens is None else {"max_prompt_tokens": args.max_prompt_tokens}))
+    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.format, model_name=args.model_name,
+                      prompt_limits=prompt_limits)
     where = f"{len(r.server_urls)} replicas" if r.server_urls else spec.name
     print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "
           f"(sessions: /sessions/<id>/v1; token-level: /generate)", flush=True)
-    serve(engine, args.host, args.port, api_key, gateway=gateway)
+    serve(engine, args.host, args.port, api_key, gateway=gateway, limits=limits, prompt_limits=prompt_limits)
     return 0
 
 
@@ -253,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key-env", default=None,
                     help="name of an environment variable holding the bearer token clients must send")
     sv.add_argument("--model-name", default=None, help="the model name /v1/models reports (default: the path)")
+    sv.add_argument("--max-in-flight", type=int, default=None,
+                    help="requests served at once; more get 503 with Retry-After (default: 1024)")
+    sv.add_argument("--body-timeout-s", type=float, default=None,
+                    help="seconds a client has to send its request body; slower gets 408 (default: 30)")
+    sv.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="longest prompt after rendering; longer gets 413 (default: 262144)")
+    sv.add_argument("--template-variable", action="append", default=[], metavar="NAME",
+                    help="also let requests set this chat template variable in chat_template_kwargs (repeatable; "
+                         "always allowed: enable_thinking, reasoning_effort, thinking)")
     sv.set_defaults(func=_serve)
     return parser
 

@@ -15,6 +15,7 @@ from agentloop_engines.gateway.app import (
     serve_gateway,
 )
 from agentloop_engines.gateway.core import Gateway, GatewayResponse
+from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.gateway.recorder import (
     RecordedCall,
     SessionBudgetError,
@@ -30,6 +31,8 @@ __all__ = [
     "Gateway",
     "GatewayResponse",
     "GatewayThread",
+    "PromptLimitError",
+    "PromptLimits",
     "RecordedCall",
     "SessionBudgetError",
     "SessionCallLimitError",

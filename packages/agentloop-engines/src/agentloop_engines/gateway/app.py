@@ -16,8 +16,13 @@ app has one):
 * ``GET /health``: liveness and the model name (no key needed).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: 400 for bad input (the
-key or value named), 401 without the key, 404 for an unknown or dropped session (the message
-says which limit dropped it), 413 for an oversized body, 503 when no engine replica is left.
+key or value named; template text or a template variable the server does not allow), 401
+without the key (from the headers, before the body is read), 404 for an unknown or dropped
+session (the message says which limit dropped it), 408 for a body not received within
+``body_timeout_s``, 413 for an oversized body or prompt (the limit named), 503 when no engine
+replica is left, or with ``Retry-After`` over ``max_in_flight`` (see
+:class:`~agentloop_engines.http_common.ServerLimits` and
+:class:`~agentloop_engines.gateway.prompt_limits.PromptLimits`).
 
 A streamed request (``stream: true``) is generated whole, then sent as server-sent events, so
 an error still arrives as a plain JSON error before any event.
@@ -25,20 +30,23 @@ an error still arrives as a plain JSON error before any event.
 
 # No `from __future__ import annotations`: FastAPI resolves the endpoints' annotations.
 
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
 from agentloop_engines.gateway.core import Gateway, GatewayResponse
 from agentloop_engines.gateway.openai_response import sse
+from agentloop_engines.gateway.prompt_limits import PromptLimitError
 from agentloop_engines.gateway.recorder import SessionCallLimitError, SessionNotFoundError, check_session_id
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
-    LimitBodySize,
+    RequestGuard,
+    ServerLimits,
     UvicornThread,
-    bearer_auth,
     error_response,
     install_error_handlers,
     require_server_extra,
+    uvicorn_config,
     warn_if_exposed,
 )
 from agentloop_engines.routing import NoHealthyReplicaError
@@ -51,6 +59,7 @@ SESSION_HEADER = "X-Agentloop-Session"
 ERRORS = {
     SessionNotFoundError: (404, "session_not_found"),
     SessionCallLimitError: (400, "session_call_limit"),
+    PromptLimitError: (413, "request_too_large"),
     NoHealthyReplicaError: (503, "engine_unavailable"),
 }
 
@@ -67,15 +76,19 @@ def _sessions_body(session_id: str, calls: list[Any]) -> dict[str, Any]:
     return {"session_id": session_id, "num_calls": len(calls), "calls": [c.as_dict() for c in calls]}
 
 
-def add_gateway_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
+def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = ()) -> None:
     """Add the gateway's endpoints (not ``/health``) to a FastAPI ``app``.
 
     Args:
         app: The FastAPI app (error handlers installed with
-            :func:`~agentloop_engines.http_common.install_error_handlers`).
+            :func:`~agentloop_engines.http_common.install_error_handlers`), to be served behind a
+            :class:`~agentloop_engines.http_common.RequestGuard`, which authenticates requests
+            before their body is read.
         gateway: The gateway to serve.
-        auth: FastAPI dependencies every endpoint takes (the bearer check).
+        auth: FastAPI dependencies every endpoint takes (an app's own checks; the bearer check
+            is the guard's).
     """
+    auth = list(auth)
     fastapi, _ = require_server_extra()
     from fastapi.responses import StreamingResponse
 
@@ -148,44 +161,48 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
 
 
 def create_gateway_app(gateway: Gateway, *, api_key: str | None = None,
-                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> Any:
+                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, limits: ServerLimits | None = None) -> Any:
     """Build the ASGI app serving ``gateway`` (the endpoints in this module's docstring).
+
+    What a request may make the gateway render is ``gateway.prompt_limits``.
 
     Args:
         gateway: The gateway.
         api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <key>``.
         max_request_bytes: Larger request bodies get 413.
+        limits: In-flight limit and body deadline (see
+            :class:`~agentloop_engines.http_common.ServerLimits`); None: the defaults.
 
     Returns:
-        A FastAPI application (wrapped in the body-size limit).
+        A FastAPI application wrapped in the :class:`~agentloop_engines.http_common.RequestGuard`.
 
     Raises:
         ImportError: without the ``[server]`` extra.
         ValueError: on a non-positive body limit or an empty ``api_key``.
     """
     fastapi, _ = require_server_extra()
-    if max_request_bytes <= 0:
-        raise ValueError(f"max_request_bytes must be positive, got {max_request_bytes}")
     app = fastapi.FastAPI(title="agentloop gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    auth = [fastapi.Depends(bearer_auth(api_key))]
     install_error_handlers(app)
-    add_gateway_routes(app, gateway, auth)
+    add_gateway_routes(app, gateway)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "gateway": True, "model": gateway.model_name,
                 "engine": type(gateway.server).__name__}
 
-    return LimitBodySize(app, max_request_bytes)
+    return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits or ServerLimits())
 
 
 def serve_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
-                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_level: str = "info") -> None:
-    """Serve ``gateway`` with uvicorn until interrupted (blocks). Loopback by default."""
+                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_level: str = "info",
+                  limits: ServerLimits | None = None) -> None:
+    """Serve ``gateway`` with uvicorn until interrupted (blocks). Loopback by default; the
+    arguments are :func:`create_gateway_app`'s (``limits`` also sets uvicorn's connection limits)."""
     _, uvicorn = require_server_extra()
     warn_if_exposed(host, api_key)
-    app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False)).run()
+    limits = limits or ServerLimits()
+    app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes, limits=limits)
+    uvicorn.Server(uvicorn_config(app, host, port, limits, log_level)).run()
 
 
 class GatewayThread(UvicornThread):
@@ -204,13 +221,15 @@ class GatewayThread(UvicornThread):
         api_key: See :func:`create_gateway_app`.
         max_request_bytes: See :func:`create_gateway_app`.
         start_timeout_s: How long to wait for the socket to listen.
+        limits: See :func:`create_gateway_app`; also uvicorn's connection settings.
     """
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
-                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, start_timeout_s: float = 30.0) -> None:
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, start_timeout_s: float = 30.0,
+                 limits: ServerLimits | None = None) -> None:
         warn_if_exposed(host, api_key)
-        app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes)
-        super().__init__(app, host, port, start_timeout_s=start_timeout_s)
+        app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes, limits=limits)
+        super().__init__(app, host, port, start_timeout_s=start_timeout_s, limits=limits)
         self.gateway = gateway
 
     def __enter__(self) -> "GatewayThread":

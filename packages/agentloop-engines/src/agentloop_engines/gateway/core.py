@@ -10,19 +10,25 @@ one replica and reuse its prefix cache, and ``abort(session_id)`` stops the sess
 A session chat call that only appends messages to the previous one continues its ids exactly
 (:mod:`~agentloop_engines.gateway.continuation`).
 
+Rendering and tokenizing run on the gateway's own one-thread pool, never on the event loop,
+so a big prompt delays other renders but never the loop that answers ``/health`` and streams
+other responses; :class:`~agentloop_engines.gateway.prompt_limits.PromptLimits` bounds how big.
+
 No HTTP here: :mod:`~agentloop_engines.gateway.app` serves these methods.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +50,7 @@ from agentloop_engines.gateway.openai_request import (
     parse_completion_request,
 )
 from agentloop_engines.gateway.openai_response import chat_chunks, completion_chunks
+from agentloop_engines.gateway.prompt_limits import PromptLimits
 from agentloop_engines.gateway.recorder import (
     RecordedCall,
     SessionBudgetError,
@@ -108,7 +115,8 @@ class Gateway:
         model_name: Listed by ``/v1/models`` and returned when a request names no model.
             None: the server's ``model_name``, else the tokenizer's ``name_or_path``.
         chat_template_kwargs: Template variables for every render (``enable_thinking``);
-            a request's ``chat_template_kwargs`` add to them.
+            a request's ``chat_template_kwargs`` add to them (only the names
+            ``prompt_limits.template_variables`` allows).
         default_max_tokens: ``max_tokens`` of requests that set none. None: the rest of the
             context when the server declares ``max_model_len``, else ``SamplingParams``'
             default (256).
@@ -121,6 +129,8 @@ class Gateway:
             around an engine or client that lives on the rollout worker's loop). Calls are
             then submitted to it; it must keep running (an agent that blocks it, e.g. a
             synchronous client called on it, deadlocks: run such agents in a thread).
+        prompt_limits: What one request may make the gateway render and tokenize (messages,
+            characters, tokens, template variables); None: :class:`PromptLimits`' defaults.
 
     Raises:
         UnknownToolParserError: for an unknown parser name (the message lists the known ones).
@@ -141,6 +151,7 @@ class Gateway:
         sampling_overrides: Mapping[str, Any] | None = None,
         recorder: SessionRecorder | None = None,
         server_loop: asyncio.AbstractEventLoop | None = None,
+        prompt_limits: PromptLimits | None = None,
     ) -> None:
         if not callable(getattr(server, "generate", None)):
             raise TypeError(f"{type(server).__name__} has no generate(); pass an AsyncServer")
@@ -162,6 +173,12 @@ class Gateway:
         self.sampling_overrides = dict(sampling_overrides or {})
         self.recorder = recorder if recorder is not None else SessionRecorder()
         self.server_loop = server_loop
+        self.prompt_limits = prompt_limits if prompt_limits is not None else PromptLimits()
+        # One thread: renders ran one at a time on the event loop before, so this costs no
+        # throughput, bounds the CPU that renders take, and never runs two renders on one
+        # tokenizer at once (a fast tokenizer whose settings one call changes while another
+        # encodes panics with "Already borrowed").
+        self._render_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-render")
         self.max_model_len = _max_model_len(server)
         capabilities = getattr(server, "capabilities", None)
         self._logprobs = bool(getattr(capabilities, "logprobs", True))
@@ -254,20 +271,23 @@ class Gateway:
             ``token_logprobs``) and how the client wants it delivered.
 
         Raises:
-            ValueError: on an unsupported key or value, messages the template cannot render,
-                ``tools`` without a tool parser, or a request the engine rejects.
+            ValueError: on an unsupported key or value, template text or a template variable
+                the server does not allow, messages the template cannot render, ``tools``
+                without a tool parser, or a request the engine rejects.
+            PromptLimitError: over one of :attr:`prompt_limits`' sizes.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
         """
-        req = parse_chat_request(body)
+        req = parse_chat_request(body, self.prompt_limits)
         if req.tools is not None and self.parser is None:
             raise ValueError("this gateway has no tool parser, so tool calls could not be returned; start it "
                              "with Gateway(..., tool_parser='hermes') (or the model's format)")
         plan = None
         if session_id is None:
-            prompt_ids = self.render(req.messages, req.tools, req.chat_template_kwargs)
+            prompt_ids = await self._off_loop(self.render, req.messages, req.tools, req.chat_template_kwargs)
         else:
-            plan = self._plan(req, session_id)
+            plan = await self._off_loop(self._plan, req, session_id)
             prompt_ids = plan.prompt_ids
+        self.prompt_limits.check_tokens(len(prompt_ids))
         gen = await self._generate("chatcmpl", prompt_ids, req, session_id)
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = _FINISH[gen.stop_reason]
@@ -293,7 +313,7 @@ class Gateway:
         assert session_id is not None
         result = self._finish("chat.completions", body, response, gen, req, session_id,
                               extra={"extends_previous": plan.extends_previous})
-        self._advance(session_id, plan, req, gen, message)
+        await self._off_loop(self._advance, session_id, plan, req, gen, message)
         return result
 
     async def completion(self, body: Mapping[str, Any], *, session_id: str | None = None) -> GatewayResponse:
@@ -301,13 +321,17 @@ class Gateway:
 
         Raises:
             ValueError: on an unsupported key or value, or a request the engine rejects.
+            PromptLimitError: over ``max_prompt_chars`` or ``max_prompt_tokens``.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
         """
         req = parse_completion_request(body)
         if isinstance(req.prompt, str):
-            prompt_ids = list(self.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
+            self.prompt_limits.check_chars(len(req.prompt))
+            prompt_ids = list(await self._off_loop(self.tokenizer.encode, req.prompt,
+                                                   add_special_tokens=req.add_special_tokens))
         else:
             prompt_ids = list(req.prompt)
+        self.prompt_limits.check_tokens(len(prompt_ids))
         gen = await self._generate("cmpl", prompt_ids, req, session_id)
         logprobs = None
         if req.logprobs is not None and gen.log_probs is not None:
@@ -415,6 +439,11 @@ class Gateway:
             self.recorder.set_chat_state(session_id, ChatState(plan.key, trajectory, expected))
 
     # ---- internals -----------------------------------------------------------------------
+
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a render or tokenization on the render thread, so the event loop stays free."""
+        return await asyncio.get_running_loop().run_in_executor(self._render_pool,
+                                                                functools.partial(fn, *args, **kwargs))
 
     async def _generate(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
                         session_id: str | None) -> _Generation:

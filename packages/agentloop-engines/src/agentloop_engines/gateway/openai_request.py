@@ -6,7 +6,8 @@ change what is generated:
 * honoured: ``messages``/``prompt``, ``model``, ``max_tokens``/``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``, ``stream_options``, ``tools``,
   ``tool_choice`` (``auto``/``none``), ``logprobs``, and the extensions ``top_k``,
-  ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs``, ``add_special_tokens``;
+  ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs`` (only the template variables the
+  server allows, see :mod:`~agentloop_engines.gateway.prompt_limits`), ``add_special_tokens``;
 * accepted and ignored, as they do not change sampling: ``user``, ``metadata``, ``store``,
   ``parallel_tool_calls``, ``service_tier``, ``prompt_cache_key``, ``safety_identifier``,
   ``top_logprobs`` (top lists come back empty);
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_engines.gateway.prompt_limits import PromptLimits
 from agentloop_engines.gateway.stop import normalize_stop
 
 __all__ = ["ChatRequest", "CompletionRequest", "parse_chat_request", "parse_completion_request"]
@@ -58,8 +60,6 @@ _COMPLETION_ONLY = {"prompt", "logprobs", "add_special_tokens", "n", "presence_p
                     "repetition_penalty", "logit_bias", "best_of", "echo", "suffix"}
 CHAT_KEYS = frozenset(_COMMON | _CHAT_ONLY)
 COMPLETION_KEYS = frozenset(_COMMON | _COMPLETION_ONLY)
-_RESERVED_TEMPLATE_KWARGS = {"messages", "conversation", "tools", "add_generation_prompt", "tokenize",
-                             "chat_template", "continue_final_message", "return_dict"}
 
 
 @dataclass(frozen=True)
@@ -132,12 +132,19 @@ def _common(body: Mapping[str, Any]) -> dict[str, Any]:
             "include_usage": bool(options.get("include_usage")), "model": None if model is None else str(model)}
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
+def parse_chat_request(body: Any, limits: PromptLimits | None = None) -> ChatRequest:
     """Check a chat completions body.
+
+    Args:
+        body: The decoded JSON body.
+        limits: No template text, the allowed template variables and the size limits
+            (see :class:`~agentloop_engines.gateway.prompt_limits.PromptLimits`); None: the defaults.
 
     Raises:
         ValueError: naming the unsupported key or the malformed message.
+        PromptLimitError: over one of ``limits``' sizes.
     """
+    (limits or PromptLimits()).check_chat_body(body)
     _check_keys(body, CHAT_KEYS, "/v1/chat/completions")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -154,12 +161,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if tool_choice not in (None, "auto", "none"):
         raise ValueError(f"tool_choice={tool_choice!r} cannot be enforced: the gateway does not constrain "
                          "decoding, so the model may or may not call a tool; use 'auto' (or 'none')")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, Mapping):
-        raise ValueError(f"'chat_template_kwargs' must be an object, got {kwargs!r}")
-    reserved = sorted(set(kwargs) & _RESERVED_TEMPLATE_KWARGS)
-    if reserved:
-        raise ValueError(f"chat_template_kwargs may not set {reserved}; the gateway sets them")
+    kwargs = body.get("chat_template_kwargs") or {}  # checked by limits.check_chat_body
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise ValueError(f"'logprobs' must be true or false for chat completions, got {logprobs!r}")
