@@ -192,7 +192,7 @@ def test_as_root_rlimit_nproc_alone_does_not_bound_processes():
         "    n += 1\n"
         "print(n)\n"
     )
-    res = run(code, max_processes=4)
+    res = run(code, max_processes=4, run_as_root=True)  # the default drops root (test_sandbox_hostile.py)
     assert res.stdout.strip() == "12"
 
 
@@ -246,7 +246,8 @@ def test_as_nobody_files_outside_the_temp_dir_and_the_parents_environment_are_of
         "except PermissionError: print('environ denied')\n"
         "open('inside.txt', 'w').write('ok'); print('inside ok')\n"
     )
-    res = run(code, user="nobody", python_executable=NOBODY_PYTHON)
+    # private_tmp=False: tmp_path is under /tmp, which the sandbox otherwise replaces with its own.
+    res = run(code, user="nobody", python_executable=NOBODY_PYTHON, private_tmp=False)
     assert res.stdout.split("\n")[:3] == ["write denied", "environ denied", "inside ok"], (res.stdout, res.stderr)
     assert not (protected / "owned.txt").exists()
 
@@ -256,7 +257,8 @@ def test_as_root_the_sandbox_can_read_the_hosts_environment_through_proc():
     # Why user="nobody" matters: the scrubbed env only hides variables from os.environ; as
     # root, /proc/<parent>/environ (the host's environment at exec time, API keys included) is
     # readable. This test fails if that ever stops being true, so the docs can be updated.
-    res = run(f"print(b'PATH=' in open('/proc/{os.getpid()}/environ', 'rb').read())")
+    # run_as_root: the default drops root, which closes this (test_sandbox_hostile.py).
+    res = run(f"print(b'PATH=' in open('/proc/{os.getpid()}/environ', 'rb').read())", run_as_root=True)
     assert res.stdout.strip() == "True", (res.stdout, res.stderr)
 
 

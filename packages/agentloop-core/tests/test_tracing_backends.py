@@ -149,3 +149,44 @@ async def test_mlflow_tracer_on_sqlite_reads_back(tmp_path, tokenizer, monkeypat
     assert seen == {(0, 0), (1, 1), (2, 0)}
     assert tracer.artifact_location == str(tmp_path / "mlflow-artifacts")
     assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.slow  # MLflow import + sqlite schema creation
+def test_mlflow_exception_events_and_status_are_redacted(tmp_path, monkeypatch):
+    """MLflow records an exception raised through a span as a span event (``exception.message``,
+    ``exception.stacktrace``) and as the span's status description; secrets in that text must be
+    masked as in attributes. Grepped in the stored trace and in every file MLflow wrote."""
+    pytest.importorskip("mlflow", reason='needs pip install "agentloop-core[mlflow]"')
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    secrets = ["sk-url-SECRET-41b2", "pw-SECRET-77c9", "bearer-SECRET-0d1e", "known-SECRET-5f6a"]
+    tracer = make_tracer({"backend": "mlflow", "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          "experiment": "exceptions"})
+    messages = [f"401 from https://api.example.com/v1/chat?model=m&api_key={secrets[0]}",
+                f"could not connect to postgresql://bob:{secrets[1]}@db.internal:5432/x",
+                f"server said: Authorization: Bearer {secrets[2]} is expired",
+                f"the server rejected {secrets[3]}"]  # only the enclosing span's api_key says it is a secret
+    for message in messages:
+        with pytest.raises(RuntimeError), tracer.span("agent_loop", api_key=secrets[3]):
+            with tracer.span("call_api"):
+                raise RuntimeError(message)
+    traces = tracer.search()
+    assert len(traces) == 4
+    dumped = "".join(trace.to_json() for trace in traces)
+    assert "RuntimeError" in dumped and "db.internal:5432" in dumped  # the error itself is recorded
+    assert [s for s in secrets if s in dumped] == []
+    events = [e for t in traces for s in t.data.spans for e in s.events if e.name == "exception"]
+    assert events and all("exception.stacktrace" in e.attributes for e in events)
+    leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and any(s.encode() in p.read_bytes() for s in secrets)]
+    assert leaked == [], leaked
+
+
+def test_a_secret_of_an_enclosing_span_is_masked_in_nested_spans(tmp_path):
+    path = tmp_path / "spans.jsonl"
+    tracer = make_tracer({"backend": "jsonl", "path": str(path)})
+    secret = "nested-SECRET-8e7d6c"
+    with pytest.raises(ValueError), tracer.span("agent_loop", auth_token=secret):
+        with tracer.span("tool", note="calls the API"):
+            raise ValueError(f"the API refused {secret}")  # nothing in this span says it is a secret
+    tracer.close()
+    text = path.read_text()
+    assert secret not in text and text.count("ValueError: the API refused [REDACTED]") == 2

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import tempfile
 import time
 
 import pytest
@@ -110,3 +111,83 @@ async def test_tool_wraps_run_python():
     assert metrics["sandbox_returncode"] == 1 and reward == 0.0
     with pytest.raises(ValueError, match="unknown config keys"):
         PythonSandboxTool({"memory": 1})
+
+
+async def test_new_limits_are_reachable_from_the_tool_yaml(tmp_path):
+    from agentloop_tools.load_tools import load_tools_from_config
+
+    config = tmp_path / "tools.yaml"
+    config.write_text(
+        "tools:\n"
+        "  - class_name: agentloop_tools.builtin.sandbox.PythonSandboxTool\n"
+        "    config: {type: native, timeout_s: 3, max_scratch_mb: 8, uid_range: [62000, 62009],\n"
+        "             private_tmp: false, run_as_root: false}\n"
+    )
+    tool = load_tools_from_config(config)["python"]
+    assert tool.limits.max_scratch_mb == 8 and tool.limits.uid_range == (62000, 62009)
+    assert tool.limits.private_tmp is False and tool.limits.run_as_root is False
+    iid = await tool.create()
+    resp, _, metrics = await tool.execute(iid, {"code": "print('hi')"})
+    assert resp.text == "hi\n" and metrics["sandbox_scratch_exceeded"] is False
+
+
+@pytest.mark.parametrize("config, match", [
+    ({"uid_range": [5, 1]}, "uid_range must be"),
+    ({"max_scratch_mb": 0}, "max_scratch_mb must be a positive number"),
+    ({"user": "nobody", "run_as_root": True}, "either user .* or run_as_root"),
+])
+def test_bad_limits_name_the_key(config, match):
+    with pytest.raises(ValueError, match=match):
+        PythonSandboxTool(config)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop and the private tmpfs need root")
+async def test_as_root_each_concurrent_run_gets_its_own_uid():
+    import asyncio
+
+    code = "import os, time\nprint(os.getuid())\ntime.sleep(0.5)"
+    results = await asyncio.gather(*(run_python(code, SandboxLimits(uid_range=(62100, 62103))) for _ in range(4)))
+    uids = sorted(int(r.stdout) for r in results)
+    assert uids == [62100, 62101, 62102, 62103], [r.stderr for r in results]
+    assert all("dedicated-uid" in r.isolation for r in results)
+    one, two = await asyncio.gather(*(run_python(code, SandboxLimits(uid_range=(62200, 62200))) for _ in range(2)),
+                                    return_exceptions=True)
+    refused = [r for r in (one, two) if isinstance(r, Exception)]
+    assert len(refused) == 1 and "all 1 uids of uid_range 62200-62200 are in use" in str(refused[0])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run_as_root only means something when started as root")
+async def test_run_as_root_opt_out_keeps_root():
+    result = await run_python("import os; print(os.getuid())", SandboxLimits(run_as_root=True))
+    assert result.stdout.strip() == "0" and "dedicated-uid" not in result.isolation
+
+
+async def test_a_cancelled_call_kills_the_run_and_removes_its_scratch():
+    import asyncio
+
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid(); time.sleep(60); os._exit(0)\n"
+        "print(os.getpid(), os.getcwd(), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    before = set(os.listdir(tempfile.gettempdir()))
+    task = asyncio.ensure_future(run_python(code, SandboxLimits(timeout_s=30)))
+    await asyncio.sleep(1.0)  # the code has started (generously)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    left = [d for d in set(os.listdir(tempfile.gettempdir())) - before if d.startswith("agentloop-sandbox-")
+            and d != "agentloop-sandbox-uids"]
+    assert left == [], left
+    marker_pids = [p for p in os.listdir("/proc") if p.isdigit() and _has_sandbox_marker(p)]
+    assert marker_pids == [], "processes of the cancelled run outlived it"
+
+
+def _has_sandbox_marker(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return any(v.startswith(b"AGENTLOOP_SANDBOX=") for v in f.read().split(b"\0"))
+    except OSError:
+        return False

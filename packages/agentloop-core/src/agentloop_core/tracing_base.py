@@ -33,6 +33,40 @@ def current_tags() -> dict[str, Any]:
     return dict(_TRACE_TAGS.get())
 
 
+# Secret values seen under secret keys in the spans open around this one: a nested span's error
+# text that repeats one (an API key in an exception message) is masked although its own record
+# does not say it is a secret.
+_SPAN_SECRETS: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "agentloop_span_secrets", default=frozenset()
+)
+
+
+@contextmanager
+def span_secrets(record: dict[str, Any]) -> Iterator[None]:
+    """Make the secret values of ``record`` (an opening span's attributes) known to
+    :func:`redact_span` in the spans opened inside."""
+    token = _SPAN_SECRETS.set(_SPAN_SECRETS.get() | _known_secrets(record, set()))
+    try:
+        yield
+    finally:
+        _SPAN_SECRETS.reset(token)
+
+
+def span_known_secrets(record: dict[str, Any]) -> frozenset[str]:
+    """The secret values of ``record`` and of the spans open around it."""
+    return _known_secrets(record, set(_SPAN_SECRETS.get()))
+
+
+def redact_span(record: dict[str, Any]) -> dict[str, Any]:
+    """:func:`redact` for a span record, also masking the secrets of the spans around it."""
+    return redact(record, span_known_secrets(record))
+
+
+def error_text(exc: BaseException) -> str:
+    """How a span records an error: ``Type: message`` (redact it before storing)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 class Tracer:
     """Base tracer: times spans and hands finished ones to :meth:`emit`."""
 
@@ -42,18 +76,20 @@ class Tracer:
         record: dict[str, Any] = {"name": name, **current_tags(), **attributes}
         start_wall = time.time()
         start = time.perf_counter()
-        try:
-            yield record
-        except BaseException as exc:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            record["start_time"] = start_wall
-            record["duration_s"] = time.perf_counter() - start
-            self.emit(record)
+        with span_secrets(record):
+            try:
+                yield record
+            except BaseException as exc:
+                record["error"] = error_text(exc)
+                raise
+            finally:
+                record["start_time"] = start_wall
+                record["duration_s"] = time.perf_counter() - start
+                self.emit(record)
 
     def emit(self, record: dict[str, Any]) -> None:
-        """Store one finished span."""
+        """Store one finished span. Called inside the span's secret scope, so
+        :func:`redact_span` masks the secrets of enclosing spans too."""
 
     def flush(self) -> None:
         """Write buffered spans."""
@@ -160,9 +196,15 @@ def redact_text(text: str, known: frozenset[str] = frozenset()) -> str:
     return _mask_pairs(text)
 
 
-def _known_secrets(value: Any, out: set[str]) -> set[str]:
-    """String values held under secret-looking keys, anywhere in ``value``: an exception message
-    or a log line in the same record that repeats one is masked too."""
+def _known_secrets(value: Any, out: set[str]) -> frozenset[str]:
+    """String values (4 characters or more) held under secret-looking keys, anywhere in
+    ``value``, added to ``out``: an exception message or a log line in the same record that
+    repeats one is masked too."""
+    _collect_secrets(value, out)
+    return frozenset(s for s in out if len(s) >= 4)
+
+
+def _collect_secrets(value: Any, out: set[str]) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             if is_secret_key(k) and isinstance(v, str) and len(v) >= 4:
@@ -170,11 +212,10 @@ def _known_secrets(value: Any, out: set[str]) -> set[str]:
                 if v[:7].lower() == "bearer ":
                     out.add(v[7:].strip())
             else:
-                _known_secrets(v, out)
+                _collect_secrets(v, out)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            _known_secrets(v, out)
-    return out
+            _collect_secrets(v, out)
 
 
 def redact(value: Any, known: frozenset[str] | None = None) -> Any:
@@ -183,7 +224,7 @@ def redact(value: Any, known: frozenset[str] | None = None) -> Any:
     ``Bearer`` headers, exception messages), recursing into dicts, lists and tuples. Values seen
     under secret keys are masked wherever else they appear in ``value``."""
     if known is None:
-        known = frozenset(s for s in _known_secrets(value, set()) if len(s) >= 4)
+        known = _known_secrets(value, set())
     if isinstance(value, dict):
         return {k: (REDACTED if is_secret_key(k) else redact(v, known)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

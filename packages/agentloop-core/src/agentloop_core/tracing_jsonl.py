@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.tracing_base import Tracer, redact
+from agentloop_core.tracing_base import Tracer, redact_span
 
 _CURRENT_SPAN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "agentloop_jsonl_span", default=None
@@ -86,7 +86,7 @@ class JsonlTracer(Tracer):
 
     def emit(self, record: dict[str, Any]) -> None:
         """Append one finished span."""
-        line = json.dumps(_finite(redact(record)), default=_jsonable, ensure_ascii=False) + "\n"
+        line = json.dumps(_finite(redact_span(record)), default=_jsonable, ensure_ascii=False) + "\n"
         data = line.encode("utf-8")
         with self._lock:
             fd = self._open()

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import os
 import tempfile
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.tracing_base import Tracer, current_tags, redact
+from agentloop_core.tracing_base import (
+    Tracer,
+    current_tags,
+    error_text,
+    redact_span,
+    redact_text,
+    span_known_secrets,
+    span_secrets,
+)
 
 _INSTALL_HINT = 'MLflow tracing needs mlflow: pip install "agentloop-core[mlflow]"'
 
@@ -35,6 +44,20 @@ def _attr(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     return repr(value)
+
+
+def _record_error(live: Any, exc: BaseException, description: str, known: frozenset[str]) -> None:
+    """What ``mlflow.start_span`` records for an exception (an ``exception`` event and an ERROR
+    status), with the message and traceback redacted."""
+    from mlflow.entities import SpanEvent, SpanStatus, SpanStatusCode
+
+    stacktrace = "".join(traceback.format_exception(exc)).strip()
+    live.add_event(SpanEvent(name="exception", attributes={
+        "exception.message": redact_text(str(exc), known),
+        "exception.type": type(exc).__name__,
+        "exception.stacktrace": redact_text(stacktrace, known),
+    }))
+    live.set_status(SpanStatus(SpanStatusCode.ERROR, description=description))
 
 
 class MLflowTracer(Tracer):
@@ -97,14 +120,22 @@ class MLflowTracer(Tracer):
         record: dict[str, Any] = {**current_tags(), **attributes}
         root = mlflow.get_current_active_span() is None
         kwargs: dict[str, Any] = {"trace_destination": self._location} if root else {}
-        with mlflow.start_span(name, **kwargs) as live:
+        error: BaseException | None = None
+        with span_secrets(record), mlflow.start_span(name, **kwargs) as live:
             try:
                 yield record
             except BaseException as exc:
-                record["error"] = f"{type(exc).__name__}: {exc}"
-                raise
+                # Caught here and raised again below, outside start_span: MLflow would record the
+                # raw message and traceback (an exception event and the status description).
+                record["error"] = error_text(exc)
+                error = exc
             finally:
-                live.set_attributes(_attr(redact(record)))
+                redacted = redact_span(record)
+                live.set_attributes(_attr(redacted))
+                if error is not None:
+                    _record_error(live, error, redacted["error"], span_known_secrets(record))
+        if error is not None:
+            raise error
 
     def flush(self) -> None:
         """Wait until queued traces are written to the store."""

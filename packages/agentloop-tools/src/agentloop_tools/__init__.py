@@ -26,6 +26,7 @@ from agentloop_tools.interaction import (
 from agentloop_tools.load_tools import load_tools
 from agentloop_tools.loop_config import check_loop_config_keys
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
+from agentloop_tools.sync_pool import SyncToolPool, SyncToolPoolFullError
 
 __all__ = [
     "AgentState",
@@ -37,6 +38,8 @@ __all__ = [
     "OpenAIFunctionToolSchema",
     "ParseResult",
     "PythonSandboxTool",
+    "SyncToolPool",
+    "SyncToolPoolFullError",
     "ToolAgentConfig",
     "ToolAgentLoop",
     "ToolCall",

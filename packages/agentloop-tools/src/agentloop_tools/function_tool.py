@@ -1,8 +1,11 @@
 """``@function_tool``: turn a plain (sync or async) Python function into a :class:`BaseTool`.
 
 The schema comes from the type hints and the Google-style docstring
-(:func:`agentloop_tools.function_schema.schema_from_function`). Sync functions run in a worker
-thread so a slow one does not stall the other trajectories sharing the event loop.
+(:func:`agentloop_tools.function_schema.schema_from_function`). Sync functions run in a small
+thread pool of the tool's own (:class:`~agentloop_tools.sync_pool.SyncToolPool`, size
+``config={"max_sync_threads": N}``, default 8), so a slow one does not stall the other
+trajectories sharing the event loop, and one stuck past its timeout cannot take the threads of
+the default executor that the engine and the rest of the process use.
 
 A dataset row's ``execute_kwargs`` reach the function as *hidden parameters*: parameters named
 in ``@function_tool(hidden_params=[...])``, left out of the schema the model sees, and filled on
@@ -15,7 +18,6 @@ them for a function tool fail the same way.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import json
@@ -26,8 +28,12 @@ from typing import Any, overload
 from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.function_schema import schema_from_function
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
+from agentloop_tools.sync_pool import SyncToolPool
 
-__all__ = ["FunctionTool", "function_tool", "normalize_tool_result"]
+__all__ = ["DEFAULT_MAX_SYNC_THREADS", "FunctionTool", "function_tool", "normalize_tool_result"]
+
+DEFAULT_MAX_SYNC_THREADS = 8
+"""Threads of a sync function tool's own pool unless ``config={"max_sync_threads": N}`` says otherwise."""
 
 
 def normalize_tool_result(result: Any, *, tool_name: str = "?") -> tuple[ToolResponse, float, dict[str, Any]]:
@@ -89,11 +95,13 @@ class FunctionTool(BaseTool):
     :meth:`calc_reward` returns the sum of an instance's step rewards.
 
     Args:
-        fn: The function; sync functions run via ``asyncio.to_thread``.
+        fn: The function; sync functions run in the tool's own bounded thread pool.
         name: Tool name (default ``fn.__name__``).
         description: Overrides the docstring summary.
         schema: A full schema to use instead of inferring one.
-        config: Tool config (``timeout_s``...).
+        config: Tool config: ``timeout_s``, and ``max_sync_threads`` (threads of the pool a sync
+            function runs in; once all are stuck in calls past their timeout, new calls fail at
+            once with :class:`~agentloop_tools.sync_pool.SyncToolPoolFullError`).
         hidden_params: Parameters of ``fn`` filled from the row's ``execute_kwargs`` and hidden
             from the model (see the module docstring).
 
@@ -147,6 +155,29 @@ class FunctionTool(BaseTool):
             self.tool_schema.function.name = name
             self.name = name
         functools.update_wrapper(self, fn, updated=())
+        self.max_sync_threads: int = self.config.get("max_sync_threads", DEFAULT_MAX_SYNC_THREADS)
+        self._pool: SyncToolPool | None = None
+        if not self._is_async:
+            self._pool = SyncToolPool(self.max_sync_threads, self.name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Threads and locks do not pickle (Ray ships tools to workers); each copy makes its own pool.
+        state = dict(self.__dict__)
+        if state.get("_pool") is not None:
+            state["_pool"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if not self._is_async:
+            self._pool = SyncToolPool(self.max_sync_threads, self.name)
+
+    def sync_pool_stats(self) -> dict[str, int]:
+        """The sync pool's ``threads``, ``started``, ``busy``, ``stuck`` and ``rejected`` counts
+        (see :meth:`SyncToolPool.stats`); all zero for an async function."""
+        if self._pool is None:
+            return {"threads": 0, "started": 0, "busy": 0, "stuck": 0, "rejected": 0}
+        return self._pool.stats()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the wrapped function directly (handy in unit tests)."""
@@ -213,13 +244,19 @@ class FunctionTool(BaseTool):
             raise TypeError(
                 f"tool {self.name!r}: bad arguments {sorted(parameters)}: {exc}; expected {visible}"
             ) from None
+        stuck = 0
         if self._is_async:
             result = await self.fn(**arguments)
         else:
-            result = await asyncio.to_thread(self.fn, **arguments)
+            assert self._pool is not None
+            result = await self._pool.run(self.fn, **arguments)
             if inspect.isawaitable(result):
                 result = await result
+            stuck = self._pool.stats()["stuck"]
         response, reward, metrics = normalize_tool_result(result, tool_name=self.name)
+        if stuck:
+            # Threads of this tool still held by calls that timed out (summed per trajectory).
+            metrics = {**metrics, "sync_pool_stuck_threads": stuck}
         state["rewards"].append(reward)
         return response, reward, metrics
 

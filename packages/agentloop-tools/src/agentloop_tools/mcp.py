@@ -184,7 +184,13 @@ class MCPToolset:
         """
         waited = await self.rate_limiter.acquire() if self.rate_limiter else 0.0
         for attempt in (1, 2):
-            client = await self._client()
+            try:
+                client = await self._client()
+            except asyncio.CancelledError:
+                # Cancelled while connecting: the call never reached the server.
+                if self.rate_limiter and attempt == 1:
+                    self.rate_limiter.refund()
+                raise
             try:
                 result = await client.call_tool(name, arguments, raise_on_error=False)
                 break

@@ -65,20 +65,30 @@ class TokenBucket:
         # A threading lock, not an asyncio one: tools may be shared by event loops in several threads.
         self._lock = threading.Lock()
 
-    def _reserve(self) -> float:
+    def _add(self, tokens: float) -> float:
         with self._lock:
             now = time.monotonic()
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            # Refill up to the bucket size first: a refund must not lift a full bucket over it.
+            self._tokens = min(self.burst, min(self.burst, self._tokens + (now - self._last) * self.rate) + tokens)
             self._last = now
-            self._tokens -= 1.0
             return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
 
     async def acquire(self) -> float:
-        """Wait for a token. Returns the seconds waited."""
-        wait = self._reserve()
+        """Wait for a token. Returns the seconds waited. A caller cancelled while it waits gets
+        its token back (:meth:`refund`), so calls that never ran do not slow down the rest."""
+        wait = self._add(-1.0)
         if wait > 0:
-            await asyncio.sleep(wait)
+            try:
+                await asyncio.sleep(wait)
+            except asyncio.CancelledError:
+                self.refund()
+                raise
         return wait
+
+    def refund(self) -> None:
+        """Give back one token: for a call that acquired one but was cancelled before it
+        reached the server."""
+        self._add(1.0)
 
 
 _SERVER_KEYS = {

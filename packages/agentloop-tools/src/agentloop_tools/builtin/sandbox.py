@@ -1,67 +1,106 @@
 """A Python code tool that runs model-written code in a limited subprocess.
 
-What it enforces (Linux; POSIX ``resource`` limits):
+Every run goes through a supervisor process (:mod:`agentloop_tools.builtin._sandbox_supervisor`)
+that owns each process the code starts, so the wall-clock limit holds whatever the code does:
+children that call ``setsid()``, double-fork or daemonize are re-parented to the supervisor
+(``PR_SET_CHILD_SUBREAPER``) and killed with the run, by ``cgroup.kill`` where a cgroup v2 can
+be created, by ``kill(-1)`` as the run's own uid when started as root, and by a walk of
+``/proc`` otherwise. The output pipes are read with a deadline, so a process that escaped
+anyway cannot hold the call open.
 
-- wall-clock time limit, then SIGKILL to the whole process group (``start_new_session``), so
-  children the code forked die too, and nothing is left behind on the normal path;
-- address-space limit (``RLIMIT_AS``) so a memory hog gets ``MemoryError``, not the host's OOM
-  killer; CPU-seconds (``RLIMIT_CPU``), file-size (``RLIMIT_FSIZE``), open files and no core dumps;
-- process limit (``RLIMIT_NPROC``). The kernel does not apply it to root: when this runs as root
-  it only works together with ``user=`` (drop to an unprivileged uid such as ``nobody``; the
-  limit then counts all processes of that uid, shared by concurrent sandboxes);
-- stdout/stderr truncated to ``max_output_chars`` (the rest is read and discarded, so a
-  chatty program cannot block on a full pipe);
-- a fresh temporary working directory, deleted afterwards, and an environment with none of the
-  parent's variables (no API keys leak); ``python -I`` ignores ``PYTHON*`` variables and the
-  user site, ``-S`` also drops site-packages unless ``allow_site_packages``.
-
-What it does NOT do: it is not a security boundary against a determined attacker. Code runs
-with the host's network, can read any file its uid can read (as root: everything; use
-``user="nobody"`` to limit that), and a process that calls ``setsid()`` escapes the group kill.
-Use a container or VM (gVisor, Firecracker, nsjail) for untrusted code at scale.
+Started as root, the code runs by default as a uid of its own (one per concurrent run, from
+``uid_range``), with no supplementary groups and ``no_new_privs``: it cannot read the trainer's
+environment through ``/proc``, write where the trainer writes, or signal other runs. As root the
+code also gets a private, size-limited tmpfs behind ``/tmp``, ``/dev/shm`` and ``/var/tmp``
+(a mount namespace), freed with the run. As a normal user it runs as that user: a minimal
+environment, the same private tmpfs where unprivileged user namespaces are allowed (else a
+private scratch folder, ``TMPDIR`` and ``HOME`` pointing into it, whose size is polled), and
+rlimits. The table in the package README says what is and is not enforced in
+each case; in short, it is not a security boundary against a determined attacker (the network
+is not isolated, files readable by everyone stay readable). Use a container or VM (gVisor,
+Firecracker, nsjail) for untrusted code at scale.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import os
+import random
 import shutil
 import signal
+import stat
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from agentloop_tools.base import BaseTool
+from agentloop_tools.builtin import _sandbox_supervisor as supervisor
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["PythonSandboxTool", "SandboxLimits", "SandboxResult", "run_python"]
 
+_GRACE_S = 10.0  # how long past the limit the supervisor may take to kill and report
+_PIPE_GRACE_S = 2.0  # how long the pipes may stay open once the supervisor is gone
+
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Resource limits for one run."""
+    """Resource limits for one run. Every field is also a key of the tool's YAML ``config:``."""
 
     timeout_s: float = 10.0
-    """Wall-clock seconds before the process group is killed."""
+    """Wall-clock seconds before every process of the run is killed."""
     memory_mb: int = 512
     """Address-space limit per process (RLIMIT_AS), in MiB."""
     max_processes: int = 64
-    """RLIMIT_NPROC; ineffective for root unless ``user`` is set."""
+    """RLIMIT_NPROC: processes of the code's uid. Per run with the default dedicated uids; shared by
+    concurrent runs with ``user=`` set; not enforced with ``run_as_root`` (the kernel exempts root)."""
     max_output_chars: int = 8192
     """Characters kept of stdout (its head) and of stderr (its tail); the rest is dropped with a marker."""
     max_file_mb: int = 16
     """Largest file the code may write (RLIMIT_FSIZE), in MiB."""
+    max_scratch_mb: int = 64
+    """Total MiB the run may keep in its working directory (and, as root, in /tmp, /dev/shm and
+    /var/tmp): a tmpfs of this size as root, a polled size check (the run is killed) otherwise."""
     max_open_files: int = 64
     """RLIMIT_NOFILE."""
-    python_executable: str = field(default_factory=lambda: sys.executable)
-    """Interpreter to run; with ``user`` set it must be executable by that user (e.g. /usr/bin/python3)."""
+    python_executable: str | None = None
+    """Interpreter to run. None: this one, or, when the code runs as another uid that cannot reach
+    it (e.g. a venv under /root), the first of /usr/bin/python3 and /usr/local/bin/python3 it can."""
     allow_site_packages: bool = False
     """Let the code import installed packages (drops ``-S``)."""
     user: str | int | None = None
-    """Run as this user (name or uid) when started as root, so RLIMIT_NPROC and file permissions apply."""
+    """When started as root: run as this user (name or uid) instead of a dedicated uid per run.
+    A shared user weakens the sandbox (concurrent runs share its process limit and files)."""
+    uid_range: tuple[int, int] = (61000, 61999)
+    """When started as root with no ``user``: the uids (inclusive) handed out, one per concurrent
+    run. They must belong to no one else on the host."""
+    run_as_root: bool = False
+    """When started as root, keep root for the code. Unsafe: it can then read the trainer's
+    environment through /proc and write wherever the trainer can. Off by default."""
+    private_tmp: bool = True
+    """Give the run a private tmpfs of ``max_scratch_mb`` behind /tmp, /dev/shm and /var/tmp (a mount
+    namespace; as a normal user inside a user namespace, where the kernel allows one)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.uid_range, list):
+            object.__setattr__(self, "uid_range", tuple(self.uid_range))
+        for name in ("timeout_s", "memory_mb", "max_processes", "max_output_chars", "max_file_mb",
+                     "max_scratch_mb", "max_open_files"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"sandbox {name} must be a positive number, got {value!r}")
+        lo_hi = self.uid_range
+        if (not isinstance(lo_hi, tuple) or len(lo_hi) != 2 or not all(isinstance(u, int) for u in lo_hi)
+                or not 0 < lo_hi[0] <= lo_hi[1]):
+            raise ValueError(f"sandbox uid_range must be [first, last] with 0 < first <= last, got {lo_hi!r}")
+        if self.run_as_root and self.user is not None:
+            raise ValueError("sandbox: set either user (run as that user) or run_as_root (keep root), not both")
 
 
 @dataclass(frozen=True)
@@ -80,67 +119,167 @@ class SandboxResult:
     """True when stdout or stderr was cut."""
     duration_s: float
     """Wall-clock seconds."""
+    scratch_exceeded: bool = False
+    """True when the polled scratch-size check killed it (with a tmpfs the code gets ENOSPC instead)."""
+    isolation: tuple[str, ...] = ()
+    """Mechanisms the run had besides rlimits and the subreaper: ``dedicated-uid``, ``user``,
+    ``private-tmpfs``, ``cgroup``."""
 
 
-def _preexec(limits: SandboxLimits, uid: int | None, gid: int | None):
-    import resource
+class _Capture:
+    """What was read of one pipe so far, keeping ``limit`` characters from the head (stdout:
+    the first results) or the tail (stderr: a traceback ends with the error)."""
 
-    mem = limits.memory_mb * 2**20
-    cpu = int(limits.timeout_s) + 1
-    fsize = limits.max_file_mb * 2**20
+    def __init__(self, limit: int, keep: str) -> None:
+        self.limit, self.keep = limit, keep
+        self.budget = limit * 4  # bytes; decoded and cut to characters in text()
+        self.kept = bytearray()
+        self.total = 0
 
-    def apply() -> None:  # runs in the child between fork and exec: keep it to syscalls
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-        if uid is not None:
-            os.setgroups([])
-            os.setgid(gid)
-            os.setuid(uid)
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            self.total += len(chunk)
+            if self.keep == "head":
+                self.kept += chunk[: max(self.budget - len(self.kept), 0)]
+            else:
+                self.kept = (self.kept + chunk)[-self.budget:]
 
-    return apply
+    def text(self) -> tuple[str, bool]:
+        text = self.kept.decode("utf-8", errors="replace")
+        if not (self.total > len(self.kept) or len(text) > self.limit):
+            return text, False
+        marker = f"... [output truncated to {self.limit} characters]"
+        if self.keep == "head":
+            return text[: self.limit] + "\n" + marker, True
+        return marker + "\n" + text[-self.limit:], True
 
 
-def _resolve_user(user: str | int | None) -> tuple[int | None, int | None]:
-    if user is None or os.geteuid() != 0:
-        return None, None
+def _resolve_user(user: str | int | None) -> tuple[int, int]:
     import pwd
 
     try:
         entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
     except KeyError:
-        raise ValueError(f"sandbox user {user!r} does not exist; create it or set user=None") from None
+        raise ValueError(f"sandbox user {user!r} does not exist; create it, or leave user unset to get a "
+                         "dedicated uid per run") from None
     return entry.pw_uid, entry.pw_gid
 
 
-async def _read_capped(stream: asyncio.StreamReader, limit: int, keep: str = "head") -> tuple[str, bool]:
-    """Read a pipe to EOF, keeping ``limit`` characters from the head (stdout: the first
-    results) or the tail (stderr: a traceback ends with the error)."""
-    budget = limit * 4  # bytes; decoded and cut to characters below
-    kept = bytearray()
-    total = 0
-    while chunk := await stream.read(65536):
-        total += len(chunk)
-        if keep == "head":
-            kept += chunk[: max(budget - len(kept), 0)]
-        else:
-            kept = (kept + chunk)[-budget:]
-    text = kept.decode("utf-8", errors="replace")
-    truncated = total > len(kept) or len(text) > limit
-    if not truncated:
-        return text, False
-    marker = f"... [output truncated to {limit} characters]"
-    if keep == "head":
-        return text[:limit] + "\n" + marker, True
-    return marker + "\n" + text[-limit:], True
+def _reachable_by_others(path: str) -> bool:
+    """Whether a uid that owns nothing here can execute ``path`` (every folder on the way
+    searchable, the file executable and readable by 'other')."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+        if not st.st_mode & stat.S_IXOTH or not st.st_mode & stat.S_IROTH:
+            return False
+        parent = os.path.dirname(real)
+        while True:
+            if not os.stat(parent).st_mode & stat.S_IXOTH:
+                return False
+            if parent == os.path.dirname(parent):
+                return True
+            parent = os.path.dirname(parent)
+    except OSError:
+        return False
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+def _interpreter(limits: SandboxLimits, dropped: bool) -> str:
+    if not dropped:
+        return limits.python_executable or sys.executable
+    if limits.python_executable is not None:
+        if not _reachable_by_others(limits.python_executable):
+            raise ValueError(f"sandbox python_executable {limits.python_executable!r} cannot be run by the "
+                             "sandbox's unprivileged uid (a folder on its path is closed to other users); "
+                             "use an interpreter outside such folders, e.g. /usr/bin/python3")
+        return limits.python_executable
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if candidate and _reachable_by_others(candidate):
+            return candidate
+    raise ValueError(f"sandbox: no Python interpreter the unprivileged sandbox uid can run ({sys.executable} is "
+                     "in a folder closed to other users); install /usr/bin/python3 or set python_executable")
+
+
+class _UidLease:
+    """A uid from ``uid_range`` held by this run alone: an exclusive ``flock`` on a file named
+    after it, in a root-only folder, taken by every sandbox on the host (across processes)."""
+
+    def __init__(self, first: int, last: int) -> None:
+        folder = os.path.join(tempfile.gettempdir(), "agentloop-sandbox-uids")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise RuntimeError(f"sandbox uid lock folder {folder} is not a folder owned by uid {os.geteuid()} "
+                               "with mode 0700 (someone else made it); remove it and retry")
+        uids = list(range(first, last + 1))
+        start = random.randrange(len(uids))
+        for uid in uids[start:] + uids[:start]:
+            fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.uid, self._fd = uid, fd
+            return
+        raise RuntimeError(f"sandbox: all {len(uids)} uids of uid_range {first}-{last} are in use by running "
+                           "sandboxes; widen uid_range or run fewer sandboxes at once")
+
+    def release(self) -> None:
+        os.close(self._fd)
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a scratch folder the code may have locked down (``chmod 0``) for its owner."""
+    if os.geteuid() != 0:  # root ignores permissions; chmod as root could follow a planted symlink
+        for root, dirs, _ in os.walk(path):
+            for d in dirs:
+                full = os.path.join(root, d)
+                if not os.path.islink(full):
+                    with contextlib.suppress(OSError):
+                        os.chmod(full, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _sweep(marker: str, uid: int | None, cgroup_name: str) -> None:
+    """The trainer's fallback when the supervisor died before reporting: kill what carries the
+    run's environment marker (or its dedicated uid), remove its files outside the scratch and
+    its cgroup."""
+    cgroup = os.path.join(supervisor.cgroup2_root() or "/nonexistent", cgroup_name)
+    for _ in range(5):
+        supervisor.cgroup_kill(cgroup)
+        pids = set(supervisor.pids_with_env(marker.encode()))
+        if uid is not None:
+            pids.update(supervisor.pids_of_uid(uid))
+        if not supervisor.kill_pids(pids):
+            break
+        time.sleep(0.05)
+    if uid is not None:
+        supervisor.remove_entries(supervisor.owned_entries(uid))
+    with contextlib.suppress(OSError):
+        os.rmdir(cgroup)
+
+
+async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> bool:
+    """Wait for the process to exit (not for its pipes to close, as ``proc.wait()`` does)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while proc.returncode is None and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    return proc.returncode is not None
+
+
+def _read_status(fd: int) -> dict[str, Any] | None:
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError, OSError):
+        while chunk := os.read(fd, 65536):
+            data += chunk
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -154,74 +293,126 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         The captured output and how the process ended.
 
     Raises:
-        ValueError: ``code`` is not a string or the sandbox user does not exist.
+        ValueError: ``code`` is not a string, the sandbox user does not exist, or no interpreter
+            can be run by the unprivileged uid.
+        RuntimeError: Every uid of ``uid_range`` is taken, or the supervisor could not start.
     """
     if not isinstance(code, str):
         raise ValueError(f"code must be a string, got {type(code).__name__}")
-    uid, gid = _resolve_user(limits.user)
-    workdir = tempfile.mkdtemp(prefix="agentloop-sandbox-")
+    as_root = os.geteuid() == 0
+    lease: _UidLease | None = None
+    uid = gid = None
+    isolation: list[str] = []
+    if as_root and not limits.run_as_root:
+        if limits.user is not None:
+            uid, gid = _resolve_user(limits.user)
+            isolation.append("user")
+        else:
+            lease = _UidLease(*limits.uid_range)
+            uid = gid = lease.uid
+            isolation.append("dedicated-uid")
+    name = f"agentloop-sandbox-{uuid.uuid4().hex[:12]}"
+    marker = f"AGENTLOOP_SANDBOX={name}"
     start = time.monotonic()
     proc = None
+    status_r = status_w = -1
+    workdir = None
     try:
-        script = os.path.join(workdir, "main.py")
-        with open(script, "w", encoding="utf-8") as f:
+        python = _interpreter(limits, uid is not None)
+        workdir = tempfile.mkdtemp(prefix=f"{name}-")
+        cfg_name = os.path.basename(workdir)
+        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
             f.write(code)
         if uid is not None:
             os.chown(workdir, uid, gid)
-            os.chown(script, uid, gid)
-        args = [limits.python_executable, "-I"] + ([] if limits.allow_site_packages else ["-S"]) + [script]
+            os.chown(os.path.join(workdir, "main.py"), uid, gid)
+        status_r, status_w = os.pipe()
         # Only what Python needs to start; nothing from the parent (API keys, tokens, paths).
-        env = {"HOME": workdir, "TMPDIR": workdir, "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+        env = {"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin", marker.split("=")[0]: name}
+        cfg = {
+            "name": cfg_name, "scratch": workdir, "uid": uid, "gid": gid,
+            "dedicated_uid": lease is not None, "python": python,
+            "python_args": ["-I"] + ([] if limits.allow_site_packages else ["-S"]),
+            "env": env, "status_fd": status_w, "timeout_s": float(limits.timeout_s),
+            "memory_bytes": int(limits.memory_mb * 2**20), "cpu_s": int(limits.timeout_s) + 1,
+            "file_bytes": int(limits.max_file_mb * 2**20), "max_open_files": int(limits.max_open_files),
+            "max_processes": int(limits.max_processes), "scratch_mb": int(limits.max_scratch_mb),
+            "private_tmp": limits.private_tmp, "cgroup": True,
+        }
         proc = await asyncio.create_subprocess_exec(
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=workdir,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_preexec(limits, uid, gid),
+            sys.executable, "-I", "-S", supervisor.__file__, json.dumps(cfg),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, pass_fds=(status_w,), start_new_session=True,
         )
-        readers = asyncio.gather(
-            _read_capped(proc.stdout, limits.max_output_chars),
-            _read_capped(proc.stderr, limits.max_output_chars, keep="tail"),
-        )
-        # proc.wait() also waits for the pipes to close, which a background child can hold open
-        # forever; watch the main process's return code so its exit ends the run.
-        loop = asyncio.get_running_loop()
-        waiter = asyncio.ensure_future(proc.wait())
-        deadline = loop.time() + limits.timeout_s
-        while not waiter.done() and proc.returncode is None and loop.time() < deadline:
-            await asyncio.wait({waiter}, timeout=min(0.02, max(deadline - loop.time(), 0)))
-        timed_out = proc.returncode is None
-        # Kill the group even after a clean exit, so no child outlives the run.
-        _kill_group(proc.pid)
-        await waiter
-        (out, out_cut), (err, err_cut) = await asyncio.wait_for(readers, timeout=5.0)
+        os.close(status_w)
+        status_w = -1
+        out, err = _Capture(limits.max_output_chars, "head"), _Capture(limits.max_output_chars, "tail")
+        readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
+        stalled = not await _wait_exit(proc, limits.timeout_s + _GRACE_S)
+        if stalled:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await _wait_exit(proc, _GRACE_S)
+        status = _read_status(status_r)
+        if status is None:  # the supervisor was killed or crashed: clean up from here
+            _sweep(marker, lease.uid if lease else None, cfg_name)
+            if not stalled and proc.returncode != -signal.SIGKILL:
+                raise RuntimeError(f"sandbox supervisor exited with {proc.returncode} before reporting; its "
+                                   f"stderr ends: {err.text()[0][-2000:]}")
+            # Killed by us past its grace, or (as a normal user) by the code itself.
+            status = {"returncode": None, "reason": "timeout" if stalled else "supervisor-killed", "isolation": []}
+        # Every process of the run is gone, so the pipes are at EOF; the deadline only matters
+        # if something escaped anyway. Partial output read so far is kept.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(readers), _PIPE_GRACE_S)
+        if not readers.done():
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await readers
+        (stdout, out_cut), (stderr, err_cut) = out.text(), err.text()
+        timed_out = status["reason"] == "timeout"
+        if status["reason"] == "supervisor-killed":
+            stderr = (stderr + "\n" if stderr else "") + "sandbox: the supervisor was killed; every process of the run was killed"
         if timed_out:
-            err = (err + "\n" if err else "") + f"TimeoutError: killed after {limits.timeout_s:g} s"
+            stderr = (stderr + "\n" if stderr else "") + f"TimeoutError: killed after {limits.timeout_s:g} s"
+        scratch_exceeded = status["reason"] == "scratch"
+        if scratch_exceeded:
+            stderr = (stderr + "\n" if stderr else "") + (
+                f"OSError: scratch space over {limits.max_scratch_mb} MiB; the run was killed")
         return SandboxResult(
-            stdout=out,
-            stderr=err,
-            returncode=proc.returncode,
-            timed_out=timed_out,
-            truncated=out_cut or err_cut,
-            duration_s=time.monotonic() - start,
+            stdout=stdout, stderr=stderr, returncode=status["returncode"], timed_out=timed_out,
+            truncated=out_cut or err_cut, duration_s=time.monotonic() - start, scratch_exceeded=scratch_exceeded,
+            isolation=tuple(isolation + status["isolation"]),
         )
     finally:
         if proc is not None and proc.returncode is None:
-            _kill_group(proc.pid)
+            # Cancelled mid-run: the supervisor kills the code on SIGTERM and reports.
             with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+                proc.send_signal(signal.SIGTERM)
+            try:
+                if not await _wait_exit(proc, _GRACE_S):
+                    proc.kill()
+                    _sweep(marker, lease.uid if lease else None, cfg_name)
+            except asyncio.CancelledError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                _sweep(marker, lease.uid if lease else None, cfg_name)
+                raise
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
+        if workdir is not None:
+            _remove_tree(workdir)
+        if lease is not None:
+            lease.release()
 
 
 class PythonSandboxTool(BaseTool):
     """Tool ``python``: runs the model's code with :func:`run_python` and returns its output.
 
     Config keys (all optional): ``timeout_s`` (wall-clock limit), and every other
-    :class:`SandboxLimits` field by name (``memory_mb``, ``max_output_chars``, ``user``...).
+    :class:`SandboxLimits` field by name (``memory_mb``, ``max_scratch_mb``, ``user``,
+    ``uid_range``, ``run_as_root``...).
     """
 
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: Any = None) -> None:
@@ -234,7 +425,10 @@ class PythonSandboxTool(BaseTool):
         self.limits = SandboxLimits(**{k: v for k, v in self.config.items() if k in known})
         if self.timeout_s is not None:
             self.timeout_s = self.timeout_s + 5.0
-        _resolve_user(self.limits.user)
+        if os.geteuid() == 0 and not self.limits.run_as_root:
+            if self.limits.user is not None:
+                _resolve_user(self.limits.user)
+            _interpreter(self.limits, dropped=True)
 
     def default_tool_schema(self) -> OpenAIFunctionToolSchema:
         return OpenAIFunctionToolSchema.model_validate(
@@ -267,5 +461,6 @@ class PythonSandboxTool(BaseTool):
             "sandbox_timed_out": result.timed_out,
             "sandbox_returncode": result.returncode,
             "sandbox_truncated": result.truncated,
+            "sandbox_scratch_exceeded": result.scratch_exceeded,
         }
         return ToolResponse(text=text), 0.0, metrics
