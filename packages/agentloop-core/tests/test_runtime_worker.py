@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import asyncio
 
 import pytest
 
@@ -37,16 +37,38 @@ CONFIG = {
 }
 
 
+# Generous: a wait this long means a sample hung, never that the machine was slow.
+HANG_S = 120
+
+
 async def test_200_samples_run_concurrently_in_order(tokenizer):
-    server = ScriptedServer(latency_s=0.05, eos_token_id=tokenizer.eos_token_id)
+    n = 200
+    in_flight = peak = 0
+    all_in_flight = asyncio.Event()
+
+    class GatedServer(ScriptedServer):
+        """Holds every generate until all samples are in flight: only concurrent samples pass."""
+
+        async def generate(self, request_id, prompt_ids, sampling_params=None):
+            nonlocal in_flight, peak
+            in_flight += 1
+            peak = max(peak, in_flight)
+            if in_flight == n:
+                all_in_flight.set()
+            try:
+                await all_in_flight.wait()
+                return await super().generate(request_id, prompt_ids, sampling_params)
+            finally:
+                in_flight -= 1
+
+    server = GatedServer(latency_s=0.05, eos_token_id=tokenizer.eos_token_id)
     worker = AgentLoopWorker(server, tokenizer, CONFIG)
-    rows = make_rows(200)
-    start = time.perf_counter()
-    outputs = await worker.generate_sequences(rows)
-    elapsed = time.perf_counter() - start
-    # Serially this is 200 * 0.05 s = 10 s of engine latency.
-    assert elapsed < 5.0, f"samples did not overlap: {elapsed:.2f}s"
-    assert len(outputs) == 200
+    try:
+        outputs = await asyncio.wait_for(worker.generate_sequences(make_rows(n)), HANG_S)
+    except asyncio.TimeoutError:
+        pytest.fail(f"samples did not all run at once: at most {peak} of {n} were in flight together")
+    assert peak == n
+    assert len(outputs) == n
     for i, out in enumerate(outputs):
         assert not out.failed, out.metrics
         assert f"question {i}" in tokenizer.decode(out.prompt_ids)
@@ -83,11 +105,12 @@ async def test_raising_loop_yields_failed_sample_not_crash(tokenizer):
 
 async def test_sample_timeout_fails_only_the_slow_sample(tokenizer):
     rows = make_rows(4)
-    rows[1]["sleep_s"] = 30
+    rows[1]["sleep_s"] = 10 * HANG_S  # only the sample timeout can end it
     worker = AgentLoopWorker(ScriptedServer(), tokenizer, {**CONFIG, "sample_timeout_s": 0.3})
-    start = time.perf_counter()
-    outputs = await worker.generate_sequences(rows)
-    assert time.perf_counter() - start < 5
+    try:
+        outputs = await asyncio.wait_for(worker.generate_sequences(rows), HANG_S)
+    except asyncio.TimeoutError:
+        pytest.fail("sample_timeout_s did not end the sleeping sample; the batch waited for it")
     assert [o.failed for o in outputs] == [False, True, False, False]
     assert "SampleTimeoutError" in outputs[1].metrics["error"]
     assert "sample_timeout_s=0.3" in outputs[1].metrics["error"]
@@ -144,6 +167,8 @@ def test_bad_runtime_options_are_rejected(tokenizer):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"sample_timeout_s": -1})
     with pytest.raises(ValueError, match="max_concurrent_samples"):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"max_concurrent_samples": 0})
+    with pytest.raises(ValueError, match="turns_per_loop_iteration"):
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"turns_per_loop_iteration": 0})
     with pytest.raises(ImportError, match="no_such_module_xyz.*agent_loop_modules"):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_modules": ["no_such_module_xyz"]})
 
@@ -228,3 +253,59 @@ def test_a_loop_path_that_does_not_import_names_the_key(tokenizer):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_classes": {"x": "nowhere.mod:Loop"}})
     with pytest.raises(ValueError, match="is not an AgentLoopBase subclass"):
         AgentLoopWorker(ScriptedServer(), tokenizer, {"agent_loop_classes": {"x": "json:dumps"}})
+
+
+async def test_turn_pacer_lets_at_most_k_through_per_iteration_in_arrival_order():
+    """Counted in event-loop iterations (a callback that re-schedules itself), not seconds."""
+    from agentloop_core.runtime.worker import TurnPacer
+
+    pacer = TurnPacer(3)
+    iteration = 0
+    stop = False
+
+    def tick() -> None:
+        nonlocal iteration
+        iteration += 1
+        if not stop:
+            asyncio.get_running_loop().call_soon(tick)
+
+    asyncio.get_running_loop().call_soon(tick)
+    released: list[tuple[int, int]] = []
+
+    async def waiter(i: int) -> None:
+        await pacer.wait()
+        released.append((i, iteration))
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(10)]
+    tasks[5].cancel()  # a cancelled waiter takes no slot
+    await asyncio.gather(*tasks, return_exceptions=True)
+    stop = True
+    order = [i for i, _ in released]
+    assert order == [i for i in range(10) if i != 5], "first come, first served"
+    per_iteration: dict[int, int] = {}
+    for _, it in released:
+        per_iteration[it] = per_iteration.get(it, 0) + 1
+    assert max(per_iteration.values()) <= 3 and len(per_iteration) >= 3, per_iteration
+
+
+async def test_paced_and_unpaced_workers_return_the_same_outputs(tokenizer):
+    rows = make_rows(40)
+    outputs = {}
+    for pace in (1, None):
+        server = ScriptedServer(latency_s=0.001, eos_token_id=tokenizer.eos_token_id)
+        worker = AgentLoopWorker(server, tokenizer, {**CONFIG, "turns_per_loop_iteration": pace})
+        outputs[pace] = await asyncio.wait_for(worker.generate_sequences(rows), HANG_S)
+    assert [(o.prompt_ids, o.response_ids, o.response_mask) for o in outputs[1]] == [
+        (o.prompt_ids, o.response_ids, o.response_mask) for o in outputs[None]]
+    assert not any(o.failed for o in outputs[1])
+
+
+async def test_paced_server_forwards_the_server_api():
+    from agentloop_core.runtime.worker import PacedServer, TurnPacer
+
+    inner = ScriptedServer()
+    paced = PacedServer(inner, TurnPacer(2))
+    assert paced.capabilities == inner.capabilities and paced.vocab_size == inner.vocab_size
+    out = await paced.generate("r", [1, 2, 3], {"max_tokens": 4})
+    assert out.token_ids and inner.calls[-1].request_id == "r"
+    await paced.abort("r")  # forwarded, not swallowed by __getattr__

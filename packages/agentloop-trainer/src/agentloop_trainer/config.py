@@ -189,6 +189,10 @@ class AgentSection:
     registers user loops by import path."""
     agent_loop_modules: list[str] = field(default_factory=list)
     """Modules to import so their ``@register`` loops exist (also on Ray workers)."""
+    turns_per_loop_iteration: int | None = 4
+    """Most samples started, and most turns resumed after their engine call, per event-loop
+    iteration of a rollout worker: keeps the loop responsive (timers, tool timeouts) with
+    thousands of trajectories in flight; null: no pacing."""
     loops: dict[str, Any] = field(default_factory=dict)
     """Per-loop settings merged over the common ones, e.g. ``loops.react_agent.graph_factory``;
     ``loops.<name>._target_`` registers a loop class by import path. Unknown keys are errors."""
@@ -598,6 +602,8 @@ def validate(cfg: Any) -> None:
         ("actor_rollout_ref.rollout.sanity_check", r.sanity_check in ("strict", "ignore_strippable", "disable"),
          "strict, ignore_strippable or disable"),
         ("actor_rollout_ref.rollout.val_kwargs.n", r.val_kwargs.n >= 1, "at least 1"),
+        ("actor_rollout_ref.rollout.agent.turns_per_loop_iteration",
+         r.agent.turns_per_loop_iteration is None or r.agent.turns_per_loop_iteration >= 1, "null or at least 1"),
         ("actor_rollout_ref.actor.ppo_mini_batch_size",
          a.ppo_mini_batch_size is None or 1 <= a.ppo_mini_batch_size <= cfg.data.train_batch_size,
          "null or between 1 and data.train_batch_size (it counts prompts, as in verl)"),

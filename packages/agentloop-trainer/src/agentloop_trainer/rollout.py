@@ -108,6 +108,7 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
         "prompt_length": cfg.data.max_prompt_length,
         "sanity_check": r.sanity_check,
         "sample_timeout_s": r.sample_timeout_s,
+        "turns_per_loop_iteration": r.agent.turns_per_loop_iteration,
         "sampling_params": {
             "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
             "max_tokens": mt.max_tokens_per_turn, "logprobs": True,
