@@ -105,9 +105,16 @@ def _ensure_chromium(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree."""
+    """ruff over the whole tree; pyright (basic, through basedpyright) over core and engines."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", "packages", "noxfile.py", "tools", *(p for p in ("conformance", "bench", "examples", "tests") if (ROOT / p).exists()))
+    # pyright resolves imports from this venv: core and engines with the extras their modules
+    # import (vLLM and SGLang excepted: GBs; those imports say so), and omegaconf, which core
+    # imports only for a config that already is an OmegaConf one. Config: [tool.basedpyright].
+    session.install(TORCH)
+    session.install("-e", "packages/agentloop-core[ray,mlflow]", "-e", "packages/agentloop-engines[hf,ray,server]",
+                    TORCH, "omegaconf>=2.3", "basedpyright>=1.20")
+    session.run("basedpyright")
 
 
 @nox.session(tags=["ci"])

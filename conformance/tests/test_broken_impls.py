@@ -157,6 +157,8 @@ def test_a_tokenizer_dropping_the_newline_after_end_of_turn_is_caught(tmp_path):
 
 
 def test_guard_catches_a_removed_or_silently_overridden_check(pytester):
+    # The inner run does not see the repo's pytest settings; these are the ones the suite needs.
+    pytester.makeini("[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n")
     pytester.makepyfile(test_guarded="""
         import pytest
         from agentloop_conformance import EngineConformanceTests

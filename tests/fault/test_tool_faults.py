@@ -11,9 +11,9 @@ import pytest
 from fault_helpers import tool_call, tool_engine, tool_messages
 
 from agentloop_core import AgentLoopManager
-from agentloop_tools.agent_loop import TRUNCATION_MARKER
 from agentloop_tools.base import BaseTool
 from agentloop_tools.schema import ToolResponse
+from agentloop_tools.truncation import TRUNCATION_MARKER
 
 MAX_CHARS = 512
 

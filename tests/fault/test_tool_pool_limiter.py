@@ -42,7 +42,7 @@ async def test_stuck_sync_tools_do_not_starve_the_default_executor():
         assert all(isinstance(r, Exception) for r in results), results
         # The rest of the process still has its default executor.
         assert await asyncio.wait_for(asyncio.to_thread(lambda: 6 * 7), timeout=20) == 42
-        stats = block.sync_pool_stats()
+        stats = block.sync_pool_stats
         assert stats["stuck"] == stats["threads"] == block.max_sync_threads < STUCK_CALLS, stats
         # The calls that were still queued when they timed out never ran.
         assert len(entered) == block.max_sync_threads
@@ -53,10 +53,10 @@ async def test_stuck_sync_tools_do_not_starve_the_default_executor():
         release.set()
     # Once the blocked functions return, their threads serve new calls again.
     for _ in range(200):
-        if block.sync_pool_stats()["stuck"] == 0:
+        if block.sync_pool_stats["stuck"] == 0:
             break
         await asyncio.sleep(0.05)
-    assert block.sync_pool_stats()["stuck"] == 0
+    assert block.sync_pool_stats["stuck"] == 0
     response, _, _ = await asyncio.wait_for(block.run_execute(iids[0], {"x": "go"}), timeout=20)
     assert response.text == "late"
 

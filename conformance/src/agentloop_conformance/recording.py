@@ -3,11 +3,12 @@ that emits non-canonical tokenizations, and an engine that always fails."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.server_wrapper import TransparentServerWrapper
 from agentloop_core.testing import ScriptedServer
 
 
@@ -25,7 +26,7 @@ class RecordedCall:
     """What the engine returned."""
 
 
-class RecordingServer:
+class RecordingServer(TransparentServerWrapper):
     """Forwards every call to ``inner`` and records each ``generate`` call in :attr:`calls`.
 
     Args:
@@ -33,37 +34,28 @@ class RecordingServer:
     """
 
     def __init__(self, inner: Any = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[RecordedCall] = []
 
     @property
+    def inner(self) -> Any:
+        """The wrapped engine."""
+        return self.server
+
+    @inner.setter
+    def inner(self, engine: Any) -> None:
+        self.server = engine
+
+    @property
     def capabilities(self) -> ServerCapabilities:
-        return getattr(self.inner, "capabilities", ServerCapabilities())
+        return getattr(self.server, "capabilities", ServerCapabilities())
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams) -> TokenOutput:
-        params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params)
-        out = await self.inner.generate(request_id, list(prompt_ids), sampling_params)
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+        params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params or {})
+        out = await self.server.generate(request_id, list(prompt_ids), sampling_params)
         self.calls.append(RecordedCall(request_id, list(prompt_ids), params, out))
         return out
-
-    async def abort(self, request_id: str) -> None:
-        await self.inner.abort(request_id)
-
-    async def sleep(self) -> None:
-        await self.inner.sleep()
-
-    async def wake_up(self) -> None:
-        await self.inner.wake_up()
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self.inner.update_weights(named_tensors)
-
-    def __getattr__(self, name: str) -> Any:
-        # Loops may read engine attributes (vocab_size, tokenizer...); pass them through.
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 class InjectedEngineError(RuntimeError):

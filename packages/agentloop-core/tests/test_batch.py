@@ -153,7 +153,7 @@ def test_to_torch():
 
 def test_importing_core_and_runtime_does_not_import_torch_ray_or_mlflow():
     code = (
-        "import sys, agentloop_core, agentloop_core.batch, agentloop_core.runtime, agentloop_core.tracing_jsonl; "
+        "import sys, agentloop_core, agentloop_core.batch, agentloop_core.runtime, agentloop_core.tracing.jsonl; "
         "bad = [m for m in ('torch', 'ray', 'mlflow') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -123,7 +123,7 @@ def test_ray_backend_matches_inprocess(tokenizer, tmp_path, monkeypatch):
     for name, array in local.arrays().items():
         np.testing.assert_array_equal(array, getattr(remote, name), err_msg=name)
     assert remote.metrics["rollout/num_failed"] == 1
-    from agentloop_core.tracing_jsonl import read_spans
+    from agentloop_core.tracing.jsonl import read_spans
 
     roots = [s for s in read_spans(spans) if s["name"] == "agent_loop"]
     assert sorted(s["sample_index"] for s in roots) == list(range(12))

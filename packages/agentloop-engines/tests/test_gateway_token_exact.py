@@ -332,7 +332,8 @@ async def test_real_templates_tool_round_trip_and_follow_up(parser):
         return ids
 
     replies = [pieces(t) for t in turns]
-    engine = ScriptedServer(Script(*replies), eos_token_id=tok.convert_tokens_to_ids(stop))
+    # The template adds its special tokens past the tiny vocabulary: the engine must know them.
+    engine = ScriptedServer(Script(*replies), vocab_size=len(tok), eos_token_id=tok.convert_tokens_to_ids(stop))
     gateway = Gateway(engine, tok, tool_parser=parser)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6 times 7?"}]
     r = await gateway.chat_completion({"messages": messages, "tools": CALC}, session_id="s")

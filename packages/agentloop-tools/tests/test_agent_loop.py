@@ -18,12 +18,13 @@ import pytest
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_core.tracing import Tracer
-from agentloop_tools.agent_loop import ToolAgentConfig, ToolAgentLoop, truncate_text
+from agentloop_tools.agent_loop import ToolAgentConfig, ToolAgentLoop
 from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import calculator
 from agentloop_tools.loop_config import check_loop_config_keys
 from agentloop_tools.parsers import HermesToolParser, register_tool_parser
 from agentloop_tools.schema import ToolResponse
+from agentloop_tools.truncation import truncate_text
 
 PROMPT = [{"role": "user", "content": "Ann has 3 apples and buys 4 more. How many apples?"}]
 SAMPLING = {"temperature": 0.0, "logprobs": True}

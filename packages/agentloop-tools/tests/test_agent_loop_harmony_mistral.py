@@ -143,7 +143,7 @@ def encode(tok: Any, text: str) -> list[int]:
 
 def scripted(tok: Any, turns: list[str]) -> ScriptedServer:
     """An engine that writes ``turns[i]`` on its i-th call, stopping at EOS or a request's stop ids."""
-    return ScriptedServer(lambda rid, prompt, i: encode(tok, turns[min(i, len(turns) - 1)]),
+    return ScriptedServer(lambda rid, prompt, i: encode(tok, turns[min(i, len(turns) - 1)]), vocab_size=len(tok),
                           eos_token_id=tok.eos_token_id, append_eos=True)
 
 

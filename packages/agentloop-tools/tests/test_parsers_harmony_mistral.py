@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
-from agentloop_tools.agent_loop import ToolAgentLoop, _stop_token_ids
+from agentloop_tools.agent_loop import ToolAgentLoop
 from agentloop_tools.function_tool import function_tool
 from agentloop_tools.parsers import (
     GptOssToolParser,
@@ -31,6 +31,7 @@ from agentloop_tools.parsers import (
     tool_parameters,
     tool_parser_names,
 )
+from agentloop_tools.per_tokenizer import stop_token_ids
 
 TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
 GPT_OSS_TEMPLATE = "openai-gpt-oss-120b.jinja"
@@ -127,7 +128,7 @@ def test_stop_tokens_and_decode_flags():
 
 def test_stop_tokens_are_single_tokens(harmony_tokenizer):
     """The loop passes stop tokens by id, so each must be one token of the tokenizer."""
-    ids = _stop_token_ids(harmony_tokenizer, GptOssToolParser.stop_tokens)
+    ids = stop_token_ids(harmony_tokenizer, GptOssToolParser.stop_tokens)
     assert len(ids) == 2
     assert [harmony_tokenizer.encode(t, add_special_tokens=False) for t in GptOssToolParser.stop_tokens] == [[i] for i in ids]
 
@@ -489,7 +490,7 @@ def get_weather(city: str, unit: str = "c") -> str:
 def scripted(tok: Any, turns: list[str]) -> ScriptedServer:
     """An engine that says ``turns[i]`` on its i-th call, stopping at EOS or the request's stop ids."""
     return ScriptedServer(lambda rid, prompt, i: tok.encode(turns[min(i, len(turns) - 1)], add_special_tokens=False),
-                          eos_token_id=tok.eos_token_id, append_eos=True)
+                          eos_token_id=tok.eos_token_id, append_eos=True, vocab_size=len(tok))
 
 
 async def run_loop(tok: Any, parser: str, turns: list[str], **config: Any):

@@ -27,7 +27,7 @@ async def test_a_call_cancelled_while_queued_never_runs_and_takes_no_thread():
     release.set()
     await first
     assert await pool.run(lambda: "after") == "after"
-    assert ran == ["first"] and pool.stats()["stuck"] == 0 and pool.stats()["started"] == 1
+    assert ran == ["first"] and pool.stats["stuck"] == 0 and pool.stats["started"] == 1
 
 
 async def test_context_variables_reach_the_function():
@@ -48,7 +48,7 @@ def test_pool_size_comes_from_the_tool_config_and_is_checked():
         return ""
 
     assert FunctionTool(f).max_sync_threads == 8
-    assert FunctionTool(f, config={"max_sync_threads": 2}).sync_pool_stats()["threads"] == 2
+    assert FunctionTool(f, config={"max_sync_threads": 2}).sync_pool_stats["threads"] == 2
     with pytest.raises(ValueError, match="'f': max_sync_threads must be a positive integer, got 0"):
         FunctionTool(f, config={"max_sync_threads": 0})
 
@@ -75,5 +75,5 @@ async def test_function_tools_still_pickle_with_their_pool():
     tool = pickle.loads(pickle.dumps(FunctionTool(triple, config={"max_sync_threads": 3})))
     iid = await tool.create()
     response, _, _ = await tool.run_execute(iid, {"x": 2})
-    assert response.text == "6" and tool.sync_pool_stats()["threads"] == 3
-    assert pickle.loads(pickle.dumps(FunctionTool(_double))).sync_pool_stats()["threads"] == 0
+    assert response.text == "6" and tool.sync_pool_stats["threads"] == 3
+    assert pickle.loads(pickle.dumps(FunctionTool(_double))).sync_pool_stats["threads"] == 0

@@ -10,6 +10,9 @@ import pytest
 from agentloop_engines.hosting import InsufficientResourcesError
 from agentloop_trainer.ray_ranks import RankFailedError, spawn_ray
 
+# Generous: reaching it means a rank hung, never that the machine was slow.
+HANG_S = 300
+
 
 def _raise_on_rank(rank: int, bad_rank: int) -> int:
     import torch.distributed as dist
@@ -46,6 +49,11 @@ def _all_placement_groups_removed(ray) -> bool:
     return all(pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
 
 
+def _placement_group_count(ray) -> int:
+    """Placement groups this cluster ever created (removed ones stay in the table)."""
+    return len(ray.util.placement_group_table())
+
+
 def _wait_cpus_free(ray, cpus: float, timeout_s: float = 20.0) -> float:
     # Killed actors release their resources asynchronously.
     deadline = time.monotonic() + timeout_s
@@ -71,18 +79,16 @@ def test_two_ray_ranks_match_one_process(local_ray, random_model_path):
 
 @pytest.mark.ray
 def test_failing_rank_surfaces_rank_and_traceback_and_stops_peers(local_ray):
-    """Rank 1 raises while rank 0 waits in a barrier: the caller gets rank 1's error, quickly."""
-    t0 = time.monotonic()
+    """Rank 1 raises while rank 0 waits in a barrier: the caller gets rank 1's error, not the
+    TimeoutError of ``run_timeout_s`` (rank 0 alone would wait for gloo's 30 minutes)."""
     with pytest.raises(RankFailedError) as info:
-        spawn_ray(_raise_on_rank, 2, 1, num_cpus_per_rank=1.0, timeout_s=60)
-    elapsed = time.monotonic() - t0
+        spawn_ray(_raise_on_rank, 2, 1, num_cpus_per_rank=1.0, timeout_s=60, run_timeout_s=HANG_S)
     err = info.value
     assert err.rank == 1 and err.error_type == "ValueError"
     text = str(err)
     assert "rank 1 of 2" in text and "boom on rank 1" in text
     # the original traceback, formatted inside the rank, names the raising function
     assert "Traceback (most recent call last)" in text and "_raise_on_rank" in text
-    assert elapsed < 60, elapsed
     # rank 0 was blocked in a collective; it must have been killed, not left holding its CPU
     assert _all_placement_groups_removed(local_ray)
     assert _wait_cpus_free(local_ray, 2.0) == 2.0
@@ -95,7 +101,7 @@ def test_unmeetable_gpu_request_fails_fast_with_named_resource(local_ray):
     The message names the missing resource, what the cluster and its nodes have, and the
     config knobs to change; nothing is reserved.
     """
-    t0 = time.monotonic()
+    groups_before = _placement_group_count(local_ray)
     with pytest.raises(InsufficientResourcesError) as info:
         spawn_ray(_raise_on_rank, 2, 0, device="cuda", num_gpus_per_rank=1.0, timeout_s=60)
     text = str(info.value)
@@ -105,7 +111,8 @@ def test_unmeetable_gpu_request_fails_fast_with_named_resource(local_ray):
     assert "lower trainer.fsdp_ranks or ray.rank_num_cpus / ray.rank_num_gpus" in text
     with pytest.raises(InsufficientResourcesError, match=r"need CPU: 3, the cluster has CPU: 2 \(nodes: .*\(CPU 2\)\)"):
         spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.5, timeout_s=60)
-    assert time.monotonic() - t0 < 10
+    # Failing fast means failing before any placement group is made (and then waited on).
+    assert _placement_group_count(local_ray) == groups_before
     assert _all_placement_groups_removed(local_ray)
 
 
@@ -116,10 +123,11 @@ def test_resources_held_by_others_time_out_with_free_resources_named(local_ray):
     holder = local_ray.util.placement_group([{"CPU": 1.5}])
     assert holder.wait(timeout_seconds=30)
     try:
-        t0 = time.monotonic()
+        groups_before = _placement_group_count(local_ray)
         with pytest.raises(InsufficientResourcesError) as info:
             spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.0, timeout_s=2)
-        assert time.monotonic() - t0 < 15
+        # Checked before reserving: no placement group was made to sit pending behind the holder.
+        assert _placement_group_count(local_ray) == groups_before
     finally:
         local_ray.util.remove_placement_group(holder)
     text = str(info.value)

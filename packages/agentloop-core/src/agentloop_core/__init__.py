@@ -32,8 +32,8 @@ from agentloop_core.tokenization import (
     Trajectory,
 )
 from agentloop_core.tracing import NullTracer, Tracer, make_tracer, trace_context
-from agentloop_core.tracing_jsonl import JsonlTracer
-from agentloop_core.tracing_mlflow import MLflowTracer
+from agentloop_core.tracing.jsonl import JsonlTracer
+from agentloop_core.tracing.mlflow import MLflowTracer
 
 __version__ = "0.3.0"
 

@@ -250,7 +250,7 @@ class RolloutBatch:
             dtype=bool,
         )
         rewards = np.array(
-            [float(r) if h else 0.0 for r, h in zip(raw_rewards, has_reward, strict=True)], dtype=np.float32
+            [float(r) if h and r is not None else 0.0 for r, h in zip(raw_rewards, has_reward, strict=True)], dtype=np.float32
         )
 
         batch = cls(

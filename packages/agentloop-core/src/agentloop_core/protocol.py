@@ -166,7 +166,10 @@ class SamplingParams:
 class AsyncServer(Protocol):
     """An inference engine (or a client in front of several) as agent loops see it."""
 
-    capabilities: ServerCapabilities
+    @property
+    def capabilities(self) -> ServerCapabilities:
+        """What this engine supports; read-only here, so a wrapper may forward its engine's."""
+        ...
 
     async def generate(
         self,

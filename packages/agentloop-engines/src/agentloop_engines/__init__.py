@@ -1,5 +1,7 @@
 """agentloop-engines: engine adapters and the load-balancing client."""
 
+from typing import TYPE_CHECKING
+
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.client import ClientStats, LLMServerClient, NoHealthyReplicaError
 from agentloop_engines.gateway import (
@@ -21,6 +23,12 @@ from agentloop_engines.hosting import (
 from agentloop_engines.http_server import ServerThread, create_app, serve
 from agentloop_engines.routing import StickyLeastInFlightPolicy
 from agentloop_engines.tiny_model import build_tiny_model
+
+if TYPE_CHECKING:  # resolved lazily at run time, by __getattr__ below
+    from agentloop_engines.hf import HFServer
+    from agentloop_engines.http_client import HTTPServer
+    from agentloop_engines.sglang_server import SGLangServer
+    from agentloop_engines.vllm_server import VLLMServer
 
 __all__ = [
     "AsyncServerBase", "HFServer", "build_tiny_model",

@@ -14,7 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from agentloop_core.protocol import (
     CapabilityNotSupported,
@@ -22,6 +22,7 @@ from agentloop_core.protocol import (
     ServerCapabilities,
     TokenOutput,
 )
+from agentloop_core.request_checks import validate_request
 
 # OpenAI request keys we honour, and the ones we accept only with their harmless default.
 _CHAT_SAMPLING_KEYS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
@@ -54,7 +55,9 @@ class AsyncServerBase(abc.ABC):
         model_name: Reported in ``chat_completion`` responses.
     """
 
-    capabilities: ClassVar[ServerCapabilities] = ServerCapabilities()
+    # Not a ClassVar: adapters whose capabilities depend on how they were built (the device,
+    # a tokenizer) set them per instance.
+    capabilities: ServerCapabilities = ServerCapabilities()
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
@@ -91,6 +94,9 @@ class AsyncServerBase(abc.ABC):
     ) -> SamplingParams:
         """Check a request and return its sampling parameters with ``max_tokens`` clamped.
 
+        The checks live in :func:`agentloop_core.request_checks.validate_request`, shared with
+        the scripted test engine so that loop tests send only requests a real engine accepts.
+
         Args:
             prompt_ids: The prompt token ids.
             sampling_params: A mapping or :class:`SamplingParams`.
@@ -102,37 +108,9 @@ class AsyncServerBase(abc.ABC):
             ValueError: empty prompt, a non-integer or out-of-vocabulary id (the first bad one and
                 its position are named), a prompt that fills the context, or bad sampling params.
         """
-        if prompt_ids is None or len(prompt_ids) == 0:
-            raise ValueError("prompt_ids is empty; an engine needs at least one prompt token")
-        for pos, tid in enumerate(prompt_ids):
-            # bool is an int subclass but never a token id; numpy/torch ints are fine via __index__.
-            if isinstance(tid, bool) or not hasattr(tid, "__index__"):
-                raise ValueError(
-                    f"prompt_ids[{pos}] = {tid!r} is not an integer token id; pass token ids, not "
-                    "text (tokenize with the model's tokenizer first)"
-                )
-            if not 0 <= int(tid) < self.vocab_size:
-                raise ValueError(
-                    f"prompt_ids[{pos}] = {int(tid)} is outside the vocabulary [0, {self.vocab_size}); "
-                    "was the prompt tokenized with a different tokenizer than this model's?"
-                )
-        n = len(prompt_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {n} tokens but the context is {self.max_model_len}; shorten it or raise "
-                "max_model_len"
-            )
-        sp = SamplingParams.from_mapping(sampling_params)
-        sp.check()
-        for tid in sp.stop_token_ids:
-            if not 0 <= tid < self.vocab_size:
-                raise ValueError(
-                    f"stop_token_ids contains {tid}, outside the vocabulary [0, {self.vocab_size})"
-                )
-        room = self.max_model_len - n
-        if sp.max_tokens > room:
-            sp = sp.replace(max_tokens=room)
-        return sp
+        return validate_request(
+            prompt_ids, sampling_params, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
 
     @abc.abstractmethod
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
@@ -205,10 +183,19 @@ class AsyncServerBase(abc.ABC):
             params["logprobs"] = bool(params["logprobs"])
         return params
 
+    def _chat_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise RuntimeError(
+                f"{type(self).__name__} has no tokenizer, so it cannot render chat messages; pass "
+                "tokenizer= when constructing it, or call generate() with token ids"
+            )
+        return self.tokenizer
+
     def _render_chat(self, messages: list[Any], tools: Any, template_kwargs: dict[str, Any]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                                  **template_kwargs)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        tokenizer = self._chat_tokenizer()
+        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                             **template_kwargs)
+        return list(tokenizer.encode(text, add_special_tokens=False))
 
     async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Serve an OpenAI-style chat completion request.
@@ -232,11 +219,7 @@ class AsyncServerBase(abc.ABC):
                 or ``stream=True``.
             RuntimeError: when the server has no tokenizer.
         """
-        if self.tokenizer is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no tokenizer, so it cannot render chat messages; pass "
-                "tokenizer= when constructing it, or call generate() with token ids"
-            )
+        tokenizer = self._chat_tokenizer()
         if not isinstance(request, Mapping):
             raise ValueError(f"chat_completion expects a dict request, got {type(request).__name__}")
         messages = request.get("messages")
@@ -250,7 +233,7 @@ class AsyncServerBase(abc.ABC):
                                              template_kwargs)
         request_id = str(request.get("request_id") or f"chatcmpl-{uuid.uuid4().hex}")
         out = await self.generate(request_id, prompt_ids, params)
-        content = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        content = tokenizer.decode(out.token_ids, skip_special_tokens=True)
         finish_reason = {"stop": "stop", "length": "length", "aborted": "abort"}[out.stop_reason]
         return {
             "id": request_id,

@@ -294,8 +294,8 @@ async def refuse(receive: Any, send: Any, status: int, message: str, code: str,
     try:
         async with asyncio.timeout(LINGER_S):
             while True:
-                message = await receive()
-                if message["type"] != "http.request" or not message.get("more_body", False):
+                event = await receive()
+                if event["type"] != "http.request" or not event.get("more_body", False):
                     break
     except TimeoutError:
         pass

@@ -91,6 +91,7 @@ def create_app(server: Any, *, api_key: str | None = None,
         ValueError: on a non-positive body limit or an empty ``api_key``.
     """
     fastapi, _ = require_server_extra()
+    from fastapi import Request  # importable now; a class, so it can annotate the handler
     from pydantic import BaseModel, ConfigDict, Field
 
     if max_weights_bytes <= 0:
@@ -131,7 +132,7 @@ def create_app(server: Any, *, api_key: str | None = None,
         return {"aborted": req.request_id}
 
     @app.post(_WEIGHTS_PATH)
-    async def update_weights(request: fastapi.Request) -> dict[str, Any]:
+    async def update_weights(request: Request) -> dict[str, Any]:
         if not getattr(server.capabilities, "weight_update", False):
             raise CapabilityNotSupported(
                 f"{type(server).__name__} does not load new weights (capabilities.weight_update=False)")

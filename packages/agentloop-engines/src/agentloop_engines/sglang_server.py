@@ -60,7 +60,7 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
 
 def _require_sglang() -> Any:
     try:
-        import sglang
+        import sglang  # pyright: ignore[reportMissingImports] - the [sglang] extra; not in the lint session (GBs)
     except ImportError as exc:
         raise ImportError('SGLangServer needs SGLang: pip install "agentloop-engines[sglang]"') from exc
     return sglang
@@ -140,7 +140,7 @@ class SGLangServer(AsyncServerBase):
         elif engine_kwargs or enable_memory_saver:
             given = sorted(engine_kwargs) + (["enable_memory_saver"] if enable_memory_saver else [])
             raise ValueError(f"{given} are only used when engine is None; create the engine with them")
-        self.engine = engine
+        self.engine: Any = engine  # an sglang.Engine, or an object with the same surface
         tm = getattr(engine, "tokenizer_manager", None)
         args = getattr(engine, "server_args", None)
         self.context_len = int(context_len or getattr(tm, "context_len", 0) or 0)
@@ -166,7 +166,7 @@ class SGLangServer(AsyncServerBase):
                                "update_weights will not catch misspelt names", path)
         self.weight_names = None if weight_names is None else frozenset(weight_names)
         self.flush_timeout_s = flush_timeout_s
-        self._loop_thread = EngineLoopThread(engine.loop, name="sglang-engine-loop")
+        self._loop_thread = EngineLoopThread(self.engine.loop, name="sglang-engine-loop")
         self._rids: dict[str, set[str]] = {}
         self._seq = itertools.count()
         self._seed_warned = False

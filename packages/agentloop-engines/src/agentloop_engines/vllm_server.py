@@ -26,7 +26,7 @@ __all__ = ["VLLMServer"]
 
 def _require_vllm() -> Any:
     try:
-        import vllm
+        import vllm  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
     except ImportError as exc:
         raise ImportError(
             'VLLMServer needs vLLM: pip install "agentloop-engines[vllm]" (CPU-only machines: '
@@ -79,7 +79,7 @@ class VLLMServer(AsyncServerBase):
         if engine is None:
             if model is None:
                 raise ValueError("VLLMServer needs an AsyncLLM engine or a model path")
-            from vllm.v1.engine.async_llm import AsyncLLM
+            from vllm.v1.engine.async_llm import AsyncLLM  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
 
             # vLLM's default returns log-probs of the raw logits, i.e. at temperature 1, whatever
             # temperature sampled the token; the trainer's importance ratio needs the sampling
@@ -89,9 +89,9 @@ class VLLMServer(AsyncServerBase):
             engine = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(model=str(model), **engine_kwargs))
         elif engine_kwargs:
             raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} are only used when engine is None")
-        self.engine = engine
+        self.engine: Any = engine  # a vllm AsyncLLM, or an object with the same surface
         self._vllm = vllm
-        model_config = engine.model_config
+        model_config = self.engine.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
         self.model_name = str(model or model_config.model)
@@ -111,7 +111,7 @@ class VLLMServer(AsyncServerBase):
     @staticmethod
     def _sleep_supported() -> bool:
         try:
-            from vllm.platforms import current_platform
+            from vllm.platforms import current_platform  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
         except ImportError:
             return False
         check = getattr(current_platform, "is_sleep_mode_available", None)
@@ -131,7 +131,7 @@ class VLLMServer(AsyncServerBase):
         )
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
 
         # vLLM request ids must be unique among live requests; a trajectory may have several.
         rid = f"{request_id}#{next(self._seq)}"

@@ -47,6 +47,7 @@ from agentloop_langgraph.messages import (
     generation_info,
     to_chat_dict,
 )
+from agentloop_tools.per_tokenizer import stop_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +114,6 @@ def _tool_schema(tool: Any) -> dict[str, Any]:
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
     return convert_to_openai_tool(tool)
-
-
-def _stop_ids(tokenizer: Any, tokens: Sequence[str]) -> tuple[int, ...]:
-    vocab = tokenizer.get_vocab()
-    return tuple(vocab[t] for t in tokens if t in vocab)
 
 
 class ChatModel(BaseChatModel):
@@ -201,7 +197,7 @@ class ChatModel(BaseChatModel):
 
         self._parser = get_tool_parser(self.tool_parser)
         base = SamplingParams.from_mapping(self.sampling_params)
-        stops = _stop_ids(self.tokenizer, self._parser.stop_tokens)
+        stops = stop_token_ids(self.tokenizer, self._parser.stop_tokens)
         self._base_params = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + stops)))
         for key in ("response_length", "prompt_length", "max_assistant_turns", "max_parallel_calls"):
             value = getattr(self, key)

@@ -13,8 +13,8 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
@@ -22,15 +22,10 @@ from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
 from agentloop_langgraph.graph import load_graph_factory
-from agentloop_langgraph.messages import (
-    HISTORY_REWRITE_CHOICES,
-    HistoryRewrite,
-    HistoryRewrittenError,
-    RolloutLimitReached,
-)
+from agentloop_langgraph.messages import HistoryRewrite, HistoryRewrittenError, RolloutLimitReached
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
-from agentloop_tools.loop_config import TruncateSide, read_loop_config, resolve_tools
+from agentloop_tools.loop_config import ToolLoopSettings, loop_setting, resolve_tools
 
 logger = logging.getLogger(__name__)
 
@@ -38,77 +33,33 @@ _TOKENIZATION_FLAGS = ("tokenization_mismatch", "tokenization_mismatch_ignored",
 
 
 @dataclass(frozen=True)
-class ReactAgentConfig:
-    """The ``react_agent`` keys of the rollout config (other keys are ignored)."""
+class ReactAgentConfig(ToolLoopSettings):
+    """The ``react_agent`` keys of the rollout config (other keys are ignored): the keys every
+    tool loop reads (:class:`~agentloop_tools.loop_config.ToolLoopSettings`) and the graph's.
 
-    EXTRA_KEYS: ClassVar[tuple[str, ...]] = ("tools", "tool_config_path", "function_tool_path")
-    """Keys the loop reads outside this dataclass: its tools (``resolve_tools``)."""
+    A graph that rewrites its history makes segments (see ``on_history_rewrite``), and some
+    shared keys then count per segment: ``response_length`` is the budget of each segment (one
+    training row, padded to this width); ``prompt_length`` also bounds a later segment's prompt
+    (the rewritten history), and one over it ends the episode (``termination_reason=
+    "prompt_length"``); ``max_assistant_turns`` counts turns over all segments, and is also
+    bounded by ``recursion_limit``.
+    """
+
+    LOOP_NAME: ClassVar[str] = "react_agent"
 
     graph_factory: Any = None
     """``"package.module:function"`` or a callable ``(chat_model, tools, **kwargs) -> graph``;
     None: a ReAct agent (``create_agent``, or ``create_react_agent`` without ``langchain``)."""
-    graph_factory_kwargs: dict[str, Any] = field(default_factory=dict)
+    graph_factory_kwargs: dict[str, Any] = loop_setting(default_factory=dict)
     """Extra keyword arguments for the factory."""
     system_prompt: str | None = None
     """System prompt of the default ReAct agent."""
-    response_length: int = 1024
-    """Token budget for everything after the prompt (generated and tool tokens) of each
-    segment: a segment is one training row, padded to this width."""
-    prompt_length: int | None = None
-    """Longest accepted rendered prompt, in tokens; None: no limit. A later segment whose prompt
-    (the rewritten history) is longer ends the episode (``termination_reason="prompt_length"``)."""
-    max_assistant_turns: int | None = None
-    """Most model turns over all segments; None: bounded by ``response_length`` and
-    ``recursion_limit``."""
-    recursion_limit: int = 50
+    recursion_limit: int = loop_setting(50, positive=True)
     """LangGraph's super-step limit for one run (a ReAct turn takes two)."""
-    tool_parser: str = "hermes"
-    """Tool-call parser name."""
-    max_tool_response_length: int = 1024
-    """Most characters of one tool response shown to the model."""
-    tool_response_truncate_side: TruncateSide = "middle"
-    """Which part of a long tool response to keep."""
-    tool_timeout_s: float | None = 60.0
-    """Time limit of one tool call unless the tool sets its own; None: no limit."""
-    tool_reward: Literal["sum", "none"] = "sum"
-    """``sum``: reward = step rewards + each tool's ``calc_reward``; ``none``: reward is None."""
-    sanity_check: Literal["strict", "ignore_strippable", "disable"] = "strict"
-    """Delta-tokenization check against full re-tokenization, see ``Trajectory.to_output``."""
-    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra chat template variables."""
-    use_inference_chat_template: bool = False
-    """See ``ChatRenderer``."""
-    delta_strategy: Literal["auto", "history", "short"] = "auto"
-    """How tool results and user turns are tokenized after a generated turn; see
-    ``ChatRenderer(delta_strategy=)``."""
-    max_parallel_calls: int = 4
-    """Most tool calls of one turn that run; later calls of the turn are answered with an error
-    message instead (as in ``tool_agent``)."""
     on_history_rewrite: HistoryRewrite = "segment"
     """A model call whose messages do not extend the trajectory (the graph summarised, trimmed
     or edited its history): ``segment`` starts a new segment and ``run`` returns the list of
     segments; ``error`` fails the sample (``metrics["history_rewritten"] = 1``)."""
-
-    @classmethod
-    def from_mapping(cls, config: Mapping[str, Any]) -> ReactAgentConfig:
-        """Read and check the loop's keys.
-
-        Raises:
-            ValueError: naming the key, the bad value and what is accepted.
-        """
-        cfg = read_loop_config(
-            cls, config, loop_name="react_agent",
-            nullable=("prompt_length", "max_assistant_turns", "tool_timeout_s"),
-            positive=("response_length", "recursion_limit", "max_tool_response_length", "prompt_length",
-                      "max_assistant_turns", "max_parallel_calls"),
-        )
-        if cfg.on_history_rewrite not in HISTORY_REWRITE_CHOICES:
-            raise ValueError(f"react_agent config on_history_rewrite must be one of {HISTORY_REWRITE_CHOICES}, "
-                             f"got {cfg.on_history_rewrite!r}")
-        if not isinstance(cfg.graph_factory_kwargs, Mapping):
-            raise ValueError("react_agent config graph_factory_kwargs must be a mapping, got "
-                             f"{type(cfg.graph_factory_kwargs).__name__}")
-        return cfg
 
 
 @register("react_agent")

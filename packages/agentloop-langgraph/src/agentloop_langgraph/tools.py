@@ -19,10 +19,9 @@ from langchain_core.tools import BaseTool as LangChainBaseTool
 from langchain_core.tools import ToolException
 from pydantic import ConfigDict, Field
 
-from agentloop_tools.agent_loop import truncate_text
 from agentloop_tools.base import BaseTool
-from agentloop_tools.loop_config import TruncateSide
 from agentloop_tools.schema import ToolResponse
+from agentloop_tools.truncation import TruncateSide, truncate_text
 
 
 class AgentLoopTool(LangChainBaseTool):

@@ -12,7 +12,7 @@ from agentloop_core.parsers import (
     register_tool_parser,
     tool_parser_names,
 )
-from agentloop_tools.agent_loop import AgentState, ToolAgentConfig, ToolAgentLoop, truncate_text
+from agentloop_tools.agent_loop import AgentState, ToolAgentLoop
 from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import Gsm8kTool, PythonSandboxTool, calculator, evaluate_expression
 from agentloop_tools.function_tool import FunctionTool, function_tool
@@ -24,9 +24,15 @@ from agentloop_tools.interaction import (
     load_interactions,
 )
 from agentloop_tools.load_tools import load_tools
-from agentloop_tools.loop_config import check_loop_config_keys
+from agentloop_tools.loop_config import (
+    ToolAgentConfig,
+    ToolLoopSettings,
+    check_loop_config_keys,
+    loop_setting,
+)
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 from agentloop_tools.sync_pool import SyncToolPool, SyncToolPoolFullError
+from agentloop_tools.truncation import truncate_text
 
 __all__ = [
     "AgentState",
@@ -45,6 +51,7 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolKwargsError",
+    "ToolLoopSettings",
     "ToolParser",
     "ToolResponse",
     "calculator",
@@ -56,6 +63,7 @@ __all__ = [
     "load_interaction_config",
     "load_interactions",
     "load_tools",
+    "loop_setting",
     "register_tool_parser",
     "tool_parser_names",
     "truncate_text",

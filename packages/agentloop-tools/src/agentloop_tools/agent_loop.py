@@ -40,7 +40,6 @@ from agentloop_core.registry import register
 from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction, select_interaction
 from agentloop_tools.loop_config import (
-    LOOP_CONFIG_CHOICES,
     ToolAgentConfig,
     TruncateSide,
     check_loop_config_keys,
@@ -48,11 +47,11 @@ from agentloop_tools.loop_config import (
     resolve_interactions,
     resolve_tools,
 )
+from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
 from agentloop_tools.schema import ToolResponse
+from agentloop_tools.truncation import TRUNCATION_MARKER, truncate_text
 
 logger = logging.getLogger(__name__)
-
-TRUNCATION_MARKER = "...(truncated)..."
 
 
 class AgentState(enum.Enum):
@@ -63,72 +62,6 @@ class AgentState(enum.Enum):
     PROCESSING_TOOLS = "processing_tools"
     INTERACTING = "interacting"
     TERMINATED = "terminated"
-
-
-def truncate_text(text: str, limit: int, side: TruncateSide) -> str:
-    """Keep at most ``limit`` characters of ``text``, marking the cut.
-
-    Args:
-        text: The tool response.
-        limit: Characters of ``text`` to keep.
-        side: ``left`` keeps the tail, ``right`` the head, ``middle`` both ends.
-    """
-    if len(text) <= limit:
-        return text
-    if side == "left":
-        return TRUNCATION_MARKER + text[len(text) - limit :]
-    if side == "right":
-        return text[:limit] + TRUNCATION_MARKER
-    head = limit // 2
-    return text[:head] + TRUNCATION_MARKER + text[len(text) - (limit - head) :]
-
-
-def _stop_token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> tuple[int, ...]:
-    ids = []
-    vocab = tokenizer.get_vocab()
-    for token in tokens:
-        if token in vocab:
-            ids.append(vocab[token])
-        else:
-            # A llama3 parser over a non-llama tokenizer: EOS still ends the turn.
-            logger.debug("tool parser stop token %r is not in the tokenizer's vocabulary", token)
-    return tuple(ids)
-
-
-_TEMPLATES_WITH_TOOLS: set[tuple[int, str]] = set()
-
-
-def _check_template_renders_tools(renderer: Any, names: list[str]) -> None:
-    """Fail before any rollout when the chat template ignores ``tools=``: the model would never
-    see the tool schemas, and every trajectory would be wasted compute.
-
-    Raises:
-        ValueError: naming the tools and the fix.
-    """
-    key = (id(renderer.processor), str(renderer.chat_template or getattr(renderer.processor, "chat_template", "")))
-    if key in _TEMPLATES_WITH_TOOLS:  # checked once per tokenizer and template, not per sample
-        return
-    probe = [{"role": "user", "content": "hi"}]
-    with_tools = renderer.render_text(probe, add_generation_prompt=True)
-    saved, renderer.tools = renderer.tools, None
-    try:
-        without = renderer.render_text(probe, add_generation_prompt=True)
-    except Exception as exc:  # noqa: BLE001 - only a failure inside the template is an answer
-        from agentloop_core.tokenization.template_errors import raised_by_template
-
-        if not raised_by_template(exc):
-            raise
-        without = None  # a template that cannot render without tools certainly reads them
-    finally:
-        renderer.tools = saved
-    if with_tools == without:
-        raise ValueError(
-            f"tool_agent has tools {names} but the chat template ignores tools= (rendering with and "
-            "without them gives the same text), so the model would never see the tool schemas; use "
-            "a model whose chat template renders tools, or pass a tool-aware template via the "
-            "tokenizer's chat_template"
-        )
-    _TEMPLATES_WITH_TOOLS.add(key)
 
 
 @dataclass
@@ -213,9 +146,9 @@ class ToolAgentLoop(AgentLoopBase):
             apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
             delta_strategy=self.settings.delta_strategy,
         )
-        self.stop_token_ids = _stop_token_ids(tokenizer, self.parser.stop_tokens)
+        self.stop_token_ids = stop_token_ids(tokenizer, self.parser.stop_tokens)
         if schemas:
-            _check_template_renders_tools(self.renderer, sorted(self.tools))
+            check_template_renders_tools(self.renderer, sorted(self.tools))
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
         """Roll out one trajectory; see the class docstring for the row keys.
@@ -480,10 +413,11 @@ class ToolAgentLoop(AgentLoopBase):
                 logger.warning("interaction finalize failed: %s: %s", type(exc).__name__, exc)
 
 
-# The config names (LOOP_CONFIG_CHOICES ... resolve_tools) live in loop_config; they stay
-# importable from here for code written before the split.
+# The config names (ToolAgentConfig ... resolve_tools) live in loop_config, truncate_text in
+# truncation; they stay importable from here for code written before the split (the trainer
+# imports check_loop_config_keys and resolve_tools from here).
 __all__ = [
-    "LOOP_CONFIG_CHOICES",
+    "TRUNCATION_MARKER",
     "AgentState",
     "ToolAgentConfig",
     "ToolAgentLoop",
@@ -494,3 +428,11 @@ __all__ = [
     "resolve_tools",
     "truncate_text",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LOOP_CONFIG_CHOICES":
+        from agentloop_tools.loop_config import deprecated_loop_config_choices
+
+        return deprecated_loop_config_choices(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

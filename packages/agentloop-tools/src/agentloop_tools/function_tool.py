@@ -172,12 +172,13 @@ class FunctionTool(BaseTool):
         if not self._is_async:
             self._pool = SyncToolPool(self.max_sync_threads, self.name)
 
+    @property
     def sync_pool_stats(self) -> dict[str, int]:
-        """The sync pool's ``threads``, ``started``, ``busy``, ``stuck`` and ``rejected`` counts
-        (see :meth:`SyncToolPool.stats`); all zero for an async function."""
+        """A snapshot of the sync pool's ``threads``, ``started``, ``busy``, ``stuck`` and ``rejected`` counts
+        (see :attr:`SyncToolPool.stats`); all zero for an async function."""
         if self._pool is None:
             return {"threads": 0, "started": 0, "busy": 0, "stuck": 0, "rejected": 0}
-        return self._pool.stats()
+        return self._pool.stats
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the wrapped function directly (handy in unit tests)."""
@@ -252,7 +253,7 @@ class FunctionTool(BaseTool):
             result = await self._pool.run(self.fn, **arguments)
             if inspect.isawaitable(result):
                 result = await result
-            stuck = self._pool.stats()["stuck"]
+            stuck = self._pool.stats["stuck"]
         response, reward, metrics = normalize_tool_result(result, tool_name=self.name)
         if stuck:
             # Threads of this tool still held by calls that timed out (summed per trajectory).

@@ -108,8 +108,9 @@ class SyncToolPool(concurrent.futures.Executor):
                 future.add_done_callback(self._unstick)
             raise
 
+    @property
     def stats(self) -> dict[str, int]:
-        """``threads`` (the bound), ``started``, ``busy`` (queued or running calls), ``stuck``
+        """A snapshot: ``threads`` (the bound), ``started``, ``busy`` (queued or running calls), ``stuck``
         (running calls that were abandoned) and ``rejected`` (calls refused because all were stuck)."""
         with self._lock:
             return {"threads": self.max_threads, "started": len(self._threads), "busy": self._pending,

@@ -97,7 +97,7 @@ def tool_parameters(spec: Any) -> dict[str, Any] | None:
     """The ``parameters`` JSON schema of a tool spec (any form :func:`tool_function` accepts),
     or None when it declares none."""
     function = tool_function(spec)
-    parameters = function.get("parameters") if function is not None else None
+    parameters: Any = function.get("parameters") if function is not None else None
     if hasattr(parameters, "model_dump"):
         parameters = parameters.model_dump(exclude_none=True)
     return dict(parameters) if isinstance(parameters, Mapping) else None

@@ -65,7 +65,7 @@ class ChunkStats:
 
 def death_errors() -> tuple[type[BaseException], ...]:
     """The Ray exception types that mean the worker is gone (not that its code raised)."""
-    import ray
+    import ray.exceptions  # the submodule by name: ``import ray`` binds it only as a side effect
 
     return tuple(t for n in _DEATH_ERRORS if (t := getattr(ray.exceptions, n, None)) is not None)
 
@@ -93,6 +93,7 @@ class RayWorkerPool:
     ) -> None:
         try:
             import ray
+            import ray.exceptions
         except ImportError as exc:
             raise ImportError(_RAY_HINT) from exc
         if not ray.is_initialized():

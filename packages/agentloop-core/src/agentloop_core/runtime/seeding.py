@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.server_wrapper import TransparentServerWrapper
 
 __all__ = ["SeededServer", "derive_seed", "sample_seed_scope"]
 
@@ -68,7 +69,7 @@ def sample_seed_scope(key: str) -> Iterator[None]:
         _SAMPLE.reset(token)
 
 
-class SeededServer:
+class SeededServer(TransparentServerWrapper):
     """Wraps an ``AsyncServer`` and fills in a per-trajectory ``seed`` on ``generate``.
 
     Everything else (``abort``, ``sleep``, ``update_weights``, ``capabilities``, engine
@@ -82,14 +83,9 @@ class SeededServer:
     def __init__(self, server: Any, sampling_seed: int) -> None:
         if isinstance(sampling_seed, bool) or not isinstance(sampling_seed, int):
             raise ValueError(f"sampling_seed must be an integer or None, got {sampling_seed!r}")
-        self.server = server
+        super().__init__(server)
         self.sampling_seed = sampling_seed
         self._fallback_calls: collections.OrderedDict[str, int] = collections.OrderedDict()
-
-    @property
-    def capabilities(self) -> Any:
-        """The wrapped server's capabilities."""
-        return self.server.capabilities
 
     def seed_for(self, request_id: str) -> int:
         """The seed of the next call of the current sample (or of ``request_id`` outside one)."""
@@ -116,9 +112,3 @@ class SeededServer:
         if sp.seed is None:
             sp = sp.replace(seed=self.seed_for(request_id))
         return await self.server.generate(request_id, prompt_ids, sp)
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes not defined here: abort, sleep, chat_completion, ...
-        if name == "server":  # during unpickling, before __dict__ is filled
-            raise AttributeError(name)
-        return getattr(self.server, name)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.request_checks import validate_request
+from agentloop_core.testing.tiny_tokenizer import VOCAB_SIZE as TINY_VOCAB_SIZE
 
 Script = Callable[[str, list[int], int], Sequence[int]]
 """(request_id, prompt_ids, call_index_for_this_request) -> token ids to return."""
@@ -33,11 +35,18 @@ class ScriptedCall:
 class ScriptedServer:
     """Returns scripted (or prompt-seeded pseudo-random) token ids with deterministic log-probs.
 
+    Requests are validated exactly as the real engines validate them
+    (:func:`agentloop_core.request_checks.validate_request`): a bad prompt or sampling parameter
+    raises the same ValueError, and ``max_tokens`` is clamped to what fits in ``max_model_len``.
+
     Args:
         script: A list of replies used in order (shared across requests), or a callable
             ``(request_id, prompt_ids, call_index) -> ids``. None: pseudo-random ids seeded by
             the prompt, so equal prompts give equal outputs.
-        vocab_size: Range of pseudo-random ids.
+        vocab_size: Number of valid token ids (prompt and stop ids must lie in
+            ``[0, vocab_size)``), and the range of pseudo-random ids. The default is the tiny
+            tokenizer's, which is what the tiny model (and so a real engine) has.
+        max_model_len: Context length in tokens (prompt + generated), as a real engine's.
         eos_token_id: Appended to scripted replies when ``append_eos`` and they lack it; ends
             pseudo-random generation when drawn.
         latency_s: Simulated engine time per call.
@@ -49,7 +58,8 @@ class ScriptedServer:
         self,
         script: Sequence[Sequence[int]] | Script | None = None,
         *,
-        vocab_size: int = 600,
+        vocab_size: int = TINY_VOCAB_SIZE,
+        max_model_len: int = 4096,
         eos_token_id: int | None = None,
         append_eos: bool = False,
         latency_s: float = 0.0,
@@ -57,6 +67,7 @@ class ScriptedServer:
         self._script = script
         self._next = 0
         self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
         self.eos_token_id = eos_token_id
         self.append_eos = append_eos
         self.latency_s = latency_s
@@ -82,18 +93,27 @@ class ScriptedServer:
             ids.append(self.eos_token_id)
         return ids
 
+    def validate_request(
+        self,
+        prompt_ids: Sequence[int],
+        sampling_params: Mapping[str, Any] | SamplingParams | None,
+    ) -> SamplingParams:
+        """The real engines' request checks (``AsyncServerBase.validate_request``)."""
+        return validate_request(
+            prompt_ids, sampling_params, vocab_size=self.vocab_size, max_model_len=self.max_model_len
+        )
+
     async def generate(
         self,
         request_id: str,
         prompt_ids: list[int],
-        sampling_params: Mapping[str, Any] | SamplingParams,
+        sampling_params: Mapping[str, Any] | SamplingParams | None = None,
     ) -> TokenOutput:
-        sp = SamplingParams.from_mapping(sampling_params)
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty; render at least one message before generate")
+        sp = self.validate_request(prompt_ids, sampling_params)
+        prompt_ids = [int(t) for t in prompt_ids]
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
-        ids = self._reply(request_id, list(prompt_ids), sp)
+        ids = self._reply(request_id, prompt_ids, sp)
         stops = set(sp.stop_token_ids)
         if self.eos_token_id is not None and not sp.ignore_eos:
             stops.add(self.eos_token_id)

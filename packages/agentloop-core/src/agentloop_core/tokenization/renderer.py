@@ -21,7 +21,7 @@ from agentloop_core.tokenization.template_errors import (
 logger = logging.getLogger(__name__)
 
 DeltaStrategy = Literal["auto", "history", "short"]
-DELTA_STRATEGIES: tuple[str, ...] = ("auto", "history", "short")
+DELTA_STRATEGIES: tuple[DeltaStrategy, ...] = ("auto", "history", "short")
 VERIFY_DELTAS = 3
 """``auto``: deltas of one shape computed both ways (and equal) before the short way is trusted."""
 
@@ -199,7 +199,7 @@ class ChatRenderer:
             )
         if delta_strategy not in DELTA_STRATEGIES:
             raise ValueError(f"delta_strategy={delta_strategy!r}; use one of {', '.join(DELTA_STRATEGIES)}")
-        self.delta_strategy = delta_strategy
+        self.delta_strategy: DeltaStrategy = delta_strategy
         self.tools = copy.deepcopy(tools) if tools else None
         self.chat_template = chat_template
         self.use_inference_chat_template = use_inference_chat_template

@@ -36,9 +36,9 @@ class Row:
     """Prepared per-row sampler settings (temperature, filters, RNG)."""
     stop_ids: frozenset[int]
     """Ids that end this row: the request's stop ids plus EOS unless ``ignore_eos``."""
-    on_done: Callable[[TokenOutput], None]
+    on_done: Callable[[TokenOutput], object]
     """Called exactly once with the result (from the worker thread or the event loop)."""
-    on_error: Callable[[BaseException], None]
+    on_error: Callable[[BaseException], object]
     """Called instead of ``on_done`` when the engine fails while serving this row."""
     token_ids: list[int] = field(default_factory=list)
     """Tokens generated so far."""
@@ -167,8 +167,9 @@ class DecodeBatch:
             if r.aborted:
                 r.finish("aborted")
                 continue
-            if errors[j] is not None:
-                r.fail(errors[j])
+            error = errors[j]
+            if error is not None:
+                r.fail(error)
                 continue
             tok = tok_list[j]
             r.token_ids.append(tok)

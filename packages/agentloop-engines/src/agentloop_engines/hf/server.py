@@ -16,7 +16,7 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
 from agentloop_engines.base import AsyncServerBase
@@ -96,6 +96,10 @@ class HFServer(AsyncServerBase):
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; use device='cpu'")
         torch_dtype = self._dtype(dtype)
+        # Any causal LM: a transformers model or the caller's own object (transformers' annotation
+        # of ``PreTrainedModel.to`` rejects a device); None once closed, which every entry point
+        # checks first (``_ensure_scheduler``).
+        self.model: Any
         if isinstance(model_path_or_model, (str, Path)):
             path = str(model_path_or_model)
             self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype or torch.float32)
@@ -280,11 +284,13 @@ class HFServer(AsyncServerBase):
 
     def _decode(self, batch: DecodeBatch) -> DecodeBatch | None:
         # Several steps per thread hop, but hand control back as soon as requests are waiting.
+        running: DecodeBatch | None = batch
         for _ in range(self.steps_per_hop):
-            batch = batch.step(self.model, self.stats)
-            if batch is None or self._pending:
+            running = batch.step(self.model, self.stats)
+            if running is None or self._pending:
                 break
-        return batch
+            batch = running
+        return running
 
     async def abort(self, request_id: str) -> None:
         """Stop every in-flight request with ``request_id``.
@@ -315,6 +321,8 @@ class HFServer(AsyncServerBase):
         """
         self._ensure_scheduler()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        # pyright narrows the Iterable[tuple] arm by isinstance(..., Mapping) to Mapping[tuple, Unknown]:
+        items = cast("Iterable[tuple[str, Any]]", items)
         async with self._drained():
             await asyncio.to_thread(self._load_weights, items)
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.server_wrapper import ServerWrapper
 from agentloop_engines.hosting.cluster import _remote_class, import_ray
 
 __all__ = ["ClientActor", "RemoteClient", "client_actor", "local_client"]
@@ -33,37 +34,26 @@ def local_client(handles: Sequence[Any], **client_kwargs: Any) -> Any:
     return LLMServerClient(list(handles), **client_kwargs)
 
 
-class ClientActor:
-    """Body of the Ray async actor hosting one shared ``LLMServerClient``."""
+class ClientActor(ServerWrapper):
+    """Body of the Ray async actor hosting one shared ``LLMServerClient`` (``self.server``)."""
 
     def __init__(self, handles: Sequence[Any], client_kwargs: Mapping[str, Any]) -> None:
         from agentloop_engines.client import LLMServerClient
 
-        self.client = LLMServerClient(list(handles), **dict(client_kwargs))
+        super().__init__(LLMServerClient(list(handles), **dict(client_kwargs)))
+
+    @property
+    def client(self) -> Any:
+        """The hosted ``LLMServerClient``."""
+        return self.server
 
     async def get_capabilities(self) -> ServerCapabilities:
         return self.client.capabilities
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None) -> TokenOutput:
-        return await self.client.generate(request_id, prompt_ids, sampling_params)
-
     async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
         return await self.client.chat_completion(request)
 
-    async def abort(self, request_id: str) -> None:
-        await self.client.abort(request_id)
-
-    async def sleep(self) -> None:
-        await self.client.sleep()
-
-    async def wake_up(self) -> None:
-        await self.client.wake_up()
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        await self.client.update_weights(named_tensors)
-
-    async def stats(self) -> dict[str, Any]:
+    async def get_stats(self) -> dict[str, Any]:
         return self.client.stats
 
     async def mark_healthy(self, index: int) -> None:
@@ -123,7 +113,7 @@ class RemoteClient:
 
     async def get_stats(self) -> dict[str, Any]:
         """The shared client's ``stats`` snapshot (routing counters, in-flight, health)."""
-        return await self.actor.stats.remote()
+        return await self.actor.get_stats.remote()
 
     async def mark_healthy(self, index: int) -> None:
         """Put a replica back into the shared client's rotation."""

@@ -211,7 +211,8 @@ def _spread_matching(bundles: list[dict[str, float]], nodes: Mapping[str, Mappin
             if j in seen or not _fits(bundles[i], cap):
                 continue
             seen.add(j)
-            if owner[j] is None or augment(owner[j], seen):
+            holder = owner[j]
+            if holder is None or augment(holder, seen):
                 owner[j] = i
                 return True
         return False

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import ServerCapabilities
+from agentloop_core.server_wrapper import ServerWrapper
 from agentloop_engines.hosting.cluster import _remote_class, import_ray
 from agentloop_engines.hosting.placement import (
     bundle_for,
@@ -62,7 +63,7 @@ class ReplicaSet(list):
         return f"ReplicaSet({len(self)} x {self.name_prefix!r}-<i>{group})"
 
 
-class ServerActor:
+class ServerActor(ServerWrapper):
     """Body of a Ray async actor serving one engine.
 
     Not used directly: :func:`start_replicas` wraps it with ``ray.remote``. Its methods mirror
@@ -74,7 +75,7 @@ class ServerActor:
     """
 
     def __init__(self, factory: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        self.server = factory(*args, **kwargs)
+        super().__init__(factory(*args, **kwargs))
 
     async def ready(self) -> dict[str, Any]:
         """Returns once the engine is built: its pid, Ray node id and size facts, for logs."""
@@ -92,30 +93,9 @@ class ServerActor:
         """The engine's declared capabilities."""
         return self.server.capabilities
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None) -> TokenOutput:
-        """See ``AsyncServer.generate``."""
-        return await self.server.generate(request_id, prompt_ids, sampling_params)
-
     async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """See ``AsyncServerBase.chat_completion``."""
         return await self.server.chat_completion(request)
-
-    async def abort(self, request_id: str) -> None:
-        """See ``AsyncServer.abort``."""
-        await self.server.abort(request_id)
-
-    async def sleep(self) -> None:
-        """See ``AsyncServer.sleep``."""
-        await self.server.sleep()
-
-    async def wake_up(self) -> None:
-        """See ``AsyncServer.wake_up``."""
-        await self.server.wake_up()
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """See ``AsyncServer.update_weights``."""
-        await self.server.update_weights(named_tensors)
 
     async def close(self) -> None:
         """Close the engine (if it has a ``close``)."""

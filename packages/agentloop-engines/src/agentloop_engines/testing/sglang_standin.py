@@ -224,7 +224,11 @@ class StandInSGLangEngine:
     def _finished(self) -> None:
         self.running -= 1
 
-    async def async_generate(self, input_ids=None, sampling_params=None, return_logprob=False, rid=None):
+    async def async_generate(self, input_ids: list[int] | None = None, sampling_params: dict[str, Any] | None = None,
+                             return_logprob: bool = False, rid: str | None = None) -> dict[str, Any]:
+        if input_ids is None or sampling_params is None or rid is None:
+            # SGLang also takes text prompts and makes up rids; SGLangServer never relies on either.
+            raise TypeError("the SGLang stand-in serves token prompts only: pass input_ids, sampling_params and rid")
         self._check_alive()
         if asyncio.get_running_loop() is not self.loop:
             raise RuntimeError("async_generate awaited off engine.loop (the real engine hangs here)")

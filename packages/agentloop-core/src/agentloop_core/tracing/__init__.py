@@ -1,39 +1,34 @@
 """Rollout tracing: spans for each generate, tool call and reward.
 
-The tracer interface, the no-op tracer and redaction live in :mod:`agentloop_core.tracing_base`
-(re-exported here); this module picks a backend (JSONL, MLflow) by config.
+- :mod:`~agentloop_core.tracing.base`: the :class:`Tracer` interface, the no-op tracer and the
+  trace tags (:func:`trace_context`).
+- :mod:`~agentloop_core.tracing.redaction`: what counts as a secret and how it is masked.
+- :mod:`~agentloop_core.tracing.jsonl`, :mod:`~agentloop_core.tracing.mlflow`: the backends.
+
+:func:`make_tracer` picks a backend by config and imports it only then, so MLflow loads only
+for a run that traces to it.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-from agentloop_core.tracing_base import (
-    REDACTED,
-    NullTracer,
-    Tracer,
-    current_tags,
-    is_secret_key,
-    redact,
-    redact_text,
-    trace_context,
-)
+from agentloop_core.tracing.base import NullTracer, Tracer, current_tags, trace_context
+from agentloop_core.tracing.redaction import REDACTED, is_secret_key, redact, redact_text
 
 __all__ = [
+    "REDACTED",
+    "TRACER_BACKENDS",
+    "NullTracer",
+    "Tracer",
     "current_tags",
     "is_secret_key",
     "make_tracer",
-    "NullTracer",
     "redact",
     "redact_text",
-    "REDACTED",
     "trace_context",
-    "Tracer",
-    "TRACER_BACKENDS",
 ]
-
-
-# --- configuration -------------------------------------------------------------------------
 
 TRACER_BACKENDS = ("none", "jsonl", "mlflow")
 
@@ -63,11 +58,11 @@ def make_tracer(config: Any = None) -> Tracer:
             raise ValueError(f"tracing backend 'none' takes no options, got {sorted(options)}")
         return NullTracer()
     if backend == "jsonl":
-        from agentloop_core.tracing_jsonl import JsonlTracer
+        from agentloop_core.tracing.jsonl import JsonlTracer
 
         return _construct(JsonlTracer, backend, options)
     if backend == "mlflow":
-        from agentloop_core.tracing_mlflow import MLflowTracer
+        from agentloop_core.tracing.mlflow import MLflowTracer
 
         return _construct(MLflowTracer, backend, options)
     raise ValueError(
@@ -76,8 +71,6 @@ def make_tracer(config: Any = None) -> Tracer:
 
 
 def _construct(cls: type, backend: str, options: dict[str, Any]) -> Tracer:
-    import inspect
-
     valid = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(options) - set(valid))
     if unknown:

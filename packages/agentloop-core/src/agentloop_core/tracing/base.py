@@ -1,0 +1,84 @@
+"""The tracer interface: :class:`Tracer` (times spans, hands finished ones to ``emit``), the
+no-op :class:`NullTracer`, and the trace tags every span carries (:func:`trace_context`).
+
+Backends (:mod:`agentloop_core.tracing.jsonl`, :mod:`agentloop_core.tracing.mlflow`) subclass
+:class:`Tracer` and redact with :mod:`agentloop_core.tracing.redaction`; neither imports the
+package that picks them (:func:`agentloop_core.tracing.make_tracer`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from agentloop_core.tracing.redaction import span_secrets
+
+__all__ = ["NullTracer", "Tracer", "current_tags", "error_text", "trace_context"]
+
+# Never mutated in place (trace_context sets a new dict), so a shared empty default is safe.
+_TRACE_TAGS: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar(
+    "agentloop_trace_tags", default={}  # noqa: B039
+)
+
+
+@contextmanager
+def trace_context(**tags: Any) -> Iterator[None]:
+    """Tag every span opened inside (this asyncio task and its children) with ``tags``,
+    e.g. ``step``, ``sample_index``, ``rollout_n``."""
+    token = _TRACE_TAGS.set({**_TRACE_TAGS.get(), **tags})
+    try:
+        yield
+    finally:
+        _TRACE_TAGS.reset(token)
+
+
+def current_tags() -> dict[str, Any]:
+    """The tags :func:`trace_context` set around the caller (a copy)."""
+    return dict(_TRACE_TAGS.get())
+
+
+def error_text(exc: BaseException) -> str:
+    """How a span records an error: ``Type: message`` (redact it before storing)."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Tracer:
+    """Base tracer: times spans and hands finished ones to :meth:`emit`."""
+
+    @contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[dict[str, Any]]:
+        """Time a block. The yielded dict can be filled with more attributes inside the block."""
+        record: dict[str, Any] = {"name": name, **current_tags(), **attributes}
+        start_wall = time.time()
+        start = time.perf_counter()
+        with span_secrets(record):
+            try:
+                yield record
+            except BaseException as exc:
+                record["error"] = error_text(exc)
+                raise
+            finally:
+                record["start_time"] = start_wall
+                record["duration_s"] = time.perf_counter() - start
+                self.emit(record)
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """Store one finished span. Called inside the span's secret scope, so
+        :func:`redact_span` masks the secrets of enclosing spans too."""
+
+    def flush(self) -> None:
+        """Write buffered spans."""
+
+    def close(self) -> None:
+        self.flush()
+
+
+class NullTracer(Tracer):
+    """Times nothing, stores nothing."""
+
+    @contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[dict[str, Any]]:
+        yield {}

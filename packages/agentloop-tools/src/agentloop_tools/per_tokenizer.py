@@ -1,0 +1,101 @@
+"""What the tool loops work out once per tokenizer and reuse for every sample: the ids of the
+tool parser's stop tokens, and whether the chat template renders ``tools=``.
+
+A loop object is built per sample (4096 concurrent trajectories build 4096 loops), and
+``tokenizer.get_vocab()`` builds a fresh dict of the whole vocabulary each call: done per sample
+it was ~3% of the framework's time at that scale (``bench/bench_scale.py``).
+
+The caches hold their tokenizer weakly (``weakref.WeakKeyDictionary``): an entry goes away with
+its tokenizer, and a new tokenizer allocated where a freed one lived can never hit the old
+entry, as it could when entries were keyed by ``id()``. A tokenizer that cannot be weakly
+referenced or hashed is not cached; its answers are worked out each time.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+__all__ = ["check_template_renders_tools", "stop_token_ids"]
+
+logger = logging.getLogger(__name__)
+
+_Entry = TypeVar("_Entry")
+
+_STOP_TOKEN_IDS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_TEMPLATES_WITH_TOOLS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _entry(cache: weakref.WeakKeyDictionary[Any, _Entry], owner: Any, make: Callable[[], _Entry]) -> _Entry:
+    """``owner``'s entry in ``cache`` (created with ``make``), or a fresh unshared one when
+    ``owner`` cannot be a weak key."""
+    try:
+        entry = cache.get(owner)
+        if entry is None:
+            entry = cache[owner] = make()
+        return entry
+    except TypeError:  # no __weakref__ slot, or unhashable
+        return make()
+
+
+def stop_token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> tuple[int, ...]:
+    """The ids of ``tokens`` (a tool parser's ``stop_tokens``) in ``tokenizer``'s vocabulary,
+    in order; tokens the vocabulary lacks are left out (EOS still ends the turn).
+
+    Worked out once per tokenizer and token tuple: a vocabulary does not change during a
+    rollout.
+    """
+    tokens = tuple(tokens)
+    known = _entry(_STOP_TOKEN_IDS, tokenizer, dict)
+    ids = known.get(tokens)
+    if ids is None:
+        vocab = tokenizer.get_vocab()
+        for token in tokens:
+            if token not in vocab:
+                # A llama3 parser over a non-llama tokenizer: EOS still ends the turn.
+                logger.debug("tool parser stop token %r is not in the tokenizer's vocabulary", token)
+        ids = known[tokens] = tuple(vocab[t] for t in tokens if t in vocab)
+    return ids
+
+
+def check_template_renders_tools(renderer: Any, names: list[str], loop_name: str = "tool_agent") -> None:
+    """Fail before any rollout when the chat template ignores ``tools=``: the model would never
+    see the tool schemas, and every trajectory would be wasted compute.
+
+    Checked once per tokenizer (``renderer.processor``) and template.
+
+    Args:
+        renderer: The loop's ``ChatRenderer``, built with the tool schemas.
+        names: The loop's tool names, for the message.
+        loop_name: The loop, for the message.
+
+    Raises:
+        ValueError: naming the tools and the fix.
+    """
+    template = str(renderer.chat_template or getattr(renderer.processor, "chat_template", ""))
+    passed = _entry(_TEMPLATES_WITH_TOOLS, renderer.processor, set)
+    if template in passed:
+        return
+    probe = [{"role": "user", "content": "hi"}]
+    with_tools = renderer.render_text(probe, add_generation_prompt=True)
+    saved, renderer.tools = renderer.tools, None
+    try:
+        without = renderer.render_text(probe, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - only a failure inside the template is an answer
+        from agentloop_core.tokenization.template_errors import raised_by_template
+
+        if not raised_by_template(exc):
+            raise
+        without = None  # a template that cannot render without tools certainly reads them
+    finally:
+        renderer.tools = saved
+    if with_tools == without:
+        raise ValueError(
+            f"{loop_name} has tools {names} but the chat template ignores tools= (rendering with and "
+            "without them gives the same text), so the model would never see the tool schemas; use "
+            "a model whose chat template renders tools, or pass a tool-aware template via the "
+            "tokenizer's chat_template"
+        )
+    passed.add(template)
