@@ -5,6 +5,8 @@ Subclass a base class and define its one fixture, or run the no-code mode::
     pytest --pyargs agentloop_conformance --agentloop-tokenizer=PATH
 """
 
+from importlib.metadata import version as _distribution_version
+
 from agentloop_conformance._guard import guard_violations
 from agentloop_conformance.engine import (
     EngineConcurrencyTests,
@@ -15,9 +17,11 @@ from agentloop_conformance.engine import (
 )
 from agentloop_conformance.hooks import EngineTarget, hf_named_weights, hf_reference_log_probs
 
-__version__ = "0.3.0"
+__version__ = _distribution_version("agentloop-conformance")
+"""The installed distribution's version: pyproject.toml is its one source."""
 
 __all__ = [
+    "__version__",
     "EngineConcurrencyTests",
     "EngineConformanceTests",
     "EngineGenerationTests",

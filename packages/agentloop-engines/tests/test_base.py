@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop_core.protocol import AsyncServer, CapabilityNotSupported, SamplingParams, TokenOutput
+from agentloop_core.protocol import AsyncServer, CapabilityNotSupportedError, SamplingParams, TokenOutput
 from agentloop_core.testing import ScriptedServer
 from agentloop_engines.base import AsyncServerBase
 
@@ -102,7 +102,7 @@ def test_numpy_ints_are_accepted():
 async def test_optional_capabilities_raise_by_default():
     server = CountingServer()
     for call in (server.sleep(), server.wake_up(), server.update_weights([])):
-        with pytest.raises(CapabilityNotSupported, match="CountingServer does not support"):
+        with pytest.raises(CapabilityNotSupportedError, match="CountingServer does not support"):
             await call
     await server.abort("anything")  # documented no-op
     await server.close()

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from agentloop_core.protocol import CapabilityNotSupported, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import CapabilityNotSupportedError, ServerCapabilities, TokenOutput
 from agentloop_engines.client import LLMServerClient, NoHealthyReplicaError, is_replica_failure
 from agentloop_engines.routing import StickyLeastInFlightPolicy
 
@@ -303,7 +303,7 @@ async def test_capabilities_are_the_intersection_and_fan_out_reaches_all():
             FakeReplica("b", caps=ServerCapabilities(weight_update=True, sleep=False))]
     client = LLMServerClient(reps)
     assert client.capabilities.weight_update and not client.capabilities.sleep
-    with pytest.raises(CapabilityNotSupported, match=r"replicas \[1\].*sleep"):
+    with pytest.raises(CapabilityNotSupportedError, match=r"replicas \[1\].*sleep"):
         await client.sleep()
     await client.update_weights(("w", i) for i in range(3))  # a generator is materialised once
     assert reps[0].weights == reps[1].weights == [("w", 0), ("w", 1), ("w", 2)]

@@ -19,7 +19,7 @@ pytest.importorskip("safetensors", reason='weight sync needs pip install "agentl
 
 from agentloop_core.protocol import (  # noqa: E402
     AsyncServer,
-    CapabilityNotSupported,
+    CapabilityNotSupportedError,
     SamplingParams,
     ServerCapabilities,
     TokenOutput,
@@ -287,14 +287,14 @@ async def test_unsupported_capabilities_are_capability_not_supported(stack, remo
     scripted = ScriptedServer()
     server = await remote(stack.enter_context(ServerThread(scripted)).url, api_key=None)
     assert server.capabilities == scripted.capabilities
-    with pytest.raises(CapabilityNotSupported, match="weight_update"):
+    with pytest.raises(CapabilityNotSupportedError, match="weight_update"):
         await server.update_weights({"w": torch.zeros(2)})
     async with httpx.AsyncClient(base_url=server.base_url) as http:  # bypass HTTPServer's own check
         r = await http.post("/update_weights", content=serialize_weights({"w": torch.zeros(2)}))
         assert r.status_code == 501 and "weight_update" in r.json()["error"]["message"]
 
     flaky = await remote(stack.enter_context(ServerThread(FlakyEngine())).url, api_key=None)
-    with pytest.raises(CapabilityNotSupported, match="sleep"):
+    with pytest.raises(CapabilityNotSupportedError, match="sleep"):
         await flaky.sleep()
 
 

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentloop_core.protocol import CapabilityNotSupported, TokenOutput
+from agentloop_core.protocol import CapabilityNotSupportedError, TokenOutput
 from agentloop_engines.sglang_server import SGLangServer, _checkpoint_weight_names
 from agentloop_engines.testing import DEFAULT_EOS_TOKEN_ID as EOS
 from agentloop_engines.testing import DEFAULT_VOCAB_SIZE as VOCAB
@@ -253,7 +253,7 @@ async def test_prompt_and_budget_follow_sglang_limits(server, engine):
 async def test_sleep_is_declared_only_with_the_memory_saver(server, engine):
     """(e) Without SGLang's memory saver sleep frees nothing, so it is not declared."""
     assert server.capabilities.sleep is False and server.capabilities.weight_update
-    with pytest.raises(CapabilityNotSupported, match="enable_memory_saver=True"):
+    with pytest.raises(CapabilityNotSupportedError, match="enable_memory_saver=True"):
         await server.sleep()
     assert not engine.released
     with pytest.raises(ValueError, match="enable_memory_saver"):

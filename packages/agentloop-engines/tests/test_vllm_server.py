@@ -97,9 +97,9 @@ async def test_update_weights_changes_output_and_restoring_restores(server, tiny
 
 
 async def test_sleep_is_declared_unsupported_on_cpu(server):
-    from agentloop_core.protocol import CapabilityNotSupported
+    from agentloop_core.protocol import CapabilityNotSupportedError
 
     if server.capabilities.sleep:
         pytest.skip("this platform supports vLLM sleep mode; the CPU check does not apply")
-    with pytest.raises(CapabilityNotSupported):
+    with pytest.raises(CapabilityNotSupportedError):
         await server.sleep()

@@ -4,12 +4,15 @@ Importing this package never imports torch, ray or mlflow; the modules that need
 them on use.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from agentloop_core.batch import RolloutBatch, SequenceTooLongError
+from agentloop_core.deprecation import renamed_attributes
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import (
     AsyncServer,
-    CapabilityNotSupported,
+    CapabilityNotSupportedError,
     SamplingParams,
     ServerCapabilities,
     StopReason,
@@ -35,15 +38,17 @@ from agentloop_core.tracing import NullTracer, Tracer, make_tracer, trace_contex
 from agentloop_core.tracing.jsonl import JsonlTracer
 from agentloop_core.tracing.mlflow import MLflowTracer
 
-__version__ = "0.3.0"
+__version__ = _distribution_version("agentloop-core")
+"""The installed distribution's version: pyproject.toml is its one source."""
 
 __all__ = [
+    "__version__",
     "AgentLoopBase",
     "AgentLoopManager",
     "AgentLoopOutput",
     "AgentLoopWorker",
     "AsyncServer",
-    "CapabilityNotSupported",
+    "CapabilityNotSupportedError",
     "ChatRenderer",
     "JsonlTracer",
     "MLflowTracer",
@@ -69,3 +74,7 @@ __all__ = [
     "registered_names",
     "trace_context",
 ]
+
+
+__getattr__ = renamed_attributes(__name__, {
+    "CapabilityNotSupported": ("agentloop_core.CapabilityNotSupportedError", lambda: CapabilityNotSupportedError)})

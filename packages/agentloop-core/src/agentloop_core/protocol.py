@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from agentloop_core.deprecation import renamed_attributes
+
 StopReason = Literal["stop", "length", "aborted"]
 """Why generation ended: a stop token or EOS (``stop``), the token budget (``length``), or
 ``abort(request_id)`` (``aborted``)."""
@@ -207,5 +209,10 @@ class AsyncServer(Protocol):
         ...
 
 
-class CapabilityNotSupported(RuntimeError):
+class CapabilityNotSupportedError(RuntimeError):
     """An engine was asked for something its capabilities say it cannot do."""
+
+
+__getattr__ = renamed_attributes(__name__, {
+    "CapabilityNotSupported": ("agentloop_core.protocol.CapabilityNotSupportedError",
+                               lambda: CapabilityNotSupportedError)})

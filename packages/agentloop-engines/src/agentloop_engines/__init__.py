@@ -1,5 +1,6 @@
 """agentloop-engines: engine adapters and the load-balancing client."""
 
+from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING
 
 from agentloop_engines.base import AsyncServerBase
@@ -30,7 +31,11 @@ if TYPE_CHECKING:  # resolved lazily at run time, by __getattr__ below
     from agentloop_engines.sglang_server import SGLangServer
     from agentloop_engines.vllm_server import VLLMServer
 
+__version__ = _distribution_version("agentloop-engines")
+"""The installed distribution's version: pyproject.toml is its one source."""
+
 __all__ = [
+    "__version__",
     "AsyncServerBase", "HFServer", "build_tiny_model",
     "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "StickyLeastInFlightPolicy",
     "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",

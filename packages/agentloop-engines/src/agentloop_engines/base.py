@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from agentloop_core.protocol import (
-    CapabilityNotSupported,
+    CapabilityNotSupportedError,
     SamplingParams,
     ServerCapabilities,
     TokenOutput,
@@ -136,25 +136,25 @@ class AsyncServerBase(abc.ABC):
         """Release accelerator memory until :meth:`wake_up`.
 
         Raises:
-            CapabilityNotSupported: unless the adapter overrides it (``capabilities.sleep``).
+            CapabilityNotSupportedError: unless the adapter overrides it (``capabilities.sleep``).
         """
-        raise CapabilityNotSupported(f"{type(self).__name__} does not support sleep()")
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not support sleep()")
 
     async def wake_up(self) -> None:
         """Restore what :meth:`sleep` released.
 
         Raises:
-            CapabilityNotSupported: unless the adapter overrides it (``capabilities.sleep``).
+            CapabilityNotSupportedError: unless the adapter overrides it (``capabilities.sleep``).
         """
-        raise CapabilityNotSupported(f"{type(self).__name__} does not support wake_up()")
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not support wake_up()")
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights in place.
 
         Raises:
-            CapabilityNotSupported: unless the adapter overrides it (``capabilities.weight_update``).
+            CapabilityNotSupportedError: unless the adapter overrides it (``capabilities.weight_update``).
         """
-        raise CapabilityNotSupported(f"{type(self).__name__} does not support update_weights()")
+        raise CapabilityNotSupportedError(f"{type(self).__name__} does not support update_weights()")
 
     async def close(self) -> None:  # noqa: B027 - documented default
         """Release the engine's resources. The default has nothing to release."""

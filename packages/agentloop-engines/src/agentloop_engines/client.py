@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from agentloop_core.protocol import (
-    CapabilityNotSupported,
+    CapabilityNotSupportedError,
     SamplingParams,
     ServerCapabilities,
     TokenOutput,
@@ -242,10 +242,10 @@ class LLMServerClient:
         """Serve an OpenAI-style chat request on one replica (sticky on ``request_id``).
 
         Raises:
-            CapabilityNotSupported: when not every replica serves chat completions.
+            CapabilityNotSupportedError: when not every replica serves chat completions.
         """
         if not self.capabilities.chat_completion:
-            raise CapabilityNotSupported(
+            raise CapabilityNotSupportedError(
                 "not every replica supports chat_completion (capabilities.chat_completion=False)"
             )
         request_id = str(request.get("request_id") or f"chatcmpl-{uuid.uuid4().hex}")
@@ -332,7 +332,7 @@ class LLMServerClient:
         """Release accelerator memory on every healthy replica.
 
         Raises:
-            CapabilityNotSupported: unless every replica declares ``sleep``.
+            CapabilityNotSupportedError: unless every replica declares ``sleep``.
         """
         self._require("sleep")
         await self._fan_out("sleep")
@@ -349,7 +349,7 @@ class LLMServerClient:
         never serves stale weights; :meth:`mark_healthy` returns it once it has the weights.
 
         Raises:
-            CapabilityNotSupported: unless every replica declares ``weight_update``.
+            CapabilityNotSupportedError: unless every replica declares ``weight_update``.
         """
         self._require("weight_update")
         # Materialise once: a generator would be exhausted by the first replica; a state dict
@@ -369,7 +369,7 @@ class LLMServerClient:
     def _require(self, flag: str) -> None:
         if not getattr(self.capabilities, flag):
             lacking = [r.index for r in self._replicas if not getattr(r.capabilities, flag)]
-            raise CapabilityNotSupported(
+            raise CapabilityNotSupportedError(
                 f"replicas {lacking} do not declare capabilities.{flag}; the client supports only "
                 "what every replica supports"
             )

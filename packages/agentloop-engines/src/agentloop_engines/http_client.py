@@ -8,7 +8,7 @@ that run elsewhere (other hosts, or servers a trainer did not start)::
 
 It speaks the endpoints of :mod:`agentloop_engines.http_server`, and raises what an in-process
 engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 -> ``PermissionError``,
-501 -> ``CapabilityNotSupported``, 500 and unexpected statuses -> :class:`RemoteEngineError`.
+501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`RemoteEngineError`.
 A server that cannot be reached, a dropped connection, 502/503/504 ->
 :class:`ReplicaUnavailableError`, a ``ConnectionError``, so ``LLMServerClient`` takes the replica
 out of rotation and retries the request elsewhere; a read timeout (only with ``timeout_s``) ->
@@ -25,7 +25,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import fields
 from typing import Any
 
-from agentloop_core.protocol import CapabilityNotSupported, SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import (
+    CapabilityNotSupportedError,
+    SamplingParams,
+    ServerCapabilities,
+    TokenOutput,
+)
 
 __all__ = ["HTTPServer", "RemoteEngineError", "ReplicaUnavailableError", "serialize_weights"]
 
@@ -206,7 +211,7 @@ class HTTPServer:
         await self._request("POST", "/abort", json={"request_id": request_id})
 
     async def sleep(self) -> None:
-        """Ask the remote engine to release accelerator memory (501 -> CapabilityNotSupported)."""
+        """Ask the remote engine to release accelerator memory (501 -> CapabilityNotSupportedError)."""
         await self._request("POST", "/sleep")
 
     async def wake_up(self) -> None:
@@ -217,7 +222,7 @@ class HTTPServer:
         """Send new weights to the remote engine in one safetensors body (see :func:`serialize_weights`).
 
         Raises:
-            CapabilityNotSupported: the server does not declare ``weight_update`` (checked before
+            CapabilityNotSupportedError: the server does not declare ``weight_update`` (checked before
                 anything is serialised or sent).
             ValueError: the server refused the weights (an unknown name, a shape mismatch, or a
                 body over its ``max_weights_bytes``).
@@ -225,7 +230,7 @@ class HTTPServer:
         if self._health is None:
             await self.connect()
         if not self.capabilities.weight_update:
-            raise CapabilityNotSupported(f"the engine at {self.base_url} does not declare "
+            raise CapabilityNotSupportedError(f"the engine at {self.base_url} does not declare "
                                          "capabilities.weight_update; it cannot load new weights")
         # Serialising copies every tensor to host memory: keep that off the event loop.
         body = await asyncio.to_thread(serialize_weights, named_tensors)
@@ -289,7 +294,7 @@ class HTTPServer:
                    "the server needs an API key: pass HTTPServer(..., api_key=...)")
             raise PermissionError(f"{what}: 401 {message}; {fix}")
         if status == 501:
-            raise CapabilityNotSupported(message)
+            raise CapabilityNotSupportedError(message)
         if status in (502, 503, 504):
             raise ReplicaUnavailableError(f"{what}: HTTP {status}: {message}")
         hint = "; is it an agentloop engine server of a matching version?" if status == 404 else ""

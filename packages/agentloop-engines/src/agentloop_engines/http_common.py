@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_core.protocol import CapabilityNotSupported
+from agentloop_core.protocol import CapabilityNotSupportedError
 
 logger = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def error_response(status: int, message: str, code: str) -> Any:
 
 
 def install_error_handlers(app: Any, extra: Mapping[type[BaseException], tuple[int, str]] | None = None) -> None:
-    """Answer errors in OpenAI's shape: ValueError and invalid bodies 400, CapabilityNotSupported
+    """Answer errors in OpenAI's shape: ValueError and invalid bodies 400, CapabilityNotSupportedError
     501, HTTP errors with their status (401 ``unauthorized``), anything else 500 with its message.
 
     Args:
@@ -337,8 +337,8 @@ def install_error_handlers(app: Any, extra: Mapping[type[BaseException], tuple[i
         parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
         return error_response(400, "invalid request body: " + "; ".join(parts), "invalid_request")
 
-    @app.exception_handler(CapabilityNotSupported)
-    async def on_unsupported(request: Any, exc: CapabilityNotSupported) -> Any:
+    @app.exception_handler(CapabilityNotSupportedError)
+    async def on_unsupported(request: Any, exc: CapabilityNotSupportedError) -> Any:
         return error_response(501, str(exc), "not_supported")
 
     # Starlette's base class: FastAPI raises it (not its own subclass) for unparseable bodies,

@@ -36,7 +36,7 @@ import asyncio
 import logging
 from typing import Any
 
-from agentloop_core.protocol import CapabilityNotSupported
+from agentloop_core.protocol import CapabilityNotSupportedError
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -134,7 +134,7 @@ def create_app(server: Any, *, api_key: str | None = None,
     @app.post(_WEIGHTS_PATH)
     async def update_weights(request: Request) -> dict[str, Any]:
         if not getattr(server.capabilities, "weight_update", False):
-            raise CapabilityNotSupported(
+            raise CapabilityNotSupportedError(
                 f"{type(server).__name__} does not load new weights (capabilities.weight_update=False)")
         tensors = await asyncio.to_thread(_load_safetensors, await request.body())
         try:
@@ -161,7 +161,7 @@ def create_app(server: Any, *, api_key: str | None = None,
         @app.post("/v1/chat/completions")
         async def chat_completions(body: dict[str, Any]) -> dict[str, Any]:
             if not getattr(server.capabilities, "chat_completion", False) or not hasattr(server, "chat_completion"):
-                raise CapabilityNotSupported(
+                raise CapabilityNotSupportedError(
                     f"{type(server).__name__} does not serve chat completions (capabilities.chat_completion"
                     "=False); use POST /generate with token ids"
                 )
@@ -190,7 +190,7 @@ async def _call_optional(server: Any, method: str) -> None:
     # An AsyncServer without the method (a minimal protocol implementation) cannot do it:
     # that is a 501, not an AttributeError turned into a 500.
     if not callable(getattr(server, method, None)):
-        raise CapabilityNotSupported(f"{type(server).__name__} has no {method}()")
+        raise CapabilityNotSupportedError(f"{type(server).__name__} has no {method}()")
     await getattr(server, method)()
 
 

@@ -47,7 +47,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.protocol import CapabilityNotSupported, SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import (
+    CapabilityNotSupportedError,
+    SamplingParams,
+    ServerCapabilities,
+    TokenOutput,
+)
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.engine_loop import EngineLoopThread
 
@@ -356,7 +361,7 @@ class SGLangServer(AsyncServerBase):
 
     def _require_memory_saver(self) -> None:
         if not self.capabilities.sleep:
-            raise CapabilityNotSupported(
+            raise CapabilityNotSupportedError(
                 "SGLang frees memory on sleep only with its memory saver: create the engine with "
                 "enable_memory_saver=True (SGLangServer(model_path=..., enable_memory_saver=True))"
             )
@@ -365,7 +370,7 @@ class SGLangServer(AsyncServerBase):
         """Release GPU memory (weights and KV cache) until :meth:`wake_up`; requests wait.
 
         Raises:
-            CapabilityNotSupported: when the engine runs without the memory saver.
+            CapabilityNotSupportedError: when the engine runs without the memory saver.
             RuntimeError: when SGLang stays busy past ``flush_timeout_s``.
         """
         self._require_memory_saver()

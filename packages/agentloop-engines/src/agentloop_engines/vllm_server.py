@@ -18,7 +18,12 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
-from agentloop_core.protocol import CapabilityNotSupported, SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import (
+    CapabilityNotSupportedError,
+    SamplingParams,
+    ServerCapabilities,
+    TokenOutput,
+)
 from agentloop_engines.base import AsyncServerBase
 
 __all__ = ["VLLMServer"]
@@ -191,14 +196,14 @@ class VLLMServer(AsyncServerBase):
     async def sleep(self) -> None:
         """Release weights and KV cache (GPU platforms only)."""
         if not self.capabilities.sleep:
-            raise CapabilityNotSupported("vLLM sleep mode is not supported on this platform")
+            raise CapabilityNotSupportedError("vLLM sleep mode is not supported on this platform")
         await self.engine.reset_prefix_cache()
         await self.engine.sleep(level=1)
 
     async def wake_up(self) -> None:
         """Restore what :meth:`sleep` released."""
         if not self.capabilities.sleep:
-            raise CapabilityNotSupported("vLLM sleep mode is not supported on this platform")
+            raise CapabilityNotSupportedError("vLLM sleep mode is not supported on this platform")
         await self.engine.wake_up()
 
     async def close(self) -> None:

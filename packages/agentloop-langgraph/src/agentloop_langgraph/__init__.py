@@ -7,6 +7,9 @@ rewrote its history (``on_history_rewrite``). ``agentloop_langgraph.examples`` h
 graphs a config can name by import path.
 """
 
+from importlib.metadata import version as _distribution_version
+
+from agentloop_core.deprecation import renamed_attributes
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel, TrajectorySession
 from agentloop_langgraph.graph import GraphFactory, default_graph_factory, load_graph_factory
 from agentloop_langgraph.loop import ReactAgentConfig, ReactAgentLoop
@@ -14,12 +17,16 @@ from agentloop_langgraph.messages import (
     METADATA_KEY,
     HistoryRewrite,
     HistoryRewrittenError,
-    RolloutLimitReached,
+    RolloutLimitReachedError,
     to_chat_dict,
 )
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 
+__version__ = _distribution_version("agentloop-langgraph")
+"""The installed distribution's version: pyproject.toml is its one source."""
+
 __all__ = [
+    "__version__",
     "METADATA_KEY",
     "REQUEST_ID_KEY",
     "AgentLoopTool",
@@ -29,10 +36,14 @@ __all__ = [
     "HistoryRewrittenError",
     "ReactAgentConfig",
     "ReactAgentLoop",
-    "RolloutLimitReached",
+    "RolloutLimitReachedError",
     "TrajectorySession",
     "default_graph_factory",
     "load_graph_factory",
     "to_chat_dict",
     "to_langchain_tool",
 ]
+
+
+__getattr__ = renamed_attributes(__name__, {
+    "RolloutLimitReached": ("agentloop_langgraph.RolloutLimitReachedError", lambda: RolloutLimitReachedError)})

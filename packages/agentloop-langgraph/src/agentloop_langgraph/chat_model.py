@@ -40,7 +40,7 @@ from agentloop_langgraph.messages import (
     HistoryRewrite,
     HistoryRewrittenError,
     Recorded,
-    RolloutLimitReached,
+    RolloutLimitReachedError,
     calls_signature,
     check_extension,
     content_text,
@@ -163,7 +163,7 @@ class ChatModel(BaseChatModel):
     segment is one training row of that width; None: no budget."""
     prompt_length: int | None = None
     """Longest accepted rendered prompt in tokens, of the first segment (a longer one is an
-    error) and of later ones (a longer one ends the episode: ``RolloutLimitReached``); None:
+    error) and of later ones (a longer one ends the episode: ``RolloutLimitReachedError``); None:
     no limit."""
     max_assistant_turns: int | None = None
     """Most generations per trajectory, all segments together (so a graph that keeps
@@ -354,7 +354,7 @@ class ChatModel(BaseChatModel):
                 delta = trajectory.preview_messages(chats)  # append_messages reuses it
                 if len(trajectory.response_ids) + len(delta) >= self.response_length:
                     # Cutting the delta would end the trajectory mid-turn; leaving it out ends cleanly.
-                    raise RolloutLimitReached(
+                    raise RolloutLimitReachedError(
                         "response_length", f"request {session.request_id}: the {len(new)} new messages "
                         f"({len(delta)} tokens) leave no room in response_length={self.response_length}")
             trajectory.append_messages(chats)
@@ -370,7 +370,7 @@ class ChatModel(BaseChatModel):
         self._check_turn_limit(session)
         trajectory = self._render_segment(messages, tools, tools_key)
         if self.prompt_length is not None and len(trajectory.prompt_ids) > self.prompt_length:
-            raise RolloutLimitReached(
+            raise RolloutLimitReachedError(
                 "prompt_length", f"request {session.request_id}: the rewritten history starts a segment whose "
                 f"prompt has {len(trajectory.prompt_ids)} tokens, more than prompt_length={self.prompt_length}")
         logger.debug("request %s: segment %d starts: %s", session.request_id, len(session.segments), reason)
@@ -386,7 +386,7 @@ class ChatModel(BaseChatModel):
 
     def _check_turn_limit(self, session: TrajectorySession) -> None:
         if self.max_assistant_turns is not None and session.num_generations >= self.max_assistant_turns:
-            raise RolloutLimitReached(
+            raise RolloutLimitReachedError(
                 "max_assistant_turns", f"request {session.request_id}: max_assistant_turns="
                 f"{self.max_assistant_turns} model turns reached")
 
@@ -397,7 +397,7 @@ class ChatModel(BaseChatModel):
         if self.response_length is not None:
             remaining = self.response_length - len(trajectory.response_ids)
             if remaining < 1:
-                raise RolloutLimitReached("response_length", f"request {session.request_id}: "
+                raise RolloutLimitReachedError("response_length", f"request {session.request_id}: "
                                           f"response_length={self.response_length} tokens used")
             cap = params.max_tokens if "max_tokens" in self.sampling_params else remaining
             params = params.replace(max_tokens=min(cap, remaining))

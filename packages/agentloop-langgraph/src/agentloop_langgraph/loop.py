@@ -22,7 +22,7 @@ from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
 from agentloop_langgraph.graph import load_graph_factory
-from agentloop_langgraph.messages import HistoryRewrite, HistoryRewrittenError, RolloutLimitReached
+from agentloop_langgraph.messages import HistoryRewrite, HistoryRewrittenError, RolloutLimitReachedError
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
 from agentloop_tools.loop_config import ToolLoopSettings, loop_setting, resolve_tools
@@ -148,7 +148,7 @@ class ReactAgentLoop(AgentLoopBase):
                       "configurable": {REQUEST_ID_KEY: request_id}}
             with self.tracer.span("graph", request_id=request_id):
                 await graph.ainvoke({"messages": [dict(m) for m in messages]}, config=config)
-        except RolloutLimitReached as exc:
+        except RolloutLimitReachedError as exc:
             termination = exc.reason
         except HistoryRewrittenError as exc:
             logger.warning("react_agent sample failed: %s", exc)

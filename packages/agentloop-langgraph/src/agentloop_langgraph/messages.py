@@ -25,6 +25,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
+from agentloop_core.deprecation import renamed_attributes
+
 METADATA_KEY = "agentloop"
 """Key of ``AIMessage.response_metadata`` under which :class:`ChatModel` keeps the token ids."""
 
@@ -50,7 +52,7 @@ class HistoryRewrittenError(RuntimeError):
     """
 
 
-class RolloutLimitReached(RuntimeError):
+class RolloutLimitReachedError(RuntimeError):
     """The trajectory hit a rollout limit (token budget, assistant turns, the prompt length of a
     new segment) before a model call.
 
@@ -222,10 +224,14 @@ __all__ = [
     "HistoryRewrite",
     "HistoryRewrittenError",
     "Recorded",
-    "RolloutLimitReached",
+    "RolloutLimitReachedError",
     "calls_signature",
     "check_extension",
     "content_text",
     "generation_info",
     "to_chat_dict",
 ]
+
+
+__getattr__ = renamed_attributes(__name__, {
+    "RolloutLimitReached": ("agentloop_langgraph.RolloutLimitReachedError", lambda: RolloutLimitReachedError)})

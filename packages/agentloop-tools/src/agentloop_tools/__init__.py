@@ -3,6 +3,8 @@
 MCP support (``agentloop_tools.mcp``) needs the ``[mcp]`` extra and is imported on use.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from agentloop_core.parsers import (
     ParseResult,
     ToolCall,
@@ -34,7 +36,11 @@ from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 from agentloop_tools.sync_pool import SyncToolPool, SyncToolPoolFullError
 from agentloop_tools.truncation import truncate_text
 
+__version__ = _distribution_version("agentloop-tools")
+"""The installed distribution's version: pyproject.toml is its one source."""
+
 __all__ = [
+    "__version__",
     "AgentState",
     "BaseInteraction",
     "BaseTool",

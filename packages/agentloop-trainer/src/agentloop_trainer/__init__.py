@@ -4,6 +4,8 @@
 the modules that use them.
 """
 
+from importlib.metadata import version as _distribution_version
+
 from agentloop_trainer.algos import (
     aggregate_loss,
     compute_advantages,
@@ -18,9 +20,11 @@ from agentloop_trainer.algos import (
 from agentloop_trainer.config import ConfigError, TrainConfig, load_config
 from agentloop_trainer.reward import answer_reward, extract_answer
 
-__version__ = "0.3.0"
+__version__ = _distribution_version("agentloop-trainer")
+"""The installed distribution's version: pyproject.toml is its one source."""
 
 __all__ = [
+    "__version__",
     "ConfigError",
     "TrainConfig",
     "aggregate_loss",

@@ -1,0 +1,34 @@
+"""Renamed public names still work for one release and say what to use instead."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+
+@pytest.mark.parametrize("module", ["agentloop_core", "agentloop_core.protocol"])
+def test_capability_not_supported_is_an_alias_that_warns(module):
+    mod = importlib.import_module(module)
+    with pytest.warns(DeprecationWarning, match=r"CapabilityNotSupported is deprecated.*CapabilityNotSupportedError"):
+        old = mod.CapabilityNotSupported
+    assert old is mod.CapabilityNotSupportedError
+
+
+def test_unknown_names_still_raise_attribute_error():
+    import agentloop_core
+
+    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
+        _ = agentloop_core.NoSuchName
+
+
+def test_version_is_the_pyproject_version():
+    """``__version__`` is read from the installed distribution, whose one source is
+    pyproject.toml: a stale install (or a second hand-written version) fails here."""
+    import tomllib
+    from pathlib import Path
+
+    import agentloop_core
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    assert agentloop_core.__version__ == tomllib.loads(pyproject.read_text())["project"]["version"]
