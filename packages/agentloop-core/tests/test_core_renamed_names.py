@@ -25,8 +25,9 @@ def test_unknown_names_still_raise_attribute_error():
 def test_version_is_the_pyproject_version():
     """``__version__`` is read from the installed distribution, whose one source is
     pyproject.toml: a stale install (or a second hand-written version) fails here."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     import agentloop_core
 

@@ -18,8 +18,9 @@ def test_rollout_limit_reached_is_an_alias_that_warns(module):
 def test_version_is_the_pyproject_version():
     """``__version__`` is read from the installed distribution, whose one source is
     pyproject.toml: a stale install (or a second hand-written version) fails here."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     import agentloop_langgraph
 
