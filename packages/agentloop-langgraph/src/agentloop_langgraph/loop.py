@@ -26,6 +26,7 @@ from agentloop_langgraph.messages import HistoryRewrite, HistoryRewrittenError, 
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
 from agentloop_tools.loop_config import ToolLoopSettings, loop_setting, resolve_tools
+from agentloop_tools.rows import row_messages, row_tools_kwargs
 
 logger = logging.getLogger(__name__)
 
@@ -123,17 +124,8 @@ class ReactAgentLoop(AgentLoopBase):
             ToolKwargsError: a tool cannot take the row's ``tools_kwargs``.
             Exception: whatever the graph raises besides history rewrites and rollout limits.
         """
-        messages = row.get("raw_prompt")
-        # Parquet datasets hand back numpy arrays of message dicts; any non-text sequence will do.
-        if messages is None or isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__len__") \
-                or len(messages) == 0:
-            raise ValueError("react_agent row needs 'raw_prompt': a non-empty list of chat messages, got "
-                             f"{type(messages).__name__}")
-        tools_kwargs = dict(row.get("tools_kwargs") or {})
-        unknown = sorted(set(tools_kwargs) - set(self.tools))
-        if unknown:
-            raise ValueError(f"row tools_kwargs names tools {unknown} that the loop does not have; "
-                             f"configured tools: {sorted(self.tools) or '(none)'}")
+        messages = row_messages(row, "react_agent")
+        tools_kwargs = row_tools_kwargs(row, self.tools)
         request_id = str(row.get("request_id") or uuid.uuid4().hex)
         model = self.chat_model(sampling_params, request_id)
         adapters = await self._create_tools(tools_kwargs, model, request_id)

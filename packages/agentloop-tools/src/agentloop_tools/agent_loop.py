@@ -48,6 +48,7 @@ from agentloop_tools.loop_config import (
     resolve_tools,
 )
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
+from agentloop_tools.rows import row_messages, row_tools_kwargs
 from agentloop_tools.schema import ToolResponse
 from agentloop_tools.truncation import TRUNCATION_MARKER, truncate_text
 
@@ -161,17 +162,8 @@ class ToolAgentLoop(AgentLoopBase):
         """
         from agentloop_core.tokenization import Trajectory
 
-        messages = row.get("raw_prompt")
-        # Parquet datasets hand back numpy arrays of message dicts; any non-text sequence will do.
-        if messages is None or isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__len__") \
-                or len(messages) == 0:
-            raise ValueError("tool_agent row needs 'raw_prompt': a non-empty list of chat messages, got "
-                             f"{type(messages).__name__}")
-        tools_kwargs = dict(row.get("tools_kwargs") or {})
-        unknown = sorted(set(tools_kwargs) - set(self.tools))
-        if unknown:
-            raise ValueError(f"row tools_kwargs names tools {unknown} that the loop does not have; "
-                             f"configured tools: {sorted(self.tools) or '(none)'}")
+        messages = row_messages(row, "tool_agent")
+        tools_kwargs = row_tools_kwargs(row, self.tools)
         base = SamplingParams.from_mapping(sampling_params)
         per_turn_cap = base.max_tokens if not isinstance(sampling_params, Mapping) or "max_tokens" in sampling_params else None
         base = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + self.stop_token_ids)))
