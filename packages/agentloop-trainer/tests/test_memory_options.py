@@ -265,10 +265,12 @@ def test_weight_buckets_are_bounded_and_hold_the_whole_model(model):
     for s in sizes:  # a bucket closes at the first tensor that reaches the budget
         assert sum(s[:-1]) < budget
     pushed = {n: t for b in buckets for n, t in b}
-    assert model.config.tie_word_embeddings and tied_output_name(model) == "lm_head.weight"
-    assert pushed.keys() == model.state_dict().keys() - {"lm_head.weight"}, "a tied head is sent once, as the embedding"
+    assert pushed.keys() == model.state_dict().keys(), "engines get every weight, a tied head included"
     for name, value in pushed.items():
         assert torch.equal(value, model.state_dict()[name])
+    assert model.config.tie_word_embeddings and tied_output_name(model) == "lm_head.weight"
+    for_folder = {n for b in iter_policy_weights(model, budget, include_tied=False) for n, _ in b}
+    assert for_folder == pushed.keys() - {"lm_head.weight"}, "a Hugging Face folder stores a tied head once"
     with pytest.raises(ValueError, match="positive"):
         next(iter_policy_weights(model, bucket_bytes=0))
 

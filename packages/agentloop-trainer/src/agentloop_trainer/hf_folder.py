@@ -61,7 +61,8 @@ def write_hf_folder(model: Any, tokenizer: Any, out: str | Path, max_shard_bytes
     writer = _ShardWriter(out, max_shard_bytes) if write else None
     failure: BaseException | None = None
     dtypes: set[Any] = set()
-    for bucket in iter_policy_weights(model, bucket_bytes=min(max_shard_bytes, DEFAULT_BUCKET_BYTES)):
+    for bucket in iter_policy_weights(model, bucket_bytes=min(max_shard_bytes, DEFAULT_BUCKET_BYTES),
+                                      include_tied=False):
         if writer is None or failure is not None:
             continue
         try:

@@ -74,8 +74,7 @@ def _full(t: Any) -> Any:
 
 def tied_output_name(model: Any) -> str | None:
     """The base model's name of the output embedding weight when it is tied to the input
-    embedding (``tie_word_embeddings``): engines and Hugging Face folders get the weight once,
-    under the input embedding's name. None when untied."""
+    embedding (``tie_word_embeddings``); None when untied."""
     base = unwrap_policy(model)
     if not getattr(base.config, "tie_word_embeddings", False) or not hasattr(base, "get_output_embeddings"):
         return None
@@ -90,7 +89,8 @@ def _is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key or ".lora_embedding_" in key or ".lora_magnitude_vector" in key
 
 
-def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[list[tuple[str, Any]]]:
+def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                        include_tied: bool = True) -> Iterator[list[tuple[str, Any]]]:
     """Full weights of ``model`` with the base model's names, LoRA merged, in buckets.
 
     A collective under FSDP: every rank must run the generator to its end, in the same order
@@ -102,22 +102,25 @@ def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) ->
         bucket_bytes: A bucket is closed once it holds at least this many bytes (a tensor larger
             than that is a bucket on its own), so a push holds at most about one bucket beyond
             the model.
+        include_tied: Also yield a tied output embedding (under its own name). Engines want
+            it: vLLM's CPU loader repacks the head from it, and without it keeps serving the old
+            head (measured: the rollouts after the first sync then differ). A Hugging Face
+            folder does not (``from_pretrained`` ties it back).
 
     Yields:
         Lists of ``(name, tensor)``: CPU tensors in the parameter's dtype, names as in the base
-        model's ``state_dict`` (``model.layers.0.self_attn.q_proj.weight``). A tied output
-        embedding is not sent: it is the input embedding (:func:`tied_output_name`).
+        model's ``state_dict`` (``model.layers.0.self_attn.q_proj.weight``).
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
     state = model.state_dict()
     loras = _lora_layers(model)
-    tied = tied_output_name(model)
+    tied = None if include_tied else tied_output_name(model)
     bucket: list[tuple[str, Any]] = []
     size = 0
     for key, value in state.items():
-        if _is_adapter_key(key) or hf_name(key) == tied:
-            continue  # adapters are folded into their base weight below; a tied head is the embedding
+        if _is_adapter_key(key) or (tied is not None and hf_name(key) == tied):
+            continue  # adapters are folded into their base weight below
         tensor = _full(value)
         lora = loras.get(key)
         if lora is not None:
