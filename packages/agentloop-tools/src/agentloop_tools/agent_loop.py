@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from agentloop_core.deprecation import renamed_attributes
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
@@ -40,6 +41,7 @@ from agentloop_core.registry import register
 from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction, select_interaction
 from agentloop_tools.loop_config import (
+    DEPRECATED_NAMES,
     ToolAgentConfig,
     TruncateSide,
     check_loop_config_keys,
@@ -422,9 +424,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "LOOP_CONFIG_CHOICES":
-        from agentloop_tools.loop_config import deprecated_loop_config_choices
-
-        return deprecated_loop_config_choices(__name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_attributes(__name__, DEPRECATED_NAMES)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
+from agentloop_core.deprecation import renamed_attributes
 from agentloop_tools.base import BaseTool
 from agentloop_tools.interaction import BaseInteraction, load_interaction_config, load_interactions
 from agentloop_tools.truncation import TruncateSide
@@ -346,21 +347,9 @@ def resolve_interactions(config: Mapping[str, Any]) -> dict[str, BaseInteraction
     return _INTERACTION_CACHE[key]
 
 
-def deprecated_loop_config_choices(module: str) -> dict[str, tuple[Any, ...]]:
-    """``LOOP_CONFIG_CHOICES``, the hand-kept dict of choices this module and ``agent_loop``
-    exported before the choices were read from the fields' types; kept one release.
+DEPRECATED_NAMES = {"LOOP_CONFIG_CHOICES": ("agentloop_tools.loop_config.loop_config_choices(ToolAgentConfig)",
+                                            lambda: loop_config_choices(ToolAgentConfig))}
+"""``LOOP_CONFIG_CHOICES``, the hand-kept dict of choices this module and ``agent_loop`` exported
+before the choices were read from the fields' types; kept one release."""
 
-    Warns:
-        DeprecationWarning: attributed to the code that read ``<module>.LOOP_CONFIG_CHOICES``.
-    """
-    warnings.warn(f"{module}.LOOP_CONFIG_CHOICES is deprecated and will be removed in the next release; the "
-                  "choices are the fields' Literal types: use "
-                  "agentloop_tools.loop_config.loop_config_choices(ToolAgentConfig)",
-                  DeprecationWarning, stacklevel=3)  # past the module __getattr__, to its reader
-    return loop_config_choices(ToolAgentConfig)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "LOOP_CONFIG_CHOICES":
-        return deprecated_loop_config_choices(__name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = renamed_attributes(__name__, DEPRECATED_NAMES)

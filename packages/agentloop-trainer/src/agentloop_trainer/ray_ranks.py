@@ -19,11 +19,11 @@ import os
 import re
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop_core.deprecation import renamed_attributes
 from agentloop_engines.hosting import (
     InsufficientResourcesError,
     bundle_for,
@@ -62,17 +62,9 @@ class RankFailedError(RuntimeError):
         super().__init__(text)
 
 
-def __getattr__(name: str) -> Any:
-    # RankResourcesError was the trainer's own twin of the engines' error; kept one release.
-    if name == "RankResourcesError":
-        warnings.warn(
-            "agentloop_trainer.ray_ranks.RankResourcesError is deprecated and will be removed in the next "
-            "release; catch agentloop_engines.hosting.InsufficientResourcesError instead (the same class)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return InsufficientResourcesError
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# RankResourcesError was the trainer's own twin of the engines' error (the same class now); kept one release.
+__getattr__ = renamed_attributes(__name__, {
+    "RankResourcesError": ("agentloop_engines.hosting.InsufficientResourcesError", lambda: InsufficientResourcesError)})
 
 
 @dataclass(frozen=True)
