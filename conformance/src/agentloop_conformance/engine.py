@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -260,16 +259,13 @@ class EngineConcurrencyTests(EngineFixtures):
             out = task.result()
             pytest.fail(f"the request finished ({len(out.token_ids)} tokens, {out.stop_reason!r}) before abort "
                         "was sent; lower abort_delay_s or raise abort_max_tokens")
-        start = time.perf_counter()
         await engine.abort("abort-me")
         try:
             out = await asyncio.wait_for(task, self.abort_timeout_s)
         except asyncio.TimeoutError:
             pytest.fail(f"aborted request did not return within {self.abort_timeout_s} s")
-        elapsed = time.perf_counter() - start
         assert out.stop_reason == "aborted", f"stop_reason is {out.stop_reason!r}, expected 'aborted'"
         assert len(out.token_ids) < budget, "aborted request still generated its whole budget"
-        assert elapsed <= self.abort_timeout_s
         await engine.abort("no-such-request")
         after = await engine.generate("post-abort", prompt, greedy(self.max_tokens))
         assert after.token_ids == before.token_ids, "greedy output changed after an abort"

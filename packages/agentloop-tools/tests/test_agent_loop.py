@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,17 +40,28 @@ def schema(name: str, **props: str) -> dict[str, Any]:
 
 
 class EchoTool(BaseTool):
-    """Returns ``text`` (optionally after a delay) and a step reward of 0.1."""
+    """Returns ``text`` (optionally after a delay) and a step reward of 0.1.
 
-    def __init__(self, name: str = "echo", delay_s: float = 0.0, reward: float = 0.1, **config: Any) -> None:
+    ``in_flight`` counts the calls running right now (of every EchoTool sharing the same
+    ``gauge`` list) and ``gauge[1]`` keeps the peak, so a test sees whether calls overlapped.
+    """
+
+    def __init__(self, name: str = "echo", delay_s: float = 0.0, reward: float = 0.1,
+                 gauge: list[int] | None = None, **config: Any) -> None:
         super().__init__(config, schema(name, text="string"))
         self.delay_s = delay_s
         self.reward = reward
+        self.gauge = gauge if gauge is not None else [0, 0]  # [in flight now, peak]
 
     async def execute(self, instance_id, parameters):
         self.state(instance_id)
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        self.gauge[0] += 1
+        self.gauge[1] = max(self.gauge[1], self.gauge[0])
+        try:
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+        finally:
+            self.gauge[0] -= 1
         return ToolResponse(text=parameters["text"]), self.reward, {}
 
 
@@ -75,15 +85,23 @@ class CounterTool(BaseTool):
 
 
 class BrokenTool(BaseTool):
+    """``raise``: raises; ``hang``: sleeps an hour (``cancelled`` counts the sleeps cut short);
+    anything else: returns junk instead of a result tuple."""
+
     def __init__(self, mode: str, **config: Any) -> None:
         super().__init__(config, schema(mode, text="string"))
         self.mode = mode
+        self.cancelled = 0
 
     async def execute(self, instance_id, parameters):
         if self.mode == "raise":
             raise RuntimeError("disk on fire")
         if self.mode == "hang":
-            await asyncio.sleep(3600)
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
         return "not a tuple"
 
 
@@ -171,14 +189,13 @@ async def test_max_assistant_turns_stops_a_model_that_keeps_calling(tokenizer):
 
 
 async def test_parallel_calls_run_concurrently(tokenizer):
-    tools = [EchoTool("slow_a", delay_s=0.2), EchoTool("slow_b", delay_s=0.2)]
+    gauge = [0, 0]
+    tools = [EchoTool("slow_a", delay_s=0.2, gauge=gauge), EchoTool("slow_b", delay_s=0.2, gauge=gauge)]
     server = scripted(tokenizer, [call("slow_a", text="a") + call("slow_b", text="b"), "done"])
-    start = time.perf_counter()
-    out = await make_loop(server, tokenizer, tools).run(SAMPLING, raw_prompt=PROMPT)
-    elapsed = time.perf_counter() - start
+    out = await asyncio.wait_for(make_loop(server, tokenizer, tools).run(SAMPLING, raw_prompt=PROMPT), 60)
     assert tool_messages(out) == ["a", "b"]
-    assert out.metrics["tool_calls_s"] < 0.35, out.metrics  # 0.4 if run one after the other
-    assert elapsed < 2.0
+    assert gauge == [0, 2], f"peak in-flight tool calls was {gauge[1]}: the two calls ran one after the other"
+    assert out.metrics["tool_calls"] == 2 and "tool_calls_s" in out.metrics
 
 
 async def test_calls_beyond_max_parallel_calls_get_an_error(tokenizer):
@@ -195,12 +212,12 @@ async def test_raising_hanging_and_junk_tools_become_error_text(tokenizer):
     tools = [BrokenTool("raise"), BrokenTool("hang", timeout_s=0.1), BrokenTool("junk"), EchoTool()]
     first = call("raise", text="x") + call("hang", text="x") + call("junk", text="x") + call("nope", text="x")
     server = scripted(tokenizer, [first, call("echo", text="still alive"), "done"])
-    start = time.perf_counter()
-    out = await make_loop(server, tokenizer, tools).run(SAMPLING, raw_prompt=PROMPT)
-    assert time.perf_counter() - start < 2.0
+    # wait_for only turns a hang into a failure; the checks are on what the timeout did.
+    out = await asyncio.wait_for(make_loop(server, tokenizer, tools).run(SAMPLING, raw_prompt=PROMPT), 60)
     msgs = tool_messages(out)
     assert "failed: RuntimeError: disk on fire" in msgs[0]
     assert "timed out after 0.1 s" in msgs[1]
+    assert tools[1].cancelled == 1, "the hung call was not cancelled when its timeout fired"
     assert "returned an invalid result" in msgs[2]
     assert "unknown tool 'nope'" in msgs[3]
     assert msgs[4] == "still alive"

@@ -9,11 +9,14 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
+from typing import Any
 
 import pytest
 
 pytest.importorskip("fastmcp", reason='MCP tests need fastmcp: pip install "agentloop-tools[mcp]"')
 
+from agentloop_tools import mcp, mcp_config  # noqa: E402
 from agentloop_tools.load_tools import load_tools  # noqa: E402
 from agentloop_tools.mcp import MCPTool, MCPToolset, Secret, TokenBucket, load_mcp_tools, parse_mcp_servers  # noqa: E402
 
@@ -143,28 +146,69 @@ async def test_tool_selected_list_and_yaml_config(server_url, tmp_path):
         load_mcp_tools(_config(server_url), tool_selected_list=["nope"])
 
 
-async def test_rate_limit_spaces_calls(server_url):
+class FrozenClock:
+    """Stands in for the ``time`` module of :mod:`agentloop_tools.mcp_config`: the token bucket
+    sees no time pass unless a test calls :meth:`advance`, so the waits it hands out are exact.
+    The waiting itself (``asyncio.sleep``) still runs on the real clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch):
+    clock = FrozenClock()
+    monkeypatch.setattr(mcp_config, "time", clock)
+    return clock
+
+
+async def test_rate_limit_spaces_calls(server_url, frozen_clock):
     rate = 10.0
     tools = load_mcp_tools(_config(server_url, rate_limit=rate))
     stamp = tools["stamp"]
     iid = await stamp.create()
-    await stamp.execute(iid, {})  # warm the connection; consumes the burst token
-    results = await asyncio.gather(*(stamp.execute(iid, {}) for _ in range(5)))
-    times = sorted(float(r[0].text) for r in results)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    # Token bucket with burst 1: server-side arrivals at least ~1/rate apart (small jitter allowed).
-    assert min(gaps) > 0.8 / rate, gaps
-    assert sum(r[2]["mcp_rate_wait_s"] for r in results) > 0.3
+    first = await stamp.execute(iid, {})  # warm the connection; consumes the burst token
+    assert first[2]["mcp_rate_wait_s"] == 0.0
+    results = await asyncio.wait_for(asyncio.gather(*(stamp.execute(iid, {}) for _ in range(5))), 60)
+    # Token bucket with burst 1: each concurrent call waits for its own slot, 1/rate after the last.
+    waits = sorted(r[2]["mcp_rate_wait_s"] for r in results)
+    assert waits == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5]), waits
+    assert all(not r[2]["mcp_is_error"] for r in results)
     await stamp.toolset.aclose()
 
 
-async def test_server_down_retries_then_clear_error():
+class SleepLog(types.ModuleType):
+    """``asyncio`` as :mod:`agentloop_tools.mcp` sees it, with the delay of every sleep recorded."""
+
+    def __init__(self) -> None:
+        super().__init__("asyncio")
+        self.delays: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float, result: Any = None) -> Any:
+        self.delays.append(delay)
+        return await asyncio.sleep(delay, result)
+
+
+async def test_server_down_retries_then_clear_error(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="agentloop_tools.mcp")
+    sleeps = SleepLog()
+    monkeypatch.setattr(mcp, "asyncio", sleeps)
     port = _free_port()
     config = _config(f"http://127.0.0.1:{port}/mcp", connect_retries=3, retry_backoff_s=0.1)
-    start = time.monotonic()
     with pytest.raises(ConnectionError, match=r"could not connect after 3 attempts.*is the server running"):
         load_mcp_tools(config)
-    assert time.monotonic() - start >= 0.3  # backoff 0.1 + 0.2 between the three attempts
+    attempts = [r.getMessage() for r in caplog.records if "connect attempt" in r.getMessage()]
+    assert [a.split("connect attempt ")[1].split()[0] for a in attempts] == ["1/3", "2/3", "3/3"], attempts
+    assert sleeps.delays == [0.1, 0.2]  # backoff doubles between attempts; no wait after the last
 
 
 @pytest.mark.slow
@@ -225,13 +269,24 @@ def test_config_validation():
     assert server.display_url == "http://h:1/mcp"  # credentials and query never logged
 
 
-async def test_token_bucket_spacing():
+async def test_token_bucket_spacing(frozen_clock):
     bucket = TokenBucket(rate=20, burst=2)
-    start = time.monotonic()
-    for _ in range(6):
-        await bucket.acquire()
-    # 2 free (burst), then 4 at 50 ms each.
-    assert 0.18 <= time.monotonic() - start < 1.0
+    waits = await asyncio.wait_for(asyncio.gather(*(bucket.acquire() for _ in range(6))), 60)
+    # 2 free (burst), then each one 50 ms behind the one before.
+    assert waits == pytest.approx([0.0, 0.0, 0.05, 0.10, 0.15, 0.20])
+    frozen_clock.advance(60)  # a long idle spell refills the bucket, but only up to the burst
+    assert await asyncio.wait_for(asyncio.gather(*(bucket.acquire() for _ in range(3))), 60) == pytest.approx(
+        [0.0, 0.0, 0.05])
+    # A caller that has to wait is really held back, not just told how long it should have waited.
+    slow = TokenBucket(rate=0.01)
+    assert await slow.acquire() == 0.0
+    held = asyncio.create_task(slow.acquire())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not held.done(), "acquire() returned while the bucket was empty"
+    held.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await held
     with pytest.raises(ValueError, match="rate > 0"):
         TokenBucket(rate=0)
 

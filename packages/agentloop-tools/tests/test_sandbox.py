@@ -1,5 +1,6 @@
 """The Python sandbox: limits on time, memory, processes and output; clean env; no leftovers."""
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -27,11 +28,13 @@ async def test_runs_code_in_fresh_temp_dir():
 
 
 async def test_infinite_loop_is_killed():
-    start = time.monotonic()
-    result = await run_python("while True: pass", SandboxLimits(timeout_s=1.0))
+    code = "import os\nprint(os.getpid(), flush=True)\nwhile True: pass"
+    # wait_for only turns a hang into a failure; the checks are on how the run ended.
+    result = await asyncio.wait_for(run_python(code, SandboxLimits(timeout_s=1.0)), 60)
     assert result.timed_out and result.returncode == -9
-    assert time.monotonic() - start < 5
     assert "killed after 1 s" in result.stderr
+    looping = int(result.stdout.split()[0])
+    assert not _alive(looping), f"the looping process {looping} outlived its run"
 
 
 async def test_memory_hog_gets_memory_error():
@@ -63,11 +66,11 @@ async def test_no_leftover_processes():
         "    time.sleep(1000)\n"
         "print(pid, flush=True)\n"
     )
-    start = time.monotonic()
-    result = await run_python(code, SandboxLimits(timeout_s=10))
+    result = await asyncio.wait_for(run_python(code, SandboxLimits(timeout_s=10)), 60)
     child = int(result.stdout.split()[0])
-    # The main process exiting ends the run; it does not wait out the timeout for the child.
-    assert time.monotonic() - start < 5 and not result.timed_out
+    # The main process exiting ends the run; it does not wait out the timeout for the child
+    # (which would end it as timed out, killed by SIGKILL).
+    assert result.returncode == 0 and not result.timed_out, result
     for _ in range(50):
         if not _alive(child):
             break
@@ -143,8 +146,6 @@ def test_bad_limits_name_the_key(config, match):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop and the private tmpfs need root")
 async def test_as_root_each_concurrent_run_gets_its_own_uid():
-    import asyncio
-
     code = "import os, time\nprint(os.getuid())\ntime.sleep(0.5)"
     results = await asyncio.gather(*(run_python(code, SandboxLimits(uid_range=(62100, 62103))) for _ in range(4)))
     uids = sorted(int(r.stdout) for r in results)
@@ -163,8 +164,6 @@ async def test_run_as_root_opt_out_keeps_root():
 
 
 async def test_a_cancelled_call_kills_the_run_and_removes_its_scratch():
-    import asyncio
-
     code = (
         "import os, time\n"
         "if os.fork() == 0:\n"
