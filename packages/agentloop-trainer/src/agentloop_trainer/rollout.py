@@ -32,7 +32,7 @@ def tool_paths(cfg: Any) -> tuple[str | None, str | None]:
 
 def run_tools(cfg: Any) -> dict[str, Any]:
     """The run's tools by name (loaded once per process and shared with the loops)."""
-    from agentloop_tools.agent_loop import resolve_tools
+    from agentloop_tools.loop_config import resolve_tools
 
     config_path, function_path = tool_paths(cfg)
     return resolve_tools({"tool_config_path": config_path, "function_tool_path": function_path})
@@ -136,7 +136,7 @@ def check_loop_sections(settings: dict[str, Any]) -> None:
         config_class = getattr(cls, "config_class", None)
         if config_class is None:
             continue  # a user loop that declares no config class reads what it likes
-        from agentloop_tools.agent_loop import check_loop_config_keys
+        from agentloop_tools.loop_config import check_loop_config_keys
 
         check_loop_config_keys(name, config_class, list(section))
 
