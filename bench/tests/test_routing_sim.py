@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_routing import SimConfig, make_workload, simulate  # noqa: E402
-from routing_policies import POLICIES, CumulativeLeastRequests, HashSticky, RoundRobin  # noqa: E402
+from routing_policies import POLICIES, ClairvoyantLane, CumulativeLeastRequests, HashSticky, RoundRobin  # noqa: E402
 
 CFG = SimConfig(trajectories=48, capacity=600.0, seed=3)
 
@@ -43,3 +43,23 @@ def test_cumulative_least_requests_never_decrements():
     policy.release(first)
     # The finished request still counts: the next one goes to the other replica.
     assert policy.choose("b") != first
+
+
+def test_clairvoyant_lane_keeps_the_lane_replica_for_its_trajectories(workload):
+    lane = {"traj-0", "traj-1"}
+    out = simulate(CFG, workload, ClairvoyantLane(CFG.replicas, lane))
+    assert out["requests_per_replica"][-1] == len(workload[0]) + len(workload[1])
+    assert out["cache_hit_rate"] == 1.0
+
+
+def test_the_simulation_passes_each_prompt_length_to_the_policy(workload):
+    seen = []
+
+    class Recording(HashSticky):
+        def choose(self, request_id, prompt_tokens=None):
+            seen.append(prompt_tokens)
+            return super().choose(request_id)
+
+    simulate(CFG, workload, Recording(CFG.replicas))
+    assert len(seen) == sum(map(len, workload))
+    assert min(seen) == CFG.prompt_tokens and max(seen) > CFG.prompt_tokens

@@ -132,6 +132,8 @@ async def test_sticky_capacity_evicts_least_recently_used_session():
 
 async def test_imbalance_gate_moves_a_sticky_request_and_repins_its_session():
     client, reps = make(2, imbalance_threshold=1)
+    # Token requests go through the cost model: a 2-request knee makes 2 in flight vs 0 worth a move.
+    client.policy.saturation_batch = 2
     for i in range(6):  # first turns alternate: s0, s2, s4 pinned to replica 0
         out = await client.generate(f"s{i}", [1], {})
         assert out.extra["replica"] == i % 2

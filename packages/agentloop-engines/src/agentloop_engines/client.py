@@ -1,6 +1,6 @@
 """``LLMServerClient``: one ``AsyncServer`` in front of several engine replicas.
 
-Routing is least in-flight with sticky sessions and an imbalance gate (see
+Routing is least in-flight with sticky sessions and a prefix-cost-aware migration gate (see
 :mod:`agentloop_engines.routing`); failures of a replica (connection errors, a dead Ray actor,
 a request timeout) take it out of rotation and the request is retried on another one.
 
@@ -126,8 +126,10 @@ class LLMServerClient:
     Args:
         servers: In-process ``AsyncServer`` objects and/or Ray actor handles of ``ServerActor``.
         sticky_capacity: Sessions (request ids) remembered for sticky routing (LRU).
-        imbalance_threshold: A sticky request moves to the least-loaded replica when its own
-            replica has more than this many extra requests in flight; None: never move.
+        imbalance_threshold: For requests without a known prompt length (chat): a sticky
+            request moves to the least-loaded replica when its own replica has more than this
+            many extra requests in flight; None: never move any sticky request for load.
+            Token requests use the policy's cost model (re-prefill cost vs batch slowdown).
         request_timeout_s: Per-attempt limit; a replica that exceeds it is treated as hung:
             taken out of rotation, sent a best-effort abort, and the request retried elsewhere.
             None: no limit (agentic generations can be long; the rollout timeout is the backstop).
@@ -235,7 +237,9 @@ class LLMServerClient:
             NoHealthyReplicaError: every replica failed or is out of rotation.
         """
         sp = SamplingParams.from_mapping(sampling_params)
-        out = await self._routed(request_id, "generate", request_id, list(prompt_ids), sp)
+        prompt_ids = list(prompt_ids)
+        out = await self._routed(request_id, "generate", request_id, prompt_ids, sp,
+                                 prompt_tokens=len(prompt_ids))
         return out
 
     async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,12 +255,13 @@ class LLMServerClient:
         request_id = str(request.get("request_id") or f"chatcmpl-{uuid.uuid4().hex}")
         return await self._routed(request_id, "chat_completion", {**request, "request_id": request_id})
 
-    async def _routed(self, request_id: str, method: str, *args: Any) -> Any:
+    async def _routed(self, request_id: str, method: str, *args: Any,
+                      prompt_tokens: int | None = None) -> Any:
         tried: list[int] = []
         failures: list[str] = []
         while True:
             try:
-                index = self.policy.choose(request_id, exclude=tried)
+                index = self.policy.choose(request_id, exclude=tried, prompt_tokens=prompt_tokens)
             except NoHealthyReplicaError as exc:
                 self.client_stats.failed += 1
                 detail = "; ".join(failures) or "none tried"

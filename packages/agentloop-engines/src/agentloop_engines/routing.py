@@ -10,11 +10,21 @@ The policy is *sticky and load-aware*:
   filled round-robin rather than always starting at replica 0);
 * **sticky session**: later requests with the same ``request_id`` go back to the same replica,
   whose prefix cache already holds the trajectory's earlier turns;
-* **imbalance gate**: stickiness is abandoned (and the session re-pinned) when the pinned
-  replica has more than ``imbalance_threshold`` requests in flight beyond the least-loaded one.
-  Pure stickiness never migrates, so a long tail of multi-turn trajectories piles onto whichever
-  replica happened to start them; pure hashing loses the prefix cache. The gate trades one
-  prefix-cache miss for not queueing behind a hot replica;
+* **cost-model gate**: stickiness is abandoned (and the session re-pinned) when serving the
+  request on the least-loaded replica is expected to be faster *including* re-prefilling its
+  whole prompt there. Expected time on a replica = (prompt tokens it must prefill x
+  ``prefill_token_cost`` + ``expected_decode_tokens``) x its batch slowdown, where the slowdown
+  is ``max(1, (in flight + 1) / saturation_batch)``: an engine serves up to
+  ``saturation_batch`` requests at full per-request speed and shares its throughput beyond
+  that. The pinned replica only prefills what is new since the session's previous prompt; any
+  other replica prefills everything. So a long trajectory (a costly prefix) moves only off a
+  much busier replica, a fresh one moves readily, and nothing moves while every replica is
+  below saturation (there is no wait to save). Pure stickiness never migrates, so a long tail
+  of multi-turn trajectories can pile onto whichever replica started them; pure hashing loses
+  the prefix cache;
+* **count gate** (when the prompt length is not known, e.g. a chat request): move when the
+  pinned replica has more than ``imbalance_threshold`` requests in flight beyond the
+  least-loaded one;
 * **probed recovery**: a replica taken out of rotation is sent one real request (a probe) once
   its backoff has passed; the backoff doubles, up to a cap, each time a probe fails, and a probe
   that succeeds puts the replica back. A probe that fails is retried on another replica like any
@@ -42,7 +52,7 @@ class RoutingStats:
     new_sessions: int = 0
     """Requests whose ``request_id`` had no pinned replica (first turn, or evicted from the LRU)."""
     migrations: int = 0
-    """Sticky requests moved off an overloaded replica by the imbalance gate."""
+    """Sticky requests moved off an overloaded replica (by the cost model or the count gate)."""
     rerouted: int = 0
     """Sticky requests moved because their replica was unhealthy or excluded (failover)."""
     probes: int = 0
@@ -58,7 +68,7 @@ class NoHealthyReplicaError(RuntimeError):
 
 
 class StickyLeastInFlightPolicy:
-    """Least in-flight routing with sticky sessions and an imbalance gate.
+    """Least in-flight routing with sticky sessions and a prefix-cost-aware migration gate.
 
     The caller brackets each request with :meth:`acquire` / :meth:`release` (release in a
     ``finally`` so errors, timeouts and aborts all give the slot back).
@@ -67,20 +77,30 @@ class StickyLeastInFlightPolicy:
         num_replicas: How many replicas there are; they are addressed by index.
         sticky_capacity: Sessions remembered (LRU); the least recently used one is forgotten
             first, and its next request is routed as a new session.
-        imbalance_threshold: Move a sticky request to the least-loaded replica when its
-            replica has more than this many extra requests in flight; None never moves.
+        imbalance_threshold: When the prompt length is not given: move a sticky request to
+            the least-loaded replica when its replica has more than this many extra requests in
+            flight. None: never move a sticky request because of load (pure stickiness), with
+            or without a prompt length.
+        saturation_batch: Requests one replica serves at full per-request speed; beyond it
+            each request slows by ``in_flight / saturation_batch`` (the knee of the engine's
+            throughput-vs-batch curve; larger on a big GPU, smaller on a CPU).
+        prefill_token_cost: Cost of prefilling one prompt token relative to generating one
+            token (prefill is batched over the prompt, so far cheaper: 0.01-0.1 is typical).
+        expected_decode_tokens: Tokens a turn is expected to generate (the part of a request's
+            cost that does not depend on where it runs).
         probe_backoff_s: Wait before the first probe of a replica taken out of rotation.
         max_probe_backoff_s: Cap of the backoff, which doubles after every failed probe.
         clock: Monotonic time source (a fake one makes backoff testable without sleeping).
 
     Raises:
-        ValueError: on ``num_replicas < 1``, ``sticky_capacity < 1``, a negative threshold or
-            a backoff that is not positive.
+        ValueError: on ``num_replicas < 1``, ``sticky_capacity < 1``, a negative threshold,
+            cost-model parameters that are not positive, or a backoff that is not positive.
     """
 
     def __init__(self, num_replicas: int, *, sticky_capacity: int = 10000,
                  imbalance_threshold: int | None = 8, probe_backoff_s: float = 5.0,
-                 max_probe_backoff_s: float = 60.0,
+                 max_probe_backoff_s: float = 60.0, saturation_batch: int = 32,
+                 prefill_token_cost: float = 0.05, expected_decode_tokens: int = 256,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if num_replicas < 1:
             raise ValueError(f"need at least one replica, got num_replicas={num_replicas}")
@@ -89,6 +109,11 @@ class StickyLeastInFlightPolicy:
         if imbalance_threshold is not None and imbalance_threshold < 0:
             raise ValueError(
                 f"imbalance_threshold must be >= 0 or None (never migrate), got {imbalance_threshold}"
+            )
+        if saturation_batch < 1 or prefill_token_cost <= 0 or expected_decode_tokens < 1:
+            raise ValueError(
+                "need saturation_batch >= 1, prefill_token_cost > 0 and expected_decode_tokens >= 1, "
+                f"got {saturation_batch}, {prefill_token_cost} and {expected_decode_tokens}"
             )
         if not 0 < probe_backoff_s <= max_probe_backoff_s:
             raise ValueError(
@@ -103,10 +128,15 @@ class StickyLeastInFlightPolicy:
         self._retry_at: list[float] = [0.0] * num_replicas
         self._probing: list[bool] = [False] * num_replicas
         self.imbalance_threshold = imbalance_threshold
+        self.saturation_batch = saturation_batch
+        self.prefill_token_cost = prefill_token_cost
+        self.expected_decode_tokens = expected_decode_tokens
         self.in_flight: list[int] = [0] * num_replicas
         self.healthy: list[bool] = [True] * num_replicas
         self.stats = RoutingStats(per_replica=[0] * num_replicas)
-        self._sessions: LRUCache[str, int] = LRUCache(maxsize=sticky_capacity)
+        # request_id -> (replica, prompt tokens of the session's last request there): what that
+        # replica's prefix cache is assumed to hold (at least; it also cached the output).
+        self._sessions: LRUCache[str, tuple[int, int]] = LRUCache(maxsize=sticky_capacity)
 
     # ---- health ---------------------------------------------------------------------------
 
@@ -160,18 +190,27 @@ class StickyLeastInFlightPolicy:
 
     def session_replica(self, request_id: str) -> int | None:
         """The replica ``request_id`` is pinned to, or None (does not refresh its LRU age)."""
-        return self._sessions.get(request_id) if request_id in self._sessions else None
+        return self._sessions.get(request_id)[0] if request_id in self._sessions else None
 
     def forget(self, request_id: str) -> None:
         """Drop the session of ``request_id`` (e.g. when its trajectory is finished)."""
         self._sessions.pop(request_id, None)
 
-    def choose(self, request_id: str, exclude: Collection[int] = ()) -> int:
+    def expected_cost(self, index: int, prefill_tokens: int) -> float:
+        """Expected time (in decode-token units) to serve one more request on ``index`` that
+        must prefill ``prefill_tokens`` there: its work times the replica's batch slowdown."""
+        slowdown = max(1.0, (self.in_flight[index] + 1) / self.saturation_batch)
+        return (prefill_tokens * self.prefill_token_cost + self.expected_decode_tokens) * slowdown
+
+    def choose(self, request_id: str, exclude: Collection[int] = (), *,
+               prompt_tokens: int | None = None) -> int:
         """Pick the replica for one request of ``request_id`` and pin the session to it.
 
         Args:
             request_id: The trajectory's request id (the sticky-session key).
             exclude: Replicas not to use for this attempt (already failed for it).
+            prompt_tokens: Length of the request's prompt; enables the cost-model gate (None:
+                the count gate decides).
 
         Returns:
             The replica index.
@@ -188,7 +227,7 @@ class StickyLeastInFlightPolicy:
             choice = min(due, key=lambda i: self._retry_at[i])
             self._probing[choice] = True
             self.stats.probes += 1
-            return self._pin(request_id, choice)
+            return self._pin(request_id, choice, prompt_tokens)
         candidates = [i for i in range(self.num_replicas) if self.healthy[i] and i not in exclude]
         if not candidates:
             waits = {i: round(self._retry_at[i] - now, 2) for i in range(self.num_replicas)
@@ -199,24 +238,33 @@ class StickyLeastInFlightPolicy:
                 "logs, then restart the replicas or call mark_healthy(index) once they are back"
             )
         least = min(candidates, key=lambda i: (self.in_flight[i], self.stats.per_replica[i], i))
-        pinned = self._sessions.get(request_id)
+        session = self._sessions.get(request_id)
+        pinned, cached = session if session is not None else (None, 0)
         if pinned is None:
             self.stats.new_sessions += 1
             choice = least
         elif pinned not in candidates:
             self.stats.rerouted += 1
             choice = least
-        elif (self.imbalance_threshold is not None
-              and self.in_flight[pinned] - self.in_flight[least] > self.imbalance_threshold):
+        elif pinned != least and self._should_migrate(pinned, least, cached, prompt_tokens):
             self.stats.migrations += 1
             choice = least
         else:
             self.stats.sticky_hits += 1
             choice = pinned
-        return self._pin(request_id, choice)
+        return self._pin(request_id, choice, prompt_tokens)
 
-    def _pin(self, request_id: str, choice: int) -> int:
-        self._sessions[request_id] = choice
+    def _should_migrate(self, pinned: int, least: int, cached: int, prompt_tokens: int | None) -> bool:
+        if self.imbalance_threshold is None:
+            return False
+        if prompt_tokens is None:
+            return self.in_flight[pinned] - self.in_flight[least] > self.imbalance_threshold
+        # Staying prefills only what is new since the last prompt; moving prefills it all.
+        stay = self.expected_cost(pinned, max(0, prompt_tokens - cached))
+        return self.expected_cost(least, prompt_tokens) < stay
+
+    def _pin(self, request_id: str, choice: int, prompt_tokens: int | None = None) -> int:
+        self._sessions[request_id] = (choice, prompt_tokens or 0)
         self.stats.routed += 1
         self.stats.per_replica[choice] += 1
         return choice
