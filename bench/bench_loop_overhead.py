@@ -12,6 +12,9 @@ tool dispatch, output assembly. One process pinned to one core, ``OMP_NUM_THREAD
   ``verl_driver.py``); tool = a verl ``BaseTool`` that evaluates the same expression.
 
 Run: ``python bench/bench_loop_overhead.py`` (writes ``bench/results/loop_overhead.json``).
+``--profile`` adds one cProfile run of our side only (after the timed rounds, so it does not
+slow them), prints the top functions by cumulative and by own time and stores the top entries
+under ``profile_ours`` in the result file.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def prompts(n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": f"What is ({i % 7 + 2} + 5) * 3? Use the calculator."}] for i in range(n)]
 
 
-async def run_ours(n: int, repeats: int) -> dict:
+async def run_ours(n: int, repeats: int, profiler=None) -> dict:
     from agentloop_core import AgentLoopWorker
     from agentloop_core.testing import ScriptedServer
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
@@ -64,14 +67,52 @@ async def run_ours(n: int, repeats: int) -> dict:
         worker = AgentLoopWorker(server, tok, {
             "default_agent_loop": "tool_agent", "sampling_params": {"max_tokens": 256, "logprobs": True},
             "tools": {"calculator": calculator}, "response_length": 2048})
+        profiling = profiler is not None and bool(walls)  # never the warm-up run
+        if profiling:
+            profiler.enable()
         start = time.perf_counter()
         outs = await worker.generate_sequences(rows)
         walls.append(time.perf_counter() - start)
+        if profiling:
+            profiler.disable()
         calls = [o.metrics.get("tool_calls") for o in outs]
         if calls != [TOOL_CALLS] * n:
             raise RuntimeError(f"expected {TOOL_CALLS} tool calls per trajectory, got {sorted(set(map(str, calls)))}: "
                                f"{outs[0].metrics}")
     return summarize(walls[1:], n)
+
+
+def profile_ours(n: int, top: int) -> dict:
+    """One cProfile run of our loop (a warm-up run first, as in the timed rounds).
+
+    Args:
+        n: Trajectories in the profiled run.
+        top: How many functions to print and keep per sort order.
+
+    Returns:
+        ``{"total_s", "by_cumulative", "by_own_time"}``; each list entry names the function and
+        gives its calls, own and cumulative seconds and its share of the profiled total.
+    """
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    asyncio.run(run_ours(n, 1, profiler))
+    stats = pstats.Stats(profiler)
+    total = stats.total_tt
+    out: dict = {"total_s": total}
+    for key, label in (("cumulative", "by_cumulative"), ("tottime", "by_own_time")):
+        buffer = io.StringIO()
+        pstats.Stats(profiler, stream=buffer).sort_stats(key).print_stats(top)
+        print(f"--- our loop, top {top} by {key} (profiled total {total:.2f} s) ---")
+        print(buffer.getvalue().split("\n\n", 2)[-1].rstrip())
+        rows = sorted(stats.stats.items(), key=lambda item: item[1][3 if key == "cumulative" else 2], reverse=True)
+        out[label] = [{"function": f"{Path(file).name}:{line}({name})", "calls": nc,
+                       "own_s": round(tt, 4), "cum_s": round(ct, 4),
+                       "share": round((ct if key == "cumulative" else tt) / total, 3)}
+                      for (file, line, name), (_, nc, tt, ct, _) in rows[:top]]
+    return out
 
 
 def summarize(walls: list[float], n: int) -> dict:
@@ -86,6 +127,9 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-verl", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="also cProfile one run of our loop; top entries go to profile_ours")
+    parser.add_argument("--profile-top", type=int, default=25)
     args = parser.parse_args()
     cpu = pin_one_core()
     load_start = load_average()
@@ -127,6 +171,8 @@ def main() -> None:
         ours, verl = results.values()
         payload["ours_over_verl_throughput"] = ours["trajectories_per_s"] / verl["trajectories_per_s"]
         print(f"ours / verl trajectories per second: {payload['ours_over_verl_throughput']:.2f}x")
+    if args.profile:
+        payload["profile_ours"] = profile_ours(args.trajectories, args.profile_top)
     write_result("loop_overhead", payload)
 
 

@@ -59,7 +59,7 @@ class AgentLoopOutput:
             raise ValueError(
                 f"response_mask has {len(self.response_mask)} entries but response_ids has {n}"
             )
-        if any(m not in (0, 1) for m in self.response_mask):
+        if not _only_zeros_and_ones(self.response_mask):
             raise ValueError("response_mask may hold only 0 (not generated) and 1 (generated)")
         if self.response_logprobs is not None and len(self.response_logprobs) != n:
             raise ValueError(
@@ -95,3 +95,12 @@ class AgentLoopOutput:
             metrics={**metrics, "failed": True, "error": message},
             trajectory_index=trajectory_index,
         )
+
+
+def _only_zeros_and_ones(values: list[Any]) -> bool:
+    """Whether every value equals 0 or 1 (a set compares them in C; unhashable values, which
+    are never 0 or 1, take the per-value comparison)."""
+    try:
+        return set(values) <= {0, 1}
+    except TypeError:
+        return all(v in (0, 1) for v in values)

@@ -7,6 +7,7 @@ what lets a trainer use exactly the tokens the engine sampled.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import numbers
@@ -131,9 +132,7 @@ class SamplingParams:
             if key == "stop_token_ids":
                 value = tuple(int(v) for v in (value or ()))
             kwargs[key] = value
-        sp = cls(**kwargs)
-        sp.check()
-        return sp
+        return cls(**kwargs)  # __post_init__ checks the values
 
     def __post_init__(self) -> None:
         # Validate on construction too: a typed SamplingParams skips from_mapping, and a NaN
@@ -156,12 +155,18 @@ class SamplingParams:
             raise ValueError(f"seed must be None or an integer in the int64 range [-2**63, 2**63 - 1], got {self.seed!r}")
 
     def replace(self, **changes: Any) -> SamplingParams:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        data.update(changes)
-        return SamplingParams.from_mapping(data)
+        """A copy with ``changes``, checked like :meth:`from_mapping` (a typo is an error)."""
+        if "stop_token_ids" in changes or not changes.keys() <= _SAMPLING_FIELDS:
+            data = {f.name: getattr(self, f.name) for f in fields(self)}
+            data.update(changes)
+            return SamplingParams.from_mapping(data)
+        return dataclasses.replace(self, **changes)  # __post_init__ checks the values
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 
 
 @runtime_checkable

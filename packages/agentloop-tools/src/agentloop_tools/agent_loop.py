@@ -170,7 +170,7 @@ class ToolAgentLoop(AgentLoopBase):
         per_turn_cap = base.max_tokens if not isinstance(sampling_params, Mapping) or "max_tokens" in sampling_params else None
         base = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + self.stop_token_ids)))
 
-        trajectory = Trajectory(self.renderer, list(messages))
+        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.settings.sanity_check)
         limit = self.settings.prompt_length
         if limit is not None and len(trajectory.prompt_ids) > limit:
             raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
@@ -208,7 +208,7 @@ class ToolAgentLoop(AgentLoopBase):
                 start = time.perf_counter()
                 with self.tracer.span("generate", turn=run.assistant_turns, request_id=run.request_id):
                     out: TokenOutput = await self.server.generate(
-                        run.request_id, list(trajectory.context_ids), base.replace(max_tokens=max_tokens))
+                        run.request_id, trajectory.context_ids, base.replace(max_tokens=max_tokens))
                 run.counters["generate_s"] += time.perf_counter() - start
                 trajectory.append_generated(out)
                 run.assistant_turns += 1

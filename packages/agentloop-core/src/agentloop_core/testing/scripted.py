@@ -110,7 +110,7 @@ class ScriptedServer:
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
     ) -> TokenOutput:
         sp = self.validate_request(prompt_ids, sampling_params)
-        prompt_ids = [int(t) for t in prompt_ids]
+        prompt_ids = list(map(int, prompt_ids))  # a copy: the caller may reuse its list
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         ids = self._reply(request_id, prompt_ids, sp)
@@ -133,7 +133,7 @@ class ScriptedServer:
             reason = "aborted"
         log_probs = [-0.01 * (1 + (t % 97)) for t in out_ids] if sp.logprobs else None
         out = TokenOutput(token_ids=out_ids, log_probs=log_probs, stop_reason=reason)
-        self.calls.append(ScriptedCall(request_id, list(prompt_ids), sp, out))
+        self.calls.append(ScriptedCall(request_id, prompt_ids, sp, out))
         return out
 
     async def abort(self, request_id: str) -> None:

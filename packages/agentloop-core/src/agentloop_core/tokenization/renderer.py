@@ -7,6 +7,7 @@ import copy
 import json
 import logging
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +40,39 @@ _CALLS_MODE: dict[tuple, bool] = {}
 
 # Per template key: why it cannot be split into turns ("" when it can), probed once.
 _SPLITS: dict[tuple, str] = {}
+
+
+@dataclass(frozen=True)
+class _Probes:
+    """What construction works out from renders of fixed probe conversations."""
+
+    assistant_suffix: str
+    eos_token_id: int | None
+    eos_text: str | None
+    generation_prompt_extra: str
+    special_pattern: re.Pattern[str] | None
+
+
+# Per tokenizer (or processor) and template key: the construction probes, four renders, which
+# loops that build one renderer per trajectory would otherwise repeat for every sample. The
+# tokenizer is held weakly: its entry goes away with it, and a new tokenizer allocated where a
+# freed one lived never hits the old entry (as it could with ``id()`` keys). The key holds
+# everything a probe reads (template text, tools, template variables, the special tokens with
+# their ids, bos/eos), so a tokenizer changed in place (new template, added special tokens)
+# probes again. Only successful probes are kept: a template that fails keeps failing at every
+# construction with its message.
+_PROBES: weakref.WeakKeyDictionary[Any, dict[tuple, _Probes]] = weakref.WeakKeyDictionary()
+
+
+def _probes_for(processor: Any) -> dict[tuple, _Probes]:
+    """``processor``'s probe cache; a fresh, unshared one when it cannot be a weak key."""
+    try:
+        entry = _PROBES.get(processor)
+        if entry is None:
+            entry = _PROBES[processor] = {}
+        return entry
+    except TypeError:  # no __weakref__ slot, or unhashable
+        return {}
 
 # The user message in front of the last assistant turn in a ``short`` delta render.
 BASE_CONVERSATION: tuple[dict[str, str], ...] = (
@@ -207,25 +241,21 @@ class ChatRenderer:
         self.special_tokens, self.special_ids = _special_tokens(self.tokenizer)
         """The tokenizer's special tokens (text, longest first) and their ids: the tokens that can
         close a turn."""
-        self._special_pattern = (
-            re.compile("|".join(re.escape(t) for t in self.special_tokens)) if self.special_tokens else None
-        )
-        # These probes are the template's first renders here, so a template that cannot be used
-        # with these tools fails now, with a message, instead of deep inside the first rollout.
-        # Turning their failure into an error costs no extra render.
-        try:
-            self.assistant_suffix, self.eos_token_id, self.eos_text = self._probe_assistant_suffix()
-            self.generation_prompt_extra = self._probe_generation_prompt_extra()
-        except Exception as exc:
-            if not raised_by_template(exc):
-                raise
-            raise self._template_error(exc) from exc
         self._template_key = (
             type(self.processor).__name__, chat_template or getattr(self.processor, "chat_template", None),
             json.dumps(self.tools, sort_keys=True, default=str),
             json.dumps(self.apply_chat_template_kwargs, sort_keys=True, default=str),
             getattr(self.tokenizer, "bos_token", None), getattr(self.tokenizer, "eos_token", None),
         )
+        known = _probes_for(self.processor)
+        probe_key = (*self._template_key, self.special_tokens, self.special_ids)
+        probes = known.get(probe_key)
+        if probes is None:
+            probes = known[probe_key] = self._probe()
+        self.assistant_suffix, self.eos_token_id, self.eos_text = (
+            probes.assistant_suffix, probes.eos_token_id, probes.eos_text)
+        self.generation_prompt_extra = probes.generation_prompt_extra
+        self._special_pattern = probes.special_pattern
         if self._template_key not in _SPLITS:
             _SPLITS[self._template_key] = self._probe_split()
         if _SPLITS[self._template_key]:
@@ -459,6 +489,24 @@ class ChatRenderer:
         return self.delta(history, new_messages, assistant_ended_with_eos=assistant_ended_with_eos).ids
 
     # -- probing ---------------------------------------------------------------------------
+
+    def _probe(self) -> _Probes:
+        """Run the construction probes (see :data:`_PROBES` for why their results are kept).
+
+        These probes are the template's first renders here, so a template that cannot be used
+        with these tools fails now, with a message, instead of deep inside the first rollout.
+        Turning their failure into an error costs no extra render.
+        """
+        pattern = re.compile("|".join(re.escape(t) for t in self.special_tokens)) if self.special_tokens else None
+        self._special_pattern = pattern
+        try:
+            suffix, eos_id, eos_text = self._probe_assistant_suffix()
+            extra = self._probe_generation_prompt_extra()
+        except Exception as exc:
+            if not raised_by_template(exc):
+                raise
+            raise self._template_error(exc) from exc
+        return _Probes(suffix, eos_id, eos_text, extra, pattern)
 
     def _probe_assistant_suffix(self) -> tuple[str, int | None, str | None]:
         probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": _PROBE_MARKER}]

@@ -3,9 +3,10 @@ the chat template as a delta (mask 0)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,18 +43,39 @@ class Trajectory:
     Keep that message as it is: adding ``tool_calls`` to it makes the template render the calls
     a second time, which the sanity check reports; keep parsed calls elsewhere.
 
+    The engine-view sanity check renders the prompt and, after each generated turn, the
+    delta over the whole history. Renders this trajectory already made with exactly those
+    inputs are reused instead of rendered a second time (see :meth:`_render_once`).
+
     Args:
         renderer: Renders and tokenizes messages.
         messages: The prompt messages (copied).
+        sanity_check: The check :meth:`to_output` will run, when the caller knows it. With
+            ``strict`` or ``ignore_strippable`` and the engine view
+            (``use_inference_chat_template=False``), deltas of a renderer whose
+            ``delta_strategy`` is ``auto`` are rendered over the whole history, as the check
+            renders them, so the check reuses them instead of rendering each a second time
+            (the ids are the same: ``auto`` uses the short render only where it agrees with
+            this one). None or ``disable``: deltas follow the renderer's ``delta_strategy``.
     """
 
-    def __init__(self, renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]], *,
+                 sanity_check: SanityCheckMode | None = None) -> None:
         if not messages:
             raise ValueError("a trajectory needs at least one prompt message")
+        if sanity_check is not None:
+            check_mode(sanity_check)
         self.renderer = renderer
         self.messages: list[dict] = [_check_message(m, i) for i, m in enumerate(messages)]
         """Text history; assistant content is the decoded generated text, verbatim."""
-        text = renderer.render_text(self.messages, add_generation_prompt=True)
+        self._rendered: dict[tuple[bytes, Any], str] = {}
+        """Texts of the prompt and history-delta renders made so far, by a digest of everything
+        the render read (see :meth:`_render_once`)."""
+        self._history_deltas = renderer.delta_strategy == "history" or (
+            renderer.delta_strategy == "auto" and sanity_check in ("strict", "ignore_strippable")
+            and not renderer.use_inference_chat_template)
+        """Whether deltas are rendered over the whole history (and kept for the check)."""
+        text = self._render_prompt(self.messages)
         self.prompt_ids: list[int] = renderer.encode(text)
         """The rendered prompt with generation prompt: the first generate input."""
         self.response_ids: list[int] = []
@@ -169,7 +191,7 @@ class Trajectory:
             self._pieces.pop()
         if self._pieces[-1].kind == "prompt":
             self.messages.extend(new)
-            text = self.renderer.render_text(self.messages, add_generation_prompt=True)
+            text = self._render_prompt(self.messages)
             self.prompt_ids = self.renderer.encode(text)
             self._pieces = [_Piece("prompt", text, len(self.prompt_ids))]
             return list(self.prompt_ids)
@@ -205,10 +227,51 @@ class Trajectory:
         if self._preview is not None and self._preview[0] == key:
             return self._preview[1]
         last = self._generated_messages[-1]
-        delta = self.renderer.delta(self._history_with_calls(last + 1), self.messages[last + 1 :] + new,
-                                    assistant_ended_with_eos=self._last_ended_with_eos)
+        history, following = self._history_with_calls(last + 1), self.messages[last + 1 :] + new
+        ended = self._last_ended_with_eos
+        if self._history_deltas:
+            text = self._render_once(
+                ("delta", history, following, ended),
+                lambda: self.renderer.delta_text(history, following, assistant_ended_with_eos=ended,
+                                                 strategy="history"))
+            delta = DeltaResult(self.renderer.encode(text), text)
+        else:
+            delta = self.renderer.delta(history, following, assistant_ended_with_eos=ended)
         self._preview = (key, delta)
         return delta
+
+    # -- renders the check reuses ------------------------------------------------------------
+
+    def _render_once(self, inputs: tuple, render: Callable[[], str]) -> str:
+        """``render()``, or the text an earlier call with the same ``inputs`` got.
+
+        A render reads the messages (attached calls included), the turn-ended flag, and the
+        renderer's tools, template and template variables. The key is the template text and a
+        128-bit BLAKE2 digest of the rest as JSON (dict order kept), taken afresh at every
+        call, so a message or a setting changed since is a different key and renders again; a
+        digest keeps the memory per trajectory linear in its length. Inputs that are not JSON
+        (images) always render. Reusing a text assumes the template renders the same inputs
+        to the same text, which is what the sanity check compares against anyway.
+        """
+        renderer = self.renderer
+        try:
+            encoded = json.dumps([inputs, renderer.tools, renderer.apply_chat_template_kwargs], ensure_ascii=False)
+        except (TypeError, ValueError):  # not JSON (images, circular): nothing to compare by
+            return render()
+        template = renderer.chat_template or getattr(renderer.processor, "chat_template", None)
+        key = (hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest(), template)
+        try:
+            text = self._rendered.get(key)
+        except TypeError:  # a template that is not a string (a dict of named templates)
+            return render()
+        if text is None:
+            text = self._rendered[key] = render()
+        return text
+
+    def _render_prompt(self, messages: list[dict]) -> str:
+        """``messages`` rendered with the generation prompt (kept for the check)."""
+        return self._render_once(("prompt", messages),
+                                 lambda: self.renderer.render_text(messages, add_generation_prompt=True))
 
     # -- checking and output ---------------------------------------------------------------
 
@@ -219,23 +282,31 @@ class Trajectory:
         return self._engine_text(), "engine view: each generation's context as the template renders it"
 
     def _engine_text(self) -> str:
-        """The training (engine) view, rebuilt independently of the deltas the trajectory took:
-        the prompt rendered with its generation prompt; each generated turn's text verbatim;
-        after it, what the template renders for the messages that followed, cut from a render
-        of the whole history up to them (``delta_strategy="history"``). Whatever the template
-        does to generated turns once later messages exist (strip reasoning, add an empty
-        think block to the last turn, swap ``<|return|>`` for ``<|end|>``, refuse channel tags
-        in content) is not what the engine saw, so it is not compared."""
+        """The training (engine) view, rebuilt from the messages, not from the ids the
+        trajectory took: the prompt rendered with its generation prompt; each generated turn's
+        text verbatim; after it, what the template renders for the messages that followed, cut
+        from a render of the whole history up to them (``delta_strategy="history"``). Whatever
+        the template does to generated turns once later messages exist (strip reasoning, add an
+        empty think block to the last turn, swap ``<|return|>`` for ``<|end|>``, refuse channel
+        tags in content) is not what the engine saw, so it is not compared.
+
+        A render the trajectory already made with exactly these inputs is reused
+        (:meth:`_render_once`): ids that do not follow from the messages (a delta rendered
+        from other messages or after a short history that the template reads differently,
+        ids lost or doubled, a message changed after it was rendered) still differ."""
         generated = self._generated_messages
         first = generated[0] if generated else len(self.messages)
-        text = self.renderer.render_text(self.messages[:first], add_generation_prompt=True)
+        text = self._render_prompt(self.messages[:first])
         pieces = [p for p in self._pieces if p.kind == "generated"]
         for k, index in enumerate(generated):
             text += pieces[k].text
             following = self.messages[index + 1 : generated[k + 1] if k + 1 < len(generated) else len(self.messages)]
             if following:
-                text += self.renderer.delta_text(self._history_with_calls(index + 1), following,
-                                                 assistant_ended_with_eos=pieces[k].ended, strategy="history")
+                history, ended = self._history_with_calls(index + 1), pieces[k].ended
+                text += self._render_once(
+                    ("delta", history, following, ended),
+                    lambda h=history, f=following, e=ended: self.renderer.delta_text(
+                        h, f, assistant_ended_with_eos=e, strategy="history"))
         return text
 
     def _inference_text(self) -> str:
