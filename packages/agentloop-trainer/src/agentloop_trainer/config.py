@@ -404,6 +404,15 @@ class TrainerSection:
     log_trajectories_per_step: int = 4
     """Sample trajectories written each step to ``<run>/trajectories/step_<N>.jsonl`` (the format of
     ``agentloop rollout``; ``agentloop view <run>`` renders them); failed ones are always written."""
+    mode: str = "sync"
+    """sync: each step rolls out its batch, then trains (the default) | one_step_off: the rollout
+    of the next batch overlaps the update, generations finish on the weights they started on
+    (max_staleness 1) | async: rollout runs continuously into a bounded buffer, and a weight
+    update interrupts generations at a token boundary and resumes them on the new weights
+    (partial rollout). The async modes need the in-process hf engine and fsdp_ranks=1."""
+    max_staleness: int | None = None
+    """Most policy versions between the start of a GRPO group and the step that trains it; null:
+    0 for sync, 1 for one_step_off and async. The rollout pauses when a new group could exceed it."""
 
 
 @dataclass
@@ -624,6 +633,45 @@ def validate(cfg: Any) -> None:
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
+    _validate_mode(cfg)
+
+
+TRAINER_MODES = ("sync", "one_step_off", "async")
+"""Values of ``trainer.mode``."""
+
+
+def _validate_mode(cfg: Any) -> None:
+    """``trainer.mode`` and ``trainer.max_staleness``, and what the async modes support so far."""
+    tc, r = cfg.trainer, cfg.actor_rollout_ref.rollout
+    if tc.mode not in TRAINER_MODES:
+        raise ConfigError(f"config trainer.mode must be one of {TRAINER_MODES}, got {tc.mode!r}")
+    fixed = {"sync": 0, "one_step_off": 1}
+    if tc.mode in fixed and tc.max_staleness not in (None, fixed[tc.mode]):
+        raise ConfigError(f"config trainer.max_staleness is {fixed[tc.mode]} in trainer.mode={tc.mode}, got "
+                          f"{tc.max_staleness}; leave it unset or use trainer.mode=async for another bound")
+    if tc.max_staleness is not None and tc.max_staleness < 0:
+        raise ConfigError(f"config trainer.max_staleness must be >= 0 (policy versions), got {tc.max_staleness}")
+    if tc.mode == "sync":
+        return
+    unsupported = [
+        ("actor_rollout_ref.rollout.name", r.name == "hf", "hf"),
+        ("actor_rollout_ref.rollout.backend", not uses_ray(cfg), "inprocess (no ray.address)"),
+        ("actor_rollout_ref.rollout.server_urls", not r.server_urls, "unset"),
+        ("trainer.fsdp_ranks", tc.fsdp_ranks == 1, "1"),
+    ]
+    for key, ok, expected in unsupported:
+        if not ok:
+            raise ConfigError(f"config {key} must be {expected} with trainer.mode={tc.mode} (the asynchronous "
+                              "trainer runs the in-process hf engine on one trainer process so far); use "
+                              "trainer.mode=sync for this setup")
+
+
+def max_staleness(cfg: Any) -> int:
+    """The run's staleness bound in policy versions (``trainer.max_staleness`` or its mode's default)."""
+    tc = cfg.trainer
+    if tc.max_staleness is not None:
+        return int(tc.max_staleness)
+    return 0 if tc.mode == "sync" else 1
 
 
 def offload_enabled(cfg: Any) -> bool:

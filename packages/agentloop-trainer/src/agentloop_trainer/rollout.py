@@ -260,6 +260,12 @@ class RolloutEngine:
         except BaseException:
             self.loop.close()
             raise
+        if cfg.trainer.mode != "sync":
+            from agentloop_core.partial_rollout import PartialRolloutServer
+
+            # Weight updates then happen between engine calls: interrupted and resumed (async),
+            # or after in-flight calls finish (one_step_off); tokens record their policy version.
+            self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async", keep_ledger=True)
         try:
             if uses_ray(cfg):
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,

@@ -155,6 +155,12 @@ class GRPOTrainer:
         self.step = 0
         self.zero_reward_steps = 0
         self.history: list[dict[str, Any]] = []
+        # trainer.mode=one_step_off|async: the steps come from the asynchronous driver.
+        self.async_driver = None
+        if self.engine is not None and cfg.trainer.mode != "sync":
+            from agentloop_trainer.async_driver import AsyncDriver
+
+            self.async_driver = AsyncDriver(self)
         self.metrics = None
         if self.rank == 0:
             self.metrics = MetricsLogger(self.run_dir / "metrics.jsonl", mlflow_uri=cfg.trainer.mlflow_tracking_uri,
@@ -185,8 +191,8 @@ class GRPOTrainer:
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step; returns its metrics."""
-        import torch
-
+        if self.async_driver is not None:
+            return self.async_driver.train_step()
         t0 = time.perf_counter()
         rows = batch = None
         if self.engine is not None:
@@ -207,6 +213,18 @@ class GRPOTrainer:
         slept = self.engine is not None and self.free_cache_engine and self.engine.can_sleep
         if slept:
             self.engine.sleep()  # the update gets the accelerator memory the engine held
+        learned = self._learn(rows, batch)
+        t2 = time.perf_counter()
+        if slept:
+            self.engine.wake_up()
+        self.sync_weights()
+        t_sync = time.perf_counter() - t2
+        return self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept)
+
+    def _learn(self, rows: Sequence[dict], batch: Any) -> dict[str, Any]:
+        """Advantages and the PPO-clip update on a rolled-out batch (every rank)."""
+        import torch
+
         # A batch row is one segment of a trajectory (usually the whole of it): the advantage is
         # the trajectory's, computed over its prompt's group once per trajectory.
         trajectories = batch.trajectory_index.tolist()
@@ -226,12 +244,14 @@ class GRPOTrainer:
         old = None if one_step else self.actor.compute_log_probs(pb)
         ref = self.actor.reference_log_probs(pb) if self.actor.has_reference else None
         metrics = self.actor.update(pb, advantages, old, ref)
-        t_update = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        if slept:
-            self.engine.wake_up()
-        self.sync_weights()
-        t_sync = time.perf_counter() - t2
+        return {"metrics": metrics, "advantages": advantages, "last": last, "rewards": rewards, "pb": pb,
+                "t_update": time.perf_counter() - t1}
+
+    def _step_metrics(self, rows: Sequence[dict], batch: Any, learned: dict[str, Any], *, t0: float, t_gen: float,
+                      t_sync: float, slept: bool) -> dict[str, Any]:
+        """Finish a step: count it, check rewards, write its trajectories, return its metrics."""
+        metrics, advantages, last = learned["metrics"], learned["advantages"], learned["last"]
+        rewards, pb, t_update = learned["rewards"], learned["pb"], learned["t_update"]
         mask = pb.response_mask
         generated = int(mask.sum())
         self.step += 1
@@ -419,6 +439,8 @@ class GRPOTrainer:
 
     def close(self) -> None:
         """Stop the engine (and leave the one-rank process group an offloaded run joined)."""
+        if self.async_driver is not None:
+            self.async_driver.stop()
         if self.engine is not None:
             self.engine.close()
         if self.owns_process_group:

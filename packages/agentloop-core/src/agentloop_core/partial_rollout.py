@@ -1,0 +1,282 @@
+"""Partial rollout: weight updates in the middle of generations, for asynchronous RL.
+
+:class:`PartialRolloutServer` stands in front of any engine. Loops keep calling ``generate``;
+when the trainer updates the weights (:meth:`PartialRolloutServer.weight_update`), the wrapper
+
+1. closes the gate, so no new engine call starts;
+2. aborts every in-flight engine call at a token boundary (the engine's ``abort`` returns the
+   tokens generated so far with ``stop_reason="aborted"``) and waits until all have returned,
+   so no engine call ever spans an update;
+3. lets the trainer push the weights, bumps ``policy_version`` and opens the gate;
+4. resumes each interrupted generation on the new weights from ``prompt_ids`` + exactly the
+   token ids already generated (never decoded and re-encoded), with the rest of the
+   ``max_tokens`` budget.
+
+The caller gets one :class:`~agentloop_core.protocol.TokenOutput` holding every token of the
+generation with its own log-prob, and ``extra["policy_versions"]``: the policy version that
+sampled each token. A trainer that wants those versions per batch row reads them back from the
+per-request ledger (:meth:`PartialRolloutServer.pop_ledger`), since loops assemble their
+outputs without ``TokenOutput.extra``.
+
+Because step 2 waits for every call to come back (re-sending ``abort`` until it has, for an
+abort that raced a request's admission), the version recorded for a call's tokens is exact: the
+engine held those weights for the call's whole life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.runtime.seeding import derive_seed
+from agentloop_core.server_wrapper import TransparentServerWrapper
+
+__all__ = ["PartialRolloutServer", "resume_seed"]
+
+_ABORT_RESEND_S = 0.05
+"""How often a pause re-sends ``abort`` to calls that have not returned yet: an abort that
+reaches an engine before the request it targets is ignored there."""
+
+
+def resume_seed(seed: int | None, generated: int) -> int | None:
+    """The seed of a generation's resumed call after ``generated`` tokens (None stays None).
+
+    Reusing the original seed would replay the random draws that sampled the first tokens;
+    a seed derived from the original one and the resume point keeps a seeded generation
+    reproducible (same abort points, same tokens) without repeating draws.
+    """
+    if seed is None:
+        return None
+    return derive_seed(seed, "partial-rollout-resume", generated)
+
+
+@dataclass(eq=False)  # hashed by identity: two calls may share a request id
+class _Call:
+    """One ``generate`` of the wrapper (it may span several engine calls)."""
+
+    request_id: str
+    user_aborted: bool = False
+    in_engine: bool = False
+
+
+@dataclass
+class _Ledger:
+    token_ids: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+class PartialRolloutServer(TransparentServerWrapper):
+    """An engine wrapper that carries generations across weight updates.
+
+    Args:
+        server: The engine (or a client in front of several). It must implement ``abort``
+            so that an aborted call returns its tokens so far (every agentloop engine does).
+        policy_version: The version of the weights the engine holds now.
+        interrupt: True: a pause aborts in-flight calls and resumes them after the update
+            (partial rollout). False: a pause waits for in-flight calls to finish on the old
+            weights (one-step-off training), so every call still runs on one version.
+        keep_ledger: Record, per request id, every generated token and the version that
+            sampled it, until :meth:`pop_ledger` takes it (a trainer that builds per-token
+            versions for its batch turns this on; otherwise nothing is kept).
+
+    Attributes:
+        policy_version: Bumped by each :meth:`weight_update` (or ``update_weights`` outside one).
+        stats: ``resumed_calls`` (engine calls that continued an interrupted generation),
+            ``interrupted_calls`` (engine calls a pause aborted), ``updates``.
+    """
+
+    def __init__(self, server: Any, policy_version: int = 0, interrupt: bool = True,
+                 keep_ledger: bool = False) -> None:
+        super().__init__(server)
+        self.policy_version = int(policy_version)
+        self.interrupt = interrupt
+        self._in_engine = 0
+        self._busy_since: float | None = None
+        self._busy_s = 0.0
+        self.keep_ledger = keep_ledger
+        self.stats: dict[str, int] = {"resumed_calls": 0, "interrupted_calls": 0, "updates": 0}
+        self._calls: set[_Call] = set()
+        self._ledger: dict[str, _Ledger] = collections.defaultdict(_Ledger)
+        self._gate: asyncio.Event | None = None
+        self._returned = asyncio.Event()
+        self._pausing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _sync(self) -> None:
+        # asyncio primitives belong to one event loop; build them on the loop that uses them.
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            self._gate = asyncio.Event()
+            if not self._pausing:
+                self._gate.set()
+            self._returned = asyncio.Event()
+
+    def _enter_engine(self) -> None:
+        if self._in_engine == 0:
+            self._busy_since = time.perf_counter()
+        self._in_engine += 1
+
+    def _leave_engine(self) -> None:
+        self._in_engine -= 1
+        if self._in_engine == 0 and self._busy_since is not None:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    def busy_seconds(self) -> float:
+        """Wall seconds so far during which at least one engine call was in flight (for the
+        engine idle fraction of a step: one minus the busy share of its wall time)."""
+        running = time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0
+        return self._busy_s + running
+
+    @property
+    def paused(self) -> bool:
+        """Whether a weight update holds the gate closed."""
+        return self._pausing
+
+    async def generate(self, request_id: str, prompt_ids: list[int],
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+        """``generate`` that survives weight updates; see the module docstring.
+
+        Returns:
+            Every token of the generation, one log-prob each (None when not asked for), the
+            final stop reason (``aborted`` only for a caller's own ``abort``), and in ``extra``
+            ``policy_versions`` (one per token) and ``resumes`` (how many times it resumed).
+        """
+        self._sync()
+        assert self._gate is not None
+        sp = SamplingParams.from_mapping(sampling_params)
+        call = _Call(request_id)
+        tokens: list[int] = []
+        log_probs: list[float] | None = [] if sp.logprobs else None
+        versions: list[int] = []
+        extra: dict[str, Any] = {}
+        resumes = 0
+        self._calls.add(call)
+        try:
+            while True:
+                await self._gate.wait()
+                remaining = sp.max_tokens - len(tokens)
+                if remaining < 1:  # pragma: no cover - an aborted call never ends on its budget
+                    stop = "length"
+                    break
+                part_sp = sp if not tokens else sp.replace(max_tokens=remaining,
+                                                            seed=resume_seed(sp.seed, len(tokens)))
+                version = self.policy_version
+                # No await between the gate check and marking the call in flight: a pause that
+                # starts now sees it and aborts it.
+                call.in_engine = True
+                self._enter_engine()
+                try:
+                    out = await self.server.generate(request_id, list(prompt_ids) + tokens, part_sp)
+                finally:
+                    call.in_engine = False
+                    self._leave_engine()
+                    self._returned.set()
+                tokens.extend(out.token_ids)
+                if log_probs is not None:
+                    if out.log_probs is None:
+                        log_probs = None
+                    else:
+                        log_probs.extend(out.log_probs)
+                versions.extend([version] * len(out.token_ids))
+                if self.keep_ledger:
+                    entry = self._ledger[request_id]
+                    entry.token_ids.extend(out.token_ids)
+                    entry.versions.extend([version] * len(out.token_ids))
+                extra.update(out.extra)
+                stop = out.stop_reason
+                if stop != "aborted" or call.user_aborted or not self._pausing:
+                    # Aborted by someone else (or after the pause ended): the caller's abort.
+                    break
+                self.stats["interrupted_calls"] += 1
+                resumes += 1
+                self.stats["resumed_calls"] += 1
+        finally:
+            self._calls.discard(call)
+        extra.update({"policy_versions": versions, "resumes": resumes})
+        return TokenOutput(token_ids=tokens, log_probs=log_probs, stop_reason=stop, extra=extra)
+
+    async def abort(self, request_id: str) -> None:
+        """The caller's abort: the generation returns ``aborted`` and is not resumed."""
+        for call in list(self._calls):
+            if call.request_id == request_id:
+                call.user_aborted = True
+        await self.server.abort(request_id)
+
+    async def pause(self) -> None:
+        """Close the gate, abort every in-flight engine call and wait until all have returned.
+
+        Interrupted generations wait at the gate and resume after :meth:`unpause`.
+        """
+        self._sync()
+        assert self._gate is not None
+        if self._pausing:
+            raise RuntimeError("PartialRolloutServer is already paused; call unpause() before pausing again")
+        self._pausing = True
+        self._gate.clear()
+        while True:
+            self._returned.clear()  # before looking: a call that returns from here on sets it
+            busy = {c.request_id for c in self._calls if c.in_engine}
+            if not busy:
+                return
+            if self.interrupt:
+                for request_id in sorted(busy):
+                    await self.server.abort(request_id)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._returned.wait(), _ABORT_RESEND_S)
+
+    def unpause(self, policy_version: int | None = None) -> None:
+        """Open the gate; interrupted generations resume on the weights the engine holds now.
+
+        Args:
+            policy_version: The version those weights are; None: one more than before.
+        """
+        if not self._pausing:
+            raise RuntimeError("PartialRolloutServer is not paused; call pause() first")
+        self.policy_version = self.policy_version + 1 if policy_version is None else int(policy_version)
+        self.stats["updates"] += 1
+        self._pausing = False
+        if self._gate is not None:
+            self._gate.set()
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self, policy_version: int | None = None) -> AsyncIterator[None]:
+        """Hold generation still around a weight push (which may be several ``update_weights``
+        calls, one per bucket); interrupted generations resume when the block ends.
+
+        Args:
+            policy_version: The version of the pushed weights; None: the current one plus one.
+        """
+        await self.pause()
+        try:
+            yield
+        finally:
+            self.unpause(policy_version)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Push weights. Inside :meth:`weight_update` this only forwards; outside one it is a
+        whole update of its own (pause, push, bump the version, resume)."""
+        if self._pausing:
+            await self.server.update_weights(named_tensors)
+            return
+        async with self.weight_update():
+            await self.server.update_weights(named_tensors)
+
+    def pop_ledger(self, request_id: str) -> tuple[list[int], list[int]]:
+        """``(token_ids, policy_versions)`` of every token generated under ``request_id`` since
+        the last pop, in generation order; empty lists for an unknown id.
+
+        Raises:
+            RuntimeError: when the wrapper was built without ``keep_ledger=True``.
+        """
+        if not self.keep_ledger:
+            raise RuntimeError("PartialRolloutServer(keep_ledger=True) is needed to read per-token versions back")
+        entry = self._ledger.pop(request_id, None)
+        return (entry.token_ids, entry.versions) if entry is not None else ([], [])

@@ -1,0 +1,197 @@
+"""The asynchronous GRPO step (``trainer.mode=one_step_off|async``).
+
+A producer task on the trainer's event loop keeps starting whole GRPO groups (one record's
+``n`` samples) while :class:`~agentloop_trainer.async_buffer.StalenessBuffer` admits them, and
+files each group there when all its samples have ended. A training step takes a batch of
+groups from the buffer, runs the update in a thread (so the event loop, hence the engine and
+the loops, keep rolling out meanwhile), and pushes the new weights through the engine's
+:class:`~agentloop_core.partial_rollout.PartialRolloutServer`: in ``async`` mode in-flight
+generations are interrupted and resume on the new weights; in ``one_step_off`` they finish on
+the old ones first.
+
+The importance correction needs nothing extra: a resumed generation's log-probs are each
+token's own engine log-prob, so ``rollout_log_probs`` (and ``actor.tis_cap``) already compare
+the trained policy with the policy that sampled each token.
+
+Not kept across ``--resume``: groups in flight or waiting in the buffer (the resumed run rolls
+out fresh groups from the data position saved with the checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+from typing import Any
+
+from agentloop_trainer.async_buffer import Group, StalenessBuffer, staleness_metrics
+from agentloop_trainer.rollout import attach_rewards, make_rows
+
+__all__ = ["AsyncDriver"]
+
+
+class AsyncDriver:
+    """Runs the steps of one asynchronous GRPO run for a :class:`~agentloop_trainer.trainer.GRPOTrainer`.
+
+    Args:
+        trainer: The trainer (rank 0, one process, in-process engine: ``config.validate``
+            checks this).
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        from agentloop_core.partial_rollout import PartialRolloutServer
+        from agentloop_trainer.config import max_staleness
+
+        self.trainer = trainer
+        self.engine = trainer.engine
+        self.server = self.engine.server
+        if not isinstance(self.server, PartialRolloutServer):
+            raise TypeError("the asynchronous trainer needs the RolloutEngine built with trainer.mode set "
+                            "(its engine behind a PartialRolloutServer)")
+        self.max_staleness = max_staleness(trainer.cfg)
+        self.buffer = StalenessBuffer(trainer.cfg.data.train_batch_size, self.max_staleness)
+        self.base_step = 0  # versions are counted from the step this driver started at
+        self._records: list[dict] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._producer: asyncio.Task | None = None
+        self._changed: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._last_busy = 0.0
+
+    # -- producer -------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The engine's policy version, counted from the step this driver started at."""
+        return self.server.policy_version - self.base_step
+
+    def _start(self) -> None:
+        if self._producer is None:
+            self.base_step = self.trainer.step
+            self.server.policy_version = self.trainer.step
+            self._changed = asyncio.Event()
+            self._last_busy = self.server.busy_seconds()
+            self._producer = asyncio.get_running_loop().create_task(self._produce(), name="agentloop.producer")
+
+    def _next_record(self) -> dict:
+        if not self._records:
+            self._records = list(self.trainer.data.next_batch())
+        return self._records.pop(0)
+
+    async def _produce(self) -> None:
+        assert self._changed is not None
+        while True:
+            if not self.buffer.can_start(self.version) or self.server.paused:
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            group = self.buffer.start(self.version)
+            task = asyncio.get_running_loop().create_task(self._roll(group, self._next_record()))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            await asyncio.sleep(0)
+
+    async def _roll(self, group: Group, record: dict) -> None:
+        assert self._changed is not None
+        try:
+            rows = make_rows([record], self.trainer.n, step=group.index, tag="train-async")
+            outputs = await self.engine.manager.agenerate_outputs(rows, step=group.index)
+            for row in rows:
+                _, versions = self.server.pop_ledger(row["request_id"])
+                group.token_versions.update(v - self.base_step for v in versions)
+            self.buffer.finish(group, (rows, outputs))
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self._error = exc
+            raise
+        finally:
+            self._changed.set()
+
+    # -- consumer -------------------------------------------------------------------------
+
+    async def _next_batch(self) -> tuple[list[dict], Any, list[Group]]:
+        from agentloop_core.batch import RolloutBatch
+
+        self._start()
+        assert self._changed is not None
+        while not self.buffer.ready():
+            if self._error is not None:
+                raise RuntimeError(f"an asynchronous rollout group failed: {self._error!r}") from self._error
+            self._changed.clear()
+            await self._changed.wait()
+        groups = self.buffer.take()
+        self._changed.set()  # room for more groups
+        rows: list[dict] = []
+        outputs: list[Any] = []
+        for g in groups:
+            g_rows, g_outputs = g.payload
+            offset = len(rows)
+            rows.extend(g_rows)
+            outputs.extend(dataclasses.replace(o, trajectory_index=offset + (o.trajectory_index or 0))
+                           for o in g_outputs)
+        config = self.engine.manager.config
+        batch = RolloutBatch.from_outputs(
+            outputs, prompt_length=config.get("prompt_length"), response_length=config.get("response_length"),
+            pad_token_id=config.get("pad_token_id"), tokenizer=self.engine.tokenizer,
+            truncate=bool(config.get("truncate", False)))
+        attach_rewards(batch)
+        return rows, batch, groups
+
+    async def _push_weights(self, version: int) -> None:
+        from agentloop_trainer.weights import iter_policy_weights
+
+        trainer = self.trainer
+        buckets = largest = 0
+        async with self.server.weight_update(policy_version=version):
+            for bucket in iter_policy_weights(trainer.model, trainer.bucket_bytes):
+                size = sum(t.numel() * t.element_size() for _, t in bucket)
+                buckets, largest = buckets + 1, max(largest, size)
+                await self.server.update_weights(bucket)
+        assert self._changed is not None
+        self._changed.set()  # the producer may start groups under the new version
+        trainer.last_sync = {"perf/sync_buckets": float(buckets), "perf/sync_bucket_peak_mb": largest / 2**20}
+
+    def train_step(self) -> dict[str, Any]:
+        """One asynchronous GRPO step: take a batch of groups, update (rollout continues), push."""
+        trainer, loop = self.trainer, self.engine.loop
+        t0 = time.perf_counter()
+        rows, batch, groups = loop.run_until_complete(self._next_batch())
+        if batch.failed.all():
+            raise RuntimeError(f"all {batch.num_trajectories} rollout samples of step {trainer.step} failed, so "
+                               "there is nothing to train on; see the trajectories' errors")
+        t_gen = time.perf_counter() - t0
+        step = trainer.step
+        learned = loop.run_until_complete(asyncio.to_thread(trainer._learn, rows, batch))
+        t2 = time.perf_counter()
+        loop.run_until_complete(self._push_weights(step + 1))
+        t_sync = time.perf_counter() - t2
+        metrics = trainer._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=False)
+        wall = time.perf_counter() - t0
+        busy = self.server.busy_seconds()
+        idle = 1.0 - min(1.0, (busy - self._last_busy) / max(wall, 1e-9))
+        self._last_busy = busy
+        tokens = Counter()
+        for g in groups:
+            tokens.update(g.token_versions)
+        metrics.update({
+            **staleness_metrics(step - self.base_step, groups, self.max_staleness),
+            "async/buffer_depth": float(self.buffer.depth),
+            "async/groups_in_flight": float(self.buffer.in_flight),
+            "async/engine_idle_fraction": idle,
+            "async/interrupted_calls": float(self.server.stats["interrupted_calls"]),
+            **{f"async/tokens_version_{v + self.base_step}": float(n) for v, n in sorted(tokens.items())},
+        })
+        if trainer.step >= trainer.cfg.trainer.total_steps:
+            self.stop()
+        return metrics
+
+    def stop(self) -> None:
+        """Cancel the producer and the groups still rolling out (their work is dropped)."""
+        tasks = [t for t in (self._producer, *self._tasks) if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            self.engine.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._producer = None
+        self._tasks.clear()
