@@ -9,7 +9,7 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from agentloop_core.testing import load_tiny_tokenizer, tiny_tokenizer_for_template
+from agentloop_core.testing import CountingProcessor, load_tiny_tokenizer, tiny_tokenizer_for_template
 from agentloop_core.tokenization.renderer import ChatRenderer
 from agentloop_core.tokenization.template_errors import (
     ChatTemplateError,
@@ -89,17 +89,6 @@ def test_an_error_outside_the_template_is_not_blamed_on_it():
     assert not raised_by_template(caught.value) and template_refusal(caught.value) is None
 
 
-class _CountingProcessor:
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.chat_template = tokenizer.chat_template
-        self.rendered = 0
-
-    def apply_chat_template(self, messages, **kwargs):
-        self.rendered += 1
-        return self.tokenizer.apply_chat_template(messages, **kwargs)
-
-
 def test_the_check_costs_no_render_for_a_template_that_works():
     # Loops build one renderer per sample: construction renders only the probes it needs anyway
     # (turn suffix, generation prompt); the error check rides on them. The first renderer of a
@@ -107,7 +96,7 @@ def test_the_check_costs_no_render_for_a_template_that_works():
     # same tokenizer and template reuse the probes (see test_renderer_cache.py).
     from agentloop_core.tokenization import renderer as renderer_module
 
-    processor = _CountingProcessor(load_tiny_tokenizer())
+    processor = CountingProcessor(load_tiny_tokenizer())
     renderer_module._SPLITS.clear()
     ChatRenderer(processor, tools=TOOLS)
     assert processor.rendered == 5

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from agentloop_core.protocol import TokenOutput
-from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.testing import COUNTING_TOOL_RESULTS_TEMPLATE, load_tiny_tokenizer
 from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
 from agentloop_core.tokenization import renderer as renderer_module
 
@@ -17,16 +17,6 @@ TOOLS = [{
     "function": {"name": "calc", "description": "Evaluate an arithmetic expression.",
                  "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}},
 }]
-# Numbers every tool result across the whole conversation: a short delta is wrong for it.
-COUNTING_TOOLS = (
-    "{%- set ns = namespace(n=0) %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}{%- set ns.n = ns.n + 1 %}"
-    "{{- '<|im_start|>tool\\n#' ~ ns.n ~ ' ' ~ m.content + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 class _Counting:
@@ -82,7 +72,7 @@ def test_an_unchecked_trajectory_keeps_the_short_delta(monkeypatch):
 def test_a_template_that_reads_further_back_gets_exact_deltas_when_checked(monkeypatch):
     monkeypatch.setattr(renderer_module, "_SHORT_DELTA_VERDICTS", {})
     tok = load_tiny_tokenizer()
-    traj = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOLS), 6, sanity_check="strict")
+    traj = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOL_RESULTS_TEMPLATE), 6, sanity_check="strict")
     assert "#6 35" in traj.renderer.decode(traj.context_ids)
     assert traj.sanity_check("strict").ok
     assert renderer_module._SHORT_DELTA_VERDICTS == {}  # never needed the short render
@@ -98,7 +88,7 @@ def test_inputs_changed_after_rendering_are_rendered_again_and_reported(change, 
     elif change == "prompt":
         traj.messages[0]["content"] = "Add up other numbers."
     else:
-        monkeypatch.setattr(renderer, "chat_template", COUNTING_TOOLS)
+        monkeypatch.setattr(renderer, "chat_template", COUNTING_TOOL_RESULTS_TEMPLATE)
     counted = _Counting(renderer, monkeypatch)
     report = traj.sanity_check("strict")
     assert counted.lengths, "the check reused a render whose inputs changed"

@@ -10,7 +10,7 @@ import weakref
 
 import pytest
 
-from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.testing import CountingProcessor, load_tiny_tokenizer
 from agentloop_core.tokenization import renderer as renderer_module
 from agentloop_core.tokenization.renderer import ChatRenderer
 from agentloop_core.tokenization.template_errors import ChatTemplateError
@@ -27,19 +27,6 @@ SPACED = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think></think>' }}{%- endif %}"
 )
 REFUSES = "{{- raise_exception('No.') }}"
-
-
-class _Counting:
-    """A processor that counts the template renders it is asked for."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.chat_template = tokenizer.chat_template
-        self.rendered = 0
-
-    def apply_chat_template(self, messages, **kwargs):
-        self.rendered += 1
-        return self.tokenizer.apply_chat_template(messages, **kwargs)
 
 
 class _NoWeakref:
@@ -63,19 +50,19 @@ def _probed(renderer: ChatRenderer) -> tuple:
 
 
 def test_a_second_renderer_reuses_the_probes_and_gets_the_same_answers():
-    processor = _Counting(load_tiny_tokenizer())
+    processor = CountingProcessor(load_tiny_tokenizer())
     first = ChatRenderer(processor, tools=TOOLS)
     after_first = processor.rendered
     second = ChatRenderer(processor, tools=TOOLS)
     assert processor.rendered == after_first  # no render at all
     assert _probed(second) == _probed(first)
     # A tokenizer the cache has never seen works the same answers out again.
-    fresh = _Counting(load_tiny_tokenizer())
+    fresh = CountingProcessor(load_tiny_tokenizer())
     assert _probed(ChatRenderer(fresh, tools=TOOLS)) == _probed(first) and fresh.rendered > 0
 
 
 def test_a_template_changed_in_place_is_probed_again():
-    processor = _Counting(load_tiny_tokenizer())
+    processor = CountingProcessor(load_tiny_tokenizer())
     chatml = ChatRenderer(processor)
     processor.chat_template = processor.tokenizer.chat_template = SPACED
     before = processor.rendered
@@ -87,7 +74,7 @@ def test_a_template_changed_in_place_is_probed_again():
 
 @pytest.mark.parametrize("change", ["tools", "chat_template", "apply_chat_template_kwargs"])
 def test_other_tools_template_or_variables_are_probed_again(change):
-    processor = _Counting(load_tiny_tokenizer())
+    processor = CountingProcessor(load_tiny_tokenizer())
     ChatRenderer(processor)
     before = processor.rendered
     kwargs = {"tools": {"tools": TOOLS}, "chat_template": {"chat_template": SPACED},
@@ -98,7 +85,7 @@ def test_other_tools_template_or_variables_are_probed_again(change):
 
 def test_added_special_tokens_are_probed_again():
     tok = load_tiny_tokenizer()
-    processor = _Counting(tok)
+    processor = CountingProcessor(tok)
     ChatRenderer(processor)
     before = processor.rendered
     tok.add_special_tokens({"additional_special_tokens": ["<|agentloop_test_marker|>"]})
@@ -108,7 +95,7 @@ def test_added_special_tokens_are_probed_again():
 
 
 def test_a_failing_template_fails_at_every_construction():
-    processor = _Counting(load_tiny_tokenizer())
+    processor = CountingProcessor(load_tiny_tokenizer())
     processor.chat_template = processor.tokenizer.chat_template = REFUSES
     for _ in range(2):
         before = processor.rendered
@@ -118,7 +105,7 @@ def test_a_failing_template_fails_at_every_construction():
 
 
 def test_the_cache_does_not_keep_the_tokenizer_alive():
-    processor = _Counting(load_tiny_tokenizer())
+    processor = CountingProcessor(load_tiny_tokenizer())
     ChatRenderer(processor)
     assert processor in renderer_module._PROBES
     ref = weakref.ref(processor)

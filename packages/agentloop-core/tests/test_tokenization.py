@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from agentloop_core.protocol import TokenOutput
 from agentloop_core.testing import (
+    COUNTING_TOOL_RESULTS_TEMPLATE,
     TemplateTurnError,
     load_tiny_tokenizer,
     one_render_holds,
@@ -411,17 +412,6 @@ def test_apply_chat_template_kwargs_reach_the_template(inference_template):
     assert traj.sanity_check("strict").ok is not inference_template
 
 
-# Numbers every tool result across the whole conversation, so what a new tool message adds
-# depends on turns before the last assistant turn: the short delta is wrong for it.
-COUNTING_TOOLS = (
-    "{%- set ns = namespace(n=0) %}"
-    "{%- for m in messages %}"
-    "{%- if m.role == 'tool' %}{%- set ns.n = ns.n + 1 %}"
-    "{{- '<|im_start|>tool\\n#' ~ ns.n ~ ' ' ~ m.content + '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 
 def _tool_turns(renderer, turns: int) -> Trajectory:
@@ -470,12 +460,12 @@ def test_auto_delta_keeps_the_history_render_for_a_template_that_looks_further_b
 
     monkeypatch.setattr(renderer_module, "_SHORT_DELTA_VERDICTS", {})
     tok = load_tiny_tokenizer()
-    auto = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOLS), 6)
+    auto = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOL_RESULTS_TEMPLATE), 6)
     assert "#6 35" in auto.renderer.decode(auto.context_ids)  # numbered over the whole conversation
     assert auto.sanity_check("strict").ok
     assert list(renderer_module._SHORT_DELTA_VERDICTS.values()) == [-1]  # pinned to history
     # Forcing the short render on such a template is caught by the strict sanity check.
-    short = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOLS, delta_strategy="short"), 3)
+    short = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOL_RESULTS_TEMPLATE, delta_strategy="short"), 3)
     report = short.sanity_check("strict")
     assert not report.ok and "#2" in report.expected_text
     with pytest.raises(ValueError, match="delta_strategy='shortest'; use one of auto, history, short"):

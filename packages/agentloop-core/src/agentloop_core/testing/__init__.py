@@ -2,6 +2,8 @@
 
 from agentloop_core.testing.scripted import ScriptedCall, ScriptedServer
 from agentloop_core.testing.templates import (
+    COUNTING_TOOL_RESULTS_TEMPLATE,
+    CountingProcessor,
     TemplateTurnError,
     one_render_holds,
     template_turn_text,
@@ -14,6 +16,8 @@ from agentloop_core.testing.tiny_tokenizer import (
 )
 
 __all__ = [
+    "COUNTING_TOOL_RESULTS_TEMPLATE",
+    "CountingProcessor",
     "ScriptedCall",
     "ScriptedServer",
     "TemplateTurnError",

@@ -124,3 +124,31 @@ def tiny_tokenizer_for_template(template_file: Any, *, chat_template: str | None
             tok.add_special_tokens(tokens)
     tok.chat_template = path.read_text() if chat_template is None else chat_template
     return tok
+
+
+COUNTING_TOOL_RESULTS_TEMPLATE = (
+    "{%- set ns = namespace(n=0) %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}{%- set ns.n = ns.n + 1 %}"
+    "{{- '<|im_start|>tool\\n#' ~ ns.n ~ ' ' ~ m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""A ChatML template that numbers every tool result across the whole conversation, so what a
+new tool message adds depends on turns before the last assistant turn (a delta rendered after
+a short history is wrong for it)."""
+
+
+class CountingProcessor:
+    """A tokenizer stand-in that renders with ``tokenizer`` and counts the renders it is asked
+    for (``rendered``): how tests see what a renderer or trajectory costs in template renders."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = tokenizer.chat_template
+        self.rendered = 0
+
+    def apply_chat_template(self, messages: Any, **kwargs: Any) -> Any:
+        self.rendered += 1
+        return self.tokenizer.apply_chat_template(messages, **kwargs)
