@@ -6,16 +6,21 @@ completion). SINGLE-TURN on both sides: TRL's tool mode only parses tool calls f
 templates it recognises byte for byte, so a multi-turn tool comparison on our tiny ChatML
 tokenizer would not be like for like.
 
-* ``ours, 1 process``: HFServer generates the 32 completions (batched), then
-  ``GRPOActor.compute_log_probs`` + ``GRPOActor.update`` (group-normalised advantages, PPO
-  clip, one update per batch) and a weight sync back into HFServer.
-* ``ours update only, 1 process`` vs ``2 FSDP2 ranks (gloo)``: the update phase alone on a
-  fixed batch of 32 sequences (prompt 40 + response 32 tokens), through
+* ``ours, 1 process``: HFServer generates the 32 completions (batched; each distinct prompt
+  prefilled once), then ``GRPOActor.update`` (group-normalised advantages, PPO clip, one
+  optimizer step per batch, so the update's own forward is the old policy as in the trainer's
+  step and in TRL with ``num_iterations=1``; each distinct prompt runs once in that forward)
+  and a weight sync back into HFServer.
+* ``ours update only, 1 process`` vs ``2 FSDP2 ranks (gloo)``: the update phase alone
+  (``compute_log_probs`` + ``update``) on a fixed batch of 32 random sequences (prompt 40 +
+  response 32 tokens, no prompt repeated), through
   ``agentloop_trainer.fsdp.spawn``; on 2 shared cores FSDP mostly adds communication.
 * ``TRL GRPOTrainer``: ``GRPOConfig(use_cpu=True, use_vllm=False)``, transformers
   generation; a callback times each optimizer step.
 
 Tokens/s = completion (response) tokens processed per second of step time, after a warm-up step.
+Ours and TRL run in alternating rounds (``--rounds``, fresh model and warm-up each) and their
+steps are pooled, so a load swing on the shared machine hits both sides alike.
 
 Run: ``python bench/bench_trainer.py`` (writes ``bench/results/trainer.json``).
 """
@@ -37,7 +42,9 @@ from _common import load_average, table, versions, write_result  # noqa: E402
 PROMPTS = 8
 GROUP = 4
 MAX_NEW = 32
-STEPS = 3
+STEPS = 5
+ROUNDS = 2
+GOAL_VS_TRL = 1.3
 
 
 def questions() -> list[list[dict]]:
@@ -85,8 +92,9 @@ async def ours_full_steps() -> dict:
             mask[b, : len(o.token_ids)] = 1
             rollout[b, : len(o.token_ids)] = torch.tensor(o.log_probs)
         pb = PolicyBatch(seqs, plens, mask, rollout)
-        old = actor.compute_log_probs(pb)
-        actor.update(pb, adv, old)
+        # As the trainer's step does (and TRL with num_iterations=1): one optimizer step per
+        # batch, so the update's own forward, detached, is the old policy.
+        actor.update(pb, adv, None)
         await server.update_weights([(k, v.detach()) for k, v in model.state_dict().items()])
         if step:  # step 0 is the warm-up
             times.append(time.perf_counter() - start)
@@ -200,18 +208,44 @@ def trl_steps() -> dict:
             f"max_completion_length={MAX_NEW}, temperature=1.0, top_k=0)"}
 
 
+def _pooled(runs: list[dict]) -> dict:
+    """One result from several rounds of the same run: all their timed steps together."""
+    times = [t for r in runs for t in r["step_s"]]
+    tokens = [n for r in runs for n in r["completion_tokens"]]
+    return {**runs[0], "step_s": times, "completion_tokens": tokens, "tokens_per_s": sum(tokens) / sum(times),
+            "median_step_s": statistics.median(times), "rounds": len(runs)}
+
+
 def main() -> None:
+    global STEPS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-fsdp", action="store_true")
+    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per run, after one warm-up")
+    parser.add_argument("--no-write", action="store_true", help="print the table, keep results/trainer.json")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="alternate ours and TRL this many times (load on a shared machine drifts)")
     args = parser.parse_args()
+    STEPS = args.steps
     import torch
 
     torch.set_num_threads(1)
     load_start = load_average()
     results, notes = {}, {}
-    results["ours full step, 1 process"] = asyncio.run(ours_full_steps())
-    print(f"  ours full step: {results['ours full step, 1 process']['tokens_per_s']:.0f} tok/s", flush=True)
+    full, trl = [], []
+    for _ in range(args.rounds):
+        full.append(asyncio.run(ours_full_steps()))
+        print(f"  ours full step: {full[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+        if args.skip_trl or "trl" in notes:
+            continue
+        try:
+            trl.append(trl_steps())
+            print(f"  TRL full step: {trl[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+        except ImportError as exc:
+            notes["trl"] = f"TRL not importable ({exc}); `pip install trl==1.16.0 torch==2.13.0` in the bench venv"
+        except Exception as exc:  # noqa: BLE001
+            notes["trl"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+    results["ours full step, 1 process"] = _pooled(full)
     if not args.skip_fsdp:
         try:
             upd = ours_update_only()
@@ -219,20 +253,22 @@ def main() -> None:
             results["ours update only, 2 FSDP2 ranks"] = upd["2 FSDP2 ranks (gloo)"]
         except Exception as exc:  # noqa: BLE001 - record why, keep the other numbers
             notes["fsdp"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1200:]}"
-    if not args.skip_trl:
-        try:
-            results["TRL GRPOTrainer full step"] = trl_steps()
-        except ImportError as exc:
-            notes["trl"] = f"TRL not importable ({exc}); `pip install trl==1.16.0 torch==2.13.0` in the bench venv"
-        except Exception as exc:  # noqa: BLE001
-            notes["trl"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+    if trl:
+        results["TRL GRPOTrainer full step"] = _pooled(trl)
+        ratio = results["ours full step, 1 process"]["tokens_per_s"] / results["TRL GRPOTrainer full step"]["tokens_per_s"]
+        verdict = "met" if ratio >= GOAL_VS_TRL else "missed"
+        notes["goal"] = f"ours / TRL full-step tokens/s = {ratio:.2f} (goal >= {GOAL_VS_TRL}): {verdict}"
+        print(notes["goal"])
     rows = [(name, round(r["tokens_per_s"]), round(statistics.median(r["step_s"]), 3)) for name, r in results.items()]
     for key, note in notes.items():
-        rows.append((key, "n/a", note.splitlines()[0][:80]))
+        if key != "goal":
+            rows.append((key, "n/a", note.splitlines()[0][:80]))
         print(f"{key}: {note}")
     text = table(["run", "tokens/s", "median step s"], rows,
                  title=f"GRPO step throughput (single-turn), {PROMPTS} prompts x {GROUP} samples, "
                        f"<= {MAX_NEW} new tokens, tiny model, 1 thread per process")
+    if args.no_write:
+        return
     write_result("trainer", {"description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
                              "versions": versions("torch", "transformers", "trl"), "results": results,
                              "notes": notes, "table_markdown": text})

@@ -252,7 +252,9 @@ def test_two_ranks_with_uneven_dynamic_micro_batches_match_one_process(model, ra
     expected_state = model.state_dict()
     assert state and state.keys() <= expected_state.keys()
     for name, value in state.items():
-        torch.testing.assert_close(value, expected_state[name], atol=2e-5, rtol=0, msg=name)
+        # One process runs the rows sharing a prompt once (prompt_shared_log_probs), so the
+        # rounding differs from the ranks' padded passes; Adam scales it up to ~3e-5 here.
+        torch.testing.assert_close(value, expected_state[name], atol=5e-5, rtol=0, msg=name)
 
 
 def test_weight_buckets_are_bounded_and_hold_the_whole_model(model):

@@ -18,7 +18,7 @@ from agentloop_trainer.algos import (
     truncated_importance_weight,
 )
 from agentloop_trainer.config import ActorSection
-from agentloop_trainer.forward import sequence_log_probs
+from agentloop_trainer.forward import prompt_groups, prompt_shared_log_probs, sequence_log_probs
 
 
 @dataclass
@@ -118,7 +118,7 @@ def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
 
 
 def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
-                       share_prefix: bool = True, device: Any = None) -> Any:
+                       share_prefix: bool = True, device: Any = None, share_prompts: bool = False) -> Any:
     """Log-probs of each response token under ``model``, shaped like ``pb.response_mask``.
 
     Args:
@@ -130,16 +130,26 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
             :func:`~agentloop_trainer.forward.sequence_log_probs`).
         device: Where the inputs go; None: the model's first parameter's device (pass it when
             parameters are offloaded to the host).
+        share_prompts: With ``share_prefix``, run each distinct prompt once when rows repeat
+            prompts (a GRPO group; :func:`~agentloop_trainer.forward.prompt_shared_log_probs`).
+            One process only: the forward calls it makes depend on the data.
     """
     import torch
 
     rows = list(range(len(pb.sequences))) if rows is None else list(rows)
+    groups = None
+    if share_prefix and share_prompts:
+        groups = prompt_groups([pb.sequences[r] for r in rows], [pb.prompt_lengths[r] for r in rows])
     # A failed sample can come back with no tokens at all; it is masked out, but the forward
     # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
     seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
     first = min((pb.prompt_lengths[r] for r in rows if pb.prompt_lengths[r] > 0), default=1)
-    logp = sequence_log_probs(model, seqs, temperature=temperature, first_scored=first, share_prefix=share_prefix,
-                              device=device)
+    if groups is not None:
+        logp = prompt_shared_log_probs(model, seqs, [pb.prompt_lengths[r] for r in rows], groups,
+                                       temperature=temperature, device=device)
+    else:
+        logp = sequence_log_probs(model, seqs, temperature=temperature, first_scored=first,
+                                  share_prefix=share_prefix, device=device)
     R = pb.response_mask.shape[1]
     out = torch.zeros((len(rows), R), dtype=logp.dtype, device=logp.device)
     for i, r in enumerate(rows):
@@ -275,7 +285,8 @@ class GRPOActor:
                 if cfg.compute_dtype and cfg.compute_dtype != "float32" else contextlib.nullcontext())
         with cast:
             return response_log_probs(model, pb, cfg.temperature, rows or [0],
-                                      share_prefix=cfg.share_prefix_with_grad or not grad, device=self.device)
+                                      share_prefix=cfg.share_prefix_with_grad or not grad, device=self.device,
+                                      share_prompts=self.world_size == 1)
 
     def compute_log_probs(self, pb: PolicyBatch, model: Any = None) -> Any:
         """Log-probs of the batch's responses under the current (or given) model, no grad,

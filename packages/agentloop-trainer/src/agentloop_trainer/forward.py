@@ -102,3 +102,108 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     logp = torch.nn.functional.pad(picked, (start, 0))
     return logp * valid[:, 1:]
+
+
+MIN_SHARED_PREFIX = 16
+"""Shortest prefix common to every distinct prompt worth a forward pass of its own."""
+
+
+def prompt_groups(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int]) -> list[int] | None:
+    """Which distinct prompt each row has (an index per row, in order of first appearance), or
+    None when sharing prompts would not pay: no two rows share a prompt, or a row's prompt is
+    shorter than 2 tokens (its first scored logit would sit in the shared part)."""
+    if any(p < 2 or len(s) < p for s, p in zip(sequences, prompt_lengths, strict=True)):
+        return None
+    seen: dict[tuple[int, ...], int] = {}
+    groups = [seen.setdefault(tuple(s[: p - 1]), len(seen)) for s, p in zip(sequences, prompt_lengths, strict=True)]
+    return groups if len(seen) < len(groups) else None
+
+
+def prompt_shared_log_probs(model: Any, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int],
+                            groups: Sequence[int], temperature: float = 1.0, pad_id: int = 0,
+                            device: Any = None) -> Any:
+    """:func:`sequence_log_probs` for a GRPO batch, running each distinct prompt once.
+
+    The ``n`` samples of a prompt repeat it ``n`` times; here the prefix all rows share runs
+    once (when it is at least ``MIN_SHARED_PREFIX`` tokens), the rest of each distinct prompt (all but its last token) once per prompt, and only
+    each row's last prompt token plus response runs per row, on top of its prompt's key/value
+    cache. With 8 prompts of ~30 tokens x 4 samples of ~32 tokens that is a third fewer tokens
+    through the model than one padded batch. Same numbers as a full forward (to float rounding);
+    gradients flow through both caches into the shared parts.
+
+    Which rows share what depends on the data, so it is for one process (FSDP ranks must make
+    the same collective calls): the actor uses it only on one (plain, or FSDP2 over one rank).
+
+    Args:
+        model: A causal LM (Hugging Face ``*ForCausalLM``).
+        sequences: Unpadded prompt + response ids per row.
+        prompt_lengths: Prompt tokens per row, each at least 2 and at most its sequence's length.
+        groups: Per row, the index of its distinct prompt (:func:`prompt_groups`): rows of one
+            index must have the same prompt.
+        temperature: Logits are divided by it.
+        pad_id: Id used for padding (never scored).
+        device: Where the inputs go; None: the device of the model's first parameter.
+
+    Returns:
+        ``[B, N-1]`` like :func:`sequence_log_probs`, filled from each row's last prompt token on
+        (``[b, t]`` for ``t >= prompt_lengths[b] - 1``); earlier entries are 0.
+    """
+    import torch
+
+    device = device if device is not None else next(model.parameters()).device
+    B, U = len(sequences), max(groups) + 1
+    first_row = {g: b for b, g in reversed(list(enumerate(groups)))}
+    heads = [list(sequences[first_row[u]][: prompt_lengths[first_row[u]] - 1]) for u in range(U)]
+    P = min(common_prefix_length(heads), min(len(h) for h in heads) - 1)
+    if U == 1 or P < MIN_SHARED_PREFIX:
+        P = 0  # not worth a pass of its own
+    S = max(len(h) for h in heads)
+    kw_name = _cache_kwarg(model)
+    kw: dict[str, Any] = {}
+    passes = []
+    if P:
+        # The prefix every prompt shares: batch 1, then one copy per distinct prompt.
+        passes.append(model(input_ids=torch.tensor([heads[0][:P]], device=device), use_cache=True, logits_to_keep=1))
+        cache = getattr(passes[-1], "cache", None) or passes[-1].past_key_values
+        cache.batch_repeat_interleave(U)
+        kw[kw_name] = cache
+    # Each prompt's own part, right-padded to the longest (pad slots are masked from then on).
+    ids = torch.full((U, max(1, S - P)), pad_id, dtype=torch.long)
+    head_mask = torch.zeros((U, P + ids.shape[1]), dtype=torch.long)
+    head_mask[:, :P] = 1
+    for u, h in enumerate(heads):
+        ids[u, : len(h) - P] = torch.as_tensor(h[P:], dtype=torch.long)
+        head_mask[u, P : len(h)] = 1
+    ids, head_mask = ids.to(device), head_mask.to(device)
+    positions = torch.arange(P, P + ids.shape[1], device=device).unsqueeze(0).expand(U, -1)
+    mid = model(input_ids=ids, attention_mask=head_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1, **kw)
+    passes.append(mid)
+    cache = getattr(mid, "cache", None) or mid.past_key_values
+    cache.batch_select_indices(torch.as_tensor(list(groups), device=device))
+    # Each row from its last prompt token on: position p-1 predicts the first response token.
+    starts = [p - 1 for p in prompt_lengths]
+    T = max(len(s) - st for s, st in zip(sequences, starts, strict=True))
+    tail = torch.full((B, T), pad_id, dtype=torch.long)
+    valid = torch.zeros((B, T), dtype=torch.long)
+    for b, (s, st) in enumerate(zip(sequences, starts, strict=True)):
+        tail[b, : len(s) - st] = torch.as_tensor(list(s[st:]), dtype=torch.long)
+        valid[b, : len(s) - st] = 1
+    tail, valid = tail.to(device), valid.to(device)
+    start_t = torch.as_tensor(starts, device=device)
+    positions = start_t.unsqueeze(1) + torch.arange(T, device=device).unsqueeze(0)
+    attention = torch.cat([head_mask[torch.as_tensor(list(groups), device=device)], valid], dim=1)
+    logits = model(input_ids=tail, attention_mask=attention, position_ids=positions, use_cache=True,
+                   **{kw_name: cache}).logits[:, :-1].float()
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    picked = logits.gather(-1, tail[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    picked = picked * valid[:, 1:]
+    # The shared passes' logits join the graph at zero weight, as in sequence_log_probs: under
+    # FSDP2 (one rank, for CPU offload) a forward whose output backward never reaches leaves
+    # its parameters resharded when the backward needs them.
+    picked = picked + 0.0 * sum(p.logits.sum() for p in passes)
+    # Row b's tail entry j scores token starts[b] + j + 1: put it at column starts[b] + j.
+    N = max(len(s) for s in sequences)
+    logp = torch.zeros((B, max(starts) + T), dtype=picked.dtype, device=device)
+    return logp.scatter(1, positions[:, :-1], picked)[:, : N - 1]

@@ -5,7 +5,8 @@ Each row finishes on its own (stop token, budget, abort) and is handed back the 
 so a short request never waits for the longest one in its batch; finished rows are dropped from
 the KV cache so later steps only compute live rows. Requests that arrive mid-batch are
 prefilled on their own and merged in (their cache left-padded with masked slots), so a long
-request does not hold newcomers back.
+request does not hold newcomers back. A prompt repeated within one prefill (the samples of a
+GRPO group) is computed once and its cache copied to each of its rows.
 """
 
 from __future__ import annotations
@@ -103,15 +104,20 @@ class DecodeBatch:
                 live.append(r)
         if not live:
             return None
+        # Samples of one prompt (a GRPO group) arrive together: prefill each distinct prompt once
+        # and give every row a copy of its prompt's cache and last logits.
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [distinct.setdefault(tuple(r.prompt_ids), len(distinct)) for r in live]
+        prompts = [list(p) for p in distinct]
         with torch.inference_mode():
-            prefix = _shared_prefix_length([r.prompt_ids for r in live]) if len(live) > 1 else 0
+            prefix = _shared_prefix_length(prompts) if len(prompts) > 1 else 0
             if prefix < MIN_SHARED_PREFIX:
                 prefix = 0
-            width = max(len(r.prompt_ids) for r in live) - prefix
-            ids = torch.full((len(live), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(live), width), dtype=torch.long)
-            for i, r in enumerate(live):
-                tail = r.prompt_ids[prefix:]
+            width = max(len(p) for p in prompts) - prefix
+            ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(prompts), width), dtype=torch.long)
+            for i, p in enumerate(prompts):
+                tail = p[prefix:]
                 ids[i, width - len(tail) :] = torch.tensor(tail, dtype=torch.long)
                 mask[i, width - len(tail) :] = 1
             ids, mask = ids.to(device), mask.to(device)
@@ -119,21 +125,27 @@ class DecodeBatch:
             if prefix:
                 # Rows sharing a prompt prefix (system turn, tool schemas) compute it once and
                 # share its key/value cache: a pad gap may sit between prefix and tail, masked.
-                head = model(input_ids=ids.new_tensor([live[0].prompt_ids[:prefix]]), use_cache=True,
+                head = model(input_ids=ids.new_tensor([prompts[0][:prefix]]), use_cache=True,
                              logits_to_keep=1)
                 cache = _cache_of(head)
-                cache.batch_repeat_interleave(len(live))
+                cache.batch_repeat_interleave(len(prompts))
                 kw[_cache_kwarg(type(model))] = cache
-                mask = torch.cat([mask.new_ones((len(live), prefix)), mask], dim=-1)
+                mask = torch.cat([mask.new_ones((len(prompts), prefix)), mask], dim=-1)
             # Positions count real tokens only, so a left-padded row sees the positions it would
             # see alone (RoPE models would not notice an offset; absolute-position models would).
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, prefix:]
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                         logits_to_keep=1, **kw)
-            _count(stats, len(live), prefill_tokens=int(mask[:, prefix:].sum()) + prefix)
-            stats["shared_prefix_tokens"] += prefix * (len(live) - 1)
-            batch = cls(live, _cache_of(out), mask, mask.sum(-1), torch.empty(0))
-            return batch._sample(out.logits[:, -1], stats)
+            _count(stats, len(prompts), prefill_tokens=int(mask[:, prefix:].sum()) + prefix)
+            stats["shared_prefix_tokens"] += prefix * (len(prompts) - 1)
+            cache, logits = _cache_of(out), out.logits[:, -1]
+            if len(prompts) < len(live):
+                stats["repeated_prompt_tokens"] += sum(len(r.prompt_ids) for r in live) - sum(map(len, prompts))
+                rows = torch.tensor(owner, device=mask.device)
+                cache.batch_select_indices(rows)
+                mask, logits = mask[rows], logits[rows]
+            batch = cls(live, cache, mask, mask.sum(-1), torch.empty(0))
+            return batch._sample(logits, stats)
 
     def step(self, model: Any, stats: dict[str, int]) -> DecodeBatch | None:
         """Feed the last sampled tokens, sample the next ones, drop rows that finished.

@@ -48,13 +48,33 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Te
 
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
     if sampled:
-        idx = torch.tensor(sampled, device=device)
-        filtered = _filter(scaled[idx], [rows[i] for i in sampled])
+        every = len(sampled) == len(rows)
+        idx = None if every else torch.tensor(sampled, device=device)
+        filtered = _filter(scaled if every else scaled[idx], [rows[i] for i in sampled])
         probs = torch.softmax(filtered, dim=-1)
-        for j, i in enumerate(sampled):
-            tokens[i] = torch.multinomial(probs[j], 1, generator=rows[i].generator)[0]
+        drawn = _draw(probs, [rows[i].generator for i in sampled])
+        if every:
+            tokens = drawn
+        else:
+            tokens[idx] = drawn
     chosen = log_probs.gather(1, tokens[:, None])[:, 0]
     return tokens, chosen
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of ``probs``, each row from its own generator.
+
+    This is the exponential race ``torch.multinomial(p, 1)`` itself runs (``argmax(p / q)``
+    with ``q ~ Exp(1)`` drawn from the row's generator), so a seeded request draws exactly the
+    tokens it drew through ``multinomial``; only the noise is drawn row by row, the division and
+    argmax run once for the batch (a ``multinomial`` call per row cost about twice as much).
+    """
+    if not bool(((probs >= 0) & (probs < float("inf"))).all()):
+        raise ValueError("sampling probabilities contain inf, nan or a negative value (are the logits finite?)")
+    noise = torch.empty_like(probs)
+    for j, generator in enumerate(generators):
+        noise[j].exponential_(generator=generator)
+    return torch.argmax(probs / noise, dim=-1)
 
 
 def _filter(scaled: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:

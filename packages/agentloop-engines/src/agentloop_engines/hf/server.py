@@ -32,7 +32,7 @@ from agentloop_engines.hf.sampling import RowSampling
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens",
-              "shared_prefix_tokens")
+              "shared_prefix_tokens", "repeated_prompt_tokens")
 
 
 def _resolve(fut: asyncio.Future, out: TokenOutput) -> None:
@@ -72,7 +72,10 @@ class HFServer(AsyncServerBase):
 
     Attributes:
         stats: Counters: ``forward_calls``, ``batched_rows`` (sum of rows over forward calls),
-            ``max_batch_rows``, ``batches``, ``prefill_tokens``, ``generated_tokens``.
+            ``max_batch_rows``, ``batches``, ``prefill_tokens``, ``generated_tokens``,
+            ``shared_prefix_tokens`` (not recomputed: a prefix every prompt of a prefill shares),
+            ``repeated_prompt_tokens`` (not recomputed: prompts repeated in one prefill, such
+            as a GRPO group's samples).
         batch_sizes: Number of requests in each of the last 1000 batches.
     """
 
