@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import BENCH_DIR, REPO_ROOT, load_average, write_result  # noqa: E402
 
-# name -> (script, extra args, timeout in seconds). Timeouts sum to < 41 minutes.
+# name -> (script, extra args, timeout in seconds). Timeouts sum to < 45 minutes.
 BENCHMARKS: dict[str, tuple[str, list[str], int]] = {
     "tokenization": ("bench_tokenization.py", [], 120),
     "routing": ("bench_routing.py", [], 180),
@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], int]] = {
     "trainer": ("bench_trainer.py", [], 120),
     "memory": ("bench_memory.py", [], 450),
     "scale": ("bench_scale.py", [], 540),
+    "async": ("bench_async.py", [], 240),
 }
 
 

@@ -14,9 +14,11 @@ when the trainer updates the weights (:meth:`PartialRolloutServer.weight_update`
 
 The caller gets one :class:`~agentloop_core.protocol.TokenOutput` holding every token of the
 generation with its own log-prob, and ``extra["policy_versions"]``: the policy version that
-sampled each token. A trainer that wants those versions per batch row reads them back from the
-per-request ledger (:meth:`PartialRolloutServer.pop_ledger`), since loops assemble their
-outputs without ``TokenOutput.extra``.
+sampled each token. A trainer that wants those versions per batch row names the request ids it
+will read back (:meth:`PartialRolloutServer.track`) and takes them from the per-request ledger
+(:meth:`PartialRolloutServer.pop_ledger`), since loops assemble their outputs without
+``TokenOutput.extra``. Only tracked ids are recorded, so requests nobody pops (evaluation
+rollouts through the same engine) leave nothing behind.
 
 Because step 2 waits for every call to come back (re-sending ``abort`` until it has, for an
 abort that raced a request's admission), the version recorded for a call's tokens is exact: the
@@ -81,9 +83,9 @@ class PartialRolloutServer(TransparentServerWrapper):
         interrupt: True: a pause aborts in-flight calls and resumes them after the update
             (partial rollout). False: a pause waits for in-flight calls to finish on the old
             weights (one-step-off training), so every call still runs on one version.
-        keep_ledger: Record, per request id, every generated token and the version that
-            sampled it, until :meth:`pop_ledger` takes it (a trainer that builds per-token
-            versions for its batch turns this on; otherwise nothing is kept).
+        keep_ledger: Record every request id's tokens and versions until :meth:`pop_ledger`
+            takes them (for a caller that pops every id it sends). Otherwise only the ids
+            passed to :meth:`track` are recorded, and nothing else is kept.
 
     Attributes:
         policy_version: Bumped by each :meth:`weight_update` (or ``update_weights`` outside one).
@@ -103,6 +105,7 @@ class PartialRolloutServer(TransparentServerWrapper):
         self.stats: dict[str, int] = {"resumed_calls": 0, "interrupted_calls": 0, "updates": 0}
         self._calls: set[_Call] = set()
         self._ledger: dict[str, _Ledger] = collections.defaultdict(_Ledger)
+        self._tracked: set[str] = set()
         self._gate: asyncio.Event | None = None
         self._returned = asyncio.Event()
         self._pausing = False
@@ -162,6 +165,11 @@ class PartialRolloutServer(TransparentServerWrapper):
         try:
             while True:
                 await self._gate.wait()
+                if call.user_aborted:
+                    # The caller aborted while the call waited out a weight update: the engine
+                    # ignored that abort (nothing of it was running), so it must not resume.
+                    stop = "aborted"
+                    break
                 remaining = sp.max_tokens - len(tokens)
                 if remaining < 1:  # pragma: no cover - an aborted call never ends on its budget
                     stop = "length"
@@ -186,7 +194,7 @@ class PartialRolloutServer(TransparentServerWrapper):
                     else:
                         log_probs.extend(out.log_probs)
                 versions.extend([version] * len(out.token_ids))
-                if self.keep_ledger:
+                if self.keep_ledger or request_id in self._tracked:
                     entry = self._ledger[request_id]
                     entry.token_ids.extend(out.token_ids)
                     entry.versions.extend([version] * len(out.token_ids))
@@ -269,14 +277,30 @@ class PartialRolloutServer(TransparentServerWrapper):
         async with self.weight_update():
             await self.server.update_weights(named_tensors)
 
+    def track(self, request_ids: Iterable[str]) -> None:
+        """Record the tokens and versions of ``request_ids`` in the ledger until each is popped.
+
+        Call it before the requests start; :meth:`pop_ledger` ends the tracking of an id.
+        """
+        self._tracked.update(request_ids)
+
+    @property
+    def ledger_size(self) -> int:
+        """Request ids the ledger holds or tracks (zero once every tracked id was popped)."""
+        return len(self._ledger.keys() | self._tracked)
+
     def pop_ledger(self, request_id: str) -> tuple[list[int], list[int]]:
         """``(token_ids, policy_versions)`` of every token generated under ``request_id`` since
-        the last pop, in generation order; empty lists for an unknown id.
+        it was tracked (or the last pop), in generation order, and stop tracking it; empty lists
+        for an id that generated nothing.
 
         Raises:
-            RuntimeError: when the wrapper was built without ``keep_ledger=True``.
+            RuntimeError: when ``request_id`` was not tracked and the wrapper was built without
+                ``keep_ledger=True``.
         """
-        if not self.keep_ledger:
-            raise RuntimeError("PartialRolloutServer(keep_ledger=True) is needed to read per-token versions back")
+        if not self.keep_ledger and request_id not in self._tracked:
+            raise RuntimeError(f"request {request_id!r} was not tracked: call track([request_id]) before it starts "
+                               "(or build PartialRolloutServer(keep_ledger=True)) to read per-token versions back")
+        self._tracked.discard(request_id)
         entry = self._ledger.pop(request_id, None)
         return (entry.token_ids, entry.versions) if entry is not None else ([], [])

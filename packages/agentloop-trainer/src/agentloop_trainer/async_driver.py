@@ -96,9 +96,14 @@ class AsyncDriver:
         assert self._changed is not None
         try:
             rows = make_rows([record], self.trainer.n, step=group.index, tag="train-async")
-            outputs = await self.engine.manager.agenerate_outputs(rows, step=group.index)
-            for row in rows:
-                _, versions = self.server.pop_ledger(row["request_id"])
+            # Only these ids enter the wrapper's ledger (evaluation rollouts do not), and they
+            # leave it here even when the group fails or is cancelled.
+            self.server.track(row["request_id"] for row in rows)
+            try:
+                outputs = await self.engine.manager.agenerate_outputs(rows, step=group.index)
+            finally:
+                ledgers = [self.server.pop_ledger(row["request_id"]) for row in rows]
+            for _, versions in ledgers:
                 group.token_versions.update(v - self.base_step for v in versions)
             self.buffer.finish(group, (rows, outputs))
         except BaseException as exc:

@@ -264,8 +264,9 @@ class RolloutEngine:
             from agentloop_core.partial_rollout import PartialRolloutServer
 
             # Weight updates then happen between engine calls: interrupted and resumed (async),
-            # or after in-flight calls finish (one_step_off); tokens record their policy version.
-            self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async", keep_ledger=True)
+            # or after in-flight calls finish (one_step_off); tokens record their policy version
+            # (in the ledger only for the request ids the driver tracks: not evaluation ones).
+            self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async")
         try:
             if uses_ray(cfg):
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,
