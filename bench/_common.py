@@ -42,6 +42,12 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def agentloop_command() -> list[str]:
+    """``agentloop`` next to this interpreter, else ``python -m agentloop_trainer.cli``."""
+    script = Path(sys.executable).with_name("agentloop")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agentloop_trainer.cli"]
+
+
 def load_average() -> list[float]:
     """The 1/5/15-minute load averages (other jobs share this machine)."""
     try:

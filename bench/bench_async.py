@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO_ROOT, load_average, table, versions, write_result  # noqa: E402
+from _common import REPO_ROOT, agentloop_command, load_average, table, versions, write_result  # noqa: E402
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
@@ -263,12 +263,6 @@ def simulated(args: argparse.Namespace) -> None:
         "workload": w.__dict__, "results": results, "goal": verdict, "table_markdown": text,
         "versions": versions("agentloop-core", "agentloop-trainer"),
     })
-
-
-def agentloop_command() -> list[str]:
-    """``agentloop`` next to this interpreter, else ``python -m agentloop_trainer.cli``."""
-    script = Path(sys.executable).with_name("agentloop")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "agentloop_trainer.cli"]
 
 
 def real(args: argparse.Namespace) -> None:

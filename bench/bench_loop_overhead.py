@@ -53,7 +53,7 @@ def prompts(n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": f"What is ({i % 7 + 2} + 5) * 3? Use the calculator."}] for i in range(n)]
 
 
-async def run_ours(n: int, repeats: int, profiler=None) -> dict:
+async def run_ours(n: int, repeats: int, profiler=None, sanity_check: str = "strict") -> dict:
     from agentloop_core import AgentLoopWorker
     from agentloop_core.testing import ScriptedServer
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
@@ -66,7 +66,7 @@ async def run_ours(n: int, repeats: int, profiler=None) -> dict:
         server = ScriptedServer(scripted_reply(tok), eos_token_id=tok.eos_token_id, append_eos=True)
         worker = AgentLoopWorker(server, tok, {
             "default_agent_loop": "tool_agent", "sampling_params": {"max_tokens": 256, "logprobs": True},
-            "tools": {"calculator": calculator}, "response_length": 2048})
+            "tools": {"calculator": calculator}, "response_length": 2048, "sanity_check": sanity_check})
         profiling = profiler is not None and bool(walls)  # never the warm-up run
         if profiling:
             profiler.enable()
@@ -134,7 +134,10 @@ def main() -> None:
     cpu = pin_one_core()
     load_start = load_average()
     # Alternate ours and verl round by round so a change in machine load hits both alike.
-    walls: dict[str, list[float]] = {"ours (agentloop tool_agent)": []}
+    # The unchecked row is the like-for-like one: verl's loop does not re-tokenize to check the
+    # ids it trains on; ours does by default (sanity_check=strict).
+    ours_unchecked = "ours, sanity_check=disable (no re-tokenization check, as verl)"
+    walls: dict[str, list[float]] = {"ours (agentloop tool_agent)": [], ours_unchecked: []}
     verl_note = "skipped: --skip-verl" if args.skip_verl else None
     verl_run = None
     if not args.skip_verl:
@@ -148,6 +151,7 @@ def main() -> None:
                          "`pip install verl==0.9.1 cachetools uvicorn fastapi torch==2.13.0`")
     for _ in range(args.repeats):
         walls["ours (agentloop tool_agent)"] += asyncio.run(run_ours(args.trajectories, 1))["walls_s"]
+        walls[ours_unchecked] += asyncio.run(run_ours(args.trajectories, 1, sanity_check="disable"))["walls_s"]
         if verl_run is not None:
             try:
                 walls["verl 0.9.1 ToolAgentLoop"] += asyncio.run(verl_run(args.trajectories, 1, summarize))["walls_s"]
@@ -167,10 +171,14 @@ def main() -> None:
     payload = {"description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
                "pinned_cpu": cpu, "versions": versions("transformers", "verl"), "results": results,
                "verl_note": verl_note, "table_markdown": text}
-    if len(results) == 2:
-        ours, verl = results.values()
+    if len(results) == 3:
+        ours, unchecked, verl = results.values()
         payload["ours_over_verl_throughput"] = ours["trajectories_per_s"] / verl["trajectories_per_s"]
-        print(f"ours / verl trajectories per second: {payload['ours_over_verl_throughput']:.2f}x")
+        payload["ours_over_verl_cost_per_tool_turn"] = ours["ms_per_tool_turn"] / verl["ms_per_tool_turn"]
+        payload["unchecked_over_verl_cost_per_tool_turn"] = unchecked["ms_per_tool_turn"] / verl["ms_per_tool_turn"]
+        payload["goal"] = "cost per tool turn at most 0.5x verl's"
+        print(f"ours / verl cost per tool turn: {payload['ours_over_verl_cost_per_tool_turn']:.2f} "
+              f"(unchecked: {payload['unchecked_over_verl_cost_per_tool_turn']:.2f}); goal <= 0.5")
     if args.profile:
         payload["profile_ours"] = profile_ours(args.trajectories, args.profile_top)
     write_result("loop_overhead", payload)

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import RESULTS_DIR  # noqa: E402
 
-ORDER = ("overlap", "routing", "loop_overhead", "scale", "tokenization", "trainer", "memory", "engines", "async")
+ORDER = ("main_job", "overlap", "routing", "loop_overhead", "scale", "tokenization", "trainer", "memory", "engines", "async")
 
 
 def tables(record: dict) -> list[str]:
