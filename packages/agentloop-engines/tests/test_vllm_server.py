@@ -103,3 +103,84 @@ async def test_sleep_is_declared_unsupported_on_cpu(server):
         pytest.skip("this platform supports vLLM sleep mode; the CPU check does not apply")
     with pytest.raises(CapabilityNotSupportedError):
         await server.sleep()
+
+
+async def _wait_for_tokens(server: VLLMServer, request_id: str, at_least: int, task: asyncio.Future) -> int:
+    """Wait until vLLM's output processor holds ``at_least`` tokens of ``request_id`` (engine
+    internals: a caller sees tokens only when the request ends)."""
+    states = server.engine.output_processor.request_states
+    while True:
+        if task.done():
+            raise AssertionError(f"{request_id} ended before the update: {task.result()}")
+        counts = [s.detokenizer.num_output_tokens() for s in list(states.values())
+                  if s.external_req_id.startswith(f"{request_id}#")]
+        if counts and max(counts) >= at_least:
+            return max(counts)
+        await asyncio.sleep(0.001)
+
+
+def _forward_log_probs(model_path: str, weights: dict, prompt: list[int], generated: list[int]) -> list[float]:
+    """Each generated token's log-prob under ``weights`` by a plain transformers forward pass."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model.load_state_dict(weights)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + generated])).logits[0]
+    lp = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), dim=-1)
+    return lp.gather(1, torch.tensor(generated)[:, None])[:, 0].tolist()
+
+
+async def test_partial_rollout_resumes_across_a_weight_update(server, tiny_path):
+    """PartialRolloutServer over VLLMServer: a weight update aborts a long greedy generation
+    mid-way and resumes it on the new weights from exactly the tokens already generated.
+
+    The engine must return, on ``abort``, every token generated so far with its log-prob
+    (vLLM's last cumulative output). A failure of the prefix checks means the aborted call
+    lost or changed tokens; of the resumed-part checks, that the resumed call did not run on
+    the new weights from prompt + the kept prefix (e.g. a prefix cache that survived the update).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_core.partial_rollout import PartialRolloutServer
+
+    prompt, budget = PROMPTS[0], 300
+    params = {"max_tokens": budget, "temperature": 0, "ignore_eos": True}
+    plain = await server.generate("pr-plain", prompt, params)
+    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
+    original = {n: p.detach().clone() for n, p in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    perturbed = {n: (t + 0.05 * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t)
+                 for n, t in original.items()}
+    wrapper = PartialRolloutServer(server)
+    try:
+        task = asyncio.ensure_future(wrapper.generate("pr", prompt, params))
+        await asyncio.wait_for(_wait_for_tokens(server, "pr", 8, task), 120)
+        await wrapper.update_weights(perturbed.items())  # pause + abort, push, version 1, resume
+        out = await asyncio.wait_for(task, 120)
+        versions = out.extra["policy_versions"]
+        k = versions.count(0)
+        assert out.extra["resumes"] == 1
+        assert 0 < k < budget, f"the update should land mid-generation; {k} of {budget} tokens came first"
+        assert versions == [0] * k + [1] * (budget - k)
+        assert len(out.token_ids) == budget and len(out.log_probs) == budget and out.stop_reason == "length"
+
+        fresh = await server.generate("pr-check", prompt + out.token_ids[:k], {**params, "max_tokens": budget - k})
+        new_lp = _forward_log_probs(tiny_path, perturbed, prompt, out.token_ids)
+        prefix_lp_err = max(abs(a - b) for a, b in zip(out.log_probs[:k], plain.log_probs[:k], strict=True))
+        resumed_lp_err = max(abs(a - b) for a, b in zip(out.log_probs[k:], fresh.log_probs, strict=True))
+        forward_err = max(abs(a - b) for a, b in zip(out.log_probs[k:], new_lp[k:], strict=True))
+        print(f"switch after {k} of {budget} tokens; max |log-prob diff|: prefix vs uninterrupted "
+              f"{prefix_lp_err:.2e}, resumed vs fresh vLLM call {resumed_lp_err:.2e}, resumed vs forward pass "
+              f"on the new weights {forward_err:.2e}")
+        assert out.token_ids[:k] == plain.token_ids[:k], "the kept prefix must be the old weights' tokens"
+        assert out.token_ids[k:] == fresh.token_ids, "the resumed part must be what the new weights generate"
+        assert prefix_lp_err < 1e-4
+        assert resumed_lp_err < 2e-3
+        assert forward_err < 2e-3
+        # The check can fail: the new weights really continue differently from the old ones.
+        assert out.token_ids[k:] != plain.token_ids[k:]
+    finally:
+        await server.update_weights(original.items())

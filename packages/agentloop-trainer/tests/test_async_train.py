@@ -20,7 +20,7 @@ def test_mode_defaults_and_bounds():
     (["trainer.mode=one_step_off", "trainer.max_staleness=2"], "use trainer.mode=async for another bound"),
     (["trainer.max_staleness=1"], "max_staleness is 0 in trainer.mode=sync"),
     (["trainer.mode=async", "trainer.max_staleness=-1"], "must be >= 0"),
-    (["trainer.mode=async", "actor_rollout_ref.rollout.name=vllm"], "rollout.name must be hf"),
+    (["trainer.mode=async", "actor_rollout_ref.rollout.name=sglang"], "rollout.name must be one of"),
     (["trainer.mode=async", "trainer.fsdp_ranks=2"], "fsdp_ranks must be 1"),
 ])
 def test_bad_mode_settings_name_the_fix(overrides, message):
@@ -28,7 +28,7 @@ def test_bad_mode_settings_name_the_fix(overrides, message):
         load_config(overrides)
 
 
-def _run(tmp_path, model_path, tokenizer, mode, steps=2):
+def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
@@ -41,12 +41,14 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2):
         f"trainer.experiment_name={mode}", "trainer.test_freq=0", "trainer.save_freq=0", "trainer.progress_bar=false",
         "trainer.val_before_train=false", "data.train_size=32", "data.val_size=2", "data.train_batch_size=2",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12",
-        "data.max_response_length=40", f"trainer.mode={mode}",
+        "data.max_response_length=40", f"trainer.mode={mode}", *extra,
     ])
     train, test = load_records(cfg)
     trainer = GRPOTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
                           AutoModelForCausalLM.from_pretrained(cfg.model.path), tokenizer, train, test,
                           Path(tmp_path) / mode, log=lambda *_: None)
+    if spy is not None:
+        spy(trainer)
     try:
         summary = trainer.fit()
     finally:
@@ -67,3 +69,43 @@ def test_async_modes_complete_a_short_run(tmp_path, random_model_path, tokenizer
         assert sum(v for k, v in h.items() if k.startswith("async/tokens_version_")) > 0
     assert trainer.engine.server.policy_version == 2
     assert not trainer.async_driver._tasks, "the producer and its groups stop with the run"
+
+
+@pytest.mark.slow
+def test_longer_async_run_keeps_the_bound_whole_groups_and_an_empty_ledger(tmp_path, random_model_path, tokenizer):
+    """Six steps of ``trainer.mode=async`` with ``max_staleness=2`` and evaluations before,
+    during and after: at every step the staleness stays within the bound and the update sees
+    ``train_batch_size`` whole groups of ``rollout.n`` trajectories; every group is trained at
+    most once and none is skipped; the partial-rollout ledger is empty at the end (evaluation
+    rollouts go through the same engine and must leave nothing in it)."""
+    from collections import Counter
+
+    seen: list[Counter] = []
+
+    def spy(trainer):
+        learn = trainer._learn
+
+        def counting_learn(rows, batch):
+            trajectories = sorted(set(batch.trajectory_index.tolist()))
+            seen.append(Counter(rows[t]["group_id"] for t in trajectories))
+            return learn(rows, batch)
+
+        trainer._learn = counting_learn
+
+    summary, steps, trainer = _run(
+        tmp_path, random_model_path, tokenizer, "async", steps=6, spy=spy,
+        extra=("trainer.max_staleness=2", "trainer.val_before_train=true", "trainer.test_freq=2"))
+    assert summary["steps"] == 6 and [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]
+    assert sum("eval/accuracy" in h for h in trainer.history) == 4, "before, at steps 2 and 4, after"
+    for h in steps:
+        assert 0 <= h["staleness/max"] <= 2, h["step"]
+        assert sum(h[f"staleness/hist_{k}"] for k in range(3)) == pytest.approx(1.0)
+    assert len(seen) == 6
+    for counts in seen:
+        assert len(counts) == 2 and set(counts.values()) == {2}, f"two whole groups of n=2 per step: {counts}"
+    driver = trainer.async_driver
+    trained = [i for s in sorted(driver.trained_groups) for i, _ in driver.trained_groups[s]]
+    assert len(trained) == len(set(trained)) == 12
+    left = {g.index for g in driver.buffer.open_groups}
+    assert set(trained) | left == set(range(driver.buffer.started)), "no started group is lost"
+    assert trainer.engine.server.ledger_size == 0

@@ -192,3 +192,31 @@ def test_vllm_serves_the_trained_policy_after_the_weight_sync(tmp_path, policy_p
         trainer.close()
     with capsys.disabled():
         print(f"\n[vllm train] build_trainer (vLLM start) {t_build:.1f} s, fit (2 steps, 2 evals) {t_fit:.1f} s")
+
+
+def test_agentloop_train_with_vllm_in_async_mode(tmp_path, policy_path, parity_reward, capsys):
+    """`agentloop train ... rollout.name=vllm trainer.mode=async` exits 0 after 2 steps with the
+    staleness bound (1) held, whole groups, and tokens recorded per policy version.
+
+    Partial rollout needs vLLM's abort to return the tokens generated so far; if this fails while
+    the sync run passes, run test_vllm_server.py -k partial_rollout (the engine-level check)."""
+    from agentloop_trainer.cli import main
+
+    start = time.perf_counter()
+    overrides = [*_overrides(tmp_path, policy_path, parity_reward, "async"), "trainer.mode=async"]
+    assert main(["train", *overrides]) == 0
+    seconds = time.perf_counter() - start
+    run_dir = tmp_path / "async"
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
+    steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["rollout/num_failed"] == 0, m
+        assert 0 <= m["staleness/max"] <= 1, m
+        assert m["staleness/hist_0"] + m["staleness/hist_1"] == pytest.approx(1.0), m
+        assert m["rollout/num_samples"] == 8, "two whole groups of n=4 per step"
+        assert sum(v for k, v in m.items() if k.startswith("async/tokens_version_")) > 0, m
+    with capsys.disabled():
+        print(f"\n[vllm train] agentloop train, 2 async steps with vLLM: {seconds:.1f} s; staleness/max per step "
+              f"{[m['staleness/max'] for m in steps]}, tokens per version "
+              f"{[{k: v for k, v in m.items() if k.startswith('async/tokens_version_')} for m in steps]}")

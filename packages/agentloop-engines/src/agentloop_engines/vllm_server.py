@@ -174,13 +174,19 @@ class VLLMServer(AsyncServerBase):
                                   "num_cached_tokens": getattr(final, "num_cached_tokens", None)})
 
     async def abort(self, request_id: str) -> None:
-        """Abort every live vLLM request of ``request_id``; each returns ``'aborted'``."""
+        """Abort every live vLLM request of ``request_id``; each returns ``'aborted'`` with the
+        tokens (and log-probs) generated so far: vLLM's final cumulative output on abort."""
         rids = list(self._rids.get(request_id, ()))
         if rids:
             await self.engine.abort(rids)
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights into every worker's model, then reset the prefix cache."""
+        """Load new weights into every worker's model, then reset the prefix cache.
+
+        Raises:
+            RuntimeError: when generations were still running, so the prefix cache (old KV)
+                could not be reset.
+        """
         import io
 
         import torch
@@ -191,7 +197,12 @@ class VLLMServer(AsyncServerBase):
         buffer = io.BytesIO()
         torch.save(weights, buffer)
         await self.engine.collective_rpc(_load_weights_on_worker, args=(buffer.getvalue(),))
-        await self.engine.reset_prefix_cache()
+        # vLLM keeps the cache (returns False) while a request holds KV blocks: that KV, and
+        # any prefix hit on it later, would come from the old weights.
+        if await self.engine.reset_prefix_cache() is False:
+            raise RuntimeError("vLLM could not reset its prefix cache after the weight update: requests were still "
+                               "running, and their KV was computed by the old weights. Update weights only while "
+                               "no generation runs (PartialRolloutServer aborts in-flight calls around an update)")
 
     async def sleep(self) -> None:
         """Release weights and KV cache (GPU platforms only)."""

@@ -130,6 +130,49 @@ class StalenessBuffer:
             raise ValueError(f"group {group.index} already finished")
         group.payload, group.finished = payload, True
 
+    def restore(self, started: int, groups: list[tuple[int, int]]) -> list[Group]:
+        """Reopen, in a fresh buffer, the groups a checkpoint saved as open (``--resume``).
+
+        Each keeps its index (so its request ids, hence its sampling seeds, are the ones the
+        uninterrupted run used) and the version it first started under (so its deadline, and
+        with it the step that trains it, is the uninterrupted run's). The caller rolls them out
+        again from scratch, so their tokens are newer than that version.
+
+        Args:
+            started: Groups the saved run had started (the next new group's index).
+            groups: ``(index, start_version)`` of each open group, versions counted like this
+                buffer's (from its step 0, so a group started before the resume has a version
+                ``<= 0``).
+
+        Returns:
+            The reopened groups, in start order.
+
+        Raises:
+            RuntimeError: when this buffer already started or trained something.
+            ValueError: on an index repeated or ``>= started``, or groups that could not all
+                be trained by their deadlines (not what a checkpoint of this buffer holds).
+        """
+        if self.started or self.trained_steps or self._open:
+            raise RuntimeError("restore() needs a fresh buffer: restore the checkpoint before the first step")
+        indices = [index for index, _ in groups]
+        if len(set(indices)) != len(indices) or any(not 0 <= i < started for i in indices):
+            raise ValueError(f"open group indices {indices} must be distinct and in [0, {started})")
+        reopened = [Group(index=i, start_version=v) for i, v in sorted(groups)]
+        if not self._schedulable(reopened, 0):
+            raise ValueError(f"the open groups (index, version) {sorted(groups)} cannot all be trained within "
+                             f"max_staleness {self.max_staleness} with {self.batch_groups} groups a step; the "
+                             "checkpoint was written with other trainer.max_staleness or data.train_batch_size "
+                             "settings: resume with those")
+        self.started = started
+        self._open = {g.index: g for g in reopened}
+        self._last_version = max((g.start_version for g in reopened), default=0)
+        return reopened
+
+    @property
+    def open_groups(self) -> list[Group]:
+        """Started, not yet taken, in start order (what a checkpoint must replay)."""
+        return sorted(self._open.values(), key=lambda g: g.index)
+
     # -- consumer -------------------------------------------------------------------------
 
     def due(self) -> list[Group]:

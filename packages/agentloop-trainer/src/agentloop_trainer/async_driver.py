@@ -13,8 +13,18 @@ The importance correction needs nothing extra: a resumed generation's log-probs 
 token's own engine log-prob, so ``rollout_log_probs`` (and ``actor.tis_cap``) already compare
 the trained policy with the policy that sampled each token.
 
-Not kept across ``--resume``: groups in flight or waiting in the buffer (the resumed run rolls
-out fresh groups from the data position saved with the checkpoint).
+``--resume`` trains the prompts the uninterrupted run would have, started in the same order. A
+checkpoint records, besides the data iterator's position (the producer's, ahead of training),
+every group started but not yet trained (:meth:`AsyncDriver.state`: its index, the version it
+started under and its row of the training data) and the rows drawn from the data iterator but
+not yet started. The resumed run rolls those groups out first, under their old indices (same
+request ids, hence the same sampling seeds) and start versions (same deadlines: a group the
+uninterrupted run had to train at the next step is trained there), then the leftover rows, then
+continues from the saved data position. Which groups a step trains otherwise depends on which
+finish first, in either run. What is lost: the groups' generations themselves. A group's partial
+or finished rollout is not saved; the resumed run samples it again from scratch on the restored
+weights, so its tokens, rewards and losses differ from the uninterrupted run's (its tokens are
+fresher: the staleness metrics still count from the version the group first started under).
 """
 
 from __future__ import annotations
@@ -52,7 +62,12 @@ class AsyncDriver:
         self.max_staleness = max_staleness(trainer.cfg)
         self.buffer = StalenessBuffer(trainer.cfg.data.train_batch_size, self.max_staleness)
         self.base_step = 0  # versions are counted from the step this driver started at
-        self._records: list[dict] = []
+        self._records: list[int] = []  # rows drawn from the data iterator, not yet started
+        self._group_records: dict[int, int] = {}  # open group index -> its row of the training data
+        self._replay: list[Group] = []  # groups reopened from a checkpoint, to roll out first
+        self.trained_groups: dict[int, list[tuple[int, int]]] = {}
+        """Per trained step: ``(group index, training-data row)`` of each group it trained (what
+        the resume tests compare with the uninterrupted run)."""
         self._tasks: set[asyncio.Task] = set()
         self._producer: asyncio.Task | None = None
         self._changed: asyncio.Event | None = None
@@ -74,22 +89,30 @@ class AsyncDriver:
             self._last_busy = self.server.busy_seconds()
             self._producer = asyncio.get_running_loop().create_task(self._produce(), name="agentloop.producer")
 
-    def _next_record(self) -> dict:
+    def _next_record(self) -> int:
         if not self._records:
-            self._records = list(self.trainer.data.next_batch())
+            self._records = self.trainer.data.next_indices()
         return self._records.pop(0)
+
+    def _launch(self, group: Group) -> None:
+        record = self.trainer.data.records[self._group_records[group.index]]
+        task = asyncio.get_running_loop().create_task(self._roll(group, record))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _produce(self) -> None:
         assert self._changed is not None
+        while self._replay:  # open when the checkpoint was written: admitted then, so no admission now
+            self._launch(self._replay.pop(0))
+            await asyncio.sleep(0)
         while True:
             if not self.buffer.can_start(self.version) or self.server.paused:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
             group = self.buffer.start(self.version)
-            task = asyncio.get_running_loop().create_task(self._roll(group, self._next_record()))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._group_records[group.index] = self._next_record()
+            self._launch(group)
             await asyncio.sleep(0)
 
     async def _roll(self, group: Group, record: dict) -> None:
@@ -126,6 +149,7 @@ class AsyncDriver:
             self._changed.clear()
             await self._changed.wait()
         groups = self.buffer.take()
+        self.trained_groups[self.trainer.step + 1] = [(g.index, self._group_records.pop(g.index)) for g in groups]
         self._changed.set()  # room for more groups
         rows: list[dict] = []
         outputs: list[Any] = []
@@ -190,6 +214,51 @@ class AsyncDriver:
         if trainer.step >= trainer.cfg.trainer.total_steps:
             self.stop()
         return metrics
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What ``--resume`` needs to train the prompts the uninterrupted run would have (see the
+        module docstring): call it between steps, with the producer's position already in the
+        data iterator's state.
+
+        Returns:
+            ``started`` (groups started so far), ``open_groups`` (each started, untrained group,
+            in start order: ``index``, ``start_version`` as an absolute policy version, ``record``:
+            its row of the training data) and ``next_records`` (rows drawn, not yet started).
+        """
+        return {
+            "started": self.buffer.started,
+            "open_groups": [{"index": g.index, "start_version": g.start_version + self.base_step,
+                             "record": self._group_records[g.index]} for g in self.buffer.open_groups],
+            "next_records": list(self._records),
+        }
+
+    def load_state(self, state: dict[str, Any] | None) -> None:
+        """Restore :meth:`state` before the first step (after ``trainer.step`` is restored).
+
+        None (a checkpoint written in ``trainer.mode=sync``) restores nothing: the run continues
+        from the data position alone, which a sync checkpoint leaves exact.
+
+        Raises:
+            RuntimeError: when the run already started its producer.
+        """
+        if self._producer is not None:
+            raise RuntimeError("load_state() must come before the first asynchronous step")
+        self.base_step = self.trainer.step
+        if not state:
+            return
+        records = len(self.trainer.data.records)
+        rows = [int(g["record"]) for g in state["open_groups"]] + [int(r) for r in state["next_records"]]
+        if any(not 0 <= r < records for r in rows):
+            raise ValueError(f"the checkpoint's asynchronous state names training rows outside the {records} this "
+                             "run loaded; resume with the data settings (data.train_files, data.train_size) it "
+                             "was written with")
+        self._replay = self.buffer.restore(
+            int(state["started"]),
+            [(int(g["index"]), int(g["start_version"]) - self.base_step) for g in state["open_groups"]])
+        self._group_records = {int(g["index"]): int(g["record"]) for g in state["open_groups"]}
+        self._records = [int(r) for r in state["next_records"]]
 
     def stop(self) -> None:
         """Cancel the producer and the groups still rolling out (their work is dropped)."""

@@ -639,6 +639,9 @@ def validate(cfg: Any) -> None:
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
 
+ASYNC_ENGINE_NAMES = ("hf", "vllm")
+"""In-process engines the asynchronous modes support (their ``abort`` returns the partial tokens)."""
+
 
 def _validate_mode(cfg: Any) -> None:
     """``trainer.mode`` and ``trainer.max_staleness``, and what the async modes support so far."""
@@ -653,17 +656,23 @@ def _validate_mode(cfg: Any) -> None:
         raise ConfigError(f"config trainer.max_staleness must be >= 0 (policy versions), got {tc.max_staleness}")
     if tc.mode == "sync":
         return
+    # Partial rollout needs an engine whose abort returns the tokens generated so far (with
+    # their log-probs); verified for hf and vllm in process, and for our HTTP engine server in
+    # front of either (rollout.server_urls). The asynchronous driver runs on one process.
     unsupported = [
-        ("actor_rollout_ref.rollout.name", r.name == "hf", "hf"),
-        ("actor_rollout_ref.rollout.backend", not uses_ray(cfg), "inprocess (no ray.address)"),
-        ("actor_rollout_ref.rollout.server_urls", not r.server_urls, "unset"),
-        ("trainer.fsdp_ranks", tc.fsdp_ranks == 1, "1"),
+        ("actor_rollout_ref.rollout.name", bool(r.server_urls) or r.name in ASYNC_ENGINE_NAMES,
+         f"one of {ASYNC_ENGINE_NAMES} (sglang's abort is not yet verified to return the partial tokens "
+         "partial rollout resumes from)"),
+        ("actor_rollout_ref.rollout.backend", not uses_ray(cfg),
+         "inprocess, without ray.address (the Ray rollout workers call the engines from their own processes, "
+         "outside the weight-update pause; run the in-process backend, or remote engines through "
+         "rollout.server_urls)"),
+        ("trainer.fsdp_ranks", tc.fsdp_ranks == 1, "1 (the asynchronous driver runs on one trainer process)"),
     ]
     for key, ok, expected in unsupported:
         if not ok:
-            raise ConfigError(f"config {key} must be {expected} with trainer.mode={tc.mode} (the asynchronous "
-                              "trainer runs the in-process hf engine on one trainer process so far); use "
-                              "trainer.mode=sync for this setup")
+            raise ConfigError(f"config {key} must be {expected} with trainer.mode={tc.mode}; "
+                              "or use trainer.mode=sync for this setup")
 
 
 def max_staleness(cfg: Any) -> int:

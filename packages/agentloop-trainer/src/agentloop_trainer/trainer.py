@@ -73,14 +73,19 @@ class DataIterator:
             random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
         return order
 
-    def next_batch(self) -> list[dict]:
-        """The next ``batch_size`` rows (a new epoch starts when too few remain)."""
+    def next_indices(self) -> list[int]:
+        """The next ``batch_size`` rows as indices into ``records`` (a new epoch starts when too
+        few remain); the asynchronous trainer checkpoints rows by these indices."""
         if self.position + self.batch_size > len(self._order):
             self.epoch, self.position = self.epoch + 1, 0
             self._order = self._permutation()
         idx = self._order[self.position : self.position + self.batch_size]
         self.position += self.batch_size
-        return [self.records[i] for i in idx]
+        return list(idx)
+
+    def next_batch(self) -> list[dict]:
+        """The next ``batch_size`` rows (a new epoch starts when too few remain)."""
+        return [self.records[i] for i in self.next_indices()]
 
     def state(self) -> dict[str, int]:
         """Position to save in a checkpoint."""
@@ -312,7 +317,9 @@ class GRPOTrainer:
     def save(self) -> Path:
         """Checkpoint the run: model and optimizer shards (each rank writes its own), step, data
         position, RNG and history, and with ``trainer.save_hf`` the policy as a Hugging Face
-        folder (``step_<N>/hf``). Every rank must call it (a collective)."""
+        folder (``step_<N>/hf``). In the asynchronous modes also the groups started and not yet
+        trained (:meth:`~agentloop_trainer.async_driver.AsyncDriver.state`), which the data
+        position alone would skip. Every rank must call it (a collective)."""
         from agentloop_trainer.checkpoint import HF_DIR
         from agentloop_trainer.sharded_checkpoint import save_sharded_checkpoint
 
@@ -326,7 +333,9 @@ class GRPOTrainer:
                                 max_shard_bytes=int(tc.hf_max_shard_megabytes) * 2**20, write=self.rank == 0)
 
         return save_sharded_checkpoint(self.run_dir / "checkpoints", self.step, self.model, self.actor.optimizer,
-                                       {"data": self.data.state(), "history": self.history}, export=export)
+                                       {"data": self.data.state(), "history": self.history,
+                                        **({"async": self.async_driver.state()} if self.async_driver else {})},
+                                       export=export)
 
     def resume(self) -> bool:
         """Load the run's latest checkpoint as ``trainer.resume`` says; returns whether one was
@@ -343,6 +352,13 @@ class GRPOTrainer:
             state = self._load_single_file_checkpoint(path)
         self.step = int(state["step"])
         self.data.load_state(state["data"])
+        if self.async_driver is not None:
+            self.async_driver.load_state(state.get("async"))
+        elif state.get("async") and (state["async"]["open_groups"] or state["async"]["next_records"]) and self.rank == 0:
+            lost = len(state["async"]["open_groups"]) + len(state["async"]["next_records"])
+            self.log(f"WARNING: {path} was written in an asynchronous trainer.mode with {lost} prompts drawn but not "
+                     "yet trained; trainer.mode=sync resumes from the data position and skips them. Resume with the "
+                     "trainer.mode it was written with to train them")
         self.history = list(state.get("history", []))
         set_rng_state(state["rng"])
         self.sync_weights()

@@ -1,0 +1,179 @@
+"""Partial rollout over remote engines: PartialRolloutServer in front of a routing client over
+``HTTPServer`` clients, each talking to a real HFServer behind our HTTP server on 127.0.0.1
+(what ``actor_rollout_ref.rollout.server_urls`` builds).
+
+It works because ``POST /abort`` stops the engine's request at a token boundary and the
+in-flight ``POST /generate`` then answers with the tokens (and log-probs) generated so far and
+``stop_reason="aborted"``; these tests check that over the wire, then the whole abort-update-resume
+cycle against a plain forward pass on the old and new weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+pytest.importorskip("httpx", reason='HTTP tests need: pip install "agentloop-engines[server]"')
+pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
+pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-engines[server]"')
+torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
+transformers = pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
+pytest.importorskip("safetensors", reason='weight sync needs pip install "agentloop-engines[hf]"')
+
+from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
+from agentloop_engines import HTTPServer  # noqa: E402
+from agentloop_engines.client import LLMServerClient  # noqa: E402
+from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+
+INIT = 0.3  # greedy outputs that depend on the prompt (see test_hf_server.py)
+PROMPT = [100, 200, 300, 17, 5]
+MAX_TOKENS = 96
+GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+LOGPROB_TOL = 1e-4
+HANG_S = 120  # a wait this long means a hang, never a slow machine
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return build_tiny_model(initializer_range=INIT)
+
+
+@pytest.fixture(scope="module")
+def old_weights(model_path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def new_weights(old_weights):
+    gen = torch.Generator().manual_seed(1234)
+    new = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in old_weights.items()}
+    # The tiny model ties lm_head to the embeddings: two different values for the one tensor
+    # would leave it to load order which one wins (a safetensors body has no fixed order).
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]
+    return new
+
+
+@pytest.fixture
+async def remote(model_path):
+    """``start(n)`` -> (engines, routing client over n HTTP servers); all stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        clients: list[HTTPServer] = []
+
+        async def start(n: int = 1) -> tuple[list[HFServer], LLMServerClient]:
+            engines = [HFServer(model_path, max_model_len=512, max_batch_size=8, seed=0) for _ in range(n)]
+            for engine in engines:
+                thread = stack.enter_context(ServerThread(engine))
+                clients.append(HTTPServer(thread.url))
+                await clients[-1].connect()
+            return engines, LLMServerClient(clients[-n:])
+
+        yield start
+        for client in clients:
+            await client.close()
+
+
+def forward_log_probs(model_path, weights: dict, prompt: list[int], generated: list[int]) -> list[float]:
+    """Each generated token's log-prob under ``weights`` by a plain forward pass (greedy: T=1)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model.load_state_dict(weights)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + generated])).logits[0].float()
+    lp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return lp.gather(1, torch.tensor(generated)[:, None])[:, 0].tolist()
+
+
+async def wait_for_tokens(engines: list[HFServer], request_id: str, at_least: int, task: asyncio.Future) -> None:
+    """Wait until the engine row for ``request_id`` holds ``at_least`` tokens (engine internals,
+    read from the test's thread: the engines run on their server threads' loops)."""
+    while True:
+        if task.done():
+            raise AssertionError(f"{request_id} ended before the update: {task.result()}")
+        rows = [r for e in engines for r in list(e._by_id.get(request_id, ())) if not r.done]
+        if rows and len(rows[0].token_ids) >= at_least:
+            return
+        await asyncio.sleep(0.001)
+
+
+def max_abs(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b)
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
+
+
+async def test_abort_over_http_returns_the_tokens_generated_so_far(remote, model_path, old_weights):
+    """``/abort`` makes the in-flight ``/generate`` answer ``aborted`` with its partial tokens
+    and their log-probs (the contract partial rollout needs); they are the start of an
+    uninterrupted greedy run. Empty tokens here: the server dropped them on abort."""
+    engines, client = await remote(1)
+    plain = await client.generate("plain", PROMPT, GREEDY)
+    task = asyncio.ensure_future(client.generate("cut", PROMPT, GREEDY))
+    await asyncio.wait_for(wait_for_tokens(engines, "cut", 4, task), HANG_S)
+    await client.abort("cut")
+    out = await asyncio.wait_for(task, HANG_S)
+    k = len(out.token_ids)
+    assert out.stop_reason == "aborted" and 4 <= k < MAX_TOKENS
+    assert out.token_ids == plain.token_ids[:k]
+    assert max_abs(out.log_probs, plain.log_probs[:k]) < LOGPROB_TOL
+    assert max_abs(out.log_probs, forward_log_probs(model_path, old_weights, PROMPT, out.token_ids)) < LOGPROB_TOL
+
+
+async def test_a_weight_update_over_http_resumes_from_exactly_the_generated_prefix(
+        remote, model_path, old_weights, new_weights):
+    """An update mid-generation (weights pushed as a safetensors body) aborts the call over
+    HTTP and resumes it from prompt + the kept prefix: the prefix is the old weights' greedy
+    run, the rest is what the new weights generate from there, log-probs included."""
+    engines, client = await remote(1)
+    plain = await client.generate("plain", PROMPT, GREEDY)
+    wrapper = PartialRolloutServer(client, keep_ledger=True)
+    task = asyncio.ensure_future(wrapper.generate("traj-0", PROMPT, GREEDY))
+    await asyncio.wait_for(wait_for_tokens(engines, "traj-0", 4, task), HANG_S)
+    await wrapper.update_weights(new_weights.items())
+    out = await asyncio.wait_for(task, HANG_S)
+
+    versions = out.extra["policy_versions"]
+    k = versions.count(0)
+    assert out.extra["resumes"] == 1
+    assert 0 < k < MAX_TOKENS, f"the update should land mid-generation; {k} of {MAX_TOKENS} tokens came first"
+    assert versions == [0] * k + [1] * (MAX_TOKENS - k)
+    assert len(out.token_ids) == MAX_TOKENS and out.stop_reason == "length"
+    assert wrapper.pop_ledger("traj-0") == (out.token_ids, versions)
+
+    fresh = await client.generate("check", PROMPT + out.token_ids[:k], {**GREEDY, "max_tokens": MAX_TOKENS - k})
+    old_lp = forward_log_probs(model_path, old_weights, PROMPT, out.token_ids)
+    new_lp = forward_log_probs(model_path, new_weights, PROMPT, out.token_ids)
+    print(f"switch after {k} tokens; max |engine - forward| old part {max_abs(out.log_probs[:k], old_lp[:k]):.2e}, "
+          f"new part {max_abs(out.log_probs[k:], new_lp[k:]):.2e}")
+    assert out.token_ids[:k] == plain.token_ids[:k]
+    assert out.token_ids[k:] == fresh.token_ids
+    assert max_abs(out.log_probs[:k], old_lp[:k]) < LOGPROB_TOL
+    assert max_abs(out.log_probs[k:], new_lp[k:]) < LOGPROB_TOL
+    # The check can fail: the two policies really score the resumed tokens differently.
+    assert max_abs(out.log_probs[k:], old_lp[k:]) > 1e-2
+
+
+async def test_generations_on_two_replicas_all_resume_on_the_new_weights(remote, model_path, new_weights):
+    """With two remote replicas each in-flight generation is aborted on its own replica, every
+    replica gets the new weights, and every generation resumes within its budget."""
+    engines, client = await remote(2)
+    wrapper = PartialRolloutServer(client)
+    ids = [f"r{i}" for i in range(4)]
+    tasks = [asyncio.ensure_future(wrapper.generate(rid, PROMPT[: 2 + i], GREEDY)) for i, rid in enumerate(ids)]
+    for rid, task in zip(ids, tasks, strict=True):
+        await asyncio.wait_for(wait_for_tokens(engines, rid, 2, task), HANG_S)
+    assert {client.policy.session_replica(rid) for rid in ids} == {0, 1}, "both replicas should hold generations"
+    await wrapper.update_weights(new_weights.items())
+    outs = await asyncio.wait_for(asyncio.gather(*tasks), HANG_S)
+    for rid, out in zip(ids, outs, strict=True):
+        versions = out.extra["policy_versions"]
+        assert len(out.token_ids) == MAX_TOKENS and out.stop_reason == "length", rid
+        assert out.extra["resumes"] == 1 and 0 < versions.count(0) < MAX_TOKENS, rid
+        assert versions == sorted(versions), rid
+    # Every replica really holds the new weights: its greedy tokens score as the new weights'.
+    for replica in client.servers:
+        after = await replica.generate("after", PROMPT, {**GREEDY, "max_tokens": 16})
+        assert max_abs(after.log_probs, forward_log_probs(model_path, new_weights, PROMPT, after.token_ids)) \
+            < LOGPROB_TOL, replica
