@@ -82,7 +82,6 @@ def main() -> None:
                   "held-out accuracy", "gain (points)"], rows,
                  title=f"Main job, cold cache, `agentloop train` with no arguments: goal < {GOAL_SECONDS:.0f} s "
                        f"and >= {GOAL_GAIN_POINTS:.0f} points: {'met' if met else 'missed'}")
-    print(text)
     write_result("main_job", {
         "description": "agentloop train with no arguments (plus the given overrides) from an empty "
                        "AGENTLOOP_CACHE_DIR: tokenizer, tiny model and SFT warm-up built in the run",

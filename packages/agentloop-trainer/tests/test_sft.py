@@ -87,3 +87,18 @@ def test_sft_steps_reduce_loss(random_model_path, tokenizer):
         loss.backward()
         opt.step()
     assert float(sft_loss(model, batch).detach()) < 0.8 * first
+
+
+@pytest.mark.parametrize(("stop_loss", "runs"), [(1e3, 1), (None, 1), (1e-9, 3)])
+def test_sft_repeats_its_schedule_until_learned_within_max_steps(random_model_path, tokenizer, stop_loss, runs):
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.sft import SFTConfig, learned, train_sft
+    from agentloop_trainer.task import BIASED_TEMPLATES
+
+    model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
+    # 3 whole runs of 6 steps fit in 20; a 4th would not. A random model's loss is never below 1e-9.
+    config = SFTConfig(steps=6, batch_size=1, lr=1e-4, warmup_steps=2, stop_loss=stop_loss, max_steps=20)
+    losses = train_sft(model, tokenizer, make_problems(16, 3), config, BIASED_TEMPLATES)
+    assert len(losses) == runs * config.steps
+    assert learned(losses, stop_loss) == (stop_loss != 1e-9)

@@ -71,14 +71,23 @@ class ModelSection:
 class SFTSection:
     """SFT warm-up of the tiny model on (biased) teacher demonstrations."""
 
-    steps: int = 1500
-    """Optimizer steps."""
+    steps: int = 750
+    """Optimizer steps of the learning-rate schedule (linear warm-up, cosine decay to 10%)."""
+    stop_loss: float | None = 0.02
+    """The demonstrations count as learned when the mean loss of the schedule's last 50 steps
+    is below this (the teacher's coin flips on the biased templates keep it above ~0.005).
+    When they are not, the schedule runs again from the start (a warm restart), up to
+    ``max_steps`` in all: how long the loss sits on a plateau before it falls varies
+    several-fold with the seed, so one fixed length is either slow for most seeds or too short
+    for some. null: run the schedule once."""
+    max_steps: int = 1500
+    """Most optimizer steps in all (whole schedules only)."""
     batch_size: int = 32
     """Conversations per step."""
     lr: float = 3e-3
     """Peak learning rate (cosine)."""
-    warmup_steps: int = 100
-    """Warm-up steps."""
+    warmup_steps: int = 50
+    """Warm-up steps (of each run of the schedule)."""
     flip_prob: float = 0.6
     """Chance the teacher flips the last operator on a biased template."""
     seed: int = 0

@@ -139,12 +139,27 @@ class SFTConfig(SFTSection):
     """AdamW weight decay."""
 
 
+STOP_WINDOW = 50
+"""Last steps of a schedule whose mean loss is compared with ``SFTSection.stop_loss``."""
+
+
+def learned(losses: Sequence[float], stop_loss: float | None) -> bool:
+    """Whether the mean loss of the last :data:`STOP_WINDOW` steps is below ``stop_loss``
+    (None: the warm-up never repeats, so it counts as learned)."""
+    tail = losses[-STOP_WINDOW:]
+    return stop_loss is None or (bool(tail) and sum(tail) / len(tail) < stop_loss)
+
+
 def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTConfig,
               biased_templates: tuple[int, ...], progress: Callable[[int, float], None] | None = None) -> list[float]:
     """Train ``model`` in place on teacher demonstrations of ``problems``.
 
+    Runs the learning-rate schedule (``config.steps`` steps: linear warm-up, cosine decay), and
+    runs it again from the start (a warm restart) while the demonstrations are not learned
+    (:func:`learned` with ``config.stop_loss``) and another run fits in ``config.max_steps``.
+
     Returns:
-        The loss of every step.
+        The loss of every step run.
     """
     import torch
 
@@ -152,20 +167,25 @@ def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: S
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     model.train()
     losses: list[float] = []
-    for step in range(config.steps):
-        for group in opt.param_groups:
-            group["lr"] = cosine_lr(step, config.steps, config.lr, config.warmup_steps)
-        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
-        # The demonstrations' template rendering is checked on the first step (one shape for all).
-        examples = demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates,
-                                       check_prefix=step == 0)
-        loss = sft_loss(model, examples)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(float(loss.detach()))
-        if progress is not None:
-            progress(step, losses[-1])
+    budget = max(config.steps, config.max_steps or 0)
+    while True:
+        for k in range(config.steps):
+            step = len(losses)
+            for group in opt.param_groups:
+                group["lr"] = cosine_lr(k, config.steps, config.lr, config.warmup_steps)
+            chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
+            # The demonstrations' template rendering is checked on the first step (one shape for all).
+            examples = demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates,
+                                           check_prefix=step == 0)
+            loss = sft_loss(model, examples)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(float(loss.detach()))
+            if progress is not None:
+                progress(step, losses[-1])
+        if learned(losses, config.stop_loss) or len(losses) + config.steps > budget:
+            break
     model.eval()
     return losses
