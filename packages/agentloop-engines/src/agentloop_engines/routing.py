@@ -190,7 +190,8 @@ class StickyLeastInFlightPolicy:
 
     def session_replica(self, request_id: str) -> int | None:
         """The replica ``request_id`` is pinned to, or None (does not refresh its LRU age)."""
-        return self._sessions.get(request_id)[0] if request_id in self._sessions else None
+        session = self._sessions.get(request_id)
+        return session[0] if session is not None else None
 
     def forget(self, request_id: str) -> None:
         """Drop the session of ``request_id`` (e.g. when its trajectory is finished)."""

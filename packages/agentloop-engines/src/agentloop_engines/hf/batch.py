@@ -141,9 +141,9 @@ class DecodeBatch:
             cache, logits = _cache_of(out), out.logits[:, -1]
             if len(prompts) < len(live):
                 stats["repeated_prompt_tokens"] += sum(len(r.prompt_ids) for r in live) - sum(map(len, prompts))
-                rows = torch.tensor(owner, device=mask.device)
-                cache.batch_select_indices(rows)
-                mask, logits = mask[rows], logits[rows]
+                owners = torch.tensor(owner, device=mask.device)
+                cache.batch_select_indices(owners)
+                mask, logits = mask[owners], logits[owners]
             batch = cls(live, cache, mask, mask.sum(-1), torch.empty(0))
             return batch._sample(logits, stats)
 
