@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers", reason='HFServer needs pip in
 
 from agentloop_core.partial_rollout import PartialRolloutServer, resume_seed  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.testing import perturbed_weights  # noqa: E402
 from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
 
 INIT = 0.3  # random greedy outputs that depend on the prompt (see test_hf_server.py)
@@ -32,15 +33,18 @@ def model_path():
 
 
 @pytest.fixture(scope="module")
-def old_weights(model_path):
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def weights(model_path):
+    return perturbed_weights(model_path)  # tied tensors get one value
 
 
 @pytest.fixture(scope="module")
-def new_weights(old_weights):
-    gen = torch.Generator().manual_seed(1234)
-    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in old_weights.items()}
+def old_weights(weights):
+    return weights[0]
+
+
+@pytest.fixture(scope="module")
+def new_weights(weights):
+    return weights[1]
 
 
 @pytest.fixture

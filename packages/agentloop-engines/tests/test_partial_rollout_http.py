@@ -27,6 +27,7 @@ from agentloop_engines import HTTPServer  # noqa: E402
 from agentloop_engines.client import LLMServerClient  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
 from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.testing import perturbed_weights  # noqa: E402
 from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
 
 INIT = 0.3  # greedy outputs that depend on the prompt (see test_hf_server.py)
@@ -43,19 +44,18 @@ def model_path():
 
 
 @pytest.fixture(scope="module")
-def old_weights(model_path):
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+def weights(model_path):
+    return perturbed_weights(model_path)  # tied tensors get one value
 
 
 @pytest.fixture(scope="module")
-def new_weights(old_weights):
-    gen = torch.Generator().manual_seed(1234)
-    new = {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in old_weights.items()}
-    # The tiny model ties lm_head to the embeddings: two different values for the one tensor
-    # would leave it to load order which one wins (a safetensors body has no fixed order).
-    new["lm_head.weight"] = new["model.embed_tokens.weight"]
-    return new
+def old_weights(weights):
+    return weights[0]
+
+
+@pytest.fixture(scope="module")
+def new_weights(weights):
+    return weights[1]
 
 
 @pytest.fixture

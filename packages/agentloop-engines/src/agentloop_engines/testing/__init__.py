@@ -1,5 +1,6 @@
 """Test helpers for engine adapters that ship with the package, so other packages' tests and
-third parties can use them: a CPU stand-in for ``sglang.Engine``."""
+third parties can use them: a CPU stand-in for ``sglang.Engine`` and perturbed weights for
+in-place update tests."""
 
 from agentloop_engines.testing.sglang_standin import (
     DEFAULT_EOS_TOKEN_ID,
@@ -8,5 +9,7 @@ from agentloop_engines.testing.sglang_standin import (
     WeightUpdate,
     write_checkpoint,
 )
+from agentloop_engines.testing.weights import perturbed_weights
 
-__all__ = ["DEFAULT_EOS_TOKEN_ID", "DEFAULT_VOCAB_SIZE", "StandInSGLangEngine", "WeightUpdate", "write_checkpoint"]
+__all__ = ["DEFAULT_EOS_TOKEN_ID", "DEFAULT_VOCAB_SIZE", "StandInSGLangEngine", "WeightUpdate", "perturbed_weights",
+           "write_checkpoint"]
