@@ -48,6 +48,26 @@ def agentloop_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "agentloop_trainer.cli"]
 
 
+def run_agentloop_train(run_dir: Path, overrides: Sequence[str], env: dict[str, str] | None = None,
+                        label: str = "") -> tuple[dict[str, Any], float]:
+    """Run ``agentloop train`` into ``run_dir`` as a user would (both cores: no
+    ``OMP_NUM_THREADS``), its output shown; returns its ``summary.json`` and the command's wall
+    seconds. Exits with the command's status when it fails."""
+    import subprocess
+
+    full_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("OMP_NUM_THREADS", None)
+    cmd = [*agentloop_command(), "train", f"trainer.default_local_dir={run_dir}", "trainer.progress_bar=false",
+           *overrides]
+    print("running:", " ".join(cmd), flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=full_env)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"agentloop train {label}failed with exit code {proc.returncode} (output above)")
+    return json.loads((Path(run_dir) / "summary.json").read_text()), wall
+
+
 def load_average() -> list[float]:
     """The 1/5/15-minute load averages (other jobs share this machine)."""
     try:

@@ -42,9 +42,7 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,7 +52,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO_ROOT, agentloop_command, load_average, table, versions, write_result  # noqa: E402
+from _common import load_average, run_agentloop_train, table, versions, write_result  # noqa: E402
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
@@ -268,20 +266,10 @@ def simulated(args: argparse.Namespace) -> None:
 def real(args: argparse.Namespace) -> None:
     """``agentloop train`` once per mode (the cached SFT checkpoint, as the default job)."""
     load_start = load_average()
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    env.pop("OMP_NUM_THREADS", None)  # the job uses both cores, as `nox -s train` does
     results = []
     for mode in ("sync", "one_step_off", "async"):
         work = Path(tempfile.mkdtemp(prefix=f"agentloop-async-{mode}-"))
-        cmd = [*agentloop_command(), "train", f"trainer.default_local_dir={work}", "trainer.progress_bar=false",
-               f"trainer.mode={mode}", *args.overrides]
-        print("running:", " ".join(cmd), flush=True)
-        start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env)
-        wall = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"agentloop train ({mode}) failed with exit code {proc.returncode} (output above)")
-        summary = json.loads(next(work.rglob("summary.json")).read_text())
+        summary, wall = run_agentloop_train(work, [f"trainer.mode={mode}", *args.overrides], label=f"({mode}) ")
         samples = 0.0
         for line in next(work.rglob("metrics.jsonl")).read_text().splitlines():
             samples += json.loads(line).get("rollout/num_samples", 0.0)

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO_ROOT, agentloop_command, load_average, table, versions, write_result  # noqa: E402
+from _common import load_average, run_agentloop_train, table, versions, write_result  # noqa: E402
 
 GOAL_SECONDS = 360.0
 GOAL_GAIN_POINTS = 15.0
@@ -33,18 +30,7 @@ GOAL_GAIN_POINTS = 15.0
 def run_cold(overrides: list[str], keep: bool) -> dict:
     """One cold run of ``agentloop train``; the numbers it reports plus its wall time."""
     work = Path(tempfile.mkdtemp(prefix="agentloop-main-job-"))
-    env = {**os.environ, "AGENTLOOP_CACHE_DIR": str(work / "cache"), "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONUNBUFFERED": "1"}
-    env.pop("OMP_NUM_THREADS", None)  # the job uses both cores, as `nox -s train` does
-    cmd = [*agentloop_command(), "train", f"trainer.default_local_dir={work / 'run'}",
-           "trainer.progress_bar=false", *overrides]
-    print("running:", " ".join(cmd), flush=True)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"agentloop train failed with exit code {proc.returncode} (output above)")
-    summary = json.loads((work / "run" / "summary.json").read_text())
+    summary, wall = run_agentloop_train(work / "run", overrides, env={"AGENTLOOP_CACHE_DIR": str(work / "cache")})
     sft_info = json.loads(next((work / "cache").glob("sft-*/sft_info.json")).read_text())
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
