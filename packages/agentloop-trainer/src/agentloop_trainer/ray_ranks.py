@@ -240,6 +240,11 @@ def spawn_ray(
             remove_placement_group(pg)
 
 
+FAILURE_GRACE_S = 3.0
+"""How long, once a rank has failed, the driver waits for the other ranks' outcomes before it
+picks the earliest failure (the root cause rather than a peer's knock-on error)."""
+
+
 def _collect(ray: Any, refs: list[Any], world_size: int, run_timeout_s: float | None) -> Any:
     """Wait for every rank; on the first failure raise it (the caller's finally kills the rest)."""
     rank_of = {ref: rank for rank, ref in enumerate(refs)}
@@ -261,6 +266,12 @@ def _collect(ray: Any, refs: list[Any], world_size: int, run_timeout_s: float | 
                 results[outcome.rank] = outcome.result
             else:
                 failures.append(outcome)
+        if failures and pending:
+            # A failing rank's peers fail too (a collective loses its partner), and a peer's
+            # knock-on error can reach the driver before the root cause does: give the other
+            # ranks a moment to report, then blame the earliest failure.
+            late, pending = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
+            failures += [o for o in (_outcome(ray, ref, rank_of[ref]) for ref in late) if not o.ok]
         if failures:
             failures.sort(key=lambda o: o.failed_at)
             first = failures[0]
