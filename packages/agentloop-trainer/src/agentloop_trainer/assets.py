@@ -55,7 +55,7 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
         from tqdm import tqdm
 
         from agentloop_trainer.model import build_tiny_policy
-        from agentloop_trainer.sft import STOP_WINDOW, SFTConfig, learned, train_sft
+        from agentloop_trainer.sft import STOP_WINDOW, SFTConfig, learned, train_sft, window_mean
         from agentloop_trainer.task import BIASED_TEMPLATES, make_problems
 
         s = cfg.sft
@@ -73,7 +73,7 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
                            SFTConfig(**OmegaConf.to_container(s, resolve=True)),
                            tuple(BIASED_TEMPLATES), progress)
         bar.close()
-        mean = sum(losses[-STOP_WINDOW:]) / len(losses[-STOP_WINDOW:])
+        mean = window_mean(losses)
         if not learned(losses, s.stop_loss):
             log(f"WARNING: the SFT warm-up did not learn the demonstrations in {len(losses)} steps (mean loss "
                 f"of the last {STOP_WINDOW} steps {mean:.4f} >= sft.stop_loss={s.stop_loss}); the held-out "
@@ -83,11 +83,10 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
                 f"of the schedule; mean loss of the last {STOP_WINDOW} steps {mean:.4f})")
         model.cpu().save_pretrained(out)
         tokenizer.save_pretrained(out)
-        tail = losses[-STOP_WINDOW:]
         (out / "sft_info.json").write_text(json.dumps({
             "steps": len(losses), "schedule_steps": s.steps, "max_steps": s.max_steps, "stop_loss": s.stop_loss,
             "seconds": time.perf_counter() - start,
-            "final_loss": sum(tail) / max(1, len(tail)), "torch_threads": torch.get_num_threads(),
+            "final_loss": mean, "torch_threads": torch.get_num_threads(),
         }, indent=2))
 
     log(f"training the SFT warm-up checkpoint ({cfg.sft.steps} steps, up to {cfg.sft.max_steps} if not learned) "

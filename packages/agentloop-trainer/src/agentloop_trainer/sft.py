@@ -143,11 +143,16 @@ STOP_WINDOW = 50
 """Last steps of a schedule whose mean loss is compared with ``SFTSection.stop_loss``."""
 
 
+def window_mean(losses: Sequence[float]) -> float:
+    """Mean loss of the last :data:`STOP_WINDOW` steps (nan before any step)."""
+    tail = losses[-STOP_WINDOW:]
+    return sum(tail) / len(tail) if tail else math.nan
+
+
 def learned(losses: Sequence[float], stop_loss: float | None) -> bool:
     """Whether the mean loss of the last :data:`STOP_WINDOW` steps is below ``stop_loss``
     (None: the warm-up never repeats, so it counts as learned)."""
-    tail = losses[-STOP_WINDOW:]
-    return stop_loss is None or (bool(tail) and sum(tail) / len(tail) < stop_loss)
+    return stop_loss is None or (bool(losses) and window_mean(losses) < stop_loss)
 
 
 def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTConfig,
