@@ -23,6 +23,11 @@ rollouts through the same engine) leave nothing behind.
 Because step 2 waits for every call to come back (re-sending ``abort`` until it has, for an
 abort that raced a request's admission), the version recorded for a call's tokens is exact: the
 engine held those weights for the call's whole life.
+
+A trainer drives the wrapper through :class:`RolloutControl`, a small async interface with one
+implementation per place the wrapper can live: :class:`LocalRolloutControl` over a wrapper in the
+trainer's own process, and ``agentloop_engines.hosting.RemoteClient`` over one hosted inside the
+shared Ray client actor (where every rollout worker's calls pass through the same gate).
 """
 
 from __future__ import annotations
@@ -33,13 +38,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.runtime.seeding import derive_seed
 from agentloop_core.server_wrapper import TransparentServerWrapper
 
-__all__ = ["PartialRolloutServer", "resume_seed"]
+__all__ = ["LocalRolloutControl", "PartialRolloutServer", "PartialRolloutState", "RolloutControl",
+           "resume_seed"]
 
 _ABORT_RESEND_S = 0.05
 """How often a pause re-sends ``abort`` to calls that have not returned yet: an abort that
@@ -65,6 +71,25 @@ class _Call:
     request_id: str
     user_aborted: bool = False
     in_engine: bool = False
+
+
+@dataclass(frozen=True)
+class PartialRolloutState:
+    """A snapshot of a :class:`PartialRolloutServer`, in one piece (one remote call when the
+    wrapper lives in a Ray actor)."""
+
+    policy_version: int
+    """The version of the weights the engine holds."""
+    paused: bool
+    """Whether a weight update holds the gate closed."""
+    busy_seconds: float
+    """See :meth:`PartialRolloutServer.busy_seconds`."""
+    in_engine: int
+    """Engine calls in flight now."""
+    ledger_size: int
+    """See :attr:`PartialRolloutServer.ledger_size`."""
+    stats: dict[str, int]
+    """A copy of :attr:`PartialRolloutServer.stats`."""
 
 
 @dataclass
@@ -304,3 +329,140 @@ class PartialRolloutServer(TransparentServerWrapper):
         self._tracked.discard(request_id)
         entry = self._ledger.pop(request_id, None)
         return (entry.token_ids, entry.versions) if entry is not None else ([], [])
+
+    def pop_ledger_many(self, request_ids: Iterable[str]) -> list[tuple[list[int], list[int]]]:
+        """:meth:`pop_ledger` of each id, in order (a group's rows in one call).
+
+        Every id is popped even when one was not tracked; the error then comes after.
+
+        Raises:
+            RuntimeError: as :meth:`pop_ledger`, for the first untracked id.
+        """
+        out: list[tuple[list[int], list[int]]] = []
+        error: RuntimeError | None = None
+        for request_id in request_ids:
+            try:
+                out.append(self.pop_ledger(request_id))
+            except RuntimeError as exc:
+                error = error or exc
+                out.append(([], []))
+        if error is not None:
+            raise error
+        return out
+
+    def snapshot(self) -> PartialRolloutState:
+        """Version, gate, busy time, ledger size and stats as one frozen record."""
+        return PartialRolloutState(policy_version=self.policy_version, paused=self.paused,
+                                   busy_seconds=self.busy_seconds(), in_engine=self._in_engine,
+                                   ledger_size=self.ledger_size,
+                                   stats=dict(self.stats))
+
+
+@runtime_checkable
+class RolloutControl(Protocol):
+    """What a trainer needs of a :class:`PartialRolloutServer`, as async calls, so that one
+    driver works whether the wrapper is in its process or inside a Ray actor.
+
+    A weight push is ``pause()``, one ``update_weights`` per bucket, ``unpause(version)``; the
+    trainer is the only caller of these, so it may mirror ``policy_version`` and ``paused``
+    instead of asking for them.
+    """
+
+    async def set_policy_version(self, policy_version: int) -> None:
+        """Declare the version of the weights the engine holds now (no update happens).
+
+        Args:
+            policy_version: The version, e.g. the trainer's step when a run starts or resumes.
+        """
+        ...
+
+    async def pause(self) -> None:
+        """:meth:`PartialRolloutServer.pause`: close the gate, abort (or, without interrupt,
+        wait out) the in-flight engine calls and return once none is in the engine."""
+        ...
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Push one bucket of weights (forwarded as is while paused).
+
+        Args:
+            named_tensors: ``(name, tensor)`` pairs.
+        """
+        ...
+
+    async def unpause(self, policy_version: int | None = None) -> None:
+        """:meth:`PartialRolloutServer.unpause`: open the gate on the pushed weights.
+
+        Args:
+            policy_version: Their version; None: one more than before.
+        """
+        ...
+
+    async def track(self, request_ids: Iterable[str]) -> None:
+        """:meth:`PartialRolloutServer.track`; call it before the requests start.
+
+        Args:
+            request_ids: The ids whose tokens and versions to record.
+        """
+        ...
+
+    async def pop_ledger_many(self, request_ids: Iterable[str]) -> list[tuple[list[int], list[int]]]:
+        """:meth:`PartialRolloutServer.pop_ledger_many`.
+
+        Args:
+            request_ids: Tracked ids.
+
+        Returns:
+            ``(token_ids, policy_versions)`` per id, in order.
+        """
+        ...
+
+    async def rollout_state(self) -> PartialRolloutState:
+        """:meth:`PartialRolloutServer.snapshot`.
+
+        Returns:
+            The wrapper's version, gate, busy seconds, ledger size and stats.
+        """
+        ...
+
+
+class LocalRolloutControl:
+    """:class:`RolloutControl` over a :class:`PartialRolloutServer` in this process (each call
+    finishes on the caller's event loop, the one the wrapper's generations run on).
+
+    Args:
+        server: The wrapper.
+    """
+
+    def __init__(self, server: PartialRolloutServer) -> None:
+        if not isinstance(server, PartialRolloutServer):
+            raise TypeError(f"LocalRolloutControl needs a PartialRolloutServer, got {type(server).__name__}; "
+                            "wrap the engine first: PartialRolloutServer(engine)")
+        self.server = server
+
+    async def set_policy_version(self, policy_version: int) -> None:
+        """See :meth:`RolloutControl.set_policy_version`."""
+        self.server.policy_version = int(policy_version)
+
+    async def pause(self) -> None:
+        """See :meth:`RolloutControl.pause`."""
+        await self.server.pause()
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """See :meth:`RolloutControl.update_weights`."""
+        await self.server.update_weights(named_tensors)
+
+    async def unpause(self, policy_version: int | None = None) -> None:
+        """See :meth:`RolloutControl.unpause`."""
+        self.server.unpause(policy_version)
+
+    async def track(self, request_ids: Iterable[str]) -> None:
+        """See :meth:`RolloutControl.track`."""
+        self.server.track(request_ids)
+
+    async def pop_ledger_many(self, request_ids: Iterable[str]) -> list[tuple[list[int], list[int]]]:
+        """See :meth:`RolloutControl.pop_ledger_many`."""
+        return self.server.pop_ledger_many(request_ids)
+
+    async def rollout_state(self) -> PartialRolloutState:
+        """See :meth:`RolloutControl.rollout_state`."""
+        return self.server.snapshot()

@@ -9,6 +9,12 @@ the loops, keep rolling out meanwhile), and pushes the new weights through the e
 generations are interrupted and resume on the new weights; in ``one_step_off`` they finish on
 the old ones first.
 
+The driver reaches the wrapper only through the engine's
+:class:`~agentloop_core.partial_rollout.RolloutControl` (``RolloutEngine.control``), so one code
+path serves a wrapper in this process and one inside the shared Ray client actor (where all
+rollout workers' calls pass). It is the wrapper's only controller, so it keeps its own copy of
+the policy version and of whether a push is under way instead of asking for them.
+
 The importance correction needs nothing extra: a resumed generation's log-probs are each
 token's own engine log-prob, so ``rollout_log_probs`` (and ``actor.tis_cap``) already compare
 the trained policy with the policy that sampled each token.
@@ -45,20 +51,21 @@ class AsyncDriver:
     """Runs the steps of one asynchronous GRPO run for a :class:`~agentloop_trainer.trainer.GRPOTrainer`.
 
     Args:
-        trainer: The trainer (rank 0, one process, in-process engine: ``config.validate``
-            checks this).
+        trainer: The trainer (rank 0, one process: ``config.validate`` checks this).
     """
 
     def __init__(self, trainer: Any) -> None:
-        from agentloop_core.partial_rollout import PartialRolloutServer
+        from agentloop_core.partial_rollout import RolloutControl
         from agentloop_trainer.config import max_staleness
 
         self.trainer = trainer
         self.engine = trainer.engine
-        self.server = self.engine.server
-        if not isinstance(self.server, PartialRolloutServer):
-            raise TypeError("the asynchronous trainer needs the RolloutEngine built with trainer.mode set "
-                            "(its engine behind a PartialRolloutServer)")
+        self.control = getattr(self.engine, "control", None)
+        if not isinstance(self.control, RolloutControl):
+            raise TypeError("the asynchronous trainer needs the RolloutEngine built with trainer.mode set (its "
+                            "engine behind a PartialRolloutServer, reached through RolloutEngine.control)")
+        self._policy_version = 0  # the wrapper's, as last set by this driver
+        self._pushing = False  # a weight push holds the wrapper's gate closed
         self.max_staleness = max_staleness(trainer.cfg)
         self.buffer = StalenessBuffer(trainer.cfg.data.train_batch_size, self.max_staleness)
         self.base_step = 0  # versions are counted from the step this driver started at
@@ -79,14 +86,15 @@ class AsyncDriver:
     @property
     def version(self) -> int:
         """The engine's policy version, counted from the step this driver started at."""
-        return self.server.policy_version - self.base_step
+        return self._policy_version - self.base_step
 
-    def _start(self) -> None:
+    async def _start(self) -> None:
         if self._producer is None:
             self.base_step = self.trainer.step
-            self.server.policy_version = self.trainer.step
+            await self.control.set_policy_version(self.trainer.step)
+            self._policy_version = self.trainer.step
             self._changed = asyncio.Event()
-            self._last_busy = self.server.busy_seconds()
+            self._last_busy = (await self.control.rollout_state()).busy_seconds
             self._producer = asyncio.get_running_loop().create_task(self._produce(), name="agentloop.producer")
 
     def _next_record(self) -> int:
@@ -106,7 +114,7 @@ class AsyncDriver:
             self._launch(self._replay.pop(0))
             await asyncio.sleep(0)
         while True:
-            if not self.buffer.can_start(self.version) or self.server.paused:
+            if not self.buffer.can_start(self.version) or self._pushing:
                 self._changed.clear()
                 await self._changed.wait()
                 continue
@@ -120,12 +128,15 @@ class AsyncDriver:
         try:
             rows = make_rows([record], self.trainer.n, step=group.index, tag="train-async")
             # Only these ids enter the wrapper's ledger (evaluation rollouts do not), and they
-            # leave it here even when the group fails or is cancelled.
-            self.server.track(row["request_id"] for row in rows)
+            # leave it here even when the group fails or is cancelled: also when the cancel
+            # (stop()) lands while ``track`` travels to a wrapper in a Ray actor, which then
+            # still receives it, before the ``pop`` sent after it.
+            ids = [row["request_id"] for row in rows]
             try:
+                await self.control.track(ids)
                 outputs = await self.engine.manager.agenerate_outputs(rows, step=group.index)
             finally:
-                ledgers = [self.server.pop_ledger(row["request_id"]) for row in rows]
+                ledgers = await self.control.pop_ledger_many(ids)
             for _, versions in ledgers:
                 group.token_versions.update(v - self.base_step for v in versions)
             self.buffer.finish(group, (rows, outputs))
@@ -141,7 +152,7 @@ class AsyncDriver:
     async def _next_batch(self) -> tuple[list[dict], Any, list[Group]]:
         from agentloop_core.batch import RolloutBatch
 
-        self._start()
+        await self._start()
         assert self._changed is not None
         while not self.buffer.ready():
             if self._error is not None:
@@ -172,11 +183,19 @@ class AsyncDriver:
 
         trainer = self.trainer
         buckets = largest = 0
-        async with self.server.weight_update(policy_version=version):
-            for bucket in iter_policy_weights(trainer.model, trainer.bucket_bytes):
-                size = sum(t.numel() * t.element_size() for _, t in bucket)
-                buckets, largest = buckets + 1, max(largest, size)
-                await self.server.update_weights(bucket)
+        self._pushing = True
+        try:
+            await self.control.pause()
+            try:
+                for bucket in iter_policy_weights(trainer.model, trainer.bucket_bytes):
+                    size = sum(t.numel() * t.element_size() for _, t in bucket)
+                    buckets, largest = buckets + 1, max(largest, size)
+                    await self.control.update_weights(bucket)
+            finally:
+                await self.control.unpause(version)
+                self._policy_version = version
+        finally:
+            self._pushing = False
         assert self._changed is not None
         self._changed.set()  # the producer may start groups under the new version
         trainer.last_sync = {"perf/sync_buckets": float(buckets), "perf/sync_bucket_peak_mb": largest / 2**20}
@@ -197,7 +216,8 @@ class AsyncDriver:
         t_sync = time.perf_counter() - t2
         metrics = trainer._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=False)
         wall = time.perf_counter() - t0
-        busy = self.server.busy_seconds()
+        state = loop.run_until_complete(self.control.rollout_state())
+        busy = state.busy_seconds
         idle = 1.0 - min(1.0, (busy - self._last_busy) / max(wall, 1e-9))
         self._last_busy = busy
         tokens = Counter()
@@ -208,7 +228,7 @@ class AsyncDriver:
             "async/buffer_depth": float(self.buffer.depth),
             "async/groups_in_flight": float(self.buffer.in_flight),
             "async/engine_idle_fraction": idle,
-            "async/interrupted_calls": float(self.server.stats["interrupted_calls"]),
+            "async/interrupted_calls": float(state.stats["interrupted_calls"]),
             **{f"async/tokens_version_{v + self.base_step}": float(n) for v, n in sorted(tokens.items())},
         })
         if trainer.step >= trainer.cfg.trainer.total_steps:

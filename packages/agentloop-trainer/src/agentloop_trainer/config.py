@@ -666,16 +666,13 @@ def _validate_mode(cfg: Any) -> None:
     if tc.mode == "sync":
         return
     # Partial rollout needs an engine whose abort returns the tokens generated so far (with
-    # their log-probs); verified for hf and vllm in process, and for our HTTP engine server in
-    # front of either (rollout.server_urls). The asynchronous driver runs on one process.
+    # their log-probs); verified for hf and vllm in process, for our HTTP engine server in front
+    # of either (rollout.server_urls), and for Ray replicas (the wrapper then lives in the shared
+    # client actor every rollout worker calls through). The asynchronous driver runs on one process.
     unsupported = [
         ("actor_rollout_ref.rollout.name", bool(r.server_urls) or r.name in ASYNC_ENGINE_NAMES,
          f"one of {ASYNC_ENGINE_NAMES} (sglang's abort is not yet verified to return the partial tokens "
          "partial rollout resumes from)"),
-        ("actor_rollout_ref.rollout.backend", not uses_ray(cfg),
-         "inprocess, without ray.address (the Ray rollout workers call the engines from their own processes, "
-         "outside the weight-update pause; run the in-process backend, or remote engines through "
-         "rollout.server_urls)"),
         ("trainer.fsdp_ranks", tc.fsdp_ranks == 1, "1 (the asynchronous driver runs on one trainer process)"),
     ]
     for key, ok, expected in unsupported:

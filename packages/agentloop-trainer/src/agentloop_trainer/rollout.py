@@ -260,13 +260,23 @@ class RolloutEngine:
         except BaseException:
             self.loop.close()
             raise
+        self.control: Any = None
+        """The asynchronous driver's :class:`~agentloop_core.partial_rollout.RolloutControl`
+        (None in ``trainer.mode=sync``)."""
         if cfg.trainer.mode != "sync":
-            from agentloop_core.partial_rollout import PartialRolloutServer
+            from agentloop_core.partial_rollout import LocalRolloutControl, PartialRolloutServer
 
             # Weight updates then happen between engine calls: interrupted and resumed (async),
             # or after in-flight calls finish (one_step_off); tokens record their policy version
             # (in the ledger only for the request ids the driver tracks: not evaluation ones).
-            self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async")
+            # On Ray the wrapper lives in the shared client actor (_start_ray), where every
+            # worker's calls pass; a wrapper here would be pickled into each worker, one gate
+            # and one ledger per worker, none of them the one the driver pauses.
+            if uses_ray(cfg):
+                self.control = self.server
+            else:
+                self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async")
+                self.control = LocalRolloutControl(self.server)
         try:
             if uses_ray(cfg):
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,
@@ -304,7 +314,9 @@ class RolloutEngine:
 
             # One routing view for every worker (global least-in-flight), on the driver's node:
             # a worker node going away must not take the router with it.
-            return client_actor(self.replicas, node_id=ray.get_runtime_context().get_node_id())
+            mode = cfg.trainer.mode
+            return client_actor(self.replicas, node_id=ray.get_runtime_context().get_node_id(),
+                                partial_rollout=mode != "sync", interrupt=mode == "async")
         except BaseException:
             self._stop_engines()
             raise
