@@ -51,7 +51,8 @@ class AsyncDriver:
     """Runs the steps of one asynchronous GRPO run for a :class:`~agentloop_trainer.trainer.GRPOTrainer`.
 
     Args:
-        trainer: The trainer (rank 0, one process: ``config.validate`` checks this).
+        trainer: The trainer on rank 0, the one that hosts the engine (under FSDP the other
+            ranks follow its steps: :meth:`train_step`).
     """
 
     def __init__(self, trainer: Any) -> None:
@@ -200,6 +201,17 @@ class AsyncDriver:
         self._changed.set()  # the producer may start groups under the new version
         trainer.last_sync = {"perf/sync_buckets": float(buckets), "perf/sync_bucket_peak_mb": largest / 2**20}
 
+    def _learn_all_ranks(self, rows: list[dict], batch: Any) -> dict[str, Any]:
+        # Under FSDP the other ranks run the sync step's follower half (GRPOTrainer.train_step
+        # without an engine): receive the batch, update their shards, then join each tensor's
+        # gather in sync_weights while this rank pushes it (_push_weights). Here the broadcast
+        # and the update run in the update thread, so rank 0's rollout goes on meanwhile.
+        if self.trainer.world_size > 1:
+            from agentloop_trainer.fsdp import broadcast_object
+
+            rows, batch = broadcast_object((rows, batch))
+        return self.trainer._learn(rows, batch)
+
     def train_step(self) -> dict[str, Any]:
         """One asynchronous GRPO step: take a batch of groups, update (rollout continues), push."""
         trainer, loop = self.trainer, self.engine.loop
@@ -210,7 +222,7 @@ class AsyncDriver:
                                "there is nothing to train on; see the trajectories' errors")
         t_gen = time.perf_counter() - t0
         step = trainer.step
-        learned = loop.run_until_complete(asyncio.to_thread(trainer._learn, rows, batch))
+        learned = loop.run_until_complete(asyncio.to_thread(self._learn_all_ranks, rows, batch))
         t2 = time.perf_counter()
         loop.run_until_complete(self._push_weights(step + 1))
         t_sync = time.perf_counter() - t2

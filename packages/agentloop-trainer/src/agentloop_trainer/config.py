@@ -418,7 +418,8 @@ class TrainerSection:
     of the next batch overlaps the update, generations finish on the weights they started on
     (max_staleness 1) | async: rollout runs continuously into a bounded buffer, and a weight
     update interrupts generations at a token boundary and resumes them on the new weights
-    (partial rollout). The async modes need the in-process hf engine and fsdp_ranks=1."""
+    (partial rollout). The async modes support the hf and vllm engines (in process, on Ray, or
+    behind rollout.server_urls), not sglang."""
     max_staleness: int | None = None
     """Most policy versions between the start of a GRPO group and the step that trains it; null:
     0 for sync, 1 for one_step_off and async. The rollout pauses when a new group could exceed it."""
@@ -668,12 +669,12 @@ def _validate_mode(cfg: Any) -> None:
     # Partial rollout needs an engine whose abort returns the tokens generated so far (with
     # their log-probs); verified for hf and vllm in process, for our HTTP engine server in front
     # of either (rollout.server_urls), and for Ray replicas (the wrapper then lives in the shared
-    # client actor every rollout worker calls through). The asynchronous driver runs on one process.
+    # client actor every rollout worker calls through). Under FSDP the driver runs on rank 0,
+    # which hosts the engine; the other ranks follow its updates and weight pushes.
     unsupported = [
         ("actor_rollout_ref.rollout.name", bool(r.server_urls) or r.name in ASYNC_ENGINE_NAMES,
          f"one of {ASYNC_ENGINE_NAMES} (sglang's abort is not yet verified to return the partial tokens "
          "partial rollout resumes from)"),
-        ("trainer.fsdp_ranks", tc.fsdp_ranks == 1, "1 (the asynchronous driver runs on one trainer process)"),
     ]
     for key, ok, expected in unsupported:
         if not ok:
