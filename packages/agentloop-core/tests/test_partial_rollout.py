@@ -13,12 +13,19 @@ so a resume that re-encoded, lost or duplicated tokens shows there as a prompt t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
 
-from agentloop_core.partial_rollout import PartialRolloutServer, resume_seed
+from agentloop_core.partial_rollout import (
+    LocalRolloutControl,
+    PartialRolloutServer,
+    PartialRolloutState,
+    RolloutControl,
+    resume_seed,
+)
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.testing import ScriptedServer
 
@@ -39,7 +46,8 @@ def _reply(request_id: str, prompt_ids: list[int], call_index: int) -> list[int]
 
 class StreamingScriptedServer(ScriptedServer):
     """A :class:`ScriptedServer` that emits its reply one token per event-loop turn and stops
-    at a token boundary when aborted (an abort for a request not running is ignored)."""
+    at a token boundary when aborted (an abort for a request not running is ignored); weight
+    pushes are recorded in ``pushes`` with the requests running at the time."""
 
     def __init__(self) -> None:
         super().__init__(_reply)
@@ -47,6 +55,7 @@ class StreamingScriptedServer(ScriptedServer):
         """Tokens emitted so far by each running request."""
         self._abort_now: set[str] = set()
         self.aborts: list[str] = []
+        self.pushes: list[tuple[dict[str, Any], set[str]]] = []
 
     async def generate(self, request_id: str, prompt_ids: list[int],
                        sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
@@ -71,6 +80,9 @@ class StreamingScriptedServer(ScriptedServer):
         self.aborts.append(request_id)
         if request_id in self.running:
             self._abort_now.add(request_id)
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        self.pushes.append((dict(named_tensors), set(self.running)))
 
 
 async def _until(predicate, what: str) -> None:
@@ -225,3 +237,117 @@ def test_pause_and_unpause_misuse_name_the_fix():
         return wrapper
 
     assert _run(main()).policy_version == 5
+
+
+def _prompt_of(request_id: str) -> list[int]:
+    # A prompt per id, so each id's reply (and so its ledger entry) differs from the others'.
+    return PROMPT + [1 + sum(map(ord, request_id)) % 200]
+
+
+def test_pop_ledger_many_pops_every_id_in_order_then_raises_for_the_first_untracked():
+    """A group's rows are popped in one call: one untracked id among them must not leave the
+    tracked ones behind (they would leak until the run ends), and the error names that id."""
+    async def main():
+        wrapper = PartialRolloutServer(StreamingScriptedServer())
+        wrapper.track(["a", "c"])
+        outs = await asyncio.gather(*(wrapper.generate(rid, _prompt_of(rid), PARAMS) for rid in "abcd"))
+        return wrapper, dict(zip("abcd", outs, strict=True))
+
+    wrapper, outs = _run(main())
+    assert wrapper.ledger_size == 2
+    with pytest.raises(RuntimeError, match="request 'b' was not tracked"):
+        wrapper.pop_ledger_many(["c", "b", "a", "d"])
+    assert wrapper.ledger_size == 0, "the tracked ids after the untracked one must still be popped"
+    with pytest.raises(RuntimeError, match="call track"):
+        wrapper.pop_ledger("a")  # popped above: no longer tracked
+
+    wrapper.track(["a", "c"])
+    assert wrapper.pop_ledger_many(["c", "a"]) == [([], []), ([], [])], "tracked ids that generated nothing"
+
+    async def again():
+        wrapper.track(["a", "c"])
+        await asyncio.gather(*(wrapper.generate(rid, _prompt_of(rid), PARAMS) for rid in "ac"))
+
+    _run(again())
+    popped = wrapper.pop_ledger_many(["c", "a"])
+    assert popped == [(outs[rid].token_ids, outs[rid].extra["policy_versions"]) for rid in "ca"], \
+        "one entry per id, in the order asked"
+    assert popped[0] != popped[1] and wrapper.ledger_size == 0
+
+
+def test_snapshot_reflects_the_wrapper_and_is_a_copy():
+    """``snapshot`` is what ``rollout_state`` sends over Ray: every field must be the wrapper's
+    own at that moment, and later changes to the wrapper must not reach an earlier snapshot."""
+    async def main():
+        engine = StreamingScriptedServer()
+        wrapper = PartialRolloutServer(engine, policy_version=3)
+        wrapper.track(["traj-0"])
+        task = asyncio.create_task(wrapper.generate("traj-0", list(PROMPT), PARAMS))
+        await _until(lambda: engine.running.get("traj-0", 0) >= 5, "5 tokens before the snapshot")
+        running = wrapper.snapshot()
+        await wrapper.pause()
+        paused = wrapper.snapshot()
+        wrapper.unpause(7)
+        await task
+        return wrapper, running, paused, wrapper.snapshot()
+
+    wrapper, running, paused, done = _run(main())
+    assert isinstance(running, PartialRolloutState)
+    assert (running.policy_version, running.paused, running.in_engine, running.ledger_size) == (3, False, 1, 1)
+    assert running.stats == {"resumed_calls": 0, "interrupted_calls": 0, "updates": 0}
+    assert (paused.policy_version, paused.paused, paused.in_engine) == (3, True, 0)
+    assert paused.stats == {"resumed_calls": 1, "interrupted_calls": 1, "updates": 0}
+    assert (done.policy_version, done.paused, done.in_engine, done.ledger_size) == (7, False, 0, 1)
+    assert done.stats == {"resumed_calls": 1, "interrupted_calls": 1, "updates": 1}
+    assert done.busy_seconds == pytest.approx(wrapper.busy_seconds()), "no engine call ran since"
+
+    wrapper.stats["updates"] += 10
+    wrapper.pop_ledger("traj-0")
+    assert done.stats["updates"] == 1, "the snapshot's stats must be a copy, not the wrapper's dict"
+    assert done.ledger_size == 1 and wrapper.snapshot().ledger_size == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        done.policy_version = 8
+
+
+def test_local_rollout_control_satisfies_the_protocol_and_refuses_a_bare_engine():
+    engine = StreamingScriptedServer()
+    control = LocalRolloutControl(PartialRolloutServer(engine))
+    assert isinstance(control, RolloutControl)
+    assert not isinstance(control.server, RolloutControl), "the wrapper itself is not a control"
+    with pytest.raises(TypeError, match=r"got StreamingScriptedServer; wrap the engine first: "
+                                        r"PartialRolloutServer\(engine\)"):
+        LocalRolloutControl(engine)
+
+
+def test_local_rollout_control_pause_push_unpause_resumes_from_exactly_the_kept_ids():
+    """The trainer's weight push through :class:`LocalRolloutControl`: ``pause`` aborts the
+    in-flight generation, the push reaches the engine with nothing running, ``unpause(9)``
+    resumes it from the prompt plus exactly its tokens so far, and the ledger read back through
+    the control marks the tokens after the switch with version 9."""
+    async def main():
+        engine = StreamingScriptedServer()
+        control = LocalRolloutControl(PartialRolloutServer(engine))
+        await control.set_policy_version(4)
+        await control.track(["traj-0"])
+        task = asyncio.create_task(control.server.generate("traj-0", list(PROMPT), PARAMS))
+        await _until(lambda: engine.running.get("traj-0", 0) >= 5, "5 tokens before the update")
+        await control.pause()
+        paused = await control.rollout_state()
+        await control.update_weights([("w", 1)])
+        await control.unpause(9)
+        out = await task
+        return engine, paused, out, await control.pop_ledger_many(["traj-0"]), await control.rollout_state()
+
+    engine, paused, out, ledger, state = _run(main())
+    assert paused.paused and paused.in_engine == 0 and paused.stats["interrupted_calls"] == 1, paused
+    assert engine.pushes == [({"w": 1}, set())], "one push, forwarded while no engine call ran"
+    first, second = engine.calls
+    k = PARAMS["max_tokens"] - second.sampling_params.max_tokens
+    assert 5 <= k < PARAMS["max_tokens"], "the pause cut the generation between its 5th and last token"
+    assert second.prompt_ids == PROMPT + out.token_ids[:k], "resumed from the prompt plus exactly the ids so far"
+    assert out.token_ids == _reply("", PROMPT, 0)[: PARAMS["max_tokens"]]
+    versions = [4] * k + [9] * (PARAMS["max_tokens"] - k)
+    assert out.extra["policy_versions"] == versions and out.extra["resumes"] == 1
+    assert ledger == [(out.token_ids, versions)]
+    assert (state.policy_version, state.paused, state.ledger_size) == (9, False, 0), state
+    assert state.stats == {"resumed_calls": 1, "interrupted_calls": 1, "updates": 1}

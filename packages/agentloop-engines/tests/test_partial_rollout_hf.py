@@ -4,6 +4,8 @@ by a weight update resumes on the new weights from exactly the tokens already ge
 The checks recompute every token's log-prob with a plain forward pass: the tokens sampled
 before the update must score as the OLD weights score them, the tokens after it as the NEW
 weights score them on the same prefix, and the versions list must mark the switch point.
+The tiny model and its old and new weights are fixtures in ``conftest.py``; the helpers shared
+with the HTTP and Ray versions of these tests are in ``partial_rollout_common.py``.
 """
 
 from __future__ import annotations
@@ -11,40 +13,22 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from partial_rollout_common import (
+    GREEDY,
+    HANG_S,
+    LOGPROB_TOL,
+    MAX_TOKENS,
+    PROMPT,
+    max_abs,
+    scorer,
+    wait_for_tokens,
+)
 
-torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
-transformers = pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
+pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
+pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.partial_rollout import PartialRolloutServer, resume_seed  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.testing import perturbed_weights  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
-
-INIT = 0.3  # random greedy outputs that depend on the prompt (see test_hf_server.py)
-PROMPT = [100, 200, 300, 17, 5]
-MAX_TOKENS = 96
-LOGPROB_TOL = 1e-4
-HANG_S = 120  # a wait this long means a hang, never a slow machine
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    return build_tiny_model(initializer_range=INIT)
-
-
-@pytest.fixture(scope="module")
-def weights(model_path):
-    return perturbed_weights(model_path)  # tied tensors get one value
-
-
-@pytest.fixture(scope="module")
-def old_weights(weights):
-    return weights[0]
-
-
-@pytest.fixture(scope="module")
-def new_weights(weights):
-    return weights[1]
 
 
 @pytest.fixture
@@ -53,45 +37,13 @@ def server(model_path):
     return HFServer(model_path, max_batch_size=8, seed=0)
 
 
-def scorer(model_path, weights):
-    """``(prompt, generated, temperature) -> per-token log-probs`` of a plain forward pass."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    model.load_state_dict(weights)
-
-    def score(prompt: list[int], generated: list[int], temperature: float) -> list[float]:
-        ids = torch.tensor([prompt + generated])
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits[0].float()
-        lp = torch.log_softmax(logits[len(prompt) - 1 : -1] / (temperature if temperature > 0 else 1.0), dim=-1)
-        return lp.gather(1, torch.tensor(generated)[:, None])[:, 0].tolist()
-
-    return score
-
-
-async def _tokens_so_far(server: HFServer, request_id: str, at_least: int, task: asyncio.Future) -> int:
-    """Wait until the engine's row for ``request_id`` holds ``at_least`` tokens (engine
-    internals: a caller sees tokens only when the request ends)."""
-    while True:
-        if task.done():
-            raise AssertionError(f"{request_id} ended before the update: {task.result()}")
-        rows = [r for r in server._by_id.get(request_id, ()) if not r.done]
-        if rows and len(rows[0].token_ids) >= at_least:
-            return len(rows[0].token_ids)
-        await asyncio.sleep(0.001)
-
-
 async def _generate_across_update(wrapper: PartialRolloutServer, server: HFServer, weights: dict, params: dict,
                                   request_id: str = "traj-0"):
     task = asyncio.ensure_future(wrapper.generate(request_id, PROMPT, params))
-    await asyncio.wait_for(_tokens_so_far(server, request_id, 4, task), HANG_S)
+    await asyncio.wait_for(wait_for_tokens([server], request_id, 4, task), HANG_S)
     async with wrapper.weight_update():
         await wrapper.update_weights(weights.items())
     return await asyncio.wait_for(task, HANG_S)
-
-
-def _max_abs(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
 @pytest.mark.parametrize(("temperature", "seed"), [(0.0, None), (1.0, 7)])
@@ -114,46 +66,44 @@ async def test_resumed_tokens_score_as_the_new_weights_and_earlier_ones_as_the_o
 
     old_lp = scorer(model_path, old_weights)(PROMPT, out.token_ids, temperature)
     new_lp = scorer(model_path, new_weights)(PROMPT, out.token_ids, temperature)
-    before_err = _max_abs(out.log_probs[:k], old_lp[:k])
-    after_err = _max_abs(out.log_probs[k:], new_lp[k:])
+    before_err = max_abs(out.log_probs[:k], old_lp[:k])
+    after_err = max_abs(out.log_probs[k:], new_lp[k:])
     print(f"T={temperature}: switch after {k} tokens; max |engine - forward| old part {before_err:.2e}, "
           f"new part {after_err:.2e}")
     assert before_err < LOGPROB_TOL, "tokens sampled before the update must carry the old weights' log-probs"
     assert after_err < LOGPROB_TOL, "resumed tokens must carry the new weights' log-probs on the full prefix"
     # The check can fail: the two policies really score the resumed tokens differently.
-    assert _max_abs(out.log_probs[k:], old_lp[k:]) > 1e-2
+    assert max_abs(out.log_probs[k:], old_lp[k:]) > 1e-2
 
 
 async def test_greedy_resume_continues_exactly_from_the_generated_prefix(server, new_weights):
     """After the update, the resumed part is what the new weights generate from prompt + the
     kept prefix: the same token ids, not a re-encoding and not a restart."""
     wrapper = PartialRolloutServer(server)
-    params = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-    out = await _generate_across_update(wrapper, server, new_weights, params)
+    out = await _generate_across_update(wrapper, server, new_weights, GREEDY)
     k = out.extra["policy_versions"].count(0)
-    fresh = await server.generate("check", PROMPT + out.token_ids[:k], {**params, "max_tokens": MAX_TOKENS - k})
+    fresh = await server.generate("check", PROMPT + out.token_ids[:k], {**GREEDY, "max_tokens": MAX_TOKENS - k})
     assert out.token_ids[k:] == fresh.token_ids
 
 
 async def test_an_update_to_the_same_weights_leaves_greedy_output_unchanged(server, old_weights):
     """Abort + resume is invisible when the weights do not change: the output equals an
     uninterrupted generation token for token."""
-    params = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-    plain = await server.generate("plain", PROMPT, params)
+    plain = await server.generate("plain", PROMPT, GREEDY)
     wrapper = PartialRolloutServer(server)
-    out = await _generate_across_update(wrapper, server, old_weights, params)
+    out = await _generate_across_update(wrapper, server, old_weights, GREEDY)
     assert out.extra["resumes"] == 1
     assert out.token_ids == plain.token_ids
-    assert _max_abs(out.log_probs, plain.log_probs) < LOGPROB_TOL
+    assert max_abs(out.log_probs, plain.log_probs) < LOGPROB_TOL
 
 
 async def test_concurrent_generations_all_resume_within_their_budgets(server, new_weights):
     """Every in-flight generation is interrupted and resumed; queued and finished ones are fine."""
     wrapper = PartialRolloutServer(server)
     budgets = [MAX_TOKENS, 40, MAX_TOKENS + 20, 3]
-    params = [{"max_tokens": b, "temperature": 0.0, "ignore_eos": True} for b in budgets]
+    params = [{**GREEDY, "max_tokens": b} for b in budgets]
     tasks = [asyncio.ensure_future(wrapper.generate(f"c{i}", PROMPT[: 2 + i], p)) for i, p in enumerate(params)]
-    await asyncio.wait_for(_tokens_so_far(server, "c0", 4, tasks[0]), HANG_S)
+    await asyncio.wait_for(wait_for_tokens([server], "c0", 4, tasks[0]), HANG_S)
     async with wrapper.weight_update(policy_version=5):
         await wrapper.update_weights(new_weights.items())
     outs = await asyncio.wait_for(asyncio.gather(*tasks), HANG_S)
@@ -169,7 +119,7 @@ async def test_a_callers_abort_is_not_resumed(server):
     """``abort`` through the wrapper is the caller's: the generation ends ``aborted``."""
     wrapper = PartialRolloutServer(server)
     task = asyncio.ensure_future(wrapper.generate("mine", PROMPT, {"max_tokens": 1500, "ignore_eos": True}))
-    await asyncio.wait_for(_tokens_so_far(server, "mine", 2, task), HANG_S)
+    await asyncio.wait_for(wait_for_tokens([server], "mine", 2, task), HANG_S)
     await wrapper.abort("mine")
     out = await asyncio.wait_for(task, HANG_S)
     assert out.stop_reason == "aborted" and out.extra["resumes"] == 0
@@ -179,9 +129,8 @@ async def test_a_callers_abort_is_not_resumed(server):
 async def test_update_outside_a_weight_update_block_is_a_whole_update(server, new_weights):
     """A bare ``update_weights`` pauses, pushes, bumps the version and resumes by itself."""
     wrapper = PartialRolloutServer(server, policy_version=3)
-    task = asyncio.ensure_future(wrapper.generate("bare", PROMPT, {"max_tokens": MAX_TOKENS, "temperature": 0.0,
-                                                                    "ignore_eos": True}))
-    await asyncio.wait_for(_tokens_so_far(server, "bare", 4, task), HANG_S)
+    task = asyncio.ensure_future(wrapper.generate("bare", PROMPT, GREEDY))
+    await asyncio.wait_for(wait_for_tokens([server], "bare", 4, task), HANG_S)
     await wrapper.update_weights(new_weights.items())
     out = await asyncio.wait_for(task, HANG_S)
     assert wrapper.policy_version == 4 and not wrapper.paused

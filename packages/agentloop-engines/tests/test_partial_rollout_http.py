@@ -5,7 +5,8 @@
 It works because ``POST /abort`` stops the engine's request at a token boundary and the
 in-flight ``POST /generate`` then answers with the tokens (and log-probs) generated so far and
 ``stop_reason="aborted"``; these tests check that over the wire, then the whole abort-update-resume
-cycle against a plain forward pass on the old and new weights.
+cycle against a plain forward pass on the old and new weights. The tiny model and its old and
+new weights are fixtures in ``conftest.py``; the shared helpers are in ``partial_rollout_common.py``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,22 @@ import asyncio
 import contextlib
 
 import pytest
+from partial_rollout_common import (
+    GREEDY,
+    HANG_S,
+    LOGPROB_TOL,
+    MAX_TOKENS,
+    PROMPT,
+    max_abs,
+    scorer,
+    wait_for_tokens,
+)
 
 pytest.importorskip("httpx", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-engines[server]"')
-torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
-transformers = pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
+pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
+pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("safetensors", reason='weight sync needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
@@ -27,35 +38,6 @@ from agentloop_engines import HTTPServer  # noqa: E402
 from agentloop_engines.client import LLMServerClient  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
 from agentloop_engines.http_server import ServerThread  # noqa: E402
-from agentloop_engines.testing import perturbed_weights  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
-
-INIT = 0.3  # greedy outputs that depend on the prompt (see test_hf_server.py)
-PROMPT = [100, 200, 300, 17, 5]
-MAX_TOKENS = 96
-GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-LOGPROB_TOL = 1e-4
-HANG_S = 120  # a wait this long means a hang, never a slow machine
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    return build_tiny_model(initializer_range=INIT)
-
-
-@pytest.fixture(scope="module")
-def weights(model_path):
-    return perturbed_weights(model_path)  # tied tensors get one value
-
-
-@pytest.fixture(scope="module")
-def old_weights(weights):
-    return weights[0]
-
-
-@pytest.fixture(scope="module")
-def new_weights(weights):
-    return weights[1]
 
 
 @pytest.fixture
@@ -77,33 +59,6 @@ async def remote(model_path):
             await client.close()
 
 
-def forward_log_probs(model_path, weights: dict, prompt: list[int], generated: list[int]) -> list[float]:
-    """Each generated token's log-prob under ``weights`` by a plain forward pass (greedy: T=1)."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    model.load_state_dict(weights)
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + generated])).logits[0].float()
-    lp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    return lp.gather(1, torch.tensor(generated)[:, None])[:, 0].tolist()
-
-
-async def wait_for_tokens(engines: list[HFServer], request_id: str, at_least: int, task: asyncio.Future) -> None:
-    """Wait until the engine row for ``request_id`` holds ``at_least`` tokens (engine internals,
-    read from the test's thread: the engines run on their server threads' loops)."""
-    while True:
-        if task.done():
-            raise AssertionError(f"{request_id} ended before the update: {task.result()}")
-        rows = [r for e in engines for r in list(e._by_id.get(request_id, ())) if not r.done]
-        if rows and len(rows[0].token_ids) >= at_least:
-            return
-        await asyncio.sleep(0.001)
-
-
-def max_abs(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b)
-    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
-
-
 async def test_abort_over_http_returns_the_tokens_generated_so_far(remote, model_path, old_weights):
     """``/abort`` makes the in-flight ``/generate`` answer ``aborted`` with its partial tokens
     and their log-probs (the contract partial rollout needs); they are the start of an
@@ -118,7 +73,7 @@ async def test_abort_over_http_returns_the_tokens_generated_so_far(remote, model
     assert out.stop_reason == "aborted" and 4 <= k < MAX_TOKENS
     assert out.token_ids == plain.token_ids[:k]
     assert max_abs(out.log_probs, plain.log_probs[:k]) < LOGPROB_TOL
-    assert max_abs(out.log_probs, forward_log_probs(model_path, old_weights, PROMPT, out.token_ids)) < LOGPROB_TOL
+    assert max_abs(out.log_probs, scorer(model_path, old_weights)(PROMPT, out.token_ids)) < LOGPROB_TOL
 
 
 async def test_a_weight_update_over_http_resumes_from_exactly_the_generated_prefix(
@@ -143,8 +98,8 @@ async def test_a_weight_update_over_http_resumes_from_exactly_the_generated_pref
     assert wrapper.pop_ledger("traj-0") == (out.token_ids, versions)
 
     fresh = await client.generate("check", PROMPT + out.token_ids[:k], {**GREEDY, "max_tokens": MAX_TOKENS - k})
-    old_lp = forward_log_probs(model_path, old_weights, PROMPT, out.token_ids)
-    new_lp = forward_log_probs(model_path, new_weights, PROMPT, out.token_ids)
+    old_lp = scorer(model_path, old_weights)(PROMPT, out.token_ids)
+    new_lp = scorer(model_path, new_weights)(PROMPT, out.token_ids)
     print(f"switch after {k} tokens; max |engine - forward| old part {max_abs(out.log_probs[:k], old_lp[:k]):.2e}, "
           f"new part {max_abs(out.log_probs[k:], new_lp[k:]):.2e}")
     assert out.token_ids[:k] == plain.token_ids[:k]
@@ -173,7 +128,7 @@ async def test_generations_on_two_replicas_all_resume_on_the_new_weights(remote,
         assert out.extra["resumes"] == 1 and 0 < versions.count(0) < MAX_TOKENS, rid
         assert versions == sorted(versions), rid
     # Every replica really holds the new weights: its greedy tokens score as the new weights'.
+    score_new = scorer(model_path, new_weights)
     for replica in client.servers:
         after = await replica.generate("after", PROMPT, {**GREEDY, "max_tokens": 16})
-        assert max_abs(after.log_probs, forward_log_probs(model_path, new_weights, PROMPT, after.token_ids)) \
-            < LOGPROB_TOL, replica
+        assert max_abs(after.log_probs, score_new(PROMPT, after.token_ids)) < LOGPROB_TOL, replica

@@ -78,15 +78,10 @@ async def test_abort_returns_partial_output(server):
 
 
 async def test_update_weights_changes_output_and_restoring_restores(server, tiny_path):
-    import torch
-    from transformers import AutoModelForCausalLM
+    from agentloop_engines.testing import perturbed_weights
 
     before = await server.generate("w0", PROMPTS[0], GREEDY)
-    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
-    original = {n: p.detach().clone() for n, p in model.state_dict().items()}
-    gen = torch.Generator().manual_seed(0)
-    perturbed = {n: (t + 0.05 * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t)
-                 for n, t in original.items()}
+    original, perturbed = perturbed_weights(tiny_path)
     await server.update_weights(perturbed.items())
     changed = await server.generate("w1", PROMPTS[0], GREEDY)
     assert changed.token_ids != before.token_ids
@@ -141,19 +136,15 @@ async def test_partial_rollout_resumes_across_a_weight_update(server, tiny_path)
     lost or changed tokens; of the resumed-part checks, that the resumed call did not run on
     the new weights from prompt + the kept prefix (e.g. a prefix cache that survived the update).
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from agentloop_core.partial_rollout import PartialRolloutServer
+    from agentloop_engines.testing import perturbed_weights
 
     prompt, budget = PROMPTS[0], 300
     params = {"max_tokens": budget, "temperature": 0, "ignore_eos": True}
     plain = await server.generate("pr-plain", prompt, params)
-    model = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32)
-    original = {n: p.detach().clone() for n, p in model.state_dict().items()}
-    gen = torch.Generator().manual_seed(0)
-    perturbed = {n: (t + 0.05 * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t)
-                 for n, t in original.items()}
+    # The tiny model ties lm_head to the embedding: both keys get one perturbed value, so the
+    # forward pass below scores with the weights vLLM holds whichever of the two it keeps.
+    original, perturbed = perturbed_weights(tiny_path)
     wrapper = PartialRolloutServer(server)
     try:
         task = asyncio.ensure_future(wrapper.generate("pr", prompt, params))
