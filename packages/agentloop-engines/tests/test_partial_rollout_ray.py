@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
+from partial_rollout_common import HANG_S
 
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
 
@@ -42,7 +43,6 @@ FULL = 24
 """Tokens each generation asks for."""
 HOLD = 7
 """Tokens a generation's first engine call emits before it waits for its abort."""
-HANG_S = 120  # a wait this long means a hang, never a slow machine
 
 
 def next_token(prefix: list[int], weight: int) -> int:
@@ -221,4 +221,46 @@ async def test_control_calls_without_partial_rollout_name_the_fix(replicas):
         with pytest.raises(RuntimeError, match=r"partial_rollout=True"):
             await proxy.pause()
     finally:
+        ray.kill(proxy.actor)
+
+
+@pytest.mark.parametrize("end", ["cancel", "timeout"])
+async def test_an_ended_ray_batch_stops_its_generations_in_the_engines(replicas, end):
+    """A Ray batch that ends early, because its caller cancels it (what the asynchronous trainer
+    does to the groups still rolling out when it stops) or because it runs past
+    ``ray_timeout_s``, cancels the workers' chunks, and through them (Ray cancels recursively)
+    the engine calls they wait on.
+
+    Every generation here holds in its engine until aborted, so before the end all four are in
+    flight, and a chunk left running in its worker would keep its call there for good."""
+    import agentloop_core.testing.loops  # noqa: F401  registers test_chat
+    from agentloop_core.runtime import AgentLoopManager
+    from agentloop_core.testing import tiny_tokenizer_path
+    from agentloop_core.testing.loops import TEST_CHAT_AGENT
+
+    proxy = client_actor(replicas, partial_rollout=True)
+    config = {"default_agent_loop": TEST_CHAT_AGENT, "sampling_params": {"max_tokens": FULL},
+              "prompt_length": 64, "response_length": FULL}
+    manager = AgentLoopManager(proxy, str(tiny_tokenizer_path()), config, num_workers=2, backend="ray",
+                               ray_num_cpus=0.1, ray_timeout_s=HANG_S)
+    try:
+        rows = [{"raw_prompt": [{"role": "user", "content": f"item {i}"}]} for i in range(4)]
+        if end == "timeout":
+            manager.ray_timeout_s = 2.0  # the workers have started: from here it limits the batch
+        batch = asyncio.ensure_future(manager.agenerate_outputs(rows, step=0))
+        await until_in_flight(proxy, 4)
+        if end == "cancel":
+            batch.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await batch
+        else:
+            with pytest.raises(TimeoutError, match="did not finish within ray_timeout_s=2.0"):
+                await within(batch, "the timed-out batch")
+        deadline = time.monotonic() + HANG_S
+        while (state := await within(proxy.rollout_state(), "rollout_state")).in_engine:
+            assert time.monotonic() < deadline, f"{state.in_engine} engine calls still run after the batch ended"
+            await asyncio.sleep(0.05)
+        assert (await proxy.get_stats())["in_flight"] == [0, 0]
+    finally:
+        manager.shutdown()
         ray.kill(proxy.actor)

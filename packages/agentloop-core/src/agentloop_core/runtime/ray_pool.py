@@ -169,23 +169,26 @@ class RayWorkerPool:
             timeout_s: Limit on the whole batch.
 
         Raises:
-            TimeoutError: the batch ran past ``timeout_s`` (in-flight chunks are cancelled).
+            TimeoutError: the batch ran past ``timeout_s``. Then, and when the caller cancels
+                this call, the chunks still running are cancelled in the actors.
         """
         import ray
 
         stats = ChunkStats()
-        refs: set[Any] = set()
         validate, step, modules = call_args
         workers = list(self.workers)
         errors = death_errors()
 
         async def call(worker: RayWorker, a: int, b: int) -> list[AgentLoopOutput]:
             ref = worker.actor.generate_sequences.remote(list(rows[a:b]), validate, step, a, modules)
-            refs.add(ref)
             try:
                 return await ref
-            finally:
-                refs.discard(ref)
+            except asyncio.CancelledError:
+                # The batch timed out or its caller cancelled it (the asynchronous trainer
+                # stopping a group): no chunk may keep rolling out in its actor unrecorded. Ray
+                # cancels recursively, so the chunk's loops and the engine calls they await stop.
+                ray.cancel(ref)
+                raise
 
         def lost(a: int, b: int, reason: str) -> list[AgentLoopOutput]:
             stats.num_lost += b - a
@@ -216,16 +219,18 @@ class RayWorkerPool:
                 out.metrics["rerun_after"] = first
             return outs
 
+        gathered = asyncio.gather(*(one(k, a, b) for k, (a, b) in enumerate(chunks)))
         try:
-            parts = await asyncio.wait_for(
-                asyncio.gather(*(one(k, a, b) for k, (a, b) in enumerate(chunks))), timeout_s
-            )
+            parts = await asyncio.wait_for(gathered, timeout_s)
         except asyncio.TimeoutError as exc:
-            for ref in list(refs):  # do not leave orphaned rollouts running in the actors
-                ray.cancel(ref)
             raise TimeoutError(
                 f"rollout batch of {len(rows)} samples did not finish within ray_timeout_s={timeout_s}"
             ) from exc
+        finally:
+            # When this call is cancelled, the gather can end holding a CancelledError that
+            # nobody reads (asyncio then logs "exception was never retrieved"): read it.
+            if gathered.done() and not gathered.cancelled():
+                gathered.exception()
         return [out for part in parts for out in part], stats
 
     def _drop(self, worker: RayWorker, exc: BaseException, stats: ChunkStats) -> str:
