@@ -30,10 +30,16 @@ interrupted engine calls, and generated tokens never trained (rolled out past th
 
 ``--real`` instead runs ``agentloop train`` three times (trainer.mode=sync, one_step_off, async;
 same steps and seed, the cached SFT checkpoint as the default job) and tabulates wall time,
-samples per second and held-out accuracy (with its standard error) from each run's summary.
+samples per second, the engine's idle fraction over the training steps, the CPU the command used
+(of all cores: on a CPU-only machine the engine and the update share the cores, so the overlap
+can only fill what sync leaves unused) and held-out accuracy (with its standard error) from each
+run's summary. ``--tool-median-s S`` runs the same job with the calculator slowed by a seeded
+log-normal sleep of median ``S`` seconds (``bench/slow_tools.py``; ``--tool-sigma`` its spread),
+the wall-clock profile of a search API or a code sandbox, which uses no CPU while it waits.
 
 Run: ``python bench/bench_async.py`` (writes ``bench/results/async.json``);
-``python bench/bench_async.py --real [-- overrides]`` (writes ``bench/results/async_real.json``).
+``python bench/bench_async.py --real [-- overrides]`` (writes ``bench/results/async_real.json``;
+with ``--tool-median-s``: ``async_real_slow_tool.json``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -263,21 +270,50 @@ def simulated(args: argparse.Namespace) -> None:
     })
 
 
+def _children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # finished (waited-for) children only
+    return usage.ru_utime + usage.ru_stime
+
+
+def _engine_idle(steps: list[dict[str, Any]]) -> float:
+    """The fraction of the training steps' wall time with no engine call in flight. The async
+    modes measure it (``async/engine_idle_fraction``, per step); in sync the engine is idle for
+    the update and the weight push, and busy for the whole rollout phase (an upper bound on its
+    busy time: a calculator call in between is short)."""
+    wall = sum(m["timing_s/step"] for m in steps)
+    if all("async/engine_idle_fraction" in m for m in steps):
+        idle = sum(m["async/engine_idle_fraction"] * m["timing_s/step"] for m in steps)
+    else:
+        idle = sum(m["timing_s/step"] - m["timing_s/generate"] for m in steps)
+    return idle / max(wall, 1e-9)
+
+
 def real(args: argparse.Namespace) -> None:
     """``agentloop train`` once per mode (the cached SFT checkpoint, as the default job)."""
     load_start = load_average()
     results = []
+    overrides, env, tool = list(args.overrides), None, None
+    if args.tool_median_s is not None:
+        tool = {"median_s": args.tool_median_s, "sigma": args.tool_sigma}
+        overrides.append(f"actor_rollout_ref.rollout.multi_turn.function_tool_path={Path(__file__).parent / 'slow_tools.py'}")
+        env = {"AGENTLOOP_BENCH_TOOL_MEDIAN_S": str(args.tool_median_s), "AGENTLOOP_BENCH_TOOL_SIGMA": str(args.tool_sigma)}
     for mode in ("sync", "one_step_off", "async"):
         work = Path(tempfile.mkdtemp(prefix=f"agentloop-async-{mode}-"))
-        summary, wall = run_agentloop_train(work, [f"trainer.mode={mode}", *args.overrides], label=f"({mode}) ")
-        samples = 0.0
-        for line in next(work.rglob("metrics.jsonl")).read_text().splitlines():
-            samples += json.loads(line).get("rollout/num_samples", 0.0)
+        cpu_before = _children_cpu_seconds()
+        summary, wall = run_agentloop_train(work, [f"trainer.mode={mode}", *overrides], env=env, label=f"({mode}) ")
+        cpu = _children_cpu_seconds() - cpu_before
+        steps = [json.loads(line) for line in next(work.rglob("metrics.jsonl")).read_text().splitlines()]
+        steps = [m for m in steps if "rollout/num_samples" in m]
+        samples = sum(m["rollout/num_samples"] for m in steps)
         acc, held_out = summary["eval_accuracy_after"], summary["held_out_size"]
         results.append({
             "mode": mode, "command_seconds": round(wall, 1), "grpo_seconds": round(summary["wall_seconds"], 1),
             "steps": summary["steps"], "samples": int(samples),
             "samples_per_second": samples / summary["wall_seconds"],
+            "engine_idle_fraction": _engine_idle(steps),
+            "cpu_utilisation": cpu / (wall * (os.cpu_count() or 1)),
             "eval_accuracy_before": summary["eval_accuracy_before"], "eval_accuracy_after": acc,
             "eval_standard_error": math.sqrt(acc * (1 - acc) / held_out) if held_out else None,
             "held_out_size": held_out, "run_dir": str(work),
@@ -285,16 +321,21 @@ def real(args: argparse.Namespace) -> None:
     base = results[0]["samples_per_second"]
     rows = [[r["mode"], f"{r['command_seconds']:.0f}", f"{r['grpo_seconds']:.0f}", r["samples"],
              f"{r['samples_per_second']:.2f}", f"{r['samples_per_second'] / base:.2f}x",
+             f"{r['engine_idle_fraction']:.2f}", f"{r['cpu_utilisation']:.0%}",
              f"{r['eval_accuracy_before']:.3f}", f"{r['eval_accuracy_after']:.3f} ± {r['eval_standard_error']:.3f}"]
             for r in results]
     load_end = load_average()
     text = table(["mode", "command s", "GRPO s (evals included)", "samples", "samples/s", "vs sync",
-                  "held-out before", "held-out after ± s.e."], rows,
+                  "engine idle (training steps)", "CPU used (of all cores)", "held-out before",
+                  "held-out after ± s.e."], rows,
                  title=f"agentloop train per trainer.mode, overrides {args.overrides or 'none'}, "
-                       f"load {load_start} -> {load_end}")
-    write_result("async_real", {
+                       + (f"calculator slowed by a log-normal sleep (median {tool['median_s']} s, sigma "
+                          f"{tool['sigma']}), " if tool else "")
+                       + f"load {load_start} -> {load_end}")
+    write_result("async_real_slow_tool" if tool else "async_real", {
         "description": "agentloop train with trainer.mode=sync|one_step_off|async, same overrides and seed; "
                        "samples/s over the GRPO wall time (evals included)",
+        "slow_tool": tool,
         "load_average_at_start": load_start, "overrides": args.overrides, "results": results,
         "table_markdown": text, "versions": versions("torch", "transformers", "agentloop-trainer"),
     })
@@ -307,6 +348,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=Workload.groups)
     parser.add_argument("--n", type=int, default=Workload.n)
     parser.add_argument("--update-s", type=float, default=Workload.update_s)
+    parser.add_argument("--tool-median-s", type=float, default=None,
+                        help="with --real: slow the calculator by a log-normal sleep of this median (seconds)")
+    parser.add_argument("--tool-sigma", type=float, default=1.0, help="with --tool-median-s: the log's spread")
     parser.add_argument("overrides", nargs="*", help="with --real: key=value overrides for agentloop train (after --)")
     args = parser.parse_args()
     if args.real:

@@ -80,7 +80,6 @@ class AsyncDriver:
         self._producer: asyncio.Task | None = None
         self._changed: asyncio.Event | None = None
         self._error: BaseException | None = None
-        self._last_busy = 0.0
 
     # -- producer -------------------------------------------------------------------------
 
@@ -95,7 +94,6 @@ class AsyncDriver:
             await self.control.set_policy_version(self.trainer.step)
             self._policy_version = self.trainer.step
             self._changed = asyncio.Event()
-            self._last_busy = (await self.control.rollout_state()).busy_seconds
             self._producer = asyncio.get_running_loop().create_task(self._produce(), name="agentloop.producer")
 
     def _next_record(self) -> int:
@@ -216,6 +214,9 @@ class AsyncDriver:
         """One asynchronous GRPO step: take a batch of groups, update (rollout continues), push."""
         trainer, loop = self.trainer, self.engine.loop
         t0 = time.perf_counter()
+        # The engine's busy time from here, not from the last step's end: an evaluation in
+        # between keeps the engine busy outside this step's wall time.
+        busy_start = loop.run_until_complete(self.control.rollout_state()).busy_seconds
         rows, batch, groups = loop.run_until_complete(self._next_batch())
         if batch.failed.all():
             raise RuntimeError(f"all {batch.num_trajectories} rollout samples of step {trainer.step} failed, so "
@@ -230,8 +231,7 @@ class AsyncDriver:
         wall = time.perf_counter() - t0
         state = loop.run_until_complete(self.control.rollout_state())
         busy = state.busy_seconds
-        idle = 1.0 - min(1.0, (busy - self._last_busy) / max(wall, 1e-9))
-        self._last_busy = busy
+        idle = 1.0 - min(1.0, (busy - busy_start) / max(wall, 1e-9))
         tokens = Counter()
         for g in groups:
             tokens.update(g.token_versions)
