@@ -436,3 +436,73 @@ def test_real_sglang_engine_same_checks(tmp_path):
         await server.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_and_sglang() is not None, reason=str(_gpu_and_sglang()))
+def test_real_sglang_partial_rollout_resumes_across_a_weight_update():
+    """What ``trainer.mode=async`` needs of SGLang, and why the config refuses sglang there
+    until this passes on a GPU: an aborted call returns every token generated so far with its
+    log-prob (SGLang versions differ: some return nothing for a request still queued, some only
+    the last token on an abort), and PartialRolloutServer resumes the generation on new
+    weights from exactly those tokens.
+
+    A failure of the prefix checks means the abort lost or changed tokens; of the resumed-part
+    checks, that the resumed call did not continue from prompt + the kept prefix on the new
+    weights (e.g. a prefix cache that survived the update)."""
+    import sglang
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agentloop_core.partial_rollout import PartialRolloutServer
+    from agentloop_engines.testing import perturbed_weights
+    from agentloop_engines.tiny_model import build_tiny_model
+
+    path = str(build_tiny_model(initializer_range=0.3))
+    tok = AutoTokenizer.from_pretrained(path)
+    engine = sglang.Engine(model_path=path, mem_fraction_static=float(os.environ.get("SGLANG_MEM", "0.3")),
+                           disable_cuda_graph=True)
+    original, perturbed = perturbed_weights(path)  # tied lm_head and embedding get one value
+
+    def forward_log_probs(weights: dict, prompt: list[int], ids: list[int]) -> list[float]:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model.load_state_dict(weights)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()
+        lp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+        return lp.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+
+    async def run() -> None:
+        server = SGLangServer(engine, tokenizer=tok)
+        prompt = tok.encode("hello world", add_special_tokens=False)
+        budget = server.max_model_len - len(prompt) - 1  # the longest call: the best odds of a mid-way abort
+        params = greedy(budget, ignore_eos=True, logprobs=True)
+        plain = await server.generate("plain", prompt, params)
+        wrapper = PartialRolloutServer(server)
+        try:
+            for attempt in range(5):  # SGLang shows no tokens before a call ends: pause after a short wait
+                task = asyncio.ensure_future(wrapper.generate(f"pr{attempt}", prompt, params))
+                await asyncio.sleep(0.05 * (attempt + 1))
+                await wrapper.update_weights(perturbed.items())  # pause + abort, push, new version, resume
+                out = await asyncio.wait_for(task, 300)
+                if out.extra.get("resumes"):
+                    break
+                await server.update_weights(original.items())
+            else:
+                pytest.fail("5 weight updates all landed after the generation had ended; lengthen the budget")
+            versions = out.extra["policy_versions"]
+            old = versions[0]
+            k = versions.count(old)
+            assert 0 < k < budget, f"the update should land mid-generation; {k} of {budget} tokens came first"
+            assert len(out.token_ids) == len(out.log_probs) == budget and out.stop_reason == "length"
+            fresh = await server.generate("check", prompt + out.token_ids[:k], {**params, "max_tokens": budget - k})
+            new_lp = forward_log_probs(perturbed, prompt, out.token_ids)
+            assert out.token_ids[:k] == plain.token_ids[:k], "the kept prefix must be the old weights' tokens"
+            assert out.token_ids[k:] == fresh.token_ids, "the resumed part must be what the new weights generate"
+            assert max(abs(a - b) for a, b in zip(out.log_probs[:k], plain.log_probs[:k], strict=True)) < 1e-3
+            assert max(abs(a - b) for a, b in zip(out.log_probs[k:], new_lp[k:], strict=True)) < 5e-3
+            assert out.token_ids[k:] != plain.token_ids[k:], "the new weights must continue differently"
+        finally:
+            await server.close()
+
+    asyncio.run(run())

@@ -670,7 +670,9 @@ def _validate_mode(cfg: Any) -> None:
     # their log-probs); verified for hf and vllm in process, for our HTTP engine server in front
     # of either (rollout.server_urls), and for Ray replicas (the wrapper then lives in the shared
     # client actor every rollout worker calls through). Under FSDP the driver runs on rank 0,
-    # which hosts the engine; the other ranks follow its updates and weight pushes.
+    # which hosts the engine; the other ranks follow its updates and weight pushes. SGLang's
+    # check is the gpu-marked test_real_sglang_partial_rollout_resumes_across_a_weight_update
+    # (agentloop-engines): lift its refusal here once that passes on a GPU.
     unsupported = [
         ("actor_rollout_ref.rollout.name", bool(r.server_urls) or r.name in ASYNC_ENGINE_NAMES,
          f"one of {ASYNC_ENGINE_NAMES} (sglang's abort is not yet verified to return the partial tokens "
