@@ -278,16 +278,12 @@ def _children_cpu_seconds() -> float:
 
 
 def _engine_idle(steps: list[dict[str, Any]]) -> float:
-    """The fraction of the training steps' wall time with no engine call in flight. The async
-    modes measure it (``async/engine_idle_fraction``, per step); in sync the engine is idle for
-    the update and the weight push, and busy for the whole rollout phase (an upper bound on its
-    busy time: a calculator call in between is short)."""
+    """The fraction of the training steps' wall time with no engine call in flight (each
+    step's ``rollout/engine_idle_fraction``, weighted by its wall time; measured alike in every
+    mode: sync wraps the engine in ``BusyTimeServer``, the async modes ask the partial-rollout
+    wrapper)."""
     wall = sum(m["timing_s/step"] for m in steps)
-    if all("async/engine_idle_fraction" in m for m in steps):
-        idle = sum(m["async/engine_idle_fraction"] * m["timing_s/step"] for m in steps)
-    else:
-        idle = sum(m["timing_s/step"] - m["timing_s/generate"] for m in steps)
-    return idle / max(wall, 1e-9)
+    return sum(m["rollout/engine_idle_fraction"] * m["timing_s/step"] for m in steps) / max(wall, 1e-9)
 
 
 def real(args: argparse.Namespace) -> None:

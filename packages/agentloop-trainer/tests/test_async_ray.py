@@ -85,7 +85,7 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
         assert h["staleness/hist_0"] + h["staleness/hist_1"] == pytest.approx(1.0)
         assert h["rollout/num_samples"] == 4
         assert sum(v for k, v in h.items() if k.startswith("async/tokens_version_")) > 0, h
-        assert 0.0 <= h["async/engine_idle_fraction"] <= 1.0
+        assert 0.0 <= h["rollout/engine_idle_fraction"] <= 1.0
     assert [sorted(c.values()) for c in seen] == [[2, 2]] * steps, f"two whole groups of n=2 per step: {seen}"
     groups = trainer.async_driver.trained_groups
     trained = [i for s in sorted(groups) for i, _ in groups[s]]

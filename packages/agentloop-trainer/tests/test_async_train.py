@@ -63,7 +63,7 @@ def test_async_modes_complete_a_short_run(tmp_path, random_model_path, tokenizer
     for h in steps:
         assert 0 <= h["staleness/max"] <= 1
         assert h["staleness/hist_0"] + h["staleness/hist_1"] == pytest.approx(1.0)
-        assert 0.0 <= h["async/engine_idle_fraction"] <= 1.0
+        assert 0.0 <= h["rollout/engine_idle_fraction"] <= 1.0
         assert h["rollout/num_samples"] == 4, "two whole groups of n=2 per step"
         assert sum(v for k, v in h.items() if k.startswith("async/tokens_version_")) > 0
     assert trainer.engine.server.policy_version == 2
@@ -151,3 +151,15 @@ def test_async_modes_on_two_fsdp_ranks_push_the_whole_policy(tmp_path, random_mo
     if mode == "async":
         gaps = [m["rollout/logprob_abs_diff_max"] for m in steps]
         assert max(gaps) < 1e-3, f"rollout log-probs differ from the trained policy's: {gaps}"
+
+
+@pytest.mark.slow
+def test_sync_steps_report_the_engine_idle_fraction(tmp_path, random_model_path, tokenizer):
+    """In sync mode the engine has no call in flight during the update and the weight push, so
+    a step's idle fraction is at least their share of the step; the busy time is the union of
+    the calls' lifetimes (their sum would exceed the rollout phase and drive it to 0)."""
+    _, steps, _ = _run(tmp_path, random_model_path, tokenizer, "sync")
+    for h in steps:
+        idle = h["rollout/engine_idle_fraction"]
+        quiet = (h["timing_s/update"] + h["timing_s/sync_weights"]) / h["timing_s/step"]
+        assert quiet <= idle < 1.0, (idle, quiet)

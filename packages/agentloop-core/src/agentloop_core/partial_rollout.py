@@ -35,14 +35,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.runtime.seeding import derive_seed
-from agentloop_core.server_wrapper import TransparentServerWrapper
+from agentloop_core.server_wrapper import BusyClock, TransparentServerWrapper
 
 __all__ = ["LocalRolloutControl", "PartialRolloutServer", "PartialRolloutState", "RolloutControl",
            "resume_seed"]
@@ -123,9 +122,7 @@ class PartialRolloutServer(TransparentServerWrapper):
         super().__init__(server)
         self.policy_version = int(policy_version)
         self.interrupt = interrupt
-        self._in_engine = 0
-        self._busy_since: float | None = None
-        self._busy_s = 0.0
+        self._busy = BusyClock()
         self.keep_ledger = keep_ledger
         self.stats: dict[str, int] = {"resumed_calls": 0, "interrupted_calls": 0, "updates": 0}
         self._calls: set[_Call] = set()
@@ -146,22 +143,10 @@ class PartialRolloutServer(TransparentServerWrapper):
                 self._gate.set()
             self._returned = asyncio.Event()
 
-    def _enter_engine(self) -> None:
-        if self._in_engine == 0:
-            self._busy_since = time.perf_counter()
-        self._in_engine += 1
-
-    def _leave_engine(self) -> None:
-        self._in_engine -= 1
-        if self._in_engine == 0 and self._busy_since is not None:
-            self._busy_s += time.perf_counter() - self._busy_since
-            self._busy_since = None
-
     def busy_seconds(self) -> float:
         """Wall seconds so far during which at least one engine call was in flight (for the
         engine idle fraction of a step: one minus the busy share of its wall time)."""
-        running = time.perf_counter() - self._busy_since if self._busy_since is not None else 0.0
-        return self._busy_s + running
+        return self._busy.seconds()
 
     @property
     def paused(self) -> bool:
@@ -205,12 +190,12 @@ class PartialRolloutServer(TransparentServerWrapper):
                 # No await between the gate check and marking the call in flight: a pause that
                 # starts now sees it and aborts it.
                 call.in_engine = True
-                self._enter_engine()
+                self._busy.enter()
                 try:
                     out = await self.server.generate(request_id, list(prompt_ids) + tokens, part_sp)
                 finally:
                     call.in_engine = False
-                    self._leave_engine()
+                    self._busy.leave()
                     self._returned.set()
                 tokens.extend(out.token_ids)
                 if log_probs is not None:
@@ -353,7 +338,7 @@ class PartialRolloutServer(TransparentServerWrapper):
     def snapshot(self) -> PartialRolloutState:
         """Version, gate, busy time, ledger size and stats as one frozen record."""
         return PartialRolloutState(policy_version=self.policy_version, paused=self.paused,
-                                   busy_seconds=self.busy_seconds(), in_engine=self._in_engine,
+                                   busy_seconds=self.busy_seconds(), in_engine=self._busy.in_flight,
                                    ledger_size=self.ledger_size,
                                    stats=dict(self.stats))
 

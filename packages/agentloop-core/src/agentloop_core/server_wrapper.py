@@ -1,16 +1,18 @@
 """Objects that stand in front of an engine and forward to it: a seeding layer, a turn pacer, a
 recorder, the Ray actor bodies that host an engine or a client. Each overrides only what it
 changes; the rest of the :class:`~agentloop_core.protocol.AsyncServer` API is forwarded here,
-once."""
+once. Also :class:`BusyClock` and :class:`BusyTimeServer`, which measure how long an engine had
+work (for the engine idle fraction a trainer reports per step)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
 
-__all__ = ["ServerWrapper", "TransparentServerWrapper"]
+__all__ = ["BusyClock", "BusyTimeServer", "ServerWrapper", "TransparentServerWrapper"]
 
 
 class ServerWrapper:
@@ -60,3 +62,59 @@ class TransparentServerWrapper(ServerWrapper):
         if name == "server":  # during unpickling, before __dict__ is filled
             raise AttributeError(name)
         return getattr(self.server, name)
+
+
+class BusyClock:
+    """Counts engine calls in flight and the wall seconds during which there was at least one."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        """Calls in flight now."""
+        self._since: float | None = None
+        self._total = 0.0
+
+    def enter(self) -> None:
+        """A call starts."""
+        if self.in_flight == 0:
+            self._since = time.perf_counter()
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        """A call ends (also when it fails or is cancelled)."""
+        self.in_flight -= 1
+        if self.in_flight == 0 and self._since is not None:
+            self._total += time.perf_counter() - self._since
+            self._since = None
+
+    def seconds(self) -> float:
+        """Busy wall seconds so far, the current busy stretch included."""
+        return self._total + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+
+class BusyTimeServer(TransparentServerWrapper):
+    """Measures the wall time during which at least one ``generate`` was in flight.
+
+    A trainer reads :meth:`busy_seconds` at the start and end of a step: one minus the busy
+    share of the step's wall time is the engine's idle fraction (the update, the weight push, a
+    batch's tail waiting on slow tools). Everything else is forwarded unchanged.
+
+    Args:
+        server: The engine, or a client in front of several.
+    """
+
+    def __init__(self, server: Any) -> None:
+        super().__init__(server)
+        self.clock = BusyClock()
+
+    async def generate(self, request_id: str, prompt_ids: list[int],
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+        """See ``AsyncServer.generate`` (timed)."""
+        self.clock.enter()
+        try:
+            return await self.server.generate(request_id, prompt_ids, sampling_params)
+        finally:
+            self.clock.leave()
+
+    def busy_seconds(self) -> float:
+        """Wall seconds so far with at least one ``generate`` in flight."""
+        return self.clock.seconds()

@@ -42,6 +42,7 @@ from collections import Counter
 from typing import Any
 
 from agentloop_trainer.async_buffer import Group, StalenessBuffer, staleness_metrics
+from agentloop_trainer.metrics import idle_fraction
 from agentloop_trainer.rollout import attach_rewards, make_rows
 
 __all__ = ["AsyncDriver"]
@@ -231,7 +232,6 @@ class AsyncDriver:
         wall = time.perf_counter() - t0
         state = loop.run_until_complete(self.control.rollout_state())
         busy = state.busy_seconds
-        idle = 1.0 - min(1.0, (busy - busy_start) / max(wall, 1e-9))
         tokens = Counter()
         for g in groups:
             tokens.update(g.token_versions)
@@ -239,7 +239,7 @@ class AsyncDriver:
             **staleness_metrics(step - self.base_step, groups, self.max_staleness),
             "async/buffer_depth": float(self.buffer.depth),
             "async/groups_in_flight": float(self.buffer.in_flight),
-            "async/engine_idle_fraction": idle,
+            "rollout/engine_idle_fraction": idle_fraction(busy - busy_start, wall),
             "async/interrupted_calls": float(state.stats["interrupted_calls"]),
             **{f"async/tokens_version_{v + self.base_step}": float(n) for v, n in sorted(tokens.items())},
         })

@@ -90,3 +90,9 @@ def plot_reward_curve(history: Sequence[dict[str, Any]], path: str | Path, title
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def idle_fraction(busy_s: float, wall_s: float) -> float:
+    """One minus the share of ``wall_s`` during which the engine had a call in flight (the
+    ``rollout/engine_idle_fraction`` of a step)."""
+    return 1.0 - min(1.0, busy_s / max(wall_s, 1e-9))

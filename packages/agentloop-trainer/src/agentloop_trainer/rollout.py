@@ -277,6 +277,12 @@ class RolloutEngine:
             else:
                 self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async")
                 self.control = LocalRolloutControl(self.server)
+        elif not uses_ray(cfg):
+            from agentloop_core.server_wrapper import BusyTimeServer
+
+            # Times the engine's work for each step's rollout/engine_idle_fraction. On Ray the
+            # calls come from the workers' processes, past any wrapper here: not measured.
+            self.server = BusyTimeServer(self.server)
         try:
             if uses_ray(cfg):
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,
@@ -341,6 +347,13 @@ class RolloutEngine:
         batch = self.loop.run_until_complete(self.manager.agenerate_sequences(rows, validate=validate, step=step))
         attach_rewards(batch)
         return batch
+
+    def busy_seconds(self) -> float | None:
+        """Wall seconds so far with at least one engine call in flight, where this process sees
+        every call (the in-process engines, ``rollout.server_urls``); None on the Ray backend
+        (the asynchronous modes ask the client actor instead: ``control.rollout_state()``)."""
+        busy = getattr(self.server, "busy_seconds", None)
+        return float(busy()) if callable(busy) else None
 
     @property
     def can_sleep(self) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from agentloop_trainer.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
 from agentloop_trainer.algos import trajectory_advantages
-from agentloop_trainer.metrics import MetricsLogger, plot_reward_curve
+from agentloop_trainer.metrics import MetricsLogger, idle_fraction, plot_reward_curve
 from agentloop_trainer.rollout import RolloutEngine, make_rows
 
 
@@ -200,6 +200,7 @@ class GRPOTrainer:
             return self.async_driver.train_step()
         t0 = time.perf_counter()
         rows = batch = None
+        busy_start = self.engine.busy_seconds() if self.engine is not None else None
         if self.engine is not None:
             records = self.data.next_batch()
             rows = make_rows(records, self.n, step=self.step)
@@ -224,7 +225,12 @@ class GRPOTrainer:
             self.engine.wake_up()
         self.sync_weights()
         t_sync = time.perf_counter() - t2
-        return self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept)
+        metrics = self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept)
+        if busy_start is not None:
+            busy_end = self.engine.busy_seconds()
+            assert busy_end is not None
+            metrics["rollout/engine_idle_fraction"] = idle_fraction(busy_end - busy_start, time.perf_counter() - t0)
+        return metrics
 
     def _learn(self, rows: Sequence[dict], batch: Any) -> dict[str, Any]:
         """Advantages and the PPO-clip update on a rolled-out batch (every rank)."""
