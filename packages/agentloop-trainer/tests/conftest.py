@@ -1,4 +1,5 @@
-"""Shared fixtures: the tiny tokenizer and a small random policy (fast on 2 cores)."""
+"""Shared fixtures: the tiny tokenizer and a small random policy (fast on 2 cores), a local Ray
+per module, and a spy on the groups each update trains."""
 
 from __future__ import annotations
 
@@ -30,3 +31,36 @@ def random_model_path(tmp_path_factory, tokenizer):
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A local 2-CPU Ray for the module (a module that ships its own functions to Ray workers
+    defines its own, registering them for pickling by value)."""
+    pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-engines[ray]"')
+    from agentloop_engines.hosting import init_local_ray
+
+    ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def count_trained_groups():
+    """``count_trained_groups(trainer)`` makes the trainer's every update append a ``Counter``
+    of the group ids of the trajectories it trains to the list it returns."""
+    from collections import Counter
+
+    def install(trainer) -> list[Counter]:
+        seen: list[Counter] = []
+        learn = trainer._learn
+
+        def counting_learn(rows, batch):
+            trajectories = sorted(set(batch.trajectory_index.tolist()))
+            seen.append(Counter(rows[t]["group_id"] for t in trajectories))
+            return learn(rows, batch)
+
+        trainer._learn = counting_learn
+        return seen
+
+    return install

@@ -10,7 +10,6 @@ workers generate through); a hang means a weight push that never got through the
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,16 +17,6 @@ import pytest
 from agentloop_trainer.config import load_config
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-engines[ray]"')
-    from agentloop_engines.hosting import init_local_ray
-
-    ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 def test_ray_backend_is_accepted_in_the_async_modes():
@@ -38,7 +27,7 @@ def test_ray_backend_is_accepted_in_the_async_modes():
 
 @pytest.mark.parametrize(("mode", "steps"), [("async", 3), ("one_step_off", 2)])
 def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_path, tokenizer, mode,
-                                              steps):
+                                              steps, count_trained_groups):
     """A short run completes: every step trains two whole groups of n=2 within the staleness
     bound, each token's policy version comes back from the client actor's ledger, every push
     went through the actor's gate (one update per step) and the ledger is empty at the end."""
@@ -62,15 +51,7 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
     # No engine copy of the policy: the Ray replicas load it by path.
     trainer = GRPOTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path), None, tokenizer, train,
                           test, Path(tmp_path) / mode, log=lambda *_: None)
-    seen: list[Counter] = []
-    learn = trainer._learn
-
-    def counting_learn(rows, batch):
-        trajectories = sorted(set(batch.trajectory_index.tolist()))
-        seen.append(Counter(rows[t]["group_id"] for t in trajectories))
-        return learn(rows, batch)
-
-    trainer._learn = counting_learn
+    seen = count_trained_groups(trainer)
     try:
         assert isinstance(trainer.engine.server, RemoteClient) and trainer.engine.server.partial_rollout
         assert trainer.engine.control is trainer.engine.server, "the driver drives the actor's wrapper"

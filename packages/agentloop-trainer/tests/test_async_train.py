@@ -71,34 +71,23 @@ def test_async_modes_complete_a_short_run(tmp_path, random_model_path, tokenizer
 
 
 @pytest.mark.slow
-def test_longer_async_run_keeps_the_bound_whole_groups_and_an_empty_ledger(tmp_path, random_model_path, tokenizer):
+def test_longer_async_run_keeps_the_bound_whole_groups_and_an_empty_ledger(tmp_path, random_model_path, tokenizer,
+                                                                           count_trained_groups):
     """Six steps of ``trainer.mode=async`` with ``max_staleness=2`` and evaluations before,
     during and after: at every step the staleness stays within the bound and the update sees
     ``train_batch_size`` whole groups of ``rollout.n`` trajectories; every group is trained at
     most once and none is skipped; the partial-rollout ledger is empty at the end (evaluation
     rollouts go through the same engine and must leave nothing in it)."""
-    from collections import Counter
-
-    seen: list[Counter] = []
-
-    def spy(trainer):
-        learn = trainer._learn
-
-        def counting_learn(rows, batch):
-            trajectories = sorted(set(batch.trajectory_index.tolist()))
-            seen.append(Counter(rows[t]["group_id"] for t in trajectories))
-            return learn(rows, batch)
-
-        trainer._learn = counting_learn
-
+    spied = []
     summary, steps, trainer = _run(
-        tmp_path, random_model_path, tokenizer, "async", steps=6, spy=spy,
+        tmp_path, random_model_path, tokenizer, "async", steps=6, spy=lambda t: spied.append(count_trained_groups(t)),
         extra=("trainer.max_staleness=2", "trainer.val_before_train=true", "trainer.test_freq=2"))
     assert summary["steps"] == 6 and [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]
     assert sum("eval/accuracy" in h for h in trainer.history) == 4, "before, at steps 2 and 4, after"
     for h in steps:
         assert 0 <= h["staleness/max"] <= 2, h["step"]
         assert sum(h[f"staleness/hist_{k}"] for k in range(3)) == pytest.approx(1.0)
+    seen = spied[0]
     assert len(seen) == 6
     for counts in seen:
         assert len(counts) == 2 and set(counts.values()) == {2}, f"two whole groups of n=2 per step: {counts}"

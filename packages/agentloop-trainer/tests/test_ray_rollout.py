@@ -11,16 +11,6 @@ import pytest
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def local_ray(tmp_path_factory):
-    pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-engines[ray]"')
-    from agentloop_engines.hosting import init_local_ray
-
-    ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def _cfg(model_path, *extra):
     from agentloop_trainer.config import load_config
 
