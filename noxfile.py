@@ -228,8 +228,12 @@ def vllm(session: nox.Session) -> None:
                     "safetensors>=0.4", "ray>=2.40,<3", TORCH)
     session.run("python", "-c", VLLM_PINS_CHECK, silent=True)
     session.env.update(VLLM_ENV)
-    session.env["VLLM_CACHE_ROOT"] = str(Path(session.create_tmp()) / "vllm-cache")
-    session.env["TORCHINDUCTOR_CACHE_DIR"] = str(Path(session.create_tmp()) / "inductor-cache")
+    tmp = Path(session.create_tmp())
+    # create_tmp also points TMPDIR into the venv, where Ray refuses its temp dir ("must not be
+    # child directory of virtualenv root"): the async-on-Ray test starts a local Ray.
+    session.env.pop("TMPDIR", None)
+    session.env["VLLM_CACHE_ROOT"] = str(tmp / "vllm-cache")
+    session.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
     session.run("python", "-m", "pytest", "packages/agentloop-engines/tests/test_vllm_server.py",
                 "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
                 "packages/agentloop-trainer/tests/test_checkpoint_dcp.py::test_vllm_server_serves_the_exported_hf_folder",

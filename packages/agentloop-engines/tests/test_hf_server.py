@@ -11,19 +11,12 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 
 from agentloop_core.protocol import AsyncServer  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
 
-# A larger init than the training default makes random greedy outputs depend on the prompt, so
-# "same tokens" comparisons mean something.
-INIT = 0.3
+# model_path (conftest.py): the tiny model at a larger init than the training default, so random
+# greedy outputs depend on the prompt and "same tokens" comparisons mean something.
 # Generous: a wait this long means the engine hung, never that the machine was slow.
 HANG_S = 120
 PROMPTS = [[100, 200, 300], [5, 6, 7, 8, 9, 10, 11, 12, 13], [42], [400, 401, 402, 403, 404], [7, 70, 170, 270]]
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    return build_tiny_model(initializer_range=INIT)
 
 
 @pytest.fixture(scope="module")

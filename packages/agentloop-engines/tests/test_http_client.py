@@ -31,19 +31,12 @@ from agentloop_engines.client import LLMServerClient, is_replica_failure  # noqa
 from agentloop_engines.hf import HFServer  # noqa: E402
 from agentloop_engines.http_client import RemoteEngineError, ReplicaUnavailableError, serialize_weights  # noqa: E402
 from agentloop_engines.http_server import ServerThread, create_app  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
 
 KEY = "s3cret-key"
-# A larger init than the training default makes greedy outputs depend on the prompt, so
-# "same tokens" comparisons mean something.
-INIT = 0.3
+# model_path (conftest.py): the tiny model at a larger init than the training default, so greedy
+# outputs depend on the prompt and "same tokens" comparisons mean something.
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 PROMPTS = [[100, 200, 300], [5, 6, 7, 8, 9, 10, 11, 12, 13], [42], [400, 401, 402, 403, 404], [7, 70, 170, 270]]
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    return build_tiny_model(initializer_range=INIT)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ pytest.importorskip("torch", reason='HFServer tests need: pip install "agentloop
 
 from agentloop_core.runtime import AgentLoopManager  # noqa: E402
 from agentloop_engines import HFServer, LLMServerClient  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
 
 CONFIG = {
     "default_agent_loop": "single_turn_agent",
@@ -18,11 +17,6 @@ CONFIG = {
     "prompt_length": 64,
     "response_length": 10,
 }
-
-
-@pytest.fixture(scope="module")
-def model_path():
-    return build_tiny_model(initializer_range=0.3)  # shared with test_hf_server's cache entry
 
 
 def make_rows(n: int) -> list[dict]:

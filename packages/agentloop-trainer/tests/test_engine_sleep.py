@@ -29,9 +29,10 @@ def test_engine_sleeps_during_the_update_and_wakes_before_the_sync(tmp_path, ran
     cfg = _cfg(tmp_path, random_model_path, "sleep", 2,
                **{"actor_rollout_ref.rollout.free_cache_engine": str(free_cache_engine).lower()})
     trainer = _trainer(cfg, tokenizer)
-    server = trainer.engine.server
+    server = trainer.engine.server  # the BusyTimeServer that times the engine's calls in sync mode
+    engine = server.server  # the HFServer behind it
     assert not trainer.engine.can_sleep  # HFServer frees memory only on CUDA: nothing to do on CPU
-    server.capabilities = dataclasses.replace(server.capabilities, sleep=True)  # as on a GPU
+    engine.capabilities = dataclasses.replace(engine.capabilities, sleep=True)  # as on a GPU
     events: list[str] = []
     for name in ("sleep", "wake_up", "update_weights"):
         original = getattr(server, name)

@@ -68,6 +68,11 @@ def test_agentloop_train_on_the_ray_backend(local_ray, random_model_path, tmp_pa
     assert [m["step"] for m in metrics if "reward/mean" in m] == [1, 2]
     # the Ray pool's accounting reaches metrics.jsonl (no worker died here)
     assert [m["rollout/worker_failures"] for m in metrics if "reward/mean" in m] == [0, 0]
+    # the shared client actor times every worker's engine calls: idle for at least the update
+    # and the push, which no call overlaps in sync mode
+    for m in (m for m in metrics if "reward/mean" in m):
+        quiet = (m["timing_s/update"] + m["timing_s/sync_weights"]) / m["timing_s/step"]
+        assert quiet <= m["rollout/engine_idle_fraction"] < 1.0, m
     assert local_ray.is_initialized()  # a cluster the run did not start is left running
 
 

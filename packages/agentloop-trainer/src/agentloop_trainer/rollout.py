@@ -8,6 +8,7 @@ rollouts and ``update_weights`` all happen on the same loop.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,7 +282,7 @@ class RolloutEngine:
             from agentloop_core.server_wrapper import BusyTimeServer
 
             # Times the engine's work for each step's rollout/engine_idle_fraction. On Ray the
-            # calls come from the workers' processes, past any wrapper here: not measured.
+            # calls come from the workers' processes: the shared client actor times them.
             self.server = BusyTimeServer(self.server)
         try:
             if uses_ray(cfg):
@@ -349,11 +350,14 @@ class RolloutEngine:
         return batch
 
     def busy_seconds(self) -> float | None:
-        """Wall seconds so far with at least one engine call in flight, where this process sees
-        every call (the in-process engines, ``rollout.server_urls``); None on the Ray backend
-        (the asynchronous modes ask the client actor instead: ``control.rollout_state()``)."""
+        """Wall seconds so far with at least one engine call in flight: measured where every
+        call passes (a wrapper in this process, or on Ray the shared client actor); None for
+        a server that does not measure it."""
         busy = getattr(self.server, "busy_seconds", None)
-        return float(busy()) if callable(busy) else None
+        if not callable(busy):
+            return None
+        out = busy()
+        return float(self.loop.run_until_complete(out) if inspect.isawaitable(out) else out)
 
     @property
     def can_sleep(self) -> bool:

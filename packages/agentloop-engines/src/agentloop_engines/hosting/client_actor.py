@@ -34,7 +34,7 @@ from typing import Any
 
 from agentloop_core.partial_rollout import PartialRolloutServer, PartialRolloutState
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
-from agentloop_core.server_wrapper import ServerWrapper
+from agentloop_core.server_wrapper import BusyTimeServer, ServerWrapper
 from agentloop_engines.hosting.cluster import import_ray
 
 __all__ = ["CONTROL_CONCURRENCY", "ClientActor", "RemoteClient", "client_actor", "local_client"]
@@ -69,7 +69,8 @@ class ClientActor(ServerWrapper):
     Args:
         handles: The engine replicas' actor handles.
         client_kwargs: Passed to ``LLMServerClient``.
-        partial_rollout: None: ``self.server`` is the client. A mapping: ``self.server`` is a
+        partial_rollout: None: ``self.server`` is the client behind a ``BusyTimeServer`` (its
+            busy time, for a step's engine idle fraction). A mapping: ``self.server`` is a
             ``PartialRolloutServer(client, **partial_rollout)`` (e.g. ``{"interrupt": False}``),
             driven through the control methods.
     """
@@ -81,7 +82,7 @@ class ClientActor(ServerWrapper):
         self._client = LLMServerClient(list(handles), **dict(client_kwargs))
         self._rollout = None if partial_rollout is None else PartialRolloutServer(self._client,
                                                                                   **dict(partial_rollout))
-        super().__init__(self._rollout if self._rollout is not None else self._client)
+        super().__init__(self._rollout if self._rollout is not None else BusyTimeServer(self._client))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -136,6 +137,9 @@ class ClientActor(ServerWrapper):
 
     async def hosts_partial_rollout(self) -> bool:
         return self._rollout is not None
+
+    async def busy_seconds(self) -> float:
+        return await self._on_generate_loop(self.server.busy_seconds)
 
     async def set_policy_version(self, policy_version: int) -> None:
         rollout = self._partial_rollout()
@@ -227,6 +231,11 @@ class RemoteClient:
     async def mark_healthy(self, index: int) -> None:
         """Put a replica back into the shared client's rotation."""
         await self.actor.mark_healthy.remote(index)
+
+    async def busy_seconds(self) -> float:
+        """Wall seconds so far with at least one ``generate`` in flight through the actor, from
+        any worker (a control call: never queued behind generates)."""
+        return await self._control("busy_seconds").remote()
 
     # -- RolloutControl (actors started with partial_rollout=True) ----------------------------
 
