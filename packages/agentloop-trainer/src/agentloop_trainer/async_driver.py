@@ -42,7 +42,6 @@ from collections import Counter
 from typing import Any
 
 from agentloop_trainer.async_buffer import Group, StalenessBuffer, staleness_metrics
-from agentloop_trainer.metrics import idle_fraction
 from agentloop_trainer.rollout import attach_rewards, make_rows
 
 __all__ = ["AsyncDriver"]
@@ -217,7 +216,7 @@ class AsyncDriver:
         t0 = time.perf_counter()
         # The engine's busy time from here, not from the last step's end: an evaluation in
         # between keeps the engine busy outside this step's wall time.
-        busy_start = loop.run_until_complete(self.control.rollout_state()).busy_seconds
+        busy_start = self.engine.busy_seconds()
         rows, batch, groups = loop.run_until_complete(self._next_batch())
         if batch.failed.all():
             raise RuntimeError(f"all {batch.num_trajectories} rollout samples of step {trainer.step} failed, so "
@@ -228,10 +227,9 @@ class AsyncDriver:
         t2 = time.perf_counter()
         loop.run_until_complete(self._push_weights(step + 1))
         t_sync = time.perf_counter() - t2
-        metrics = trainer._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=False)
-        wall = time.perf_counter() - t0
+        metrics = trainer._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=False,
+                                        busy_start=busy_start)
         state = loop.run_until_complete(self.control.rollout_state())
-        busy = state.busy_seconds
         tokens = Counter()
         for g in groups:
             tokens.update(g.token_versions)
@@ -239,7 +237,6 @@ class AsyncDriver:
             **staleness_metrics(step - self.base_step, groups, self.max_staleness),
             "async/buffer_depth": float(self.buffer.depth),
             "async/groups_in_flight": float(self.buffer.in_flight),
-            "rollout/engine_idle_fraction": idle_fraction(busy - busy_start, wall),
             "async/interrupted_calls": float(state.stats["interrupted_calls"]),
             **{f"async/tokens_version_{v + self.base_step}": float(n) for v, n in sorted(tokens.items())},
         })

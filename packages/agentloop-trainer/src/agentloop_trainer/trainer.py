@@ -225,12 +225,8 @@ class GRPOTrainer:
             self.engine.wake_up()
         self.sync_weights()
         t_sync = time.perf_counter() - t2
-        metrics = self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept)
-        if busy_start is not None:
-            busy_end = self.engine.busy_seconds()
-            assert busy_end is not None
-            metrics["rollout/engine_idle_fraction"] = idle_fraction(busy_end - busy_start, time.perf_counter() - t0)
-        return metrics
+        return self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept,
+                                  busy_start=busy_start)
 
     def _learn(self, rows: Sequence[dict], batch: Any) -> dict[str, Any]:
         """Advantages and the PPO-clip update on a rolled-out batch (every rank)."""
@@ -259,8 +255,11 @@ class GRPOTrainer:
                 "t_update": time.perf_counter() - t1}
 
     def _step_metrics(self, rows: Sequence[dict], batch: Any, learned: dict[str, Any], *, t0: float, t_gen: float,
-                      t_sync: float, slept: bool) -> dict[str, Any]:
-        """Finish a step: count it, check rewards, write its trajectories, return its metrics."""
+                      t_sync: float, slept: bool, busy_start: float | None = None) -> dict[str, Any]:
+        """Finish a step: count it, check rewards, write its trajectories, return its metrics.
+
+        ``busy_start``: the engine's :meth:`~agentloop_trainer.rollout.RolloutEngine.busy_seconds`
+        at ``t0``; with it the metrics get ``rollout/engine_idle_fraction`` over the step."""
         metrics, advantages, last = learned["metrics"], learned["advantages"], learned["last"]
         rewards, pb, t_update = learned["rewards"], learned["pb"], learned["t_update"]
         mask = pb.response_mask
@@ -287,6 +286,9 @@ class GRPOTrainer:
 
             write_step_trajectories(self.run_dir, self.step, batch, rows, self.tokenizer,
                                     self.cfg.trainer.log_trajectories_per_step, advantages.tolist())
+        busy_end = self.engine.busy_seconds() if busy_start is not None and self.engine is not None else None
+        if busy_start is not None and busy_end is not None:
+            metrics["rollout/engine_idle_fraction"] = idle_fraction(busy_end - busy_start, time.perf_counter() - t0)
         # The rollout's own batch metrics too: per-loop timings, tool counters and what tools
         # report (agent_loop/...), failures and worker losses on the Ray backend.
         return {**batch.metrics, **metrics}
