@@ -204,6 +204,12 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model(args: argparse.Namespace) -> int:
+    from agentloop_trainer.pretrained.command import run_model_command
+
+    return run_model_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="agentloop", description="Agentic RL for LLMs: GRPO over agent loops.")
@@ -271,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also let requests set this chat template variable in chat_template_kwargs (repeatable; "
                          "always allowed: enable_thinking, reasoning_effort, thinking)")
     sv.set_defaults(func=_serve)
+
+    from agentloop_trainer.pretrained.command import add_model_parser
+
+    add_model_parser(sub).set_defaults(func=_model)
     return parser
 
 
