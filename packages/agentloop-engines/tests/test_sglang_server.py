@@ -76,8 +76,14 @@ def test_stand_in_misbehaves_like_sglang():
     eng.loop.close()
     eng = StandInSGLangEngine()
     params = {**params, "max_new_tokens": 2, "ignore_eos": False}
-    out = eng.loop.run_until_complete(eng.async_generate([5] * 59, params, return_logprob=True, rid="long"))
-    assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []  # (d)
+    out = eng.loop.run_until_complete(eng.async_generate([5] * 57, params, return_logprob=True, rid="long"))
+    assert len(out["output_ids"]) == 2  # (d) max_req_input_len - 1 tokens: served
+    for n in (58, 59):  # (d) max_req_input_len tokens or more: SGLang's own error (>=, not >)
+        with pytest.raises(ValueError, match=rf"^Input length \({n} tokens\) exceeds the maximum allowed "
+                                             r"length \(58 tokens\)\. Use a shorter input"):
+            eng.loop.run_until_complete(eng.async_generate([5] * n, params, return_logprob=True, rid=f"l{n}"))
+    assert eng.model_dtype == "float16"  # (g) "auto" runs the float32 checkpoint in float16
+    eng.loop.run_until_complete(asyncio.sleep(0.05))  # (b) the served request stops counting as running
     eng.update_weights_from_tensor([("stepp", 5)], flush_cache=False)
     assert eng.step == 1  # (f) skipped silently
     assert [u.skipped for u in eng.weight_updates] == [("stepp",)]
@@ -127,6 +133,38 @@ def test_stand_in_built_from_a_model_path_reads_the_checkpoint(tmp_path, monkeyp
     direct.shutdown()
     with pytest.raises(FileNotFoundError, match="downloads nothing"):
         StandInSGLangEngine(model_path="some-org/some-model")
+
+
+def test_a_float32_checkpoint_runs_in_float32_unless_a_dtype_is_given(tmp_path, monkeypatch):
+    """(g) SGLang's dtype="auto" runs a float32 checkpoint in float16 (the resumed log-probs of a
+    real partial rollout were then 0.126 nats off HF's). SGLangServer(model_path=...) without a
+    dtype passes "float32" for a float32 checkpoint, nothing for a 16-bit one (auto keeps its
+    dtype), and a given dtype unchanged. Fails if the adapter leaves a float32 checkpoint to
+    SGLang's "auto" (the stand-in then reports model_dtype float16)."""
+    from agentloop_engines.dtypes import checkpoint_dtype, default_engine_dtype
+
+    built: list[StandInSGLangEngine] = []
+
+    def engine(**kwargs):
+        built.append(StandInSGLangEngine(**kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    fp32 = write_checkpoint(tmp_path / "fp32")
+    bf16 = write_checkpoint(tmp_path / "bf16", dtype="bfloat16")
+    undeclared = write_checkpoint(tmp_path / "none", dtype=None)
+    cases = [(fp32, {}, "float32", "float32"), (fp32, {"dtype": None}, "float32", "float32"),
+             (undeclared, {}, "float32", "float32"), (bf16, {}, "auto", "bfloat16"),
+             (fp32, {"dtype": "bfloat16"}, "bfloat16", "bfloat16"), (fp32, {"dtype": "auto"}, "auto", "float16")]
+    for path, kwargs, sent, runs in cases:
+        server = SGLangServer(model_path=str(path), eos_token_ids=[EOS], **kwargs)
+        assert (built[-1].server_args.dtype, built[-1].model_dtype) == (sent, runs), (path.name, kwargs)
+        asyncio.run(server.close())
+    assert [checkpoint_dtype(p) for p in (fp32, bf16, undeclared)] == ["float32", "bfloat16", "float32"]
+    assert default_engine_dtype(bf16) is None and checkpoint_dtype(tmp_path / "missing") is None
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text('{"torch_dtype": "float16"}')  # transformers 4 spelling
+    assert checkpoint_dtype(tmp_path / "old") == "float16"
 
 
 async def test_generate_returns_engine_tokens_and_logprobs(server, engine):
@@ -233,21 +271,47 @@ async def test_seeds_are_not_promised_without_deterministic_inference(server, en
 
 
 async def test_prompt_and_budget_follow_sglang_limits(server, engine):
-    """(d) Prompts up to max_req_input_len are served with max_tokens clamped to
-    context - prompt - 2; longer ones are a ValueError (SGLang would abort them silently)."""
-    longest = await server.generate("l", list(range(3, 61)), greedy(50, ignore_eos=True))
-    assert longest.token_ids == expected(60, 4) and longest.stop_reason == "length"
-    with pytest.raises(ValueError, match="max_req_input_len=58"):
-        await server.generate("x", list(range(3, 62)), greedy(2))
-    assert (server.context_len, server.max_req_input_len, server.max_model_len) == (64, 58, 62)
+    """(d) Prompts of up to max_req_input_len - 1 tokens are served with max_tokens clamped to
+    what SGLang serves (context - prompt - 2); one of exactly max_req_input_len tokens (SGLang
+    refuses >=) is the adapter's own ValueError, naming the limit and the fix, and never reaches
+    SGLang. Fails on an adapter that compares with > (the stand-in then raises SGLang's error)."""
+    assert (server.context_len, server.max_req_input_len, server.max_prompt_len, server.max_model_len) == \
+        (64, 58, 57, 62)
+    longest = await server.generate("l", list(range(3, 60)), greedy(50, ignore_eos=True))  # 57 tokens
+    assert longest.token_ids == expected(59, 5) and longest.stop_reason == "length"
+    assert engine.calls[-1]["max_new_tokens"] == 5  # the budget the adapter sent is what SGLang serves
+    sent = len(engine.calls)
+    for n in (58, 59):
+        with pytest.raises(ValueError, match=rf"prompt has {n} tokens but SGLang refuses prompts of "
+                                             r"max_req_input_len=58 tokens or more .*at most 57 tokens.*"
+                                             r"actor_rollout_ref\.rollout\.max_model_len"):
+            await server.generate("x", list(range(3, 3 + n)), greedy(2))
+    assert len(engine.calls) == sent  # refused before SGLang saw it
     other = await asyncio.to_thread(StandInSGLangEngine)
     narrow = SGLangServer(other, eos_token_ids=[EOS], max_req_input_len=10, context_len=40)
     try:
-        assert narrow.max_model_len == 38
-        with pytest.raises(ValueError, match="max_req_input_len=10"):
-            await narrow.generate("x", list(range(3, 14)), greedy(2))
+        assert (narrow.max_prompt_len, narrow.max_model_len) == (9, 14)  # max_req_len = 10 + 5
+        with pytest.raises(ValueError, match="max_req_input_len=10 tokens or more"):
+            await narrow.generate("x", list(range(3, 13)), greedy(2))
+        out = await narrow.generate("y", list(range(3, 12)), greedy(50, ignore_eos=True))
+        assert len(out.token_ids) == 5
     finally:
         await close(other, narrow)
+
+
+async def test_a_kv_pool_smaller_than_the_context_lowers_both_limits():
+    """(d) SGLang's max_req_len is min(context, KV pool) - 1: with a pool of 32 tokens under a
+    context of 64, prompts stop at 25 tokens and prompt + new tokens at 30, and the adapter's
+    budget follows (max_model_len = max_req_input_len + 4, not context - 2)."""
+    engine, server = await in_thread_server(max_total_tokens=32)
+    try:
+        assert (server.max_req_input_len, server.max_prompt_len, server.max_model_len) == (26, 25, 30)
+        out = await server.generate("p", list(range(3, 28)), greedy(50, ignore_eos=True))  # 25 tokens
+        assert out.token_ids == expected(27, 5) and engine.calls[-1]["max_new_tokens"] == 5
+        with pytest.raises(ValueError, match="max_req_input_len=26"):
+            await server.generate("q", list(range(3, 29)), greedy(2))
+    finally:
+        await close(engine, server)
 
 
 async def test_sleep_is_declared_only_with_the_memory_saver(server, engine):
