@@ -145,13 +145,14 @@ class SGLangServer(AsyncServerBase):
         if engine is None:
             if model_path is None:
                 raise ValueError("SGLangServer needs an engine or a model_path")
+            sglang = _require_sglang()
             if engine_kwargs.get("dtype") is None:  # SGLang's "auto" runs a float32 checkpoint in float16
                 engine_kwargs.pop("dtype", None)
                 dtype = default_engine_dtype(model_path)
                 if dtype is not None:
                     engine_kwargs["dtype"] = dtype
-            engine = _require_sglang().Engine(model_path=model_path, enable_memory_saver=enable_memory_saver,
-                                              **engine_kwargs)
+            engine = sglang.Engine(model_path=model_path, enable_memory_saver=enable_memory_saver,
+                                   **engine_kwargs)
         elif engine_kwargs or enable_memory_saver:
             given = sorted(engine_kwargs) + (["enable_memory_saver"] if enable_memory_saver else [])
             raise ValueError(f"{given} are only used when engine is None; create the engine with them")
