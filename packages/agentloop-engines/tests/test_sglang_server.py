@@ -5,7 +5,7 @@ engine enforces: ``async_generate`` only on ``engine.loop``, control methods syn
 ``engine.loop.run_until_complete`` (so they fail if called while the loop runs), unique live
 rids, ``abort_request`` on the tokenizer manager. It also misbehaves the way SGLang does (checked on a real SGLang build, see the stand-in's docstring),
 so each test below fails on an adapter that trusts SGLang on that point. The same checks run
-against a real ``sglang.Engine`` in the gpu-marked test.
+against a real ``sglang.Engine`` in the gpu-marked ``test_sglang_real_engine.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -76,8 +75,14 @@ def test_stand_in_misbehaves_like_sglang():
     eng.loop.close()
     eng = StandInSGLangEngine()
     params = {**params, "max_new_tokens": 2, "ignore_eos": False}
-    out = eng.loop.run_until_complete(eng.async_generate([5] * 59, params, return_logprob=True, rid="long"))
-    assert out["meta_info"]["finish_reason"]["type"] == "abort" and out["output_ids"] == []  # (d)
+    out = eng.loop.run_until_complete(eng.async_generate([5] * 57, params, return_logprob=True, rid="long"))
+    assert len(out["output_ids"]) == 2  # (d) max_req_input_len - 1 tokens: served
+    for n in (58, 59):  # (d) max_req_input_len tokens or more: SGLang's own error (>=, not >)
+        with pytest.raises(ValueError, match=rf"^Input length \({n} tokens\) exceeds the maximum allowed "
+                                             r"length \(58 tokens\)\. Use a shorter input"):
+            eng.loop.run_until_complete(eng.async_generate([5] * n, params, return_logprob=True, rid=f"l{n}"))
+    assert eng.model_dtype == "float16"  # (g) "auto" runs the float32 checkpoint in float16
+    eng.loop.run_until_complete(asyncio.sleep(0.05))  # (b) the served request stops counting as running
     eng.update_weights_from_tensor([("stepp", 5)], flush_cache=False)
     assert eng.step == 1  # (f) skipped silently
     assert [u.skipped for u in eng.weight_updates] == [("stepp",)]
@@ -127,6 +132,38 @@ def test_stand_in_built_from_a_model_path_reads_the_checkpoint(tmp_path, monkeyp
     direct.shutdown()
     with pytest.raises(FileNotFoundError, match="downloads nothing"):
         StandInSGLangEngine(model_path="some-org/some-model")
+
+
+def test_a_float32_checkpoint_runs_in_float32_unless_a_dtype_is_given(tmp_path, monkeypatch):
+    """(g) SGLang's dtype="auto" runs a float32 checkpoint in float16 (the resumed log-probs of a
+    real partial rollout were then 0.126 nats off HF's). SGLangServer(model_path=...) without a
+    dtype passes "float32" for a float32 checkpoint, nothing for a 16-bit one (auto keeps its
+    dtype), and a given dtype unchanged. Fails if the adapter leaves a float32 checkpoint to
+    SGLang's "auto" (the stand-in then reports model_dtype float16)."""
+    from agentloop_engines.dtypes import checkpoint_dtype, default_engine_dtype
+
+    built: list[StandInSGLangEngine] = []
+
+    def engine(**kwargs):
+        built.append(StandInSGLangEngine(**kwargs))
+        return built[-1]
+
+    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    fp32 = write_checkpoint(tmp_path / "fp32")
+    bf16 = write_checkpoint(tmp_path / "bf16", dtype="bfloat16")
+    undeclared = write_checkpoint(tmp_path / "none", dtype=None)
+    cases = [(fp32, {}, "float32", "float32"), (fp32, {"dtype": None}, "float32", "float32"),
+             (undeclared, {}, "float32", "float32"), (bf16, {}, "auto", "bfloat16"),
+             (fp32, {"dtype": "bfloat16"}, "bfloat16", "bfloat16"), (fp32, {"dtype": "auto"}, "auto", "float16")]
+    for path, kwargs, sent, runs in cases:
+        server = SGLangServer(model_path=str(path), eos_token_ids=[EOS], **kwargs)
+        assert (built[-1].server_args.dtype, built[-1].model_dtype) == (sent, runs), (path.name, kwargs)
+        asyncio.run(server.close())
+    assert [checkpoint_dtype(p) for p in (fp32, bf16, undeclared)] == ["float32", "bfloat16", "float32"]
+    assert default_engine_dtype(bf16) is None and checkpoint_dtype(tmp_path / "missing") is None
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text('{"torch_dtype": "float16"}')  # transformers 4 spelling
+    assert checkpoint_dtype(tmp_path / "old") == "float16"
 
 
 async def test_generate_returns_engine_tokens_and_logprobs(server, engine):
@@ -233,21 +270,47 @@ async def test_seeds_are_not_promised_without_deterministic_inference(server, en
 
 
 async def test_prompt_and_budget_follow_sglang_limits(server, engine):
-    """(d) Prompts up to max_req_input_len are served with max_tokens clamped to
-    context - prompt - 2; longer ones are a ValueError (SGLang would abort them silently)."""
-    longest = await server.generate("l", list(range(3, 61)), greedy(50, ignore_eos=True))
-    assert longest.token_ids == expected(60, 4) and longest.stop_reason == "length"
-    with pytest.raises(ValueError, match="max_req_input_len=58"):
-        await server.generate("x", list(range(3, 62)), greedy(2))
-    assert (server.context_len, server.max_req_input_len, server.max_model_len) == (64, 58, 62)
+    """(d) Prompts of up to max_req_input_len - 1 tokens are served with max_tokens clamped to
+    what SGLang serves (context - prompt - 2); one of exactly max_req_input_len tokens (SGLang
+    refuses >=) is the adapter's own ValueError, naming the limit and the fix, and never reaches
+    SGLang. Fails on an adapter that compares with > (the stand-in then raises SGLang's error)."""
+    assert (server.context_len, server.max_req_input_len, server.max_prompt_len, server.max_model_len) == \
+        (64, 58, 57, 62)
+    longest = await server.generate("l", list(range(3, 60)), greedy(50, ignore_eos=True))  # 57 tokens
+    assert longest.token_ids == expected(59, 5) and longest.stop_reason == "length"
+    assert engine.calls[-1]["max_new_tokens"] == 5  # the budget the adapter sent is what SGLang serves
+    sent = len(engine.calls)
+    for n in (58, 59):
+        with pytest.raises(ValueError, match=rf"prompt has {n} tokens but SGLang refuses prompts of "
+                                             r"max_req_input_len=58 tokens or more .*at most 57 tokens.*"
+                                             r"actor_rollout_ref\.rollout\.max_model_len"):
+            await server.generate("x", list(range(3, 3 + n)), greedy(2))
+    assert len(engine.calls) == sent  # refused before SGLang saw it
     other = await asyncio.to_thread(StandInSGLangEngine)
     narrow = SGLangServer(other, eos_token_ids=[EOS], max_req_input_len=10, context_len=40)
     try:
-        assert narrow.max_model_len == 38
-        with pytest.raises(ValueError, match="max_req_input_len=10"):
-            await narrow.generate("x", list(range(3, 14)), greedy(2))
+        assert (narrow.max_prompt_len, narrow.max_model_len) == (9, 14)  # max_req_len = 10 + 5
+        with pytest.raises(ValueError, match="max_req_input_len=10 tokens or more"):
+            await narrow.generate("x", list(range(3, 13)), greedy(2))
+        out = await narrow.generate("y", list(range(3, 12)), greedy(50, ignore_eos=True))
+        assert len(out.token_ids) == 5
     finally:
         await close(other, narrow)
+
+
+async def test_a_kv_pool_smaller_than_the_context_lowers_both_limits():
+    """(d) SGLang's max_req_len is min(context, KV pool) - 1: with a pool of 32 tokens under a
+    context of 64, prompts stop at 25 tokens and prompt + new tokens at 30, and the adapter's
+    budget follows (max_model_len = max_req_input_len + 4, not context - 2)."""
+    engine, server = await in_thread_server(max_total_tokens=32)
+    try:
+        assert (server.max_req_input_len, server.max_prompt_len, server.max_model_len) == (26, 25, 30)
+        out = await server.generate("p", list(range(3, 28)), greedy(50, ignore_eos=True))  # 25 tokens
+        assert out.token_ids == expected(27, 5) and engine.calls[-1]["max_new_tokens"] == 5
+        with pytest.raises(ValueError, match="max_req_input_len=26"):
+            await server.generate("q", list(range(3, 29)), greedy(2))
+    finally:
+        await close(engine, server)
 
 
 async def test_sleep_is_declared_only_with_the_memory_saver(server, engine):
@@ -373,136 +436,3 @@ def test_output_conversion_rejects_inconsistent_ids():
         SGLangServer._to_token_output(bad, SamplingParams())
     ok = SGLangServer._to_token_output({**bad, "output_ids": [1, 3]}, SamplingParams())
     assert ok == TokenOutput([1, 3], [-0.1, -0.2], "length", extra=ok.extra)
-
-
-def _gpu_and_sglang() -> str | None:
-    if importlib.util.find_spec("sglang") is None:
-        return 'sglang is not installed (pip install "agentloop-engines[sglang]")'
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU"
-    return None
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(_gpu_and_sglang() is not None, reason=str(_gpu_and_sglang()))
-def test_real_sglang_engine_same_checks(tmp_path):
-    """Same checks on a real sglang.Engine over the tiny model: greedy equals HF's greedy, and
-    (a)-(f) of the stand-in hold (memory saver and deterministic inference left off)."""
-    import sglang
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentloop_engines.tiny_model import build_tiny_model
-
-    path = str(build_tiny_model())
-    tok = AutoTokenizer.from_pretrained(path)
-    engine = sglang.Engine(model_path=path, mem_fraction_static=float(os.environ.get("SGLANG_MEM", "0.3")),
-                           disable_cuda_graph=True)
-
-    async def run():
-        server = SGLangServer(engine, tokenizer=tok)
-        assert not server.capabilities.sleep and not server.per_request_seed  # (e), (c)
-        assert "model.embed_tokens.weight" in server.weight_names
-        prompt = tok.encode("hello world", add_special_tokens=False)
-        out = await server.generate("g", prompt, greedy(8, ignore_eos=True))
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        ref = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, min_new_tokens=8)
-        assert out.token_ids == ref[0, len(prompt):].tolist()
-        stop = out.token_ids[3]  # (a)
-        cut = await server.generate("a", prompt, greedy(8, ignore_eos=True, stop_token_ids=[stop]))
-        assert cut.token_ids == out.token_ids[: out.token_ids.index(stop) + 1] and cut.stop_reason == "stop"
-        with pytest.raises(ValueError, match="max_req_input_len"):  # (d)
-            await server.generate("d", prompt[:1] * (server.max_req_input_len + 1), greedy(2))
-        longest = await server.generate("d2", prompt[:1] * server.max_req_input_len,
-                                        greedy(10_000, ignore_eos=True))
-        assert 0 < len(longest.token_ids) <= server.max_model_len - server.max_req_input_len
-        assert longest.stop_reason == "length"
-        params = {name: p.detach().clone() * 0.5 for name, p in model.named_parameters()}
-        with pytest.raises(ValueError, match="did you mean"):  # (f)
-            await server.update_weights([("model.embed_tokens.weigth", params["model.embed_tokens.weight"])])
-        await server.update_weights(params.items())
-        changed = await server.generate("g2", prompt, greedy(8, ignore_eos=True))
-        assert changed.token_ids != out.token_ids
-        original = dict(model.state_dict())  # includes the tied lm_head.weight
-        for i in range(20):  # (b) updates right after a generation return
-            await server.generate(f"b{i}", prompt, greedy(2, ignore_eos=True))
-            await server.update_weights(original.items())
-        restored = await server.generate("g3", prompt, greedy(8, ignore_eos=True))
-        assert restored.token_ids == out.token_ids
-        await server.close()
-
-    asyncio.run(run())
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(_gpu_and_sglang() is not None, reason=str(_gpu_and_sglang()))
-def test_real_sglang_partial_rollout_resumes_across_a_weight_update():
-    """What ``trainer.mode=async`` needs of SGLang, and why the config refuses sglang there
-    until this passes on a GPU: an aborted call returns every token generated so far with its
-    log-prob (SGLang versions differ: some return nothing for a request still queued, some only
-    the last token on an abort), and PartialRolloutServer resumes the generation on new
-    weights from exactly those tokens.
-
-    A failure of the prefix checks means the abort lost or changed tokens; of the resumed-part
-    checks, that the resumed call did not continue from prompt + the kept prefix on the new
-    weights (e.g. a prefix cache that survived the update)."""
-    import sglang
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agentloop_core.partial_rollout import PartialRolloutServer
-    from agentloop_engines.testing import perturbed_weights
-    from agentloop_engines.tiny_model import build_tiny_model
-
-    path = str(build_tiny_model(initializer_range=0.3))
-    tok = AutoTokenizer.from_pretrained(path)
-    engine = sglang.Engine(model_path=path, mem_fraction_static=float(os.environ.get("SGLANG_MEM", "0.3")),
-                           disable_cuda_graph=True)
-    original, perturbed = perturbed_weights(path)  # tied lm_head and embedding get one value
-
-    def forward_log_probs(weights: dict, prompt: list[int], ids: list[int]) -> list[float]:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        model.load_state_dict(weights)
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()
-        lp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-        return lp.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
-
-    async def run() -> None:
-        server = SGLangServer(engine, tokenizer=tok)
-        prompt = tok.encode("hello world", add_special_tokens=False)
-        budget = server.max_model_len - len(prompt) - 1  # the longest call: the best odds of a mid-way abort
-        params = greedy(budget, ignore_eos=True, logprobs=True)
-        plain = await server.generate("plain", prompt, params)
-        wrapper = PartialRolloutServer(server)
-        try:
-            for attempt in range(5):  # SGLang shows no tokens before a call ends: pause after a short wait
-                task = asyncio.ensure_future(wrapper.generate(f"pr{attempt}", prompt, params))
-                await asyncio.sleep(0.05 * (attempt + 1))
-                await wrapper.update_weights(perturbed.items())  # pause + abort, push, new version, resume
-                out = await asyncio.wait_for(task, 300)
-                if out.extra.get("resumes"):
-                    break
-                await server.update_weights(original.items())
-            else:
-                pytest.fail("5 weight updates all landed after the generation had ended; lengthen the budget")
-            versions = out.extra["policy_versions"]
-            old = versions[0]
-            k = versions.count(old)
-            assert 0 < k < budget, f"the update should land mid-generation; {k} of {budget} tokens came first"
-            assert len(out.token_ids) == len(out.log_probs) == budget and out.stop_reason == "length"
-            fresh = await server.generate("check", prompt + out.token_ids[:k], {**params, "max_tokens": budget - k})
-            new_lp = forward_log_probs(perturbed, prompt, out.token_ids)
-            assert out.token_ids[:k] == plain.token_ids[:k], "the kept prefix must be the old weights' tokens"
-            assert out.token_ids[k:] == fresh.token_ids, "the resumed part must be what the new weights generate"
-            assert max(abs(a - b) for a, b in zip(out.log_probs[:k], plain.log_probs[:k], strict=True)) < 1e-3
-            assert max(abs(a - b) for a, b in zip(out.log_probs[k:], new_lp[k:], strict=True)) < 5e-3
-            assert out.token_ids[k:] != plain.token_ids[k:], "the new weights must continue differently"
-        finally:
-            await server.close()
-
-    asyncio.run(run())

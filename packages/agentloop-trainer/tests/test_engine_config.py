@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from agentloop_trainer.config import ConfigError, load_config
-from agentloop_trainer.engines import build_engine, engine_spec, remote_engines
+from agentloop_trainer.engines import build_engine, engine_arguments, engine_spec, remote_engines
 from agentloop_trainer.rollout import agent_loops, rollout_settings
 
 
@@ -23,6 +23,65 @@ def test_engine_spec_carries_the_common_and_per_engine_keys():
         ("vllm", "bfloat16", 0.7, 2)
     assert spec.kwargs == {"enable_prefix_caching": True}  # only the chosen engine's section
     assert spec.max_model_len == 128  # sized to what a trajectory needs
+
+
+@pytest.mark.parametrize("name", ["hf", "vllm", "sglang"])
+def test_the_rollout_engine_runs_in_float32_unless_rollout_dtype_says_otherwise(name):
+    """The trainer computes log-probs against float32 weights (model.dtype=float32, or the
+    float32 master weights of bfloat16 mixed precision), so every engine gets dtype=float32
+    unless rollout.dtype is set, and never the engine's own "auto" (vLLM and SGLang run a
+    float32 checkpoint in float16 under it). A one-line notice says when the engine's dtype
+    differs from model.dtype; engine_kwargs.<name>.dtype still wins."""
+    def spec_of(*overrides):
+        lines: list[str] = []
+        cfg = load_config([f"actor_rollout_ref.rollout.name={name}", *overrides])
+        return engine_spec(cfg, "/m", notice=lines.append), lines
+
+    def engine_dtype(spec):  # what the engine's constructor receives
+        return spec.dtype if name == "hf" else engine_arguments(spec)["dtype"]
+
+    spec, lines = spec_of()
+    assert (engine_dtype(spec), lines) == ("float32", [])
+    spec, lines = spec_of("actor_rollout_ref.model.dtype=bfloat16")
+    assert engine_dtype(spec) == "float32"
+    assert len(lines) == 1 and "model.dtype=bfloat16" in lines[0] and "rollout.dtype=bfloat16" in lines[0]
+    spec, lines = spec_of("actor_rollout_ref.rollout.dtype=bfloat16")
+    assert engine_dtype(spec) == "bfloat16"
+    assert len(lines) == 1 and "rollout.dtype=bfloat16 but the trainer computes log-probs in" in lines[0]
+    assert "model.dtype=float32" in lines[0]
+    spec, lines = spec_of("actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.model.dtype=bfloat16")
+    assert (engine_dtype(spec), lines) == ("bfloat16", [])
+    spec, lines = spec_of("actor_rollout_ref.rollout.server_urls=[http://127.0.0.1:1]",
+                          "actor_rollout_ref.rollout.dtype=float16")
+    assert lines == []  # remote servers: the spec's dtype is not used
+    if name == "hf":
+        with pytest.raises(ConfigError, match="rollout.dtype must be float32, bfloat16, float16 or null "
+                                              "with rollout.name=hf"):
+            spec_of("actor_rollout_ref.rollout.dtype=auto")
+    else:
+        spec, lines = spec_of("actor_rollout_ref.rollout.dtype=auto")
+        assert engine_dtype(spec) == "auto" and len(lines) == 1
+        spec, _ = spec_of(f"+actor_rollout_ref.rollout.engine_kwargs.{name}.dtype=float16")
+        assert engine_dtype(spec) == "float16"
+    with pytest.raises(ConfigError, match=r"rollout.dtype must be null \(float32\) or one of"):
+        spec_of("actor_rollout_ref.rollout.dtype=fp16")
+
+
+def test_the_hf_engine_gets_the_rollout_dtype(random_model_path):
+    """build_engine hands the resolved dtype to HFServer, which casts the in-memory policy copy."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    for overrides, expected in (([], torch.float32), (["actor_rollout_ref.rollout.dtype=bfloat16"], torch.bfloat16)):
+        spec = engine_spec(load_config(overrides), str(random_model_path), notice=lambda line: None)
+        model = AutoModelForCausalLM.from_pretrained(random_model_path, dtype=torch.float32)
+        server = build_engine(spec, model=model)
+        try:
+            assert server.model.dtype == expected
+        finally:
+            asyncio.run(server.close())
 
 
 def test_bad_engine_settings_are_named():

@@ -22,9 +22,14 @@ Where SGLang departs from the agentloop contract, and what the adapter does abou
 * ``sampling_seed`` is honoured only with ``enable_deterministic_inference`` (which the CPU
   attention backend rejects): ``per_request_seed`` says so. Seeded requests are still served
   (the conformance suite and ``sampling_seed`` runs send seeds), with a warning once.
-* The scheduler aborts prompts over ``max_req_input_len`` without output and cuts new tokens to
-  ``context_len - prompt - 2``: the adapter raises ValueError on such prompts and clamps
-  ``max_tokens`` itself (``max_model_len = context_len - 2``).
+* The scheduler refuses a prompt of ``max_req_input_len`` tokens *or more* (``>=``: a prompt of
+  exactly that length fails too, with SGLang's "Input length (N tokens) exceeds the maximum
+  allowed length (N tokens)"), and cuts new tokens to ``max_req_len - prompt - 1``, where
+  ``max_req_len = min(context_len, KV pool size) - 1 = max_req_input_len + 5``: the adapter
+  raises its own ValueError before sending such a prompt (``max_prompt_len =
+  max_req_input_len - 1``) and clamps ``max_tokens`` itself (``max_model_len =
+  min(context_len - 2, max_req_input_len + 4)``, i.e. ``context_len - 2`` unless the KV pool is
+  smaller than the context).
 * Sleep frees memory only with ``enable_memory_saver=True``: ``capabilities.sleep`` says so.
 * The loader skips unknown weight names with a log line: ``update_weights`` checks them against
   the checkpoint's safetensors headers and raises.
@@ -44,7 +49,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from agentloop_core.protocol import (
@@ -54,6 +58,7 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 from agentloop_engines.base import AsyncServerBase
+from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.engine_loop import EngineLoopThread
 
 __all__ = ["SGLangServer"]
@@ -74,14 +79,9 @@ def _require_sglang() -> Any:
 def _checkpoint_weight_names(model_path: str) -> frozenset[str] | None:
     """The weight names of a safetensors checkpoint (the names SGLang's loader accepts), or None
     when the folder (or its copy in the Hugging Face cache) cannot be read."""
-    folder = Path(model_path)
-    if not folder.is_dir():
-        try:
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(model_path, local_files_only=True))
-        except Exception:  # noqa: BLE001 - not cached here, or no huggingface_hub: no check
-            return None
+    folder = local_checkpoint_folder(model_path)
+    if folder is None:  # not cached here, or no huggingface_hub: no check
+        return None
     names: set[str] = set()
     index, config = folder / "model.safetensors.index.json", folder / "config.json"
     try:
@@ -109,7 +109,8 @@ class SGLangServer(AsyncServerBase):
         model_path: Model folder or hub id, used when ``engine`` is None.
         tokenizer: Hugging Face tokenizer, for ``chat_completion`` and EOS ids.
         context_len: The model's context length; from the engine's tokenizer manager if omitted.
-        max_req_input_len: Longest prompt SGLang admits; from the tokenizer manager if omitted.
+        max_req_input_len: SGLang's ``max_req_input_len`` (it refuses prompts of this many tokens
+            or more); from the tokenizer manager if omitted.
         vocab_size: Vocabulary size; from the engine's model config if omitted.
         eos_token_ids: Token ids that end generation; from the tokenizer when omitted.
         weight_names: Names ``update_weights`` accepts. None: the checkpoint's, read from the
@@ -118,10 +119,14 @@ class SGLangServer(AsyncServerBase):
             memory (only when ``engine`` is None; it is fixed when an engine is created).
         flush_timeout_s: How long ``update_weights``/``sleep`` retry ``flush_cache`` while
             SGLang's scheduler is busy (e.g. serving another client) before giving up.
-        **engine_kwargs: Passed to ``sglang.Engine`` when ``engine`` is None.
+        **engine_kwargs: Passed to ``sglang.Engine`` when ``engine`` is None. Without ``dtype``, a
+            float32 checkpoint runs in float32 (SGLang's own ``"auto"`` would run it in float16;
+            see :mod:`agentloop_engines.dtypes`).
 
     Attributes:
-        max_model_len: ``context_len - 2``: the most prompt + generated tokens SGLang serves.
+        max_model_len: The most prompt + generated tokens SGLang serves: ``context_len - 2``, or
+            ``max_req_input_len + 4`` when SGLang's KV pool is smaller than the context.
+        max_prompt_len: ``max_req_input_len - 1``: the longest prompt SGLang accepts.
         per_request_seed: Whether ``SamplingParams.seed`` is honoured (SGLang's
             ``enable_deterministic_inference``); when False, seeded sampling does not reproduce.
 
@@ -140,8 +145,14 @@ class SGLangServer(AsyncServerBase):
         if engine is None:
             if model_path is None:
                 raise ValueError("SGLangServer needs an engine or a model_path")
-            engine = _require_sglang().Engine(model_path=model_path, enable_memory_saver=enable_memory_saver,
-                                              **engine_kwargs)
+            sglang = _require_sglang()
+            if engine_kwargs.get("dtype") is None:  # SGLang's "auto" runs a float32 checkpoint in float16
+                engine_kwargs.pop("dtype", None)
+                dtype = default_engine_dtype(model_path)
+                if dtype is not None:
+                    engine_kwargs["dtype"] = dtype
+            engine = sglang.Engine(model_path=model_path, enable_memory_saver=enable_memory_saver,
+                                   **engine_kwargs)
         elif engine_kwargs or enable_memory_saver:
             given = sorted(engine_kwargs) + (["enable_memory_saver"] if enable_memory_saver else [])
             raise ValueError(f"{given} are only used when engine is None; create the engine with them")
@@ -154,8 +165,10 @@ class SGLangServer(AsyncServerBase):
         if not (self.context_len > 2 and self.max_req_input_len and self.vocab_size):
             raise ValueError("could not read context_len/max_req_input_len/vocab_size from the engine; "
                              "pass them to SGLangServer")
-        # SGLang cuts new tokens to max_req_len - prompt - 1, max_req_len being context_len - 1.
-        self.max_model_len = self.context_len - 2
+        # SGLang cuts new tokens to max_req_len - prompt - 1, where max_req_len is
+        # min(context_len, KV pool) - 1 and max_req_input_len is max_req_len - 5.
+        self.max_model_len = min(self.context_len - 2, self.max_req_input_len + 4)
+        self.max_prompt_len = self.max_req_input_len - 1  # SGLang refuses len >= max_req_input_len
         self.tokenizer = tokenizer
         if eos_token_ids is None and tokenizer is not None and tokenizer.eos_token_id is not None:
             eos_token_ids = [tokenizer.eos_token_id]
@@ -231,12 +244,15 @@ class SGLangServer(AsyncServerBase):
     def validate_request(
         self, prompt_ids: Sequence[int], sampling_params: Mapping[str, Any] | SamplingParams | None
     ) -> SamplingParams:
-        """:meth:`AsyncServerBase.validate_request`, and a ValueError for a prompt over
-        ``max_req_input_len`` (SGLang's scheduler would abort it without output)."""
-        if prompt_ids is not None and len(prompt_ids) > self.max_req_input_len:
+        """:meth:`AsyncServerBase.validate_request`, and a ValueError for a prompt of
+        ``max_req_input_len`` tokens or more (SGLang refuses it, with an error that names neither
+        the request nor a fix)."""
+        if prompt_ids is not None and len(prompt_ids) >= self.max_req_input_len:
             raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens but SGLang admits at most max_req_input_len="
-                f"{self.max_req_input_len} (context {self.context_len}); shorten it"
+                f"prompt has {len(prompt_ids)} tokens but SGLang refuses prompts of max_req_input_len="
+                f"{self.max_req_input_len} tokens or more (context {self.context_len}): shorten it to at most "
+                f"{self.max_prompt_len} tokens, or start SGLang with a longer context_length (in training: "
+                "actor_rollout_ref.rollout.max_model_len) and enough KV cache (mem_fraction_static)"
             )
         return super().validate_request(prompt_ids, sampling_params)
 

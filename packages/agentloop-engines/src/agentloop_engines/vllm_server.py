@@ -25,6 +25,7 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 from agentloop_engines.base import AsyncServerBase
+from agentloop_engines.dtypes import default_engine_dtype
 
 __all__ = ["VLLMServer"]
 
@@ -69,6 +70,8 @@ class VLLMServer(AsyncServerBase):
             (e.g. ``enforce_eager=True, max_model_len=512, dtype="float32"``). ``logprobs_mode``
             defaults to ``"processed_logprobs"``: the log-prob of each sampled token at the
             request's temperature (pass an ``engine`` built with it for the same contract).
+            Without ``dtype``, a float32 checkpoint runs in float32, as in ``HFServer`` (vLLM's
+            own ``"auto"`` would downcast it; see :mod:`agentloop_engines.dtypes`).
 
     Raises:
         ImportError: without vLLM.
@@ -91,6 +94,11 @@ class VLLMServer(AsyncServerBase):
             # distribution (the conformance suite caught this at T=0.7). "processed" also applies
             # top-k/top-p, so with those set the values are renormalised over the kept tokens.
             engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
+            if engine_kwargs.get("dtype") is None:  # vLLM's "auto" runs a float32 checkpoint in 16 bits
+                engine_kwargs.pop("dtype", None)
+                dtype = default_engine_dtype(model)
+                if dtype is not None:
+                    engine_kwargs["dtype"] = dtype
             engine = AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(model=str(model), **engine_kwargs))
         elif engine_kwargs:
             raise ValueError(f"engine_kwargs {sorted(engine_kwargs)} are only used when engine is None")

@@ -235,7 +235,12 @@ class RolloutSection:
     server_api_key_env: str | None = None
     """Environment variable holding the servers' bearer token (kept out of config files)."""
     dtype: str | None = None
-    """Engine weights dtype (float32, bfloat16, float16); null: the engine's default."""
+    """Dtype the rollout engine runs in: float32 | bfloat16 | float16 | auto (vllm/sglang only:
+    their own choice, which runs a float32 checkpoint in float16). null: float32, what the
+    trainer's log-probs are computed against (also with ``model.dtype=bfloat16``: a bfloat16
+    engine is measured no closer to its mixed-precision log-probs; see
+    :func:`agentloop_trainer.engines.rollout_dtype`). A one-line notice when it differs from
+    ``model.dtype``."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM/SGLang may take (SGLang: ``mem_fraction_static``)."""
     tensor_model_parallel_size: int = 1
@@ -446,6 +451,8 @@ REWARD_SOURCES = ("auto", "function", "loop", "sum")
 """Values of ``reward.source``."""
 TRAIN_DTYPES = ("float32", "bfloat16")
 """Values of ``model.dtype``."""
+ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "auto")
+"""Values of ``actor_rollout_ref.rollout.dtype`` (besides null)."""
 
 
 class ConfigError(ValueError):
@@ -612,6 +619,10 @@ def validate(cfg: Any) -> None:
          f"one of {', '.join(PLACEMENT_STRATEGIES)}"),
         ("ray.worker_placement", cfg.ray.worker_placement in ("spread", "default"), "spread or default"),
         ("actor_rollout_ref.rollout.name", r.name in ENGINE_NAMES, f"one of {ENGINE_NAMES}"),
+        ("actor_rollout_ref.rollout.dtype", r.dtype is None or r.dtype in ROLLOUT_DTYPES,
+         f"null (float32) or one of {ROLLOUT_DTYPES}"),
+        ("actor_rollout_ref.rollout.dtype", not (r.dtype == "auto" and r.name == "hf"),
+         "float32, bfloat16, float16 or null with rollout.name=hf (auto is vLLM's and SGLang's own choice)"),
         ("actor_rollout_ref.rollout.server_urls", not r.server_urls or not uses_ray(cfg),
          "unset with the ray backend (remote servers are routed from the trainer process)"),
         ("actor_rollout_ref.rollout.multi_turn.enable", r.multi_turn.enable,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +33,10 @@ class EngineSpec:
     """Device of the hf engine (vLLM/SGLang pick their own)."""
     seed: int = 0
     """Engine seed."""
-    dtype: str | None = None
-    """Weights dtype; None: the engine's default."""
+    dtype: str | None = "float32"
+    """Dtype the engine runs in (float32 | bfloat16 | float16; vllm/sglang also ``auto``, their
+    own choice); :func:`engine_spec` sets it from :func:`rollout_dtype`. None: the adapter's
+    default (float32 for a float32 checkpoint in all three adapters)."""
     max_model_len: int | None = None
     """Context length."""
     max_batch_size: int = 128
@@ -50,11 +53,51 @@ class EngineSpec:
     """``rollout.engine_kwargs.<name>``: passed to the engine's constructor last (they win)."""
 
 
-def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None) -> EngineSpec:
-    """The :class:`EngineSpec` of a training config."""
+def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
+    """The dtype the rollout engine runs in: ``actor_rollout_ref.rollout.dtype``, or float32.
+
+    float32 is what the trainer's log-probs are computed against. With ``model.dtype=float32``
+    they match (HFServer's log-probs equal the trainer's to 1e-4). With
+    ``model.dtype=bfloat16`` (mixed precision) no engine dtype reproduces the trainer's numbers
+    (its autocast and FSDP2 paths differ from each other by 0.034 nats per token), and a
+    bfloat16 engine is no closer than a float32 one (SmolLM2-135M, 256 sampled tokens, mean
+    gap to the trainer's log-probs, autocast / FSDP2: float32 engine 0.024 / 0.031, bfloat16
+    engine 0.035 / 0.031 nats), so float32 is kept there too: the master weights the engine
+    receives are float32. ``rollout.dtype=bfloat16`` halves the engine's weight memory at that
+    gap. Left to vLLM or SGLang (``auto``), a float32 checkpoint runs in float16 (0.126 nats
+    off on a resumed partial rollout, measured on SGLang).
+
+    Args:
+        cfg: A training config.
+        notice: Receives one line when the engine's dtype differs from ``model.dtype``
+            (None: printed to stderr, as config notices are).
+    """
+    trained, given = cfg.model.dtype, cfg.actor_rollout_ref.rollout.dtype
+    dtype = given or "float32"
+    if dtype != trained:
+        if given is None:
+            line = (f"the rollout engine runs in float32 (actor_rollout_ref.rollout.dtype unset): with "
+                    f"model.dtype={trained} (mixed precision) a {trained} engine is no closer to the "
+                    f"trainer's log-probs; set rollout.dtype={trained} to halve the engine's weight memory")
+        else:
+            line = (f"actor_rollout_ref.rollout.dtype={given} but the trainer computes log-probs in "
+                    f"model.dtype={trained}: rollout and trainer log-probs differ by that precision gap "
+                    "(the log-prob check and TIS see it); unset rollout.dtype to run the engine in float32")
+        if notice is None:
+            print(f"agentloop: {line}", file=sys.stderr)
+        else:
+            notice(line)
+    return dtype
+
+
+def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None,
+                notice: Callable[[str], None] | None = None) -> EngineSpec:
+    """The :class:`EngineSpec` of a training config (``notice``: see :func:`rollout_dtype`)."""
     from omegaconf import OmegaConf
 
     r = cfg.actor_rollout_ref.rollout
+    if r.server_urls:  # remote servers run in their own dtype: nothing to say here
+        notice = lambda line: None  # noqa: E731
     per_engine = OmegaConf.to_container(r.engine_kwargs, resolve=True) if r.engine_kwargs is not None else {}
     unknown = sorted(set(per_engine) - set(EXTRAS))
     if unknown:
@@ -65,7 +108,7 @@ def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None) ->
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
     return EngineSpec(
         name=r.name, model_path=str(model_path), tokenizer_path=tokenizer_path, device=cfg.trainer.device,
-        seed=cfg.trainer.seed, dtype=r.dtype, max_model_len=max_len, max_batch_size=r.max_batch_size,
+        seed=cfg.trainer.seed, dtype=rollout_dtype(cfg, notice), max_model_len=max_len, max_batch_size=r.max_batch_size,
         gpu_memory_utilization=r.gpu_memory_utilization, tensor_model_parallel_size=r.tensor_model_parallel_size,
         enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
         kwargs=dict(per_engine.get(r.name) or {}),

@@ -43,7 +43,8 @@ _SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "
 
 def write_checkpoint(folder: Path, names: Iterable[str] = DEFAULT_WEIGHT_NAMES, tied: bool = True,
                      index: bool = False, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                     eos_token_id: int = DEFAULT_EOS_TOKEN_ID, max_position_embeddings: int = 64) -> Path:
+                     eos_token_id: int = DEFAULT_EOS_TOKEN_ID, max_position_embeddings: int = 64,
+                     dtype: str | None = "float32") -> Path:
     """Write a safetensors checkpoint holding one int64 scalar per name (the header is all that
     SGLang's name check and the stand-in read) and its ``config.json``.
 
@@ -55,6 +56,7 @@ def write_checkpoint(folder: Path, names: Iterable[str] = DEFAULT_WEIGHT_NAMES, 
         vocab_size: ``config.json``'s ``vocab_size``.
         eos_token_id: ``config.json``'s ``eos_token_id``.
         max_position_embeddings: The context length the stand-in uses without ``context_length``.
+        dtype: ``config.json``'s ``dtype`` (what ``dtype="auto"`` resolves from); None: not written.
 
     Returns:
         ``folder``.
@@ -67,9 +69,11 @@ def write_checkpoint(folder: Path, names: Iterable[str] = DEFAULT_WEIGHT_NAMES, 
     if index:
         (folder / "model.safetensors.index.json").write_text(
             json.dumps({"weight_map": dict.fromkeys(names, "model.safetensors")}))
-    (folder / "config.json").write_text(json.dumps({
-        "tie_word_embeddings": tied, "vocab_size": vocab_size, "eos_token_id": eos_token_id,
-        "max_position_embeddings": max_position_embeddings}))
+    config = {"tie_word_embeddings": tied, "vocab_size": vocab_size, "eos_token_id": eos_token_id,
+              "max_position_embeddings": max_position_embeddings}
+    if dtype is not None:
+        config["dtype"] = dtype
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -118,12 +122,17 @@ class StandInSGLangEngine:
         is idle, and a failed assertion kills the engine: every later call fails. Writing weights
         while the memory is released kills it too;
     (c) ``sampling_seed`` is ignored unless ``enable_deterministic_inference``;
-    (d) the tokenizer manager rejects prompt + max_new_tokens >= context_len, the scheduler
-        aborts prompts longer than ``max_req_input_len`` (= context_len - 6) with no output and
-        cuts new tokens to context_len - prompt - 2;
+    (d) the tokenizer manager rejects prompt + max_new_tokens >= context_len; the scheduler
+        refuses a prompt of ``max_req_input_len`` tokens or more (``>=``, SGLang's
+        ``validate_input_length``) with its ValueError "Input length (N tokens) exceeds the maximum
+        allowed length (M tokens)...", and cuts new tokens to max_req_len - prompt - 1, where
+        max_req_len = min(context_len, max_total_tokens) - 1 and max_req_input_len = max_req_len - 5
+        (so context_len - 6 and context_len - prompt - 2 with a large enough KV pool);
     (e) ``server_args`` tell whether the memory saver is on; without it release frees nothing;
     (f) unknown weight names are skipped silently; the model's parameters are the tensors of the
-        checkpoint in ``server_args.model_path``.
+        checkpoint in ``server_args.model_path``;
+    (g) ``dtype="auto"`` (the default) runs a float32 checkpoint in float16 and keeps a 16-bit
+        checkpoint's dtype (``model_dtype``); the stand-in's arithmetic does not depend on it.
 
     Args:
         model_path: A local checkpoint folder (safetensors and ``config.json``): weight names,
@@ -137,7 +146,10 @@ class StandInSGLangEngine:
         random_seed: Seeds the sampling coin flips.
         tp_size: Recorded in ``server_args``; no effect (one process, no GPU).
         mem_fraction_static: Recorded in ``server_args``; no effect (there is no KV pool to size).
-        dtype: Recorded in ``server_args``; no effect (the stand-in computes no activations).
+        max_total_tokens: SGLang's KV pool size in tokens; None: larger than the context. Lowers
+            ``max_req_input_len`` and the new-token budget when smaller than the context (d).
+        dtype: ``server_args.dtype``; resolved into ``model_dtype`` as SGLang does (g). No effect
+            on outputs (the stand-in computes no activations).
         step_delay_s: Stand-in only: sleep per decoded token, to keep requests in flight.
         finish_lag_s: Stand-in only: how long a returned request still counts as running (b).
         **server_args: Other ``sglang.ServerArgs`` fields (e.g. ``disable_cuda_graph``): recorded
@@ -153,13 +165,14 @@ class StandInSGLangEngine:
         weight_updates: One :class:`WeightUpdate` per accepted ``update_weights_from_tensor``.
         calls: One dict per ``async_generate`` (rid, input_ids and the sampling params).
         dead: Why the engine died (a failed SGLang assertion), or None.
+        model_dtype: The dtype SGLang would run the weights in (g).
     """
 
     def __init__(self, model_path: str | None = None, *, context_length: int | None = None,
                  enable_memory_saver: bool = False, enable_deterministic_inference: bool = False,
                  random_seed: int | None = None, tp_size: int = 1, mem_fraction_static: float | None = None,
-                 dtype: str = "auto", step_delay_s: float = 0.0, finish_lag_s: float = 0.01,
-                 **server_args: Any) -> None:
+                 max_total_tokens: int | None = None, dtype: str = "auto", step_delay_s: float = 0.0,
+                 finish_lag_s: float = 0.01, **server_args: Any) -> None:
         self._checkpoint: tempfile.TemporaryDirectory[str] | None = None
         if model_path is None:
             self._checkpoint = tempfile.TemporaryDirectory(prefix="standin-sglang-")
@@ -184,8 +197,10 @@ class StandInSGLangEngine:
         self.server_args = SimpleNamespace(
             model_path=str(folder), context_length=context_length,
             enable_memory_saver=enable_memory_saver, enable_deterministic_inference=enable_deterministic_inference,
-            random_seed=random_seed, tp_size=tp_size, mem_fraction_static=mem_fraction_static, dtype=dtype,
-            **server_args)
+            random_seed=random_seed, tp_size=tp_size, mem_fraction_static=mem_fraction_static,
+            max_total_tokens=max_total_tokens, dtype=dtype, **server_args)
+        declared = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+        self.model_dtype = dtype if dtype != "auto" else ("float16" if declared == "float32" else declared)
         self.step = 1
         self.step_delay_s = step_delay_s
         self.finish_lag_s = finish_lag_s
@@ -200,8 +215,10 @@ class StandInSGLangEngine:
         self.live: dict[str, bool] = {}
         self.shut_down = False
         self._rng = random.Random(random_seed)
+        # Like SGLang's scheduler: one request fits in the context and in the KV pool.
+        self.max_req_len = min(context_len, max_total_tokens or context_len) - 1
         self.tokenizer_manager = SimpleNamespace(
-            context_len=context_len, max_req_input_len=context_len - 6,
+            context_len=context_len, max_req_input_len=self.max_req_len - 5,
             model_config=SimpleNamespace(vocab_size=int(config["vocab_size"])), abort_request=self._abort_request)
 
     def _check_alive(self) -> None:
@@ -241,12 +258,13 @@ class StandInSGLangEngine:
             raise ValueError(f"Requested token count exceeds the model's maximum context length of "
                              f"{tm.context_len} tokens ({n} input + {max_new} new)")
         self.calls.append({"rid": rid, "input_ids": list(input_ids), **sampling_params})
+        if n >= tm.max_req_input_len:
+            # The scheduler aborts it with status 400, which the tokenizer manager raises as this.
+            raise ValueError(f"Input length ({n} tokens) exceeds the maximum allowed length "
+                             f"({tm.max_req_input_len} tokens). Use a shorter input or enable "
+                             "--allow-auto-truncate.")
         meta: dict[str, Any] = {"id": rid}
-        if n > tm.max_req_input_len:
-            meta["finish_reason"] = {"type": "abort", "message": f"input {n} > max_req_input_len"}
-            meta["output_token_logprobs"] = []
-            return {"text": "", "output_ids": [], "meta_info": meta}
-        max_new = min(max_new, tm.context_len - n - 2)
+        max_new = min(max_new, self.max_req_len - n - 1)
         stops = set() if sampling_params["ignore_eos"] else {*self.eos_token_ids, *sampling_params["stop_token_ids"]}
         rng = self._rng
         if self.server_args.enable_deterministic_inference and "sampling_seed" in sampling_params:
