@@ -1,5 +1,6 @@
 """Delta multi-turn tokenization equals full re-tokenization, on the tiny tokenizer, on the tiny
-tokenizer with each real chat template in ../shared/data/chat_templates (when present), and on
+tokenizer with each real chat template in ../shared/data/chat_templates (when present) and each
+built-in tool-aware template, and on
 every tokenizer folder listed in AGENTLOOP_TOKENIZER_DIRS (colon-separated)."""
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from agentloop_core.testing import (
     template_turn_text,
     tiny_tokenizer_for_template,
 )
-from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
+from agentloop_core.tokenization import (
+    ChatRenderer,
+    TokenizationMismatchError,
+    Trajectory,
+    chat_template_names,
+    resolve_chat_template,
+)
+from agentloop_core.tokenization.builtin_templates import BUILTINS
 from agentloop_core.tokenization.template_errors import template_refusal
 
 TOOLS = [
@@ -47,6 +55,8 @@ def _tokenizer_params() -> list:
     params = [pytest.param("tiny", id="tiny")]
     # The real templates with the tiny tokenizer (plus the harmony and Mistral special tokens).
     params += [pytest.param(f"template:{path}", id=path.stem) for path in sorted(SHARED_TEMPLATES.glob("*.jinja"))]
+    # The built-in tool-aware templates with the tiny tokenizer (plus Llama 3's tokens).
+    params += [pytest.param(f"builtin:{name}", id=f"builtin-{name}") for name in chat_template_names()]
     for folder in filter(None, os.environ.get("AGENTLOOP_TOKENIZER_DIRS", "").split(":")):
         params.append(pytest.param(folder, id=Path(folder).name or folder))
     return params
@@ -58,6 +68,9 @@ def tok(request):
         return load_tiny_tokenizer()
     if request.param.startswith("template:"):
         return tiny_tokenizer_for_template(request.param.removeprefix("template:"))
+    if request.param.startswith("builtin:"):
+        name = request.param.removeprefix("builtin:")
+        return tiny_tokenizer_for_template(BUILTINS[name].file, chat_template=resolve_chat_template(name))
     from transformers import AutoTokenizer
 
     folder = Path(request.param)
