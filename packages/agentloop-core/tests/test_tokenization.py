@@ -59,6 +59,9 @@ def _tokenizer_params() -> list:
     params += [pytest.param(f"builtin:{name}", id=f"builtin-{name}") for name in chat_template_names()]
     for folder in filter(None, os.environ.get("AGENTLOOP_TOKENIZER_DIRS", "").split(":")):
         params.append(pytest.param(folder, id=Path(folder).name or folder))
+        # The folder's tokenizer with each built-in (a checkpoint whose own template ignores tools).
+        params += [pytest.param(f"builtin:{name}@{folder}", id=f"{Path(folder).name or folder}-{name}")
+                   for name in chat_template_names()]
     return params
 
 
@@ -68,10 +71,18 @@ def tok(request):
         return load_tiny_tokenizer()
     if request.param.startswith("template:"):
         return tiny_tokenizer_for_template(request.param.removeprefix("template:"))
-    if request.param.startswith("builtin:"):
-        name = request.param.removeprefix("builtin:")
-        return tiny_tokenizer_for_template(BUILTINS[name].file, chat_template=resolve_chat_template(name))
     from transformers import AutoTokenizer
+
+    if request.param.startswith("builtin:"):
+        name, _, folder = request.param.removeprefix("builtin:").partition("@")
+        if not folder:
+            return tiny_tokenizer_for_template(BUILTINS[name].file, chat_template=resolve_chat_template(name))
+        real = AutoTokenizer.from_pretrained(folder)
+        marker = "<|im_start|>" if name == "chatml-hermes" else "<|start_header_id|>"
+        if len(real.encode(marker, add_special_tokens=False)) != 1:
+            pytest.skip(f"{Path(folder).name} has no single token {marker}, which {name} writes")
+        real.chat_template = resolve_chat_template(name)
+        return real
 
     folder = Path(request.param)
     if not folder.is_dir():
@@ -114,7 +125,11 @@ def engine_ids(renderer: ChatRenderer, context_ids: list[int], text: str, *, clo
     eos = [renderer.eos_token_id] if close else []
     joint = renderer.encode(renderer.decode(context_ids) + text)
     if joint[: len(context_ids)] == context_ids:
-        return joint[len(context_ids) :] + eos, True
+        ids = joint[len(context_ids) :] + eos
+        # A tokenizer that cannot encode a character (SmolLM2's writes U+FFFD for U+40000) gives
+        # ids whose decoded text encodes to other ids: not canonical either.
+        whole = context_ids + ids
+        return ids, renderer.encode(renderer.decode(whole)) == whole
     return renderer.encode(text) + eos, False
 
 
