@@ -203,8 +203,7 @@ CALC_SCHEMA = [{"type": "function", "function": {"name": "calc", "description": 
 
 def test_the_template_check_runs_once_per_processor_and_template_and_forgets_freed_ones():
     from agentloop_core.testing import CountingProcessor
-    from agentloop_core.tokenization import ChatRenderer, resolve_chat_template
-    from agentloop_core.tokenization import tool_support
+    from agentloop_core.tokenization import ChatRenderer, resolve_chat_template, tool_support
 
     processor = CountingProcessor(load_tiny_tokenizer())
     renderer = ChatRenderer(processor, tools=CALC_SCHEMA)
