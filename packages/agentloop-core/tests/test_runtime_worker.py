@@ -186,6 +186,22 @@ async def test_tokenizer_path_is_loaded_lazily(tokenizer):
     )
 
 
+async def test_a_worker_loading_its_tokenizer_from_a_path_sets_custom_chat_template(tokenizer):
+    """Ray workers get the tokenizer as a path: the run's template must reach them with it."""
+    from agentloop_core.tokenization import resolve_chat_template
+
+    plain = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+             "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    worker = AgentLoopWorker(ScriptedServer(), str(tiny_tokenizer_path()), {**CONFIG, "custom_chat_template": plain})
+    outputs = await worker.generate_sequences(make_rows(1))
+    assert worker.tokenizer.chat_template == plain
+    assert outputs[0].prompt_ids == tokenizer.encode(
+        tokenizer.apply_chat_template(make_rows(1)[0]["raw_prompt"], chat_template=plain,
+                                      add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+    named = AgentLoopWorker(ScriptedServer(), str(tiny_tokenizer_path()), {"custom_chat_template": "chatml-hermes"})
+    assert named.tokenizer.chat_template == resolve_chat_template("chatml-hermes")
+
+
 class RecordingReward:
     """A ``reward_fn``: scores the first generated token's parity x 10 and records the order."""
 

@@ -1,5 +1,6 @@
 """Delta multi-turn tokenization equals full re-tokenization, on the tiny tokenizer, on the tiny
-tokenizer with each real chat template in ../shared/data/chat_templates (when present), and on
+tokenizer with each real chat template in ../shared/data/chat_templates (when present) and each
+built-in tool-aware template, and on
 every tokenizer folder listed in AGENTLOOP_TOKENIZER_DIRS (colon-separated)."""
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from agentloop_core.testing import (
     template_turn_text,
     tiny_tokenizer_for_template,
 )
-from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
+from agentloop_core.tokenization import (
+    ChatRenderer,
+    TokenizationMismatchError,
+    Trajectory,
+    chat_template_names,
+    resolve_chat_template,
+)
+from agentloop_core.tokenization.builtin_templates import BUILTINS
 from agentloop_core.tokenization.template_errors import template_refusal
 
 TOOLS = [
@@ -47,8 +55,13 @@ def _tokenizer_params() -> list:
     params = [pytest.param("tiny", id="tiny")]
     # The real templates with the tiny tokenizer (plus the harmony and Mistral special tokens).
     params += [pytest.param(f"template:{path}", id=path.stem) for path in sorted(SHARED_TEMPLATES.glob("*.jinja"))]
+    # The built-in tool-aware templates with the tiny tokenizer (plus Llama 3's tokens).
+    params += [pytest.param(f"builtin:{name}", id=f"builtin-{name}") for name in chat_template_names()]
     for folder in filter(None, os.environ.get("AGENTLOOP_TOKENIZER_DIRS", "").split(":")):
         params.append(pytest.param(folder, id=Path(folder).name or folder))
+        # The folder's tokenizer with each built-in (a checkpoint whose own template ignores tools).
+        params += [pytest.param(f"builtin:{name}@{folder}", id=f"{Path(folder).name or folder}-{name}")
+                   for name in chat_template_names()]
     return params
 
 
@@ -59,6 +72,17 @@ def tok(request):
     if request.param.startswith("template:"):
         return tiny_tokenizer_for_template(request.param.removeprefix("template:"))
     from transformers import AutoTokenizer
+
+    if request.param.startswith("builtin:"):
+        name, _, folder = request.param.removeprefix("builtin:").partition("@")
+        if not folder:
+            return tiny_tokenizer_for_template(BUILTINS[name].file, chat_template=resolve_chat_template(name))
+        real = AutoTokenizer.from_pretrained(folder)
+        marker = "<|im_start|>" if name == "chatml-hermes" else "<|start_header_id|>"
+        if len(real.encode(marker, add_special_tokens=False)) != 1:
+            pytest.skip(f"{Path(folder).name} has no single token {marker}, which {name} writes")
+        real.chat_template = resolve_chat_template(name)
+        return real
 
     folder = Path(request.param)
     if not folder.is_dir():
@@ -101,7 +125,11 @@ def engine_ids(renderer: ChatRenderer, context_ids: list[int], text: str, *, clo
     eos = [renderer.eos_token_id] if close else []
     joint = renderer.encode(renderer.decode(context_ids) + text)
     if joint[: len(context_ids)] == context_ids:
-        return joint[len(context_ids) :] + eos, True
+        ids = joint[len(context_ids) :] + eos
+        # A tokenizer that cannot encode a character (SmolLM2's writes U+FFFD for U+40000) gives
+        # ids whose decoded text encodes to other ids: not canonical either.
+        whole = context_ids + ids
+        return ids, renderer.encode(renderer.decode(whole)) == whole
     return renderer.encode(text) + eos, False
 
 

@@ -343,3 +343,40 @@ def test_no_replica_left_is_503(tokenizer):
         with pytest.raises(openai.InternalServerError) as info:
             client(t.base_url).completions.create(model="m", prompt=[1], max_tokens=2)
     assert info.value.status_code == 503 and "replica is gone" in info.value.body["message"]
+
+
+PLAIN_CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"
+                "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}")
+"""ChatML that never reads ``tools`` (SmolLM2's template, without its default system prompt)."""
+
+
+def test_tools_with_a_template_that_ignores_them_are_refused_until_a_tool_aware_one_is_set(engine, replies):
+    from agentloop_core.testing import CountingProcessor
+    from agentloop_core.tokenization import resolve_chat_template
+
+    plain = load_tiny_tokenizer()
+    plain.chat_template = PLAIN_CHATML
+    processor = CountingProcessor(plain)
+    with GatewayThread(Gateway(engine, processor, tool_parser="hermes"), api_key=KEY) as t:
+        c = client(t.base_url)
+        for _ in range(2):
+            with pytest.raises(openai.BadRequestError, match="ignores tools=") as info:
+                c.chat.completions.create(model="m", messages=QUESTION, tools=TOOLS)
+            assert info.value.status_code == 400
+            message = info.value.body["message"]
+            assert "agentloop serve CHECKPOINT --chat-template chatml-hermes" in message
+            assert "Gateway(..., chat_template=" in message
+        assert processor.rendered == 2  # decided once for the template: one render with tools, one without
+        assert engine.calls == []  # never generated without the tools
+        # Without tools the same template serves.
+        replies.by_prompt["hi"] = ["Hello."]
+        assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices[0] \
+            .message.content == "Hello."
+
+    replies.by_prompt["What is 3 + 4?"] = [hermes_call("calculator", expression="3 + 4")]
+    gateway = Gateway(engine, plain, tool_parser="hermes", chat_template=resolve_chat_template("chatml-hermes"))
+    with GatewayThread(gateway, api_key=KEY) as t:
+        r = client(t.base_url).chat.completions.create(model="m", messages=QUESTION, tools=TOOLS)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"expression": "3 + 4"}
+    assert '"name": "calculator"' in plain.decode(engine.calls[-1].prompt_ids)  # the model saw the tool

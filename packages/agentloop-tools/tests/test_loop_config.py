@@ -193,40 +193,40 @@ def test_a_tokenizer_without_weak_references_is_not_cached():
     assert slotted.calls == 2
 
 
-class FakeRenderer:
-    """Renders with or without tools as ``reads_tools`` says, and counts renders."""
+PLAIN_CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+                "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+"""ChatML that never reads ``tools`` (SmolLM2's template, without its default system prompt)."""
 
-    def __init__(self, processor: Any, reads_tools: bool, template: str = "t") -> None:
-        self.processor, self.chat_template, self.tools = processor, template, [{"name": "calc"}]
-        self.reads_tools = reads_tools
-        self.renders = 0
-
-    def render_text(self, messages: Any, add_generation_prompt: bool) -> str:
-        self.renders += 1
-        return "with tools" if self.tools and self.reads_tools else "plain"
-
-
-class Processor:
-    chat_template = None
+CALC_SCHEMA = [{"type": "function", "function": {"name": "calc", "description": "Evaluate.",
+                                                 "parameters": {"type": "object", "properties": {}}}}]
 
 
 def test_the_template_check_runs_once_per_processor_and_template_and_forgets_freed_ones():
-    processor = Processor()
-    renderer = FakeRenderer(processor, reads_tools=True)
+    from agentloop_core.testing import CountingProcessor
+    from agentloop_core.tokenization import ChatRenderer, resolve_chat_template, tool_support
+
+    processor = CountingProcessor(load_tiny_tokenizer())
+    renderer = ChatRenderer(processor, tools=CALC_SCHEMA)
+    before = processor.rendered
     check_template_renders_tools(renderer, ["calc"])
     check_template_renders_tools(renderer, ["calc"])
-    assert renderer.renders == 2  # one check: with and without tools
-    other_template = FakeRenderer(processor, reads_tools=False, template="other")
-    with pytest.raises(ValueError, match=r"tool_agent has tools \['calc'\] but the chat template ignores tools="):
-        check_template_renders_tools(other_template, ["calc"])
-    assert processor in per_tokenizer._TEMPLATES_WITH_TOOLS
+    assert processor.rendered - before == 2  # one check: with and without tools
+    plain = ChatRenderer(processor, tools=CALC_SCHEMA, chat_template=PLAIN_CHATML)
+    with pytest.raises(ValueError, match=r"tool_agent has tools \['calc'\] but the chat template ignores tools=") as err:
+        check_template_renders_tools(plain, ["calc"])
+    assert "model.custom_chat_template=chatml-hermes" in str(err.value)
+    assert "ChatRenderer(chat_template=...)" in str(err.value)
+    assert processor in tool_support._ANSWERS
     alive = weakref.ref(processor)
-    del processor, renderer, other_template
+    del processor, renderer, plain, err  # the error's traceback holds the processor too
     gc.collect()
     assert alive() is None  # its entry went with it
-    # A new processor is checked afresh, whatever address it gets.
+    # A new processor is checked afresh, whatever address it gets; the built-in template fixes it.
+    fresh = CountingProcessor(load_tiny_tokenizer())
     with pytest.raises(ValueError, match="ignores tools="):
-        check_template_renders_tools(FakeRenderer(Processor(), reads_tools=False), ["calc"])
+        check_template_renders_tools(ChatRenderer(fresh, tools=CALC_SCHEMA, chat_template=PLAIN_CHATML), ["calc"])
+    fixed = ChatRenderer(fresh, tools=CALC_SCHEMA, chat_template=resolve_chat_template("chatml-hermes"))
+    check_template_renders_tools(fixed, ["calc"])
 
 
 def test_importing_the_tools_package_warns_nothing():

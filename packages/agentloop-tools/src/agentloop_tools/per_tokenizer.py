@@ -1,11 +1,12 @@
 """What the tool loops work out once per tokenizer and reuse for every sample: the ids of the
-tool parser's stop tokens, and whether the chat template renders ``tools=``.
+tool parser's stop tokens, and whether the chat template renders ``tools=`` (core's
+:func:`~agentloop_core.tokenization.renders_tools`, which the trainer and the gateway ask too).
 
 A loop object is built per sample (4096 concurrent trajectories build 4096 loops), and
 ``tokenizer.get_vocab()`` builds a fresh dict of the whole vocabulary each call: done per sample
 it was ~3% of the framework's time at that scale (``bench/bench_scale.py``).
 
-The caches hold their tokenizer weakly (``weakref.WeakKeyDictionary``): an entry goes away with
+The cache holds its tokenizer weakly (``weakref.WeakKeyDictionary``): an entry goes away with
 its tokenizer, and a new tokenizer allocated where a freed one lived can never hit the old
 entry, as it could when entries were keyed by ``id()``. A tokenizer that cannot be weakly
 referenced or hashed is not cached; its answers are worked out each time.
@@ -25,7 +26,6 @@ logger = logging.getLogger(__name__)
 _Entry = TypeVar("_Entry")
 
 _STOP_TOKEN_IDS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], tuple[int, ...]]] = weakref.WeakKeyDictionary()
-_TEMPLATES_WITH_TOOLS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _entry(cache: weakref.WeakKeyDictionary[Any, _Entry], owner: Any, make: Callable[[], _Entry]) -> _Entry:
@@ -64,7 +64,8 @@ def check_template_renders_tools(renderer: Any, names: list[str], loop_name: str
     """Fail before any rollout when the chat template ignores ``tools=``: the model would never
     see the tool schemas, and every trajectory would be wasted compute.
 
-    Checked once per tokenizer (``renderer.processor``) and template.
+    Asked once per tokenizer (``renderer.processor``), template and template variables
+    (:func:`agentloop_core.tokenization.renders_tools` caches the answer).
 
     Args:
         renderer: The loop's ``ChatRenderer``, built with the tool schemas.
@@ -74,28 +75,15 @@ def check_template_renders_tools(renderer: Any, names: list[str], loop_name: str
     Raises:
         ValueError: naming the tools and the fix.
     """
-    template = str(renderer.chat_template or getattr(renderer.processor, "chat_template", ""))
-    passed = _entry(_TEMPLATES_WITH_TOOLS, renderer.processor, set)
-    if template in passed:
-        return
-    probe = [{"role": "user", "content": "hi"}]
-    with_tools = renderer.render_text(probe, add_generation_prompt=True)
-    saved, renderer.tools = renderer.tools, None
-    try:
-        without = renderer.render_text(probe, add_generation_prompt=True)
-    except Exception as exc:  # noqa: BLE001 - only a failure inside the template is an answer
-        from agentloop_core.tokenization.template_errors import raised_by_template
+    from agentloop_core.tokenization import renders_tools
 
-        if not raised_by_template(exc):
-            raise
-        without = None  # a template that cannot render without tools certainly reads them
-    finally:
-        renderer.tools = saved
-    if with_tools == without:
-        raise ValueError(
-            f"{loop_name} has tools {names} but the chat template ignores tools= (rendering with and "
-            "without them gives the same text), so the model would never see the tool schemas; use "
-            "a model whose chat template renders tools, or pass a tool-aware template via the "
-            "tokenizer's chat_template"
-        )
-    passed.add(template)
+    if renders_tools(renderer.processor, chat_template=renderer.chat_template,
+                     apply_chat_template_kwargs=renderer.apply_chat_template_kwargs):
+        return
+    raise ValueError(
+        f"{loop_name} has tools {names} but the chat template ignores tools= (rendering with and without "
+        "them gives the same text), so the model would never see the tool schemas. Use a tool-aware "
+        "template: with the trainer set model.custom_chat_template=chatml-hermes (a built-in; or a path to "
+        "a Jinja file); in your own code pass ChatRenderer(chat_template=...) or set tokenizer.chat_template, "
+        "e.g. to agentloop_core.tokenization.resolve_chat_template('chatml-hermes')"
+    )

@@ -15,24 +15,40 @@ logger = logging.getLogger(__name__)
 TASK_VERSION = "calc-v1"
 
 
-def load_tokenizer(cfg: Any) -> Any:
-    """The tokenizer named by the config, else the tiny tokenizer."""
+def load_tokenizer(cfg: Any, checkpoint: str | Path | None = None) -> Any:
+    """The run's tokenizer: ``model.tokenizer_path``, else ``checkpoint``'s, else
+    ``model.path``'s, else the tiny tokenizer; with ``model.custom_chat_template`` as its chat
+    template when that is set (every tokenizer a run loads comes from here)."""
     from transformers import AutoTokenizer
 
-    path = cfg.model.tokenizer_path or cfg.model.path
-    if path:
-        return AutoTokenizer.from_pretrained(str(path))
-    from agentloop_core.testing import load_tiny_tokenizer
+    from agentloop_trainer.chat_templates import apply_custom_chat_template
 
-    return load_tiny_tokenizer()
+    path = cfg.model.tokenizer_path or checkpoint or cfg.model.path
+    if path:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    else:
+        from agentloop_core.testing import load_tiny_tokenizer
+
+        tokenizer = load_tiny_tokenizer()
+    return apply_custom_chat_template(cfg, tokenizer)
+
+
+def tokenizer_source(cfg: Any, checkpoint: str | Path | None = None) -> str:
+    """Where :func:`load_tokenizer` reads the tokenizer from, for messages."""
+    return str(cfg.model.tokenizer_path or checkpoint or cfg.model.path or "the tiny tokenizer")
 
 
 def sft_cache_key(cfg: Any) -> str:
     """A short hash of everything the SFT checkpoint depends on."""
     from omegaconf import OmegaConf
 
+    from agentloop_trainer.chat_templates import custom_chat_template
+
     spec = {"task": TASK_VERSION, "sft": OmegaConf.to_container(cfg.sft), "train_seed": cfg.data.train_seed,
             "train_size": cfg.data.train_size}
+    template = custom_chat_template(cfg)
+    if template is not None:  # the demonstrations are rendered with it (unset: the keys of older caches)
+        spec["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -20,10 +20,11 @@ def seed_everything(seed: int) -> None:
 
 
 def load_policy_tokenizer(cfg: Any, model_path: str | Path) -> Any:
-    """The tokenizer a run trains with: ``model.tokenizer_path``, else the checkpoint's."""
-    from transformers import AutoTokenizer
+    """The tokenizer a run trains with: ``model.tokenizer_path``, else the checkpoint's, with
+    ``model.custom_chat_template`` applied."""
+    from agentloop_trainer.assets import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(str(cfg.model.tokenizer_path or model_path))
+    return load_tokenizer(cfg, model_path)
 
 
 def needs_engine_copy(cfg: Any) -> bool:

@@ -33,7 +33,8 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     """Run a full training job for ``cfg``; returns the run folder and the summary."""
     import json
 
-    from agentloop_trainer.assets import load_tokenizer, sft_checkpoint
+    from agentloop_trainer.assets import load_tokenizer, sft_checkpoint, tokenizer_source
+    from agentloop_trainer.chat_templates import check_template_renders_tools
     from agentloop_trainer.checkpoint import checkpoint_to_resume
     from agentloop_trainer.config import to_yaml
     from agentloop_trainer.trainer import ray_session
@@ -41,10 +42,13 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     run_dir = run_dir_of(cfg)
     # Before the SFT warm-up and model loading: a --resume with nothing to resume fails in seconds.
     checkpoint_to_resume(run_dir / "checkpoints", cfg.trainer.resume)
+    # So does a chat template that would hide the tools from the model (before the pre-RL eval).
+    tokenizer = load_tokenizer(cfg)
+    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()
-    model_path = Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, load_tokenizer(cfg), log)
+    model_path = Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, tokenizer, log)
     data_stats: dict[str, int] = {}
     with ray_session(cfg, log):
         summary = _fit(cfg, model_path, run_dir, log, data_stats)
@@ -167,12 +171,11 @@ def _view(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import os
 
-    from transformers import AutoTokenizer
-
     from agentloop_engines.gateway import Gateway, PromptLimits
     from agentloop_engines.gateway.prompt_limits import DEFAULT_TEMPLATE_VARIABLES
     from agentloop_engines.http_common import ServerLimits
     from agentloop_engines.http_server import serve
+    from agentloop_trainer.assets import load_tokenizer
     from agentloop_trainer.config import load_config
     from agentloop_trainer.engines import build_engine, engine_spec, remote_engines
 
@@ -182,8 +185,13 @@ def _serve(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise SystemExit(f"--api-key-env={args.api_key_env}: that environment variable is not set")
+    if args.chat_template:  # the flag wins over the config key
+        from omegaconf import read_write
+
+        with read_write(cfg):
+            cfg.model.custom_chat_template = args.chat_template
     spec = engine_spec(cfg, args.checkpoint, cfg.model.tokenizer_path)
-    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer_path or spec.model_path)
+    tokenizer = load_tokenizer(cfg, spec.model_path)
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:
         # A routing client over running engine servers (least in-flight, sticky per session).
@@ -273,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds a client has to send its request body; slower gets 408 (default: 30)")
     sv.add_argument("--max-prompt-tokens", type=int, default=None,
                     help="longest prompt after rendering; longer gets 413 (default: 262144)")
+    sv.add_argument("--chat-template", default=None, metavar="NAME|PATH",
+                    help="chat template to render with instead of the checkpoint's: a built-in "
+                         "(chatml-hermes, llama3-json) or a Jinja file; needed for tools= when the checkpoint's "
+                         "template ignores them (default: model.custom_chat_template, else the checkpoint's)")
     sv.add_argument("--template-variable", action="append", default=[], metavar="NAME",
                     help="also let requests set this chat template variable in chat_template_kwargs (repeatable; "
                          "always allowed: enable_thinking, reasoning_effort, thinking)")
@@ -295,7 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
     if extra:
         args.overrides = list(args.overrides) + extra
-    return int(args.func(args) or 0)
+    from agentloop_trainer.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # a wrong key or value, found before the run started
+        print(f"agentloop {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

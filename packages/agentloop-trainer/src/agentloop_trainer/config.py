@@ -52,6 +52,11 @@ class ModelSection:
     SFT warm-up checkpoint (cached on disk)."""
     tokenizer_path: str | None = None
     """Tokenizer folder; None: the model folder, or the tiny tokenizer."""
+    custom_chat_template: str | None = None
+    """The chat template every tokenizer of the run gets (trainer, loops, Ray workers, engines,
+    exported folders): a built-in name (``chatml-hermes``, ``llama3-json``), a path to a Jinja
+    file, or the template text; None: the tokenizer's own. Set it when the model's template
+    ignores ``tools=``."""
     dtype: str = "float32"
     """Parameters and compute of the trained policy: float32 | bfloat16. bfloat16 is mixed
     precision: master weights, gradient reduction and optimizer state stay float32 (FSDP2
@@ -655,6 +660,9 @@ def validate(cfg: Any) -> None:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
     _validate_mode(cfg)
+    from agentloop_trainer.chat_templates import custom_chat_template
+
+    custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
 
 
 TRAINER_MODES = ("sync", "one_step_off", "async")

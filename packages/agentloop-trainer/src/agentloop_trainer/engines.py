@@ -51,6 +51,10 @@ class EngineSpec:
     """SGLang: start with the memory saver so sleep frees memory."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """``rollout.engine_kwargs.<name>``: passed to the engine's constructor last (they win)."""
+    chat_template: str | None = None
+    """The chat template (Jinja text of ``model.custom_chat_template``) of the tokenizer an engine
+    built without one loads (a Ray replica): its own chat completions render as the run does.
+    None: the checkpoint's."""
 
 
 def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
@@ -95,6 +99,8 @@ def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None,
     """The :class:`EngineSpec` of a training config (``notice``: see :func:`rollout_dtype`)."""
     from omegaconf import OmegaConf
 
+    from agentloop_trainer.chat_templates import custom_chat_template
+
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:  # remote servers run in their own dtype: nothing to say here
         notice = lambda line: None  # noqa: E731
@@ -111,7 +117,7 @@ def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None,
         seed=cfg.trainer.seed, dtype=rollout_dtype(cfg, notice), max_model_len=max_len, max_batch_size=r.max_batch_size,
         gpu_memory_utilization=r.gpu_memory_utilization, tensor_model_parallel_size=r.tensor_model_parallel_size,
         enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
-        kwargs=dict(per_engine.get(r.name) or {}),
+        kwargs=dict(per_engine.get(r.name) or {}), chat_template=custom_chat_template(cfg),
     )
 
 
@@ -146,12 +152,18 @@ def build_engine(spec: EngineSpec, model: Any = None, tokenizer: Any = None) -> 
     Args:
         spec: What to build.
         model: hf only: an in-memory copy of the policy to serve instead of loading the path.
-        tokenizer: A loaded tokenizer (else loaded from ``spec``).
+        tokenizer: A loaded tokenizer (else loaded from ``spec``, with ``spec.chat_template``).
 
     Raises:
         ImportError: naming the extra to install when the engine's package is missing.
     """
     tok = tokenizer if tokenizer is not None else (spec.tokenizer_path or spec.model_path)
+    if tokenizer is None and spec.chat_template is not None:
+        from transformers import AutoTokenizer
+
+        from agentloop_core.tokenization import set_chat_template
+
+        tok = set_chat_template(AutoTokenizer.from_pretrained(str(tok)), spec.chat_template)
     if spec.name == "hf":
         from agentloop_engines.hf import HFServer
 

@@ -9,12 +9,17 @@ from agentloop_trainer.rollout import EvalResult, RolloutEngine, make_rows
 
 
 def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
-    from transformers import AutoTokenizer
+    """The checkpoint's tokenizer (``model.custom_chat_template`` applied), checked to show the
+    run's tools to the model before any data or engine is loaded."""
+    from agentloop_trainer.assets import load_tokenizer, tokenizer_source
+    from agentloop_trainer.chat_templates import check_template_renders_tools
 
     path = Path(checkpoint)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
-    return AutoTokenizer.from_pretrained(str(cfg.model.tokenizer_path or path))
+    tokenizer = load_tokenizer(cfg, path)
+    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg, path))
+    return tokenizer
 
 
 def _engine(cfg: Any, checkpoint: str | Path, tokenizer: Any) -> RolloutEngine:

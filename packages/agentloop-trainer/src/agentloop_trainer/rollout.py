@@ -76,6 +76,7 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
     ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
     follow from it, the step and the row's request id, whichever replica or node serves it.
     """
+    from agentloop_trainer.chat_templates import custom_chat_template
     from agentloop_trainer.scoring import RewardScorer
 
     r = cfg.actor_rollout_ref.rollout
@@ -108,6 +109,8 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
         "response_length": cfg.data.max_response_length,
         "prompt_length": cfg.data.max_prompt_length,
         "sanity_check": r.sanity_check,
+        # Workers that load the tokenizer by path (Ray) set the run's template on it.
+        "custom_chat_template": custom_chat_template(cfg),
         "sample_timeout_s": r.sample_timeout_s,
         "turns_per_loop_iteration": r.agent.turns_per_loop_iteration,
         "sampling_params": {

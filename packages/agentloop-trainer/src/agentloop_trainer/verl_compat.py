@@ -14,6 +14,7 @@ from typing import Any
 RENAMED: dict[str, str] = {
     "actor_rollout_ref.model.path": "model.path",
     "actor_rollout_ref.model.tokenizer_path": "model.tokenizer_path",
+    "actor_rollout_ref.model.custom_chat_template": "model.custom_chat_template",
     "actor_rollout_ref.model.dtype": "model.dtype",
     "actor_rollout_ref.model.enable_gradient_checkpointing": "model.enable_gradient_checkpointing",
     "actor_rollout_ref.model.lora_rank": "model.lora_rank",

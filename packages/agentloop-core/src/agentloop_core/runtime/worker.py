@@ -135,7 +135,12 @@ class AgentLoopWorker:
             :mod:`agentloop_core.runtime.seeding`. None: the engine's own randomness),
             ``turns_per_loop_iteration`` (default 4: at most this many samples start, and
             at most this many turns go on after their ``generate`` returned, per event-loop
-            iteration; the rest wait in order, see :class:`TurnPacer`. None: no limit).
+            iteration; the rest wait in order, see :class:`TurnPacer`. None: no limit),
+            ``custom_chat_template`` (a built-in template name, a Jinja file's path or the
+            template text, see :func:`~agentloop_core.tokenization.resolve_chat_template`: set
+            as the chat template of the tokenizer the worker loads from a path, so a worker on
+            another process or node renders as the driver's tokenizer does; a tokenizer object
+            given to the worker is used as it is).
         tracer: A :class:`~agentloop_core.tracing.Tracer`, or a config for
             :func:`~agentloop_core.tracing.make_tracer`. None: no tracing.
         processor: A multimodal processor, when the model has one.
@@ -195,7 +200,10 @@ class AgentLoopWorker:
         if self._tokenizer is None:
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+            from agentloop_core.tokenization.builtin_templates import set_chat_template
+
+            tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
+            self._tokenizer = set_chat_template(tokenizer, self.config.get("custom_chat_template"))
         return self._tokenizer
 
     def sampling_params(self, validate: bool = False) -> dict[str, Any]:

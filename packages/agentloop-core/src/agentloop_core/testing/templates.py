@@ -97,20 +97,25 @@ def one_render_holds(renderer: ChatRenderer, messages: Sequence[Mapping[str, Any
 
 
 # Special tokens the shared real templates write that the tiny tokenizer lacks, with the end of
-# turn their models' tokenizers use as EOS (gpt-oss <|return|>, Mistral </s>). Keyed by the
-# start of the template file name (as saved in ../shared/data/chat_templates).
+# turn their models' tokenizers use as EOS (gpt-oss <|return|>, Mistral </s>, Llama 3 <|eot_id|>).
+# Keyed by the start of the template file name (as saved in ../shared/data/chat_templates, or a
+# built-in's file).
 _FAMILY_TOKENS: dict[str, dict[str, Any]] = {
     "openai-gpt-oss": {"eos_token": "<|return|>", "additional_special_tokens": [
         "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"]},
     "mistralai-": {"bos_token": "<s>", "eos_token": "</s>", "additional_special_tokens": [
         "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
         "[/TOOL_RESULTS]"]},
+    # The built-in llama3-json template (agentloop_core/tokenization/templates/llama3-json.jinja).
+    "llama3-": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "additional_special_tokens": [
+        "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
+        "<|python_tag|>"]},
 }
 
 
 def tiny_tokenizer_for_template(template_file: Any, *, chat_template: str | None = None) -> Any:
     """A fresh copy of the tiny tokenizer with the chat template in ``template_file`` and, for
-    the harmony (gpt-oss) and Mistral families, the special tokens their templates write, so a
+    the harmony (gpt-oss), Mistral and Llama 3 families, the special tokens their templates write, so a
     real template can be tested without its model's tokenizer. ``chat_template`` (a stand-in
     template of the same family) replaces the file's text; the file need not exist then."""
     from pathlib import Path

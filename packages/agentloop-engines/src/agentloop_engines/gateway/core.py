@@ -34,7 +34,7 @@ from typing import Any
 
 from agentloop_core.parsers import ToolParser, get_tool_parser
 from agentloop_core.protocol import TokenOutput
-from agentloop_core.tokenization import ChatRenderer, Trajectory
+from agentloop_core.tokenization import ChatRenderer, Trajectory, renders_tools
 from agentloop_core.tokenization.template_errors import raised_by_template
 from agentloop_engines.gateway.continuation import (
     ChatState,
@@ -107,7 +107,10 @@ class Gateway:
             ``HTTPServer`` client, a ``ScriptedServer``.
         tokenizer: The model's Hugging Face tokenizer (or processor): renders chat messages
             (``apply_chat_template``), encodes text prompts and decodes generations.
-        chat_template: A Jinja template replacing the tokenizer's own.
+        chat_template: A Jinja template replacing the tokenizer's own; for a checkpoint whose
+            template ignores ``tools=`` (requests with ``tools`` are then refused with a 400),
+            a tool-aware built-in such as
+            ``agentloop_core.tokenization.resolve_chat_template("chatml-hermes")``.
         tool_parser: Name of a core tool-call parser (``hermes``, ``llama3_json``,
             ``gpt_oss``, ``mistral``) or a parser object; turns generated text into
             ``tool_calls``. None: requests with ``tools`` are refused (400), as their calls
@@ -273,7 +276,8 @@ class Gateway:
         Raises:
             ValueError: on an unsupported key or value, template text or a template variable
                 the server does not allow, messages the template cannot render, ``tools``
-                without a tool parser, or a request the engine rejects.
+                without a tool parser or with a chat template that ignores them, or a request
+                the engine rejects.
             PromptLimitError: over one of :attr:`prompt_limits`' sizes.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
         """
@@ -281,6 +285,8 @@ class Gateway:
         if req.tools is not None and self.parser is None:
             raise ValueError("this gateway has no tool parser, so tool calls could not be returned; start it "
                              "with Gateway(..., tool_parser='hermes') (or the model's format)")
+        if req.tools:
+            await self._off_loop(self._check_renders_tools, req.chat_template_kwargs)
         plan = None
         if session_id is None:
             prompt_ids = await self._off_loop(self.render, req.messages, req.tools, req.chat_template_kwargs)
@@ -346,6 +352,20 @@ class Gateway:
                   "token_ids": gen.token_ids, "token_logprobs": gen.log_probs}
         response = self._body("cmpl", "text_completion", req, choice, gen)
         return self._finish("completions", body, response, gen, req, session_id)
+
+    def _check_renders_tools(self, chat_template_kwargs: Mapping[str, Any]) -> None:
+        """Refuse ``tools`` the chat template would drop without a word (the model would answer
+        as if it had none); decided once per template and variables (core caches it)."""
+        if self.chat_template is None and not getattr(self.processor, "chat_template", None):
+            return  # self.render says there is no chat template at all
+        kwargs = {**self.chat_template_kwargs, **chat_template_kwargs}
+        if not renders_tools(self.processor, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs):
+            raise ValueError(
+                "this server's chat template ignores tools= (a prompt renders the same with and without them), so "
+                "the model would never see the tools; start it with a tool-aware template: `agentloop serve "
+                "CHECKPOINT --chat-template chatml-hermes` (a built-in, or a Jinja file's path), or "
+                "Gateway(..., chat_template=agentloop_core.tokenization.resolve_chat_template('chatml-hermes')); "
+                "or send the request without tools")
 
     # ---- token-exact sessions -------------------------------------------------------------
 
