@@ -27,12 +27,26 @@ def load_tokenizer(cfg: Any) -> Any:
     return load_tiny_tokenizer()
 
 
+WARMUP_KEYS = ("steps", "stop_loss", "max_steps", "batch_size", "lr", "warmup_steps", "flip_prob", "seed")
+"""``sft`` keys the warm-up checkpoint depends on."""
+LATER_WARMUP_KEYS = ("weight_decay", "grad_clip", "micro_batch_size")
+"""``sft`` keys the warm-up also reads, in its cache key only when they differ from the default."""
+
+
 def sft_cache_key(cfg: Any) -> str:
     """A short hash of everything the SFT checkpoint depends on."""
     from omegaconf import OmegaConf
 
-    spec = {"task": TASK_VERSION, "sft": OmegaConf.to_container(cfg.sft), "train_seed": cfg.data.train_seed,
-            "train_size": cfg.data.train_size}
+    from agentloop_trainer.config import SFTSection
+
+    section = OmegaConf.to_container(cfg.sft)
+    # The keys the warm-up had when the cache was keyed on the whole section, always; the
+    # warm-up's later keys only when set, so a default config keeps its cached checkpoint; the
+    # general stage's keys (sft.train_files...) never, since the warm-up does not read them.
+    sft = {k: section[k] for k in WARMUP_KEYS}
+    defaults = SFTSection()
+    sft.update({k: section[k] for k in LATER_WARMUP_KEYS if section[k] != getattr(defaults, k)})
+    spec = {"task": TASK_VERSION, "sft": sft, "train_seed": cfg.data.train_seed, "train_size": cfg.data.train_size}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 

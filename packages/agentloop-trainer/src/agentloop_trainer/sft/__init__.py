@@ -12,7 +12,14 @@
 from agentloop_trainer.sft.data import SFTDataError, SFTExample, parse_row, read_sft_files, write_sft_rows
 from agentloop_trainer.sft.loss import cosine_lr, eval_loss, make_optimizer, sft_loss, sft_step
 from agentloop_trainer.sft.tokenize import SFTTokenizer, TokenizedConversation, tokenize_conversation
-from agentloop_trainer.sft.warmup import STOP_WINDOW, SFTConfig, demonstration_batch, learned, train_sft, window_mean
+from agentloop_trainer.sft.warmup import (
+    STOP_WINDOW,
+    SFTConfig,
+    demonstration_batch,
+    learned,
+    train_sft,
+    window_mean,
+)
 
 __all__ = [
     "STOP_WINDOW",

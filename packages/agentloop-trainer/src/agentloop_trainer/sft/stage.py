@@ -172,9 +172,9 @@ class _Stage:
         model = load_sft_model(cfg, self.tokenizer)
         opt = make_optimizer(model, s.lr, s.weight_decay)
         data = DataIterator(self.train, s.batch_size, s.seed, shuffle=True)
-        step = 0
+        step = self.resumed_from = 0
         if start is not None:
-            step = self._restore(start, model, opt, data)
+            step = self.resumed_from = self._restore(start, model, opt, data)
             self.log(f"SFT: resumed from {start} (step {step} of {self.total})")
         self._trim_metrics(step)
         metrics = MetricsLogger(self.out / "metrics.jsonl")
@@ -245,7 +245,6 @@ class _Stage:
     def _finish(self, model: Any, step: int, losses: list[float], seconds: float, tokens: float,
                 val_loss: float) -> tuple[Path, dict[str, Any]]:
         from agentloop_core.cache import build_once
-
         from agentloop_trainer.hf_folder import write_hf_folder
 
         cfg = self.cfg
@@ -259,7 +258,7 @@ class _Stage:
         history = [json.loads(line) for line in (self.out / "metrics.jsonl").read_text().splitlines() if line.strip()]
         tail = [h["sft/loss"] for h in history[-10:]]
         summary = {
-            "sft_steps": step, "sft_conversations": len(self.train), "sft_dropped_overlong": self.dropped,
+            "sft_steps": step, "sft_resumed_from_step": self.resumed_from, "sft_conversations": len(self.train), "sft_dropped_overlong": self.dropped,
             "sft_val_conversations": len(self.val), "sft_dropped_overlong_val": self.dropped_val,
             "sft_first_loss": history[0]["sft/loss"] if history else None,
             "sft_final_loss": sum(tail) / len(tail) if tail else None,
@@ -274,3 +273,33 @@ class _Stage:
         self.log(f"SFT: {step} steps, loss {summary['sft_first_loss']:.4f} -> {summary['sft_final_loss']:.4f}"
                  + (f", held-out loss {val_loss:.4f}" if self.val else "") + f"; model in {result}")
         return result, summary
+
+
+def start_checkpoint(cfg: Any, run_dir: str | Path, log: Any = print) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint GRPO starts from, and what the SFT stage adds to the run's summary.
+
+    With ``sft.train_files``: the SFT stage's result (run now, or reused when finished; a
+    resumed run also resumes an unfinished stage), after a held-out eval of ``model.path``
+    when ``sft.eval_before``. Else ``model.path``, or the tiny model's cached warm-up.
+    """
+    from agentloop_trainer.assets import load_tokenizer, sft_checkpoint
+
+    if not cfg.sft.train_files:
+        return (Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, load_tokenizer(cfg), log)), {}
+    summary: dict[str, Any] = {}
+    if cfg.sft.eval_before:
+        if cfg.model.path:
+            from agentloop_trainer.evaluate import evaluate_checkpoint
+
+            before = evaluate_checkpoint(cfg, cfg.model.path)
+            log(f"held-out accuracy before SFT: {before.accuracy:.3f} (n={before.n})")
+            summary["eval_accuracy_before_sft"] = before.accuracy
+        else:
+            log("sft.eval_before: skipped, there is no model.path (the tiny model starts from random weights)")
+    if cfg.trainer.resume != "never" and cfg.sft.resume == "never":
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.merge(cfg, {"sft": {"resume": "auto"}})
+    path, stage = run_sft(cfg, run_dir, log)
+    summary.update(stage)
+    return path, summary
