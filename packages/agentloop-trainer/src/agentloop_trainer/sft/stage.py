@@ -31,15 +31,13 @@ def stage_dir(cfg: Any, run_dir: str | Path) -> Path:
 
 
 def sft_tokenizer(cfg: Any, tokenizer: Any) -> SFTTokenizer:
-    """An :class:`SFTTokenizer` with the rollout's stop tokens (the tool parser's) and template
-    variables, so SFT ids are what the rollout's engine would generate."""
+    """An :class:`SFTTokenizer` with the rollout's stop tokens (those of the tool parser
+    ``rollout.multi_turn.format``), so SFT ids end where the rollout's engine would stop."""
     from agentloop_core.parsers import get_tool_parser
     from agentloop_tools.per_tokenizer import stop_token_ids
 
-    r = cfg.actor_rollout_ref.rollout
-    parser = get_tool_parser(r.multi_turn.format)
-    kwargs = dict(getattr(r.multi_turn, "apply_chat_template_kwargs", None) or {})
-    return SFTTokenizer(tokenizer, stop_token_ids(tokenizer, parser.stop_tokens), kwargs)
+    parser = get_tool_parser(cfg.actor_rollout_ref.rollout.multi_turn.format)
+    return SFTTokenizer(tokenizer, stop_token_ids(tokenizer, parser.stop_tokens))
 
 
 def tokenize_examples(sft: SFTTokenizer, examples: list, max_length: int, filter_overlong: bool,

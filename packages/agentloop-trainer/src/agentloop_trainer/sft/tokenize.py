@@ -90,10 +90,10 @@ class SFTTokenizer:
             messages: Chat messages: a prompt (system/user...), then assistant turns with the
                 tool results or user turns between them; the last one an assistant turn.
             tools: Tool schemas rendered into the prompt, as the rollout renders them.
-            check: Compare the result with a re-tokenization of the whole conversation
-                (the rollout's strict sanity check) and check that each assistant turn renders
-                as an extension of its history. None: once per conversation shape (roles, tool
-                list, template), which is what can change the rendering's structure.
+            check: Compare the result with a re-tokenization of the whole conversation (the
+                rollout's strict sanity check). None: once per conversation shape (roles, tool
+                list, template), which is what can change the rendering's structure. That each
+                assistant turn renders as an extension of its history is checked always.
 
         Raises:
             ValueError: the conversation is malformed, an assistant turn renders differently
