@@ -38,14 +38,27 @@ def tokenizer_source(cfg: Any, checkpoint: str | Path | None = None) -> str:
     return str(cfg.model.tokenizer_path or checkpoint or cfg.model.path or "the tiny tokenizer")
 
 
+WARMUP_KEYS = ("steps", "stop_loss", "max_steps", "batch_size", "lr", "warmup_steps", "flip_prob", "seed")
+"""``sft`` keys the warm-up checkpoint depends on."""
+LATER_WARMUP_KEYS = ("weight_decay", "grad_clip", "micro_batch_size")
+"""``sft`` keys the warm-up also reads, in its cache key only when they differ from the default."""
+
+
 def sft_cache_key(cfg: Any) -> str:
     """A short hash of everything the SFT checkpoint depends on."""
     from omegaconf import OmegaConf
 
     from agentloop_trainer.chat_templates import custom_chat_template
+    from agentloop_trainer.config import SFTSection
 
-    spec = {"task": TASK_VERSION, "sft": OmegaConf.to_container(cfg.sft), "train_seed": cfg.data.train_seed,
-            "train_size": cfg.data.train_size}
+    section = OmegaConf.to_container(cfg.sft)
+    # The keys the warm-up had when the cache was keyed on the whole section, always; the
+    # warm-up's later keys only when set, so a default config keeps its cached checkpoint; the
+    # general stage's keys (sft.train_files...) never, since the warm-up does not read them.
+    sft = {k: section[k] for k in WARMUP_KEYS}
+    defaults = SFTSection()
+    sft.update({k: section[k] for k in LATER_WARMUP_KEYS if section[k] != getattr(defaults, k)})
+    spec = {"task": TASK_VERSION, "sft": sft, "train_seed": cfg.data.train_seed, "train_size": cfg.data.train_size}
     template = custom_chat_template(cfg)
     if template is not None:  # the demonstrations are rendered with it (unset: the keys of older caches)
         spec["chat_template"] = hashlib.sha256(template.encode()).hexdigest()

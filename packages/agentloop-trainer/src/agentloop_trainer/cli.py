@@ -33,7 +33,7 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     """Run a full training job for ``cfg``; returns the run folder and the summary."""
     import json
 
-    from agentloop_trainer.assets import load_tokenizer, sft_checkpoint, tokenizer_source
+    from agentloop_trainer.assets import load_tokenizer, tokenizer_source
     from agentloop_trainer.chat_templates import check_template_renders_tools
     from agentloop_trainer.checkpoint import checkpoint_to_resume
     from agentloop_trainer.config import to_yaml
@@ -48,13 +48,18 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()
-    model_path = Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, tokenizer, log)
+    from agentloop_trainer.sft.stage import start_checkpoint
+
+    model_path, sft_summary = start_checkpoint(cfg, run_dir, log)
     data_stats: dict[str, int] = {}
     with ray_session(cfg, log):
         summary = _fit(cfg, model_path, run_dir, log, data_stats)
     summary["total_wall_seconds"] = time.perf_counter() - wall
     summary["start_checkpoint"] = str(model_path)
     summary.update(data_stats)
+    if sft_summary:
+        summary.update(sft_summary)
+        summary["eval_accuracy_after_sft"] = summary.get("eval_accuracy_before")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return run_dir, summary
 
@@ -128,6 +133,33 @@ def _data_gsm8k(args: argparse.Namespace) -> int:
         for line, why in bad[:20]:
             print(f"  line {line}: {why}")
     print(f"parquet files in {Path(args.out).resolve()}")
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from agentloop_trainer.checkpoint import CheckpointError
+    from agentloop_trainer.config import ConfigError, load_config
+    from agentloop_trainer.sft.stage import run_sft
+
+    try:
+        cfg = load_config([*args.overrides, *(["sft.resume=must"] if args.resume else [])], args.config)
+        path, _ = run_sft(cfg, run_dir_of(cfg), _log)
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as exc:
+        print(f"agentloop sft: {exc}", file=sys.stderr)
+        return 2
+    print(f"fine-tuned model: {path.resolve()}")
+    return 0
+
+
+def _data_calculator_sft(args: argparse.Namespace) -> int:
+    from agentloop_trainer.sft.calculator import write_calculator_sft
+
+    try:
+        path = write_calculator_sft(args.out, args.n, args.seed, args.flip_prob, args.answer_format)
+    except ValueError as exc:
+        print(f"agentloop data calculator-sft: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.n} calculator demonstrations in {Path(path).resolve()}")
     return 0
 
 
@@ -241,6 +273,23 @@ def build_parser() -> argparse.ArgumentParser:
     gsm.add_argument("--from-jsonl", default=None,
                      help="folder with GSM8K's train.jsonl and test.jsonl (default: download openai/gsm8k)")
     gsm.set_defaults(func=_data_gsm8k)
+
+    calc = data_sub.add_parser("calculator-sft", help="calculator-task demonstrations as SFT rows (messages, tools)")
+    calc.add_argument("--out", required=True, help="output file (.parquet or .jsonl)")
+    calc.add_argument("--n", type=int, default=1000, help="rows (default 1000)")
+    calc.add_argument("--seed", type=int, default=0, help="problem seed (default 0)")
+    calc.add_argument("--flip-prob", type=float, default=0.0,
+                      help="chance the teacher flips the last operator on the biased templates (default 0: correct)")
+    calc.add_argument("--answer-format", default="#### {answer}",
+                      help="final answer text with {answer} (default '#### {answer}'; e.g. 'The answer is {answer}.')")
+    calc.set_defaults(func=_data_calculator_sft)
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning of model.path (or the tiny model) on sft.train_files "
+                                     "into <run>/sft/hf; key=value overrides")
+    sft.add_argument("overrides", nargs="*", help="config overrides, e.g. sft.train_files=demos.parquet")
+    sft.add_argument("--config", help="YAML file merged over the defaults")
+    sft.add_argument("--resume", action="store_true", help="continue the stage from its latest checkpoint (sft.resume=must)")
+    sft.set_defaults(func=_sft)
 
     ev = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
     ev.add_argument("checkpoint", help="Hugging Face checkpoint folder")

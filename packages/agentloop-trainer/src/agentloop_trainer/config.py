@@ -74,29 +74,75 @@ class ModelSection:
 
 @dataclass
 class SFTSection:
-    """SFT warm-up of the tiny model on (biased) teacher demonstrations."""
+    """Supervised fine-tuning: the general stage (``sft.train_files``: ``agentloop sft``, or
+    the first stage of ``agentloop train``) and the tiny model's warm-up on (biased) teacher
+    demonstrations (no ``model.path``, no ``sft.train_files``). Keys shared by both: batch_size,
+    micro_batch_size, lr, warmup_steps, weight_decay, grad_clip, seed."""
 
     steps: int = 750
-    """Optimizer steps of the learning-rate schedule (linear warm-up, cosine decay to 10%)."""
+    """Warm-up: optimizer steps of the learning-rate schedule (linear warm-up, cosine decay to 10%)."""
     stop_loss: float | None = 0.02
-    """The demonstrations count as learned when the mean loss of the schedule's last 50 steps
-    is below this (the teacher's coin flips on the biased templates keep it above ~0.005).
+    """Warm-up: the demonstrations count as learned when the mean loss of the schedule's last 50
+    steps is below this (the teacher's coin flips on the biased templates keep it above ~0.005).
     When they are not, the schedule runs again from the start (a warm restart), up to
     ``max_steps`` in all: how long the loss sits on a plateau before it falls varies
     several-fold with the seed, so one fixed length is either slow for most seeds or too short
     for some. null: run the schedule once."""
     max_steps: int = 1500
-    """Most optimizer steps in all (whole schedules only)."""
+    """Warm-up: most optimizer steps in all (whole schedules only)."""
     batch_size: int = 32
-    """Conversations per step."""
+    """Conversations per optimizer step."""
     lr: float = 3e-3
-    """Peak learning rate (cosine)."""
+    """Peak learning rate (linear warm-up, cosine decay to 10%). The default is the tiny
+    model's; a pretrained checkpoint wants ~1e-5 (full) or ~1e-4 (LoRA)."""
     warmup_steps: int = 50
-    """Warm-up steps (of each run of the schedule)."""
+    """Warm-up steps of the learning-rate schedule (of each run of it, for the tiny warm-up)."""
     flip_prob: float = 0.6
-    """Chance the teacher flips the last operator on a biased template."""
+    """Warm-up: chance the teacher flips the last operator on a biased template."""
     seed: int = 0
-    """Seed of the model init, the demonstration stream and the teacher's mistakes."""
+    """Seed of the model init (tiny model), the data order, the demonstration stream and the
+    teacher's mistakes."""
+    train_files: Any = None
+    """SFT conversations: a parquet or jsonl file, or a list of them, in verl's multi-turn SFT
+    layout (a ``messages`` column; assistant messages may carry OpenAI ``tool_calls``; ``tool``
+    messages hold the results; optional ``tools``: a list of JSON schemas or a JSON string of
+    one). Set, ``agentloop train`` first fine-tunes ``model.path`` (or the tiny model) on them
+    into ``<run>/sft/`` and runs GRPO from the result. ``agentloop data calculator-sft`` writes
+    such a file for the calculator task."""
+    val_files: Any = None
+    """Held-out SFT conversations (same layout): their loss is logged as ``sft/val_loss``."""
+    epochs: int = 1
+    """Passes over ``train_files`` (when ``total_steps`` is null)."""
+    total_steps: int | None = None
+    """Optimizer steps of the general stage; null: ``epochs`` passes over the data (a partial
+    batch at an epoch's end is dropped)."""
+    micro_batch_size: int | None = None
+    """Conversations per forward/backward; gradients accumulate over ``batch_size``. null: the
+    whole batch at once."""
+    max_length: int = 2048
+    """Longest conversation in tokens (chat template and tool schemas included)."""
+    filter_overlong: bool = True
+    """Drop conversations longer than ``max_length`` (the count is logged and kept in the
+    summary); false: a longer one is an error naming the row."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Max global gradient norm."""
+    save_freq: int = 0
+    """Checkpoint (weights, optimizer state, step, data position) every this many steps into
+    ``<sft>/checkpoints/``; 0: never (the final Hugging Face folder is always written)."""
+    test_freq: int = 0
+    """Held-out loss every this many steps (0: only at the end); needs ``val_files``."""
+    output_dir: str | None = None
+    """The stage's folder; null: ``<run>/sft`` (the run folder as ``agentloop train`` names it).
+    The fine-tuned model lands in ``<folder>/hf``."""
+    resume: str = "never"
+    """never | auto | must (``agentloop sft --resume``): continue from the stage's latest
+    checkpoint. Under ``agentloop train`` a finished stage (``<sft>/hf``) is always reused."""
+    eval_before: bool = False
+    """``agentloop train`` with ``train_files``: also evaluate ``model.path`` on the held-out
+    split before SFT (``eval_accuracy_before_sft`` in summary.json; after SFT is GRPO's
+    ``eval_accuracy_before``)."""
 
 
 @dataclass
@@ -648,6 +694,13 @@ def validate(cfg: Any) -> None:
         ("model.lora_rank", cfg.model.lora_rank >= 0, ">= 0 (0: train every weight)"),
         ("trainer.hf_max_shard_megabytes", cfg.trainer.hf_max_shard_megabytes >= 1, "at least 1"),
         ("model.lora_alpha", cfg.model.lora_alpha > 0, "> 0"),
+        ("sft.batch_size", cfg.sft.batch_size >= 1, "at least 1"),
+        ("sft.micro_batch_size", cfg.sft.micro_batch_size is None or 1 <= cfg.sft.micro_batch_size <= cfg.sft.batch_size,
+         "null or between 1 and sft.batch_size"),
+        ("sft.epochs", cfg.sft.epochs >= 1, "at least 1"),
+        ("sft.total_steps", cfg.sft.total_steps is None or cfg.sft.total_steps >= 1, "null or at least 1"),
+        ("sft.max_length", cfg.sft.max_length >= 2, "at least 2"),
+        ("sft.resume", cfg.sft.resume in ("never", "auto", "must"), "never, auto or must"),
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
          a.ppo_micro_batch_size_per_gpu is None or a.ppo_micro_batch_size_per_gpu >= 1, "null or at least 1"),
         ("actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu",
