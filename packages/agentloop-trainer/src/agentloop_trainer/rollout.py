@@ -117,7 +117,8 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
         "val_sampling_params": val_params,
         "truncate": True,
         "reward_fn": RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
-                                  reward_kwargs=dict(crf.reward_kwargs or {})),
+                                  reward_kwargs=dict(crf.reward_kwargs or {}),
+                                  answer_format=dict(cfg.reward.answer_format)),
     }
 
 
