@@ -50,6 +50,7 @@ ANSWERS = [
     ("The answer is \\boxed{\\dfrac{1}{2}}", "0.5", 1.0),
     ("The correct option is (B). The answer is (B).", "(B)", 1.0),
     ("The answer is (C).", "(B)", 0.0),
+    ("The answer isn't 5, it's 7.", "7", 1.0),  # no stated answer ("isn't" is no cue): the last number
 ]
 
 
@@ -94,6 +95,32 @@ def test_describe_names_the_format_and_the_key():
     scorer = RewardScorer(answer_format={"default": "strict", "gsm8k": "flexible"})
     assert "reward.answer_format flexible" in scorer.describe("openai/gsm8k")
     assert "reward.answer_format strict (only '#### N')" in scorer.describe("agentloop/calculator")
+
+
+def test_a_cut_response_has_no_last_number_answer():
+    """A response cut by a token limit ends mid-thought: its last number is an intermediate one,
+    so only an answer it states counts (the RewardScorer passes ``truncated`` from the loop's
+    stop counters)."""
+    cut = "First, the cards on both days: 12 * 2 = 24 cards.\nThen, we calculate the"
+    assert flexible_reward(cut, 24) == 1.0 and flexible_reward(cut, 24, truncated=True) == 0.0
+    stated = "The answer is 24. Let me check: 12 * 2 is"
+    assert flexible_reward(stated, 24, truncated=True) == 1.0
+
+    import asyncio
+
+    from agentloop_core.output import AgentLoopOutput
+    from agentloop_core.stops import TURN_CAP
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return cut
+
+    scorer = RewardScorer(answer_format={"default": "flexible"})
+    row = {"data_source": "openai/gsm8k", "ground_truth": "24"}
+    for capped, expected in ((0, 1.0), (1, 0.0)):
+        out = AgentLoopOutput(prompt_ids=[1], response_ids=[5], response_mask=[1], metrics={TURN_CAP: capped})
+        asyncio.run(scorer(out, row, Tok()))
+        assert out.reward_score == expected
 
 
 def test_leading_number():

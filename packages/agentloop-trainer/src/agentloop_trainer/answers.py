@@ -40,7 +40,7 @@ _BOX = re.compile(r"\\(?:boxed|fbox)")
 _BARE_BOX = re.compile(r"\s*([^\s${}]+)")
 _CUE = re.compile(
     r"\b(?:final\s+answer|answer|solution)s?\b[*_\s]*"
-    r"(?:is|are|was|would\s+be|will\s+be|should\s+be|equals|[:=])[:=*_\s]*",
+    r"(?:(?:is|are|was|would\s+be|will\s+be|should\s+be|equals)\b|[:=])[:=*_\s]*",
     re.IGNORECASE,
 )
 _SENTENCE_END = re.compile(r"[.!?;](?=\s|$)|\n")
@@ -221,11 +221,13 @@ def _last_statement(text: str, after: int) -> FoundAnswer | None:
     return None
 
 
-def find_answer(text: Any) -> FoundAnswer | None:
+def find_answer(text: Any, last_number: bool = True) -> FoundAnswer | None:
     """The final answer of ``text``: the latest of ``#### N``, ``\\boxed{...}`` and "the answer
     is X" (and close variants: "answer: X", "the final answer is $X$", "**Answer:** X", "the
-    solution is X"); when there is none, the last number of the text. None when it has no
-    answer at all. Never raises; reads only the last :data:`MAX_SCAN_CHARS` characters."""
+    solution is X"); when there is none, the last number of the text (unless ``last_number``
+    is False: a response cut by a token limit ends mid-thought, and its last number is no
+    answer). None when it has no answer at all. Never raises; reads only the last
+    :data:`MAX_SCAN_CHARS` characters."""
     if not isinstance(text, str):
         return None
     tail = text[-MAX_SCAN_CHARS:]
@@ -237,6 +239,8 @@ def find_answer(text: Any) -> FoundAnswer | None:
             found.append(statement)
         if found:
             return max(found, key=lambda a: a.position)
+        if not last_number:
+            return None
         numbers = list(_NUMBER.finditer(tail))
         return FoundAnswer(numbers[-1].group(), "last_number", numbers[-1].start()) if numbers else None
     except (RecursionError, MemoryError, ValueError):  # pragma: no cover - defensive: hostile input
@@ -276,10 +280,11 @@ def _close(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 or math.isclose(a, b, rel_tol=1e-12)
 
 
-def flexible_reward(solution_text: Any, ground_truth: Any) -> float:
+def flexible_reward(solution_text: Any, ground_truth: Any, truncated: bool = False) -> float:
     """1.0 when the final answer of ``solution_text`` (:func:`find_answer`) states
-    ``ground_truth`` (:func:`answers_match`), else 0.0. Never raises."""
-    found = find_answer(solution_text)
+    ``ground_truth`` (:func:`answers_match`), else 0.0; a ``truncated`` response (cut by a
+    token limit) counts only an answer it states, not its last number. Never raises."""
+    found = find_answer(solution_text, last_number=not truncated)
     return 1.0 if found is not None and answers_match(found.text, ground_truth) else 0.0
 
 

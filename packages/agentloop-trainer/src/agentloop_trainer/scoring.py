@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.stops import CONTEXT, RESPONSE_BUDGET, TURN_CAP
 from agentloop_trainer.answers import boxed_reward, flexible_reward, normalize_math_answer  # noqa: F401 - re-exported
 from agentloop_trainer.reward import answer_reward
 
@@ -30,7 +31,8 @@ def _math(data_source: str, solution_str: str, ground_truth: Any, extra_info: An
 
 
 def _flexible(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
-    return flexible_reward(solution_str, ground_truth)
+    truncated = bool(extra_info.get("truncated")) if isinstance(extra_info, Mapping) else False
+    return flexible_reward(solution_str, ground_truth, truncated=truncated)
 
 
 BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
@@ -147,7 +149,9 @@ class RewardScorer:
     special tokens: tool results and user turns are not part of it, so a tool cannot answer
     for the model. A trajectory split into segments is scored once, on all of them
     (``agentloop_core.segments.trajectory_view``: every segment's generated tokens in order,
-    the last segment's messages and turns).
+    the last segment's messages and turns). ``extra_info`` is the row's, plus ``num_turns``,
+    ``messages`` and ``truncated`` (a token limit cut the trajectory: the loops' ``stop/*``
+    counters), unless the row sets them.
     """
 
     source: str = "auto"
@@ -215,6 +219,9 @@ class RewardScorer:
         extra_info = dict(row.get("extra_info") or {})
         extra_info.setdefault("num_turns", output.num_turns)
         extra_info.setdefault("messages", output.extra_fields.get("messages"))
+        # Whether a token limit cut the trajectory (the loops' stop counters): its last turn then
+        # ends mid-thought, which the flexible reader must not take a last number from.
+        extra_info.setdefault("truncated", any(output.metrics.get(k) for k in (TURN_CAP, CONTEXT, RESPONSE_BUDGET)))
         where = f"{self.path}:{self.name}" if self.path else f"the built-in scorer for {data_source!r}"
         if inspect.iscoroutinefunction(fn):
             result = await fn(data_source, solution, ground_truth, extra_info, **self.reward_kwargs)
