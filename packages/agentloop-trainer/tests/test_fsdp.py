@@ -187,3 +187,8 @@ def test_agentloop_train_on_two_fsdp_ranks_with_the_kl_loss(random_model_path, t
     assert all(m["rollout/num_failed"] == 0 and m["rollout/generated_tokens"] > 0 for m in steps)
     # the rollout's batch metrics reach metrics.jsonl: per-loop timings and the tool counters
     assert all("timing_s/agent_loop/generate/mean" in m and "agent_loop/tool_calls/mean" in m for m in steps)
+    # save_freq=0 still ends with the policy as a Hugging Face folder, gathered from both ranks' shards.
+    from transformers import AutoModelForCausalLM
+
+    assert summary["final_hf_dir"] == str(run_dir / "final" / "hf")
+    assert AutoModelForCausalLM.from_pretrained(summary["final_hf_dir"]).num_parameters() > 0

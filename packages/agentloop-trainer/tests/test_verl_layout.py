@@ -87,15 +87,17 @@ def test_verl_layout_trains_two_steps(tmp_path, random_model_path):
 
 @pytest.mark.slow
 def test_all_zero_rewards_are_reported_loudly(tmp_path, random_model_path):
-    """A random policy never writes '#### N': after reward.zero_reward_warn_steps steps of
-    nothing but zeros the run says so, naming the scorer, the data_source and the causes."""
+    """A random policy never writes '#### N': the run says so at once (the evaluation before RL)
+    and again after reward.zero_reward_warn_steps steps of nothing but zeros, naming the scorer,
+    the data_source and the causes."""
     from agentloop_trainer.cli import run_train
 
     cfg = load_config([*_overrides(tmp_path, random_model_path), "reward.zero_reward_warn_steps=2"], VERL_CONFIG,
                       notice=lambda _: None)
     logged: list[str] = []
     run_train(cfg, log=logged.append)
-    warnings = [line for line in logged if "every reward has been 0 for 2 steps" in line]
+    assert any("every reward of the held-out evaluation before RL is 0" in line for line in logged), logged
+    warnings = [line for line in logged if "every reward of the last 2 steps is 0" in line]
     assert len(warnings) == 1, logged
     assert "built-in scorer gsm8k" in warnings[0] and "openai/gsm8k" in warnings[0]
     assert "a generated response" in warnings[0] and "its ground truth" in warnings[0]

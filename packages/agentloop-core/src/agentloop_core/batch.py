@@ -12,6 +12,7 @@ import numpy as np
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.segments import trajectory_reward
+from agentloop_core.stops import STOP_METRICS, truncation_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ class RolloutBatch:
             sample_metrics=[dict(o.metrics) for o in outputs],
             multi_modal_data=[o.multi_modal_data for o in outputs],
         )
-        batch.metrics = batch_metrics(outputs, batch)
+        batch.metrics = batch_metrics(outputs, batch, response_limit=response_length)
         return batch
 
 
@@ -340,7 +341,9 @@ def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
     }
 
 
-def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> dict[str, float]:
+def batch_metrics(
+    outputs: Sequence[AgentLoopOutput], batch: RolloutBatch, response_limit: int | None = None
+) -> dict[str, float]:
     """Batch metrics.
 
     Per trajectory (one value per sample, read from its last segment): sample and failure
@@ -353,8 +356,12 @@ def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> di
     samples, a sample without the key counting 0, as ``agent_loop/<name>/{mean,max}``.
 
     Per row (segment), as the padding sees them: ``rollout/{response_length,
-    generated_tokens,prompt_length}/{mean,max,min}``, ``rollout/response_clip_fraction`` and
-    ``rollout/num_truncated``.
+    generated_tokens,prompt_length}/{mean,max,min}``, ``rollout/num_truncated`` and, with a
+    ``response_limit`` (the response budget, ``response_length``), ``rollout/response_clip_fraction``:
+    the rows whose response reached it (not the padded width, which the longest row always fills).
+
+    Per trajectory, why generation stopped early (:func:`agentloop_core.stops.truncation_metrics`):
+    ``rollout/truncated/{turn_cap,turn_cap_turns,context,response_budget,any}``.
     """
     ok = ~batch.failed
     last = batch.last_segment_rows()
@@ -377,21 +384,30 @@ def batch_metrics(outputs: Sequence[AgentLoopOutput], batch: RolloutBatch) -> di
     )
     finals = [(outputs[r], not batch.failed[r]) for r in last.tolist()]
     metrics.update(_stats("rollout/num_turns", [o.num_turns for o, good in finals if good]))
-    if lengths:
-        R = batch.responses.shape[1]
-        metrics["rollout/response_clip_fraction"] = float(np.mean([n >= R for n in lengths]))
+    if lengths and response_limit is not None:
+        metrics["rollout/response_clip_fraction"] = float(np.mean([n >= response_limit for n in lengths]))
     metrics.update(_stats("rollout/reward", batch.rewards[last][batch.has_reward[last]].tolist()))
     segments = [float(o.segment_index + 1) for o, good in finals if good]
     if segments:
         metrics["agent_loop/num_segments/mean"] = float(np.mean(segments))
         metrics["agent_loop/num_segments/max"] = float(max(segments))
 
+    # A trajectory reached the budget when any of its segments did; the counters live on its last one.
+    longest: dict[int, int] = {}
+    for t, out in zip(batch.trajectory_index.tolist(), outputs, strict=True):
+        longest[t] = max(longest.get(t, 0), len(out.response_ids))
+    good_last = [r for r in last.tolist() if not batch.failed[r]]
+    metrics.update(truncation_metrics(
+        [outputs[r].metrics for r in good_last], [longest[int(batch.trajectory_index[r])] for r in good_last],
+        response_limit, [bool(batch.truncated[batch.trajectory_index == batch.trajectory_index[r]].any())
+                         for r in good_last]))
+
     timings: dict[str, list[float]] = {}
     counts: dict[str, list[float]] = {}
     n_ok = sum(good for _, good in finals)
     for o, good in finals:
         for key, value in o.metrics.items():
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or key in STOP_METRICS:
                 continue
             if key.endswith("_s"):
                 timings.setdefault(key[:-2], []).append(float(value))

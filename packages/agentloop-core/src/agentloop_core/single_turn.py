@@ -11,6 +11,7 @@ from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
+from agentloop_core.stops import StopCounter
 from agentloop_core.tokenization import ChatRenderer, Trajectory
 
 
@@ -60,9 +61,11 @@ class SingleTurnAgentLoop(AgentLoopBase):
             if isinstance(sampling_params, SamplingParams)
             else dict(sampling_params)
         )
+        turn_cap = int(params["max_tokens"]) if params.get("max_tokens") is not None else None
         response_length = self.config.get("response_length")
         if response_length is not None:
             params["max_tokens"] = min(int(params.get("max_tokens", response_length)), int(response_length))
+        requested = int(params.get("max_tokens") or SamplingParams().max_tokens)
         request_id = row.get("request_id") or uuid.uuid4().hex
         start = time.perf_counter()
         with self.tracer.span("generate", request_id=request_id, prompt_tokens=len(traj.prompt_ids)) as span:
@@ -71,8 +74,10 @@ class SingleTurnAgentLoop(AgentLoopBase):
             span["stop_reason"] = out.stop_reason
         generate_s = time.perf_counter() - start
         traj.append_generated(out)
+        stops = StopCounter()
+        stops.add(out.stop_reason, len(out.token_ids), requested, turn_cap)
         return traj.to_output(
-            metrics={"generate_s": generate_s},
+            metrics={"generate_s": generate_s, **stops.metrics()},
             extra_fields={"messages": traj.messages, "stop_reason": out.stop_reason},
             sanity_check=self.config.get("sanity_check", "strict"),
         )

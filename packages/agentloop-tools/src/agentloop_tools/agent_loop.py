@@ -38,6 +38,7 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.registry import register
+from agentloop_core.stops import StopCounter
 from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction, select_interaction
 from agentloop_tools.loop_config import (
@@ -91,6 +92,8 @@ class _Run:
     """Ids of the last turn's calls: its usable calls, then the calls the parser could not use."""
     reported: list[dict[str, Any]] = field(default_factory=list)
     """Every metrics dict a tool call or the interaction returned, as returned."""
+    stops: StopCounter = field(default_factory=StopCounter)
+    """Which limits stopped its turns (turn cap, response budget, context)."""
 
     def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
         """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the
@@ -186,8 +189,8 @@ class ToolAgentLoop(AgentLoopBase):
             reward = await self._reward(run)
         finally:
             await self._release(run)
-        metrics = {**run.counters, "assistant_turns": run.assistant_turns, "user_turns": run.user_turns,
-                   "turns": run.assistant_turns + run.user_turns}
+        metrics = {**run.counters, **run.stops.metrics(), "assistant_turns": run.assistant_turns,
+                   "user_turns": run.user_turns, "turns": run.assistant_turns + run.user_turns}
         extra = {"turn_scores": list(run.turn_scores), "tool_rewards": list(run.tool_rewards),
                  "messages": list(trajectory.messages), "termination_reason": run.termination,
                  "request_id": run.request_id, "reported_metrics": list(run.reported)}
@@ -210,6 +213,7 @@ class ToolAgentLoop(AgentLoopBase):
                     out: TokenOutput = await self.server.generate(
                         run.request_id, trajectory.context_ids, base.replace(max_tokens=max_tokens))
                 run.counters["generate_s"] += time.perf_counter() - start
+                run.stops.add(out.stop_reason, len(out.token_ids), max_tokens, per_turn_cap)
                 trajectory.append_generated(out)
                 run.assistant_turns += 1
                 run.ended_with_eos = self.renderer.ended_turn(out.token_ids, out.stop_reason)
@@ -220,6 +224,8 @@ class ToolAgentLoop(AgentLoopBase):
                 state = self._append(run, trajectory, tool_messages)
             elif state is AgentState.INTERACTING:
                 state = await self._interact(run, trajectory)
+        if run.termination == "response_length" or len(trajectory.response_ids) >= cfg.response_length:
+            run.stops.response_budget = True
 
     def _after_generate(self, run: _Run, trajectory: Any, out: TokenOutput) -> tuple[AgentState, ParseResult | None]:
         cfg = self.settings

@@ -117,6 +117,8 @@ def _train(args: argparse.Namespace) -> int:
         f"(n={summary['held_out_size']}, seed={summary['seed']}) in {summary['total_wall_seconds']:.0f} s"
     )
     print(f"outputs: {run_dir.resolve()}")
+    if summary.get("final_hf_dir"):
+        print(f"final model (Hugging Face folder): {Path(summary['final_hf_dir']).resolve()}")
     return 0
 
 
@@ -168,9 +170,12 @@ def _eval(args: argparse.Namespace) -> int:
     from agentloop_trainer.evaluate import evaluate_checkpoint
 
     cfg = load_config(list(args.overrides), args.config)
+    from agentloop_trainer.diagnostics import report_failures
+
     result = evaluate_checkpoint(cfg, args.checkpoint)
-    print(f"held-out accuracy {result.accuracy:.3f} (n={result.n}); per template: {result.per_template}")
-    return 0
+    if len(result.errors) < result.n:  # an accuracy of nothing but failures would read as a result
+        print(f"held-out accuracy {result.accuracy:.3f} (n={result.n}); per template: {result.per_template}")
+    return report_failures(result.errors, result.n, "eval", print)
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -178,9 +183,13 @@ def _rollout(args: argparse.Namespace) -> int:
     from agentloop_trainer.evaluate import write_rollouts
 
     cfg = load_config(list(args.overrides), args.config)
-    path = write_rollouts(cfg, args.checkpoint, args.out, args.num_prompts)
+    from agentloop_trainer.diagnostics import batch_errors, report_failures
+
+    seen: list[tuple[int, list[str]]] = []
+    path = write_rollouts(cfg, args.checkpoint, args.out, args.num_prompts,
+                          on_batch=lambda rows, batch: seen.append((len(rows), batch_errors(batch))))
     print(f"trajectories: {Path(path).resolve()}")
-    return 0
+    return report_failures(seen[0][1], seen[0][0], "rollout", print) if seen else 0
 
 
 def _view(args: argparse.Namespace) -> int:

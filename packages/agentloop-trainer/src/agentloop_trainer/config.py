@@ -395,7 +395,14 @@ class RewardSection:
     and step rewards, interaction scores) | sum: both added | auto: the function when one
     applies (custom, or a built-in scorer for the row's data_source), else the loop's."""
     zero_reward_warn_steps: int = 3
-    """Warn loudly when every reward has been zero for this many steps in a row (0: never)."""
+    """Warn loudly when every reward has been zero for this many steps in a row (0: never); the
+    first such step (or pre-RL evaluation) is reported at once too."""
+    answer_format: dict[str, str] = field(default_factory=lambda: {"default": "strict"})
+    """How the built-in scorers read a response's answer, per data_source (its full name or its
+    tail: ``gsm8k`` covers ``openai/gsm8k``) with a ``default``: strict (only the task's canonical
+    form, ``#### N`` or ``\\boxed{}``) | flexible (also "the answer is N", "answer: N",
+    ``\\boxed{N}`` and the final number; the latest answer wins; commas, ``$`` and units ignored).
+    Instruct models rarely write ``#### N`` unprompted: ``reward.answer_format.gsm8k=flexible``."""
 
 
 @dataclass
@@ -512,9 +519,9 @@ class ConfigError(ValueError):
 
 FREE_FORM: tuple[str, ...] = (
     "actor_rollout_ref.rollout.engine_kwargs.", "actor_rollout_ref.rollout.agent.loops.",
-    "custom_reward_function.reward_kwargs.",
+    "custom_reward_function.reward_kwargs.", "reward.answer_format.",
 )
-"""Sections whose keys are the user's (engine arguments, per-loop settings, reward kwargs);
+"""Sections whose keys are the user's (engine arguments, per-loop settings, reward kwargs, data sources);
 they are checked where they are used, against the engine or loop they configure."""
 
 
@@ -646,6 +653,7 @@ def validate(cfg: Any) -> None:
     """
     from agentloop_engines.hosting import PLACEMENT_STRATEGIES
     from agentloop_trainer.algos import ADV_ESTIMATORS, LOSS_AGG_MODES
+    from agentloop_trainer.scoring import ANSWER_FORMATS
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     checks = [
@@ -689,6 +697,8 @@ def validate(cfg: Any) -> None:
          a.ppo_mini_batch_size is None or 1 <= a.ppo_mini_batch_size <= cfg.data.train_batch_size,
          "null or between 1 and data.train_batch_size (it counts prompts, as in verl)"),
         ("reward.source", cfg.reward.source in REWARD_SOURCES, f"one of {REWARD_SOURCES}"),
+        ("reward.answer_format", all(v in ANSWER_FORMATS for v in cfg.reward.answer_format.values()),
+         f"a mapping of data_source (or default) to one of {ANSWER_FORMATS}, e.g. reward.answer_format.gsm8k=flexible"),
         ("model.dtype", cfg.model.dtype in TRAIN_DTYPES,
          f"one of {TRAIN_DTYPES} (float16 needs loss scaling, which agentloop does not do: use bfloat16)"),
         ("model.lora_rank", cfg.model.lora_rank >= 0, ">= 0 (0: train every weight)"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,13 @@ def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
             engine.close()
 
 
-def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16) -> Path:
+def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16,
+                   on_batch: Callable[[list[dict], Any], None] | None = None) -> Path:
     """Sample ``rollout.n`` trajectories for the first ``num_prompts`` held-out prompts and
     write one JSON object per trajectory (token ids and their decoded text, mask, log-probs,
     reward, messages), or per segment of a trajectory whose loop split it (``segment_index`` 0,
-    1, ...); ``agentloop view`` renders the file."""
+    1, ...); ``agentloop view`` renders the file. ``on_batch(rows, batch)`` sees the rolled-out
+    ``RolloutBatch`` (the CLI counts its failed samples)."""
     from agentloop_trainer.assets import load_records
     from agentloop_trainer.trainer import ray_session
     from agentloop_trainer.viewer import trajectory_records, write_jsonl
@@ -61,4 +64,6 @@ def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompt
             batch = engine.generate(rows)
         finally:
             engine.close()
+    if on_batch is not None:
+        on_batch(rows, batch)
     return write_jsonl(trajectory_records(batch, rows, tokenizer), out)

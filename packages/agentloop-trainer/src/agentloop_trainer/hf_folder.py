@@ -88,6 +88,32 @@ def write_hf_folder(model: Any, tokenizer: Any, out: str | Path, max_shard_bytes
         tokenizer.save_pretrained(out)
 
 
+def final_hf_folder(model: Any, tokenizer: Any, run_dir: str | Path, step: int, max_shard_bytes: int,
+                    rank: int = 0) -> Path:
+    """The policy at the end of a run as a Hugging Face folder: the ``hf`` folder of the
+    checkpoint of ``step`` when it has one (``trainer.save_freq`` and ``trainer.save_hf``), else
+    ``<run_dir>/final/hf`` (weights and tokenizer, no optimizer state), written now. A
+    collective under FSDP: every rank calls it and gets the same answer (rank 0 decides).
+
+    Returns:
+        The folder (what ``agentloop eval`` and ``from_pretrained`` load).
+    """
+    import shutil
+
+    from agentloop_trainer.checkpoint import HF_DIR
+    from agentloop_trainer.fsdp import broadcast_object
+
+    saved = Path(run_dir) / "checkpoints" / f"step_{step}" / HF_DIR
+    found = broadcast_object((saved / "config.json").is_file() if rank == 0 else None)
+    if found:
+        return saved
+    out = Path(run_dir) / "final" / HF_DIR
+    if rank == 0 and out.exists():
+        shutil.rmtree(out)  # an earlier run's shards must not mix with these
+    write_hf_folder(model, tokenizer, out, max_shard_bytes=max_shard_bytes, write=rank == 0)
+    return out
+
+
 class _ShardWriter:
     """Safetensors files of at most ``max_bytes`` each (one tensor may exceed it alone), named as
     ``save_pretrained`` names them once their count is known."""

@@ -120,7 +120,8 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
         "val_sampling_params": val_params,
         "truncate": True,
         "reward_fn": RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
-                                  reward_kwargs=dict(crf.reward_kwargs or {})),
+                                  reward_kwargs=dict(crf.reward_kwargs or {}),
+                                  answer_format=dict(cfg.reward.answer_format)),
     }
 
 
@@ -213,6 +214,12 @@ class EvalResult:
     """Wall time."""
     num_failed: int = 0
     """Samples whose trajectory or reward failed (counted as 0)."""
+    errors: list[str] = field(default_factory=list)
+    """The error of each failed sample."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The rollout's batch metrics (``rollout/truncated/*``, tool calls...)."""
+    rollout: Any = field(default=None, repr=False, compare=False)
+    """``(rows, batch)`` as rolled out, for diagnostics (:mod:`agentloop_trainer.diagnostics`)."""
 
 
 class RolloutEngine:
@@ -388,6 +395,8 @@ class RolloutEngine:
         the run's tools and reward, and ``rollout.val_kwargs`` sampling."""
         import time
 
+        from agentloop_trainer.diagnostics import batch_errors
+
         start = time.perf_counter()
         rows = make_rows(records, self.val_n, tag="eval")
         batch = self.generate(rows, validate=True)
@@ -405,6 +414,9 @@ class RolloutEngine:
             generated_tokens=int(batch.response_mask.sum()),
             seconds=time.perf_counter() - start,
             num_failed=int(batch.num_failed),
+            errors=batch_errors(batch),
+            metrics=dict(batch.metrics),
+            rollout=(rows, batch),
         )
 
     def close(self) -> None:

@@ -12,80 +12,14 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.stops import CONTEXT, RESPONSE_BUDGET, TURN_CAP
+from agentloop_trainer.answers import boxed_reward, flexible_reward, normalize_math_answer  # noqa: F401 - re-exported
 from agentloop_trainer.reward import answer_reward
-
-
-def _balanced_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        rest = text[start + len("\\boxed"):].strip()  # "\boxed 5"
-        return rest.split()[0] if rest else None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-    return None
-
-
-_STRIP = [(r"\\left|\\right|\\!|\\,|\\;|\\:|\\\$|\$", ""), (r"\\[dt]frac", r"\\frac"), (r"\^\{\\circ\}|\^\\circ", ""),
-          (r"\\text\{\s*([^}]*)\}", r"\1"), (r"\\mbox\{\s*([^}]*)\}", r"\1"), (r"\s+", "")]
-
-
-def normalize_math_answer(answer: str) -> str:
-    """A MATH answer in a canonical spelling: no spacing commands, ``\\dfrac`` -> ``\\frac``,
-    no ``\\text{}`` wrappers or dollar signs, no trailing period, no whitespace."""
-    s = answer.strip()
-    for pattern, repl in _STRIP:
-        s = re.sub(pattern, repl, s)
-    s = s.rstrip(".")
-    s = re.sub(r"^([a-zA-Z]\w*)=", "", s)  # "x=5" -> "5"
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # "\frac12" -> "\frac{1}{2}"
-    return s
-
-
-def _as_number(s: str) -> float | None:
-    m = re.fullmatch(r"\\frac\{(-?[\d.]+)\}\{(-?[\d.]+)\}", s)
-    try:
-        if m:
-            return float(m.group(1)) / float(m.group(2))
-        if re.fullmatch(r"-?[\d,]*\.?\d+(/\d+)?%?", s):
-            s = s.replace(",", "").rstrip("%")
-            if "/" in s:
-                a, b = s.split("/")
-                return float(a) / float(b)
-            return float(s)
-    except (ValueError, ZeroDivisionError):
-        return None
-    return None
-
-
-def boxed_reward(solution_text: str, ground_truth: Any) -> float:
-    """1.0 when the last ``\\boxed{}`` answer equals ``ground_truth`` (itself boxed or plain)
-    after normalisation, or numerically; else 0.0."""
-    predicted = _balanced_boxed(solution_text)
-    if predicted is None:
-        return 0.0
-    truth = str(ground_truth)
-    truth = _balanced_boxed(truth) or truth
-    a, b = normalize_math_answer(predicted), normalize_math_answer(truth)
-    if a == b:
-        return 1.0
-    x, y = _as_number(a), _as_number(b)
-    return 1.0 if x is not None and y is not None and math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9) else 0.0
 
 
 def _gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -96,6 +30,11 @@ def _math(data_source: str, solution_str: str, ground_truth: Any, extra_info: An
     return boxed_reward(solution_str, ground_truth)
 
 
+def _flexible(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    truncated = bool(extra_info.get("truncated")) if isinstance(extra_info, Mapping) else False
+    return flexible_reward(solution_str, ground_truth, truncated=truncated)
+
+
 BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
     "openai/gsm8k": _gsm8k, "gsm8k": _gsm8k, "agentloop/calculator": _gsm8k,
     "lighteval/MATH": _math, "DigitalLearningGmbH/MATH-lighteval": _math, "HuggingFaceH4/MATH-500": _math,
@@ -104,18 +43,58 @@ BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
 """``data_source`` -> scorer: ``####`` answers (GSM8K, the calculator task) and ``\\boxed{}``
 answers (MATH-style sets). A data_source ending in one of these names (``my/gsm8k``) matches too."""
 
+ANSWER_FORMATS = ("strict", "flexible")
+"""Values of ``reward.answer_format``: strict reads only the task's canonical answer (``#### N``
+for GSM8K and the calculator, ``\\boxed{}`` for MATH sets); flexible reads any of ``#### N``,
+``\\boxed{N}``, "the answer is N" / "answer: N" and, as the last resort, the final number, the
+latest answer winning (:func:`agentloop_trainer.answers.find_answer`)."""
 
-def builtin_scorer(data_source: str | None) -> Callable[..., float] | None:
-    """The built-in scorer of ``data_source``, or None."""
+_ACCEPTS = {_gsm8k: "only '#### N'", _math: "only '\\boxed{...}'",
+            _flexible: "'#### N', '\\boxed{N}', 'the answer is N' or 'answer: N', else the last number"}
+
+
+def _lookup(table: Mapping[str, Any], data_source: str) -> Any:
+    """``table[data_source]``, else the entry whose name's tail (after the last ``/``) is the
+    data_source's tail, case-insensitive; None when neither is there."""
+    if data_source in table:
+        return table[data_source]
+    tail = data_source.rsplit("/", 1)[-1].lower()
+    for name, value in table.items():
+        if tail == str(name).rsplit("/", 1)[-1].lower():
+            return value
+    return None
+
+
+def answer_format_for(data_source: str | None, answer_format: Mapping[str, str] | str | None) -> str:
+    """The ``reward.answer_format`` of a row: its data_source's entry (the full name or its tail:
+    ``gsm8k`` covers ``openai/gsm8k``), else ``default``, else ``strict``."""
+    if isinstance(answer_format, str):
+        return answer_format
+    table = dict(answer_format or {})
+    found = _lookup({k: v for k, v in table.items() if k != "default"}, str(data_source)) if data_source else None
+    return str(found or table.get("default") or "strict")
+
+
+def check_answer_format(answer_format: Mapping[str, str] | str | None) -> None:
+    """Raises ValueError naming ``reward.answer_format`` when a value is not in :data:`ANSWER_FORMATS`."""
+    table = {"default": answer_format} if isinstance(answer_format, str) else dict(answer_format or {})
+    bad = {k: v for k, v in table.items() if v not in ANSWER_FORMATS}
+    if bad:
+        raise ValueError(f"reward.answer_format values must be one of {ANSWER_FORMATS}, got {bad}; e.g. "
+                         "reward.answer_format.gsm8k=flexible or reward.answer_format.default=flexible")
+
+
+def builtin_scorer(data_source: str | None,
+                   answer_format: Mapping[str, str] | str | None = None) -> Callable[..., float] | None:
+    """The built-in scorer of ``data_source`` read with its ``answer_format`` (a mapping as
+    ``reward.answer_format``, or one of :data:`ANSWER_FORMATS`; None: strict), or None when the
+    data_source has no built-in scorer."""
     if not data_source:
         return None
-    if data_source in BUILTIN_SCORERS:
-        return BUILTIN_SCORERS[data_source]
-    tail = str(data_source).rsplit("/", 1)[-1].lower()
-    for name, fn in BUILTIN_SCORERS.items():
-        if tail == name.rsplit("/", 1)[-1].lower():
-            return fn
-    return None
+    fn = _lookup(BUILTIN_SCORERS, str(data_source))
+    if fn is None:
+        return None
+    return _flexible if answer_format_for(data_source, answer_format) == "flexible" else fn
 
 
 def load_reward_function(path: str | Path, name: str = "compute_score",
@@ -170,7 +149,9 @@ class RewardScorer:
     special tokens: tool results and user turns are not part of it, so a tool cannot answer
     for the model. A trajectory split into segments is scored once, on all of them
     (``agentloop_core.segments.trajectory_view``: every segment's generated tokens in order,
-    the last segment's messages and turns).
+    the last segment's messages and turns). ``extra_info`` is the row's, plus ``num_turns``,
+    ``messages`` and ``truncated`` (a token limit cut the trajectory: the loops' ``stop/*``
+    counters), unless the row sets them.
     """
 
     source: str = "auto"
@@ -181,8 +162,12 @@ class RewardScorer:
     """``custom_reward_function.name``."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """``custom_reward_function.reward_kwargs``."""
+    answer_format: dict[str, str] = field(default_factory=lambda: {"default": "strict"})
+    """``reward.answer_format``: how the built-in scorers read answers, per data_source
+    (see :data:`ANSWER_FORMATS`)."""
 
     def __post_init__(self) -> None:
+        check_answer_format(self.answer_format)
         self._fn: Callable[..., Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -198,15 +183,20 @@ class RewardScorer:
             if self._fn is None:
                 self._fn = load_reward_function(self.path, self.name, self.reward_kwargs)
             return self._fn
-        return builtin_scorer(data_source)
+        return builtin_scorer(data_source, self.answer_format)
 
     def describe(self, data_source: str | None) -> str:
         """Which reward a row of ``data_source`` gets, for the run log."""
         fn = self.function_for(data_source) if self.source != "loop" else None
-        what = f"{self.path}:{self.name}" if self.path else (f"built-in scorer {fn.__name__.strip('_')}" if fn else None)
+        what = f"{self.path}:{self.name}" if self.path else (self._describe_builtin(data_source, fn) if fn else None)
         if self.source == "loop" or (self.source == "auto" and what is None):
             return "the loop's own reward (tool calc_reward, step rewards, interaction)"
         return what + (" + the loop's own reward" if self.source == "sum" else "") if what else "nothing"
+
+    def _describe_builtin(self, data_source: str | None, fn: Callable[..., Any]) -> str:
+        fmt = answer_format_for(data_source, self.answer_format)
+        return (f"built-in scorer {(_lookup(BUILTIN_SCORERS, str(data_source)) or fn).__name__.strip('_')} with "
+                f"reward.answer_format {fmt} ({_ACCEPTS.get(fn, fn.__name__)})")
 
     async def __call__(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
         data_source = row.get("data_source")
@@ -229,6 +219,9 @@ class RewardScorer:
         extra_info = dict(row.get("extra_info") or {})
         extra_info.setdefault("num_turns", output.num_turns)
         extra_info.setdefault("messages", output.extra_fields.get("messages"))
+        # Whether a token limit cut the trajectory (the loops' stop counters): its last turn then
+        # ends mid-thought, which the flexible reader must not take a last number from.
+        extra_info.setdefault("truncated", any(output.metrics.get(k) for k in (TURN_CAP, CONTEXT, RESPONSE_BUDGET)))
         where = f"{self.path}:{self.name}" if self.path else f"the built-in scorer for {data_source!r}"
         if inspect.iscoroutinefunction(fn):
             result = await fn(data_source, solution, ground_truth, extra_info, **self.reward_kwargs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,8 @@ import numpy as np
 
 from agentloop_trainer.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
 from agentloop_trainer.algos import trajectory_advantages
+from agentloop_trainer.data import DataIterator  # noqa: F401 - importable from here as before
+from agentloop_trainer.diagnostics import RolloutWatch
 from agentloop_trainer.metrics import MetricsLogger, idle_fraction, plot_reward_curve
 from agentloop_trainer.rollout import RolloutEngine, make_rows
 
@@ -55,46 +56,6 @@ def ray_session(cfg: Any, log: Any) -> Any:
     finally:
         if started:
             ray.shutdown()
-
-
-class DataIterator:
-    """Epoch-shuffled batches of training rows with a resumable position."""
-
-    def __init__(self, records: Sequence[dict], batch_size: int, seed: int, shuffle: bool = True) -> None:
-        if batch_size > len(records):
-            raise ValueError(f"data.train_batch_size={batch_size} exceeds the {len(records)} training rows")
-        self.records, self.batch_size, self.seed, self.shuffle = list(records), batch_size, seed, shuffle
-        self.epoch, self.position = 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> list[int]:
-        order = list(range(len(self.records)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + self.epoch).shuffle(order)
-        return order
-
-    def next_indices(self) -> list[int]:
-        """The next ``batch_size`` rows as indices into ``records`` (a new epoch starts when too
-        few remain); the asynchronous trainer checkpoints rows by these indices."""
-        if self.position + self.batch_size > len(self._order):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._permutation()
-        idx = self._order[self.position : self.position + self.batch_size]
-        self.position += self.batch_size
-        return list(idx)
-
-    def next_batch(self) -> list[dict]:
-        """The next ``batch_size`` rows (a new epoch starts when too few remain)."""
-        return [self.records[i] for i in self.next_indices()]
-
-    def state(self) -> dict[str, int]:
-        """Position to save in a checkpoint."""
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state(self, state: dict[str, int]) -> None:
-        """Continue from a saved position."""
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._permutation()
 
 
 class GRPOTrainer:
@@ -158,7 +119,8 @@ class GRPOTrainer:
         self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.test_records = list(test_records)
         self.step = 0
-        self.zero_reward_steps = 0
+        self.watch = RolloutWatch(cfg, tokenizer, log, active=self.rank == 0)
+        """Warns about all-zero rewards and turns cut by the cap (rank 0)."""
         self.history: list[dict[str, Any]] = []
         # trainer.mode=one_step_off|async: the steps come from the asynchronous driver.
         self.async_driver = None
@@ -206,11 +168,11 @@ class GRPOTrainer:
             rows = make_rows(records, self.n, step=self.step)
             batch = self.engine.generate(rows, step=self.step)
             if batch.failed.all():
-                errors = [m.get("error", "?") for m in batch.sample_metrics if m.get("failed")]
+                from agentloop_trainer.diagnostics import batch_errors, failure_breakdown
+
                 raise RuntimeError(
                     f"all {batch.num_trajectories} rollout samples of step {self.step} failed, so there is "
-                    f"nothing to train on; first error: {errors[0] if errors else '?'}"
-                )
+                    "nothing to train on; the errors:\n" + "\n".join(failure_breakdown(batch_errors(batch))))
         if self.world_size > 1:
             from agentloop_trainer.fsdp import broadcast_object
 
@@ -280,7 +242,7 @@ class GRPOTrainer:
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
             **self.last_sync, **_memory_metrics(self.device),
         })
-        self._check_rewards(rows, batch, rewards)
+        self.watch.after_step(rows, batch, rewards, self.step, getattr(self.engine, "scorer", None))
         if self.rank == 0:
             from agentloop_trainer.viewer import write_step_trajectories
 
@@ -292,33 +254,6 @@ class GRPOTrainer:
         # The rollout's own batch metrics too: per-loop timings, tool counters and what tools
         # report (agent_loop/...), failures and worker losses on the Ray backend.
         return {**batch.metrics, **metrics}
-
-    def _check_rewards(self, rows: Sequence[dict], batch: Any, rewards: Any) -> None:
-        """Say loudly when every reward has been zero for ``reward.zero_reward_warn_steps``
-        steps: GRPO then learns nothing, and the cause is almost always the reward's input."""
-        patience = self.cfg.reward.zero_reward_warn_steps
-        self.zero_reward_steps = self.zero_reward_steps + 1 if bool((rewards == 0).all()) else 0
-        if self.rank != 0 or not patience or self.zero_reward_steps != patience:
-            return
-        ok = [b for b in range(len(batch)) if not batch.failed[b]]
-        sample = ""
-        if ok:
-            b = ok[0]
-            generated = batch.responses[b][batch.response_mask[b] == 1].tolist()
-            text = self.tokenizer.decode(generated, skip_special_tokens=True)
-            sample = (f"\n  a generated response (mask-1 tokens, what the reward sees): {text[-300:]!r}"
-                      f"\n  its ground truth: {rows[int(batch.trajectory_index[b])].get('ground_truth')!r}")
-        sources = sorted({str(r.get("data_source")) for r in rows})
-        truncated = float(np.mean(batch.truncated))
-        self.log(
-            f"WARNING: every reward has been 0 for {patience} steps in a row, so GRPO has nothing to learn "
-            f"from. Rows' data_source {sources} are scored by: {self.engine.scorer.describe(rows[0].get('data_source'))}. "
-            "Likely causes: the reward function expects a different answer format than the model writes "
-            "(e.g. '#### N' vs '\\boxed{}'), the wrong data_source for a built-in scorer (set "
-            "custom_reward_function.path), ground truths in another form than the answers, responses cut "
-            f"by data.max_response_length ({truncated:.0%} of this batch was truncated), or a model that "
-            f"never calls the tools or answers.{sample}"
-        )
 
     # -- checkpoints ----------------------------------------------------------------------------
 
@@ -344,6 +279,14 @@ class GRPOTrainer:
                                        {"data": self.data.state(), "history": self.history,
                                         **({"async": self.async_driver.state()} if self.async_driver else {})},
                                        export=export)
+
+    def final_hf_folder(self) -> Path:
+        """The policy at the end of the run as a Hugging Face folder
+        (:func:`~agentloop_trainer.hf_folder.final_hf_folder`). Every rank must call it."""
+        from agentloop_trainer.hf_folder import final_hf_folder
+
+        return final_hf_folder(self.model, self.tokenizer, self.run_dir, self.step,
+                               int(self.cfg.trainer.hf_max_shard_megabytes) * 2**20, rank=self.rank)
 
     def resume(self) -> bool:
         """Load the run's latest checkpoint as ``trainer.resume`` says; returns whether one was
@@ -412,6 +355,7 @@ class GRPOTrainer:
             before = self.evaluate()
             self.log(f"held-out accuracy before RL: {before.accuracy:.3f} (n={before.n})")
             self._record({"step": self.step, "eval/accuracy": before.accuracy, **_per_template(before)})
+            self.watch.after_eval(before, "the held-out evaluation before RL", self.engine.scorer)
         gen_tokens = gen_seconds = 0.0
         bar = tqdm(total=tc.total_steps, initial=self.step, desc="GRPO", disable=not tc.progress_bar or self.rank != 0)
         while self.step < tc.total_steps:
@@ -429,23 +373,30 @@ class GRPOTrainer:
         bar.close()
         if tc.save_freq > 0 and self.step % tc.save_freq:
             self.save()  # the end of the run is saved too (with its Hugging Face folder)
+        final_hf = self.final_hf_folder()
         if self.rank != 0:
             return {}
+        self.log(f"final policy (Hugging Face folder): {final_hf}")
         after = self.evaluate()
+        after.rollout = None
         self._record({"step": self.step, "eval/accuracy": after.accuracy, **_per_template(after)})
         self.log(f"held-out accuracy after RL: {after.accuracy:.3f} (n={after.n})")
-        first = next((h for h in self.history if "eval/accuracy" in h), None)
+        # Before RL: this process's evaluation, or the one a resumed run recorded before its
+        # first step; none when trainer.val_before_train=false (not the after-RL one).
+        first = ({"eval/accuracy": before.accuracy, **_per_template(before)} if before is not None
+                 else _pre_rl_record(self.history))
         summary = {
-            "eval_accuracy_before": (first or {}).get("eval/accuracy") if before is None else before.accuracy,
+            "eval_accuracy_before": first["eval/accuracy"] if first else None,
             "eval_accuracy_after": after.accuracy,
             "steps": self.step,
             "wall_seconds": time.perf_counter() - start,
-            "tokens_per_second": gen_tokens / gen_seconds if gen_seconds else 0.0,
+            "tokens_per_second": gen_tokens / gen_seconds if gen_seconds else None,
             "held_out_size": after.n,
             "seed": tc.seed,
-            "per_template_before": before.per_template if before is not None else {},
+            "per_template_before": _templates(first) if first else None,
             "per_template_after": after.per_template,
             "fsdp_ranks": tc.fsdp_ranks,
+            "final_hf_dir": str(final_hf),
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         task = "the calculator task" if not self.cfg.data.train_files else ", ".join(
@@ -492,6 +443,26 @@ def _groups_with_signal(rows: Sequence[dict], rewards: np.ndarray) -> float:
     for row, r in zip(rows, rewards, strict=True):
         groups.setdefault(row["group_id"], []).append(float(r))
     return float(np.mean([len(set(v)) > 1 for v in groups.values()]))
+
+
+def _pre_rl_record(history: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation recorded before the first training step (the pre-RL one), or None."""
+    for h in history:
+        if "reward/mean" in h:
+            return None
+        if "eval/accuracy" in h:
+            return h
+    return None
+
+
+def _templates(record: dict[str, Any]) -> dict[Any, float]:
+    """An evaluation record's per-template accuracies by template (as ``EvalResult.per_template``)."""
+    out = {}
+    for key, value in record.items():
+        if key.startswith("eval/template_"):
+            name = key.removeprefix("eval/template_")
+            out[int(name) if name.isdigit() else name] = value
+    return out
 
 
 def _per_template(ev: Any) -> dict[str, float]:
