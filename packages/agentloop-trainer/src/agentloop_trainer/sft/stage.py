@@ -299,5 +299,21 @@ def start_checkpoint(cfg: Any, run_dir: str | Path, log: Any = print) -> tuple[P
 
         cfg = OmegaConf.merge(cfg, {"sft": {"resume": "auto"}})
     path, stage = run_sft(cfg, run_dir, log)
+    release_host_memory()
     summary.update(stage)
     return path, summary
+
+
+def release_host_memory() -> None:
+    """Hand the memory the SFT stage freed back to the OS before GRPO loads its policy, engine
+    and optimizer: glibc keeps freed activation buffers in its arenas, so without a trim a
+    135M-parameter model's SFT peak (~10 GB at 16 x 318 tokens) stayed resident and the first
+    GRPO update was OOM-killed on a 24 GB machine."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass
