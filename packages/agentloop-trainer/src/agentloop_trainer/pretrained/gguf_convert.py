@@ -45,11 +45,17 @@ def log_to_stderr(message: str) -> None:
 
 
 def require_gguf() -> Any:
-    """The ``gguf`` module, or an ImportError that says how to install it."""
+    """The ``gguf`` module, or an ImportError that says how to install it. transformers also
+    needs ``accelerate`` to load a GGUF file (5.24 refuses without it; 5.19 did not ask), so
+    both are checked before anything is downloaded."""
     try:
         import gguf
     except ImportError as exc:
         raise ImportError(f"reading a GGUF file needs the gguf package: {GGUF_INSTALL_HINT}") from exc
+    try:
+        import accelerate  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"transformers loads a GGUF file only with accelerate installed: {GGUF_INSTALL_HINT}") from exc
     return gguf
 
 
