@@ -1,0 +1,43 @@
+"""Fixtures of the real-checkpoint suite: the converted SmolLM2-135M-Instruct folder and a
+tool-aware copy of its tokenizer.
+
+Every test here is marked ``real_model`` (see ``pytest_collection_modifyitems``). Without
+``AGENTLOOP_REAL_MODEL_DIR`` or ``AGENTLOOP_REAL_MODEL=1`` each test skips, naming
+``nox -s real_model``, which fetches the model once into the agentloop cache and sets them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from real_model_helpers import real_model_dir, save_tokenizer, tool_aware_tokenizer
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.real_model)
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The converted checkpoint folder (config, float32 safetensors, tokenizer)."""
+    return real_model_dir()
+
+
+@pytest.fixture(scope="session")
+def tool_tokenizer(model_dir: Path) -> Any:
+    """The checkpoint's tokenizer with a ChatML + hermes tool-call template."""
+    return tool_aware_tokenizer(model_dir)
+
+
+@pytest.fixture(scope="session")
+def tool_tokenizer_dir(tool_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """:func:`tool_tokenizer` saved as a folder, for ``model.tokenizer_path`` and the loop
+    workers (which load tokenizers by path)."""
+    return save_tokenizer(tool_tokenizer, tmp_path_factory.mktemp("tool-tokenizer"))

@@ -1,0 +1,76 @@
+"""(a) Tokenization on the real tokenizer: the conformance suite on the tool-aware copy (every
+conversation) and on the checkpoint's own ChatML template, and a calculator trajectory built the
+way the ``tool_agent`` loop builds it, held to the strict sanity check.
+
+A failure here means delta tokenization does not reproduce a full re-tokenization with a
+49152-token BPE that the tiny tokenizer never exercised (its merges across ``\\n`` after
+``<|im_end|>``, its digit splitting): read the text around the first differing token.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from real_model_helpers import EOS, calculator_prompts, calculator_tools
+
+from agentloop_conformance.tokenization import TokenizationConformanceTests
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.tokenization import ChatRenderer, Trajectory
+
+
+class TestToolAwareTokenizerConformance(TokenizationConformanceTests):
+    """Every conversation (tool calls over several rounds included) on the tool-aware copy."""
+
+    @pytest.fixture
+    def tokenizer(self, tool_tokenizer):
+        return tool_tokenizer
+
+
+class TestOwnTemplateConformance(TokenizationConformanceTests):
+    """The checkpoint's own template: plain ChatML that drops ``tools=``; the suite holds for it
+    too (tool messages render as ChatML turns of their role)."""
+
+    @pytest.fixture(scope="class")
+    def tokenizer(self, model_dir):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def hermes_call(expression: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
+
+
+@pytest.mark.parametrize("expression, result", [("12 * 7 - 3", "81"), ("(4 + 5) / 2", "4.5")])
+def test_calculator_trajectory_strict(tool_tokenizer, expression, result):
+    """Two generated turns (a hermes call, then ``#### N``) around a tool result appended as a
+    template delta: the strict check equals one tokenization of the whole conversation, the
+    generated ids stay mask 1 in order, and the tool result is mask 0."""
+    renderer = ChatRenderer(tool_tokenizer, tools=calculator_tools())
+    messages = calculator_prompts(1, seed=5)[0]
+    traj = Trajectory(renderer, messages, sanity_check="strict")
+    assert "<tools>" in renderer.decode(traj.prompt_ids), "the tool-aware template must render the schemas"
+    eos = tool_tokenizer.convert_tokens_to_ids(EOS)
+    generated = []
+    for text in (hermes_call(expression), f"#### {result}"):
+        ids = tool_tokenizer.encode(text, add_special_tokens=False) + [eos]
+        generated.append(ids)
+        traj.append_generated(TokenOutput(token_ids=ids, log_probs=[-0.01] * len(ids), stop_reason="stop"))
+        if text.startswith("<tool_call>"):
+            traj.append_messages([{"role": "tool", "name": "calculator", "content": result}])
+    report = traj.sanity_check("strict")
+    assert report.ok, report
+    mask_1 = [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1]
+    assert mask_1 == generated[0] + generated[1]
+    tool_part = renderer.decode([t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 0])
+    assert f"<tool_response>\n{result}\n</tool_response>" in tool_part
+    # One render of the finished conversation gives the same ids.
+    final = messages + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}]},
+        {"role": "tool", "name": "calculator", "content": result},
+        {"role": "assistant", "content": f"#### {result}"},
+    ]
+    text = tool_tokenizer.apply_chat_template(final, tools=calculator_tools(), tokenize=False)
+    assert traj.context_ids == tool_tokenizer.encode(text.removesuffix("\n"), add_special_tokens=False)
