@@ -41,3 +41,19 @@ def tool_tokenizer_dir(tool_tokenizer: Any, tmp_path_factory: pytest.TempPathFac
     """:func:`tool_tokenizer` saved as a folder, for ``model.tokenizer_path`` and the loop
     workers (which load tokenizers by path)."""
     return save_tokenizer(tool_tokenizer, tmp_path_factory.mktemp("tool-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tool_fitted_model(model_dir: Path, tool_tokenizer: Any) -> Any:
+    """The checkpoint after a few SFT steps on the calculator demonstrations
+    (:func:`real_model_helpers.fit_tool_calls`): it then writes hermes tool calls, which the raw
+    checkpoint does not. Shared; tests that change weights take a copy."""
+    import torch
+    from real_model_helpers import fit_tool_calls, report
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    losses = fit_tool_calls(model, tool_tokenizer)
+    report(f"tool-call fit losses: {[round(x, 3) for x in losses]}")
+    return model

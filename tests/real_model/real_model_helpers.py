@@ -119,7 +119,7 @@ def fit_tool_calls(model: Any, tokenizer: Any, *, steps: int = 4, batch_size: in
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     model.eval()
     model.zero_grad(set_to_none=True)
     return losses
