@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from real_model_helpers import real_model_dir, save_tokenizer, tool_aware_tokenizer
 
 HERE = Path(__file__).parent
