@@ -37,8 +37,10 @@ from agentloop_conformance import EngineConformanceTests, hf_reference_log_probs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-LOGPROB_ATOL = 5e-3
-"""Largest accepted |vLLM - transformers| log-prob; see TestVLLMRealModel for the measurement."""
+LOGPROB_ATOL = 1e-3
+"""Largest accepted |vLLM - transformers| log-prob. Measured on this checkpoint (float32): max
+4.5e-5 against the trainer's forward over 8 x 24 tokens sampled at T=1, 2.6e-5 after a weight
+update; 1e-3 is ~20x that, and a wrong temperature or position is off by > 0.1."""
 NEAR_TIE = 0.05
 """Where vLLM's greedy token differs from transformers', transformers must rate the two within
 this many nats of each other (a near-tie that float rounding can flip); a larger gap is a bug."""
@@ -102,9 +104,9 @@ def greedy(n, **extra):
 class TestVLLMRealModel(EngineConformanceTests):
     """The suite with the suite's defaults, plus the real-model comparisons.
 
-    Tolerance: vLLM's CPU kernels (its own attention and matmul order) against one transformers
-    forward, float32, on this checkpoint: measured max |diff| 1.5e-3 over the suite's prompts at
-    T=1 (the tiny model: ~1e-3), so the tiny model's 5e-3 stays.
+    Tolerance: vLLM's CPU kernels (their own attention and matmul order) against one
+    transformers forward, float32: LOGPROB_ATOL (the tiny model's suite uses 5e-3; this
+    checkpoint agrees far more closely than that).
     """
 
     logprob_atol = LOGPROB_ATOL
@@ -154,30 +156,41 @@ class TestVLLMRealModel(EngineConformanceTests):
         assert max(diffs) < LOGPROB_ATOL
 
     async def test_weight_update_matches_transformers(self, engine, hf_model, calculator_prompt_ids):
-        """Perturbed q/v projections pushed with ``update_weights`` change vLLM's greedy output to
-        what transformers computes on the same updated weights (tokens, up to a near-tie, and
-        log-probs within LOGPROB_ATOL); pushing the originals back restores it exactly."""
+        """Perturbed q/v projections, pushed the way the trainer syncs (``iter_policy_weights``
+        in 64 MB buckets, so the 538 MB model takes several), change vLLM's greedy output to what
+        transformers computes on the same updated weights (tokens up to a near-tie, log-probs
+        within LOGPROB_ATOL); pushing the originals back restores it exactly. A push with only
+        the changed q/v tensors is refused: vLLM fuses them with k_proj. Debug: a large
+        log-prob gap with a bucket boundary inside a layer is the split-fused-group bug."""
         import copy
+
+        from agentloop_trainer.weights import iter_policy_weights
 
         prompts = calculator_prompt_ids[:4]
         before = [o.token_ids for o in await asyncio.gather(*(engine.generate(f"wu-a{i}", p, greedy(16))
                                                                for i, p in enumerate(prompts)))]
         update = perturbed_attention(hf_model)
+        with pytest.raises(ValueError, match="fused group"):
+            await engine.update_weights(list(update.items()))
         updated = copy.deepcopy(hf_model)
         updated.load_state_dict(update, strict=False)
-        await engine.update_weights(list(update.items()))
+        buckets = list(iter_policy_weights(updated, bucket_bytes=64 * 2**20))
+        assert len(buckets) > 2
+        for bucket in buckets:
+            await engine.update_weights(bucket)
         try:
             outs = await asyncio.gather(*(engine.generate(f"wu-b{i}", p, greedy(16)) for i, p in enumerate(prompts)))
         finally:
-            await engine.update_weights([(n, hf_model.state_dict()[n]) for n in update])
+            for bucket in iter_policy_weights(hf_model, bucket_bytes=64 * 2**20):
+                await engine.update_weights(bucket)
         got = [o.token_ids for o in outs]
         assert got != before, "greedy output did not change after the update"
         want = [greedy_hf(updated, p, 16) for p in prompts]
         agree, notes = check_greedy(updated, prompts, want, got)
         diffs = [max_abs_diff(o.log_probs, reference_log_probs(updated, p, o.token_ids))
                  for p, o in zip(prompts, outs, strict=True)]
-        report(f"vLLM after update_weights vs transformers on the updated weights: {agree}/{len(prompts)} greedy "
-               f"identical, max |log-prob diff| {max(diffs):.2e}" + (f"; {'; '.join(notes)}" if notes else ""))
+        report(f"vLLM after a {len(buckets)}-bucket push vs transformers on the updated weights: {agree}/{len(prompts)} "
+               f"greedy identical, max |log-prob diff| {max(diffs):.2e}" + (f"; {'; '.join(notes)}" if notes else ""))
         assert max(diffs) < LOGPROB_ATOL
         restored = [o.token_ids for o in await asyncio.gather(*(engine.generate(f"wu-c{i}", p, greedy(16))
                                                                  for i, p in enumerate(prompts)))]
@@ -198,17 +211,13 @@ class TestVLLMRealModel(EngineConformanceTests):
         tool_tokenizer.save_pretrained(str(folder))
         prompts = calculator_prompt_ids[:3]
         want = [greedy_hf(updated, p, 16) for p in prompts]
-        del updated
         server = VLLMServer(model=str(folder), **engine_kwargs())
         try:
             assert server.tokenizer.chat_template == tool_tokenizer.chat_template
             outs = await asyncio.gather(*(server.generate(f"saved{i}", p, greedy(16)) for i, p in enumerate(prompts)))
         finally:
             await server.close()
-        from transformers import AutoModelForCausalLM
-
-        reloaded = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-        agree, notes = check_greedy(reloaded, prompts, want, [o.token_ids for o in outs])
+        agree, notes = check_greedy(updated, prompts, want, [o.token_ids for o in outs])
         report(f"saved folder in a fresh vLLM: {agree}/{len(prompts)} greedy identical to transformers"
                + (f"; {'; '.join(notes)}" if notes else ""))
 
