@@ -5,11 +5,10 @@ path the GRPO update uses).
 
 The policy is the checkpoint after the short tool-call fit, so trajectories have a tool turn:
 generated tokens after a mask-0 tool response are scored at the right positions or not at all.
-Measured on this machine: max |trainer - engine| 2.2e-5 to 2.7e-5 over ~200-260 generated tokens in
-6 trajectories, 4 with a tool turn (float32;
-HFServer decodes with a KV cache in a left-padded batch, the trainer runs one unpadded forward
-with a shared prefix). The bound, 1e-3, is 40x that and far below what a real bug gives (a
-temperature applied twice, an off-by-one position: > 0.1).
+Measured on this machine: max |trainer - engine| 2.2e-5 to 2.7e-5 over ~200-260 generated
+tokens in 6 trajectories, 4 with a tool turn (float32; HFServer decodes with a KV cache in a
+left-padded batch, the trainer runs one unpadded forward with a shared prefix). The bound, 1e-3,
+is ~40x that; an off-by-one position scores another token, an error of nats, not 1e-5.
 """
 
 from __future__ import annotations
