@@ -46,20 +46,22 @@ def real_model_dir() -> Path:
     return fetch_model(MODEL_NAME)
 
 
-def tool_template_text() -> str:
-    """ChatML with hermes tool calls (the template the tiny tokenizer ships)."""
-    import agentloop_core.testing
+TOOL_TEMPLATE = "chatml-hermes"
+"""The built-in tool-aware template the suite runs the checkpoint with (its own ignores tools=)."""
 
-    return (Path(agentloop_core.testing.__file__).parent / "chat_template.jinja").read_text()
+
+def tool_template_text() -> str:
+    """ChatML with hermes tool calls: core's built-in :data:`TOOL_TEMPLATE`."""
+    from agentloop_core.tokenization import resolve_chat_template
+
+    return resolve_chat_template(TOOL_TEMPLATE)
 
 
 def tool_aware_tokenizer(model_dir: str | Path) -> Any:
     """The checkpoint's tokenizer with a chat template that renders ``tools=`` and tool calls.
 
-    The one place the suite chooses that template. When the built-in templates land, this body
-    becomes ``tok.chat_template = resolve_chat_template("chatml-hermes")`` (agentloop_core), and
-    the training test passes ``model.custom_chat_template=chatml-hermes`` instead of
-    ``model.tokenizer_path``.
+    The one place the suite chooses that template (:data:`TOOL_TEMPLATE`); the training tests
+    pass the same name as ``model.custom_chat_template``.
     """
     from transformers import AutoTokenizer
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from real_model_helpers import report
+from real_model_helpers import TOOL_TEMPLATE, report
 
 torch = pytest.importorskip("torch", reason="the trainer needs torch")
 
@@ -29,14 +29,14 @@ def has_tool_turn(mask_row: list[float]) -> bool:
     return bool(ones) and any(not mask_row[i] for i in range(ones[0], ones[-1]))
 
 
-def test_rollout_log_probs_match_the_trainer_forward(model_dir, tool_tokenizer, tool_tokenizer_dir, tool_fitted_model):
+def test_rollout_log_probs_match_the_trainer_forward(model_dir, tool_tokenizer, tool_fitted_model):
     from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
     from agentloop_trainer.config import load_config
     from agentloop_trainer.rollout import RolloutEngine, make_rows
     from agentloop_trainer.task import dataset_row, make_problems
 
     cfg = load_config([
-        f"model.path={model_dir}", f"model.tokenizer_path={tool_tokenizer_dir}",
+        f"model.path={model_dir}", f"model.custom_chat_template={TOOL_TEMPLATE}",
         "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=48", "data.max_response_length=128",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.sanity_check=strict", "trainer.seed=3",
     ])

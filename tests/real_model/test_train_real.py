@@ -1,5 +1,5 @@
 """(d) ``agentloop train``: two GRPO steps with LoRA on the real checkpoint (small sizes), the
-tool-aware tokenizer through ``model.tokenizer_path``, a checkpoint at step 2 whose Hugging Face
+built-in tool-aware template through ``model.custom_chat_template``, a checkpoint at step 2 whose Hugging Face
 folder transformers loads with the LoRA update merged into the base weights.
 
 The reward is the parity of the response's length: the raw checkpoint almost never solves a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from real_model_helpers import report
+from real_model_helpers import TOOL_TEMPLATE, report
 
 torch = pytest.importorskip("torch", reason="the trainer needs torch")
 pytest.importorskip("peft", reason='LoRA needs pip install "agentloop-trainer[lora]"')
@@ -21,7 +21,7 @@ PARITY = ("def compute_score(data_source, solution_str, ground_truth, extra_info
           "    return float(len(solution_str) % 2)\n")
 
 
-def test_two_grpo_steps_with_lora_export_a_loadable_folder(model_dir, tool_tokenizer, tool_tokenizer_dir, tmp_path):
+def test_two_grpo_steps_with_lora_export_a_loadable_folder(model_dir, tool_tokenizer, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -32,8 +32,7 @@ def test_two_grpo_steps_with_lora_export_a_loadable_folder(model_dir, tool_token
     run = tmp_path / "run"
     code = main([
         "train", f"model.path={model_dir}",
-        # The switch to the built-in template: model.custom_chat_template=chatml-hermes.
-        f"model.tokenizer_path={tool_tokenizer_dir}",
+        f"model.custom_chat_template={TOOL_TEMPLATE}",
         "actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
         "actor_rollout_ref.model.target_modules=[q_proj,v_proj]", "actor_rollout_ref.actor.lr=1e-3",
         "data.train_size=8", "data.val_size=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
