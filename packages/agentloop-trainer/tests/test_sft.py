@@ -21,14 +21,7 @@ def test_demo_tokens_equal_tool_agent_rollout_tokens(tokenizer):
     demo = demonstration(problem, random.Random(0), flip_prob=0.0)
     tc = tokenize_conversation(tokenizer, demo, tool_schemas())
     # the assistant turns exactly as SFT teaches them, replayed by a scripted engine
-    turns, current = [], []
-    for tok, m in zip(tc.input_ids, tc.loss_mask, strict=True):
-        if m:
-            current.append(tok)
-        elif current:
-            turns.append(current)
-            current = []
-    turns.append(current)
+    turns = tc.assistant_turns()
     assert len(turns) == 2
     server = ScriptedServer(turns)
     loop = ToolAgentLoop(server, tokenizer, {"tools": {"calculator": calculator_tool()}, "tool_reward": "none",

@@ -83,14 +83,7 @@ def _replay(tokenizer, example):
     from agentloop_trainer.task import calculator_tool
 
     tc = SFTTokenizer(tokenizer).tokenize(example.messages, example.tools, check=True)
-    turns, current = [], []
-    for tok, m in zip(tc.input_ids, tc.loss_mask, strict=True):
-        if m:
-            current.append(tok)
-        elif current:
-            turns.append(current)
-            current = []
-    turns.append(current)
+    turns = tc.assistant_turns()
     loop = ToolAgentLoop(ScriptedServer(turns), tokenizer, {"tools": {"calculator": calculator_tool()},
                                                              "tool_reward": "none", "response_length": 512,
                                                              "sanity_check": "strict"})

@@ -39,6 +39,19 @@ class TokenizedConversation:
         """Tokens that carry loss (the first token is never predicted, so it never counts)."""
         return sum(self.loss_mask[1:])
 
+    def assistant_turns(self) -> list[list[int]]:
+        """The ids of each assistant turn (each run of loss-mask 1), in order: what an engine
+        must generate, turn by turn, for a rollout to reproduce this conversation."""
+        turns: list[list[int]] = []
+        previous = 0
+        for token, m in zip(self.input_ids, self.loss_mask, strict=True):
+            if m and not previous:
+                turns.append([])
+            if m:
+                turns[-1].append(token)
+            previous = m
+        return turns
+
 
 class SFTTokenizer:
     """Tokenizes SFT conversations the way the ``tool_agent`` loop builds rollouts.
