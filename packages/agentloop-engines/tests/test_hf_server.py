@@ -299,12 +299,15 @@ async def test_requests_arriving_mid_batch_join_it_without_changing_outputs(serv
 
 async def test_update_weights_waits_for_the_running_batch(model_path):
     engine = HFServer(model_path)
-    params = {"max_tokens": 60, "temperature": 0, "ignore_eos": True}
+    params = {"max_tokens": 200, "temperature": 0, "ignore_eos": True}
     alone = await engine.generate("w", PROMPTS[0], params)
     name = "model.layers.1.self_attn.o_proj.weight"
     saved = engine.model.state_dict()[name].clone()
+    generated = engine.stats["generated_tokens"]
     running = asyncio.ensure_future(engine.generate("w", PROMPTS[0], params))
-    await asyncio.sleep(0.05)
+    # Until the batch is decoding (a fixed sleep let an idle machine finish all of it first).
+    while engine.stats["generated_tokens"] == generated and not running.done():
+        await asyncio.sleep(0)
     assert not running.done()
     await engine.update_weights([(name, torch.zeros_like(saved))])
     assert (await running).token_ids == alone.token_ids, "a request must be decoded with one set of weights"
