@@ -322,7 +322,10 @@ def _fetch_real_model(session: nox.Session) -> str:
     run); returns its folder. Progress goes to stderr, the folder is the last line."""
     out = session.run("python", "-c", f"from agentloop_trainer.pretrained import fetch_model; print(fetch_model({REAL_MODEL!r}))",
                       silent=True)
-    folder = str(out).strip().splitlines()[-1]
+    lines = str(out).strip().splitlines()
+    for line in lines[:-1]:  # the fetch's progress, shown once it is done (silent=True captured it)
+        session.log(line)
+    folder = lines[-1]
     session.log(f"{REAL_MODEL}: {folder}")
     return folder
 
