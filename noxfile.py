@@ -211,6 +211,9 @@ def _fetch_real_model(session: nox.Session) -> str:
     stderr into the same output, so take the last line that is a folder)."""
     out = str(session.run("agentloop", "model", "fetch", REAL_MODEL, silent=True, env=TEST_ENV))
     folders = [line.strip() for line in out.splitlines() if line.strip() and Path(line.strip()).is_dir()]
+    for line in out.splitlines():  # the fetch's progress, shown once it is done (silent=True captured it)
+        if line.strip() and line.strip() not in folders:
+            session.log(line)
     if not folders:
         session.error(f"`agentloop model fetch {REAL_MODEL}` printed no folder:\n{out}")
     session.log(f"{REAL_MODEL}: {folders[-1]}")
@@ -256,7 +259,7 @@ def vllm(session: nox.Session) -> None:
                     "-e", "packages/agentloop-tools", "-e", "packages/agentloop-trainer", "-e", "conformance")
     session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3", "omegaconf>=2.3", "pyarrow>=14",
                     "pandas>=2", "matplotlib>=3.7", "tqdm>=4.66", "pyyaml>=6", "pydantic>=2.6", "jinja2>=3.1",
-                    "safetensors>=0.4", "ray>=2.40,<3", "gguf>=0.10", TORCH)
+                    "safetensors>=0.4", "ray>=2.40,<3", "gguf>=0.10", "accelerate>=1.0", TORCH)
     session.run("python", "-c", VLLM_PINS_CHECK, silent=True)
     session.env.update(VLLM_ENV)
     tmp = Path(session.create_tmp())
@@ -311,23 +314,6 @@ def train(session: nox.Session) -> None:
     `nox -s train -- trainer.total_steps=10`."""
     _install_all(session)
     session.run("agentloop", "train", *session.posargs, env={"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
-
-
-REAL_MODEL = "smollm2-135m-instruct"
-"""The real checkpoint of ``train-real`` and ``real_model`` (``agentloop model list``)."""
-
-
-def _fetch_real_model(session: nox.Session) -> str:
-    """Fetch and convert the real checkpoint (cached under the agentloop cache after the first
-    run); returns its folder. Progress goes to stderr, the folder is the last line."""
-    out = session.run("python", "-c", f"from agentloop_trainer.pretrained import fetch_model; print(fetch_model({REAL_MODEL!r}))",
-                      silent=True)
-    lines = str(out).strip().splitlines()
-    for line in lines[:-1]:  # the fetch's progress, shown once it is done (silent=True captured it)
-        session.log(line)
-    folder = lines[-1]
-    session.log(f"{REAL_MODEL}: {folder}")
-    return folder
 
 
 @nox.session(name="train-real")
