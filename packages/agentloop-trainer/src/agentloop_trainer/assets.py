@@ -48,8 +48,7 @@ def sft_cache_key(cfg: Any) -> str:
     """A short hash of everything the SFT checkpoint depends on."""
     from omegaconf import OmegaConf
 
-    from agentloop_trainer.chat_templates import custom_chat_template
-    from agentloop_trainer.config import SFTSection
+    from agentloop_trainer.config import SFTSection, custom_chat_template
 
     section = OmegaConf.to_container(cfg.sft)
     # The keys the warm-up had when the cache was keyed on the whole section, always; the

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentloop_trainer.config import ConfigError
+from agentloop_trainer.config import ConfigError, custom_chat_template
 
 __all__ = ["TemplateIgnoresToolsError", "apply_custom_chat_template", "check_template_renders_tools",
            "custom_chat_template"]
@@ -27,23 +27,6 @@ class TemplateIgnoresToolsError(ConfigError):
     with code 2)."""
 
 
-def custom_chat_template(cfg: Any) -> str | None:
-    """The Jinja text ``model.custom_chat_template`` names, or None when it is unset.
-
-    Raises:
-        ConfigError: an unknown name or a missing file, listing the built-in names.
-    """
-    from agentloop_core.tokenization import resolve_chat_template
-
-    value = cfg.model.custom_chat_template
-    if value is None or value == "":
-        return None
-    try:
-        return resolve_chat_template(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"config model.custom_chat_template: {exc}") from exc
-
-
 def apply_custom_chat_template(cfg: Any, tokenizer: Any) -> Any:
     """``tokenizer`` with ``model.custom_chat_template`` as its chat template (unchanged when
     the key is unset); returns it."""
@@ -52,7 +35,7 @@ def apply_custom_chat_template(cfg: Any, tokenizer: Any) -> Any:
     return set_chat_template(tokenizer, custom_chat_template(cfg))
 
 
-def check_template_renders_tools(cfg: Any, tokenizer: Any, source: str) -> None:
+def check_template_renders_tools(cfg: Any, tokenizer: Any, source: str, schemas: list[dict[str, Any]]) -> None:
     """Fail at start-up, before any rollout, when the run has tools and its chat template ignores
     ``tools=``: every trajectory would be wasted (the model never sees the schemas), and the
     per-sample check in the tool loop would only fail each sample of the first rollout.
@@ -65,16 +48,15 @@ def check_template_renders_tools(cfg: Any, tokenizer: Any, source: str) -> None:
         cfg: The run's config.
         tokenizer: The run's tokenizer, with ``model.custom_chat_template`` applied.
         source: Where the tokenizer came from (a folder), for the message.
+        schemas: The run's tool schemas (``agentloop_trainer.rollout.tool_schemas(cfg)``).
 
     Raises:
         ConfigError: naming the tools and the fix (``model.custom_chat_template``).
     """
     from agentloop_core.tokenization import chat_template_names, renders_tools
-    from agentloop_trainer.rollout import tool_schemas
 
     if cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent":
         return
-    schemas = tool_schemas(cfg)
     if not schemas:
         return
     names = sorted(s["function"]["name"] for s in schemas)

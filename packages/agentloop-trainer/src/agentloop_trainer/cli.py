@@ -37,6 +37,7 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     from agentloop_trainer.chat_templates import check_template_renders_tools
     from agentloop_trainer.checkpoint import checkpoint_to_resume
     from agentloop_trainer.config import to_yaml
+    from agentloop_trainer.rollout import tool_schemas
     from agentloop_trainer.trainer import ray_session
 
     run_dir = run_dir_of(cfg)
@@ -44,7 +45,7 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     checkpoint_to_resume(run_dir / "checkpoints", cfg.trainer.resume)
     # So does a chat template that would hide the tools from the model (before the pre-RL eval).
     tokenizer = load_tokenizer(cfg)
-    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg))
+    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg), tool_schemas(cfg))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()

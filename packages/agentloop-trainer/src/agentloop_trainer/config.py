@@ -723,9 +723,24 @@ def validate(cfg: Any) -> None:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
     _validate_mode(cfg)
-    from agentloop_trainer.chat_templates import custom_chat_template
-
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
+
+
+def custom_chat_template(cfg: Any) -> str | None:
+    """The Jinja text ``model.custom_chat_template`` names, or None when it is unset.
+
+    Raises:
+        ConfigError: an unknown name or a missing file, listing the built-in names.
+    """
+    from agentloop_core.tokenization import resolve_chat_template
+
+    value = cfg.model.custom_chat_template
+    if value is None or value == "":
+        return None
+    try:
+        return resolve_chat_template(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"config model.custom_chat_template: {exc}") from exc
 
 
 TRAINER_MODES = ("sync", "one_step_off", "async")

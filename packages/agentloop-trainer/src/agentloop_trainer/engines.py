@@ -99,7 +99,7 @@ def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None,
     """The :class:`EngineSpec` of a training config (``notice``: see :func:`rollout_dtype`)."""
     from omegaconf import OmegaConf
 
-    from agentloop_trainer.chat_templates import custom_chat_template
+    from agentloop_trainer.config import custom_chat_template
 
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:  # remote servers run in their own dtype: nothing to say here

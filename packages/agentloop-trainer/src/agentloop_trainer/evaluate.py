@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.rollout import EvalResult, RolloutEngine, make_rows
+from agentloop_trainer.rollout import EvalResult, RolloutEngine, make_rows, tool_schemas
 
 
 def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
@@ -19,7 +19,7 @@ def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
     tokenizer = load_tokenizer(cfg, path)
-    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg, path))
+    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg, path), tool_schemas(cfg))
     return tokenizer
 
 

@@ -76,7 +76,7 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
     ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
     follow from it, the step and the row's request id, whichever replica or node serves it.
     """
-    from agentloop_trainer.chat_templates import custom_chat_template
+    from agentloop_trainer.config import custom_chat_template
     from agentloop_trainer.scoring import RewardScorer
 
     r = cfg.actor_rollout_ref.rollout
