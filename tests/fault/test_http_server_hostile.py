@@ -23,7 +23,7 @@ import pytest
 httpx = pytest.importorskip("httpx", reason='HTTP tests need httpx: pip install "agentloop-engines[server]"')
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 
-from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
+from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.http_server import ServerThread  # noqa: E402
@@ -62,8 +62,6 @@ class HeldEngine(AsyncServerBase):
     """Generates four tokens; a request id starting with ``hold`` waits for :attr:`release`,
     and :attr:`held` counts the ones waiting; :attr:`generated` counts every call."""
 
-    capabilities = ServerCapabilities(chat_completion=True)
-
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
@@ -87,7 +85,7 @@ class HeldEngine(AsyncServerBase):
 
 @contextmanager
 def both_servers(tokenizer: Any, **kw: Any) -> Iterator[tuple[HeldEngine, dict[str, str]]]:
-    """The engine server (chat passthrough) and the gateway over one engine:
+    """The engine server (its own session-less gateway) and a gateway over one engine:
     ``(engine, {"engine": url, "gateway": url})``. ``kw`` goes to both server threads."""
     engine = HeldEngine(tokenizer)
     gateway = Gateway(engine, tokenizer, model_name="tiny")
@@ -226,8 +224,6 @@ def test_prompt_size_limits_are_refused_naming_the_limit(tokenizer):
         for base in (gw.url, srv.url):
             generated = engine.generated
             for limit, path, body in cases:
-                if base == srv.url and (path != "/v1/chat/completions" or limit == "max_prompt_tokens"):
-                    continue  # the engine server serves chat only, and its engine checks max_model_len
                 r = http.post(base + path, json={**body, "max_tokens": 2})
                 assert r.status_code == 413, (base, limit, r.status_code, r.text[:300])
                 message = r.json()["error"]["message"]

@@ -192,33 +192,6 @@ def test_a_secret_of_an_enclosing_span_is_masked_in_nested_spans(tmp_path):
     assert secret not in text and text.count("ValueError: the API refused [REDACTED]") == 2
 
 
-# The old module paths: kept one release, each warns on import naming its new module and exports
-# the very objects of the tracing package.
-OLD_TRACING_MODULES = [
-    ("agentloop_core.tracing_base", r"agentloop_core\.tracing\.base", "agentloop_core.tracing.base",
-     ["NullTracer", "Tracer", "current_tags", "error_text", "trace_context"]),
-    ("agentloop_core.tracing_base", r"agentloop_core\.tracing\.redaction", "agentloop_core.tracing.redaction",
-     ["REDACTED", "is_secret_key", "redact", "redact_span", "redact_text", "span_known_secrets", "span_secrets"]),
-    ("agentloop_core.tracing_jsonl", r"agentloop_core\.tracing\.jsonl", "agentloop_core.tracing.jsonl",
-     ["JsonlTracer", "read_spans"]),
-    ("agentloop_core.tracing_mlflow", r"agentloop_core\.tracing\.mlflow", "agentloop_core.tracing.mlflow",
-     ["MLflowTracer"]),
-]
-
-
-@pytest.mark.parametrize(("old", "pattern", "new", "names"), OLD_TRACING_MODULES)
-def test_deprecated_tracing_module_warns_and_exports_the_same_objects(old, pattern, new, names):
-    import importlib
-
-    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated.*{pattern}"):
-        # A reload re-runs the module body even when another test imported it first.
-        shim = importlib.reload(importlib.import_module(old))
-    target = importlib.import_module(new)
-    for name in names:
-        assert name in shim.__all__, name
-        assert getattr(shim, name) is getattr(target, name), name
-
-
 def test_tracing_package_keeps_its_public_names_and_imports_no_backend():
     import subprocess
     import sys

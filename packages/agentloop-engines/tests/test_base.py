@@ -1,4 +1,4 @@
-"""AsyncServerBase: request validation, clamping, defaults and the chat_completion wrapper."""
+"""AsyncServerBase: request validation, clamping and defaults."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from agentloop_engines.base import AsyncServerBase
 class CountingServer(AsyncServerBase):
     """Generates ``prompt[-1] + 1, +2, ...`` (mod vocab) so outputs depend on the input."""
 
-    def __init__(self, vocab_size: int = 100, max_model_len: int = 16, tokenizer=None) -> None:
+    def __init__(self, vocab_size: int = 100, max_model_len: int = 16) -> None:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.eos_token_ids = (vocab_size - 1,)
-        self.tokenizer = tokenizer
         self.seen: list[SamplingParams] = []
 
     async def _generate(self, request_id, prompt_ids, sp):
@@ -111,59 +110,3 @@ async def test_optional_capabilities_raise_by_default():
 def test_base_is_abstract():
     with pytest.raises(TypeError, match="_generate"):
         AsyncServerBase()  # type: ignore[abstract]
-
-
-@pytest.fixture(scope="module")
-def tiny_tokenizer():
-    pytest.importorskip("transformers", reason="chat_completion renders with a transformers tokenizer")
-    from agentloop_core.testing import load_tiny_tokenizer
-
-    return load_tiny_tokenizer()
-
-
-async def test_chat_completion_is_openai_shaped_and_keeps_tokens(tiny_tokenizer):
-    server = CountingServer(vocab_size=len(tiny_tokenizer), max_model_len=512, tokenizer=tiny_tokenizer)
-    messages = [{"role": "user", "content": "What is 2 + 3?"}]
-    tools = [{"type": "function", "function": {"name": "calculator", "description": "math",
-              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
-    resp = await server.chat_completion({"messages": messages, "tools": tools, "max_completion_tokens": 4,
-                                         "temperature": 0, "model": "m"})
-    expected_prompt = tiny_tokenizer.encode(
-        tiny_tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False),
-        add_special_tokens=False,
-    )
-    assert resp["object"] == "chat.completion" and resp["model"] == "m"
-    assert isinstance(resp["id"], str) and isinstance(resp["created"], int)
-    assert resp["prompt_token_ids"] == expected_prompt
-    choice = resp["choices"][0]
-    assert choice["index"] == 0 and choice["finish_reason"] == "length"
-    assert choice["message"]["role"] == "assistant"
-    assert choice["token_ids"] == [(expected_prompt[-1] + i) % len(tiny_tokenizer) for i in range(1, 5)]
-    assert choice["message"]["content"] == tiny_tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
-    assert resp["usage"] == {"prompt_tokens": len(expected_prompt), "completion_tokens": 4,
-                             "total_tokens": len(expected_prompt) + 4}
-    assert server.seen[-1].temperature == 0
-
-
-@pytest.mark.parametrize(
-    ("extra", "match"),
-    [
-        ({"frequency_penalty": 0.5}, r"unsupported chat_completion request keys \['frequency_penalty'\]"),
-        ({"stop": ["\n"]}, "text stop sequences"),
-        ({"n": 2}, "n=1 only"),
-        ({"stream": True}, "does not stream"),
-        ({"max_tokens": 0}, "max_tokens must be a positive integer"),
-    ],
-)
-async def test_chat_completion_rejects_what_it_cannot_honour(tiny_tokenizer, extra, match):
-    server = CountingServer(vocab_size=len(tiny_tokenizer), max_model_len=512, tokenizer=tiny_tokenizer)
-    with pytest.raises(ValueError, match=match):
-        await server.chat_completion({"messages": [{"role": "user", "content": "hi"}], **extra})
-
-
-async def test_chat_completion_needs_messages_and_a_tokenizer(tiny_tokenizer):
-    with pytest.raises(RuntimeError, match="has no tokenizer"):
-        await CountingServer().chat_completion({"messages": [{"role": "user", "content": "hi"}]})
-    server = CountingServer(vocab_size=len(tiny_tokenizer), max_model_len=512, tokenizer=tiny_tokenizer)
-    with pytest.raises(ValueError, match="non-empty 'messages'"):
-        await server.chat_completion({"messages": []})

@@ -21,8 +21,6 @@ KEY = "s3cret-key"
 class CountingEngine(AsyncServerBase):
     """Generates prompt[-1]+1, +2, ... (mod vocab); a request id starting with 'hold' waits for abort."""
 
-    capabilities = ServerCapabilities(chat_completion=True)
-
     def __init__(self) -> None:
         self.tokenizer = load_tiny_tokenizer()
         self.vocab_size = len(self.tokenizer)
@@ -67,7 +65,7 @@ def test_binds_loopback_by_default_and_health_needs_no_key(server, http):
     assert server.host == "127.0.0.1" and server.port > 0
     r = http.get("/health")
     assert r.status_code == 200
-    assert r.json()["capabilities"]["chat_completion"] is True
+    assert r.json()["capabilities"] == ServerCapabilities().as_dict()
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
@@ -118,7 +116,9 @@ def test_oversized_bodies_are_413(http):
     assert r.status_code == 413
 
 
-def test_chat_completion_carries_the_exact_tokens(http, engine):
+def test_chat_completions_are_the_gateways_and_carry_the_exact_tokens(http, engine):
+    """Without ``gateway=`` the engine server serves ``/v1`` from a session-less gateway over
+    its engine and tokenizer: text stops cut the reply (no 400 any more), sessions are refused."""
     r = http.post("/v1/chat/completions", headers=AUTH, json={
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert r.status_code == 200, r.text
@@ -127,16 +127,23 @@ def test_chat_completion_carries_the_exact_tokens(http, engine):
     last = body["prompt_token_ids"][-1]
     assert choice["token_ids"] == [(last + i) % 200 + 1 for i in range(1, 5)]
     assert choice["message"]["content"] == engine.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+    stop = engine.tokenizer.decode(choice["token_ids"][2:3])
     r = http.post("/v1/chat/completions", headers=AUTH, json={"messages": [{"role": "user", "content": "hi"}],
-                                                               "stop": ["\n"]})
-    assert r.status_code == 400 and "stop_token_ids" in r.json()["error"]["message"]
+                                                               "max_tokens": 4, "stop": [stop]})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["token_ids"] == choice["token_ids"][:3]
+    r = http.post("/v1/chat/completions", headers={**AUTH, "X-Agentloop-Session": "s"},
+                  json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "records no sessions" in r.json()["error"]["message"]
+    assert http.get("/sessions", headers=AUTH).status_code == 404
     assert http.post("/v1/chat/completions", json={"messages": []}).status_code == 401
 
 
-def test_chat_on_an_engine_without_chat_is_501():
+def test_v1_on_an_engine_without_a_tokenizer_is_501():
     with ServerThread(ScriptedServer()) as srv, httpx.Client(base_url=srv.url) as c:
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 501 and "POST /generate" in r.json()["error"]["message"]
+        assert c.get("/v1/models").status_code == 501
         # No api_key: no auth needed.
         assert c.post("/generate", json={"request_id": "x", "prompt_ids": [1]}).status_code == 200
 
@@ -157,6 +164,8 @@ def test_create_app_rejects_bad_settings(engine):
         create_app(engine, max_request_bytes=0)
     with pytest.raises(ValueError, match="empty string"):
         create_app(engine, api_key="")
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        create_app(ScriptedServer(), tool_parser="hermes")
 
 
 def test_limits_reject_bad_settings_by_name():

@@ -5,13 +5,11 @@ behaviour is in tests/cluster."""
 from __future__ import annotations
 
 import functools
-import importlib
 import subprocess
 import sys
 
 import pytest
 
-import agentloop_engines.hosting as hosting
 from agentloop_core.testing import ScriptedServer
 from agentloop_engines.hosting.placement import _placement_problem, bundle_for, check_strategy
 
@@ -73,25 +71,6 @@ def test_importing_engines_and_hosting_does_not_import_ray():
     out = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stderr
-
-
-# The old module paths: kept one release, each warns on import and exports the same objects.
-OLD_PLACEMENT = ["PLACEMENT_STRATEGIES", "InsufficientResourcesError", "bundle_for", "check_resources",
-                 "connect_ray", "create_placement_group", "init_local_ray", "placement_group_for_ranks",
-                 "rank_scheduling_strategy", "remove_placement_group"]
-OLD_RAY_HOSTING = OLD_PLACEMENT + ["ClientActor", "RemoteClient", "ServerActor", "client_actor", "find_replicas",
-                                   "local_client", "replica_nodes", "start_replicas", "stop_replicas"]
-
-
-@pytest.mark.parametrize(("old", "names"), [("agentloop_engines.placement", OLD_PLACEMENT),
-                                            ("agentloop_engines.ray_hosting", OLD_RAY_HOSTING)])
-def test_deprecated_module_warns_and_exports_the_same_names(old, names):
-    with pytest.warns(DeprecationWarning, match=rf"{old} is deprecated.*import from agentloop_engines\.hosting"):
-        # A reload re-runs the module body even when another test imported it first.
-        shim = importlib.reload(importlib.import_module(old))
-    assert sorted(shim.__all__) == sorted(names)
-    for name in names:
-        assert getattr(shim, name) is getattr(hosting, name), name
 
 
 # ---- on a real local Ray -----------------------------------------------------------------------

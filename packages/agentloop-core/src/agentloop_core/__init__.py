@@ -7,7 +7,6 @@ them on use.
 from importlib.metadata import version as _distribution_version
 
 from agentloop_core.batch import RolloutBatch, SequenceTooLongError
-from agentloop_core.deprecation import renamed_attributes
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import (
@@ -75,6 +74,3 @@ __all__ = [
     "trace_context",
 ]
 
-
-__getattr__ = renamed_attributes(__name__, {
-    "CapabilityNotSupported": ("agentloop_core.CapabilityNotSupportedError", lambda: CapabilityNotSupportedError)})

@@ -15,8 +15,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from agentloop_core.deprecation import renamed_attributes
-
 StopReason = Literal["stop", "length", "aborted"]
 """Why generation ended: a stop token or EOS (``stop``), the token budget (``length``), or
 ``abort(request_id)`` (``aborted``)."""
@@ -63,8 +61,6 @@ class ServerCapabilities:
     """``update_weights(named_tensors)`` loads new weights in place."""
     prefix_cache: bool = False
     """Requests sharing a prompt prefix reuse its KV cache."""
-    chat_completion: bool = False
-    """``chat_completion(request)`` serves OpenAI-style chat requests."""
 
     def as_dict(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -217,7 +213,3 @@ class AsyncServer(Protocol):
 class CapabilityNotSupportedError(RuntimeError):
     """An engine was asked for something its capabilities say it cannot do."""
 
-
-__getattr__ = renamed_attributes(__name__, {
-    "CapabilityNotSupported": ("agentloop_core.protocol.CapabilityNotSupportedError",
-                               lambda: CapabilityNotSupportedError)})

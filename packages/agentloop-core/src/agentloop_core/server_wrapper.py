@@ -54,7 +54,7 @@ class ServerWrapper:
 
 class TransparentServerWrapper(ServerWrapper):
     """A :class:`ServerWrapper` through which every other attribute of the engine is read too
-    (``chat_completion``, ``vocab_size``, ``tokenizer``...), so loops that read them work
+    (``vocab_size``, ``tokenizer``, ``max_model_len``...), so loops that read them work
     unchanged behind it. Not for Ray actor bodies (their methods must be declared)."""
 
     def __getattr__(self, name: str) -> Any:

@@ -3,16 +3,14 @@
 Adapters implement one coroutine, :meth:`AsyncServerBase._generate`, and receive requests that
 are already validated: a non-empty prompt of in-vocabulary integer ids that fits in the context,
 and a :class:`~agentloop_core.protocol.SamplingParams` whose ``max_tokens`` is clamped so that
-prompt + generation never exceeds ``max_model_len``. The base class also turns the token-level
-engine into an OpenAI-compatible ``chat_completion`` endpoint for black-box agents.
+prompt + generation never exceeds ``max_model_len``. OpenAI-compatible requests are the
+gateway's (:class:`~agentloop_engines.gateway.Gateway`), over ``generate``, wherever ``/v1`` is
+served.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
-import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,12 +21,6 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 from agentloop_core.request_checks import validate_request
-
-# OpenAI request keys we honour, and the ones we accept only with their harmless default.
-_CHAT_SAMPLING_KEYS = {"max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-                       "stop_token_ids", "ignore_eos", "logprobs"}
-_CHAT_KEYS = _CHAT_SAMPLING_KEYS | {"messages", "tools", "tool_choice", "model", "n", "stream", "stop",
-                                    "user", "chat_template_kwargs", "request_id"}
 
 
 class AsyncServerBase(abc.ABC):
@@ -51,8 +43,9 @@ class AsyncServerBase(abc.ABC):
         max_model_len: Context length in tokens (prompt + generated).
         vocab_size: Number of valid token ids; ids must lie in ``[0, vocab_size)``.
         eos_token_ids: Token ids that always end generation (unless ``ignore_eos``).
-        tokenizer: Hugging Face tokenizer; needed by ``chat_completion`` only.
-        model_name: Reported in ``chat_completion`` responses.
+        tokenizer: Hugging Face tokenizer, or None; an HTTP server in front of the engine serves
+            the OpenAI ``/v1`` routes with it (see :func:`agentloop_engines.http_server.create_app`).
+        model_name: The model name those routes report (``/v1/models``, a response's ``model``).
     """
 
     # Not a ClassVar: adapters whose capabilities depend on how they were built (the device,
@@ -158,101 +151,3 @@ class AsyncServerBase(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - documented default
         """Release the engine's resources. The default has nothing to release."""
-
-    # ---- OpenAI-compatible chat ----------------------------------------------------------
-
-    def _chat_sampling_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(request) - _CHAT_KEYS)
-        if unknown:
-            raise ValueError(
-                f"unsupported chat_completion request keys {unknown}; supported: {sorted(_CHAT_KEYS)}"
-            )
-        if request.get("n", 1) != 1:
-            raise ValueError("chat_completion supports n=1 only; send n separate requests")
-        if request.get("stream", False):
-            raise ValueError("chat_completion does not stream; set stream=False")
-        if request.get("stop"):
-            raise ValueError(
-                "text stop sequences ('stop') are not supported: they would cut generated tokens at "
-                "a text boundary; pass token ids as 'stop_token_ids' instead"
-            )
-        params = {k: request[k] for k in _CHAT_SAMPLING_KEYS if request.get(k) is not None}
-        if "max_completion_tokens" in params:
-            params["max_tokens"] = params.pop("max_completion_tokens")
-        if "logprobs" in params:
-            params["logprobs"] = bool(params["logprobs"])
-        return params
-
-    def _chat_tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise RuntimeError(
-                f"{type(self).__name__} has no tokenizer, so it cannot render chat messages; pass "
-                "tokenizer= when constructing it, or call generate() with token ids"
-            )
-        return self.tokenizer
-
-    def _render_chat(self, messages: list[Any], tools: Any, template_kwargs: dict[str, Any]) -> list[int]:
-        tokenizer = self._chat_tokenizer()
-        text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                             **template_kwargs)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Serve an OpenAI-style chat completion request.
-
-        The messages (and ``tools``) are rendered with the tokenizer's chat template, tokenized
-        without extra special tokens, generated, and decoded. Besides the OpenAI fields the
-        response carries the exact tokens: top-level ``prompt_token_ids`` and, in the choice,
-        ``token_ids`` and ``token_logprobs``, so black-box agents can still train on exactly
-        what was generated.
-
-        Args:
-            request: ``messages`` (required), optional ``tools``, ``max_tokens`` /
-                ``max_completion_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``,
-                ``stop_token_ids``, ``chat_template_kwargs``, ``model``, ``request_id``.
-
-        Returns:
-            An OpenAI ``chat.completion`` object with the extension fields above.
-
-        Raises:
-            ValueError: on unknown keys, missing messages, text ``stop`` sequences, ``n != 1``
-                or ``stream=True``.
-            RuntimeError: when the server has no tokenizer.
-        """
-        tokenizer = self._chat_tokenizer()
-        if not isinstance(request, Mapping):
-            raise ValueError(f"chat_completion expects a dict request, got {type(request).__name__}")
-        messages = request.get("messages")
-        if not messages:
-            raise ValueError("chat_completion request needs a non-empty 'messages' list")
-        params = self._chat_sampling_params(request)
-        template_kwargs = dict(request.get("chat_template_kwargs") or {})
-        # Off the event loop: a long conversation takes seconds to render and tokenize, and the
-        # loop also serves every other request (and an HTTP server's health checks).
-        prompt_ids = await asyncio.to_thread(self._render_chat, list(messages), request.get("tools") or None,
-                                             template_kwargs)
-        request_id = str(request.get("request_id") or f"chatcmpl-{uuid.uuid4().hex}")
-        out = await self.generate(request_id, prompt_ids, params)
-        content = tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        finish_reason = {"stop": "stop", "length": "length", "aborted": "abort"}[out.stop_reason]
-        return {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": request.get("model") or self.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "finish_reason": finish_reason,
-                    "token_ids": list(out.token_ids),
-                    "token_logprobs": None if out.log_probs is None else list(out.log_probs),
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(out.token_ids),
-                "total_tokens": len(prompt_ids) + len(out.token_ids),
-            },
-            "prompt_token_ids": prompt_ids,
-        }

@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import logging
 import sys
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -241,19 +240,6 @@ class LLMServerClient:
         out = await self._routed(request_id, "generate", request_id, prompt_ids, sp,
                                  prompt_tokens=len(prompt_ids))
         return out
-
-    async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Serve an OpenAI-style chat request on one replica (sticky on ``request_id``).
-
-        Raises:
-            CapabilityNotSupportedError: when not every replica serves chat completions.
-        """
-        if not self.capabilities.chat_completion:
-            raise CapabilityNotSupportedError(
-                "not every replica supports chat_completion (capabilities.chat_completion=False)"
-            )
-        request_id = str(request.get("request_id") or f"chatcmpl-{uuid.uuid4().hex}")
-        return await self._routed(request_id, "chat_completion", {**request, "request_id": request_id})
 
     async def _routed(self, request_id: str, method: str, *args: Any,
                       prompt_tokens: int | None = None) -> Any:

@@ -1,4 +1,4 @@
-"""Serve an engine over HTTP: OpenAI-style chat plus the token-level ``/generate`` endpoint.
+"""Serve a server over HTTP: the token-level ``/generate`` endpoint plus the OpenAI-compatible ``/v1``.
 
 Endpoints (JSON):
 
@@ -8,9 +8,11 @@ Endpoints (JSON):
 * ``POST /update_weights``: the named tensors as one safetensors archive
   (``safetensors.torch.save`` bytes, ``application/octet-stream``), loaded with
   ``server.update_weights``; ``POST /sleep`` and ``POST /wake_up`` (no body);
-* ``POST /v1/chat/completions``: delegates to ``server.chat_completion`` (black-box agents);
-  with ``gateway=`` the OpenAI-compatible gateway's endpoints and sessions instead (see
-  :mod:`agentloop_engines.gateway`);
+* ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``: the
+  OpenAI-compatible gateway's (:mod:`agentloop_engines.gateway`, the one implementation of
+  ``/v1``), for black-box agents. With ``gateway=``, that gateway's, with its sessions
+  (``/sessions/<id>/v1/...``); without, one built over ``server`` and its ``tokenizer`` that
+  records no sessions (501 when the server has no tokenizer);
 * ``GET /health``: liveness, capabilities, ``max_model_len`` and ``vocab_size`` (never needs
   the API key, so probes work).
 
@@ -22,7 +24,7 @@ prompt 413, an unsupported capability 501, any other engine error 500 with its m
 :class:`~agentloop_engines.http_common.ServerLimits`). The default bind address is 127.0.0.1:
 exposing an engine beyond the host is an explicit choice, and should come with an ``api_key``.
 
-The chat passthrough takes no template text from clients and only the template variables of
+The ``/v1`` routes take no template text from clients and only the template variables of
 ``prompt_limits.template_variables`` (see :mod:`~agentloop_engines.gateway.prompt_limits`).
 
 Needs the ``[server]`` extra (fastapi, uvicorn); ``/update_weights`` also needs torch and
@@ -37,6 +39,8 @@ import logging
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
+from agentloop_engines.gateway.app import add_gateway_routes
+from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -63,8 +67,9 @@ _WEIGHTS_PATH = "/update_weights"
 
 def create_app(server: Any, *, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-               max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, gateway: Any | None = None,
-               limits: ServerLimits | None = None, prompt_limits: PromptLimits | None = None) -> Any:
+               max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, gateway: Gateway | None = None,
+               limits: ServerLimits | None = None, prompt_limits: PromptLimits | None = None,
+               tool_parser: str | None = None) -> Any:
     """Build the ASGI app serving ``server``.
 
     Args:
@@ -73,22 +78,26 @@ def create_app(server: Any, *, api_key: str | None = None,
         max_request_bytes: Larger request bodies get 413 (every path but ``/update_weights``).
         max_weights_bytes: Larger ``/update_weights`` bodies get 413.
         gateway: A :class:`~agentloop_engines.gateway.Gateway` (usually over the same
-            ``server``): its OpenAI-compatible endpoints and per-session recording
+            ``server``) whose OpenAI-compatible endpoints and per-session recording
             (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/sessions/...``)
-            are served instead of the ``server.chat_completion`` passthrough, so one port
-            serves both ``/generate`` and black-box agents.
+            this app serves, so one port serves both ``/generate`` and black-box agents. None:
+            the same ``/v1`` endpoints from a gateway over ``server`` and ``server.tokenizer``,
+            without sessions; a server without a tokenizer answers them with 501.
         limits: In-flight limit and body deadlines (see
             :class:`~agentloop_engines.http_common.ServerLimits`); None: the defaults.
-        prompt_limits: What a ``/v1/chat/completions`` passthrough request may make the engine
-            render (template variables, messages, characters); None: the defaults. With
-            ``gateway=``, the gateway's own ``prompt_limits`` apply instead.
+        prompt_limits: What a ``/v1`` request may make the gateway built without ``gateway=``
+            render (template variables, messages, characters, tokens); None: the defaults.
+            With ``gateway=``, the gateway's own ``prompt_limits`` apply instead.
+        tool_parser: The tool-call parser of the gateway built without ``gateway=`` (a core
+            parser name such as ``hermes``); None: requests with ``tools`` are 400.
 
     Returns:
         A FastAPI application wrapped in the :class:`~agentloop_engines.http_common.RequestGuard`.
 
     Raises:
         ImportError: without the ``[server]`` extra.
-        ValueError: on a non-positive body limit or an empty ``api_key``.
+        ValueError: on a non-positive body limit, an empty ``api_key``, or ``tool_parser`` with
+            ``gateway`` (the gateway's own parser applies).
     """
     fastapi, _ = require_server_extra()
     from fastapi import Request  # importable now; a class, so it can annotate the handler
@@ -96,8 +105,10 @@ def create_app(server: Any, *, api_key: str | None = None,
 
     if max_weights_bytes <= 0:
         raise ValueError(f"max_weights_bytes must be positive, got {max_weights_bytes}")
+    if gateway is not None and tool_parser is not None:
+        raise ValueError("tool_parser= configures the gateway create_app builds when none is given; with gateway=, "
+                         "set it on the gateway instead: Gateway(server, tokenizer, tool_parser=...)")
     limits = limits or ServerLimits()
-    prompt_limits = prompt_limits or PromptLimits()
 
     class GenerateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -154,23 +165,43 @@ def create_app(server: Any, *, api_key: str | None = None,
         return {"status": "awake"}
 
     if gateway is not None:
-        from agentloop_engines.gateway.app import add_gateway_routes
-
         add_gateway_routes(app, gateway)
     else:
-        @app.post("/v1/chat/completions")
-        async def chat_completions(body: dict[str, Any]) -> dict[str, Any]:
-            if not getattr(server.capabilities, "chat_completion", False) or not hasattr(server, "chat_completion"):
-                raise CapabilityNotSupportedError(
-                    f"{type(server).__name__} does not serve chat completions (capabilities.chat_completion"
-                    "=False); use POST /generate with token ids"
-                )
-            prompt_limits.check_chat_body(body)
-            return await server.chat_completion(body)
+        sessionless = _sessionless_gateway(server, prompt_limits, tool_parser)
+        if sessionless is not None:
+            add_gateway_routes(app, sessionless, sessions=False)
+        else:
+            _add_no_tokenizer_routes(app, server)
 
     # The guard refuses an empty api_key and a non-positive max_request_bytes.
     return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits,
                         per_path={_WEIGHTS_PATH: (max_weights_bytes, "max_weights_bytes", limits.weights_body_timeout_s)})
+
+
+def _sessionless_gateway(server: Any, prompt_limits: PromptLimits | None, tool_parser: str | None) -> Gateway | None:
+    """The gateway over ``server`` serving ``/v1`` when ``create_app`` is given none; None when
+    the server has no tokenizer to render chat messages with."""
+    tokenizer = getattr(server, "tokenizer", None)
+    if tokenizer is None:
+        if tool_parser is not None:
+            raise ValueError(f"tool_parser={tool_parser!r} needs the /v1 routes, but {type(server).__name__} has no "
+                             "tokenizer; construct it with tokenizer=..., or pass gateway=Gateway(server, tokenizer, "
+                             "tool_parser=...)")
+        return None
+    return Gateway(server, tokenizer, tool_parser=tool_parser, prompt_limits=prompt_limits)
+
+
+def _add_no_tokenizer_routes(app: Any, server: Any) -> None:
+    # Without a tokenizer nothing can render messages or decode a reply: 501 (the server cannot),
+    # not 404 (the client asked for a path that does not exist).
+    async def unavailable() -> None:
+        raise CapabilityNotSupportedError(
+            f"{type(server).__name__} has no tokenizer, so this server cannot answer OpenAI /v1 requests; construct "
+            "it with tokenizer=..., or serve it with gateway=Gateway(server, tokenizer); or use POST /generate "
+            "with token ids")
+
+    for path, method in (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")):
+        app.add_api_route(path, unavailable, methods=[method])
 
 
 def _load_safetensors(body: bytes) -> dict[str, Any]:
@@ -196,8 +227,8 @@ async def _call_optional(server: Any, method: str) -> None:
 
 def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES,
-          log_level: str = "info", gateway: Any | None = None, limits: ServerLimits | None = None,
-          prompt_limits: PromptLimits | None = None) -> None:
+          log_level: str = "info", gateway: Gateway | None = None, limits: ServerLimits | None = None,
+          prompt_limits: PromptLimits | None = None, tool_parser: str | None = None) -> None:
     """Serve ``server`` with uvicorn until interrupted (blocks).
 
     Args:
@@ -211,12 +242,14 @@ def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str |
         gateway: Serve this gateway's OpenAI endpoints and sessions too (see :func:`create_app`).
         limits: See :func:`create_app`; also uvicorn's connection settings.
         prompt_limits: See :func:`create_app`.
+        tool_parser: See :func:`create_app`.
     """
     _, uvicorn = require_server_extra()
     warn_if_exposed(host, api_key)
     limits = limits or ServerLimits()
     app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
-                     max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits, prompt_limits=prompt_limits)
+                     max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits, prompt_limits=prompt_limits,
+                     tool_parser=tool_parser)
     uvicorn.Server(uvicorn_config(app, host, port, limits, log_level)).run()
 
 
@@ -236,17 +269,18 @@ class ServerThread(UvicornThread):
         gateway: See :func:`create_app`.
         limits: See :func:`create_app`; also uvicorn's connection settings.
         prompt_limits: See :func:`create_app`.
+        tool_parser: See :func:`create_app`.
     """
 
     def __init__(self, server: Any, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, start_timeout_s: float = 30.0,
-                 gateway: Any | None = None, limits: ServerLimits | None = None,
-                 prompt_limits: PromptLimits | None = None) -> None:
+                 gateway: Gateway | None = None, limits: ServerLimits | None = None,
+                 prompt_limits: PromptLimits | None = None, tool_parser: str | None = None) -> None:
         warn_if_exposed(host, api_key)
         app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
                          max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits,
-                         prompt_limits=prompt_limits)
+                         prompt_limits=prompt_limits, tool_parser=tool_parser)
         super().__init__(app, host, port, start_timeout_s=start_timeout_s, limits=limits)
 
     def __enter__(self) -> "ServerThread":

@@ -107,7 +107,7 @@ class SGLangServer(AsyncServerBase):
         engine: A started ``sglang.Engine`` (or an object with the same surface). None: one is
             built from ``model_path`` and ``engine_kwargs``.
         model_path: Model folder or hub id, used when ``engine`` is None.
-        tokenizer: Hugging Face tokenizer, for ``chat_completion`` and EOS ids.
+        tokenizer: Hugging Face tokenizer, for EOS ids and an HTTP server's OpenAI ``/v1`` routes.
         context_len: The model's context length; from the engine's tokenizer manager if omitted.
         max_req_input_len: SGLang's ``max_req_input_len`` (it refuses prompts of this many tokens
             or more); from the tokenizer manager if omitted.
@@ -135,7 +135,7 @@ class SGLangServer(AsyncServerBase):
         ValueError: when a size cannot be read from the engine and was not given.
     """
 
-    capabilities = ServerCapabilities(weight_update=True, prefix_cache=True, chat_completion=True)
+    capabilities = ServerCapabilities(weight_update=True, prefix_cache=True)
 
     def __init__(self, engine: Any | None = None, *, model_path: str | None = None, tokenizer: Any = None,
                  context_len: int | None = None, max_req_input_len: int | None = None,

@@ -106,8 +106,7 @@ class VLLMServer(AsyncServerBase):
         ValueError: when neither ``engine`` nor ``model`` is given.
     """
 
-    capabilities = ServerCapabilities(logprobs=True, sleep=False, weight_update=True, prefix_cache=True,
-                                      chat_completion=True)
+    capabilities = ServerCapabilities(logprobs=True, sleep=False, weight_update=True, prefix_cache=True)
 
     def __init__(self, engine: Any | None = None, *, model: str | None = None, tokenizer: Any = None,
                  **engine_kwargs: Any) -> None:
@@ -144,8 +143,7 @@ class VLLMServer(AsyncServerBase):
         eos = tokenizer.eos_token_id
         self.eos_token_ids = () if eos is None else (int(eos),)
         self.capabilities = ServerCapabilities(
-            logprobs=True, sleep=self._sleep_supported(), weight_update=True, prefix_cache=True,
-            chat_completion=True)
+            logprobs=True, sleep=self._sleep_supported(), weight_update=True, prefix_cache=True)
         self._rids: dict[str, set[str]] = {}
         self._seq = itertools.count()
 

@@ -9,7 +9,6 @@ graphs a config can name by import path.
 
 from importlib.metadata import version as _distribution_version
 
-from agentloop_core.deprecation import renamed_attributes
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel, TrajectorySession
 from agentloop_langgraph.graph import GraphFactory, default_graph_factory, load_graph_factory
 from agentloop_langgraph.loop import ReactAgentConfig, ReactAgentLoop
@@ -44,6 +43,3 @@ __all__ = [
     "to_langchain_tool",
 ]
 
-
-__getattr__ = renamed_attributes(__name__, {
-    "RolloutLimitReached": ("agentloop_langgraph.RolloutLimitReachedError", lambda: RolloutLimitReachedError)})

@@ -25,8 +25,6 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from agentloop_core.deprecation import renamed_attributes
-
 METADATA_KEY = "agentloop"
 """Key of ``AIMessage.response_metadata`` under which :class:`ChatModel` keeps the token ids."""
 
@@ -232,6 +230,3 @@ __all__ = [
     "to_chat_dict",
 ]
 
-
-__getattr__ = renamed_attributes(__name__, {
-    "RolloutLimitReached": ("agentloop_langgraph.RolloutLimitReachedError", lambda: RolloutLimitReachedError)})

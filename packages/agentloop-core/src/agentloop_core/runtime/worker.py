@@ -91,7 +91,7 @@ class TurnPacer:
 class PacedServer(TransparentServerWrapper):
     """Forwards to ``server``; once a ``generate`` call has returned, the calling loop waits
     for the :class:`TurnPacer` before it goes on with the turn. Everything else (``abort``,
-    ``capabilities``, ``chat_completion``, ...) is the wrapped server's."""
+    ``capabilities``, ``tokenizer``, ...) is the wrapped server's."""
 
     def __init__(self, server: Any, pacer: TurnPacer) -> None:
         super().__init__(server)

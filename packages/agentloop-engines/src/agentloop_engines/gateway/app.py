@@ -72,11 +72,18 @@ def _session(path_id: str | None, header_id: str | None) -> str | None:
     return None if session_id is None else check_session_id(session_id)
 
 
+def _no_session(path_id: str | None, header_id: str | None) -> None:
+    if header_id is not None:
+        raise ValueError(f"the {SESSION_HEADER} header names session {header_id!r}, but this server records no "
+                         "sessions (an engine server started without a gateway); serve the engine with "
+                         "gateway=Gateway(engine, tokenizer) (as `agentloop serve` does), or leave the header out")
+
+
 def _sessions_body(session_id: str, calls: list[Any]) -> dict[str, Any]:
     return {"session_id": session_id, "num_calls": len(calls), "calls": [c.as_dict() for c in calls]}
 
 
-def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = ()) -> None:
+def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, sessions: bool = True) -> None:
     """Add the gateway's endpoints (not ``/health``) to a FastAPI ``app``.
 
     Args:
@@ -87,6 +94,10 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = ()) -> 
         gateway: The gateway to serve.
         auth: FastAPI dependencies every endpoint takes (an app's own checks; the bearer check
             is the guard's).
+        sessions: Also serve the session endpoints (``/sessions/...`` and the
+            ``X-Agentloop-Session`` header). False: only the plain ``/v1/...`` paths, and a
+            request naming a session is a 400 (nothing would record it), which is how an
+            engine server without a gateway of its own serves ``/v1``.
     """
     auth = list(auth)
     fastapi, _ = require_server_extra()
@@ -105,17 +116,18 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = ()) -> 
                                  headers={"Cache-Control": "no-cache"})
 
     header = fastapi.Header(default=None, alias=SESSION_HEADER)
+    plain_session = _session if sessions else _no_session
 
     # Two functions per endpoint: on the plain paths a session_id parameter would otherwise
     # become a query parameter, a third, undocumented way to name a session.
     async def chat(body: dict[str, Any], session: str | None = header) -> Any:
-        return reply(await gateway.chat_completion(body, session_id=_session(None, session)))
+        return reply(await gateway.chat_completion(body, session_id=plain_session(None, session)))
 
     async def session_chat(session_id: str, body: dict[str, Any], session: str | None = header) -> Any:
         return reply(await gateway.chat_completion(body, session_id=_session(session_id, session)))
 
     async def completions(body: dict[str, Any], session: str | None = header) -> Any:
-        return reply(await gateway.completion(body, session_id=_session(None, session)))
+        return reply(await gateway.completion(body, session_id=plain_session(None, session)))
 
     async def session_completions(session_id: str, body: dict[str, Any], session: str | None = header) -> Any:
         return reply(await gateway.completion(body, session_id=_session(session_id, session)))
@@ -126,12 +138,18 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = ()) -> 
     async def session_models(session_id: str) -> dict[str, Any]:
         return gateway.models()
 
-    for prefix, endpoints in (("", (chat, completions, models)),
-                              ("/sessions/{session_id}", (session_chat, session_completions, session_models))):
+    mounted = [("", (chat, completions, models))]
+    if sessions:
+        mounted.append(("/sessions/{session_id}", (session_chat, session_completions, session_models)))
+    for prefix, endpoints in mounted:
         app.add_api_route(f"{prefix}/v1/chat/completions", endpoints[0], methods=["POST"], dependencies=auth)
         app.add_api_route(f"{prefix}/v1/completions", endpoints[1], methods=["POST"], dependencies=auth)
         app.add_api_route(f"{prefix}/v1/models", endpoints[2], methods=["GET"], dependencies=auth)
+    if sessions:
+        _add_session_routes(app, gateway, auth)
 
+
+def _add_session_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
     @app.get("/sessions", dependencies=auth)
     async def list_sessions() -> dict[str, Any]:
         rec = gateway.recorder

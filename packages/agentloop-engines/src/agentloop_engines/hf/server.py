@@ -60,7 +60,7 @@ class HFServer(AsyncServerBase):
         model_path_or_model: A checkpoint folder or hub id (loaded with
             ``AutoModelForCausalLM.from_pretrained``), or a model object.
         tokenizer: A tokenizer, a path to one, or None to load it from the checkpoint folder
-            (stays None for a model object; then ``chat_completion`` is unavailable).
+            (stays None for a model object; an HTTP server in front of it then has no ``/v1`` routes).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``.
         dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or a ``torch.dtype``. None: float32
             for a path, the object's own dtype for a model object.
@@ -79,7 +79,7 @@ class HFServer(AsyncServerBase):
         batch_sizes: Number of requests in each of the last 1000 batches.
     """
 
-    capabilities = ServerCapabilities(logprobs=True, sleep=True, weight_update=True, chat_completion=True)
+    capabilities = ServerCapabilities(logprobs=True, sleep=True, weight_update=True)
 
     def __init__(
         self,
@@ -136,10 +136,8 @@ class HFServer(AsyncServerBase):
         self.pad_id = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        # Declared per instance: sleep frees memory only on CUDA; chat needs a tokenizer.
-        self.capabilities = replace(
-            type(self).capabilities, sleep=self.device.type == "cuda", chat_completion=tokenizer is not None
-        )
+        # Declared per instance: sleep frees memory only on CUDA.
+        self.capabilities = replace(type(self).capabilities, sleep=self.device.type == "cuda")
         self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self._seeds = random.Random(seed)

@@ -103,9 +103,6 @@ class ClientActor(ServerWrapper):
             self._loop = asyncio.get_running_loop()
         return self.client.capabilities
 
-    async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        return await self.client.chat_completion(request)
-
     async def get_stats(self) -> dict[str, Any]:
         return self.client.stats
 
@@ -201,10 +198,6 @@ class RemoteClient:
         # Validate here too: the error then points at the caller's line, not a Ray traceback.
         sp = SamplingParams.from_mapping(sampling_params)
         return await self.actor.generate.remote(request_id, list(prompt_ids), sp)
-
-    async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """See :meth:`LLMServerClient.chat_completion`."""
-        return await self.actor.chat_completion.remote(dict(request))
 
     async def abort(self, request_id: str) -> None:
         """See :meth:`LLMServerClient.abort`."""

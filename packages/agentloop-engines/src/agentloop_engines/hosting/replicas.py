@@ -93,10 +93,6 @@ class ServerActor(ServerWrapper):
         """The engine's declared capabilities."""
         return self.server.capabilities
 
-    async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """See ``AsyncServerBase.chat_completion``."""
-        return await self.server.chat_completion(request)
-
     async def close(self) -> None:
         """Close the engine (if it has a ``close``)."""
         close = getattr(self.server, "close", None)

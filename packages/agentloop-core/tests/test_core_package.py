@@ -1,21 +1,11 @@
-"""Renamed public names still work for one release and say what to use instead."""
+"""The package itself: unknown names, its version."""
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 
 
-@pytest.mark.parametrize("module", ["agentloop_core", "agentloop_core.protocol"])
-def test_capability_not_supported_is_an_alias_that_warns(module):
-    mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=r"CapabilityNotSupported is deprecated.*CapabilityNotSupportedError"):
-        old = mod.CapabilityNotSupported
-    assert old is mod.CapabilityNotSupportedError
-
-
-def test_unknown_names_still_raise_attribute_error():
+def test_unknown_names_raise_attribute_error():
     import agentloop_core
 
     with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
