@@ -1,4 +1,4 @@
-"""The engine suite against HTTPServer: HFServer on the tiny Qwen2 model, served by uvicorn on
+"""The engine suite against RemoteServer: HFServer on the tiny Qwen2 model, served by uvicorn on
 127.0.0.1 in a thread and reached over HTTP. The HTTP hop must change nothing the suite checks;
 the capabilities come from the server's /health, so the same checks apply as in-process."""
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 for _module in ("httpx", "fastapi", "uvicorn"):
-    pytest.importorskip(_module, reason='HTTPServer needs pip install "agentloop-engines[server]"')
+    pytest.importorskip(_module, reason='RemoteServer needs pip install "agentloop-engines[server]"')
 pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyncio")
 
 from agentloop_conformance import EngineConformanceTests, hf_named_weights, hf_reference_log_probs  # noqa: E402
@@ -29,15 +29,15 @@ def served_hf():
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
 async def http_engine(served_hf):
-    from agentloop_engines.http_client import HTTPServer
+    from agentloop_engines.http_client import RemoteServer
 
-    server = HTTPServer(served_hf[1].url, api_key="conformance-key")
+    server = RemoteServer(served_hf[1].url, api_key="conformance-key")
     await server.connect()
     yield server
     await server.close()
 
 
-class TestHTTPServerConformance(EngineConformanceTests):
+class TestRemoteServerConformance(EngineConformanceTests):
     @pytest.fixture
     def engine(self, http_engine):
         return http_engine

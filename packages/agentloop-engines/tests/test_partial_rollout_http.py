@@ -1,5 +1,5 @@
 """Partial rollout over remote engines: PartialRolloutServer in front of a routing client over
-``HTTPServer`` clients, each talking to a real HFServer behind our HTTP server on 127.0.0.1
+``RemoteServer`` clients, each talking to a real HFServer behind our HTTP server on 127.0.0.1
 (what ``actor_rollout_ref.rollout.server_urls`` builds).
 
 It works because ``POST /abort`` stops the engine's request at a token boundary and the
@@ -34,7 +34,7 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 pytest.importorskip("safetensors", reason='weight sync needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
-from agentloop_engines import HTTPServer  # noqa: E402
+from agentloop_engines import RemoteServer  # noqa: E402
 from agentloop_engines.client import LLMServerClient  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
 from agentloop_engines.http_server import ServerThread  # noqa: E402
@@ -44,13 +44,13 @@ from agentloop_engines.http_server import ServerThread  # noqa: E402
 async def remote(model_path):
     """``start(n)`` -> (engines, routing client over n HTTP servers); all stopped after the test."""
     with contextlib.ExitStack() as stack:
-        clients: list[HTTPServer] = []
+        clients: list[RemoteServer] = []
 
         async def start(n: int = 1) -> tuple[list[HFServer], LLMServerClient]:
             engines = [HFServer(model_path, max_model_len=512, max_batch_size=8, seed=0) for _ in range(n)]
             for engine in engines:
                 thread = stack.enter_context(ServerThread(engine))
-                clients.append(HTTPServer(thread.url))
+                clients.append(RemoteServer(thread.url))
                 await clients[-1].connect()
             return engines, LLMServerClient(clients[-n:])
 

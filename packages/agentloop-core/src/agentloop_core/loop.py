@@ -13,11 +13,11 @@ from agentloop_core.protocol import AsyncServer
 class AgentLoopBase(abc.ABC):
     """One rollout strategy (single turn, tool use, a LangGraph agent...).
 
-    A loop is constructed once per sample by the worker and talks to the engine only through
+    A loop is constructed once per sample by the worker and talks to its server only through
     ``self.server.generate(request_id, prompt_ids, sampling_params)``.
 
     Args:
-        server: The engine, or a client in front of several replicas.
+        server: An engine adapter (``HFServer``...), or a client in front of several replicas.
         tokenizer: A Hugging Face tokenizer with a chat template.
         config: Loop options (``prompt_length``, ``response_length``, loop-specific keys).
         processor: A multimodal processor, when the model has one.

@@ -19,7 +19,7 @@ class ServerWrapper:
     """Forwards the ``AsyncServer`` API to ``self.server``.
 
     Args:
-        server: The engine, or a client in front of several.
+        server: An engine adapter, or a client in front of several.
     """
 
     def __init__(self, server: Any) -> None:
@@ -99,7 +99,7 @@ class BusyTimeServer(TransparentServerWrapper):
     batch's tail waiting on slow tools). Everything else is forwarded unchanged.
 
     Args:
-        server: The engine, or a client in front of several.
+        server: An engine adapter, or a client in front of several.
     """
 
     def __init__(self, server: Any) -> None:

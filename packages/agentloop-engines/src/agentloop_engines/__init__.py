@@ -27,7 +27,7 @@ from agentloop_engines.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:  # resolved lazily at run time, by __getattr__ below
     from agentloop_engines.hf import HFServer
-    from agentloop_engines.http_client import HTTPServer
+    from agentloop_engines.http_client import RemoteServer
     from agentloop_engines.sglang_server import SGLangServer
     from agentloop_engines.vllm_server import VLLMServer
 
@@ -39,13 +39,13 @@ __all__ = [
     "AsyncServerBase", "HFServer", "build_tiny_model",
     "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "StickyLeastInFlightPolicy",
     "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",
-    "ServerThread", "create_app", "serve", "HTTPServer", "SGLangServer", "VLLMServer",
+    "ServerThread", "create_app", "serve", "RemoteServer", "SGLangServer", "VLLMServer",
     "Gateway", "GatewayThread", "RecordedCall", "SessionNotFoundError", "SessionRecorder",
     "create_gateway_app", "serve_gateway",
 ]
 
 # Adapters whose modules need optional deps (httpx, vLLM, SGLang), resolved on first access.
-_LAZY = {"HTTPServer": "agentloop_engines.http_client", "SGLangServer": "agentloop_engines.sglang_server",
+_LAZY = {"RemoteServer": "agentloop_engines.http_client", "SGLangServer": "agentloop_engines.sglang_server",
          "VLLMServer": "agentloop_engines.vllm_server"}
 
 

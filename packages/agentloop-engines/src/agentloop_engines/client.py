@@ -50,7 +50,7 @@ def is_replica_failure(exc: BaseException) -> bool:
 
     ValueError is never a replica failure: a request that fails validation fails everywhere.
     Connection errors, timeouts and dead Ray actors / workers / nodes are; so is an
-    ``HTTPServer`` replica that is unreachable or answers 502/503/504: it raises
+    ``RemoteServer`` replica that is unreachable or answers 502/503/504: it raises
     ``ReplicaUnavailableError``, a ``ConnectionError``.
     """
     if isinstance(exc, ValueError):
@@ -292,7 +292,7 @@ class LLMServerClient:
             # The hung replica may still be working on it; stop it so it does not finish later.
             self._spawn(self._quiet_abort(replica, request_id))
         self.policy.mark_unhealthy(replica.index, probe=probe)
-        # asyncio.wait_for's TimeoutError has no message; a transport's own timeout (HTTPServer's
+        # asyncio.wait_for's TimeoutError has no message; a transport's own timeout (RemoteServer's
         # timeout_s) has one, and request_timeout_s may not even be set then.
         what = (f"timed out after {self.request_timeout_s}s" if timed_out and not str(exc)
                 else f"{type(exc).__name__}: {exc}")

@@ -1,14 +1,14 @@
-"""``HTTPServer``: an ``AsyncServer`` backed by a remote agentloop engine HTTP server.
+"""``RemoteServer``: an ``AsyncServer`` client of a remote agentloop HTTP server (``/generate``).
 
 Put it in :class:`~agentloop_engines.client.LLMServerClient` to balance over engine replicas
 that run elsewhere (other hosts, or servers a trainer did not start)::
 
-    client = LLMServerClient([HTTPServer("http://gpu-0:8000", api_key=key),
-                              HTTPServer("http://gpu-1:8000", api_key=key)])
+    client = LLMServerClient([RemoteServer("http://gpu-0:8000", api_key=key),
+                              RemoteServer("http://gpu-1:8000", api_key=key)])
 
 It speaks the endpoints of :mod:`agentloop_engines.http_server`, and raises what an in-process
 engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 -> ``PermissionError``,
-501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`RemoteEngineError`.
+501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`RemoteServerError`.
 A server that cannot be reached, a dropped connection, 502/503/504 ->
 :class:`ReplicaUnavailableError`, a ``ConnectionError``, so ``LLMServerClient`` takes the replica
 out of rotation and retries the request elsewhere; a read timeout (only with ``timeout_s``) ->
@@ -32,7 +32,7 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 
-__all__ = ["HTTPServer", "RemoteEngineError", "ReplicaUnavailableError", "serialize_weights"]
+__all__ = ["RemoteServer", "RemoteServerError", "ReplicaUnavailableError", "serialize_weights"]
 
 
 class ReplicaUnavailableError(ConnectionError):
@@ -40,7 +40,7 @@ class ReplicaUnavailableError(ConnectionError):
     connection, 502/503/504). A ``ConnectionError``: ``LLMServerClient`` fails over on it."""
 
 
-class RemoteEngineError(RuntimeError):
+class RemoteServerError(RuntimeError):
     """The engine server failed the request (500 with the engine's error, or a status the
     agentloop server does not use). Not a replica failure: the request is not retried."""
 
@@ -49,7 +49,7 @@ def _require_httpx() -> Any:
     try:
         import httpx
     except ImportError as exc:
-        raise ImportError('HTTPServer needs httpx: pip install "agentloop-engines[server]"') from exc
+        raise ImportError('RemoteServer needs httpx: pip install "agentloop-engines[server]"') from exc
     return httpx
 
 
@@ -86,13 +86,13 @@ def serialize_weights(named_tensors: Iterable[tuple[str, Any]] | Mapping[str, An
     return save(tensors)
 
 
-class HTTPServer:
-    """An ``AsyncServer`` over HTTP: every call is a request to a remote engine server.
+class RemoteServer:
+    """An ``AsyncServer`` over HTTP: every call is a request to a remote server.
 
     Capabilities, ``max_model_len`` and ``vocab_size`` come from the server's ``GET /health``,
     fetched once: by ``await connect()``, or on first access of those attributes (a blocking
     request; inside a running event loop, ``await connect()`` first). Connections are opened
-    lazily on the running event loop, so an ``HTTPServer`` may be created outside one and used
+    lazily on the running event loop, so a ``RemoteServer`` may be created outside one and used
     on one loop after another (one at a time); ``await close()`` before a loop ends, as
     connections left on a finished loop can only be abandoned.
 
@@ -136,7 +136,7 @@ class HTTPServer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
-        return f"HTTPServer({self.base_url!r})"
+        return f"RemoteServer({self.base_url!r})"
 
     # ---- what the server declares --------------------------------------------------------
 
@@ -162,7 +162,7 @@ class HTTPServer:
     def _parse_health(self, body: Any) -> dict[str, Any]:
         caps = body.get("capabilities") if isinstance(body, dict) else None
         if not isinstance(caps, dict):
-            raise RemoteEngineError(f"{self.base_url}/health has no capabilities; is it an agentloop engine "
+            raise RemoteServerError(f"{self.base_url}/health has no capabilities; is it an agentloop engine "
                                     "server (agentloop_engines.http_server)?")
         # Flags a newer server adds are ignored; ones it lacks keep their defaults.
         known = {f.name for f in fields(ServerCapabilities)}
@@ -171,24 +171,24 @@ class HTTPServer:
 
     @property
     def capabilities(self) -> ServerCapabilities:
-        """What the remote engine declares (from ``/health``)."""
+        """What the remote server declares (from ``/health``)."""
         return self._info()["capabilities"]
 
     @property
     def max_model_len(self) -> int | None:
-        """The remote engine's context length, or None when it does not say."""
+        """The remote server's context length, or None when it does not say."""
         return self._info()["max_model_len"]
 
     @property
     def vocab_size(self) -> int | None:
-        """The remote engine's vocabulary size, or None when it does not say."""
+        """The remote server's vocabulary size, or None when it does not say."""
         return self._info()["vocab_size"]
 
     # ---- AsyncServer ---------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt_ids: list[int],
                        sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
-        """Generate on the remote engine (see ``AsyncServer.generate``).
+        """Generate on the remote server (see ``AsyncServer.generate``).
 
         Sampling parameters are validated by the server, which is the authority on them.
 
@@ -207,19 +207,19 @@ class HTTPServer:
         return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"])
 
     async def abort(self, request_id: str) -> None:
-        """Stop the remote engine's in-flight requests of ``request_id``."""
+        """Stop the remote server's in-flight requests of ``request_id``."""
         await self._request("POST", "/abort", json={"request_id": request_id})
 
     async def sleep(self) -> None:
-        """Ask the remote engine to release accelerator memory (501 -> CapabilityNotSupportedError)."""
+        """Ask the remote server to release accelerator memory (501 -> CapabilityNotSupportedError)."""
         await self._request("POST", "/sleep")
 
     async def wake_up(self) -> None:
-        """Ask the remote engine to restore what ``sleep`` released."""
+        """Ask the remote server to restore what ``sleep`` released."""
         await self._request("POST", "/wake_up")
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
-        """Send new weights to the remote engine in one safetensors body (see :func:`serialize_weights`).
+        """Send new weights to the remote server in one safetensors body (see :func:`serialize_weights`).
 
         Raises:
             CapabilityNotSupportedError: the server does not declare ``weight_update`` (checked before
@@ -238,13 +238,13 @@ class HTTPServer:
                             headers={"content-type": "application/octet-stream"})
 
     async def close(self) -> None:
-        """Close the connections. The remote engine keeps running: this object does not own it."""
+        """Close the connections. The remote server keeps running: this object does not own it."""
         http, self._http = self._http, None
         loop = asyncio.get_running_loop()
         if http is not None and self._loop is loop:
             await http.aclose()
 
-    async def __aenter__(self) -> HTTPServer:
+    async def __aenter__(self) -> RemoteServer:
         await self.connect()
         return self
 
@@ -290,12 +290,12 @@ class HTTPServer:
         if status in (400, 413):
             raise ValueError(message)
         if status == 401:
-            fix = ("the api_key given to HTTPServer does not match the server's" if self.api_key else
-                   "the server needs an API key: pass HTTPServer(..., api_key=...)")
+            fix = ("the api_key given to RemoteServer does not match the server's" if self.api_key else
+                   "the server needs an API key: pass RemoteServer(..., api_key=...)")
             raise PermissionError(f"{what}: 401 {message}; {fix}")
         if status == 501:
             raise CapabilityNotSupportedError(message)
         if status in (502, 503, 504):
             raise ReplicaUnavailableError(f"{what}: HTTP {status}: {message}")
         hint = "; is it an agentloop engine server of a matching version?" if status == 404 else ""
-        raise RemoteEngineError(f"{what}: HTTP {status}: {message}{hint}")
+        raise RemoteServerError(f"{what}: HTTP {status}: {message}{hint}")

@@ -200,7 +200,7 @@ def remote_engines(urls: list[str], api_key_env: str | None = None) -> Any:
         ValueError: ``api_key_env`` names an unset environment variable.
     """
     from agentloop_engines.client import LLMServerClient
-    from agentloop_engines.http_client import HTTPServer
+    from agentloop_engines.http_client import RemoteServer
 
     key = None
     if api_key_env:
@@ -208,7 +208,7 @@ def remote_engines(urls: list[str], api_key_env: str | None = None) -> Any:
         if not key:
             raise ValueError(f"actor_rollout_ref.rollout.server_api_key_env={api_key_env} but that environment "
                              "variable is unset or empty")
-    return LLMServerClient([HTTPServer(str(u), api_key=key) for u in urls])
+    return LLMServerClient([RemoteServer(str(u), api_key=key) for u in urls])
 
 
 def capabilities(server: Any) -> Mapping[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class TinyModelSpec:
+class TinyModelConfig:
     """Shape of the tiny Qwen2 policy."""
 
     hidden_size: int = 128
@@ -22,7 +22,7 @@ class TinyModelSpec:
     """Longest sequence (prompt plus response)."""
 
 
-def build_tiny_policy(tokenizer: Any, seed: int = 0, spec: TinyModelSpec | None = None) -> Any:
+def build_tiny_policy(tokenizer: Any, seed: int = 0, spec: TinyModelConfig | None = None) -> Any:
     """A freshly initialised ``Qwen2ForCausalLM`` with tied embeddings for ``tokenizer``.
 
     Args:
@@ -36,7 +36,7 @@ def build_tiny_policy(tokenizer: Any, seed: int = 0, spec: TinyModelSpec | None 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    spec = spec or TinyModelSpec()
+    spec = spec or TinyModelConfig()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,

@@ -104,7 +104,7 @@ class Gateway:
 
     Args:
         server: Any ``AsyncServer``: an engine, an ``LLMServerClient`` over replicas, an
-            ``HTTPServer`` client, a ``ScriptedServer``.
+            ``RemoteServer`` client, a ``ScriptedServer``.
         tokenizer: The model's Hugging Face tokenizer (or processor): renders chat messages
             (``apply_chat_template``), encodes text prompts and decodes generations.
         chat_template: A Jinja template replacing the tokenizer's own; for a checkpoint whose
