@@ -11,7 +11,7 @@ import weakref
 import pytest
 
 from agentloop_core.testing import CountingProcessor, load_tiny_tokenizer
-from agentloop_core.tokenization import renderer as renderer_module
+from agentloop_core.tokenization import template_probes
 from agentloop_core.tokenization.renderer import ChatRenderer
 from agentloop_core.tokenization.template_errors import ChatTemplateError
 
@@ -107,13 +107,13 @@ def test_a_failing_template_fails_at_every_construction():
 def test_the_cache_does_not_keep_the_tokenizer_alive():
     processor = CountingProcessor(load_tiny_tokenizer())
     ChatRenderer(processor)
-    assert processor in renderer_module._PROBES
+    assert processor in template_probes._PROBES
     ref = weakref.ref(processor)
-    entries = len(renderer_module._PROBES)
+    entries = len(template_probes._PROBES)
     del processor
     gc.collect()
     assert ref() is None
-    assert len(renderer_module._PROBES) == entries - 1
+    assert len(template_probes._PROBES) == entries - 1
 
 
 def test_a_processor_that_cannot_be_held_weakly_is_probed_every_time():

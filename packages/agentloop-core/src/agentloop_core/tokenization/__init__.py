@@ -9,12 +9,8 @@ from agentloop_core.tokenization.builtin_templates import (
     resolve_chat_template,
     set_chat_template,
 )
-from agentloop_core.tokenization.renderer import (
-    BASE_CONVERSATION,
-    ChatRenderer,
-    DeltaResult,
-    TokenizationMismatchError,
-)
+from agentloop_core.tokenization.opaque import BASE_CONVERSATION
+from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SANITY_CHECK_MODES, SanityCheckMode, SanityCheckReport
 from agentloop_core.tokenization.template_errors import ChatTemplateError
 from agentloop_core.tokenization.tool_support import renders_tools

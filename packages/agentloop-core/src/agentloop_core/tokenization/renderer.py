@@ -6,18 +6,19 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import re
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentloop_core.tokenization.template_errors import (
-    ChatTemplateError,
-    raised_by_template,
-    template_line,
-    template_refusal,
+from agentloop_core.tokenization.opaque import (
+    BASE_CONVERSATION,
+    args_marker,
+    opaque_history,
+    roles,
+    turn_marker,
 )
+from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
+from agentloop_core.tokenization.template_probes import probes_for, run_probes, special_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -31,123 +32,12 @@ VERIFY_DELTAS = 3
 # since loops build one renderer per trajectory.
 _SHORT_DELTA_VERDICTS: dict[tuple, int] = {}
 
-# Content no real conversation contains, so its position in a rendered probe is unambiguous.
-_PROBE_MARKER = "\u2063agentloop-probe-7d1f\u2063"
-
 # Per template key: True once a template rendered tool results only with the assistant turn's
 # tool_calls present (gpt-oss, Mistral), so deltas try that form first.
 _CALLS_MODE: dict[tuple, bool] = {}
 
 # Per template key: why it cannot be split into turns ("" when it can), probed once.
 _SPLITS: dict[tuple, str] = {}
-
-
-@dataclass(frozen=True)
-class _Probes:
-    """What construction works out from renders of fixed probe conversations."""
-
-    assistant_suffix: str
-    eos_token_id: int | None
-    eos_text: str | None
-    generation_prompt_extra: str
-    special_pattern: re.Pattern[str] | None
-
-
-# Per tokenizer (or processor) and template key: the construction probes, four renders, which
-# loops that build one renderer per trajectory would otherwise repeat for every sample. The
-# tokenizer is held weakly: its entry goes away with it, and a new tokenizer allocated where a
-# freed one lived never hits the old entry (as it could with ``id()`` keys). The key holds
-# everything a probe reads (template text, tools, template variables, the special tokens with
-# their ids, bos/eos), so a tokenizer changed in place (new template, added special tokens)
-# probes again. Only successful probes are kept: a template that fails keeps failing at every
-# construction with its message.
-_PROBES: weakref.WeakKeyDictionary[Any, dict[tuple, _Probes]] = weakref.WeakKeyDictionary()
-
-
-def _probes_for(processor: Any) -> dict[tuple, _Probes]:
-    """``processor``'s probe cache; a fresh, unshared one when it cannot be a weak key."""
-    try:
-        entry = _PROBES.get(processor)
-        if entry is None:
-            entry = _PROBES[processor] = {}
-        return entry
-    except TypeError:  # no __weakref__ slot, or unhashable
-        return {}
-
-# The user message in front of the last assistant turn in a ``short`` delta render.
-BASE_CONVERSATION: tuple[dict[str, str], ...] = (
-    {"role": "user", "content": "Hello."},
-    {"role": "assistant", "content": "Hello."},
-)
-
-
-def _turn_marker(index: int) -> str:
-    """Stands in for the content of the assistant message at ``index`` in delta renders."""
-    return f"\u2063agentloop-turn-{index}-7d1f\u2063"
-
-
-def _args_marker(index: int) -> str:
-    """Stands in for the tool call arguments of that message (ASCII: templates JSON-encode it)."""
-    return f"agentloop-args-{index}-7d1f"
-
-
-def _opaque(history: Sequence[Mapping[str, Any]], new_messages: Sequence[Mapping[str, Any]], *,
-            with_calls: bool) -> list[dict]:
-    """``history + new_messages`` with every assistant turn of ``history`` made opaque: content
-    replaced by its marker, reasoning fields dropped, and (``with_calls``) its tool calls kept
-    with their arguments replaced by a marker; calls not attached are read from the tool
-    messages that follow the turn."""
-    combined = [*history, *new_messages]
-    out: list[dict] = []
-    for i, message in enumerate(history):
-        if message.get("role") != "assistant":
-            out.append(dict(message))
-            continue
-        turn: dict[str, Any] = {"role": "assistant", "content": _turn_marker(i)}
-        if with_calls:
-            calls = message.get("tool_calls") or _calls_from_results(combined, i)
-            if calls:
-                turn["tool_calls"] = [_opaque_call(call, i) for call in calls]
-        out.append(turn)
-    return out + [dict(m) for m in new_messages]
-
-
-def _opaque_call(call: Mapping[str, Any], index: int) -> dict:
-    function = call.get("function", call) if isinstance(call, Mapping) else {}
-    opaque: dict[str, Any] = {
-        "type": "function",
-        "function": {"name": str(function.get("name", "")), "arguments": {"input": _args_marker(index)}},
-    }
-    if call.get("id") is not None:
-        opaque["id"] = str(call["id"])
-    return opaque
-
-
-def _calls_from_results(messages: Sequence[Mapping[str, Any]], index: int) -> list[dict]:
-    """Calls for the assistant turn at ``index`` from the tool messages right after it (their
-    ``name`` and ``tool_call_id``); empty when they name no function."""
-    calls = []
-    for message in messages[index + 1 :]:
-        if message.get("role") != "tool":
-            break
-        if not message.get("name"):
-            return []
-        call: dict[str, Any] = {"function": {"name": message["name"]}}
-        if message.get("tool_call_id") is not None:
-            call["id"] = message["tool_call_id"]
-        calls.append(call)
-    return calls
-
-
-def _roles(messages: Sequence[Mapping[str, Any]]) -> str:
-    return "[" + ", ".join(str(m.get("role")) for m in messages) + "]"
-
-
-# Only rendered when the template failed without tools, to tell "needs tools" from other failures.
-_PROBE_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {"name": "probe", "description": "Probe.", "parameters": {"type": "object", "properties": {}}},
-}
 
 
 class TokenizationMismatchError(ValueError):
@@ -238,7 +128,7 @@ class ChatRenderer:
         self.chat_template = chat_template
         self.use_inference_chat_template = use_inference_chat_template
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
-        self.special_tokens, self.special_ids = _special_tokens(self.tokenizer)
+        self.special_tokens, self.special_ids = special_tokens(self.tokenizer)
         """The tokenizer's special tokens (text, longest first) and their ids: the tokens that can
         close a turn."""
         self._template_key = (
@@ -247,11 +137,12 @@ class ChatRenderer:
             json.dumps(self.apply_chat_template_kwargs, sort_keys=True, default=str),
             getattr(self.tokenizer, "bos_token", None), getattr(self.tokenizer, "eos_token", None),
         )
-        known = _probes_for(self.processor)
+        # The probes' cache and why it is kept: agentloop_core.tokenization.template_probes.
+        known = probes_for(self.processor)
         probe_key = (*self._template_key, self.special_tokens, self.special_ids)
         probes = known.get(probe_key)
         if probes is None:
-            probes = known[probe_key] = self._probe()
+            probes = known[probe_key] = run_probes(self)
         self.assistant_suffix, self.eos_token_id, self.eos_text = (
             probes.assistant_suffix, probes.eos_token_id, probes.eos_text)
         self.generation_prompt_extra = probes.generation_prompt_extra
@@ -410,7 +301,7 @@ class ChatRenderer:
         modes = (True, False) if _CALLS_MODE.get(key) else (False, True)
         first_error: Exception | None = None
         for with_calls in modes:
-            messages = _opaque(history, new_messages, with_calls=with_calls)
+            messages = opaque_history(history, new_messages, with_calls=with_calls)
             if with_calls and not any("tool_calls" in m for m in messages):
                 continue  # no calls to give: only the plain render applies
             try:
@@ -425,7 +316,7 @@ class ChatRenderer:
             return self._cut(text, len(history) - 1, with_calls, ended)
         assert first_error is not None
         raise TokenizationMismatchError(
-            f"the chat template refuses the conversation with the new messages {_roles(new_messages)} after an "
+            f"the chat template refuses the conversation with the new messages {roles(new_messages)} after an "
             f"assistant turn: {template_refusal(first_error) or first_error}. If it renders a tool result only "
             "after the call it answers (gpt-oss, Mistral), attach the turn's calls with "
             "Trajectory.attach_tool_calls(...) or give each tool message 'name' and 'tool_call_id'"
@@ -435,11 +326,11 @@ class ChatRenderer:
         """The part of ``text`` after assistant turn ``index``: after its marker (or the marker in
         its tool call arguments, whichever comes later), and after the template's close of the
         turn when the engine ended the turn itself."""
-        marker = _turn_marker(index)
+        marker = turn_marker(index)
         at = text.rfind(marker)
         end = at + len(marker) if at >= 0 else -1
         if with_calls:
-            args = _args_marker(index)
+            args = args_marker(index)
             at_args = text.rfind(args)
             if at_args >= 0:
                 end = max(end, at_args + len(args))
@@ -490,38 +381,6 @@ class ChatRenderer:
 
     # -- probing ---------------------------------------------------------------------------
 
-    def _probe(self) -> _Probes:
-        """Run the construction probes (see :data:`_PROBES` for why their results are kept).
-
-        These probes are the template's first renders here, so a template that cannot be used
-        with these tools fails now, with a message, instead of deep inside the first rollout.
-        Turning their failure into an error costs no extra render.
-        """
-        pattern = re.compile("|".join(re.escape(t) for t in self.special_tokens)) if self.special_tokens else None
-        self._special_pattern = pattern
-        try:
-            suffix, eos_id, eos_text = self._probe_assistant_suffix()
-            extra = self._probe_generation_prompt_extra()
-        except Exception as exc:
-            if not raised_by_template(exc):
-                raise
-            raise self._template_error(exc) from exc
-        return _Probes(suffix, eos_id, eos_text, extra, pattern)
-
-    def _probe_assistant_suffix(self) -> tuple[str, int | None, str | None]:
-        probe = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": _PROBE_MARKER}]
-        text = self.render_text(probe, add_generation_prompt=False)
-        at = text.rfind(_PROBE_MARKER)
-        if at < 0:
-            raise ValueError(
-                "the chat template does not render assistant content verbatim, so the end of an "
-                "assistant turn cannot be found; pass a chat_template= that renders "
-                "message.content"
-            )
-        suffix = text[at + len(_PROBE_MARKER) :]
-        eos_text, eos_id = self._end_of_turn_token(suffix)
-        return suffix, eos_id, eos_text
-
     def _probe_split(self) -> str:
         """Why a user message after an assistant turn cannot be cut from this template's render
         (once per template; empty when it can), so a template that cannot be split into turns
@@ -532,76 +391,6 @@ class ChatRenderer:
             return f"this chat template cannot be split into turns, so no delta can be appended: {exc}"
         return ""
 
-    def _probe_generation_prompt_extra(self) -> str:
-        """Text the generation prompt adds after the assistant header, which a rendered
-        assistant turn in history does not contain (e.g. an empty ``<think></think>`` block when
-        thinking is switched off). The engine saw it, so it belongs to the training view."""
-        user = [{"role": "user", "content": "Hi."}]
-        before = self.render_text(user, add_generation_prompt=False)
-        with_prompt = self.render_text(user, add_generation_prompt=True)
-        turn = self.render_text(
-            [*user, {"role": "assistant", "content": _PROBE_MARKER}], add_generation_prompt=False
-        )
-        if not (with_prompt.startswith(before) and turn.startswith(before)):
-            return ""
-        generation_prompt = with_prompt[len(before) :]
-        header = turn[len(before) : turn.rfind(_PROBE_MARKER)]
-        if generation_prompt.startswith(header):
-            return generation_prompt[len(header) :]
-        return ""
-
-    def _template_error(self, exc: Exception) -> ChatTemplateError:
-        """The error for a template that failed on the construction probes: what it did, and
-        the fix (configure tools when it renders with a tool but not without)."""
-        from jinja2 import TemplateSyntaxError
-
-        if isinstance(exc, TemplateSyntaxError):
-            return ChatTemplateError(
-                f"the chat template does not compile: {exc} (template line {exc.lineno}); fix it, or use the "
-                "model's default template"
-            )
-        refusal = template_refusal(exc)
-        line = template_line(exc)
-        if refusal is not None:
-            verb, failure = "refuses", f"raise_exception({refusal!r})"
-        else:
-            verb, failure = "cannot render", f"{type(exc).__name__}: {exc}" + (f" (template line {line})" if line else "")
-        tools = "no tools" if self.tools is None else f"tools={_tool_names(self.tools)}"
-        message = f"the chat template {verb} a minimal conversation (one user message, one reply) with {tools}: {failure}"
-        if self.tools is None and self._renders_with_a_tool():
-            message += ("; this chat template needs tools=...; configure tools (ChatRenderer(tools=[...]), or the "
-                        "agent loop's tools), or use the model's default template")
-        else:
-            message += "; pass a chat_template= that renders it, or use the model's default template"
-        return ChatTemplateError(message, refusal=refusal)
-
-    def _renders_with_a_tool(self) -> bool:
-        try:
-            self.processor.apply_chat_template(
-                list(BASE_CONVERSATION), tools=[_PROBE_TOOL], chat_template=self.chat_template,
-                add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs,
-            )
-        except Exception as exc:
-            if raised_by_template(exc):
-                return False
-            raise
-        return True
-
-    def _end_of_turn_token(self, suffix: str) -> tuple[str | None, int | None]:
-        tok = self.tokenizer
-        candidates: list[str] = []
-        if getattr(tok, "eos_token", None):
-            candidates.append(tok.eos_token)
-        # The turn may close with a special token other than eos_token (Llama 3's <|eot_id|>).
-        candidates += sorted(getattr(tok, "all_special_tokens", []) or [], key=len, reverse=True)
-        for cand in candidates:
-            if cand and suffix.startswith(cand):
-                ids = self.encode(cand)
-                if len(ids) == 1:
-                    return cand, ids[0]
-        eos_id = getattr(tok, "eos_token_id", None)
-        return getattr(tok, "eos_token", None), eos_id if isinstance(eos_id, int) else None
-
     def describe(self) -> str:
         """One line naming the template's turn suffix and end-of-turn token (for error messages)."""
         return json.dumps(
@@ -611,28 +400,3 @@ class ChatRenderer:
                 "eos_token_id": self.eos_token_id,
             }
         )
-
-
-def _special_tokens(tokenizer: Any) -> tuple[tuple[str, ...], frozenset[int]]:
-    """Special tokens of ``tokenizer`` (named ones and added tokens marked special) whose text
-    encodes to one id, longest first, and those ids."""
-    names = set(getattr(tokenizer, "all_special_tokens", None) or [])
-    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    names.update(str(tok) for tok in decoder.values() if getattr(tok, "special", False))
-    texts, ids = [], set()
-    for name in sorted(filter(None, names), key=lambda t: (-len(t), t)):
-        token_id = tokenizer.convert_tokens_to_ids(name) if hasattr(tokenizer, "convert_tokens_to_ids") else None
-        is_unk = token_id == getattr(tokenizer, "unk_token_id", None) and name != getattr(tokenizer, "unk_token", None)
-        if isinstance(token_id, int) and token_id >= 0 and not is_unk:
-            texts.append(name)
-            ids.add(token_id)
-    return tuple(texts), frozenset(ids)
-
-
-def _tool_names(tools: Sequence[Any]) -> str:
-    """``[calculator, search]`` from OpenAI function schemas (``?`` for one without a name)."""
-    names = []
-    for tool in tools:
-        spec = tool.get("function", tool) if isinstance(tool, Mapping) else None
-        names.append(str(spec.get("name", "?")) if isinstance(spec, Mapping) else "?")
-    return "[" + ", ".join(names) + "]"

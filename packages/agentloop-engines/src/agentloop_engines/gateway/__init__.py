@@ -14,7 +14,8 @@ from agentloop_engines.gateway.app import (
     create_gateway_app,
     serve_gateway,
 )
-from agentloop_engines.gateway.core import Gateway, GatewayResponse
+from agentloop_engines.gateway.core import Gateway
+from agentloop_engines.gateway.openai_response import GatewayResponse
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.gateway.recorder import (
     RecordedCall,

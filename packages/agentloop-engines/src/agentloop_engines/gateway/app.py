@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
-from agentloop_engines.gateway.core import Gateway, GatewayResponse
-from agentloop_engines.gateway.openai_response import sse
+from agentloop_engines.gateway.core import Gateway
+from agentloop_engines.gateway.openai_response import GatewayResponse, sse
 from agentloop_engines.gateway.prompt_limits import PromptLimitError
 from agentloop_engines.gateway.recorder import SessionCallLimitError, SessionNotFoundError, check_session_id
 from agentloop_engines.http_common import (

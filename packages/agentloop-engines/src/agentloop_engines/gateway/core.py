@@ -8,7 +8,8 @@ exact ids (:mod:`~agentloop_engines.gateway.recorder`), and use the session id a
 ``request_id``: the sticky-session key of ``LLMServerClient``, so a trajectory's calls stay on
 one replica and reuse its prefix cache, and ``abort(session_id)`` stops the session's calls.
 A session chat call that only appends messages to the previous one continues its ids exactly
-(:mod:`~agentloop_engines.gateway.continuation`).
+(:mod:`~agentloop_engines.gateway.continuation`, planned by
+:mod:`~agentloop_engines.gateway.chat_planner`).
 
 Rendering and tokenizing run on the gateway's own one-thread pool, never on the event loop,
 so a big prompt delays other renders but never the loop that answers ``/health`` and streams
@@ -23,10 +24,8 @@ import asyncio
 import functools
 import json
 import logging
-import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,22 +33,16 @@ from typing import Any
 
 from agentloop_core.parsers import ToolParser, get_tool_parser
 from agentloop_core.protocol import TokenOutput
-from agentloop_core.tokenization import ChatRenderer, Trajectory, renders_tools
+from agentloop_core.tokenization import renders_tools
 from agentloop_core.tokenization.template_errors import raised_by_template
-from agentloop_engines.gateway.continuation import (
-    ChatState,
-    ContinuationPlan,
-    extension,
-    normalize_message,
-    renderer_key,
-)
+from agentloop_engines.gateway.chat_planner import ChatPlanner
 from agentloop_engines.gateway.openai_request import (
     ChatRequest,
     CompletionRequest,
     parse_chat_request,
     parse_completion_request,
 )
-from agentloop_engines.gateway.openai_response import chat_chunks, completion_chunks
+from agentloop_engines.gateway.openai_response import GatewayResponse
 from agentloop_engines.gateway.prompt_limits import PromptLimits
 from agentloop_engines.gateway.recorder import (
     RecordedCall,
@@ -61,29 +54,10 @@ from agentloop_engines.gateway.stop import find_stop, single_token_stop_ids
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Gateway", "GatewayResponse"]
+__all__ = ["Gateway"]
 
 _FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
 _MAX_RENDERERS = 64
-
-
-@dataclass(frozen=True)
-class GatewayResponse:
-    """One answered request."""
-
-    body: dict[str, Any]
-    """The OpenAI response object (``chat.completion`` or ``text_completion``)."""
-    stream: bool
-    """The client asked for server-sent events."""
-    include_usage: bool
-    """The client asked for a usage chunk at the end of the stream."""
-    call: RecordedCall | None
-    """What was recorded, when the request was made in a session."""
-
-    def chunks(self) -> list[dict[str, Any]]:
-        """The stream chunks of :attr:`body` (without the final ``[DONE]``)."""
-        make = chat_chunks if self.body["object"] == "chat.completion" else completion_chunks
-        return list(make(self.body, self.include_usage))
 
 
 @dataclass(frozen=True)
@@ -189,19 +163,23 @@ class Gateway:
         self._special_ids = frozenset(int(i) for i in special)
         parser_stops = self.parser.stop_tokens if self.parser is not None else ()
         self._parser_stop_ids = frozenset(single_token_stop_ids(self.tokenizer, parser_stops))
-        # Renderers for token-exact sessions, by tools and template variables (None: the template
-        # cannot be split into turns); the lock guards them and the sessions' chat states.
-        self._renderers: OrderedDict[tuple[str, str], ChatRenderer | None] = OrderedDict()
-        self._chat_lock = threading.Lock()
-        self.continued_calls = 0
-        """Session chat calls whose prompt extended the previous chat call's ids (monotonic)."""
-        self.restarted_calls = 0
-        """Session chat calls after the first whose messages did not extend the previous call's
-        (the agent edited its context, or changed tools): rendered whole, so they start a new
-        segment (monotonic)."""
+        self._planner = ChatPlanner(self.processor, chat_template, self.chat_template_kwargs, self.recorder,
+                                    self.render, max_renderers=_MAX_RENDERERS)
 
     def __repr__(self) -> str:
         return f"Gateway({type(self.server).__name__}, model={self.model_name!r})"
+
+    @property
+    def continued_calls(self) -> int:
+        """Session chat calls whose prompt extended the previous chat call's ids (monotonic)."""
+        return self._planner.continued_calls
+
+    @property
+    def restarted_calls(self) -> int:
+        """Session chat calls after the first whose messages did not extend the previous call's
+        (the agent edited its context, or changed tools): rendered whole, so they start a new
+        segment (monotonic)."""
+        return self._planner.restarted_calls
 
     # ---- sessions ------------------------------------------------------------------------
 
@@ -291,7 +269,7 @@ class Gateway:
         if session_id is None:
             prompt_ids = await self._off_loop(self.render, req.messages, req.tools, req.chat_template_kwargs)
         else:
-            plan = await self._off_loop(self._plan, req, session_id)
+            plan = await self._off_loop(self._planner.plan, req, session_id)
             prompt_ids = plan.prompt_ids
         self.prompt_limits.check_tokens(len(prompt_ids))
         gen = await self._generate("chatcmpl", prompt_ids, req, session_id)
@@ -319,7 +297,8 @@ class Gateway:
         assert session_id is not None
         result = self._finish("chat.completions", body, response, gen, req, session_id,
                               extra={"extends_previous": plan.extends_previous})
-        await self._off_loop(self._advance, session_id, plan, req, gen, message)
+        await self._off_loop(self._planner.advance, session_id, plan, req, gen.prompt_ids, gen.token_ids,
+                             gen.stop_reason, message)
         return result
 
     async def completion(self, body: Mapping[str, Any], *, session_id: str | None = None) -> GatewayResponse:
@@ -366,97 +345,6 @@ class Gateway:
                 "CHECKPOINT --chat-template chatml-hermes` (a built-in, or a Jinja file's path), or "
                 "Gateway(..., chat_template=agentloop_core.tokenization.resolve_chat_template('chatml-hermes')); "
                 "or send the request without tools")
-
-    # ---- token-exact sessions -------------------------------------------------------------
-
-    def _renderer(self, key: tuple[str, str], tools: list[dict[str, Any]] | None,
-                  kwargs: Mapping[str, Any]) -> ChatRenderer | None:
-        """The delta renderer for these tools and template variables; None when the template
-        cannot be split into turns (or renders nothing without them)."""
-        with self._chat_lock:
-            if key in self._renderers:
-                self._renderers.move_to_end(key)
-                return self._renderers[key]
-        try:
-            renderer: ChatRenderer | None = ChatRenderer(
-                self.processor, tools=tools, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs)
-        except Exception as exc:
-            if not (isinstance(exc, ValueError) or raised_by_template(exc)):
-                raise
-            renderer = None
-            if getattr(self.processor, "chat_template", None) or self.chat_template is not None:
-                logger.warning("session chat calls are rendered whole, not continued token-exactly, for these tools "
-                               "and template variables: %s: %s. Recorded calls then start a new segment whenever "
-                               "the engine's ids are not what the template re-encodes", type(exc).__name__, exc)
-        with self._chat_lock:
-            self._renderers[key] = renderer
-            while len(self._renderers) > _MAX_RENDERERS:
-                self._renderers.popitem(last=False)
-        return renderer
-
-    def _plan(self, req: ChatRequest, session_id: str) -> ContinuationPlan:
-        """The prompt of a session chat call: the previous chat call continued when the request
-        only appends messages to it, else the whole request rendered."""
-        kwargs = {**self.chat_template_kwargs, **req.chat_template_kwargs}
-        key = renderer_key(req.tools, kwargs)
-        with self._chat_lock:
-            state = self.recorder.chat_state(session_id)
-            new = extension(state, key, req.messages) if isinstance(state, ChatState) else None
-            if new is not None:
-                assert state is not None and state.trajectory is not None
-                try:
-                    delta = state.trajectory.preview_messages(new)
-                except Exception as exc:
-                    if not (isinstance(exc, ValueError) or raised_by_template(exc)):
-                        raise
-                    logger.info("session %r: the template's delta for the new messages failed (%s: %s); "
-                                "rendering the whole request", session_id, type(exc).__name__, exc)
-                else:
-                    return ContinuationPlan(state.trajectory.context_ids + delta, key, base=state,
-                                            new_messages=new, had_previous=True)
-        trajectory = None
-        renderer = self._renderer(key, req.tools, kwargs)
-        if renderer is not None:
-            try:
-                trajectory = Trajectory(renderer, req.messages)
-            except Exception as exc:
-                if not raised_by_template(exc):
-                    raise
-                trajectory = None  # self.render raises the gateway's error for it
-        prompt_ids = (list(trajectory.prompt_ids) if trajectory is not None
-                      else self.render(req.messages, req.tools, req.chat_template_kwargs))
-        return ContinuationPlan(prompt_ids, key, trajectory=trajectory, had_previous=state is not None)
-
-    def _advance(self, session_id: str, plan: ContinuationPlan, req: ChatRequest, gen: _Generation,
-                 message: Mapping[str, Any]) -> None:
-        """Keep this call as the session's last chat call, for the next one to continue."""
-        expected = (*(normalize_message(m) for m in req.messages), normalize_message(message))
-        out = TokenOutput(token_ids=list(gen.token_ids), log_probs=None, stop_reason=gen.stop_reason)  # type: ignore[arg-type]
-        calls = message.get("tool_calls")
-        with self._chat_lock:
-            if plan.extends_previous:
-                self.continued_calls += 1
-            elif plan.had_previous:
-                self.restarted_calls += 1
-            trajectory = plan.trajectory
-            try:
-                if plan.base is not None:
-                    if self.recorder.chat_state(session_id) is not plan.base:
-                        return  # a concurrent call of the session continued it first; that one stays
-                    trajectory = plan.base.trajectory
-                    assert trajectory is not None and plan.new_messages is not None
-                    trajectory.append_messages(plan.new_messages)
-                    if trajectory.context_ids != gen.prompt_ids:
-                        raise RuntimeError("the template's delta changed between the call and its recording")
-                if trajectory is not None:
-                    trajectory.append_generated(out)
-                    if calls:
-                        trajectory.attach_tool_calls(calls)
-            except Exception as exc:  # noqa: BLE001 - never fail an answered call; the next one renders whole
-                logger.warning("session %r: cannot continue this chat call token-exactly (%s: %s); the next call "
-                               "is rendered whole", session_id, type(exc).__name__, exc)
-                trajectory = None
-            self.recorder.set_chat_state(session_id, ChatState(plan.key, trajectory, expected))
 
     # ---- internals -----------------------------------------------------------------------
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["chat_chunks", "completion_chunks", "sse"]
+from agentloop_engines.gateway.recorder import RecordedCall
+
+__all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "sse"]
 
 _EXTENSIONS = ("token_ids", "token_logprobs", "tool_call_errors")
 
@@ -70,3 +73,22 @@ def sse(chunks: Iterator[Mapping[str, Any]]) -> Iterator[bytes]:
     for chunk in chunks:
         yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class GatewayResponse:
+    """One answered request."""
+
+    body: dict[str, Any]
+    """The OpenAI response object (``chat.completion`` or ``text_completion``)."""
+    stream: bool
+    """The client asked for server-sent events."""
+    include_usage: bool
+    """The client asked for a usage chunk at the end of the stream."""
+    call: RecordedCall | None
+    """What was recorded, when the request was made in a session."""
+
+    def chunks(self) -> list[dict[str, Any]]:
+        """The stream chunks of :attr:`body` (without the final ``[DONE]``)."""
+        make = chat_chunks if self.body["object"] == "chat.completion" else completion_chunks
+        return list(make(self.body, self.include_usage))
