@@ -6,8 +6,8 @@ template is the operator's alone (``Gateway(chat_template=...)`` or the tokenize
 request may set only the template variables on the operator's allow-list, each to a short JSON
 scalar, and the size of what gets rendered and tokenized is bounded before any work starts.
 
-No HTTP here: the gateway and the engine server's chat passthrough both call
-:meth:`PromptLimits.check_chat_body`, and serve :class:`PromptLimitError` as 413.
+No HTTP here: the gateway calls :meth:`PromptLimits.check_chat_body` on every chat request
+(wherever ``/v1`` is served), and the HTTP apps serve :class:`PromptLimitError` as 413.
 """
 
 from __future__ import annotations
