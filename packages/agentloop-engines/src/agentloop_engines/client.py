@@ -238,9 +238,8 @@ class LLMServerClient:
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
-        out = await self._routed(request_id, "generate", request_id, prompt_ids, sp,
+        return await self._routed(request_id, "generate", request_id, prompt_ids, sp,
                                  prompt_tokens=len(prompt_ids))
-        return out
 
     async def chat_completion(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Serve an OpenAI-style chat request on one replica (sticky on ``request_id``).
