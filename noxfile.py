@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import nox
@@ -74,6 +75,27 @@ TEST_ENV = {
 }
 
 
+COVERAGE_DIR = ROOT / ".coverage-data"
+"""Where each test run writes its coverage data (``.coverage.<session>.<n>``) for ``nox -s coverage``."""
+_COVERAGE_RUNS: dict[str, int] = {}
+
+
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+    """pytest under coverage (pytest-cov >= 7: this process only, not its subprocesses). Each
+    run writes its own data file, so a rerun of one session replaces only its own numbers."""
+    session.install("pytest-cov>=7")
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", session.name).strip("-")
+    runs = _COVERAGE_RUNS.get(tag, 0)
+    if runs == 0:  # this session's data from an earlier invocation goes
+        for old in COVERAGE_DIR.glob(f".coverage.{tag}.*"):
+            old.unlink()
+    _COVERAGE_RUNS[tag] = runs + 1
+    COVERAGE_DIR.mkdir(exist_ok=True)
+    data = COVERAGE_DIR / f".coverage.{tag}.{runs}"
+    session.run("python", "-m", "pytest", "--cov", "--cov-report=", *args,
+                env={**(env or {}), "COVERAGE_FILE": str(data)})
+
+
 def _install(session: nox.Session, package: str) -> None:
     spec = PACKAGES[package]
     if spec["pre"]:
@@ -107,16 +129,20 @@ def _ensure_chromium(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"])
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree; pyright (basic, through basedpyright) over core and engines."""
+    """ruff over the whole tree; basedpyright in standard mode over core and engines
+    ([tool.basedpyright]) and in basic mode over tools, trainer, langgraph and conformance
+    (tools/typecheck-basic.json)."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", "packages", "noxfile.py", "tools", *(p for p in ("conformance", "bench", "examples", "tests") if (ROOT / p).exists()))
-    # pyright resolves imports from this venv: core and engines with the extras their modules
-    # import (vLLM and SGLang excepted: GBs; those imports say so), and omegaconf, which core
-    # imports only for a config that already is an OmegaConf one. Config: [tool.basedpyright].
+    # pyright resolves imports from this venv: every package with the extras its modules import
+    # (vLLM and SGLang excepted: GBs; those imports say so).
     session.install(TORCH)
     session.install("-e", "packages/agentloop-core[ray,mlflow]", "-e", "packages/agentloop-engines[hf,ray,server]",
-                    TORCH, "omegaconf>=2.3", "basedpyright>=1.20")
+                    "-e", "packages/agentloop-tools[mcp]", "-e", "packages/agentloop-trainer[gguf,lora]",
+                    "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance", TORCH, "basedpyright>=1.20")
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("basedpyright")
+    session.run("basedpyright", "-p", "tools/typecheck-basic.json")
 
 
 @nox.session(tags=["ci"])
@@ -133,8 +159,7 @@ def tests(session: nox.Session, package: str) -> None:
     _install(session, package)
     if package == "agentloop-trainer":
         _ensure_chromium(session)
-    session.run(
-        "python", "-m", "pytest", f"packages/{package}/tests", "-q", "-p", "no:cacheprovider",
+    _pytest(session, f"packages/{package}/tests", "-q", "-p", "no:cacheprovider",
         *session.posargs, env=TEST_ENV,
     )
 
@@ -159,7 +184,7 @@ def conformance(session: nox.Session) -> None:
         "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]", TORCH,
     )
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
-    session.run("python", "-m", "pytest", "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+    _pytest(session, "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
 def _install_integration(session: nox.Session) -> None:
@@ -179,7 +204,7 @@ def fault(session: nox.Session) -> None:
     """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
     input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
     _install_integration(session)
-    session.run("python", "-m", "pytest", "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+    _pytest(session, "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
 @nox.session(tags=["ci"])
@@ -189,7 +214,7 @@ def integration(session: nox.Session) -> None:
     _install_integration(session)
     session.install("-e", "packages/agentloop-langgraph[agents]", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
-    session.run("python", "-m", "pytest", "tests/integration", "-q", "-p", "no:cacheprovider", *session.posargs,
+    _pytest(session, "tests/integration", "-q", "-p", "no:cacheprovider", *session.posargs,
                 env=TEST_ENV)
 
 
@@ -198,7 +223,7 @@ def cluster(session: nox.Session) -> None:
     """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
     checks, the same tokens as one machine, and a node removed mid-rollout (~2.5 min)."""
     _install_integration(session)
-    session.run("python", "-m", "pytest", "tests/cluster", "-q", "-s", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+    _pytest(session, "tests/cluster", "-q", "-s", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
 REAL_MODEL = "smollm2-135m-instruct"
@@ -229,7 +254,7 @@ def real_model(session: nox.Session) -> None:
     session.install("-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance", "openai>=1.40", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     folder = _fetch_real_model(session)
-    session.run("python", "-m", "pytest", "tests/real_model", "-q", "-p", "no:cacheprovider", "--durations=0",
+    _pytest(session, "tests/real_model", "-q", "-p", "no:cacheprovider", "--durations=0",
                 *session.posargs, env={**TEST_ENV, "AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
 
 
@@ -268,16 +293,30 @@ def vllm(session: nox.Session) -> None:
     session.env.pop("TMPDIR", None)
     session.env["VLLM_CACHE_ROOT"] = str(tmp / "vllm-cache")
     session.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
-    session.run("python", "-m", "pytest", "packages/agentloop-engines/tests/test_vllm_server.py",
+    _pytest(session, "packages/agentloop-engines/tests/test_vllm_server.py",
                 "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
                 "packages/agentloop-trainer/tests/test_checkpoint_dcp.py::test_vllm_server_serves_the_exported_hf_folder",
                 "-q", "-p", "no:cacheprovider", *session.posargs)
     # The real checkpoint on vLLM (conformance, greedy and log-probs against HFServer and the
     # trainer's forward, a bucketed weight push, a saved folder): ~3.5 min.
     folder = _fetch_real_model(session)
-    session.run("python", "-m", "pytest", "tests/real_model/test_vllm_real.py", "-q", "-p", "no:cacheprovider",
+    _pytest(session, "tests/real_model/test_vllm_real.py", "-q", "-p", "no:cacheprovider",
                 "--durations=0", *session.posargs,
                 env={"AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
+
+
+@nox.session(tags=["ci"])
+def coverage(session: nox.Session) -> None:
+    """The measured coverage of our packages' src, combined over every test session run before
+    it (``nox -t ci`` runs them first): a table per package, and a failure below the floor."""
+    session.install("coverage>=7.10")
+    files = sorted(str(f) for f in COVERAGE_DIR.glob(".coverage.*"))
+    if not files:
+        session.error("no coverage data in .coverage-data/: run the test sessions first (nox -t ci runs them "
+                      "before this one)")
+    env = {"COVERAGE_FILE": str(COVERAGE_DIR / ".coverage")}
+    session.run("coverage", "combine", "--keep", "-q", *files, env=env)
+    session.run("python", "tools/coverage_table.py", str(COVERAGE_DIR / ".coverage"), env=env)
 
 
 @nox.session(name="vllm_cpu")

@@ -358,6 +358,7 @@ def main() -> None:
         "versions": versions("torch", "transformers", "peft"), "device": args.device, "model_shape": shape,
         "batch": {**batch, "tokens": tokens}, "threads": args.threads, "timed_updates": args.timed,
         "results": results, "table_markdown": text, "push": {"table_markdown": push_text}})
+    return None
 
 
 if __name__ == "__main__":

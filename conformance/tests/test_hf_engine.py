@@ -18,8 +18,7 @@ class TestHFServerConformance(EngineConformanceTests):
         from agentloop_engines.tiny_model import build_tiny_model
 
         # A larger init than the default makes greedy outputs depend on the prompt.
-        server = HFServer(build_tiny_model(initializer_range=0.3), max_model_len=1024)
-        yield server
+        return HFServer(build_tiny_model(initializer_range=0.3), max_model_len=1024)
 
     @pytest.fixture
     def reference_log_probs(self, engine):

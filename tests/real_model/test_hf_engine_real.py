@@ -29,8 +29,7 @@ class TestHFServerRealModel(EngineConformanceTests):
     def engine(cls, model_dir):
         from agentloop_engines.hf import HFServer
 
-        server = HFServer(str(model_dir), max_model_len=2048)
-        yield server
+        return HFServer(str(model_dir), max_model_len=2048)
 
     @pytest.fixture
     def reference_log_probs(self, engine):

@@ -42,7 +42,7 @@ def hermes_call(expression: str) -> str:
     return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
 
 
-@pytest.mark.parametrize("expression, result", [("12 * 7 - 3", "81"), ("(4 + 5) / 2", "4.5")])
+@pytest.mark.parametrize(("expression", "result"), [("12 * 7 - 3", "81"), ("(4 + 5) / 2", "4.5")])
 def test_calculator_trajectory_strict(tool_tokenizer, expression, result):
     """Two generated turns (a hermes call, then ``#### N``) around a tool result appended as a
     template delta: the strict check equals one tokenization of the whole conversation, the

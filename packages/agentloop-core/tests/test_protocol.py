@@ -21,7 +21,7 @@ def test_sampling_params_unknown_key_names_closest():
 
 
 @pytest.mark.parametrize(
-    "params, message",
+    ("params", "message"),
     [
         ({"max_tokens": -1}, "max_tokens must be a positive integer"),
         ({"max_tokens": 0}, "max_tokens must be a positive integer"),

@@ -11,7 +11,7 @@ from agentloop_core.stops import CONTEXT, RESPONSE_BUDGET, TURN_CAP, TURNS, Stop
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 
 
-@pytest.mark.parametrize("args,cause", [
+@pytest.mark.parametrize(("args", "cause"), [
     (("stop", 5, 64, 64), None),
     (("aborted", 5, 64, 64), None),
     (("length", 64, 64, 64), "turn_cap"),  # asked for the cap, got it all

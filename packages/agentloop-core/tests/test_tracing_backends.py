@@ -75,9 +75,8 @@ def test_jsonl_tracer_writes_tags_nesting_errors_and_redacts(tmp_path):
             rec["late"] = 5
             with tracer.span("inner"):
                 pass
-        with pytest.raises(KeyError):
-            with tracer.span("broken"):
-                raise KeyError("x")
+        with pytest.raises(KeyError), tracer.span("broken"):
+            raise KeyError("x")
     tracer.close()
     inner, outer, broken = read_spans(path)
     assert [s["name"] for s in (inner, outer, broken)] == ["inner", "outer", "broken"]

@@ -134,7 +134,7 @@ def test_harmless_keys_are_accepted():
     assert req.sampling == {"max_tokens": 5, "seed": 3} and req.stream and req.include_usage and req.logprobs
 
 
-@pytest.mark.parametrize("key, value, message", [
+@pytest.mark.parametrize(("key", "value", "message"), [
     ("n", 2, "send n separate requests"),
     ("logit_bias", {"5": 10}, "logit_bias"),
     ("presence_penalty", 0.5, "presence_penalty"),
@@ -165,7 +165,7 @@ def test_tool_call_arguments_are_decoded_for_templates_and_nulls_dropped():
     assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{"x": 1}, "not json"]
 
 
-@pytest.mark.parametrize("prompt, expected", [("hello", "hello"), ([1, 2], [1, 2]), (["hi"], "hi"), ([[3]], [3])])
+@pytest.mark.parametrize(("prompt", "expected"), [("hello", "hello"), ([1, 2], [1, 2]), (["hi"], "hi"), ([[3]], [3])])
 def test_completion_prompts(prompt, expected):
     assert parse_completion_request({"prompt": prompt}).prompt == expected
 

@@ -52,7 +52,7 @@ def server(engine):
         yield srv
 
 
-@pytest.fixture()
+@pytest.fixture
 def http(server):
     with httpx.Client(base_url=server.url, timeout=10) as c:
         yield c
@@ -87,7 +87,7 @@ def test_generate_returns_the_engines_tokens(http):
     assert r.json()["log_probs"] is None and r.json()["token_ids"] == [9, 10]
 
 
-@pytest.mark.parametrize("body, message", [
+@pytest.mark.parametrize(("body", "message"), [
     ({"request_id": "a", "prompt_ids": [1], "sampling_params": {"max_token": 3}}, "did you mean 'max_tokens'"),
     ({"request_id": "a", "prompt_ids": [10**6]}, "outside the vocabulary"),
     ({"request_id": "a", "prompt_ids": []}, "prompt_ids is empty"),

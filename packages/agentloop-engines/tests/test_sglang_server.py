@@ -36,14 +36,14 @@ def greedy(max_tokens: int, **extra) -> dict:
     return {"max_tokens": max_tokens, "temperature": 0, **extra}
 
 
-@pytest.fixture()
+@pytest.fixture
 def engine():
     eng = StandInSGLangEngine()
     yield eng
     eng.loop.close()
 
 
-@pytest.fixture()
+@pytest.fixture
 async def server(engine):
     srv = SGLangServer(engine, eos_token_ids=[EOS])
     yield srv

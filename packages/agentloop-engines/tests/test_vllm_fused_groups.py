@@ -20,7 +20,7 @@ def test_whole_layers_and_unfused_weights_pass():
     assert incomplete_fused_groups([ATTN + "o_proj.weight", MLP + "down_proj.weight"]) == []
 
 
-@pytest.mark.parametrize("dropped, reported", [
+@pytest.mark.parametrize(("dropped", "reported"), [
     (ATTN + "k_proj.weight", ATTN + "q_proj.weight without " + ATTN + "k_proj.weight"),
     (ATTN + "q_proj.weight", ATTN + "k_proj.weight without " + ATTN + "q_proj.weight"),
     (MLP + "gate_proj.weight", MLP + "up_proj.weight without " + MLP + "gate_proj.weight"),

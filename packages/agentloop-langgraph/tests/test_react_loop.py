@@ -187,7 +187,7 @@ async def test_system_prompt_of_the_default_agent_is_rendered(tokenizer, scripte
     assert "You are a careful calculator user." in tokenizer.decode(out.prompt_ids)
 
 
-@pytest.mark.parametrize("config, message", [
+@pytest.mark.parametrize(("config", "message"), [
     ({"graph_factory": "no_colon"}, "package.module:function"),
     ({"graph_factory": "no_such_module_xyz:f"}, "cannot import module"),
     ({"graph_factory": "langgraph_helpers:nope"}, "has no attribute"),

@@ -36,8 +36,7 @@ def scripted(tokenizer, turns: list[str]) -> ScriptedServer:
 
 
 def run_loop(tokenizer, server, interaction: Any, **config: Any):
-    loop = ToolAgentLoop(server, tokenizer, {"response_length": 2048, "interaction": interaction, **config})
-    return loop
+    return ToolAgentLoop(server, tokenizer, {"response_length": 2048, "interaction": interaction, **config})
 
 
 @pytest.mark.parametrize(("text", "answer"), [("so #### 12", "12"), ("#### 1,234.5", "1234.5"),

@@ -134,7 +134,7 @@ async def test_new_limits_are_reachable_from_the_tool_yaml(tmp_path):
     assert resp.text == "hi\n" and metrics["sandbox_scratch_exceeded"] is False
 
 
-@pytest.mark.parametrize("config, match", [
+@pytest.mark.parametrize(("config", "match"), [
     ({"uid_range": [5, 1]}, "uid_range must be"),
     ({"max_scratch_mb": 0}, "max_scratch_mb must be a positive number"),
     ({"user": "nobody", "run_as_root": True}, "either user .* or run_as_root"),

@@ -46,7 +46,7 @@ def _ratios_to_logps(ratios):
     return old + torch.log(torch.tensor([ratios])), old
 
 
-@pytest.mark.parametrize("adv,expected", [(1.0, (-1.2 - 0.5 - 1.0) / 3), (-1.0, (1.5 + 0.8 + 1.0) / 3)])
+@pytest.mark.parametrize(("adv", "expected"), [(1.0, (-1.2 - 0.5 - 1.0) / 3), (-1.0, (1.5 + 0.8 + 1.0) / 3)])
 def test_ppo_clip_loss_hand_values(adv, expected):
     logp, old = _ratios_to_logps([1.5, 0.5, 1.0])
     loss, metrics = ppo_clip_loss(logp, old, torch.tensor([adv]), torch.ones(1, 3), clip_ratio_low=0.2, clip_ratio_high=0.2)

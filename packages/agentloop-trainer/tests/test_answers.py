@@ -54,12 +54,12 @@ ANSWERS = [
 ]
 
 
-@pytest.mark.parametrize("text,truth,expected", ANSWERS)
+@pytest.mark.parametrize(("text", "truth", "expected"), ANSWERS)
 def test_flexible_reads_real_looking_answers(text, truth, expected):
     assert flexible_reward(text, truth) == expected, find_answer(text)
 
 
-@pytest.mark.parametrize("text,truth,expected", [
+@pytest.mark.parametrize(("text", "truth", "expected"), [
     ("So 56 is the solution.", "56", 0.0),  # strict: '#### N' or nothing
     ("The answer is 56.", "56", 0.0),
     ("#### 56", "56", 1.0),

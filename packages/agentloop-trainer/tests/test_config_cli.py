@@ -23,7 +23,7 @@ def test_defaults_and_overrides():
     assert load_config().trainer.fsdp_ranks == 1
 
 
-@pytest.mark.parametrize("key,closest", [
+@pytest.mark.parametrize(("key", "closest"), [
     ("actor_rollout_ref.rollout.temprature", "actor_rollout_ref.rollout.temperature"),
     ("data.train_file", "data.train_files"),
     ("trainer.total_step", "trainer.total_steps"),

@@ -71,7 +71,7 @@ def test_no_pre_rl_eval_reads_as_absent(tmp_path, random_model_path, capsys):
     assert f"final model (Hugging Face folder): {tmp_path / 'run' / 'checkpoints' / 'step_1' / 'hf'}" in out
 
 
-@pytest.mark.parametrize("extra,cause", [
+@pytest.mark.parametrize(("extra", "cause"), [
     ([], "rollout/truncated/turn_cap"),
     (["data.max_response_length=6"], "rollout/truncated/response_budget"),
     # The prompts render to ~356-358 tokens: 4-6 tokens of context left, fewer than the cap asks for.

@@ -17,7 +17,7 @@ from agentloop_trainer.scoring import (
 )
 
 
-@pytest.mark.parametrize("text,truth,expected", [
+@pytest.mark.parametrize(("text", "truth", "expected"), [
     (r"so \boxed{42}", "42", 1.0),
     (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
     (r"\boxed{\dfrac12}", r"\frac{1}{2}", 1.0),

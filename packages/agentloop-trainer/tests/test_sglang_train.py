@@ -34,7 +34,7 @@ def _overrides(tmp_path, model_path, *extra):
     ]
 
 
-@pytest.fixture()
+@pytest.fixture
 def standins(monkeypatch):
     """Every ``sglang.Engine`` the run builds is a stand-in, collected here."""
     built: list[StandInSGLangEngine] = []

@@ -41,7 +41,7 @@ def validate_request(
     # zero-latency tool loop's time, bench/bench_loop_overhead.py); anything else, or a bad id,
     # takes the per-id loop, which accepts numpy/torch ints and names the first bad id.
     plain = type(prompt_ids) is list and set(map(type, prompt_ids)) == {int}
-    if not (plain and 0 <= min(prompt_ids) and max(prompt_ids) < vocab_size):
+    if not (plain and min(prompt_ids) >= 0 and max(prompt_ids) < vocab_size):
         _check_ids(prompt_ids, vocab_size)
     n = len(prompt_ids)
     if n >= max_model_len:

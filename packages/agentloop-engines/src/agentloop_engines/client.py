@@ -237,9 +237,8 @@ class LLMServerClient:
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
-        out = await self._routed(request_id, "generate", request_id, prompt_ids, sp,
+        return await self._routed(request_id, "generate", request_id, prompt_ids, sp,
                                  prompt_tokens=len(prompt_ids))
-        return out
 
     async def _routed(self, request_id: str, method: str, *args: Any,
                       prompt_tokens: int | None = None) -> Any:

@@ -213,6 +213,7 @@ class FunctionTool(BaseTool):
                 f"function tool {self.name!r}: hidden parameters {missing} have no default and the row's "
                 f"tools_kwargs[{self.name!r}]['execute_kwargs'] does not give them; add them to the dataset "
                 "or give them defaults")
+        return None
 
     async def execute(
         self, instance_id: str, parameters: dict[str, Any], **kwargs: Any

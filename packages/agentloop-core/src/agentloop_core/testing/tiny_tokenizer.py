@@ -34,15 +34,7 @@ _QWEN_SPLIT = (
 _NAMES = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jo", "Kai", "Lea"]
 _ITEMS = ["apples", "books", "coins", "eggs", "marbles", "pens", "cookies", "stamps", "cards", "shells"]
 _VERBS = ["buys", "finds", "gives away", "sells", "eats", "loses", "gets", "makes", "collects"]
-_WORDS = (
-    "the a an of to and in is it that for on with as was he she they we you this be at by "
-    "from have has had not are or his her their there what which when how many much each "
-    "more less than then total left after before every day week box bag group per times "
-    "half twice answer question calculator result number sum difference product quotient "
-    "first second third final so therefore because use tool call function arguments name "
-    "expression value error invalid please try again correct wrong reward score user "
-    "assistant system helpful math problem solve step think"
-).split()
+_WORDS = ["the", "a", "an", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "was", "he", "she", "they", "we", "you", "this", "be", "at", "by", "from", "have", "has", "had", "not", "are", "or", "his", "her", "their", "there", "what", "which", "when", "how", "many", "much", "each", "more", "less", "than", "then", "total", "left", "after", "before", "every", "day", "week", "box", "bag", "group", "per", "times", "half", "twice", "answer", "question", "calculator", "result", "number", "sum", "difference", "product", "quotient", "first", "second", "third", "final", "so", "therefore", "because", "use", "tool", "call", "function", "arguments", "name", "expression", "value", "error", "invalid", "please", "try", "again", "correct", "wrong", "reward", "score", "user", "assistant", "system", "helpful", "math", "problem", "solve", "step", "think"]
 
 
 def chat_template() -> str:
