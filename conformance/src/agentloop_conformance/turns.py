@@ -63,7 +63,9 @@ def discover_profile(loop: Any) -> LoopProfile:
     """The loop's :class:`LoopProfile`, by the protocol in the module docstring."""
     declared = getattr(loop, "conformance_profile", None)
     if callable(declared):
-        made = declared()
+        # Any, not the object a callable() check infers: the protocol promises a LoopProfile or
+        # a mapping of its fields, and dict() below says so when a loop breaks it.
+        made: Any = declared()
         if isinstance(made, LoopProfile):
             return made
         made = dict(made or {})
