@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +32,11 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(terse=True),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
     }
-    try:
+    with suppress(OSError, StopIteration):
         info["cpu_model"] = next(
             line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("model name")
         )
-    except (OSError, StopIteration):
-        pass
     return info
 
 

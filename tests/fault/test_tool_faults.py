@@ -120,11 +120,14 @@ async def test_mcp_server_that_goes_away_mid_run_turns_calls_into_errors(tokeniz
     from agentloop_tools.mcp import MCPTool, aload_mcp_tools
 
     served: list[str] = []
+    three_served = asyncio.Event()
 
     class Recording(MCPTool):
         async def execute(self, instance_id, parameters):
             result = await super().execute(instance_id, parameters)
             served.append(result[0].text)
+            if len(served) >= 3:
+                three_served.set()
             return result
 
     server = mcp_server()
@@ -132,8 +135,7 @@ async def test_mcp_server_that_goes_away_mid_run_turns_calls_into_errors(tokeniz
     engine, manager = _manager(tokenizer, tools, latency_s=0.3)
 
     async def kill_after_first_calls() -> None:
-        while len(served) < 3:
-            await asyncio.sleep(0.01)
+        await three_served.wait()
         server.stop()
 
     killer = asyncio.create_task(kill_after_first_calls())

@@ -32,7 +32,8 @@ class TestOwnTemplateConformance(TokenizationConformanceTests):
     too (tool messages render as ChatML turns of their role)."""
 
     @pytest.fixture(scope="class")
-    def tokenizer(self, model_dir):
+    @classmethod
+    def tokenizer(cls, model_dir):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(model_dir))

@@ -3,11 +3,16 @@ that emits non-canonical tokenizations, and an engine that always fails."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import (
+    CapabilityNotSupportedError,
+    SamplingParams,
+    ServerCapabilities,
+    TokenOutput,
+)
 from agentloop_core.server_wrapper import TransparentServerWrapper
 from agentloop_core.testing import ScriptedServer
 
@@ -63,7 +68,8 @@ class InjectedEngineError(RuntimeError):
 
 
 class FailingServer:
-    """An engine whose every ``generate`` raises :class:`InjectedEngineError`."""
+    """An engine whose every ``generate`` raises :class:`InjectedEngineError`; it declares no
+    other capability, so sleep, wake-up and weight updates raise CapabilityNotSupportedError."""
 
     capabilities = ServerCapabilities(logprobs=True)
 
@@ -72,6 +78,15 @@ class FailingServer:
 
     async def abort(self, request_id: str) -> None:
         return None
+
+    async def sleep(self) -> None:
+        raise CapabilityNotSupportedError("FailingServer does not support sleep()")
+
+    async def wake_up(self) -> None:
+        raise CapabilityNotSupportedError("FailingServer does not support wake_up()")
+
+    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        raise CapabilityNotSupportedError("FailingServer does not support update_weights()")
 
 
 def non_canonical_ids(tokenizer: Any, text: str) -> list[int]:

@@ -18,6 +18,7 @@ its agent does) are read this way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,7 +63,9 @@ def discover_profile(loop: Any) -> LoopProfile:
     """The loop's :class:`LoopProfile`, by the protocol in the module docstring."""
     declared = getattr(loop, "conformance_profile", None)
     if callable(declared):
-        made = declared()
+        # Any, not the object a callable() check infers: the protocol promises a LoopProfile or
+        # a mapping of its fields, and dict() below says so when a loop breaks it.
+        made: Any = declared()
         if isinstance(made, LoopProfile):
             return made
         made = dict(made or {})
@@ -148,10 +151,8 @@ async def _fails(tool: Any, args: dict[str, Any]) -> bool:
     except Exception:  # noqa: BLE001 - raising is what we look for
         return True
     finally:
-        try:
+        with contextlib.suppress(Exception):  # a failing release does not change the verdict
             await tool.release(instance)
-        except Exception:  # noqa: BLE001
-            pass
     text = getattr(result[0], "text", "") if isinstance(result, tuple) and result else ""
     return isinstance(text, str) and text.lstrip().lower().startswith("error")
 

@@ -57,7 +57,7 @@ async def test_busy_time_server_times_generate_and_ends_failed_or_cancelled_call
     with pytest.raises(asyncio.CancelledError):
         await call
     assert server.clock.in_flight == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
         await server.generate("b", [1], {"max_tokens": -1})
     assert server.clock.in_flight == 0
     # everything else passes through to the engine

@@ -87,7 +87,9 @@ class StreamingScriptedServer(ScriptedServer):
 
 async def _until(predicate, what: str) -> None:
     async def wait() -> None:
-        while not predicate():
+        # Any predicate over the engine's state, which changes once per event-loop turn: checking
+        # it every turn is what lets a test act at an exact token boundary.
+        while not predicate():  # noqa: ASYNC110 - see above
             await asyncio.sleep(0)
 
     try:

@@ -64,9 +64,9 @@ async def test_the_scripted_test_engine_rejects_what_a_real_engine_rejects(promp
     error and message, or a loop bug that only a real engine would catch passes its tests."""
     real = CountingServer(vocab_size=100, max_model_len=16)
     scripted = ScriptedServer([[1]], vocab_size=100, max_model_len=16)
-    with pytest.raises(ValueError) as real_error:
+    with pytest.raises(ValueError, match=match) as real_error:
         await real.generate("r", prompt, params)
-    with pytest.raises(ValueError) as scripted_error:
+    with pytest.raises(ValueError, match=match) as scripted_error:
         await scripted.generate("r", prompt, params)
     assert type(scripted_error.value) is type(real_error.value)
     assert str(scripted_error.value) == str(real_error.value)

@@ -169,10 +169,13 @@ def test_policy_gate_threshold_is_strictly_greater_than():
     assert never.choose("t") == 0
 
 
-@pytest.mark.parametrize("bad", [dict(num_replicas=0), dict(num_replicas=2, sticky_capacity=0),
-                                 dict(num_replicas=2, imbalance_threshold=-1)])
-def test_policy_rejects_bad_parameters(bad):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(("bad", "match"), [
+    (dict(num_replicas=0), "need at least one replica, got num_replicas=0"),
+    (dict(num_replicas=2, sticky_capacity=0), "sticky_capacity must be >= 1, got 0"),
+    (dict(num_replicas=2, imbalance_threshold=-1), "imbalance_threshold must be >= 0 or None"),
+])
+def test_policy_rejects_bad_parameters(bad, match):
+    with pytest.raises(ValueError, match=match):
         StickyLeastInFlightPolicy(**bad)
 
 

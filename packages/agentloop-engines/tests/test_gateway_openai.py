@@ -339,9 +339,11 @@ def test_no_replica_left_is_503(tokenizer):
         async def generate(self, request_id, prompt_ids, sampling_params):
             raise ConnectionError("replica is gone")
 
-    with GatewayThread(Gateway(LLMServerClient([Dead()]), tokenizer)) as t:
-        with pytest.raises(openai.InternalServerError) as info:
-            client(t.base_url).completions.create(model="m", prompt=[1], max_tokens=2)
+    with (
+        GatewayThread(Gateway(LLMServerClient([Dead()]), tokenizer)) as t,
+        pytest.raises(openai.InternalServerError) as info,
+    ):
+        client(t.base_url).completions.create(model="m", prompt=[1], max_tokens=2)
     assert info.value.status_code == 503 and "replica is gone" in info.value.body["message"]
 
 

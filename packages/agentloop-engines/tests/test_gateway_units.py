@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -147,9 +149,8 @@ def test_harmless_keys_are_accepted():
     ("chat_template", "{{ messages }}", "configure the template on the server"),
 ])
 def test_harmful_keys_are_refused_by_name(key, value, message):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(ValueError, match=re.escape(message)):
         parse_chat_request({"messages": USER, key: value})
-    assert message in str(info.value)
 
 
 def test_tool_call_arguments_are_decoded_for_templates_and_nulls_dropped():

@@ -98,7 +98,7 @@ async def test_shared_client_actor_balances_requests_from_several_workers(ray_cl
         deadline = time.monotonic() + 60
         while ray.get(gate.num_waiting.remote()) < 2:
             assert time.monotonic() < deadline, "the two worker tasks did not start within 60 s"
-            time.sleep(0.05)
+            await asyncio.sleep(0.05)
         gate.open.remote()
         served = ray.get(refs, timeout=60)
         flat = [r for per_worker in served for r in per_worker]

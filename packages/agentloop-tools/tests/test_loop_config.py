@@ -121,7 +121,10 @@ def test_read_loop_config_still_takes_the_old_lists_with_a_warning():
         cfg = read_loop_config(PlainConfig, {"timeout": None}, loop_name="old", nullable=("timeout",),
                                positive=("limit",))
     assert (cfg.limit, cfg.timeout) == (3, None)
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="old config limit must be a positive integer"):
+    with (
+        pytest.warns(DeprecationWarning, match=r"read_loop_config\(nullable=, positive=\) is deprecated"),
+        pytest.raises(ValueError, match="old config limit must be a positive integer"),
+    ):
         read_loop_config(PlainConfig, {"limit": 0}, loop_name="old", positive=("limit",))
 
 

@@ -1,6 +1,7 @@
 """ToolResponse and OpenAIFunctionToolSchema records."""
 
 import pytest
+from pydantic import ValidationError
 
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
@@ -46,5 +47,5 @@ def test_schema_round_trip_keeps_extra_json_schema_keys():
     ],
 )
 def test_schema_rejects_malformed(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError):
         OpenAIFunctionToolSchema.model_validate(bad)

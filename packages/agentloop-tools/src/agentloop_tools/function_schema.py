@@ -129,8 +129,8 @@ def parse_google_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
             # A new argument starts at the section's argument indent; deeper lines continue it.
             if arg and (arg_indent is None or indent <= arg_indent):
                 arg_indent = indent
-                current = arg.group(1).lstrip("*")
-                args[current] = arg.group(3).strip()
+                current = name = arg.group(1).lstrip("*")
+                args[name] = arg.group(3).strip()
             elif current is not None:
                 args[current] = f"{args[current]} {stripped}".strip()
     return " ".join(" ".join(summary).split()), args

@@ -168,7 +168,7 @@ class FunctionTool(BaseTool):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        vars(self).update(state)  # the same dict; pyright types an ABC instance's __dict__ as a mappingproxy
         if not self._is_async:
             self._pool = SyncToolPool(self.max_sync_threads, self.name)
 

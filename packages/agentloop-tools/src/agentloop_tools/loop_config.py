@@ -318,7 +318,7 @@ def resolve_tools(config: Mapping[str, Any]) -> dict[str, BaseTool]:
         if not isinstance(tool, BaseTool):
             raise ValueError(f"loop config tools[{name!r}] is a {type(tool).__name__}, not a BaseTool; "
                              "wrap functions with @function_tool")
-        if name != tool.name:
+        if not isinstance(name, str) or name != tool.name:
             raise ValueError(f"loop config tools key {name!r} differs from the tool's name {tool.name!r}")
         resolved[name] = tool
     return resolved

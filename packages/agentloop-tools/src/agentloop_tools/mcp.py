@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import threading
@@ -334,16 +335,17 @@ def load_mcp_tools(
         ConnectionError: A server could not be reached after its retries.
         ValueError: Bad config, or two servers offer the same tool name.
     """
-    coro_args = dict(tool_selected_list=tool_selected_list, tool_class=tool_class, tool_config=tool_config)
+    load = functools.partial(aload_mcp_tools, config, tool_selected_list=tool_selected_list,
+                             tool_class=tool_class, tool_config=tool_config)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(aload_mcp_tools(config, **coro_args))
+        return asyncio.run(load())
     box: dict[str, Any] = {}
 
     def runner() -> None:
         try:
-            box["value"] = asyncio.run(aload_mcp_tools(config, **coro_args))
+            box["value"] = asyncio.run(load())
         except BaseException as exc:  # re-raised in the caller's thread
             box["error"] = exc
 

@@ -247,9 +247,9 @@ class HFServer(AsyncServerBase):
                         running.abort_all(exc)
                         running = None
                         break
-                    if self._pending and not self._draining and len(running or ()) < self.max_batch_size:
-                        if running is None or running.can_merge():
-                            running = await self._admit(running)
+                    if (self._pending and not self._draining and len(running or ()) < self.max_batch_size
+                            and (running is None or running.can_merge())):
+                        running = await self._admit(running)
 
     def _take_pending(self, room: int) -> list[Row]:
         batch = self._pending[:room]
@@ -398,10 +398,8 @@ class HFServer(AsyncServerBase):
                 # Let a running batch see the abort flags and return before cancelling.
                 async with self._engine_lock:
                     task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await task
-                except asyncio.CancelledError:
-                    pass
         self._closed = True
         self.model = None
         if self.device.type == "cuda":

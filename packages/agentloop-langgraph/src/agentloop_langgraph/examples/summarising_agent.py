@@ -92,7 +92,8 @@ def summarising_agent(
         return {"messages": [await model.ainvoke(view)]}
 
     def route(state: MessagesState) -> str:
-        if state["messages"][-1].tool_calls:
+        last = state["messages"][-1]  # the agent node's reply: an AIMessage
+        if isinstance(last, AIMessage) and last.tool_calls:
             return "tools"
         return "nudge" if nudge is not None else END
 

@@ -227,7 +227,7 @@ def private_tmp(scratch: str, size_mb: int, name: str, uid: int | None, gid: int
             raise OSError(ctypes.get_errno(), f"binding the sandbox tmpfs over {target} failed")
     workdir = os.path.join("/tmp", name)
     os.mkdir(workdir, 0o700)
-    if uid is not None:
+    if uid is not None and gid is not None:  # set together
         os.chown(workdir, uid, gid)
     return workdir
 
@@ -373,7 +373,7 @@ def supervise(cfg: dict) -> dict:
             reason = "timeout"
             break
         if watch:
-            shared = owned_entries(uid) if cfg["dedicated_uid"] else []
+            shared = owned_entries(uid) if cfg["dedicated_uid"] and uid is not None else []
             if usage_bytes(watch + shared) > cfg["scratch_mb"] * 2**20:
                 reason = "scratch"
                 break
@@ -384,7 +384,7 @@ def supervise(cfg: dict) -> dict:
     if cgroup is not None:
         with contextlib.suppress(OSError):
             os.rmdir(cgroup)
-    if cfg["dedicated_uid"] and "private-tmpfs" not in isolation:
+    if cfg["dedicated_uid"] and uid is not None and "private-tmpfs" not in isolation:
         remove_entries(owned_entries(uid))
     return {"returncode": status[0], "reason": reason, "isolation": isolation, "kill_rounds": rounds}
 

@@ -154,7 +154,7 @@ class _Capture:
         return marker + "\n" + text[-self.limit:], True
 
 
-def _resolve_user(user: str | int | None) -> tuple[int, int]:
+def _resolve_user(user: str | int) -> tuple[int, int]:
     import pwd
 
     try:
@@ -265,9 +265,16 @@ async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> bool:
     """Wait for the process to exit (not for its pipes to close, as ``proc.wait()`` does)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while proc.returncode is None and loop.time() < deadline:
+    # Polled: proc.wait() also waits for the pipes, which a grandchild that inherited them can
+    # hold open past the process's exit, and asyncio offers no exit-only signal to await.
+    while proc.returncode is None and loop.time() < deadline:  # noqa: ASYNC110 - see above
         await asyncio.sleep(0.02)
     return proc.returncode is not None
+
+
+def _write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 def _read_status(fd: int) -> dict[str, Any] | None:
@@ -321,11 +328,11 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         python = _interpreter(limits, uid is not None)
         workdir = tempfile.mkdtemp(prefix=f"{name}-")
         cfg_name = os.path.basename(workdir)
-        with open(os.path.join(workdir, "main.py"), "w", encoding="utf-8") as f:
-            f.write(code)
-        if uid is not None:
+        main_py = os.path.join(workdir, "main.py")
+        await asyncio.to_thread(_write_text, main_py, code)
+        if uid is not None and gid is not None:  # set together
             os.chown(workdir, uid, gid)
-            os.chown(os.path.join(workdir, "main.py"), uid, gid)
+            os.chown(main_py, uid, gid)
         status_r, status_w = os.pipe()
         # Only what Python needs to start; nothing from the parent (API keys, tokens, paths).
         env = {"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin", marker.split("=")[0]: name}
@@ -347,7 +354,10 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         os.close(status_w)
         status_w = -1
         out, err = _Capture(limits.max_output_chars, "head"), _Capture(limits.max_output_chars, "tail")
-        readers = asyncio.gather(out.drain(proc.stdout), err.drain(proc.stderr))
+        stdout, stderr = proc.stdout, proc.stderr
+        assert stdout is not None, "stdout is a PIPE"
+        assert stderr is not None, "stderr is a PIPE"
+        readers = asyncio.gather(out.drain(stdout), err.drain(stderr))
         stalled = not await _wait_exit(proc, limits.timeout_s + _GRACE_S)
         if stalled:
             with contextlib.suppress(ProcessLookupError):
