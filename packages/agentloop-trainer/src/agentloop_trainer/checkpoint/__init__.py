@@ -23,12 +23,7 @@ from agentloop_trainer.checkpoint.common import (
     save_checkpoint,
     set_rng_state,
 )
-from agentloop_trainer.checkpoint.hf_folder import (
-    INDEX_NAME,
-    WEIGHTS_NAME,
-    final_hf_folder,
-    write_hf_folder,
-)
+from agentloop_trainer.checkpoint.hf_folder import INDEX_NAME, WEIGHTS_NAME, final_hf_folder, write_hf_folder
 from agentloop_trainer.checkpoint.run import (
     CHECKPOINTS_DIR,
     load_run_checkpoint,

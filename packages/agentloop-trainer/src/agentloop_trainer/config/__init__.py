@@ -42,14 +42,8 @@ from agentloop_trainer.config.checks import (
     TRAINER_MODES,
     validate,
 )
-from agentloop_trainer.config.errors import (
-    ConfigError,
-)
-from agentloop_trainer.config.loading import (
-    FREE_FORM,
-    load_config,
-    to_yaml,
-)
+from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.loading import FREE_FORM, load_config, to_yaml
 from agentloop_trainer.config.sections import (
     AlgorithmSection,
     CustomRewardFunctionSection,

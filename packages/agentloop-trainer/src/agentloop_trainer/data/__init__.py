@@ -15,12 +15,8 @@ from agentloop_trainer.data.gsm8k import (
     parse_gsm8k_answer,
     read_gsm8k_jsonl,
 )
-from agentloop_trainer.data.iterator import (
-    DataIterator,
-)
-from agentloop_trainer.data.records import (
-    load_records,
-)
+from agentloop_trainer.data.iterator import DataIterator
+from agentloop_trainer.data.records import load_records
 from agentloop_trainer.data.rows import (
     check_row,
     limit_prompt_length,

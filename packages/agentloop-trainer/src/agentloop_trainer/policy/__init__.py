@@ -21,10 +21,7 @@ from agentloop_trainer.policy.model import (
     build_tiny_policy,
     enable_gradient_checkpointing,
 )
-from agentloop_trainer.policy.tokenizer import (
-    load_tokenizer,
-    tokenizer_source,
-)
+from agentloop_trainer.policy.tokenizer import load_tokenizer, tokenizer_source
 from agentloop_trainer.policy.warmup_checkpoint import (
     LATER_WARMUP_KEYS,
     TASK_VERSION,

@@ -19,10 +19,7 @@ from agentloop_trainer.reward.answers import (
     normalize_math_answer,
     truth_text,
 )
-from agentloop_trainer.reward.rule import (
-    answer_reward,
-    extract_answer,
-)
+from agentloop_trainer.reward.rule import answer_reward, extract_answer
 from agentloop_trainer.reward.scoring import (
     ANSWER_FORMATS,
     BUILTIN_SCORERS,

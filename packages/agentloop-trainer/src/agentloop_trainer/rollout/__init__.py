@@ -33,9 +33,7 @@ from agentloop_trainer.rollout.engines import (
     remote_engines,
     rollout_dtype,
 )
-from agentloop_trainer.rollout.ray_session import (
-    ray_session,
-)
+from agentloop_trainer.rollout.ray_session import ray_session
 from agentloop_trainer.rollout.rollouts import (
     EvalResult,
     RolloutFleet,

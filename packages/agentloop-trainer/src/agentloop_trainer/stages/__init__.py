@@ -7,14 +7,8 @@ synchronous GRPO (:mod:`~agentloop_trainer.stages.grpo`) and asynchronous GRPO
 on every FSDP rank.
 """
 
-from agentloop_trainer.stages.async_buffer import (
-    Group,
-    StalenessBuffer,
-    staleness_metrics,
-)
-from agentloop_trainer.stages.async_driver import (
-    AsyncDriver,
-)
+from agentloop_trainer.stages.async_buffer import Group, StalenessBuffer, staleness_metrics
+from agentloop_trainer.stages.async_driver import AsyncDriver
 from agentloop_trainer.stages.build import (
     build_trainer,
     load_policy_tokenizer,
@@ -22,10 +16,7 @@ from agentloop_trainer.stages.build import (
     run_fsdp_training,
     seed_everything,
 )
-from agentloop_trainer.stages.grpo import (
-    GRPOTrainer,
-    actor_config,
-)
+from agentloop_trainer.stages.grpo import GRPOTrainer, actor_config
 
 __all__ = [
     "AsyncDriver",

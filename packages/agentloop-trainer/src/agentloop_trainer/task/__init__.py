@@ -6,9 +6,9 @@ config, and its demonstrations as SFT rows.
 """
 
 from agentloop_trainer.task.calculator import (
-    BUILTIN_TOOL_CONFIG,
     AGENT_NAME,
     BIASED_TEMPLATES,
+    BUILTIN_TOOL_CONFIG,
     DATA_SOURCE,
     SYSTEM_PROMPT,
     TEMPLATES,

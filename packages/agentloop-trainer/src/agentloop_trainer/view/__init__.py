@@ -3,11 +3,7 @@
 (:mod:`~agentloop_trainer.view.viewer`).
 """
 
-from agentloop_trainer.view.metrics import (
-    MetricsLogger,
-    idle_fraction,
-    plot_reward_curve,
-)
+from agentloop_trainer.view.metrics import MetricsLogger, idle_fraction, plot_reward_curve
 from agentloop_trainer.view.viewer import (
     TRAJECTORY_DIR,
     group_trajectories,

@@ -6,7 +6,9 @@
 - :mod:`~agentloop_trainer.stages.sft.loss`: the loss, the schedule, one optimizer step.
 - :mod:`~agentloop_trainer.stages.sft.stage`: the general training loop (resumable, LoRA, bf16).
 - :mod:`~agentloop_trainer.stages.sft.warmup`: the tiny model's warm-up driver.
-- :mod:`~agentloop_trainer.task.demonstrations`: demonstrations of the calculator task as rows.
+
+The calculator task's demonstrations as SFT rows are the task's
+(:mod:`~agentloop_trainer.task.demonstrations`).
 """
 
 from agentloop_trainer.stages.sft.data import (
