@@ -50,7 +50,7 @@ def _steps(run_dir: Path) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def random_policy(tmp_path_factory):
     from agentloop_core.testing import load_tiny_tokenizer
-    from agentloop_trainer.model import TinyModelConfig, build_tiny_policy
+    from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     # A checkpoint folder as users have them: weights plus the tokenizer with its chat template.
     path = tmp_path_factory.mktemp("policy")

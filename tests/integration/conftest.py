@@ -10,7 +10,7 @@ def model_path(tmp_path_factory):
     """A randomly initialised tiny policy (with the tiny tokenizer) saved as a checkpoint."""
     pytest.importorskip("agentloop_trainer", reason="needs agentloop-trainer (nox -s integration)")
     from agentloop_core.testing import load_tiny_tokenizer
-    from agentloop_trainer.model import TinyModelConfig, build_tiny_policy
+    from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     tok = load_tiny_tokenizer()
     path = tmp_path_factory.mktemp("policy")
