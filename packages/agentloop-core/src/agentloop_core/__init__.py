@@ -8,6 +8,7 @@ from importlib.metadata import version as _distribution_version
 
 from agentloop_core.batch import RolloutBatch, SequenceTooLongError
 from agentloop_core.deprecation import renamed_attributes
+from agentloop_core.engine_registry import EngineCapabilities, EngineConfig, EnginePlugin, UnknownEngineError
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import (
@@ -50,6 +51,9 @@ __all__ = [
     "AsyncServer",
     "CapabilityNotSupportedError",
     "ChatRenderer",
+    "EngineCapabilities",
+    "EngineConfig",
+    "EnginePlugin",
     "JsonlTracer",
     "MLflowTracer",
     "NullTracer",
@@ -68,6 +72,7 @@ __all__ = [
     "Tracer",
     "Trajectory",
     "UnknownAgentLoopError",
+    "UnknownEngineError",
     "get_agent_loop_class",
     "make_tracer",
     "register",
