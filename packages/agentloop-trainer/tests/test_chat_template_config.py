@@ -73,7 +73,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     from agentloop_trainer.assets import load_tokenizer, sft_cache_key
     from agentloop_trainer.build import load_policy_tokenizer
     from agentloop_trainer.chat_templates import TemplateIgnoresToolsError
-    from agentloop_trainer.engines import engine_spec
+    from agentloop_trainer.engines import engine_config
     from agentloop_trainer.evaluate import _tokenizer
     from agentloop_trainer.rollout import rollout_settings
 
@@ -90,7 +90,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     assert settings["custom_chat_template"] == HERMES and rollout_settings(plain)["custom_chat_template"] is None
     worker = AgentLoopWorker(ScriptedServer(), str(tokenizer_folder), {"custom_chat_template": HERMES})
     assert worker.tokenizer.chat_template == HERMES  # a Ray rollout worker
-    assert engine_spec(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica
+    assert engine_config(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica
     path = tmp_path / "mine.jinja"
     path.write_text(HERMES.replace("You can call functions", "Call functions"))
     assert "Call functions" in load_policy_tokenizer(load_config([f"model.custom_chat_template={path}"]),

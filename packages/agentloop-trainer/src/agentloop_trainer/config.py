@@ -11,7 +11,10 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentloop_core.engine_registry import EnginePlugin
 
 
 @dataclass
@@ -279,7 +282,8 @@ class RolloutSection:
     """Rollout (verl: ``actor_rollout_ref.rollout``)."""
 
     name: str = "hf"
-    """Engine: hf (transformers, CPU or GPU) | vllm | sglang."""
+    """Engine: an installed engine plug-in (``agentloop.engines`` entry points): agentloop-engines'
+    hf (transformers, CPU or GPU), vllm and sglang, or a third party's."""
     server_urls: list[str] | None = None
     """Already-running agentloop engine HTTP servers (``agentloop_engines.serve``) to roll out
     on instead of starting an engine; weights are pushed to them after each update."""
@@ -300,8 +304,9 @@ class RolloutSection:
     """vLLM: no CUDA graphs / torch.compile (fast start-up)."""
     max_model_len: int | None = None
     """Engine context length; null: prompt + response budget for vLLM/SGLang, the model's for hf."""
-    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"hf": {}, "vllm": {}, "sglang": {}})
-    """Extra constructor arguments per engine (``engine_kwargs.vllm.enable_prefix_caching=true``)."""
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: _engine_kwargs_sections())
+    """Extra constructor arguments per engine (``engine_kwargs.vllm.enable_prefix_caching=true``);
+    one empty section per installed engine."""
     n: int = 8
     """Samples per prompt (GRPO group size)."""
     temperature: float = 1.0
@@ -503,8 +508,6 @@ class TrainConfig:
     ray: RaySection = field(default_factory=RaySection)
 
 
-ENGINE_NAMES = ("hf", "vllm", "sglang")
-"""Values of ``actor_rollout_ref.rollout.name``."""
 REWARD_SOURCES = ("auto", "function", "loop", "sum")
 """Values of ``reward.source``."""
 TRAIN_DTYPES = ("float32", "bfloat16")
@@ -515,6 +518,28 @@ ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names it and the fix."""
+
+
+def _engine_kwargs_sections() -> dict[str, Any]:
+    from agentloop_core.engine_registry import engine_names
+
+    return {name: {} for name in engine_names(include_broken=True)}
+
+
+def engine_plugin(cfg: Any) -> EnginePlugin:
+    """The installed engine plug-in ``actor_rollout_ref.rollout.name`` names.
+
+    Raises:
+        ConfigError: no installed engine has that name (listing those that are, and how to add
+            one), or its plug-in failed to load.
+    """
+    from agentloop_core.engine_registry import UnknownEngineError, get_engine_plugin
+
+    name = cfg.actor_rollout_ref.rollout.name
+    try:
+        return get_engine_plugin(name)
+    except UnknownEngineError as exc:
+        raise ConfigError(f"config actor_rollout_ref.rollout.name must be one of the installed engines ({exc})") from None
 
 
 FREE_FORM: tuple[str, ...] = (
@@ -656,6 +681,12 @@ def validate(cfg: Any) -> None:
     from agentloop_trainer.scoring import ANSWER_FORMATS
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    try:
+        engine: EnginePlugin | None = engine_plugin(cfg)
+        unknown_engine = ""
+    except ConfigError as exc:  # raised in its turn below, after the checks listed before it
+        engine, unknown_engine = None, str(exc).removeprefix("config actor_rollout_ref.rollout.name must be ")
+    dtypes = engine.capabilities.dtypes if engine is not None else ()
     checks = [
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator in ADV_ESTIMATORS, f"one of {ADV_ESTIMATORS}"),
         ("actor_rollout_ref.actor.loss_agg_mode", cfg.actor_rollout_ref.actor.loss_agg_mode in LOSS_AGG_MODES,
@@ -677,11 +708,12 @@ def validate(cfg: Any) -> None:
         ("ray.placement_strategy", cfg.ray.placement_strategy in PLACEMENT_STRATEGIES,
          f"one of {', '.join(PLACEMENT_STRATEGIES)}"),
         ("ray.worker_placement", cfg.ray.worker_placement in ("spread", "default"), "spread or default"),
-        ("actor_rollout_ref.rollout.name", r.name in ENGINE_NAMES, f"one of {ENGINE_NAMES}"),
+        ("actor_rollout_ref.rollout.name", engine is not None, unknown_engine),
         ("actor_rollout_ref.rollout.dtype", r.dtype is None or r.dtype in ROLLOUT_DTYPES,
          f"null (float32) or one of {ROLLOUT_DTYPES}"),
-        ("actor_rollout_ref.rollout.dtype", not (r.dtype == "auto" and r.name == "hf"),
-         "float32, bfloat16, float16 or null with rollout.name=hf (auto is vLLM's and SGLang's own choice)"),
+        ("actor_rollout_ref.rollout.dtype", r.dtype is None or r.dtype in dtypes,
+         f"{', '.join(dtypes)} or null with rollout.name={r.name} (the dtypes its plug-in declares in "
+         "capabilities.dtypes; auto, the engine's own choice, only where declared)"),
         ("actor_rollout_ref.rollout.server_urls", not r.server_urls or not uses_ray(cfg),
          "unset with the ray backend (remote servers are routed from the trainer process)"),
         ("actor_rollout_ref.rollout.multi_turn.enable", r.multi_turn.enable,
@@ -746,8 +778,6 @@ def custom_chat_template(cfg: Any) -> str | None:
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
 
-ASYNC_ENGINE_NAMES = ("hf", "vllm")
-"""In-process engines the asynchronous modes support (their ``abort`` returns the partial tokens)."""
 
 
 def _validate_mode(cfg: Any) -> None:
@@ -764,16 +794,19 @@ def _validate_mode(cfg: Any) -> None:
     if tc.mode == "sync":
         return
     # Partial rollout needs an engine whose abort returns the tokens generated so far (with
-    # their log-probs); verified for hf and vllm in process, for our HTTP engine server in front
-    # of either (rollout.server_urls), and for Ray replicas (the wrapper then lives in the shared
-    # client actor every rollout worker calls through). Under FSDP the driver runs on rank 0,
-    # which hosts the engine; the other ranks follow its updates and weight pushes. SGLang's
-    # check is the gpu-marked test_real_sglang_partial_rollout_resumes_across_a_weight_update
-    # (agentloop-engines): lift its refusal here once that passes on a GPU.
+    # their log-probs): its plug-in says so (capabilities.partial_rollout). Our HTTP engine
+    # server in front of such an engine (rollout.server_urls) is verified too, and so are Ray
+    # replicas (the wrapper then lives in the shared client actor every rollout worker calls
+    # through). Under FSDP the driver runs on rank 0, which hosts the engine; the other ranks
+    # follow its updates and weight pushes.
+    from agentloop_core.engine_registry import engine_names, get_engine_plugin
+
+    able = [n for n in engine_names() if get_engine_plugin(n).capabilities.partial_rollout]
     unsupported = [
-        ("actor_rollout_ref.rollout.name", bool(r.server_urls) or r.name in ASYNC_ENGINE_NAMES,
-         f"one of {ASYNC_ENGINE_NAMES} (sglang's abort is not yet verified to return the partial tokens "
-         "partial rollout resumes from)"),
+        ("actor_rollout_ref.rollout.name", bool(r.server_urls) or engine_plugin(cfg).capabilities.partial_rollout,
+         f"one of the engines whose plug-in declares capabilities.partial_rollout ({', '.join(able)}; "
+         f"not {r.name}: an engine declares it when its abort returns the tokens generated so far, with "
+         "their log-probs, and a resumed request continues from them)"),
     ]
     for key, ok, expected in unsupported:
         if not ok:
