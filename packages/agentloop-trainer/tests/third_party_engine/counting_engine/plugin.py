@@ -5,7 +5,7 @@ from __future__ import annotations
 from agentloop_core.engine_registry import EngineCapabilities, EnginePlugin
 from agentloop_core.protocol import ServerCapabilities
 
-COUNTING_SERVER = ServerCapabilities(logprobs=True, sleep=False, weight_update=True, chat_completion=True)
+COUNTING_SERVER = ServerCapabilities(logprobs=True, sleep=False, weight_update=True)
 """What ``CountingServer`` declares (its ``capabilities`` class attribute is this object)."""
 
 COUNTING_ENGINE = EnginePlugin(
