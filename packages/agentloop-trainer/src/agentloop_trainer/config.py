@@ -303,7 +303,9 @@ class RolloutSection:
     enforce_eager: bool = True
     """vLLM: no CUDA graphs / torch.compile (fast start-up)."""
     max_model_len: int | None = None
-    """Engine context length; null: prompt + response budget for vLLM/SGLang, the model's for hf."""
+    """Engine context length; null: prompt + response budget for an engine that reserves KV cache
+    for its whole context (its plug-in's ``capabilities.reserves_kv_cache``: vllm, sglang), else
+    the model's."""
     engine_kwargs: dict[str, Any] = field(default_factory=lambda: _engine_kwargs_sections())
     """Extra constructor arguments per engine (``engine_kwargs.vllm.enable_prefix_caching=true``);
     one empty section per installed engine."""
@@ -777,7 +779,6 @@ def custom_chat_template(cfg: Any) -> str | None:
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
-
 
 
 def _validate_mode(cfg: Any) -> None:
