@@ -7,8 +7,13 @@ import textwrap
 import pytest
 
 from agentloop_trainer.config import ConfigError, load_config
-from agentloop_trainer.engines import build_engine, engine_config, remote_engines
-from agentloop_trainer.rollout import agent_loops, rollout_settings
+from agentloop_trainer.rollout import (
+    agent_loops,
+    build_engine,
+    engine_config,
+    remote_engines,
+    rollout_settings,
+)
 
 
 def test_engine_config_carries_the_common_and_per_engine_keys():
