@@ -72,7 +72,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     from agentloop_core.testing import ScriptedServer
     from agentloop_trainer.cli.evaluate import _tokenizer
     from agentloop_trainer.policy import TemplateIgnoresToolsError, load_tokenizer, sft_cache_key
-    from agentloop_trainer.rollout import engine_spec, rollout_settings
+    from agentloop_trainer.rollout import engine_config, rollout_settings
     from agentloop_trainer.stages import load_policy_tokenizer
 
     plain, fixed = load_config(), load_config(["model.custom_chat_template=chatml-hermes"])
@@ -88,7 +88,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     assert settings["custom_chat_template"] == HERMES and rollout_settings(plain)["custom_chat_template"] is None
     worker = AgentLoopWorker(ScriptedServer(), str(tokenizer_folder), {"custom_chat_template": HERMES})
     assert worker.tokenizer.chat_template == HERMES  # a Ray rollout worker
-    assert engine_spec(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica
+    assert engine_config(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica
     path = tmp_path / "mine.jinja"
     path.write_text(HERMES.replace("You can call functions", "Call functions"))
     assert "Call functions" in load_policy_tokenizer(load_config([f"model.custom_chat_template={path}"]),

@@ -10,24 +10,23 @@ from agentloop_trainer.config import ConfigError, load_config
 from agentloop_trainer.rollout import (
     agent_loops,
     build_engine,
-    engine_arguments,
-    engine_spec,
+    engine_config,
     remote_engines,
     rollout_settings,
 )
 
 
-def test_engine_spec_carries_the_common_and_per_engine_keys():
+def test_engine_config_carries_the_common_and_per_engine_keys():
     cfg = load_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.dtype=bfloat16",
                        "actor_rollout_ref.rollout.gpu_memory_utilization=0.7",
                        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
                        "+actor_rollout_ref.rollout.engine_kwargs.vllm.enable_prefix_caching=true",
                        "+actor_rollout_ref.rollout.engine_kwargs.sglang.ignored_here=1",
                        "data.max_prompt_length=100", "data.max_response_length=28"])
-    spec = engine_spec(cfg, "/m")
+    spec = engine_config(cfg, "/m")
     assert (spec.name, spec.dtype, spec.gpu_memory_utilization, spec.tensor_model_parallel_size) == \
         ("vllm", "bfloat16", 0.7, 2)
-    assert spec.kwargs == {"enable_prefix_caching": True}  # only the chosen engine's section
+    assert spec.engine_kwargs == {"enable_prefix_caching": True}  # only the chosen engine's section
     assert spec.max_model_len == 128  # sized to what a trajectory needs
 
 
@@ -41,10 +40,13 @@ def test_the_rollout_engine_runs_in_float32_unless_rollout_dtype_says_otherwise(
     def spec_of(*overrides):
         lines: list[str] = []
         cfg = load_config([f"actor_rollout_ref.rollout.name={name}", *overrides])
-        return engine_spec(cfg, "/m", notice=lines.append), lines
+        return engine_config(cfg, "/m", notice=lines.append), lines
 
     def engine_dtype(spec):  # what the engine's constructor receives
-        return spec.dtype if name == "hf" else engine_arguments(spec)["dtype"]
+        from agentloop_engines import sglang_server, vllm_server
+
+        names = {"vllm": vllm_server.CONFIG_ARGUMENTS, "sglang": sglang_server.CONFIG_ARGUMENTS}
+        return spec.dtype if name == "hf" else spec.arguments(names[name])["dtype"]
 
     spec, lines = spec_of()
     assert (engine_dtype(spec), lines) == ("float32", [])
@@ -81,7 +83,7 @@ def test_the_hf_engine_gets_the_rollout_dtype(random_model_path):
     from transformers import AutoModelForCausalLM
 
     for overrides, expected in (([], torch.float32), (["actor_rollout_ref.rollout.dtype=bfloat16"], torch.bfloat16)):
-        spec = engine_spec(load_config(overrides), str(random_model_path), notice=lambda line: None)
+        spec = engine_config(load_config(overrides), str(random_model_path), notice=lambda line: None)
         model = AutoModelForCausalLM.from_pretrained(random_model_path, dtype=torch.float32)
         server = build_engine(spec, model=model)
         try:
@@ -91,11 +93,12 @@ def test_the_hf_engine_gets_the_rollout_dtype(random_model_path):
 
 
 def test_bad_engine_settings_are_named():
-    with pytest.raises(ConfigError, match=r"rollout.name must be one of \('hf', 'vllm', 'sglang'\)"):
+    with pytest.raises(ConfigError, match=r"rollout.name must be one of the installed engines \(unknown engine 'tgi'; "
+                                          r"installed engines: hf, sglang, vllm\."):
         load_config(["actor_rollout_ref.rollout.name=tgi"])
     cfg = load_config(["+actor_rollout_ref.rollout.engine_kwargs.vlm.x=1"])
     with pytest.raises(ValueError, match=r"engine_kwargs has sections \['vlm'\]"):
-        engine_spec(cfg, "/m")
+        engine_config(cfg, "/m")
     with pytest.raises(ConfigError, match="server_urls must be unset with the ray backend"):
         load_config(["actor_rollout_ref.rollout.server_urls=[http://127.0.0.1:1]", "actor_rollout_ref.rollout.backend=ray"])
 
@@ -111,7 +114,7 @@ def test_a_missing_engine_names_the_extra(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
-    spec = engine_spec(load_config(["actor_rollout_ref.rollout.name=vllm"]), "/m")
+    spec = engine_config(load_config(["actor_rollout_ref.rollout.name=vllm"]), "/m")
     with pytest.raises(ImportError, match=r'rollout.name=vllm: .*pip install "agentloop-engines\[vllm\]"'):
         build_engine(spec)
 

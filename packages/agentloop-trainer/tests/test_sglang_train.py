@@ -3,7 +3,8 @@
 SGLang needs a GPU, so ``sglang.Engine`` is replaced by ``agentloop_engines.testing``'s
 ``StandInSGLangEngine``, which misbehaves the way SGLang does (it dies on a weight update or a
 memory release while its scheduler is busy, skips unknown weight names silently, ...). The real
-code path runs: ``engines.build_engine`` -> ``SGLangServer(model_path=...)`` -> ``Engine(...)``.
+code path runs: ``engines.build_engine`` -> the ``sglang`` plug-in's ``SGLangServer.from_engine_config``
+-> ``SGLangServer(model_path=...)`` -> ``Engine(...)``.
 
 The stand-in's tokens do not come from the policy, so the trainer's log-prob check (and TIS)
 only sees a large gap; that is expected here and is not what these tests check.
@@ -100,13 +101,13 @@ def test_sglang_engine_arguments_without_free_cache_engine(random_model_path, to
     sleep (the trainer then never releases memory); dtype and engine_kwargs.sglang reach
     ``sglang.Engine``. A failure names the argument ``engines.build_engine`` passes wrongly."""
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.rollout import build_engine, engine_spec
+    from agentloop_trainer.rollout import build_engine, engine_config
 
     cfg = load_config(_overrides("unused", random_model_path, "actor_rollout_ref.rollout.free_cache_engine=false",
                                  "actor_rollout_ref.rollout.dtype=bfloat16",
                                  "actor_rollout_ref.rollout.max_model_len=256",
                                  "actor_rollout_ref.rollout.engine_kwargs.sglang.disable_cuda_graph=true"))
-    server = build_engine(engine_spec(cfg, str(random_model_path)), tokenizer=tokenizer)
+    server = build_engine(engine_config(cfg, str(random_model_path)), tokenizer=tokenizer)
     try:
         (engine,) = standins
         args = engine.server_args

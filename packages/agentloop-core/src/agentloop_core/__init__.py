@@ -7,6 +7,7 @@ them on use.
 from importlib.metadata import version as _distribution_version
 
 from agentloop_core.batch import RolloutBatch, SequenceTooLongError
+from agentloop_core.engine_registry import EngineCapabilities, EngineConfig, EnginePlugin, UnknownEngineError
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import (
@@ -49,6 +50,9 @@ __all__ = [
     "AsyncServer",
     "CapabilityNotSupportedError",
     "ChatRenderer",
+    "EngineCapabilities",
+    "EngineConfig",
+    "EnginePlugin",
     "JsonlTracer",
     "MLflowTracer",
     "NullTracer",
@@ -67,6 +71,7 @@ __all__ = [
     "Tracer",
     "Trajectory",
     "UnknownAgentLoopError",
+    "UnknownEngineError",
     "get_agent_loop_class",
     "make_tracer",
     "register",

@@ -51,21 +51,29 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from agentloop_core.engine_registry import EngineConfig
 from agentloop_core.protocol import (
     CapabilityNotSupportedError,
     SamplingParams,
-    ServerCapabilities,
     TokenOutput,
 )
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.engine_loop import EngineLoopThread
+from agentloop_engines.plugins import SGLANG_ENGINE
 
 __all__ = ["SGLangServer"]
 
 logger = logging.getLogger(__name__)
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+
+CONFIG_ARGUMENTS = {"seed": "random_seed", "tensor_model_parallel_size": "tp_size",
+                    "gpu_memory_utilization": "mem_fraction_static", "free_cache_engine": "enable_memory_saver",
+                    "dtype": "dtype", "max_model_len": "context_length"}
+"""The :class:`~agentloop_core.engine_registry.EngineConfig` fields SGLang takes, by
+``sglang.Engine``'s names."""
 
 
 def _require_sglang() -> Any:
@@ -135,7 +143,7 @@ class SGLangServer(AsyncServerBase):
         ValueError: when a size cannot be read from the engine and was not given.
     """
 
-    capabilities = ServerCapabilities(weight_update=True, prefix_cache=True)
+    capabilities = SGLANG_ENGINE.capabilities.server  # declared once, on the plug-in record
 
     def __init__(self, engine: Any | None = None, *, model_path: str | None = None, tokenizer: Any = None,
                  context_len: int | None = None, max_req_input_len: int | None = None,
@@ -194,6 +202,23 @@ class SGLangServer(AsyncServerBase):
         self._asleep = False
         self._aborted: set[str] = set()
         self._waiters: list[asyncio.Future[None]] = []
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> SGLangServer:
+        """The ``sglang`` plug-in's factory: an engine built from ``config.model_path`` with the
+        record's fields under SGLang's names (:data:`CONFIG_ARGUMENTS`), then ``engine_kwargs``.
+
+        Args:
+            config: What to build.
+            model: Not used (SGLang loads the checkpoint itself).
+            tokenizer: A tokenizer, or a path to one (loaded here: the adapter needs its EOS id).
+        """
+        del model
+        if tokenizer is None or isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer or config.tokenizer_path or config.model_path)
+        return cls(model_path=config.model_path, tokenizer=tokenizer, **config.arguments(CONFIG_ARGUMENTS))
 
     # ---- admission: requests wait while a weight update or sleep holds the engine ---------------
 

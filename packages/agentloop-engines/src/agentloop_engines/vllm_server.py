@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
+from agentloop_core.engine_registry import EngineConfig
 from agentloop_core.protocol import (
     CapabilityNotSupportedError,
     SamplingParams,
-    ServerCapabilities,
     TokenOutput,
 )
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype
+from agentloop_engines.plugins import VLLM_ENGINE
 
 __all__ = ["FUSED_GROUPS", "VLLMServer", "incomplete_fused_groups"]
 
@@ -56,6 +58,13 @@ def incomplete_fused_groups(names: Iterable[str]) -> list[str]:
             first = next(p for p in group if p in present)
             problems.append(f"{parent}.{first}.{leaf} without {', '.join(missing)}")
     return problems
+
+
+CONFIG_ARGUMENTS = {"seed": "seed", "tensor_model_parallel_size": "tensor_parallel_size",
+                    "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
+                    "dtype": "dtype", "max_model_len": "max_model_len"}
+"""The :class:`~agentloop_core.engine_registry.EngineConfig` fields vLLM takes, by vLLM's
+``AsyncEngineArgs`` names."""
 
 
 def _require_vllm() -> Any:
@@ -106,7 +115,7 @@ class VLLMServer(AsyncServerBase):
         ValueError: when neither ``engine`` nor ``model`` is given.
     """
 
-    capabilities = ServerCapabilities(logprobs=True, sleep=False, weight_update=True, prefix_cache=True)
+    capabilities = VLLM_ENGINE.capabilities.server  # declared once, on the plug-in record
 
     def __init__(self, engine: Any | None = None, *, model: str | None = None, tokenizer: Any = None,
                  **engine_kwargs: Any) -> None:
@@ -142,10 +151,22 @@ class VLLMServer(AsyncServerBase):
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
         self.eos_token_ids = () if eos is None else (int(eos),)
-        self.capabilities = ServerCapabilities(
-            logprobs=True, sleep=self._sleep_supported(), weight_update=True, prefix_cache=True)
+        self.capabilities = replace(type(self).capabilities, sleep=self._sleep_supported())
         self._rids: dict[str, set[str]] = {}
         self._seq = itertools.count()
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> VLLMServer:
+        """The ``vllm`` plug-in's factory: an engine built from ``config.model_path`` with the
+        record's fields under vLLM's names (:data:`CONFIG_ARGUMENTS`), then ``engine_kwargs``.
+
+        Args:
+            config: What to build.
+            model: Not used (vLLM loads the checkpoint itself).
+            tokenizer: A tokenizer or a path to one.
+        """
+        del model
+        return cls(model=config.model_path, tokenizer=tokenizer, **config.arguments(CONFIG_ARGUMENTS))
 
     @staticmethod
     def _sleep_supported() -> bool:

@@ -18,8 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
-from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.engine_registry import EngineConfig
+from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_engines.base import AsyncServerBase
+from agentloop_engines.plugins import HF_ENGINE
 
 try:
     import torch
@@ -31,6 +33,8 @@ from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.sampling import RowSampling
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed")}
+"""The :class:`~agentloop_core.engine_registry.EngineConfig` fields HFServer takes (same names)."""
 _STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens",
               "shared_prefix_tokens", "repeated_prompt_tokens")
 
@@ -79,7 +83,7 @@ class HFServer(AsyncServerBase):
         batch_sizes: Number of requests in each of the last 1000 batches.
     """
 
-    capabilities = ServerCapabilities(logprobs=True, sleep=True, weight_update=True)
+    capabilities = HF_ENGINE.capabilities.server  # declared on the plug-in record, which imports without torch
 
     def __init__(
         self,
@@ -149,6 +153,20 @@ class HFServer(AsyncServerBase):
         self.steps_per_hop = 8
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> HFServer:
+        """The ``hf`` plug-in's factory: the engine ``config`` describes.
+
+        Args:
+            config: Its ``device``, ``dtype``, ``max_batch_size``, ``max_model_len`` and ``seed``
+                become this class's arguments of those names, then ``engine_kwargs`` (which win).
+            model: An in-memory model to serve (a copy of the policy) instead of loading
+                ``config.model_path``.
+            tokenizer: A tokenizer or a path to one (see the class).
+        """
+        return cls(model if model is not None else config.model_path, tokenizer,
+                   **config.arguments(_CONFIG_ARGUMENTS))
 
     # ---- setup helpers -----------------------------------------------------------------
 

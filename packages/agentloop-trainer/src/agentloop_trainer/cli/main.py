@@ -221,7 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
     from agentloop_engines.http_server import serve
     from agentloop_trainer.config.loading import load_config
     from agentloop_trainer.policy.tokenizer import load_tokenizer
-    from agentloop_trainer.rollout.engines import build_engine, engine_spec, remote_engines
+    from agentloop_trainer.rollout.engines import build_engine, engine_config, remote_engines
 
     cfg = load_config(list(args.overrides), args.config)
     api_key = None
@@ -234,14 +234,14 @@ def _serve(args: argparse.Namespace) -> int:
 
         with read_write(cfg):
             cfg.model.custom_chat_template = args.chat_template
-    spec = engine_spec(cfg, args.checkpoint, cfg.model.tokenizer_path)
-    tokenizer = load_tokenizer(cfg, spec.model_path)
+    engine_cfg = engine_config(cfg, args.checkpoint, cfg.model.tokenizer_path)
+    tokenizer = load_tokenizer(cfg, engine_cfg.model_path)
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:
         # A routing client over running engine servers (least in-flight, sticky per session).
         engine = remote_engines(list(r.server_urls), r.server_api_key_env)
     else:
-        engine = build_engine(spec, tokenizer=tokenizer)
+        engine = build_engine(engine_cfg, tokenizer=tokenizer)
     given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s}
     limits = ServerLimits(**{k: v for k, v in given.items() if v is not None})
     prompt_limits = PromptLimits(
@@ -249,7 +249,7 @@ def _serve(args: argparse.Namespace) -> int:
         **({} if args.max_prompt_tokens is None else {"max_prompt_tokens": args.max_prompt_tokens}))
     gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.format, model_name=args.model_name,
                       prompt_limits=prompt_limits)
-    where = f"{len(r.server_urls)} replicas" if r.server_urls else spec.name
+    where = f"{len(r.server_urls)} replicas" if r.server_urls else engine_cfg.name
     print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "
           f"(sessions: /sessions/<id>/v1; token-level: /generate)", flush=True)
     serve(engine, args.host, args.port, api_key, gateway=gateway, limits=limits, prompt_limits=prompt_limits)

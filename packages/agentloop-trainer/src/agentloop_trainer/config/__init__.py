@@ -17,6 +17,7 @@ is named ``*Config`` (:class:`~agentloop_trainer.update.actor.ActorConfig`).
 
 from agentloop_trainer.config.accessors import (
     custom_chat_template,
+    engine_plugin,
     max_staleness,
     offload_enabled,
     reference_offloaded,
@@ -34,8 +35,6 @@ from agentloop_trainer.config.actor_rollout_ref import (
     ValKwargsSection,
 )
 from agentloop_trainer.config.checks import (
-    ASYNC_ENGINE_NAMES,
-    ENGINE_NAMES,
     REWARD_SOURCES,
     ROLLOUT_DTYPES,
     TRAIN_DTYPES,
@@ -57,7 +56,6 @@ from agentloop_trainer.config.sections import (
 )
 
 __all__ = [
-    "ASYNC_ENGINE_NAMES",
     "ActorFSDPSection",
     "ActorRolloutRefSection",
     "ActorSection",
@@ -66,7 +64,6 @@ __all__ = [
     "ConfigError",
     "CustomRewardFunctionSection",
     "DataSection",
-    "ENGINE_NAMES",
     "FREE_FORM",
     "ModelSection",
     "MultiTurnSection",
@@ -84,6 +81,7 @@ __all__ = [
     "TrainerSection",
     "ValKwargsSection",
     "custom_chat_template",
+    "engine_plugin",
     "load_config",
     "max_staleness",
     "offload_enabled",

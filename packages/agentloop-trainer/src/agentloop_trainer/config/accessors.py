@@ -3,9 +3,28 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop_trainer.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    from agentloop_core.engine_registry import EnginePlugin
+
+
+def engine_plugin(cfg: Any) -> EnginePlugin:
+    """The installed engine plug-in ``actor_rollout_ref.rollout.name`` names.
+
+    Raises:
+        ConfigError: no installed engine has that name (listing those that are, and how to add
+            one), or its plug-in failed to load.
+    """
+    from agentloop_core.engine_registry import UnknownEngineError, get_engine_plugin
+
+    name = cfg.actor_rollout_ref.rollout.name
+    try:
+        return get_engine_plugin(name)
+    except UnknownEngineError as exc:
+        raise ConfigError(f"config actor_rollout_ref.rollout.name must be one of the installed engines ({exc})") from None
 
 
 def custom_chat_template(cfg: Any) -> str | None:

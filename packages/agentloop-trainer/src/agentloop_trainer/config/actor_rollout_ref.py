@@ -7,6 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def _engine_kwargs_sections() -> dict[str, Any]:
+    from agentloop_core.engine_registry import engine_names
+
+    return {name: {} for name in engine_names(include_broken=True)}
+
+
 @dataclass
 class ActorFSDPSection:
     """FSDP2 settings of the policy and reference (verl: ``actor.fsdp_config``)."""
@@ -141,7 +147,8 @@ class RolloutSection:
     """Rollout (verl: ``actor_rollout_ref.rollout``)."""
 
     name: str = "hf"
-    """Engine: hf (transformers, CPU or GPU) | vllm | sglang."""
+    """Engine: an installed engine plug-in (``agentloop.engines`` entry points): agentloop-engines'
+    hf (transformers, CPU or GPU), vllm and sglang, or a third party's."""
     server_urls: list[str] | None = None
     """Already-running agentloop engine HTTP servers (``agentloop_engines.serve``) to roll out
     on instead of starting an engine; weights are pushed to them after each update."""
@@ -161,9 +168,12 @@ class RolloutSection:
     enforce_eager: bool = True
     """vLLM: no CUDA graphs / torch.compile (fast start-up)."""
     max_model_len: int | None = None
-    """Engine context length; null: prompt + response budget for vLLM/SGLang, the model's for hf."""
-    engine_kwargs: dict[str, Any] = field(default_factory=lambda: {"hf": {}, "vllm": {}, "sglang": {}})
-    """Extra constructor arguments per engine (``engine_kwargs.vllm.enable_prefix_caching=true``)."""
+    """Engine context length; null: prompt + response budget for an engine that reserves KV cache
+    for its whole context (its plug-in's ``capabilities.reserves_kv_cache``: vllm, sglang), else
+    the model's."""
+    engine_kwargs: dict[str, Any] = field(default_factory=lambda: _engine_kwargs_sections())
+    """Extra constructor arguments per engine (``engine_kwargs.vllm.enable_prefix_caching=true``);
+    one empty section per installed engine."""
     n: int = 8
     """Samples per prompt (GRPO group size)."""
     temperature: float = 1.0

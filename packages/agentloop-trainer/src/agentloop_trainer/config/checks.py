@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentloop_trainer.config.accessors import custom_chat_template, uses_ray
+from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin, uses_ray
 from agentloop_trainer.config.errors import ConfigError
 
-ENGINE_NAMES = ("hf", "vllm", "sglang")
-"""Values of ``actor_rollout_ref.rollout.name``."""
+if TYPE_CHECKING:
+    from agentloop_core.engine_registry import EnginePlugin
+
 REWARD_SOURCES = ("auto", "function", "loop", "sum")
 """Values of ``reward.source``."""
 TRAIN_DTYPES = ("float32", "bfloat16")
@@ -18,9 +19,6 @@ ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
-
-ASYNC_ENGINE_NAMES = ("hf", "vllm")
-"""In-process engines the asynchronous modes support (their ``abort`` returns the partial tokens)."""
 
 
 def validate(cfg: Any) -> None:
@@ -35,6 +33,12 @@ def validate(cfg: Any) -> None:
     from agentloop_trainer.update.losses import LOSS_AGG_MODES
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    try:
+        engine: EnginePlugin | None = engine_plugin(cfg)
+        unknown_engine = ""
+    except ConfigError as exc:  # raised in its turn below, after the checks listed before it
+        engine, unknown_engine = None, str(exc).removeprefix("config actor_rollout_ref.rollout.name must be ")
+    dtypes = engine.capabilities.dtypes if engine is not None else ()
     checks = [
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator in ADV_ESTIMATORS, f"one of {ADV_ESTIMATORS}"),
         ("actor_rollout_ref.actor.loss_agg_mode", cfg.actor_rollout_ref.actor.loss_agg_mode in LOSS_AGG_MODES,
@@ -56,11 +60,12 @@ def validate(cfg: Any) -> None:
         ("ray.placement_strategy", cfg.ray.placement_strategy in PLACEMENT_STRATEGIES,
          f"one of {', '.join(PLACEMENT_STRATEGIES)}"),
         ("ray.worker_placement", cfg.ray.worker_placement in ("spread", "default"), "spread or default"),
-        ("actor_rollout_ref.rollout.name", r.name in ENGINE_NAMES, f"one of {ENGINE_NAMES}"),
+        ("actor_rollout_ref.rollout.name", engine is not None, unknown_engine),
         ("actor_rollout_ref.rollout.dtype", r.dtype is None or r.dtype in ROLLOUT_DTYPES,
          f"null (float32) or one of {ROLLOUT_DTYPES}"),
-        ("actor_rollout_ref.rollout.dtype", not (r.dtype == "auto" and r.name == "hf"),
-         "float32, bfloat16, float16 or null with rollout.name=hf (auto is vLLM's and SGLang's own choice)"),
+        ("actor_rollout_ref.rollout.dtype", r.dtype is None or r.dtype in dtypes,
+         f"{', '.join(dtypes)} or null with rollout.name={r.name} (the dtypes its plug-in declares in "
+         "capabilities.dtypes; auto, the engine's own choice, only where declared)"),
         ("actor_rollout_ref.rollout.server_urls", not r.server_urls or not uses_ray(cfg),
          "unset with the ray backend (remote servers are routed from the trainer process)"),
         ("actor_rollout_ref.rollout.multi_turn.enable", r.multi_turn.enable,
@@ -119,16 +124,19 @@ def _validate_mode(cfg: Any) -> None:
     if tc.mode == "sync":
         return
     # Partial rollout needs an engine whose abort returns the tokens generated so far (with
-    # their log-probs); verified for hf and vllm in process, for our HTTP engine server in front
-    # of either (rollout.server_urls), and for Ray replicas (the wrapper then lives in the shared
-    # client actor every rollout worker calls through). Under FSDP the driver runs on rank 0,
-    # which hosts the engine; the other ranks follow its updates and weight pushes. SGLang's
-    # check is the gpu-marked test_real_sglang_partial_rollout_resumes_across_a_weight_update
-    # (agentloop-engines): lift its refusal here once that passes on a GPU.
+    # their log-probs): its plug-in says so (capabilities.partial_rollout). Our HTTP engine
+    # server in front of such an engine (rollout.server_urls) is verified too, and so are Ray
+    # replicas (the wrapper then lives in the shared client actor every rollout worker calls
+    # through). Under FSDP the driver runs on rank 0, which hosts the engine; the other ranks
+    # follow its updates and weight pushes.
+    from agentloop_core.engine_registry import engine_names, get_engine_plugin
+
+    able = [n for n in engine_names() if get_engine_plugin(n).capabilities.partial_rollout]
     unsupported = [
-        ("actor_rollout_ref.rollout.name", bool(r.server_urls) or r.name in ASYNC_ENGINE_NAMES,
-         f"one of {ASYNC_ENGINE_NAMES} (sglang's abort is not yet verified to return the partial tokens "
-         "partial rollout resumes from)"),
+        ("actor_rollout_ref.rollout.name", bool(r.server_urls) or engine_plugin(cfg).capabilities.partial_rollout,
+         f"one of the engines whose plug-in declares capabilities.partial_rollout ({', '.join(able)}; "
+         f"not {r.name}: an engine declares it when its abort returns the tokens generated so far, with "
+         "their log-probs, and a resumed request continues from them)"),
     ]
     for key, ok, expected in unsupported:
         if not ok:

@@ -6,7 +6,7 @@ from :func:`~agentloop_trainer.policy.tokenizer.load_tokenizer`), so everything 
 tokenizer (the loops, the prompt-length filter, SFT, ``save_pretrained`` of checkpoints and
 exported folders) uses it. What loads a tokenizer by path elsewhere gets the text with it: Ray
 rollout workers (the worker key ``custom_chat_template``), engines built from an
-:class:`~agentloop_trainer.rollout.engines.EngineSpec` (its ``chat_template``).
+:class:`~agentloop_core.engine_registry.EngineConfig` (its ``chat_template``).
 """
 
 from __future__ import annotations

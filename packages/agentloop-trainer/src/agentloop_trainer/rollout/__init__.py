@@ -4,8 +4,8 @@ evaluation.
 - :mod:`~agentloop_trainer.rollout.rollouts`: :class:`RolloutFleet` (the engines, the
   ``AgentLoopManager`` and the reward on the trainer's event loop), the loop settings of a
   config, ``make_rows``, the held-out evaluation.
-- :mod:`~agentloop_trainer.rollout.engines`: the engine named by ``rollout.name``, or remote
-  engine servers (``rollout.server_urls``).
+- :mod:`~agentloop_trainer.rollout.engines`: the engine plug-in ``rollout.name`` names, or
+  remote engine servers (``rollout.server_urls``).
 - :mod:`~agentloop_trainer.rollout.diagnostics`: what a run tells its user when the rollout's
   numbers say something is wrong.
 - :mod:`~agentloop_trainer.rollout.ray_session`: the Ray cluster a run joins or starts.
@@ -22,14 +22,10 @@ from agentloop_trainer.rollout.diagnostics import (
     zero_reward_hint,
 )
 from agentloop_trainer.rollout.engines import (
-    ENGINE_ARGS,
-    EXTRAS,
-    EngineSpec,
     build_engine,
     capabilities,
-    engine_arguments,
+    engine_config,
     engine_factory,
-    engine_spec,
     remote_engines,
     rollout_dtype,
 )
@@ -48,9 +44,6 @@ from agentloop_trainer.rollout.rollouts import (
 )
 
 __all__ = [
-    "ENGINE_ARGS",
-    "EXTRAS",
-    "EngineSpec",
     "EvalResult",
     "RolloutFleet",
     "RolloutWatch",
@@ -62,9 +55,8 @@ __all__ = [
     "build_engine",
     "capabilities",
     "check_loop_sections",
-    "engine_arguments",
+    "engine_config",
     "engine_factory",
-    "engine_spec",
     "failure_breakdown",
     "make_rows",
     "ray_session",

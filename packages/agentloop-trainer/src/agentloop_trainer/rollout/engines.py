@@ -1,10 +1,13 @@
-"""The rollout engine named by ``actor_rollout_ref.rollout.name`` (hf, vllm, sglang), or the
+"""The rollout engine: the plug-in ``actor_rollout_ref.rollout.name`` names (an
+``agentloop.engines`` entry point, see :mod:`agentloop_core.engine_registry`), or the
 already-running HTTP servers of ``rollout.server_urls``.
 
-Every engine is built through :func:`build_engine` from the same arguments, in the trainer
-process or inside a Ray replica (:func:`engine_factory` returns a picklable callable), and is
-driven the same way afterwards: ``generate``, then ``sleep`` / ``update_weights`` /
-``wake_up`` around each update where the engine declares those capabilities.
+Every engine is built through :func:`build_engine` from one
+:class:`~agentloop_core.engine_registry.EngineConfig`, in the trainer process or inside a Ray
+replica (:func:`engine_factory` returns a picklable callable), and is driven the same way
+afterwards: ``generate``, then ``sleep`` / ``update_weights`` / ``wake_up`` around each update
+where the engine declares those capabilities. What differs between engines is asked of the
+plug-in's declared capabilities, never of its name.
 """
 
 from __future__ import annotations
@@ -13,48 +16,10 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-EXTRAS = {"hf": "hf", "vllm": "vllm", "sglang": "sglang"}
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What an engine is built from (plain values, so it pickles to a Ray replica)."""
-
-    name: str
-    """hf | vllm | sglang."""
-    model_path: str
-    """Checkpoint folder the engine loads."""
-    tokenizer_path: str | None = None
-    """Tokenizer folder; None: the checkpoint's."""
-    device: str = "cpu"
-    """Device of the hf engine (vLLM/SGLang pick their own)."""
-    seed: int = 0
-    """Engine seed."""
-    dtype: str | None = "float32"
-    """Dtype the engine runs in (float32 | bfloat16 | float16; vllm/sglang also ``auto``, their
-    own choice); :func:`engine_spec` sets it from :func:`rollout_dtype`. None: the adapter's
-    default (float32 for a float32 checkpoint in all three adapters)."""
-    max_model_len: int | None = None
-    """Context length."""
-    max_batch_size: int = 128
-    """hf: requests decoded together."""
-    gpu_memory_utilization: float = 0.5
-    """vLLM ``gpu_memory_utilization`` / SGLang ``mem_fraction_static``."""
-    tensor_model_parallel_size: int = 1
-    """GPUs per engine."""
-    enforce_eager: bool = True
-    """vLLM: no CUDA graphs."""
-    free_cache_engine: bool = True
-    """SGLang: start with the memory saver so sleep frees memory."""
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    """``rollout.engine_kwargs.<name>``: passed to the engine's constructor last (they win)."""
-    chat_template: str | None = None
-    """The chat template (Jinja text of ``model.custom_chat_template``) of the tokenizer an engine
-    built without one loads (a Ray replica): its own chat completions render as the run does.
-    None: the checkpoint's."""
+from agentloop_core.engine_registry import EngineConfig, EngineImportError, EnginePlugin
+from agentloop_core.engine_registry import build_engine as _build
 
 
 def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
@@ -94,103 +59,68 @@ def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
     return dtype
 
 
-def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None,
-                notice: Callable[[str], None] | None = None) -> EngineSpec:
-    """The :class:`EngineSpec` of a training config (``notice``: see :func:`rollout_dtype`)."""
+def engine_config(cfg: Any, model_path: str, tokenizer_path: str | None = None,
+                  notice: Callable[[str], None] | None = None) -> EngineConfig:
+    """The :class:`~agentloop_core.engine_registry.EngineConfig` of a training config (``notice``:
+    see :func:`rollout_dtype`).
+
+    Raises:
+        ConfigError: ``rollout.name`` is no installed engine.
+        ValueError: ``rollout.engine_kwargs`` has a section that is no installed engine's name.
+    """
     from omegaconf import OmegaConf
 
-    from agentloop_trainer.config.accessors import custom_chat_template
+    from agentloop_core.engine_registry import engine_names
+    from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin
 
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:  # remote servers run in their own dtype: nothing to say here
         notice = lambda line: None  # noqa: E731
     per_engine = OmegaConf.to_container(r.engine_kwargs, resolve=True) if r.engine_kwargs is not None else {}
-    unknown = sorted(set(per_engine) - set(EXTRAS))
+    installed = engine_names(include_broken=True)
+    unknown = sorted(set(per_engine) - set(installed))
     if unknown:
-        raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs has sections {unknown}; valid: {sorted(EXTRAS)}")
+        raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs has sections {unknown}; valid: {installed} "
+                         "(the installed engines)")
     max_len = r.max_model_len
-    if max_len is None and r.name != "hf":
-        # vLLM/SGLang reserve KV cache for the whole context: size it to what a trajectory needs.
+    if max_len is None and engine_plugin(cfg).capabilities.reserves_kv_cache:
+        # Such an engine reserves KV cache for the whole context: size it to what a trajectory needs.
         max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
-    return EngineSpec(
+    return EngineConfig(
         name=r.name, model_path=str(model_path), tokenizer_path=tokenizer_path, device=cfg.trainer.device,
         seed=cfg.trainer.seed, dtype=rollout_dtype(cfg, notice), max_model_len=max_len, max_batch_size=r.max_batch_size,
         gpu_memory_utilization=r.gpu_memory_utilization, tensor_model_parallel_size=r.tensor_model_parallel_size,
         enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
-        kwargs=dict(per_engine.get(r.name) or {}), chat_template=custom_chat_template(cfg),
+        engine_kwargs=dict(per_engine.get(r.name) or {}), chat_template=custom_chat_template(cfg),
     )
 
 
-ENGINE_ARGS: dict[str, dict[str, str]] = {
-    "vllm": {"seed": "seed", "tensor_model_parallel_size": "tensor_parallel_size",
-             "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
-             "dtype": "dtype", "max_model_len": "max_model_len"},
-    "sglang": {"seed": "random_seed", "tensor_model_parallel_size": "tp_size",
-               "gpu_memory_utilization": "mem_fraction_static", "free_cache_engine": "enable_memory_saver",
-               "dtype": "dtype", "max_model_len": "context_length"},
-}
-"""The :class:`EngineSpec` fields each engine takes, by the engine's own argument name."""
-
-
-def engine_arguments(spec: EngineSpec) -> dict[str, Any]:
-    """Constructor arguments of a vLLM/SGLang engine: the spec's fields under the engine's names
-    (unset ones left to the engine's default), then ``engine_kwargs.<name>``, which win."""
-    args = {theirs: getattr(spec, ours) for ours, theirs in ENGINE_ARGS[spec.name].items()
-            if getattr(spec, ours) is not None}
-    return {**args, **spec.kwargs}
-
-
-def _missing(name: str, exc: ImportError) -> ImportError:
-    # The adapters' own messages name the package and the pip line; keep theirs when present.
-    hint = "" if "pip install" in str(exc) else f': pip install "agentloop-engines[{EXTRAS[name]}]"'
-    return ImportError(f"actor_rollout_ref.rollout.name={name}: {exc}{hint}")
-
-
-def build_engine(spec: EngineSpec, model: Any = None, tokenizer: Any = None) -> Any:
-    """Start the engine ``spec`` names.
+def build_engine(config: EngineConfig, model: Any = None, tokenizer: Any = None,
+                 plugin: EnginePlugin | None = None) -> Any:
+    """Start the engine ``config`` names (see :func:`agentloop_core.engine_registry.build_engine`).
 
     Args:
-        spec: What to build.
-        model: hf only: an in-memory copy of the policy to serve instead of loading the path.
-        tokenizer: A loaded tokenizer (else loaded from ``spec``, with ``spec.chat_template``).
+        config: What to build.
+        model: An in-memory copy of the policy, served by an engine whose plug-in declares
+            ``capabilities.policy_copy`` instead of loading the path (others ignore it).
+        tokenizer: A loaded tokenizer (else loaded from ``config``, with ``config.chat_template``).
+        plugin: The engine's plug-in (None: looked up by ``config.name``).
 
     Raises:
-        ImportError: naming the extra to install when the engine's package is missing.
+        ImportError: naming the config key and the pip line when the engine's package is missing.
     """
-    tok = tokenizer if tokenizer is not None else (spec.tokenizer_path or spec.model_path)
-    if tokenizer is None and spec.chat_template is not None:
-        from transformers import AutoTokenizer
-
-        from agentloop_core.tokenization import set_chat_template
-
-        tok = set_chat_template(AutoTokenizer.from_pretrained(str(tok)), spec.chat_template)
-    if spec.name == "hf":
-        from agentloop_engines.hf import HFServer
-
-        return HFServer(model if model is not None else spec.model_path, tok, device=spec.device, dtype=spec.dtype,
-                        max_batch_size=spec.max_batch_size, max_model_len=spec.max_model_len, seed=spec.seed,
-                        **spec.kwargs)
-    if spec.name not in ENGINE_ARGS:
-        raise ValueError(f"unknown engine {spec.name!r}; actor_rollout_ref.rollout.name is one of {sorted(EXTRAS)}")
     try:
-        if spec.name == "vllm":
-            from agentloop_engines.vllm_server import VLLMServer
-
-            return VLLMServer(model=spec.model_path, tokenizer=tok, **engine_arguments(spec))
-        from agentloop_engines.sglang_server import SGLangServer
-
-        if tokenizer is None or isinstance(tok, str):
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(tok)
-        return SGLangServer(model_path=spec.model_path, tokenizer=tok, **engine_arguments(spec))
-    except ImportError as exc:
-        raise _missing(spec.name, exc) from exc
+        return _build(config, model=model, tokenizer=tokenizer, plugin=plugin)
+    except EngineImportError as exc:
+        raise EngineImportError(f"actor_rollout_ref.rollout.name={config.name}: {exc}") from exc
 
 
-def engine_factory(spec: EngineSpec) -> Callable[[], Any]:
-    """A picklable zero-argument callable that builds the engine (for Ray replicas)."""
-    return functools.partial(build_engine, spec)
+def engine_factory(config: EngineConfig) -> Callable[[], Any]:
+    """A picklable zero-argument callable that builds the engine (for Ray replicas); the
+    plug-in record travels with it."""
+    from agentloop_core.engine_registry import get_engine_plugin
+
+    return functools.partial(build_engine, config, plugin=get_engine_plugin(config.name))
 
 
 def remote_engines(urls: list[str], api_key_env: str | None = None) -> Any:

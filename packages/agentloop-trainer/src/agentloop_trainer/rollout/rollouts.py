@@ -233,8 +233,9 @@ class RolloutFleet:
         cfg: The training config.
         model_path: The starting checkpoint (engines that load by path, Ray replicas).
         tokenizer: The tokenizer.
-        engine_model: hf in-process only: the engine's own copy of the policy (weights are
-            pushed into it after updates) instead of loading ``model_path`` again.
+        engine_model: The in-process engine's own copy of the policy (weights are pushed into
+            it after updates) instead of loading ``model_path`` again; used only by an engine
+            whose plug-in declares ``capabilities.policy_copy``.
         name: Prefix of the Ray replica actors' names.
     """
 
@@ -242,7 +243,7 @@ class RolloutFleet:
                  name: str = "agentloop") -> None:
         from agentloop_core.runtime import AgentLoopManager
         from agentloop_trainer.config.accessors import uses_ray
-        from agentloop_trainer.rollout.engines import build_engine, engine_spec, remote_engines
+        from agentloop_trainer.rollout.engines import build_engine, engine_config, remote_engines
 
         self.cfg = cfg
         self.tokenizer = tokenizer
@@ -255,7 +256,7 @@ class RolloutFleet:
         self.scorer = settings["reward_fn"]
         # A wrong reward path or signature fails here, not in every sample of the first step.
         self.scorer.function_for(None)
-        self.spec = engine_spec(cfg, str(model_path), cfg.model.tokenizer_path)
+        self.engine_config = engine_config(cfg, str(model_path), cfg.model.tokenizer_path)
         self.loop = asyncio.new_event_loop()
         self.server = None
         try:
@@ -264,8 +265,8 @@ class RolloutFleet:
             elif uses_ray(cfg):
                 self.server = self._start_ray(cfg)
             else:
-                self.server = build_engine(self.spec, model=engine_model if r.name == "hf" else None,
-                                           tokenizer=tokenizer)
+                # The policy copy reaches only an engine declaring capabilities.policy_copy.
+                self.server = build_engine(self.engine_config, model=engine_model, tokenizer=tokenizer)
         except BaseException:
             self.loop.close()
             raise
@@ -321,8 +322,8 @@ class RolloutFleet:
         check_resources([bundle_for(rc.replica_num_cpus, rc.replica_num_gpus)] * num, strategy=rc.placement_strategy,
                         what=f"{num} engine replicas (actor_rollout_ref.rollout.num_replicas, "
                              "ray.replica_num_cpus, ray.replica_num_gpus)")
-        self.replicas = start_replicas(engine_factory(self.spec), num, num_cpus=rc.replica_num_cpus,
-                                       num_gpus=rc.replica_num_gpus, name_prefix=f"{self.spec.name}-engine",
+        self.replicas = start_replicas(engine_factory(self.engine_config), num, num_cpus=rc.replica_num_cpus,
+                                       num_gpus=rc.replica_num_gpus, name_prefix=f"{self.engine_config.name}-engine",
                                        placement_strategy=rc.placement_strategy)
         try:
             import ray

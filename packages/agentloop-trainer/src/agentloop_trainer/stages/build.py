@@ -28,12 +28,13 @@ def load_policy_tokenizer(cfg: Any, model_path: str | Path) -> Any:
 
 
 def needs_engine_copy(cfg: Any) -> bool:
-    """Whether the trainer hands the engine an in-memory copy of the policy: the hf engine in
-    this process (vLLM/SGLang, Ray replicas and remote servers load the checkpoint themselves)."""
-    from agentloop_trainer.config.accessors import uses_ray
+    """Whether the trainer hands the engine an in-memory copy of the policy: an engine in this
+    process whose plug-in declares ``capabilities.policy_copy`` (hf; the others, Ray replicas and
+    remote servers load the checkpoint themselves)."""
+    from agentloop_trainer.config.accessors import engine_plugin, uses_ray
 
     r = cfg.actor_rollout_ref.rollout
-    return r.name == "hf" and not r.server_urls and not uses_ray(cfg)
+    return not r.server_urls and not uses_ray(cfg) and engine_plugin(cfg).capabilities.policy_copy
 
 
 def build_trainer(cfg: Any, model_path: str | Path, run_dir: str | Path, log: Any = print, *, rank: int = 0,

@@ -1,0 +1,1 @@
+"""A third-party engine package for agentloop's plug-in test (see ``plugin``)."""
