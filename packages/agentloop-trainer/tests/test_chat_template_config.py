@@ -75,7 +75,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     from agentloop_trainer.chat_templates import TemplateIgnoresToolsError
     from agentloop_trainer.engines import engine_spec
     from agentloop_trainer.evaluate import _tokenizer
-    from agentloop_trainer.rollout import rollout_settings
+    from agentloop_trainer.rollout import rollout_config
 
     plain, fixed = load_config(), load_config(["model.custom_chat_template=chatml-hermes"])
     assert load_policy_tokenizer(plain, tokenizer_folder).chat_template == PLAIN_CHATML
@@ -86,8 +86,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     with pytest.raises(TemplateIgnoresToolsError, match="model.custom_chat_template=chatml-hermes"):
         _tokenizer(plain, tokenizer_folder)
     # What loads the tokenizer by path gets the template text with it.
-    settings = rollout_settings(fixed)
-    assert settings["custom_chat_template"] == HERMES and rollout_settings(plain)["custom_chat_template"] is None
+    assert rollout_config(fixed).custom_chat_template == HERMES and rollout_config(plain).custom_chat_template is None
     worker = AgentLoopWorker(ScriptedServer(), str(tokenizer_folder), {"custom_chat_template": HERMES})
     assert worker.tokenizer.chat_template == HERMES  # a Ray rollout worker
     assert engine_spec(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica

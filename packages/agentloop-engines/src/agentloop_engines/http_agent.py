@@ -164,7 +164,7 @@ class HTTPAgentLoop(AgentLoopBase):
         session_id = f"{row.get('index', 'row')}-{uuid.uuid4().hex[:12]}".replace(" ", "_")[:200]
         thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
                                                                                         cfg.response_length),
-                                    response_budget=cfg.response_length)
+                                    response_length=cfg.response_length)
         start = time.perf_counter()
         budget_spent = False
         try:
