@@ -137,6 +137,11 @@ class RolloutConfig:
         seed = self.sampling_seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"sampling_seed must be an integer or None, got {seed!r}")
+        pad = self.pad_token_id
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 0):
+            raise ValueError(f"pad_token_id must be a token id (an integer >= 0) or None, got {pad!r}")
+        if not isinstance(self.truncate, bool):
+            raise ValueError(f"truncate must be true or false, got {self.truncate!r}")
         if self.sanity_check not in SANITY_CHECK_MODES:
             raise ValueError(f"sanity_check must be one of {SANITY_CHECK_MODES}, got {self.sanity_check!r}")
         if not isinstance(self.sampling_params, SamplingParams):
@@ -186,6 +191,8 @@ class RolloutConfig:
             known["agent_loop_classes"] = _pairs(known["agent_loop_classes"] or {}, "agent_loop_classes")
         if "sanity_check" in known and known["sanity_check"] is None:
             del known["sanity_check"]
+        if "truncate" in known:
+            known["truncate"] = bool(known["truncate"])
         record = cls(**known, loop_options=tuple(options.items()))
         return record.with_loop_configs(sections) if sections else record
 
