@@ -43,9 +43,9 @@ def machine() -> dict[str, Any]:
 
 
 def agentloop_command() -> list[str]:
-    """``agentloop`` next to this interpreter, else ``python -m agentloop_trainer.cli``."""
+    """``agentloop`` next to this interpreter, else ``python -m agentloop_trainer.cli.main``."""
     script = Path(sys.executable).with_name("agentloop")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "agentloop_trainer.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agentloop_trainer.cli.main"]
 
 
 def run_agentloop_train(run_dir: Path, overrides: Sequence[str], env: dict[str, str] | None = None,

@@ -15,8 +15,8 @@ What is simulated, so that the overlap is measurable on 2 shared cores:
   ``PartialRolloutServer.weight_update`` (generation paused: interrupted in ``async``, drained
   in ``one_step_off``).
 
-The schedule is the real :class:`agentloop_trainer.async_buffer.StalenessBuffer` with a producer
-and a consumer that mirror :class:`agentloop_trainer.async_driver.AsyncDriver` step for step (the
+The schedule is the real :class:`agentloop_trainer.stages.async_buffer.StalenessBuffer` with a producer
+and a consumer that mirror :class:`agentloop_trainer.stages.async_driver.AsyncDriver` step for step (the
 driver itself needs a trainer with a model, a tokenizer and the loop manager, so it is not run
 here): the producer starts whole groups while the buffer admits them, the consumer takes a batch,
 updates in a thread while the rollout continues, then pushes. ``sync`` is the trainer's sync
@@ -63,7 +63,7 @@ from _common import load_average, run_agentloop_train, table, versions, write_re
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
-from agentloop_trainer.async_buffer import Group, StalenessBuffer, staleness_metrics  # noqa: E402
+from agentloop_trainer.stages import Group, StalenessBuffer, staleness_metrics  # noqa: E402
 
 GOAL_SPEEDUP = 1.5
 

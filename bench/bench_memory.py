@@ -143,7 +143,7 @@ def make_batch(vocab: int, rows: int, prefix: int, prompt: int, response: int):
     each row's response (random ids); random advantages."""
     import torch
 
-    from agentloop_trainer.actor import PolicyBatch
+    from agentloop_trainer.update import PolicyBatch
 
     g = torch.Generator().manual_seed(0)
     shared = torch.randint(2, vocab, (prefix,), generator=g).tolist()
@@ -158,7 +158,7 @@ def make_batch(vocab: int, rows: int, prefix: int, prompt: int, response: int):
 def time_push(model, mem: Memory) -> dict:
     """Each bucket size, after a warm-up push: seconds to produce every bucket of the push, its
     largest bucket, and the host memory it held above what was there before."""
-    from agentloop_trainer.weights import iter_policy_weights
+    from agentloop_trainer.update import iter_policy_weights
 
     for _ in iter_policy_weights(model, 1 << 62):  # warm-up (first-call imports and lookups)
         pass
@@ -182,8 +182,8 @@ def run_config(opts: dict, device: str, shape: dict, batch: dict, timed: int, pu
     """Build, wrap and update one configuration in this (fresh) process; return its numbers."""
     import torch
 
-    from agentloop_trainer.actor import ActorConfig, GRPOActor
-    from agentloop_trainer.model import apply_lora, enable_gradient_checkpointing
+    from agentloop_trainer.policy import apply_lora, enable_gradient_checkpointing
+    from agentloop_trainer.update import ActorConfig, GRPOActor
 
     mem = Memory(device)
     model = build_model(shape)
@@ -196,7 +196,7 @@ def run_config(opts: dict, device: str, shape: dict, batch: dict, timed: int, pu
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if opts["offload"]:
         # What build_trainer does for a one-process offloaded run: a one-rank group of its own.
-        from agentloop_trainer.fsdp import free_port, init_process_group, shard_policy
+        from agentloop_trainer.update import free_port, init_process_group, shard_policy
 
         init_process_group(0, 1, free_port(), device)
         model = shard_policy(model, device, "bfloat16", offload=True)  # stays in host memory

@@ -101,7 +101,7 @@ def logprob_gap(model_dir: str, ids: list[list[int]], samples: list) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.forward import sequence_log_probs
+    from agentloop_trainer.update import sequence_log_probs
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     worst = 0.0

@@ -14,7 +14,7 @@ tokenizer would not be like for like.
 * ``ours update only, 1 process`` vs ``2 FSDP2 ranks (gloo)``: the update phase alone
   (``compute_log_probs`` + ``update``) on a fixed batch of 32 random sequences (prompt 40 +
   response 32 tokens, no prompt repeated), through
-  ``agentloop_trainer.fsdp.spawn``; on 2 shared cores FSDP mostly adds communication.
+  ``agentloop_trainer.update.fsdp.spawn``; on 2 shared cores FSDP mostly adds communication.
 * ``TRL GRPOTrainer``: ``GRPOConfig(use_cpu=True, use_vllm=False)``, transformers
   generation; a callback times each optimizer step.
 
@@ -62,8 +62,7 @@ async def ours_full_steps() -> dict:
 
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
     from agentloop_engines import HFServer, build_tiny_model
-    from agentloop_trainer.actor import ActorConfig, GRPOActor, PolicyBatch
-    from agentloop_trainer.algos import group_advantages
+    from agentloop_trainer.update import ActorConfig, GRPOActor, PolicyBatch, group_advantages
 
     path = str(build_tiny_model())
     tok = load_tiny_tokenizer()
@@ -107,7 +106,7 @@ async def ours_full_steps() -> dict:
 def _update_batch(vocab: int):
     import torch
 
-    from agentloop_trainer.actor import PolicyBatch
+    from agentloop_trainer.update import PolicyBatch
 
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, vocab, (40 + MAX_NEW,), generator=g).tolist() for _ in range(PROMPTS * GROUP)]
@@ -119,7 +118,7 @@ def _update_batch(vocab: int):
 def _update_steps(model) -> list[float]:
     import torch
 
-    from agentloop_trainer.actor import ActorConfig, GRPOActor
+    from agentloop_trainer.update import ActorConfig, GRPOActor
 
     torch.set_num_threads(1)
     actor = GRPOActor(model, ActorConfig(lr=1e-4, tis_cap=None))
@@ -137,7 +136,7 @@ def _update_steps(model) -> list[float]:
 def _fsdp_rank(rank: int, model_path: str) -> list[float]:
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import shard_policy
+    from agentloop_trainer.update import shard_policy
 
     return _update_steps(shard_policy(AutoModelForCausalLM.from_pretrained(model_path)))
 
@@ -146,7 +145,7 @@ def ours_update_only() -> dict:
     from transformers import AutoModelForCausalLM
 
     from agentloop_engines import build_tiny_model
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     path = str(build_tiny_model())
     tokens = PROMPTS * GROUP * MAX_NEW

@@ -23,7 +23,7 @@ SMALL = ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.multi_turn.
 
 def _rollout(checkpoint: Path, out: Path, *overrides: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "agentloop_trainer.cli", "rollout", str(checkpoint), *SMALL, *overrides,
+    cmd = [sys.executable, "-m", "agentloop_trainer.cli.main", "rollout", str(checkpoint), *SMALL, *overrides,
            "--out", str(out), "--num-prompts", "6"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
@@ -34,11 +34,11 @@ def _records(path: Path) -> list[dict]:
 
 def test_agentloop_rollout_joins_the_cluster_by_address(sim_cluster, tmp_path):
     from agentloop_core.testing import load_tiny_tokenizer
-    from agentloop_trainer.model import TinyModelSpec, build_tiny_policy
+    from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     tokenizer = load_tiny_tokenizer()
     checkpoint = tmp_path / "policy"
-    build_tiny_policy(tokenizer, seed=0, spec=TinyModelSpec(hidden_size=64, intermediate_size=128)).save_pretrained(checkpoint)
+    build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128)).save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
 
     actors_before = set(ray._private.state.actors())  # the state API needs the dashboard, which is off

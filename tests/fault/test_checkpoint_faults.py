@@ -18,7 +18,7 @@ from agentloop_trainer.checkpoint import latest_checkpoint, load_checkpoint, sav
 KILLED_SAVE = textwrap.dedent('''
     import os, signal, sys
     import torch
-    from agentloop_trainer import checkpoint
+    from agentloop_trainer.checkpoint import common as checkpoint
 
     root = sys.argv[1]
     checkpoint.save_checkpoint(root, 1, {"w": torch.ones(3)}, {"lr": 1}, {"data": {"epoch": 0, "pos": 2}})

@@ -14,7 +14,6 @@ from fault_helpers import run_killed_script
 pytest.importorskip("agentloop_trainer.checkpoint", reason="agentloop-trainer is not installed")
 torch = pytest.importorskip("torch", reason="checkpoints need torch")
 
-from agentloop_trainer import checkpoint, sharded_checkpoint  # noqa: E402
 from agentloop_trainer.checkpoint import (  # noqa: E402
     CheckpointError,
     checkpoint_to_resume,
@@ -22,6 +21,8 @@ from agentloop_trainer.checkpoint import (  # noqa: E402
     load_checkpoint,
     save_checkpoint,
 )
+from agentloop_trainer.checkpoint import common as checkpoint  # noqa: E402
+from agentloop_trainer.checkpoint import sharded as sharded_checkpoint  # noqa: E402
 
 
 class _Payload:
@@ -113,7 +114,7 @@ def test_a_failed_overwrite_keeps_the_old_step(tmp_path, monkeypatch):
 KILLED_OVERWRITE = textwrap.dedent('''
     import os, signal, sys
     import torch
-    from agentloop_trainer import checkpoint
+    from agentloop_trainer.checkpoint import common as checkpoint
 
     root = sys.argv[1]
     checkpoint.save_checkpoint(root, 3, {"w": torch.ones(1)}, {}, {"data": 1})
@@ -307,7 +308,7 @@ def test_the_single_file_loader_points_at_the_sharded_one(tmp_path):
 KILLED_SHARDED_SAVE = textwrap.dedent('''
     import os, signal, sys
     import torch
-    from agentloop_trainer import sharded_checkpoint
+    from agentloop_trainer.checkpoint import sharded as sharded_checkpoint
 
     root = sys.argv[1]
     model = torch.nn.Linear(2, 2)

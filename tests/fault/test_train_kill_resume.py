@@ -50,12 +50,12 @@ def _steps(run_dir: Path) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def random_policy(tmp_path_factory):
     from agentloop_core.testing import load_tiny_tokenizer
-    from agentloop_trainer.model import TinyModelSpec, build_tiny_policy
+    from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     # A checkpoint folder as users have them: weights plus the tokenizer with its chat template.
     path = tmp_path_factory.mktemp("policy")
     tokenizer = load_tiny_tokenizer()
-    build_tiny_policy(tokenizer, seed=0, spec=TinyModelSpec(hidden_size=64, intermediate_size=128)).save_pretrained(path)
+    build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -50,8 +50,8 @@ def test_react_agent_rows_train_two_steps(data, model_path, tmp_path):
 
 
 def test_rollout_runs_the_langgraph_loop_with_its_section(data, model_path, tmp_path):
+    from agentloop_trainer.cli import write_rollouts
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.evaluate import write_rollouts
 
     cfg = load_config(_overrides(data, model_path, tmp_path), EXAMPLE / "config.yaml")
     out = write_rollouts(cfg, model_path, tmp_path / "r.jsonl", num_prompts=2)
@@ -61,8 +61,8 @@ def test_rollout_runs_the_langgraph_loop_with_its_section(data, model_path, tmp_
 
 
 def test_a_typo_in_the_loops_section_is_an_error(data, model_path, tmp_path):
+    from agentloop_trainer.cli import write_rollouts
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.evaluate import write_rollouts
 
     cfg = load_config(_overrides(data, model_path, tmp_path,
                                  "actor_rollout_ref.rollout.agent.loops.react_agent.recursion_limt=5"),

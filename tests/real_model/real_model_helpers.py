@@ -107,7 +107,7 @@ def fit_tool_calls(model: Any, tokenizer: Any, *, steps: int = 4, batch_size: in
     conversations at lr 1e-4; lr 3e-4 diverged into malformed calls."""
     import torch
 
-    from agentloop_trainer.sft import demonstration_batch, sft_loss
+    from agentloop_trainer.stages.sft import demonstration_batch, sft_loss
     from agentloop_trainer.task import make_problems
 
     torch.manual_seed(seed)
@@ -130,10 +130,10 @@ def fit_tool_calls(model: Any, tokenizer: Any, *, steps: int = 4, batch_size: in
 def reference_log_probs(model: Any, prompt_ids: Sequence[int], token_ids: Sequence[int],
                         temperature: float = 1.0) -> list[float]:
     """Log-probs of ``token_ids`` after ``prompt_ids`` from the trainer's own forward
-    (:func:`agentloop_trainer.forward.sequence_log_probs`, what the GRPO update recomputes)."""
+    (:func:`agentloop_trainer.update.forward.sequence_log_probs`, what the GRPO update recomputes)."""
     import torch
 
-    from agentloop_trainer.forward import sequence_log_probs
+    from agentloop_trainer.update import sequence_log_probs
 
     seq = list(prompt_ids) + list(token_ids)
     with torch.no_grad():

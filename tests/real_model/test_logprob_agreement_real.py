@@ -1,6 +1,6 @@
 """(c) The trainer recomputes the engine's log-probs: ``tool_agent`` trajectories rolled out by
-HFServer (the trainer's ``RolloutEngine``, temperature 1, the built-in calculator task) scored
-again with the trainer's forward (``agentloop_trainer.actor.response_log_probs``, the shared-prefix
+HFServer (the trainer's ``RolloutFleet``, temperature 1, the built-in calculator task) scored
+again with the trainer's forward (``agentloop_trainer.update.actor.response_log_probs``, the shared-prefix
 path the GRPO update uses).
 
 The policy is the checkpoint after the short tool-call fit, so trajectories have a tool turn:
@@ -30,17 +30,17 @@ def has_tool_turn(mask_row: list[float]) -> bool:
 
 
 def test_rollout_log_probs_match_the_trainer_forward(model_dir, tool_tokenizer, tool_fitted_model):
-    from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.rollout import RolloutEngine, make_rows
+    from agentloop_trainer.rollout import RolloutFleet, make_rows
     from agentloop_trainer.task import dataset_row, make_problems
+    from agentloop_trainer.update import policy_batch_from_rollout, response_log_probs
 
     cfg = load_config([
         f"model.path={model_dir}", f"model.custom_chat_template={TOOL_TEMPLATE}",
         "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=48", "data.max_response_length=128",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.sanity_check=strict", "trainer.seed=3",
     ])
-    engine = RolloutEngine(cfg, str(model_dir), tool_tokenizer, copy.deepcopy(tool_fitted_model))
+    engine = RolloutFleet(cfg, str(model_dir), tool_tokenizer, copy.deepcopy(tool_fitted_model))
     try:
         batch = engine.generate(make_rows([dataset_row(p, "test") for p in make_problems(3, 21)], 2))
     finally:

@@ -142,7 +142,7 @@ class TestVLLMRealModel(EngineConformanceTests):
 
     async def test_log_probs_match_the_trainer_forward(self, engine, hf_model, calculator_prompt_ids):
         """Sampled at T=1 (seeded), vLLM's log-prob of each token equals the trainer's forward
-        (``agentloop_trainer.forward.sequence_log_probs``) within LOGPROB_ATOL: the numbers
+        (``agentloop_trainer.update.forward.sequence_log_probs``) within LOGPROB_ATOL: the numbers
         the trainer's importance ratio divides."""
         outs = await asyncio.gather(*(engine.generate(f"lp{i}", p, {"max_tokens": 24, "temperature": 1.0, "seed": i,
                                                                     "logprobs": True, "ignore_eos": True})
@@ -162,7 +162,7 @@ class TestVLLMRealModel(EngineConformanceTests):
         log-prob gap with a bucket boundary inside a layer is the split-fused-group bug."""
         import copy
 
-        from agentloop_trainer.weights import iter_policy_weights
+        from agentloop_trainer.update import iter_policy_weights
 
         prompts = calculator_prompt_ids[:4]
         before = [o.token_ids for o in await asyncio.gather(*(engine.generate(f"wu-a{i}", p, greedy(16))

@@ -24,10 +24,10 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def random_model_path(tmp_path_factory, tokenizer):
     """A randomly initialised tiny policy saved as a Hugging Face checkpoint."""
-    from agentloop_trainer.model import TinyModelSpec, build_tiny_policy
+    from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     path = tmp_path_factory.mktemp("random_policy")
-    model = build_tiny_policy(tokenizer, seed=0, spec=TinyModelSpec(hidden_size=64, intermediate_size=128))
+    model = build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from agentloop_trainer.algos import (
+from agentloop_trainer.update import (
     aggregate_loss,
     compute_advantages,
     group_advantages,

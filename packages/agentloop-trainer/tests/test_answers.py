@@ -8,14 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop_trainer.answers import (
+from agentloop_trainer.reward import (
     MAX_SCAN_CHARS,
+    RewardScorer,
+    answer_format_for,
     answers_match,
+    builtin_scorer,
+    check_answer_format,
     find_answer,
     flexible_reward,
     leading_number,
 )
-from agentloop_trainer.scoring import RewardScorer, answer_format_for, builtin_scorer, check_answer_format
 
 # (response, ground truth, flexible reward). Written the way SmolLM2/Qwen-style instruct models
 # answer word problems, including the wrong answers they give.

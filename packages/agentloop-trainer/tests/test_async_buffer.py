@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop_trainer.async_buffer import StalenessBuffer, staleness_metrics
+from agentloop_trainer.stages import StalenessBuffer, staleness_metrics
 
 
 def test_max_staleness_zero_is_synchronous():

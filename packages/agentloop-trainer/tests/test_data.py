@@ -27,7 +27,7 @@ def test_malformed_rows_after_the_first_are_named(tmp_path):
 
 
 def test_overlong_prompts_are_measured_with_the_tool_schemas_and_dropped_or_rejected(tmp_path, tokenizer):
-    from agentloop_trainer.assets import load_records
+    from agentloop_trainer.data import load_records
 
     rows = _rows(4)
     rows[2]["prompt"][1]["content"] = "How many? " * 80
@@ -37,7 +37,7 @@ def test_overlong_prompts_are_measured_with_the_tool_schemas_and_dropped_or_reje
     without = prompt_lengths(rows, tokenizer, None)
     assert all(a > b + 50 for a, b in zip(with_tools, without, strict=True))  # schemas are counted
     limit = sorted(with_tools)[-2]  # every prompt but the long one fits
-    from agentloop_trainer.rollout import BUILTIN_TOOL_CONFIG
+    from agentloop_trainer.task import BUILTIN_TOOL_CONFIG
 
     # The configured tools' schemas count: here the calculator's, as a user's tool YAML names it.
     overrides = [f"data.train_files={train}", f"data.val_files={test}", f"data.max_prompt_length={limit}",

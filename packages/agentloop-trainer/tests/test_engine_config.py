@@ -7,8 +7,14 @@ import textwrap
 import pytest
 
 from agentloop_trainer.config import ConfigError, load_config
-from agentloop_trainer.engines import build_engine, engine_arguments, engine_spec, remote_engines
-from agentloop_trainer.rollout import agent_loops, rollout_config
+from agentloop_trainer.rollout import (
+    agent_loops,
+    build_engine,
+    engine_arguments,
+    engine_spec,
+    remote_engines,
+    rollout_config,
+)
 
 
 def test_engine_spec_carries_the_common_and_per_engine_keys():

@@ -14,8 +14,8 @@ def _trainer(cfg, tokenizer):
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.assets import load_records
-    from agentloop_trainer.trainer import GRPOTrainer
+    from agentloop_trainer.data import load_records
+    from agentloop_trainer.stages import GRPOTrainer
 
     train, test = load_records(cfg)
     m = AutoModelForCausalLM.from_pretrained(cfg.model.path)
@@ -29,9 +29,9 @@ def test_engine_sleeps_during_the_update_and_wakes_before_the_sync(tmp_path, ran
     cfg = _cfg(tmp_path, random_model_path, "sleep", 2,
                **{"actor_rollout_ref.rollout.free_cache_engine": str(free_cache_engine).lower()})
     trainer = _trainer(cfg, tokenizer)
-    server = trainer.engine.server  # the BusyTimeServer that times the engine's calls in sync mode
+    server = trainer.fleet.server  # the BusyTimeServer that times the engine's calls in sync mode
     engine = server.server  # the HFServer behind it
-    assert not trainer.engine.can_sleep  # HFServer frees memory only on CUDA: nothing to do on CPU
+    assert not trainer.fleet.can_sleep  # HFServer frees memory only on CUDA: nothing to do on CPU
     engine.capabilities = dataclasses.replace(engine.capabilities, sleep=True)  # as on a GPU
     events: list[str] = []
     for name in ("sleep", "wake_up", "update_weights"):

@@ -6,7 +6,7 @@ import torch
 
 from agentloop_core.batch import RolloutBatch
 from agentloop_core.output import AgentLoopOutput
-from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
+from agentloop_trainer.update import policy_batch_from_rollout, response_log_probs
 
 
 def test_empty_failed_sample_is_masked_not_fatal(random_model_path):
@@ -29,8 +29,8 @@ def test_agentloop_rollout_writes_tokens_masks_and_per_sample_metrics(random_mod
     reward, and each trajectory's metrics (tool counters and timings) for inspection."""
     import json
 
+    from agentloop_trainer.cli import write_rollouts
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.evaluate import write_rollouts
 
     cfg = load_config([
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentloop_trainer.actor import ActorConfig, GRPOActor, PolicyBatch
+from agentloop_trainer.update import ActorConfig, GRPOActor, PolicyBatch
 
 
 def _batch(vocab: int):
@@ -30,7 +30,7 @@ SEGMENT_TRAJECTORIES = [0, 0, 1, 2, 2, 3, 4]
 
 
 def _segmented_batch(vocab: int, world_size: int):
-    from agentloop_trainer.algos import sequence_weights
+    from agentloop_trainer.update import sequence_weights
 
     pb, adv = _batch(vocab)
     mask = pb.response_mask[:7]
@@ -65,7 +65,7 @@ def _fsdp_rank(rank: int, model_path: str, with_ref: bool = False, loss_agg_mode
                segments: bool = False):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import full_model_state, load_reference, shard_policy
+    from agentloop_trainer.update import full_model_state, load_reference, shard_policy
 
     torch.manual_seed(0)
     model = shard_policy(AutoModelForCausalLM.from_pretrained(model_path))
@@ -79,7 +79,7 @@ def _fsdp_rank(rank: int, model_path: str, with_ref: bool = False, loss_agg_mode
 def test_fsdp2_two_ranks_match_one_process(random_model_path):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
     single = _steps(model)
@@ -97,7 +97,7 @@ def test_fsdp2_two_ranks_with_kl_to_a_sharded_reference_match_one_process(random
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -117,7 +117,7 @@ def test_fsdp2_two_ranks_on_segments_match_one_process(random_model_path):
     through its rows' weights, still equals the unpadded single process's."""
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
     single = _steps(model, loss_agg_mode="seq-mean-token-mean", segments=True)

@@ -8,11 +8,15 @@ import random
 import pytest
 import torch
 
-from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
 from agentloop_trainer.config import load_config
-from agentloop_trainer.forward import common_prefix_length, sequence_log_probs
-from agentloop_trainer.rollout import RolloutEngine, make_rows
+from agentloop_trainer.rollout import RolloutFleet, make_rows
 from agentloop_trainer.task import BIASED_TEMPLATES, dataset_row, make_problems
+from agentloop_trainer.update import (
+    common_prefix_length,
+    policy_batch_from_rollout,
+    response_log_probs,
+    sequence_log_probs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +27,7 @@ def model(random_model_path):
 
 
 def test_shared_prefix_forward_equals_plain_forward(model, tokenizer):
-    from agentloop_trainer.sft import demonstration_batch
+    from agentloop_trainer.stages.sft import demonstration_batch
 
     examples = demonstration_batch(tokenizer, make_problems(6, 3), random.Random(0), 0.6, BIASED_TEMPLATES)
     seqs = [e.input_ids for e in examples]
@@ -42,7 +46,7 @@ def test_shared_prefix_forward_equals_plain_forward(model, tokenizer):
 @pytest.mark.parametrize("share_prefix", [True, False])
 @pytest.mark.parametrize("where", ["inside_prefix", "at_prefix_end", "in_tail"])
 def test_scoring_from_a_later_token_gives_the_same_values_there(model, tokenizer, share_prefix, where):
-    from agentloop_trainer.sft import demonstration_batch
+    from agentloop_trainer.stages.sft import demonstration_batch
 
     examples = demonstration_batch(tokenizer, make_problems(5, 4), random.Random(1), 0.6, BIASED_TEMPLATES)
     seqs = [e.input_ids for e in examples]
@@ -60,7 +64,7 @@ def test_recomputed_log_probs_match_hfserver(model, tokenizer):
 
     cfg = load_config(["actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12", "data.max_response_length=40",
                        "actor_rollout_ref.rollout.temperature=1.0", "trainer.seed=3"])
-    engine = RolloutEngine(cfg, "unused: the engine serves the in-memory copy", tokenizer, copy.deepcopy(model))
+    engine = RolloutFleet(cfg, "unused: the engine serves the in-memory copy", tokenizer, copy.deepcopy(model))
     try:
         records = [dataset_row(p, "test") for p in make_problems(2, 5)]
         batch = engine.generate(make_rows(records, 3))

@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_fsdp import _batch, _segmented_batch
 
-from agentloop_trainer.actor import ActorConfig, GRPOActor, micro_batches
+from agentloop_trainer.update import ActorConfig, GRPOActor, micro_batches
 
 
 def _grads(model, pb, adv, **actor_kw) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
@@ -87,7 +87,7 @@ def test_dynamic_micro_batches_cover_every_row_once_within_the_budget(seed):
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(model):
-    from agentloop_trainer.model import enable_gradient_checkpointing
+    from agentloop_trainer.policy import enable_gradient_checkpointing
 
     pb, adv = _batch(model.config.vocab_size)
     plain, m_plain = _grads(model, pb, adv)
@@ -119,7 +119,7 @@ def test_bfloat16_autocast_matches_float32_within_tolerance(model):
 
 
 def _lora(model, rank: int = 4):
-    from agentloop_trainer.model import apply_lora
+    from agentloop_trainer.policy import apply_lora
 
     return apply_lora(copy.deepcopy(model), rank, 8, ["q_proj", "v_proj", "up_proj"])
 
@@ -128,7 +128,7 @@ def test_lora_trains_only_adapters_and_the_merged_push_reproduces_its_greedy_out
     import asyncio
 
     from agentloop_engines.hf import HFServer
-    from agentloop_trainer.weights import iter_policy_weights
+    from agentloop_trainer.update import iter_policy_weights
 
     policy = _lora(model)
     pb, adv = _batch(model.config.vocab_size)
@@ -179,7 +179,7 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled(model):
 
 
 def test_lora_with_no_matching_module_names_the_modules(model):
-    from agentloop_trainer.model import apply_lora
+    from agentloop_trainer.policy import apply_lora
 
     with pytest.raises(ValueError, match=r"matches no module.*q_proj"):
         apply_lora(copy.deepcopy(model), 4, 8, ["attention_dense"])
@@ -188,8 +188,7 @@ def test_lora_with_no_matching_module_names_the_modules(model):
 def _offload_rank(rank: int, model_path: str, offload: bool, dtype: str):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import shard_policy
-    from agentloop_trainer.weights import policy_state_dict
+    from agentloop_trainer.update import policy_state_dict, shard_policy
 
     model = shard_policy(AutoModelForCausalLM.from_pretrained(model_path), "cpu", dtype, offload)
     pb, adv = _batch(model.config.vocab_size)
@@ -202,7 +201,7 @@ def _offload_rank(rank: int, model_path: str, offload: bool, dtype: str):
 def test_one_rank_fsdp_with_offload_and_bf16_mixed_precision_train_like_one_process(model, random_model_path):
     """A one-rank FSDP2 group, as an offloaded single-process run uses: plain and offloaded
     give the same weights; bf16 mixed precision stays within tolerance of them."""
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     plain_losses, plain = spawn(_offload_rank, 1, str(random_model_path), False, "float32")
     off_losses, off = spawn(_offload_rank, 1, str(random_model_path), True, "float32")
@@ -223,8 +222,7 @@ DYNAMIC = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 64, "loss_agg_m
 def _dynamic_rank(rank: int, model_path: str):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import shard_policy
-    from agentloop_trainer.weights import policy_state_dict
+    from agentloop_trainer.update import policy_state_dict, shard_policy
 
     model = shard_policy(AutoModelForCausalLM.from_pretrained(model_path))
     pb, adv = _batch(model.config.vocab_size)
@@ -237,7 +235,7 @@ def _dynamic_rank(rank: int, model_path: str):
 
 @pytest.mark.slow
 def test_two_ranks_with_uneven_dynamic_micro_batches_match_one_process(model, random_model_path):
-    from agentloop_trainer.fsdp import spawn
+    from agentloop_trainer.update import spawn
 
     pb, adv = _batch(model.config.vocab_size)
     lengths = [len(s) for s in pb.sequences]
@@ -258,7 +256,7 @@ def test_two_ranks_with_uneven_dynamic_micro_batches_match_one_process(model, ra
 
 
 def test_weight_buckets_are_bounded_and_hold_the_whole_model(model):
-    from agentloop_trainer.weights import iter_policy_weights, layer_group, tied_output_name
+    from agentloop_trainer.update import iter_policy_weights, layer_group, tied_output_name
 
     budget = 100 * 1024
     buckets = list(iter_policy_weights(model, bucket_bytes=budget))
@@ -315,9 +313,8 @@ def test_agentloop_train_with_every_memory_option(tmp_path, random_model_path):
 def _lora_rank(rank: int, model_path: str):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.fsdp import shard_policy
-    from agentloop_trainer.model import apply_lora
-    from agentloop_trainer.weights import policy_state_dict
+    from agentloop_trainer.policy import apply_lora
+    from agentloop_trainer.update import policy_state_dict, shard_policy
 
     torch.manual_seed(0)
     model = apply_lora(AutoModelForCausalLM.from_pretrained(model_path), 4, 8, ["q_proj", "v_proj", "up_proj"])
@@ -332,8 +329,7 @@ def _lora_rank(rank: int, model_path: str):
 def test_lora_on_two_fsdp_ranks_matches_one_process(model, random_model_path):
     """LoRA under FSDP2 (frozen base shards next to trained adapters), with the KL to the
     adapter-disabled base: the same losses and merged weights as one process."""
-    from agentloop_trainer.fsdp import spawn
-    from agentloop_trainer.weights import policy_state_dict
+    from agentloop_trainer.update import policy_state_dict, spawn
 
     torch.manual_seed(0)
     policy = _lora(model)

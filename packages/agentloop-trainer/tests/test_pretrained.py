@@ -354,6 +354,6 @@ def test_real_smollm2_fetch():
     assert provenance["source_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     assert provenance["check"]["max_abs_logit_diff"] == 0.0 and provenance["parameters"] == 134_515_008
     # A fresh process, as a user's script would: stdout's last line is the folder.
-    done = subprocess.run([sys.executable, "-m", "agentloop_trainer.cli", "model", "fetch", "smollm2-135m-instruct"],
+    done = subprocess.run([sys.executable, "-m", "agentloop_trainer.cli.main", "model", "fetch", "smollm2-135m-instruct"],
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == str(folder.resolve())

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from agentloop_engines.hosting import InsufficientResourcesError
-from agentloop_trainer.ray_ranks import RankFailedError, spawn_ray
+from agentloop_trainer.update import RankFailedError, spawn_ray
 
 # Generous: reaching it means a rank hung, never that the machine was slow.
 HANG_S = 300
@@ -155,16 +155,6 @@ def test_a_given_placement_group_not_ready_in_time_names_what_is_free(local_ray)
     assert _all_placement_groups_removed(local_ray)
 
 
-def test_rank_resources_error_is_a_deprecated_alias():
-    import agentloop_trainer.ray_ranks as ray_ranks
-
-    with pytest.warns(DeprecationWarning, match=r"agentloop_engines\.hosting\.InsufficientResourcesError"):
-        alias = ray_ranks.RankResourcesError
-    assert alias is InsufficientResourcesError
-    with pytest.raises(AttributeError, match="no attribute 'NoSuchName'"):
-        ray_ranks.NoSuchName  # noqa: B018
-
-
 def test_bad_arguments_are_named_before_ray_is_touched():
     pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-trainer[ray]"')
     with pytest.raises(ValueError, match="world_size >= 1"):
@@ -182,7 +172,7 @@ def test_bad_arguments_are_named_before_ray_is_touched():
 def test_run_fsdp_training_rejects_unknown_launcher():
     from omegaconf import OmegaConf
 
-    from agentloop_trainer.build import run_fsdp_training
+    from agentloop_trainer.stages import run_fsdp_training
 
     cfg = OmegaConf.create({"trainer": {"fsdp_ranks": 2, "device": "cpu"}})
     with pytest.raises(ValueError, match="unknown launcher 'slurm'"):

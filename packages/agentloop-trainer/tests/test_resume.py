@@ -23,8 +23,8 @@ def _run(cfg, tokenizer, quiet):
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.assets import load_records
-    from agentloop_trainer.trainer import GRPOTrainer
+    from agentloop_trainer.data import load_records
+    from agentloop_trainer.stages import GRPOTrainer
 
     train, test = load_records(cfg)
     m = AutoModelForCausalLM.from_pretrained(cfg.model.path)

@@ -78,7 +78,7 @@ def test_no_pre_rl_eval_reads_as_absent(tmp_path, random_model_path, capsys):
     (["actor_rollout_ref.rollout.max_model_len=362"], "rollout/truncated/context"),
 ])
 def test_each_truncation_cause_on_the_real_engine(tmp_path, random_model_path, extra, cause):
-    from agentloop_trainer.evaluate import evaluate_checkpoint
+    from agentloop_trainer.cli import evaluate_checkpoint
 
     result = evaluate_checkpoint(load_config(_overrides(tmp_path, random_model_path, *extra)), random_model_path)
     causes = ("rollout/truncated/turn_cap", "rollout/truncated/response_budget", "rollout/truncated/context")

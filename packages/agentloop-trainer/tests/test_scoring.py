@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from agentloop_core.output import AgentLoopOutput
-from agentloop_trainer.scoring import (
+from agentloop_trainer.reward import (
     RewardScorer,
     boxed_reward,
     builtin_scorer,

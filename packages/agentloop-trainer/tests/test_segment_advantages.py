@@ -13,11 +13,12 @@ from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.registry import register
 from agentloop_core.segments import SegmentBuilder
-from agentloop_trainer.actor import policy_batch_from_rollout, response_log_probs
-from agentloop_trainer.algos import (
+from agentloop_trainer.update import (
     aggregate_loss,
     compute_advantages,
+    policy_batch_from_rollout,
     ppo_clip_loss,
+    response_log_probs,
     sequence_weights,
     trajectory_advantages,
 )

@@ -24,7 +24,7 @@ def _free_port() -> int:
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     """Start `agentloop serve ARGS` and wait until it answers /health."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentloop_trainer.cli", "serve", *args, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "agentloop_trainer.cli.main", "serve", *args, "--port", str(port)],
                             env={**os.environ, "MY_KEY": "s3cret"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agentloop_trainer.sft import sft_loss, tokenize_conversation
+from agentloop_trainer.stages.sft import sft_loss, tokenize_conversation
 from agentloop_trainer.task import demonstration, make_problems, tool_schemas
 
 
@@ -66,7 +66,7 @@ def test_sft_steps_reduce_loss(random_model_path, tokenizer):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.sft import demonstration_batch
+    from agentloop_trainer.stages.sft import demonstration_batch
     from agentloop_trainer.task import BIASED_TEMPLATES
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
@@ -86,7 +86,7 @@ def test_sft_steps_reduce_loss(random_model_path, tokenizer):
 def test_sft_repeats_its_schedule_until_learned_within_max_steps(random_model_path, tokenizer, stop_loss, runs):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.sft import SFTConfig, learned, train_sft
+    from agentloop_trainer.stages.sft import SFTConfig, learned, train_sft
     from agentloop_trainer.task import BIASED_TEMPLATES
 
     model = AutoModelForCausalLM.from_pretrained(str(random_model_path))

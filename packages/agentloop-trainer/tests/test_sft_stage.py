@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from agentloop_trainer.sft import SFTDataError, SFTTokenizer, read_sft_files, write_sft_rows
-from agentloop_trainer.sft.calculator import calculator_rows
+from agentloop_trainer.stages.sft import SFTDataError, SFTTokenizer, read_sft_files, write_sft_rows
+from agentloop_trainer.task import calculator_rows
 
 
 def _jsonl(path, rows):
@@ -109,7 +109,7 @@ def test_sft_ids_and_mask_equal_a_tool_agent_rollout_of_the_demonstration(tmp_pa
 
 
 def test_a_two_call_conversation_replays_identically(tokenizer):
-    from agentloop_trainer.sft import parse_row
+    from agentloop_trainer.stages.sft import parse_row
 
     row = calculator_rows(1, seed=4)[0]
     m = row["messages"]
@@ -126,7 +126,7 @@ def test_a_two_call_conversation_replays_identically(tokenizer):
 def test_a_template_that_drops_tool_calls_is_an_error_naming_the_fix(tokenizer):
     import copy
 
-    from agentloop_trainer.sft import parse_row
+    from agentloop_trainer.stages.sft import parse_row
 
     plain = copy.copy(tokenizer)
     # ChatML that renders only content, like SmolLM2's own template.
@@ -156,8 +156,8 @@ def test_agentloop_sft_lowers_the_loss_and_writes_a_loadable_folder(tmp_path, de
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from agentloop_trainer.cli import main
-    from agentloop_trainer.sft import sft_loss
-    from agentloop_trainer.sft.stage import sft_tokenizer
+    from agentloop_trainer.stages.sft import sft_loss
+    from agentloop_trainer.stages.sft.stage import sft_tokenizer
 
     val = write_sft_rows(calculator_rows(4, seed=9), tmp_path / "val.jsonl")
     assert main(_sft_args(tmp_path, demos, "run", f"model.path={random_model_path}", "sft.total_steps=8",
@@ -245,7 +245,7 @@ def test_overlong_conversations_are_dropped_with_a_count_or_rejected(tmp_path, d
                           "sft.filter_overlong=false")) == 2
     from agentloop_core.testing import load_tiny_tokenizer
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.sft.stage import sft_tokenizer, tokenize_examples
+    from agentloop_trainer.stages.sft.stage import sft_tokenizer, tokenize_examples
 
     sft = sft_tokenizer(load_config([]), load_tiny_tokenizer())
     examples = read_sft_files(demos)

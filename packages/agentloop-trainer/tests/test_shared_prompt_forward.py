@@ -14,11 +14,14 @@ import asyncio
 import pytest
 import torch
 
-from agentloop_trainer.actor import ActorConfig, GRPOActor, PolicyBatch, response_log_probs
-from agentloop_trainer.forward import (
+from agentloop_trainer.update import (
     MIN_SHARED_PREFIX,
+    ActorConfig,
+    GRPOActor,
+    PolicyBatch,
     prompt_groups,
     prompt_shared_log_probs,
+    response_log_probs,
     sequence_log_probs,
 )
 

@@ -126,8 +126,8 @@ def test_train_runs_the_users_tools_reward_and_data(user_task, random_model_path
 
 
 def test_rollout_renders_both_tools_and_the_text_parts(user_task, random_model_path, tmp_path):
+    from agentloop_trainer.cli import write_rollouts
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.evaluate import write_rollouts
 
     cfg = load_config(_overrides(user_task, random_model_path, tmp_path / "out"))
     out = write_rollouts(cfg, random_model_path, tmp_path / "r.jsonl", num_prompts=2)
@@ -144,8 +144,8 @@ def test_rollout_renders_both_tools_and_the_text_parts(user_task, random_model_p
 def test_a_reward_function_that_returns_junk_fails_the_sample_with_its_name(user_task, random_model_path, tmp_path):
     (user_task / "reward.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info, "
                                          "scale=1):\n    return 'yes'\n")
+    from agentloop_trainer.cli import write_rollouts
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.evaluate import write_rollouts
 
     cfg = load_config(_overrides(user_task, random_model_path, tmp_path / "out"))
     out = write_rollouts(cfg, random_model_path, tmp_path / "r.jsonl", num_prompts=1)

@@ -64,7 +64,7 @@ def test_verl_values_agentloop_cannot_honour_are_errors():
 
 
 def test_ppo_mini_batch_size_counts_prompts_as_in_verl():
-    from agentloop_trainer.trainer import actor_config
+    from agentloop_trainer.stages import actor_config
 
     cfg = load_config(["data.train_batch_size=8", "actor_rollout_ref.rollout.n=4",
                        "actor_rollout_ref.actor.ppo_mini_batch_size=2"])

@@ -12,15 +12,15 @@ import pytest
 
 from agentloop_core.batch import RolloutBatch
 from agentloop_core.output import AgentLoopOutput
-from agentloop_trainer.viewer import (
+from agentloop_trainer.view import (
     group_trajectories,
-    load_records,
     render_html,
     sample_rows,
     summarize,
     trajectory_records,
     write_step_trajectories,
 )
+from agentloop_trainer.view.viewer import load_records
 
 
 def sample_batch(tokenizer):
@@ -126,7 +126,7 @@ def test_view_cli_writes_the_page_and_prints_its_path(tokenizer, tmp_path, capsy
     """`agentloop view FILE --out X` writes X and prints it; a folder without trajectories is an
     error that says what to pass."""
     from agentloop_trainer.cli import main
-    from agentloop_trainer.viewer import write_jsonl
+    from agentloop_trainer.view import write_jsonl
 
     records, _ = sample_records(tokenizer)
     src = write_jsonl(records, tmp_path / "r.jsonl")

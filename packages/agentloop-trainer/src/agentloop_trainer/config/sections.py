@@ -1,0 +1,281 @@
+"""The training config: OmegaConf structured defaults with verl-familiar names.
+
+``agentloop train key=value ...`` overrides any leaf. An unknown or mistyped key is an error
+that names the key and the closest valid one, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentloop_trainer.config.actor_rollout_ref import ActorRolloutRefSection
+
+
+@dataclass
+class DataSection:
+    """Datasets (verl: ``data``)."""
+
+    train_files: Any = None
+    """Parquet file (or list of files) of training rows; None: the built-in calculator task."""
+    val_files: Any = None
+    """Parquet file (or list of files) of held-out rows; None: the built-in calculator task."""
+    train_size: int = 20000
+    """Synthetic training problems."""
+    val_size: int = 200
+    """Synthetic held-out problems."""
+    train_seed: int = 1
+    """Seed of the synthetic training split."""
+    val_seed: int = 2
+    """Seed of the synthetic held-out split (disjoint questions from training are enforced)."""
+    train_batch_size: int = 16
+    """Prompts per GRPO step."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens, counted with the chat template and the rollout's tool schemas."""
+    filter_overlong_prompts: bool = True
+    """Drop longer prompts (the count is logged and kept in summary.json); false: a longer
+    prompt is an error naming the row."""
+    max_response_length: int = 128
+    """Token budget of a response (generated + tool tokens)."""
+    shuffle: bool = True
+    """Shuffle training rows each epoch."""
+
+
+@dataclass
+class ModelSection:
+    """The policy (verl: ``actor_rollout_ref.model``)."""
+
+    path: str | None = None
+    """Hugging Face checkpoint folder to start GRPO from; None: build the tiny model and its
+    SFT warm-up checkpoint (cached on disk)."""
+    tokenizer_path: str | None = None
+    """Tokenizer folder; None: the model folder, or the tiny tokenizer."""
+    custom_chat_template: str | None = None
+    """The chat template every tokenizer of the run gets (trainer, loops, Ray workers, engines,
+    exported folders): a built-in name (``chatml-hermes``, ``llama3-json``), a path to a Jinja
+    file, or the template text; None: the tokenizer's own. Set it when the model's template
+    ignores ``tools=``."""
+    dtype: str = "float32"
+    """Parameters and compute of the trained policy: float32 | bfloat16. bfloat16 is mixed
+    precision: master weights, gradient reduction and optimizer state stay float32 (FSDP2
+    gathers bfloat16 parameters; one process computes under autocast)."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
+    lora_rank: int = 0
+    """LoRA rank (peft); 0: train every weight. With LoRA only the adapters train, engines get
+    merged weights, and the KL reference is the base model with the adapter disabled."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get adapters: a list of names (``[q_proj, v_proj]``) or ``all-linear``."""
+
+
+@dataclass
+class SFTSection:
+    """Supervised fine-tuning: the general stage (``sft.train_files``: ``agentloop sft``, or
+    the first stage of ``agentloop train``) and the tiny model's warm-up on (biased) teacher
+    demonstrations (no ``model.path``, no ``sft.train_files``). Keys shared by both: batch_size,
+    micro_batch_size, lr, warmup_steps, weight_decay, grad_clip, seed."""
+
+    steps: int = 750
+    """Warm-up: optimizer steps of the learning-rate schedule (linear warm-up, cosine decay to 10%)."""
+    stop_loss: float | None = 0.02
+    """Warm-up: the demonstrations count as learned when the mean loss of the schedule's last 50
+    steps is below this (the teacher's coin flips on the biased templates keep it above ~0.005).
+    When they are not, the schedule runs again from the start (a warm restart), up to
+    ``max_steps`` in all: how long the loss sits on a plateau before it falls varies
+    several-fold with the seed, so one fixed length is either slow for most seeds or too short
+    for some. null: run the schedule once."""
+    max_steps: int = 1500
+    """Warm-up: most optimizer steps in all (whole schedules only)."""
+    batch_size: int = 32
+    """Conversations per optimizer step."""
+    lr: float = 3e-3
+    """Peak learning rate (linear warm-up, cosine decay to 10%). The default is the tiny
+    model's; a pretrained checkpoint wants ~1e-5 (full) or ~1e-4 (LoRA)."""
+    warmup_steps: int = 50
+    """Warm-up steps of the learning-rate schedule (of each run of it, for the tiny warm-up)."""
+    flip_prob: float = 0.6
+    """Warm-up: chance the teacher flips the last operator on a biased template."""
+    seed: int = 0
+    """Seed of the model init (tiny model), the data order, the demonstration stream and the
+    teacher's mistakes."""
+    train_files: Any = None
+    """SFT conversations: a parquet or jsonl file, or a list of them, in verl's multi-turn SFT
+    layout (a ``messages`` column; assistant messages may carry OpenAI ``tool_calls``; ``tool``
+    messages hold the results; optional ``tools``: a list of JSON schemas or a JSON string of
+    one). Set, ``agentloop train`` first fine-tunes ``model.path`` (or the tiny model) on them
+    into ``<run>/sft/`` and runs GRPO from the result. ``agentloop data calculator-sft`` writes
+    such a file for the calculator task."""
+    val_files: Any = None
+    """Held-out SFT conversations (same layout): their loss is logged as ``sft/val_loss``."""
+    epochs: int = 1
+    """Passes over ``train_files`` (when ``total_steps`` is null)."""
+    total_steps: int | None = None
+    """Optimizer steps of the general stage; null: ``epochs`` passes over the data (a partial
+    batch at an epoch's end is dropped)."""
+    micro_batch_size: int | None = None
+    """Conversations per forward/backward; gradients accumulate over ``batch_size``. null: the
+    whole batch at once."""
+    max_length: int = 2048
+    """Longest conversation in tokens (chat template and tool schemas included)."""
+    filter_overlong: bool = True
+    """Drop conversations longer than ``max_length`` (the count is logged and kept in the
+    summary); false: a longer one is an error naming the row."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Max global gradient norm."""
+    save_freq: int = 0
+    """Checkpoint (weights, optimizer state, step, data position) every this many steps into
+    ``<sft>/checkpoints/``; 0: never (the final Hugging Face folder is always written)."""
+    test_freq: int = 0
+    """Held-out loss every this many steps (0: only at the end); needs ``val_files``."""
+    output_dir: str | None = None
+    """The stage's folder; null: ``<run>/sft`` (the run folder as ``agentloop train`` names it).
+    The fine-tuned model lands in ``<folder>/hf``."""
+    resume: str = "never"
+    """never | auto | must (``agentloop sft --resume``): continue from the stage's latest
+    checkpoint. Under ``agentloop train`` a finished stage (``<sft>/hf``) is always reused."""
+    eval_before: bool = False
+    """``agentloop train`` with ``train_files``: also evaluate ``model.path`` on the held-out
+    split before SFT (``eval_accuracy_before_sft`` in summary.json; after SFT is GRPO's
+    ``eval_accuracy_before``)."""
+
+
+@dataclass
+class AlgorithmSection:
+    """Advantage estimation (verl: ``algorithm``)."""
+
+    adv_estimator: str = "grpo"
+    """grpo (mean/std per group) | dr_grpo (mean only)."""
+
+
+@dataclass
+class CustomRewardFunctionSection:
+    """A reward function from a Python file (verl: ``custom_reward_function``)."""
+
+    path: str | None = None
+    """Python file defining the function; null: the built-in scorer of each row's ``data_source``."""
+    name: str = "compute_score"
+    """Function name; signature ``(data_source, solution_str, ground_truth, extra_info)``, sync
+    or async, returning a float or a dict with ``score`` (other numbers become metrics)."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the function."""
+
+
+@dataclass
+class RewardSection:
+    """How a trajectory's reward is put together."""
+
+    source: str = "auto"
+    """function: the reward function only | loop: the loop's own reward (tool ``calc_reward``
+    and step rewards, interaction scores) | sum: both added | auto: the function when one
+    applies (custom, or a built-in scorer for the row's data_source), else the loop's."""
+    zero_reward_warn_steps: int = 3
+    """Warn loudly when every reward has been zero for this many steps in a row (0: never); the
+    first such step (or pre-RL evaluation) is reported at once too."""
+    answer_format: dict[str, str] = field(default_factory=lambda: {"default": "strict"})
+    """How the built-in scorers read a response's answer, per data_source (its full name or its
+    tail: ``gsm8k`` covers ``openai/gsm8k``) with a ``default``: strict (only the task's canonical
+    form, ``#### N`` or ``\\boxed{}``) | flexible (also "the answer is N", "answer: N",
+    ``\\boxed{N}`` and the final number; the latest answer wins; commas, ``$`` and units ignored).
+    Instruct models rarely write ``#### N`` unprompted: ``reward.answer_format.gsm8k=flexible``."""
+
+
+@dataclass
+class RaySection:
+    """Ray cluster and placement (used when ``rollout.backend=ray``)."""
+
+    address: str | None = None
+    """Cluster to join: ``auto``, ``ray://host:10001`` or ``host:6379`` (setting it selects the ray
+    backend); None: start a local Ray cluster on this machine."""
+    num_cpus: int | None = None
+    """CPUs of a local cluster; None: all of this machine's."""
+    placement_strategy: str = "PACK"
+    """PACK | SPREAD | STRICT_PACK | STRICT_SPREAD for engine replicas and FSDP ranks."""
+    replica_num_cpus: float = 1.0
+    """CPUs each engine replica reserves."""
+    replica_num_gpus: float = 0.0
+    """GPUs each engine replica reserves (its tensor-parallel size on GPU engines)."""
+    worker_placement: str = "spread"
+    """spread: rollout workers round-robin over alive nodes (soft affinity); default: Ray decides."""
+    rank_num_cpus: float = 1.0
+    """CPUs each FSDP rank reserves (``trainer.launcher=ray``)."""
+    rank_num_gpus: float = 0.0
+    """GPUs each FSDP rank reserves (``trainer.launcher=ray``)."""
+
+
+@dataclass
+class TrainerSection:
+    """Run control (verl: ``trainer``)."""
+
+    total_steps: int = 30
+    """GRPO steps (verl: ``total_training_steps``; 30 keep the default job short on 2 CPU cores;
+    the H200 runs in the README used 50)."""
+    seed: int = 0
+    """Seed of data order, sampling and the engine."""
+    project_name: str = "agentloop"
+    """Project (MLflow experiment name)."""
+    experiment_name: str | None = None
+    """Run name: outputs go to ``<output_dir>/<experiment_name>``; None: a timestamp."""
+    output_dir: str = "outputs"
+    """Parent folder of runs."""
+    run_dir: str | None = None
+    """The run folder itself (verl: ``default_local_dir``); null: ``<output_dir>/<experiment_name>``."""
+    fsdp_ranks: int = 1
+    """Trainer processes (FSDP2 over gloo on CPU, NCCL on GPU); 1: no sharding."""
+    launcher: str = "spawn"
+    """How FSDP ranks start: spawn (processes on this machine) or ray (actors in a placement
+    group, possibly on several nodes)."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    test_freq: int = 10
+    """Evaluate on the held-out split every this many steps (0 or -1: only before and after)."""
+    val_before_train: bool = True
+    """Evaluate before the first step."""
+    save_freq: int = 25
+    """Checkpoint every this many steps (0 or -1: never)."""
+    save_hf: bool = True
+    """At each checkpoint, also write the policy as a Hugging Face folder
+    (``checkpoints/step_<N>/hf``: config, safetensors weights with LoRA merged, tokenizer),
+    loadable by transformers, vLLM and ``agentloop eval``."""
+    hf_max_shard_megabytes: int = 5000
+    """Split the Hugging Face folder's weights into files of at most this many megabytes, listed
+    in ``model.safetensors.index.json`` (``save_pretrained``'s ``max_shard_size``)."""
+    resume: str = "never"
+    """never: start from step 0; must (``--resume``): continue from the run's latest checkpoint
+    and fail if it has none; auto (``--resume-or-start``): continue if there is one, else start.
+    true and false are read as must and never."""
+    mlflow_tracking_uri: str | None = None
+    """Also log metrics to MLflow at this URI (e.g. sqlite:///mlflow.db)."""
+    progress_bar: bool = True
+    """Show a tqdm bar."""
+    log_trajectories_per_step: int = 4
+    """Sample trajectories written each step to ``<run>/trajectories/step_<N>.jsonl`` (the format of
+    ``agentloop rollout``; ``agentloop view <run>`` renders them); failed ones are always written."""
+    mode: str = "sync"
+    """sync: each step rolls out its batch, then trains (the default) | one_step_off: the rollout
+    of the next batch overlaps the update, generations finish on the weights they started on
+    (max_staleness 1) | async: rollout runs continuously into a bounded buffer, and a weight
+    update interrupts generations at a token boundary and resumes them on the new weights
+    (partial rollout). The async modes support the hf and vllm engines (in process, on Ray, or
+    behind rollout.server_urls), not sglang."""
+    max_staleness: int | None = None
+    """Most policy versions between the start of a GRPO group and the step that trains it; null:
+    0 for sync, 1 for one_step_off and async. The rollout pauses when a new group could exceed it."""
+
+
+@dataclass
+class TrainConfig:
+    """Everything ``agentloop train`` reads."""
+
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    sft: SFTSection = field(default_factory=SFTSection)
+    actor_rollout_ref: ActorRolloutRefSection = field(default_factory=ActorRolloutRefSection)
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
+    custom_reward_function: CustomRewardFunctionSection = field(default_factory=CustomRewardFunctionSection)
+    reward: RewardSection = field(default_factory=RewardSection)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    ray: RaySection = field(default_factory=RaySection)

@@ -1,0 +1,169 @@
+"""Datasets as parquet rows: raw chat ``prompt``, ``agent_name``, ``data_source``,
+``reward_model.ground_truth`` and ``extra_info.tools_kwargs`` (verl's layout)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Write rows to a parquet file."""
+    import pandas as pd
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_parquet(path, index=False)
+    return path
+
+
+def normalize_content(content: Any, where: str) -> str:
+    """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}``
+    parts (OpenAI's list form) joined in order.
+
+    Raises:
+        ValueError: a part that is not text (images need a multimodal loop), naming ``where``.
+    """
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, (list, tuple)) or (hasattr(content, "__len__") and not isinstance(content, Mapping)):
+        texts = []
+        for k, part in enumerate(content):
+            if isinstance(part, str):
+                texts.append(part)
+                continue
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{where} content part {k} is {kind!r}; only text parts "
+                                 "({'type': 'text', 'text': ...}) are supported")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise ValueError(f"{where} content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def normalize_messages(messages: Sequence[Mapping[str, Any]], where: str = "prompt") -> list[dict[str, Any]]:
+    """Chat messages with text content, keys whose value is None dropped (parquet fills absent
+    struct fields with None, which chat templates would render)."""
+    out = []
+    for k, m in enumerate(messages):
+        msg = {key: v for key, v in dict(m).items() if v is not None}
+        msg["content"] = normalize_content(m.get("content"), f"{where} message {k}")
+        out.append(msg)
+    return out
+
+
+def check_row(row: Any, need_ground_truth: bool = True) -> str | None:
+    """Why ``row`` is not a usable dataset row, or None when it is. Message content may be a
+    string or a list of text parts; ``reward_model.ground_truth`` is needed unless the reward
+    comes from the loop alone."""
+    if not isinstance(row, dict):
+        return "is not a mapping"
+    prompt = row.get("prompt")
+    if not isinstance(prompt, list) or not prompt:
+        return "'prompt' must be a non-empty list of chat messages"
+    for k, m in enumerate(prompt):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or m.get("content") is None:
+            return f"prompt message {k} needs a string 'role' and 'content' (a string or a list of text parts)"
+        try:
+            normalize_content(m.get("content"), f"prompt message {k}")
+        except ValueError as exc:
+            return str(exc)
+    rm = row.get("reward_model")
+    if rm is not None and not isinstance(rm, dict):
+        return "'reward_model' must be a mapping with 'ground_truth'"
+    if need_ground_truth and (not isinstance(rm, dict) or rm.get("ground_truth") in (None, "")):
+        return ("'reward_model.ground_truth' is missing (needed by the reward function; with rewards from "
+                "the loop's tools alone set reward.source=loop)")
+    extra = row.get("extra_info")
+    if extra is not None and not isinstance(extra, dict):
+        return "'extra_info' must be a mapping"
+    if isinstance(extra, dict) and not isinstance(extra.get("tools_kwargs") or {}, dict):
+        return "'extra_info.tools_kwargs' must be a mapping of tool name -> kwargs"
+    return None
+
+
+def read_parquet_files(paths: Any, key: str, need_ground_truth: bool = True) -> list[dict[str, Any]]:
+    """Rows of one parquet file or a list of them (verl's ``data.train_files`` forms), in order.
+
+    Raises:
+        FileNotFoundError / ValueError: as :func:`read_parquet_rows`, naming the file.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    paths = list(paths)
+    if not paths:
+        raise ValueError(f"{key} is an empty list; give one parquet file or a list of them")
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows.extend(read_parquet_rows(path, need_ground_truth=need_ground_truth))
+    return rows
+
+
+def read_parquet_rows(path: str | Path, need_ground_truth: bool = True) -> list[dict[str, Any]]:
+    """Rows of a parquet dataset as plain Python dicts and lists, every row checked.
+
+    Raises:
+        FileNotFoundError: naming the path.
+        ValueError: when required columns are missing or rows are malformed (row numbers
+            and reasons named, up to 20).
+    """
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"dataset {path} does not exist; create it with `agentloop data gsm8k --out DIR ...`")
+    rows = pq.read_table(path).to_pylist()
+    if not rows:
+        raise ValueError(f"{path} has no rows")
+    required = {"prompt", "reward_model"} if need_ground_truth else {"prompt"}
+    if not required <= set(rows[0]):
+        raise ValueError(f"{path} lacks columns {sorted(required - set(rows[0]))}; expected verl-style rows "
+                         "(prompt, data_source, reward_model.ground_truth, extra_info)")
+    bad = [(i, why) for i, row in enumerate(rows) if (why := check_row(row, need_ground_truth)) is not None]
+    if bad:
+        listed = "; ".join(f"row {i}: {why}" for i, why in bad[:20])
+        more = f" (and {len(bad) - 20} more)" if len(bad) > 20 else ""
+        raise ValueError(f"{path}: {len(bad)} of {len(rows)} rows are malformed: {listed}{more}")
+    for i, row in enumerate(rows):
+        # Text parts joined, absent struct fields (None) dropped: what the chat template renders.
+        row["prompt"] = normalize_messages(row["prompt"], f"{path} row {i} prompt")
+    return rows
+
+
+def prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> list[int]:
+    """Tokens of each row's prompt as the rollout renders it: the chat template with the
+    rollout's tool schemas and the generation prompt."""
+    lengths = []
+    for row in rows:
+        ids = tokenizer.apply_chat_template(list(row["prompt"]), tools=tools, tokenize=True,
+                                            add_generation_prompt=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in transformers 5.x
+            ids = ids["input_ids"]
+        lengths.append(len(ids))
+    return lengths
+
+
+def limit_prompt_length(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
+                        max_prompt_length: int, filter_overlong: bool, name: str = "dataset"
+                        ) -> tuple[list[dict[str, Any]], int]:
+    """Drop (``filter_overlong``) or reject prompts longer than ``max_prompt_length`` tokens.
+
+    Returns:
+        ``(kept rows, number dropped)``.
+
+    Raises:
+        ValueError: ``filter_overlong`` is false and a prompt is too long (row and length named).
+    """
+    lengths = prompt_lengths(rows, tokenizer, tools)
+    over = [(i, n) for i, n in enumerate(lengths) if n > max_prompt_length]
+    if over and not filter_overlong:
+        listed = ", ".join(f"row {i} ({n} tokens)" for i, n in over[:10])
+        raise ValueError(
+            f"{name}: {len(over)} prompts exceed data.max_prompt_length={max_prompt_length} with the tool "
+            f"schemas rendered: {listed}; raise data.max_prompt_length or set data.filter_overlong_prompts=true"
+        )
+    drop = {i for i, _ in over}
+    return [r for i, r in enumerate(rows) if i not in drop], len(drop)

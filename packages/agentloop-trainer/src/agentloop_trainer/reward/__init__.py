@@ -1,0 +1,56 @@
+"""Rewards: the built-in scorers, a user's ``compute_score``, and how they combine with the loop's
+own reward.
+
+- :mod:`~agentloop_trainer.reward.rule`: the final ``#### N`` answer against the ground truth.
+- :mod:`~agentloop_trainer.reward.answers`: the answer an instruct model wrote, in its own forms.
+- :mod:`~agentloop_trainer.reward.scoring`: :class:`RewardScorer`, per ``reward.source``.
+"""
+
+from agentloop_trainer.reward.answers import (
+    ANSWER_FORMS,
+    MAX_SCAN_CHARS,
+    MAX_STATEMENT_CHARS,
+    FoundAnswer,
+    answers_match,
+    boxed_reward,
+    find_answer,
+    flexible_reward,
+    leading_number,
+    normalize_math_answer,
+    truth_text,
+)
+from agentloop_trainer.reward.rule import answer_reward, extract_answer
+from agentloop_trainer.reward.scoring import (
+    ANSWER_FORMATS,
+    BUILTIN_SCORERS,
+    RewardScorer,
+    answer_format_for,
+    builtin_scorer,
+    check_answer_format,
+    load_reward_function,
+    split_score,
+)
+
+__all__ = [
+    "ANSWER_FORMATS",
+    "ANSWER_FORMS",
+    "BUILTIN_SCORERS",
+    "FoundAnswer",
+    "MAX_SCAN_CHARS",
+    "MAX_STATEMENT_CHARS",
+    "RewardScorer",
+    "answer_format_for",
+    "answer_reward",
+    "answers_match",
+    "boxed_reward",
+    "builtin_scorer",
+    "check_answer_format",
+    "extract_answer",
+    "find_answer",
+    "flexible_reward",
+    "leading_number",
+    "load_reward_function",
+    "normalize_math_answer",
+    "split_score",
+    "truth_text",
+]

@@ -1,0 +1,243 @@
+"""Rewards: a user's ``compute_score`` (verl's signature), built-in scorers chosen by each row's
+``data_source``, and the loop's own reward (tool ``calc_reward`` and step rewards, interaction
+scores), put together per ``reward.source``.
+
+:class:`RewardScorer` runs inside the rollout worker as each trajectory finishes (the worker's
+``reward_fn`` hook), so scoring overlaps the trajectories still rolling out; it pickles (only
+paths and names), so Ray workers load the user's file themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentloop_trainer.reward.answers import boxed_reward, flexible_reward
+from agentloop_trainer.reward.rule import answer_reward
+
+
+def _gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    return answer_reward(solution_str, ground_truth)
+
+
+def _math(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    return boxed_reward(solution_str, ground_truth)
+
+
+def _flexible(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    truncated = bool(extra_info.get("truncated")) if isinstance(extra_info, Mapping) else False
+    return flexible_reward(solution_str, ground_truth, truncated=truncated)
+
+
+BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
+    "openai/gsm8k": _gsm8k, "gsm8k": _gsm8k, "agentloop/calculator": _gsm8k,
+    "lighteval/MATH": _math, "DigitalLearningGmbH/MATH-lighteval": _math, "HuggingFaceH4/MATH-500": _math,
+    "math": _math, "math_dapo": _math, "aime": _math, "numina_math": _math,
+}
+"""``data_source`` -> scorer: ``####`` answers (GSM8K, the calculator task) and ``\\boxed{}``
+answers (MATH-style sets). A data_source ending in one of these names (``my/gsm8k``) matches too."""
+
+ANSWER_FORMATS = ("strict", "flexible")
+"""Values of ``reward.answer_format``: strict reads only the task's canonical answer (``#### N``
+for GSM8K and the calculator, ``\\boxed{}`` for MATH sets); flexible reads any of ``#### N``,
+``\\boxed{N}``, "the answer is N" / "answer: N" and, as the last resort, the final number, the
+latest answer winning (:func:`agentloop_trainer.reward.answers.find_answer`)."""
+
+_ACCEPTS = {_gsm8k: "only '#### N'", _math: "only '\\boxed{...}'",
+            _flexible: "'#### N', '\\boxed{N}', 'the answer is N' or 'answer: N', else the last number"}
+
+
+def _lookup(table: Mapping[str, Any], data_source: str) -> Any:
+    """``table[data_source]``, else the entry whose name's tail (after the last ``/``) is the
+    data_source's tail, case-insensitive; None when neither is there."""
+    if data_source in table:
+        return table[data_source]
+    tail = data_source.rsplit("/", 1)[-1].lower()
+    for name, value in table.items():
+        if tail == str(name).rsplit("/", 1)[-1].lower():
+            return value
+    return None
+
+
+def answer_format_for(data_source: str | None, answer_format: Mapping[str, str] | str | None) -> str:
+    """The ``reward.answer_format`` of a row: its data_source's entry (the full name or its tail:
+    ``gsm8k`` covers ``openai/gsm8k``), else ``default``, else ``strict``."""
+    if isinstance(answer_format, str):
+        return answer_format
+    table = dict(answer_format or {})
+    found = _lookup({k: v for k, v in table.items() if k != "default"}, str(data_source)) if data_source else None
+    return str(found or table.get("default") or "strict")
+
+
+def check_answer_format(answer_format: Mapping[str, str] | str | None) -> None:
+    """Raises ValueError naming ``reward.answer_format`` when a value is not in :data:`ANSWER_FORMATS`."""
+    table = {"default": answer_format} if isinstance(answer_format, str) else dict(answer_format or {})
+    bad = {k: v for k, v in table.items() if v not in ANSWER_FORMATS}
+    if bad:
+        raise ValueError(f"reward.answer_format values must be one of {ANSWER_FORMATS}, got {bad}; e.g. "
+                         "reward.answer_format.gsm8k=flexible or reward.answer_format.default=flexible")
+
+
+def builtin_scorer(data_source: str | None,
+                   answer_format: Mapping[str, str] | str | None = None) -> Callable[..., float] | None:
+    """The built-in scorer of ``data_source`` read with its ``answer_format`` (a mapping as
+    ``reward.answer_format``, or one of :data:`ANSWER_FORMATS`; None: strict), or None when the
+    data_source has no built-in scorer."""
+    if not data_source:
+        return None
+    fn = _lookup(BUILTIN_SCORERS, str(data_source))
+    if fn is None:
+        return None
+    return _flexible if answer_format_for(data_source, answer_format) == "flexible" else fn
+
+
+def load_reward_function(path: str | Path, name: str = "compute_score",
+                         reward_kwargs: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """Import ``name`` from the Python file at ``path`` and check it takes verl's four
+    arguments plus ``reward_kwargs``.
+
+    Raises:
+        FileNotFoundError: naming the path and the config key.
+        ValueError: the file has no such callable, or it cannot take verl's four arguments.
+    """
+    from agentloop_core.imports import import_file
+
+    path = Path(path).expanduser().resolve()
+    module = import_file(path, "custom_reward_function.path", prefix="agentloop_reward")
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        found = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise ValueError(f"{path} has no function {name!r} (custom_reward_function.name); callables there: {found}")
+    try:
+        inspect.signature(fn).bind("data_source", "solution", "truth", {}, **dict(reward_kwargs or {}))
+    except TypeError as exc:
+        raise ValueError(f"{path}:{name} must accept (data_source, solution_str, ground_truth, extra_info) plus "
+                         f"custom_reward_function.reward_kwargs {sorted(reward_kwargs or {})}: {exc}") from None
+    return fn
+
+
+def split_score(result: Any, where: str) -> tuple[float, dict[str, float]]:
+    """A reward function's result as ``(score, extra numbers)``: a number, or a dict with
+    ``score`` whose other numeric values become metrics.
+
+    Raises:
+        ValueError: naming the function when the result is neither, or not finite.
+    """
+    extras: dict[str, float] = {}
+    if isinstance(result, Mapping):
+        if "score" not in result:
+            raise ValueError(f"{where} returned a dict without 'score' (keys: {sorted(result)})")
+        extras = {str(k): float(v) for k, v in result.items()
+                  if k != "score" and isinstance(v, (bool, int, float)) and math.isfinite(float(v))}
+        result = result["score"]
+    if isinstance(result, bool) or not isinstance(result, (int, float)) or not math.isfinite(float(result)):
+        raise ValueError(f"{where} returned {result!r}; return a finite number or a dict with 'score'")
+    return float(result), extras
+
+
+@dataclass
+class RewardScorer:
+    """Scores one finished trajectory (the rollout worker's ``reward_fn``).
+
+    ``solution_str`` is the text of the tokens the model generated (mask 1), decoded without
+    special tokens: tool results and user turns are not part of it, so a tool cannot answer
+    for the model. A trajectory split into segments is scored once, on all of them
+    (``agentloop_core.segments.trajectory_view``: every segment's generated tokens in order,
+    the last segment's messages and turns). ``extra_info`` is the row's, plus ``num_turns``,
+    ``messages`` and ``truncated`` (a token limit cut the trajectory: the loops' ``stop/*``
+    counters), unless the row sets them.
+    """
+
+    source: str = "auto"
+    """``reward.source``: auto | function | loop | sum."""
+    path: str | None = None
+    """``custom_reward_function.path``; None: built-in scorers by data_source."""
+    name: str = "compute_score"
+    """``custom_reward_function.name``."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """``custom_reward_function.reward_kwargs``."""
+    answer_format: dict[str, str] = field(default_factory=lambda: {"default": "strict"})
+    """``reward.answer_format``: how the built-in scorers read answers, per data_source
+    (see :data:`ANSWER_FORMATS`)."""
+
+    def __post_init__(self) -> None:
+        check_answer_format(self.answer_format)
+        self._fn: Callable[..., Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "_fn"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._fn = None
+
+    def function_for(self, data_source: str | None) -> Callable[..., Any] | None:
+        """The reward function for a row: the custom one, else the data_source's built-in."""
+        if self.path is not None:
+            if self._fn is None:
+                self._fn = load_reward_function(self.path, self.name, self.reward_kwargs)
+            return self._fn
+        return builtin_scorer(data_source, self.answer_format)
+
+    def describe(self, data_source: str | None) -> str:
+        """Which reward a row of ``data_source`` gets, for the run log."""
+        fn = self.function_for(data_source) if self.source != "loop" else None
+        what = f"{self.path}:{self.name}" if self.path else (self._describe_builtin(data_source, fn) if fn else None)
+        if self.source == "loop" or (self.source == "auto" and what is None):
+            return "the loop's own reward (tool calc_reward, step rewards, interaction)"
+        return what + (" + the loop's own reward" if self.source == "sum" else "") if what else "nothing"
+
+    def _describe_builtin(self, data_source: str | None, fn: Callable[..., Any]) -> str:
+        fmt = answer_format_for(data_source, self.answer_format)
+        return (f"built-in scorer {(_lookup(BUILTIN_SCORERS, str(data_source)) or fn).__name__.strip('_')} with "
+                f"reward.answer_format {fmt} ({_ACCEPTS.get(fn, fn.__name__)})")
+
+    async def __call__(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
+        # Here, not at the top: ``import agentloop_trainer`` (which re-exports this room) stays
+        # free of agentloop_core, hence of numpy.
+        from agentloop_core.stops import CONTEXT, RESPONSE_BUDGET, TURN_CAP
+
+        data_source = row.get("data_source")
+        loop_reward = output.reward_score
+        fn = None if self.source == "loop" else self.function_for(data_source)
+        if fn is None:
+            if self.source in ("function", "sum"):
+                raise ValueError(f"no reward function for data_source {data_source!r}: set "
+                                 "custom_reward_function.path, or use one of the built-in data sources "
+                                 f"{sorted(BUILTIN_SCORERS)}")
+            if loop_reward is None:
+                raise ValueError(f"no reward for data_source {data_source!r}: the loop returned none and there is "
+                                 "no reward function; set custom_reward_function.path, use a built-in data_source "
+                                 f"({sorted(BUILTIN_SCORERS)}), or give the tools a calc_reward")
+            output.metrics["reward/loop"] = float(loop_reward)
+            return
+        generated = [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m == 1]
+        solution = tokenizer.decode(generated, skip_special_tokens=True)
+        ground_truth = (row.get("reward_model") or {}).get("ground_truth", row.get("ground_truth"))
+        extra_info = dict(row.get("extra_info") or {})
+        extra_info.setdefault("num_turns", output.num_turns)
+        extra_info.setdefault("messages", output.extra_fields.get("messages"))
+        # Whether a token limit cut the trajectory (the loops' stop counters): its last turn then
+        # ends mid-thought, which the flexible reader must not take a last number from.
+        extra_info.setdefault("truncated", any(output.metrics.get(k) for k in (TURN_CAP, CONTEXT, RESPONSE_BUDGET)))
+        where = f"{self.path}:{self.name}" if self.path else f"the built-in scorer for {data_source!r}"
+        if inspect.iscoroutinefunction(fn):
+            result = await fn(data_source, solution, ground_truth, extra_info, **self.reward_kwargs)
+        else:
+            # A thread: a slow scorer (a sandbox, a judge call) must not stall the other trajectories.
+            result = await asyncio.to_thread(fn, data_source, solution, ground_truth, extra_info, **self.reward_kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        score, extras = split_score(result, where)
+        output.metrics["reward/function"] = score
+        for key, value in extras.items():
+            output.metrics[f"reward/{key}"] = value
+        if self.source == "sum" and loop_reward is not None:
+            output.metrics["reward/loop"] = float(loop_reward)
+            score += float(loop_reward)
+        output.reward_score = score

@@ -1,0 +1,78 @@
+"""Rollout: dataset rows through the agent loops and the configured engines, for training and
+evaluation.
+
+- :mod:`~agentloop_trainer.rollout.rollouts`: :class:`RolloutFleet` (the engines, the
+  ``AgentLoopManager`` and the reward on the trainer's event loop), the loop settings of a
+  config, ``make_rows``, the held-out evaluation.
+- :mod:`~agentloop_trainer.rollout.engines`: the engine named by ``rollout.name``, or remote
+  engine servers (``rollout.server_urls``).
+- :mod:`~agentloop_trainer.rollout.diagnostics`: what a run tells its user when the rollout's
+  numbers say something is wrong.
+- :mod:`~agentloop_trainer.rollout.ray_session`: the Ray cluster a run joins or starts.
+"""
+
+from agentloop_trainer.rollout.diagnostics import (
+    TURN_CAP_KEY,
+    TURN_CAP_WARN_FRACTION,
+    RolloutWatch,
+    batch_errors,
+    failure_breakdown,
+    report_failures,
+    turn_cap_warning,
+    zero_reward_hint,
+)
+from agentloop_trainer.rollout.engines import (
+    ENGINE_ARGS,
+    EXTRAS,
+    EngineSpec,
+    build_engine,
+    capabilities,
+    engine_arguments,
+    engine_factory,
+    engine_spec,
+    remote_engines,
+    rollout_dtype,
+)
+from agentloop_trainer.rollout.ray_session import ray_session
+from agentloop_trainer.rollout.rollouts import (
+    EvalResult,
+    RolloutFleet,
+    agent_loops,
+    attach_rewards,
+    make_rows,
+    rollout_config,
+    run_tools,
+    tool_paths,
+    tool_schemas,
+)
+
+__all__ = [
+    "ENGINE_ARGS",
+    "EXTRAS",
+    "EngineSpec",
+    "EvalResult",
+    "RolloutFleet",
+    "RolloutWatch",
+    "TURN_CAP_KEY",
+    "TURN_CAP_WARN_FRACTION",
+    "agent_loops",
+    "attach_rewards",
+    "batch_errors",
+    "build_engine",
+    "capabilities",
+    "engine_arguments",
+    "engine_factory",
+    "engine_spec",
+    "failure_breakdown",
+    "make_rows",
+    "ray_session",
+    "remote_engines",
+    "report_failures",
+    "rollout_dtype",
+    "rollout_config",
+    "run_tools",
+    "tool_paths",
+    "tool_schemas",
+    "turn_cap_warning",
+    "zero_reward_hint",
+]

@@ -1,0 +1,420 @@
+"""Rollouts for training and evaluation: dataset rows through ``AgentLoopManager`` and the
+configured engine, with the configured loops, tools and reward.
+
+The trainer owns one asyncio event loop for the whole run, so the engine's scheduler, the
+rollouts and ``update_weights`` all happen on the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from agentloop_trainer.data.rows import normalize_messages
+from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
+
+if TYPE_CHECKING:
+    from agentloop_core.settings import RolloutConfig
+
+
+def tool_paths(cfg: Any) -> tuple[str | None, str | None]:
+    """``(tool_config_path, function_tool_path)`` of a run: the configured ones, or the
+    calculator's config for the built-in task when neither is set."""
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    if mt.tool_config_path is None and mt.function_tool_path is None and not cfg.data.train_files:
+        return str(BUILTIN_TOOL_CONFIG), None
+    return mt.tool_config_path, mt.function_tool_path
+
+
+def run_tools(cfg: Any) -> dict[str, Any]:
+    """The run's tools by name (loaded once per process and shared with the loops)."""
+    from agentloop_tools.loop_config import resolve_tools
+
+    config_path, function_path = tool_paths(cfg)
+    return resolve_tools({"tool_config_path": config_path, "function_tool_path": function_path})
+
+
+def tool_schemas(cfg: Any) -> list[dict[str, Any]] | None:
+    """The tool schemas prompts are rendered with (None without tools), as the loop renders them."""
+    tools = run_tools(cfg)
+    return [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] or None
+
+
+def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """``(classes by import path, per-loop sections)`` from ``rollout.agent``: its ``loops``
+    sections (``_target_`` registers a class) and verl's ``agent_loop_config_path`` YAML."""
+    from omegaconf import OmegaConf
+
+    agent = cfg.actor_rollout_ref.rollout.agent
+    sections: dict[str, dict[str, Any]] = {}
+    if agent.agent_loop_config_path:
+        path = Path(agent.agent_loop_config_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path {path} does not exist")
+        entries = OmegaConf.to_container(OmegaConf.load(str(path)), resolve=True)
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e for e in entries):
+            raise ValueError(f"{path}: expected a YAML list of {{name, _target_, ...}} entries (verl's layout)")
+        for e in entries:
+            sections[str(e["name"])] = {k: v for k, v in e.items() if k != "name"}
+    for name, section in (OmegaConf.to_container(agent.loops, resolve=True) or {}).items():
+        if not isinstance(section, dict):
+            raise ValueError(f"actor_rollout_ref.rollout.agent.loops.{name} must be a mapping of settings")
+        sections.setdefault(name, {}).update(section)
+    classes = {name: str(s.pop("_target_")) for name, s in sections.items() if "_target_" in s}
+    return classes, {name: s for name, s in sections.items() if s}
+
+
+def rollout_config(cfg: Any, seed: int | None = None) -> RolloutConfig:
+    """The run's :class:`~agentloop_core.settings.RolloutConfig`, built once from the training
+    config: the worker fields, the tool loops' keys (each under the loops' own name), the
+    per-loop sections built into the loops' typed configs (a bad key fails here, at start-up)
+    and the reward hook. What the manager, the Ray workers and the loops get, whole.
+
+    ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
+    follow from it, the step and the row's request id, whichever replica or node serves it.
+
+    Raises:
+        ValueError: a bad value or an unknown key of a loop section, naming it.
+        UnknownAgentLoopError: the default loop, or a section's, is not registered.
+    """
+    from agentloop_core.protocol import SamplingParams
+    from agentloop_core.settings import RolloutConfig
+    from agentloop_trainer.config.accessors import custom_chat_template
+    from agentloop_trainer.reward.scoring import RewardScorer
+
+    r = cfg.actor_rollout_ref.rollout
+    mt, val = r.multi_turn, r.val_kwargs
+    config_path, function_path = tool_paths(cfg)
+    classes, per_loop = agent_loops(cfg)
+    crf = cfg.custom_reward_function
+    train = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                           max_tokens=mt.max_tokens_per_turn, logprobs=True)
+    if val.do_sample and val.temperature > 0:
+        val_sampling = train.replace(temperature=val.temperature, top_k=val.top_k, top_p=val.top_p)
+    else:
+        val_sampling = train.replace(temperature=0.0)
+    tool_loop_options = {
+        "tool_config_path": config_path,
+        "function_tool_path": function_path,
+        "interaction_config_path": mt.interaction_config_path,
+        "tool_parser": mt.tool_parser,
+        "max_assistant_turns": mt.max_assistant_turns,
+        "max_user_turns": mt.max_user_turns,
+        "max_parallel_calls": mt.max_parallel_calls,
+        "max_tool_response_length": mt.max_tool_response_length,
+        "tool_response_truncate_side": mt.tool_response_truncate_side,
+        "tool_timeout_s": mt.tool_timeout_s,
+        # The loop adds up its own rewards only when they are used.
+        "tool_reward": "none" if cfg.reward.source == "function" else "sum",
+    }
+    record = RolloutConfig(
+        default_agent_loop=r.agent.default_agent_loop,
+        agent_loop_modules=tuple(r.agent.agent_loop_modules),
+        agent_loop_classes=tuple(classes.items()),
+        loop_options=tuple(tool_loop_options.items()),
+        prompt_length=cfg.data.max_prompt_length,
+        response_length=cfg.data.max_response_length,
+        truncate=True,
+        sanity_check=r.sanity_check,
+        # Workers that load the tokenizer by path (Ray) set the run's template on it.
+        custom_chat_template=custom_chat_template(cfg),
+        sample_timeout_s=r.sample_timeout_s,
+        turns_per_loop_iteration=r.agent.turns_per_loop_iteration,
+        sampling_seed=seed,
+        sampling_params=train,
+        val_sampling_params=val_sampling,
+        reward_fn=RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
+                               reward_kwargs=dict(crf.reward_kwargs or {}),
+                               answer_format=dict(cfg.reward.answer_format)),
+    )
+    return record.with_loop_configs(per_loop, also=[record.default_agent_loop])
+
+
+def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
+    """Loop rows for dataset ``records``, each repeated ``n`` times with a shared group id.
+
+    Every column reaches the loop and the reward: ``prompt`` (as ``raw_prompt``), ``agent_name``,
+    ``data_source``, ``reward_model``, ``extra_info`` and, from it (or a top-level column),
+    ``tools_kwargs`` (all four lifecycle parts) and ``interaction_kwargs``.
+
+    Args:
+        records: Parquet-layout rows.
+        n: Samples per record.
+        step: Mixed into request ids so every trajectory of a run has its own.
+        tag: Also mixed in (``train``/``eval``). Ids are deterministic, so a resumed run's
+            trajectories get the sampling seeds the uninterrupted run's got.
+    """
+    rows = []
+    for i, rec in enumerate(records):
+        extra = dict(rec.get("extra_info") or {})
+        tools_kwargs = {k: v for k, v in dict(extra.get("tools_kwargs") or rec.get("tools_kwargs") or {}).items()
+                        if v is not None}
+        interaction_kwargs = dict(extra.get("interaction_kwargs") or rec.get("interaction_kwargs") or {})
+        reward_model = dict(rec.get("reward_model") or {})
+        group = f"{tag}-{step}-{i}"
+        prompt = normalize_messages(rec["prompt"], f"row {extra.get('index', i)} prompt")
+        for k in range(n):
+            row = {
+                "raw_prompt": [dict(m) for m in prompt],
+                "data_source": rec.get("data_source"),
+                "reward_model": reward_model,
+                "ground_truth": reward_model.get("ground_truth"),
+                "extra_info": extra,
+                "tools_kwargs": tools_kwargs,
+                "interaction_kwargs": interaction_kwargs,
+                "index": extra.get("index", i),
+                "template": extra.get("template"),
+                "group_id": group,
+                "rollout_n": k,
+                "request_id": f"{group}-{k}",
+            }
+            if rec.get("agent_name"):
+                row["agent_name"] = rec["agent_name"]
+            rows.append(row)
+    return rows
+
+
+def attach_rewards(batch: Any) -> np.ndarray:
+    """The batch's rewards (set per trajectory by the reward hook as it finished); failed
+    samples get 0 and no reward."""
+    batch.has_reward = ~np.asarray(batch.failed, dtype=bool)
+    batch.rewards = np.where(batch.has_reward, batch.rewards, 0.0).astype(np.float32)
+    return batch.rewards
+
+
+@dataclass
+class EvalResult:
+    """Greedy accuracy on a held-out split."""
+
+    accuracy: float
+    """Fraction of problems answered correctly."""
+    n: int
+    """Problems evaluated."""
+    per_template: dict[int, float] = field(default_factory=dict)
+    """Accuracy per problem template (synthetic task only)."""
+    generated_tokens: int = 0
+    """Tokens the engine generated."""
+    seconds: float = 0.0
+    """Wall time."""
+    num_failed: int = 0
+    """Samples whose trajectory or reward failed (counted as 0)."""
+    errors: list[str] = field(default_factory=list)
+    """The error of each failed sample."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The rollout's batch metrics (``rollout/truncated/*``, tool calls...)."""
+    rollout: Any = field(default=None, repr=False, compare=False)
+    """``(rows, batch)`` as rolled out, for diagnostics (:mod:`agentloop_trainer.rollout.diagnostics`)."""
+
+
+class RolloutFleet:
+    """The rollout engine(s) plus an ``AgentLoopManager``, driven from synchronous code.
+
+    In-process (default): the engine named by ``rollout.name`` on this process's event loop
+    (or a routing client over ``rollout.server_urls``). On Ray (``rollout.backend=ray`` or
+    ``ray.address``): engine replicas as Ray actors in a placement group, one shared routing
+    client actor, and rollout workers spread over the cluster's nodes. Weight updates go to
+    every engine.
+
+    Args:
+        cfg: The training config.
+        model_path: The starting checkpoint (engines that load by path, Ray replicas).
+        tokenizer: The tokenizer.
+        engine_model: hf in-process only: the engine's own copy of the policy (weights are
+            pushed into it after updates) instead of loading ``model_path`` again.
+        name: Prefix of the Ray replica actors' names.
+    """
+
+    def __init__(self, cfg: Any, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
+                 name: str = "agentloop") -> None:
+        from agentloop_core.runtime import AgentLoopManager
+        from agentloop_trainer.config.accessors import uses_ray
+        from agentloop_trainer.rollout.engines import build_engine, engine_spec, remote_engines
+
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.replicas: list[Any] = []
+        r = cfg.actor_rollout_ref.rollout
+        self.n = r.n
+        self.val_n = r.val_kwargs.n
+        self.rollout_config = rollout_config(cfg, cfg.trainer.seed)
+        """The record the manager (and through it every worker and loop) runs with."""
+        self.scorer = self.rollout_config.reward_fn
+        # A wrong reward path or signature fails here, not in every sample of the first step.
+        self.scorer.function_for(None)
+        self.spec = engine_spec(cfg, str(model_path), cfg.model.tokenizer_path)
+        self.loop = asyncio.new_event_loop()
+        self.server = None
+        try:
+            if r.server_urls:
+                self.server = remote_engines(list(r.server_urls), r.server_api_key_env)
+            elif uses_ray(cfg):
+                self.server = self._start_ray(cfg)
+            else:
+                self.server = build_engine(self.spec, model=engine_model if r.name == "hf" else None,
+                                           tokenizer=tokenizer)
+        except BaseException:
+            self.loop.close()
+            raise
+        self.control: Any = None
+        """The asynchronous driver's :class:`~agentloop_core.partial_rollout.RolloutControl`
+        (None in ``trainer.mode=sync``)."""
+        if cfg.trainer.mode != "sync":
+            from agentloop_core.partial_rollout import LocalRolloutControl, PartialRolloutServer
+
+            # Weight updates then happen between engine calls: interrupted and resumed (async),
+            # or after in-flight calls finish (one_step_off); tokens record their policy version
+            # (in the ledger only for the request ids the driver tracks: not evaluation ones).
+            # On Ray the wrapper lives in the shared client actor (_start_ray), where every
+            # worker's calls pass; a wrapper here would be pickled into each worker, one gate
+            # and one ledger per worker, none of them the one the driver pauses.
+            if uses_ray(cfg):
+                self.control = self.server
+            else:
+                self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async")
+                self.control = LocalRolloutControl(self.server)
+        elif not uses_ray(cfg):
+            from agentloop_core.server_wrapper import BusyTimeServer
+
+            # Times the engine's work for each step's rollout/engine_idle_fraction. On Ray the
+            # calls come from the workers' processes: the shared client actor times them.
+            self.server = BusyTimeServer(self.server)
+        try:
+            if uses_ray(cfg):
+                self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path),
+                                                self.rollout_config,
+                                                num_workers=r.agent.num_workers, backend="ray",
+                                                placement=cfg.ray.worker_placement)
+            else:
+                self.manager = AgentLoopManager(self.server, tokenizer, self.rollout_config,
+                                                num_workers=r.agent.num_workers)
+        except BaseException:
+            self._stop_engines()
+            self.loop.close()
+            raise
+
+    def _start_ray(self, cfg: Any) -> Any:
+        from agentloop_engines.hosting import (
+            bundle_for,
+            check_resources,
+            client_actor,
+            connect_ray,
+            start_replicas,
+        )
+        from agentloop_trainer.rollout.engines import engine_factory
+
+        rc = cfg.ray
+        num = cfg.actor_rollout_ref.rollout.num_replicas
+        connect_ray(rc.address, num_cpus=rc.num_cpus)
+        # Everything is checked before anything starts: Ray would leave a replica pending forever.
+        check_resources([bundle_for(rc.replica_num_cpus, rc.replica_num_gpus)] * num, strategy=rc.placement_strategy,
+                        what=f"{num} engine replicas (actor_rollout_ref.rollout.num_replicas, "
+                             "ray.replica_num_cpus, ray.replica_num_gpus)")
+        self.replicas = start_replicas(engine_factory(self.spec), num, num_cpus=rc.replica_num_cpus,
+                                       num_gpus=rc.replica_num_gpus, name_prefix=f"{self.spec.name}-engine",
+                                       placement_strategy=rc.placement_strategy)
+        try:
+            import ray
+
+            # One routing view for every worker (global least-in-flight), on the driver's node:
+            # a worker node going away must not take the router with it.
+            mode = cfg.trainer.mode
+            return client_actor(self.replicas, node_id=ray.get_runtime_context().get_node_id(),
+                                partial_rollout=mode != "sync", interrupt=mode == "async")
+        except BaseException:
+            self._stop_engines()
+            raise
+
+    def _stop_engines(self) -> None:
+        if self.replicas:
+            from agentloop_engines.hosting import stop_replicas
+
+            stop_replicas(self.replicas)
+            self.replicas = []
+            actor = getattr(self.server, "actor", None)
+            if actor is not None:
+                import ray
+
+                ray.kill(actor)
+        elif self.server is not None:
+            self.loop.run_until_complete(self.server.close())
+
+    def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
+        """Roll out ``rows``; returns the ``RolloutBatch`` with rewards (0 for failed samples),
+        one row per trajectory segment (``batch.trajectory_index`` maps rows back to ``rows``)."""
+        batch = self.loop.run_until_complete(self.manager.agenerate_sequences(rows, validate=validate, step=step))
+        attach_rewards(batch)
+        return batch
+
+    def busy_seconds(self) -> float | None:
+        """Wall seconds so far with at least one engine call in flight: measured where every
+        call passes (a wrapper in this process, or on Ray the shared client actor); None for
+        a server that does not measure it."""
+        busy = getattr(self.server, "busy_seconds", None)
+        if not callable(busy):
+            return None
+        out = busy()
+        return float(self.loop.run_until_complete(out) if inspect.isawaitable(out) else out)
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether the engine frees its memory on ``sleep`` (HFServer: on CUDA only)."""
+        caps = getattr(self.server, "capabilities", None)
+        return bool(caps is not None and caps.sleep)
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory for the update (no-op when unsupported)."""
+        if self.can_sleep:
+            self.loop.run_until_complete(self.server.sleep())
+
+    def wake_up(self) -> None:
+        """Bring a sleeping engine back (no-op when unsupported)."""
+        if self.can_sleep:
+            self.loop.run_until_complete(self.server.wake_up())
+
+    def update_weights(self, named_tensors: Any) -> None:
+        """Push new policy weights into the engine (every replica)."""
+        items = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        self.loop.run_until_complete(self.server.update_weights(items))
+
+    def evaluate(self, records: Sequence[Mapping[str, Any]]) -> EvalResult:
+        """Held-out mean reward (the accuracy for 0/1 rewards) with the full multi-turn loop,
+        the run's tools and reward, and ``rollout.val_kwargs`` sampling."""
+        import time
+
+        from agentloop_trainer.rollout.diagnostics import batch_errors
+
+        start = time.perf_counter()
+        rows = make_rows(records, self.val_n, tag="eval")
+        batch = self.generate(rows, validate=True)
+        last = batch.last_segment_rows()
+        rewards = batch.rewards[last]  # one per trajectory, in row order
+        per: dict[int, list[float]] = {}
+        for t, r in zip(batch.trajectory_index[last].tolist(), rewards, strict=True):
+            row = rows[t]
+            if row.get("template") is not None:
+                per.setdefault(int(row["template"]), []).append(float(r))
+        return EvalResult(
+            accuracy=round(float(np.mean(rewards, dtype=np.float64)), 6) if len(rows) else 0.0,
+            n=len(rows),
+            per_template={k: round(float(np.mean(v)), 6) for k, v in sorted(per.items())},
+            generated_tokens=int(batch.response_mask.sum()),
+            seconds=time.perf_counter() - start,
+            num_failed=int(batch.num_failed),
+            errors=batch_errors(batch),
+            metrics=dict(batch.metrics),
+            rollout=(rows, batch),
+        )
+
+    def close(self) -> None:
+        """Stop the engine(s) and the event loop."""
+        try:
+            self._stop_engines()
+        finally:
+            self.manager.shutdown()
+            self.loop.close()

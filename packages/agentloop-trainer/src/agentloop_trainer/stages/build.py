@@ -1,0 +1,157 @@
+"""One way to build a GRPO trainer from a config: the CLI (one process) and every FSDP rank
+(spawned or on Ray) call :func:`build_trainer`, so they seed, load and shard the same way;
+:func:`run_fsdp_training` launches the ranks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (the engine and sampling seeds derive from the config)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_policy_tokenizer(cfg: Any, model_path: str | Path) -> Any:
+    """The tokenizer a run trains with: ``model.tokenizer_path``, else the checkpoint's, with
+    ``model.custom_chat_template`` applied."""
+    from agentloop_trainer.policy.tokenizer import load_tokenizer
+
+    return load_tokenizer(cfg, model_path)
+
+
+def needs_engine_copy(cfg: Any) -> bool:
+    """Whether the trainer hands the engine an in-memory copy of the policy: the hf engine in
+    this process (vLLM/SGLang, Ray replicas and remote servers load the checkpoint themselves)."""
+    from agentloop_trainer.config.accessors import uses_ray
+
+    r = cfg.actor_rollout_ref.rollout
+    return r.name == "hf" and not r.server_urls and not uses_ray(cfg)
+
+
+def build_trainer(cfg: Any, model_path: str | Path, run_dir: str | Path, log: Any = print, *, rank: int = 0,
+                  world_size: int = 1, tokenizer: Any = None, stats: dict[str, int] | None = None) -> Any:
+    """The :class:`~agentloop_trainer.stages.grpo.GRPOTrainer` for ``cfg``, on one process or as one
+    FSDP rank (the process group must already be joined when ``world_size > 1``).
+
+    Args:
+        cfg: The training config.
+        model_path: The starting checkpoint.
+        run_dir: The run folder.
+        log: Console printer (rank 0).
+        rank: This process's rank.
+        world_size: Number of FSDP ranks.
+        tokenizer: An already loaded tokenizer (else the checkpoint's).
+        stats: Receives the data loading counts (dropped overlong prompts).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.config.accessors import offload_enabled, reference_offloaded
+    from agentloop_trainer.data.records import load_records
+    from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing
+    from agentloop_trainer.stages.grpo import GRPOTrainer
+
+    seed_everything(cfg.trainer.seed)
+    device = cfg.trainer.device
+    m = cfg.model
+    tokenizer = tokenizer if tokenizer is not None else load_policy_tokenizer(cfg, model_path)
+    # Master weights are float32 whatever model.dtype says: the optimizer steps them.
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    if m.enable_gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if m.lora_rank > 0:
+        model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
+    offload, ref_offload = offload_enabled(cfg), reference_offloaded(cfg)
+    owns_group = False
+    if world_size == 1 and (offload or ref_offload):
+        # Offload is FSDP2's: one process shards over a one-rank group of its own.
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            from agentloop_trainer.update.fsdp import free_port, init_process_group
+
+            init_process_group(0, 1, free_port(), device)
+            owns_group = True
+    ref = None
+    if world_size > 1 or offload:
+        from agentloop_trainer.update.fsdp import shard_policy
+
+        model = shard_policy(model if offload else model.to(device), device, m.dtype, offload)
+    # With LoRA the reference is the policy with its adapters disabled: no second copy.
+    if cfg.actor_rollout_ref.actor.use_kl_loss and m.lora_rank == 0 and (world_size > 1 or ref_offload):
+        from agentloop_trainer.update.fsdp import load_reference
+
+        ref = load_reference(model_path, device, m.dtype, ref_offload)
+    engine_model = None
+    if rank == 0 and needs_engine_copy(cfg):
+        engine_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    train, test = load_records(cfg, tokenizer, log if rank == 0 else None, stats)
+    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
+                          model_path=model_path, ref_model=ref)
+    trainer.owns_process_group = owns_group
+    return trainer
+
+
+def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict[str, Any]:
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from agentloop_trainer.config.accessors import uses_ray
+
+    cfg = OmegaConf.create(cfg_yaml)
+    if rank == 0 and uses_ray(cfg):
+        from agentloop_engines.hosting import connect_ray
+
+        connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
+    trainer = build_trainer(cfg, model_path, run_dir, log=print if rank == 0 else (lambda *_: None), rank=rank,
+                            world_size=dist.get_world_size())
+    try:
+        return trainer.fit()
+    finally:
+        trainer.close()
+
+
+def run_fsdp_training(cfg: Any, model_path: str | Path, run_dir: str | Path, launcher: str = "spawn", *,
+                      num_cpus_per_rank: float = 1.0, num_gpus_per_rank: float | None = None,
+                      strategy: str = "PACK", placement_group: Any = None) -> dict[str, Any]:
+    """Run GRPO on ``cfg.trainer.fsdp_ranks`` ranks; returns rank 0's summary.
+
+    Args:
+        cfg: The training config.
+        model_path: Checkpoint every rank loads.
+        run_dir: Output directory (written by rank 0, on rank 0's node).
+        launcher: ``"spawn"``: processes on this machine; ``"ray"``: Ray actors in a placement
+            group (:func:`agentloop_trainer.update.ray_ranks.spawn_ray`; Ray must be initialised).
+        num_cpus_per_rank: CPUs per rank (``"ray"`` only).
+        num_gpus_per_rank: GPUs per rank (``"ray"`` only); None: 1 when
+            ``cfg.trainer.device`` is cuda, else 0.
+        strategy: Placement strategy, PACK or SPREAD (or STRICT_*) (``"ray"`` only).
+        placement_group: A ready placement group to use instead of creating one (``"ray"`` only).
+
+    Raises:
+        ValueError: on an unknown launcher.
+    """
+    from omegaconf import OmegaConf
+
+    args = (OmegaConf.to_yaml(cfg), str(model_path), str(run_dir))
+    world_size, device = int(cfg.trainer.fsdp_ranks), cfg.trainer.device
+    if launcher == "spawn":
+        from agentloop_trainer.update.fsdp import spawn
+
+        return spawn(_train_rank, world_size, *args, device=device)
+    if launcher == "ray":
+        from agentloop_trainer.update.ray_ranks import spawn_ray
+
+        gpus = (1.0 if device == "cuda" else 0.0) if num_gpus_per_rank is None else num_gpus_per_rank
+        return spawn_ray(_train_rank, world_size, *args, device=device, num_cpus_per_rank=num_cpus_per_rank,
+                         num_gpus_per_rank=gpus, strategy=strategy, placement_group=placement_group)
+    raise ValueError(f"unknown launcher {launcher!r}; use 'spawn' (processes on this machine) or 'ray' "
+                     "(Ray actors, possibly on several nodes)")

@@ -1,0 +1,116 @@
+"""The update: what changes the policy's weights, and how they leave the trainer.
+
+- :mod:`~agentloop_trainer.update.advantages`: GRPO advantages (``algorithm.adv_estimator``).
+- :mod:`~agentloop_trainer.update.losses`: the PPO-clip loss, its aggregation, KL, the
+  importance-weight correction (change the loss here).
+- :mod:`~agentloop_trainer.update.actor`: :class:`GRPOActor`, log-probs of a batch and the
+  optimizer steps over its micro-batches.
+- :mod:`~agentloop_trainer.update.forward`: per-token log-probs, a shared prompt prefix computed once.
+- :mod:`~agentloop_trainer.update.fsdp`: FSDP2 sharding and process groups.
+- :mod:`~agentloop_trainer.update.ray_ranks`: FSDP ranks as Ray actors.
+- :mod:`~agentloop_trainer.update.weights`: the policy's weights streamed in buckets (LoRA merged).
+
+Importing this package is light: torch and Ray are imported by the functions that use them.
+"""
+
+from agentloop_trainer.update.actor import (
+    ActorConfig,
+    GRPOActor,
+    PolicyBatch,
+    micro_batches,
+    policy_batch_from_rollout,
+    response_log_probs,
+)
+from agentloop_trainer.update.advantages import (
+    ADV_ESTIMATORS,
+    compute_advantages,
+    group_advantages,
+    trajectory_advantages,
+)
+from agentloop_trainer.update.forward import (
+    MIN_SHARED_PREFIX,
+    common_prefix_length,
+    prompt_groups,
+    prompt_shared_log_probs,
+    sequence_log_probs,
+)
+from agentloop_trainer.update.fsdp import (
+    broadcast_object,
+    free_port,
+    full_model_state,
+    full_train_state,
+    init_process_group,
+    is_sharded,
+    load_full_train_state,
+    load_reference,
+    shard_policy,
+    spawn,
+)
+from agentloop_trainer.update.losses import (
+    LOSS_AGG_MODES,
+    LossAggMode,
+    aggregate_loss,
+    kl_k3,
+    masked_mean,
+    ppo_clip_loss,
+    sequence_weights,
+    truncated_importance_weight,
+)
+from agentloop_trainer.update.ray_ranks import RankFailedError, RayRankActor, spawn_ray
+from agentloop_trainer.update.weights import (
+    DEFAULT_BUCKET_BYTES,
+    base_model_config,
+    hf_name,
+    iter_policy_weights,
+    layer_group,
+    policy_state_dict,
+    tied_output_name,
+    unwrap_policy,
+)
+
+__all__ = [
+    "ADV_ESTIMATORS",
+    "ActorConfig",
+    "DEFAULT_BUCKET_BYTES",
+    "GRPOActor",
+    "LOSS_AGG_MODES",
+    "LossAggMode",
+    "MIN_SHARED_PREFIX",
+    "PolicyBatch",
+    "RankFailedError",
+    "RayRankActor",
+    "aggregate_loss",
+    "base_model_config",
+    "broadcast_object",
+    "common_prefix_length",
+    "compute_advantages",
+    "free_port",
+    "full_model_state",
+    "full_train_state",
+    "group_advantages",
+    "hf_name",
+    "init_process_group",
+    "is_sharded",
+    "iter_policy_weights",
+    "kl_k3",
+    "layer_group",
+    "load_full_train_state",
+    "load_reference",
+    "masked_mean",
+    "micro_batches",
+    "policy_batch_from_rollout",
+    "policy_state_dict",
+    "ppo_clip_loss",
+    "prompt_groups",
+    "prompt_shared_log_probs",
+    "response_log_probs",
+    "sequence_log_probs",
+    "sequence_weights",
+    "shard_policy",
+    "spawn",
+    "spawn_ray",
+    "tied_output_name",
+    "trajectory_advantages",
+    "truncated_importance_weight",
+    "unwrap_policy",
+]

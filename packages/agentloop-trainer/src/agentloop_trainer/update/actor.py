@@ -1,0 +1,440 @@
+"""The GRPO actor: recomputes log-probs of a rollout batch and takes PPO-clip updates.
+
+It works on a plain module or an FSDP2-sharded one (``fully_shard``) through the same code:
+sharding changes where parameters live, not what the loss is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agentloop_trainer.config.actor_rollout_ref import ActorSection
+from agentloop_trainer.update.forward import prompt_groups, prompt_shared_log_probs, sequence_log_probs
+from agentloop_trainer.update.losses import (
+    kl_k3,
+    masked_mean,
+    ppo_clip_loss,
+    sequence_weights,
+    truncated_importance_weight,
+)
+
+
+@dataclass
+class ActorConfig(ActorSection):
+    """Optimisation settings of the GRPO actor: the config's ``actor_rollout_ref.actor``
+    section (see :class:`~agentloop_trainer.config.actor_rollout_ref.ActorSection` for its fields) plus what the
+    actor takes from elsewhere."""
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    temperature: float = 1.0
+    """Sampling temperature (``rollout.temperature``); log-probs are of ``logits / temperature``."""
+    rollout_n: int = 1
+    """Samples per prompt (``rollout.n``): ``ppo_mini_batch_size`` counts prompts, as in verl."""
+    compute_dtype: str | None = None
+    """Run forward passes under ``torch.autocast`` in this dtype (``model.dtype=bfloat16`` on one
+    process; under FSDP2 the sharding's mixed-precision policy casts instead); None: no autocast."""
+    share_prefix_with_grad: bool = True
+    """Compute the rows' common prefix once in the gradient pass; off with gradient checkpointing
+    (a checkpointed layer cannot keep the prefix's key/value cache)."""
+
+    def mini_batch_samples(self, batch_samples: int) -> int:
+        """Rows per optimizer step for a batch of ``batch_samples`` rows:
+        ``ppo_mini_batch_size * rollout_n``. A row is a sample, or one segment of a sample whose
+        loop split it, so a batch of split trajectories takes more optimizer steps."""
+        if self.ppo_mini_batch_size is None:
+            return batch_samples
+        return min(batch_samples, self.ppo_mini_batch_size * self.rollout_n)
+
+
+@dataclass
+class PolicyBatch:
+    """A rollout batch unpadded into sequences, with per-token tensors aligned to responses."""
+
+    sequences: list[list[int]]
+    """Prompt + response ids of each sample, without padding."""
+    prompt_lengths: list[int]
+    """Prompt tokens of each sample."""
+    response_mask: Any
+    """``[B, R]`` 1 on generated tokens."""
+    rollout_log_probs: Any
+    """``[B, R]`` engine log-probs, or None."""
+    seq_weights: Any = None
+    """``[B]`` fraction of its trajectory's generated tokens each row holds
+    (:func:`~agentloop_trainer.update.losses.sequence_weights`), for the ``seq-mean`` loss modes;
+    None when every trajectory is one row (each row with tokens is then a whole sequence)."""
+
+    def padded(self, multiple: int) -> PolicyBatch:
+        """This batch with empty rows (no tokens, mask 0) appended up to a multiple of
+        ``multiple`` rows, so a batch of segments splits evenly over FSDP ranks. The empty
+        rows add nothing to the loss, its normaliser or the metrics."""
+        import torch
+
+        extra = -len(self.sequences) % multiple
+        if not extra:
+            return self
+        R = self.response_mask.shape[1]
+
+        def grow(t: Any, shape: tuple[int, ...]) -> Any:
+            return None if t is None else torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)])
+
+        return PolicyBatch(
+            sequences=self.sequences + [[] for _ in range(extra)],
+            prompt_lengths=self.prompt_lengths + [0] * extra,
+            response_mask=grow(self.response_mask, (extra, R)),
+            rollout_log_probs=grow(self.rollout_log_probs, (extra, R)),
+            seq_weights=grow(self.seq_weights, (extra,)),
+        )
+
+
+def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
+    """Unpad a :class:`agentloop_core.batch.RolloutBatch` (left-padded prompts, right-padded
+    responses) into token sequences, one per row (a sample, or a segment of one). Failed
+    samples keep their prompt and get an all-zero mask.
+    """
+    import numpy as np
+    import torch
+
+    P = batch.prompts.shape[1]
+    sequences, prompt_lengths = [], []
+    for b in range(len(batch)):
+        attn = batch.attention_mask[b]
+        prompt = batch.prompts[b][attn[:P] == 1].tolist()
+        response = batch.responses[b][attn[P:] == 1].tolist()
+        sequences.append(prompt + response)
+        prompt_lengths.append(len(prompt))
+    mask = torch.from_numpy(np.ascontiguousarray(batch.response_mask)).float()
+    mask[torch.from_numpy(np.asarray(batch.failed, dtype=bool))] = 0.0
+    rollout = None
+    if batch.rollout_log_probs is not None:
+        rollout = torch.from_numpy(np.ascontiguousarray(batch.rollout_log_probs)).float()
+    weights = None
+    trajectories = np.asarray(batch.trajectory_index)
+    if np.unique(trajectories).size < len(trajectories):
+        weights = sequence_weights(mask, trajectories.tolist())
+    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights)
+
+
+def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
+                       share_prefix: bool = True, device: Any = None, share_prompts: bool = False) -> Any:
+    """Log-probs of each response token under ``model``, shaped like ``pb.response_mask``.
+
+    Args:
+        model: The policy (plain or FSDP-sharded).
+        pb: The unpadded batch.
+        temperature: The sampling temperature.
+        rows: Subset of rows (a mini-batch); None: all.
+        share_prefix: Compute the rows' common prefix once (see
+            :func:`~agentloop_trainer.update.forward.sequence_log_probs`).
+        device: Where the inputs go; None: the model's first parameter's device (pass it when
+            parameters are offloaded to the host).
+        share_prompts: With ``share_prefix``, run each distinct prompt once when rows repeat
+            prompts (a GRPO group; :func:`~agentloop_trainer.update.forward.prompt_shared_log_probs`).
+            One process only: the forward calls it makes depend on the data.
+    """
+    import torch
+
+    rows = list(range(len(pb.sequences))) if rows is None else list(rows)
+    groups = None
+    if share_prefix and share_prompts:
+        groups = prompt_groups([pb.sequences[r] for r in rows], [pb.prompt_lengths[r] for r in rows])
+    # A failed sample can come back with no tokens at all; it is masked out, but the forward
+    # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
+    seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
+    first = min((pb.prompt_lengths[r] for r in rows if pb.prompt_lengths[r] > 0), default=1)
+    if groups is not None:
+        logp = prompt_shared_log_probs(model, seqs, [pb.prompt_lengths[r] for r in rows], groups,
+                                       temperature=temperature, device=device)
+    else:
+        logp = sequence_log_probs(model, seqs, temperature=temperature, first_scored=first,
+                                  share_prefix=share_prefix, device=device)
+    R = pb.response_mask.shape[1]
+    out = torch.zeros((len(rows), R), dtype=logp.dtype, device=logp.device)
+    for i, r in enumerate(rows):
+        p = pb.prompt_lengths[r]
+        n = min(len(pb.sequences[r]) - p, R)
+        if n > 0 and p > 0:
+            # logp[t] scores token t+1, so response token j (at position p+j) is logp[p+j-1].
+            out[i, :n] = logp[i, p - 1 : p - 1 + n]
+    return out
+
+
+def micro_batches(rows: Sequence[int], lengths: Sequence[int], size: int | None = None,
+                  max_tokens: int | None = None) -> list[list[int]]:
+    """Split ``rows`` into micro-batches, each run as one forward/backward pass.
+
+    Args:
+        rows: Row indices (one rank's share of a mini-batch).
+        lengths: Token length of every row of the batch (indexed by row).
+        size: Rows per micro-batch (fixed count); None with ``max_tokens`` None: one micro-batch.
+        max_tokens: Token budget per micro-batch, counted as a padded forward pays it (rows x
+            longest row); rows are taken longest first so similar lengths share a pass. A row
+            longer than the budget gets a micro-batch of its own. Wins over ``size``.
+
+    Returns:
+        Lists of row indices; every row is in exactly one.
+    """
+    rows = list(rows)
+    if max_tokens is not None:
+        out: list[list[int]] = []
+        current: list[int] = []
+        longest = 0
+        for r in sorted(rows, key=lambda r: (-lengths[r], r)):
+            n = max(1, lengths[r])
+            if current and (len(current) + 1) * max(longest, n) > max_tokens:
+                out.append(sorted(current))
+                current, longest = [], 0
+            current.append(r)
+            longest = max(longest, n)
+        if current:
+            out.append(sorted(current))
+        return out
+    if size is None or size >= len(rows):
+        return [rows] if rows else []
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+class GRPOActor:
+    """Owns the policy and its optimizer.
+
+    Args:
+        model: The policy module (already sharded when running under FSDP2; possibly a peft
+            model, whose adapters are then the only trained weights).
+        config: Optimisation settings.
+        ref_model: Frozen reference policy for the KL loss. None with ``use_kl_loss`` on a peft
+            policy: the reference is the policy with its adapters disabled (no second copy).
+        device: Where forward inputs go; None: the device of the model's first parameter (pass
+            it when parameters are offloaded to the host).
+    """
+
+    def __init__(self, model: Any, config: ActorConfig, ref_model: Any = None, device: Any = None) -> None:
+        import torch
+
+        self.adapter_reference = ref_model is None and config.use_kl_loss and hasattr(model, "disable_adapter")
+        if config.use_kl_loss and ref_model is None and not self.adapter_reference:
+            raise ValueError("use_kl_loss=True needs a reference model; pass ref_model= or set use_kl_loss=False")
+        self.model = model
+        self.config = config
+        self.ref_model = ref_model
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not trainable:
+            raise ValueError("the policy has no trainable parameters (all have requires_grad=False); with LoRA, "
+                             "check model.target_modules names modules the model has")
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
+        )
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+
+    @property
+    def has_reference(self) -> bool:
+        """Whether reference log-probs are computed (``use_kl_loss``)."""
+        return self.ref_model is not None or self.adapter_reference
+
+    def local_rows(self, rows: Sequence[int]) -> list[int]:
+        """This rank's share of ``rows`` (data parallel: contiguous, equal slices).
+
+        Raises:
+            ValueError: when the rows do not split evenly over the ranks (FSDP ranks must run
+                the same number of forward passes).
+        """
+        rows = list(rows)
+        if len(rows) % self.world_size:
+            raise ValueError(
+                f"{len(rows)} samples do not split evenly over {self.world_size} FSDP ranks; make "
+                "data.train_batch_size * rollout.n (and ppo_mini_batch_size) a multiple of trainer.fsdp_ranks"
+            )
+        k = len(rows) // self.world_size
+        return rows[self.rank * k : (self.rank + 1) * k]
+
+    def _all_reduce(self, tensor: Any, op: str = "sum") -> Any:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return tensor
+
+    def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None) -> list[list[int]]:
+        """This rank's micro-batches of ``rows``, padded with empty ones to the most any rank
+        has (FSDP ranks must make the same number of passes)."""
+        import torch
+
+        cfg = self.config
+        lengths = [len(s) for s in pb.sequences]
+        parts = micro_batches(rows, lengths, size, cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
+        if self.world_size > 1:
+            most = int(self._all_reduce(torch.tensor([len(parts)]), "max")[0])
+            parts += [[] for _ in range(most - len(parts))]
+        return parts
+
+    def _forward(self, model: Any, pb: PolicyBatch, rows: list[int], grad: bool) -> Any:
+        """Response log-probs of ``rows`` (an empty micro-batch runs a stand-in row whose result
+        is discarded, so every rank makes the same collective calls)."""
+        import contextlib
+
+        import torch
+
+        cfg = self.config
+        cast = (torch.autocast(self.device.type, dtype=getattr(torch, cfg.compute_dtype))
+                if cfg.compute_dtype and cfg.compute_dtype != "float32" else contextlib.nullcontext())
+        with cast:
+            return response_log_probs(model, pb, cfg.temperature, rows or [0],
+                                      share_prefix=cfg.share_prefix_with_grad or not grad, device=self.device,
+                                      share_prompts=self.world_size == 1)
+
+    def compute_log_probs(self, pb: PolicyBatch, model: Any = None) -> Any:
+        """Log-probs of the batch's responses under the current (or given) model, no grad,
+        in micro-batches of ``log_prob_micro_batch_size_per_gpu`` rows."""
+        import torch
+
+        model = model or self.model
+        cfg = self.config
+        was_training = model.training
+        model.eval()
+        rows = self.local_rows(range(len(pb.sequences)))
+        full = torch.zeros(pb.response_mask.shape, dtype=torch.float32, device=self.device)
+        size = cfg.log_prob_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
+        with torch.no_grad():
+            for part in self._micro(pb, rows, size):
+                logp = self._forward(model, pb, part, grad=False)
+                if part:
+                    full[part] = logp.to(full.dtype)
+        model.train(was_training)
+        return self._all_reduce(full) if self.world_size > 1 else full
+
+    def reference_log_probs(self, pb: PolicyBatch) -> Any:
+        """Log-probs under the reference: the frozen copy, or the policy with its LoRA adapters
+        disabled (the base weights)."""
+        if self.ref_model is not None:
+            return self.compute_log_probs(pb, self.ref_model)
+        if not self.adapter_reference:
+            raise ValueError("no reference: pass ref_model= or use a peft policy with use_kl_loss=True")
+        with self.model.disable_adapter():
+            return self.compute_log_probs(pb)
+
+    def _share(self, mask: Any, rows: list[int], mini: list[int], seq_weights: Any = None) -> tuple[float, float]:
+        """(these rows', the whole mini-batch's) normaliser under the loss aggregation mode."""
+        if self.config.loss_agg_mode == "token-mean":
+            return float(mask[rows].sum()), float(mask[mini].sum())
+        has = (mask.sum(-1) > 0).float() if seq_weights is None else seq_weights
+        return float(has[rows].sum()), float(has[mini].sum())
+
+    _TOKEN_MEANS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean", "actor/tis_weight_mean", "actor/kl_loss")
+
+    def update(self, pb: PolicyBatch, advantages: Any, old_log_probs: Any = None, ref_log_probs: Any = None) -> dict[str, float]:
+        """PPO-clip updates on one rollout batch.
+
+        Each optimizer step takes one mini-batch; each rank runs its share of it in micro-batches
+        (``ppo_micro_batch_size_per_gpu`` rows, or by token budget with ``use_dynamic_bsz``) and
+        accumulates gradients. Each micro-batch's loss is scaled by its share of the mini-batch's
+        normaliser, so the accumulated gradient is the one a single pass over the whole
+        mini-batch on one process gives.
+
+        Args:
+            pb: The batch.
+            advantages: ``[B]`` per-row advantages (a trajectory's, on each of its segments).
+            old_log_probs: ``[B, R]`` recomputed log-probs of the policy that generated it.
+                None (on-policy, one optimizer step per batch): the update's own forward pass,
+                detached, is the old policy, which saves a forward pass over the batch.
+            ref_log_probs: ``[B, R]`` reference log-probs (when ``use_kl_loss``).
+
+        Returns:
+            Mean metrics over the optimizer steps: ``actor/pg_loss``, ``actor/grad_norm``,
+            ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/kl_loss``, ``actor/tis_weight_mean``,
+            ``actor/micro_batches``.
+        """
+        import torch
+
+        cfg = self.config
+        B = len(pb.sequences)
+        mb = cfg.mini_batch_samples(B)
+        device = self.device
+        advantages = advantages.to(device)
+        on_policy = old_log_probs is None
+        if on_policy and (cfg.ppo_epochs != 1 or mb < B):
+            raise ValueError("old_log_probs=None needs exactly one optimizer step per batch (ppo_epochs=1, no "
+                             "mini-batches); compute them with compute_log_probs first")
+        if cfg.use_kl_loss and ref_log_probs is None:
+            raise ValueError("use_kl_loss=True needs ref_log_probs; compute them with actor.reference_log_probs(pb)")
+        if not on_policy:
+            old_log_probs = old_log_probs.to(device)
+        if ref_log_probs is not None:
+            ref_log_probs = ref_log_probs.to(device)
+        mask = pb.response_mask.to(device)
+        rollout_lp = pb.rollout_log_probs.to(device) if pb.rollout_log_probs is not None else None
+        seq_weights = pb.seq_weights.to(device) if pb.seq_weights is not None else None
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.model.train()
+        history: list[dict[str, float]] = []
+        for _ in range(cfg.ppo_epochs):
+            for start in range(0, B, mb):
+                mini = list(range(start, min(B, start + mb)))
+                parts = self._micro(pb, self.local_rows(mini), cfg.ppo_micro_batch_size_per_gpu)
+                total_n = self._share(mask, mini, mini, seq_weights)[1]
+                total_tokens = float(mask[mini].sum())
+                keys = ("actor/pg_loss",) + self._TOKEN_MEANS
+                sums = dict.fromkeys(keys, 0.0)
+                seen: set[str] = set()
+                gap = torch.zeros(1, dtype=torch.float64)
+                self.optimizer.zero_grad(set_to_none=True)
+                for rows in parts:
+                    logp = self._forward(self.model, pb, rows, grad=True)
+                    if not rows:  # a stand-in pass: same collectives, no contribution
+                        (logp.sum() * 0.0).backward()
+                        continue
+                    old = logp.detach() if on_policy else old_log_probs[rows]
+                    weight = None
+                    if cfg.tis_cap is not None and rollout_lp is not None:
+                        weight = truncated_importance_weight(old, rollout_lp[rows], cfg.tis_cap)
+                    loss, metrics = ppo_clip_loss(
+                        logp, old, advantages[rows], mask[rows],
+                        clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
+                        loss_agg_mode=cfg.loss_agg_mode, importance_weight=weight,
+                        seq_weight=seq_weights[rows] if seq_weights is not None else None,
+                    )
+                    if weight is not None:
+                        metrics["actor/tis_weight_mean"] = float(masked_mean(weight, mask[rows]))
+                    if rollout_lp is not None:
+                        gap = torch.maximum(gap, ((old - rollout_lp[rows]).abs() * mask[rows]).max().double().cpu())
+                    # This pass's share of the mini-batch: its loss is a mean over its own rows,
+                    # and the gradient FSDP averages over ranks must be the whole mini-batch's.
+                    local_n = self._share(mask, rows, mini, seq_weights)[0]
+                    share = float(mask[rows].sum()) / max(total_tokens, 1e-9)
+                    scaled = loss * (self.world_size * local_n / max(total_n, 1e-9))
+                    sums["actor/pg_loss"] += float(loss.detach()) * local_n / max(total_n, 1e-9)
+                    if cfg.use_kl_loss:
+                        # The KL term is a token mean over the whole mini-batch whatever the mode.
+                        kl = masked_mean(kl_k3(logp, ref_log_probs[rows]), mask[rows])
+                        metrics["actor/kl_loss"] = float(kl.detach())
+                        scaled = scaled + cfg.kl_loss_coef * kl * (self.world_size * share)
+                    for k in self._TOKEN_MEANS:
+                        if k in metrics:
+                            sums[k] += metrics[k] * share
+                            seen.add(k)
+                    scaled.backward()
+                if self.world_size > 1:
+                    flags = torch.tensor([k in seen for k in keys[1:]], dtype=torch.float64)
+                    total = self._all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()
+                    sums = dict(zip(keys, total, strict=True))
+                    seen = {k for k, f in zip(keys[1:], self._all_reduce(flags, "max").tolist(), strict=True) if f}
+                    gap = self._all_reduce(gap, "max")
+                metrics = {k: v for k, v in sums.items() if k == "actor/pg_loss" or k in seen}
+                if rollout_lp is not None:
+                    metrics["rollout/logprob_abs_diff_max"] = float(gap[0])
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+                    grad_norm = grad_norm.full_tensor()
+                metrics["actor/grad_norm"] = float(grad_norm)
+                metrics["actor/micro_batches"] = float(len(parts))
+                self.optimizer.step()
+                history.append(metrics)
+        keys_all = {k for m in history for k in m}
+        means = {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in sorted(keys_all)}
+        means["actor/num_updates"] = float(len(history))
+        return means

@@ -1,0 +1,161 @@
+"""GRPO losses: the PPO-clip policy loss over ``response_mask``, its aggregation modes, the k3 KL
+estimator, and the truncated importance weight that corrects for the gap between the engine's
+(rollout) log-probs and the trainer's.
+
+Every function takes torch tensors shaped ``[B]`` (per row) or ``[B, R]`` (per response
+token) and never looks at padding: ``response_mask`` decides which tokens count.
+
+A row is one segment of a trajectory (one row per sample unless its loop split the trajectory,
+see ``agentloop_core.segments``). The loss counts a trajectory once, however many rows it
+spans: ``token-mean`` weights every generated token once, wherever it sits, and the
+``seq-mean`` modes take the trajectory, not the row, as the sequence (:func:`sequence_weights`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+"""Values of ``actor_rollout_ref.actor.loss_agg_mode``."""
+
+
+def masked_mean(values: Any, mask: Any) -> Any:
+    """Mean of ``values`` where ``mask`` is 1 (0 when the mask is empty)."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def sequence_weights(response_mask: Any, trajectory_ids: Sequence[Any]) -> Any:
+    """``[B]`` the share of its trajectory's generated tokens each row holds: 1 for the row of
+    a one-row trajectory, 0 for a row with no generated tokens. The ``seq-mean`` modes of
+    :func:`aggregate_loss` count a row as this fraction of a sequence, so a trajectory split
+    into segments counts as one sequence, like one that was not."""
+    import torch
+
+    tokens = response_mask.to(torch.float32).sum(-1)
+    if len(trajectory_ids) != tokens.shape[0]:
+        raise ValueError(f"trajectory_ids has {len(trajectory_ids)} entries but response_mask has {tokens.shape[0]} rows")
+    number: dict[Any, int] = {}
+    inverse = torch.tensor([number.setdefault(t, len(number)) for t in trajectory_ids], dtype=torch.long)
+    total = torch.zeros(len(number)).index_add_(0, inverse, tokens)[inverse]
+    return torch.where(total > 0, tokens / total.clamp(min=1.0), torch.zeros_like(tokens))
+
+
+def aggregate_loss(per_token: Any, mask: Any, mode: str = "token-mean", seq_weight: Any = None) -> Any:
+    """Reduce a ``[B, R]`` per-token loss to a scalar over masked tokens.
+
+    ``token-mean`` weights every generated token equally (long responses count more);
+    ``seq-mean-token-mean`` averages per sequence first; ``seq-mean-token-sum`` sums tokens
+    per sequence then averages sequences.
+
+    Args:
+        per_token: ``[B, R]`` loss per token.
+        mask: ``[B, R]`` 1 on the tokens that count.
+        mode: The aggregation.
+        seq_weight: ``[B]`` for the ``seq-mean`` modes: the fraction of a sequence each row
+            is (:func:`sequence_weights`; a row of a trajectory split into segments is part
+            of one sequence). None: every row with tokens is a whole sequence.
+
+    Raises:
+        ValueError: on an unknown mode.
+    """
+    import torch
+
+    mask = mask.to(per_token.dtype)
+    if mode == "token-mean":
+        return masked_mean(per_token, mask)
+    per_seq_tokens = (per_token * mask).sum(-1)
+    if seq_weight is None:
+        weight = (mask.sum(-1) > 0).to(per_token.dtype)
+        denominator = weight.sum().clamp(min=1.0)
+    else:
+        weight = seq_weight.to(per_token.dtype)
+        total = weight.sum()
+        # A mini-batch may hold a fraction of a trajectory: never round its count up to 1.
+        denominator = torch.where(total > 0, total, torch.ones_like(total))
+    if mode == "seq-mean-token-mean":
+        # weight = row tokens / trajectory tokens: each row adds its tokens' share of the mean.
+        per_seq = per_seq_tokens / mask.sum(-1).clamp(min=1.0) * weight
+    elif mode == "seq-mean-token-sum":
+        # A trajectory's token sum is the sum over its rows, whatever their shares.
+        per_seq = per_seq_tokens * (weight > 0).to(per_token.dtype)
+    else:
+        raise ValueError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    return per_seq.sum() / denominator
+
+
+def kl_k3(log_probs: Any, ref_log_probs: Any) -> Any:
+    """Per-token k3 estimate of KL(policy || reference): ``exp(d) - d - 1`` with
+    ``d = ref - logp``; non-negative, unbiased, low variance. Clamped to [-10, 10] in ``d``
+    so one outlier token cannot blow up the loss."""
+    import torch
+
+    d = torch.clamp(ref_log_probs - log_probs, -10.0, 10.0)
+    return torch.exp(d) - d - 1.0
+
+
+def truncated_importance_weight(old_log_probs: Any, rollout_log_probs: Any, cap: float) -> Any:
+    """``min(pi_old / pi_rollout, cap)`` per token, detached.
+
+    The engine samples with its own kernels (and possibly precision), so its log-probs differ
+    from the trainer's recomputation on the same weights; weighting the loss by this capped
+    ratio keeps the gradient an estimate for the trainer's policy without letting a few
+    mismatched tokens dominate.
+    """
+    import torch
+
+    return torch.exp(torch.clamp(old_log_probs - rollout_log_probs, max=20.0)).clamp(max=cap).detach()
+
+
+def ppo_clip_loss(
+    log_probs: Any,
+    old_log_probs: Any,
+    advantages: Any,
+    response_mask: Any,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    loss_agg_mode: str = "token-mean",
+    importance_weight: Any = None,
+    seq_weight: Any = None,
+) -> tuple[Any, dict[str, float]]:
+    """PPO clipped surrogate loss over generated tokens.
+
+    Args:
+        log_probs: ``[B, R]`` current policy log-probs (with grad).
+        old_log_probs: ``[B, R]`` log-probs of the policy that produced the batch (no grad).
+        advantages: ``[B]`` per-sample or ``[B, R]`` per-token advantages.
+        response_mask: ``[B, R]`` 1 for generated tokens; others get no loss and no gradient.
+        clip_ratio_low: Ratio floor is ``1 - clip_ratio_low``.
+        clip_ratio_high: Ratio ceiling is ``1 + clip_ratio_high``.
+        loss_agg_mode: See :func:`aggregate_loss`.
+        importance_weight: Optional ``[B, R]`` detached per-token weight (see
+            :func:`truncated_importance_weight`).
+        seq_weight: Optional ``[B]`` fraction of a sequence each row is, for the ``seq-mean``
+            modes (see :func:`aggregate_loss`).
+
+    Returns:
+        The scalar loss and metrics (``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/ratio_mean``).
+    """
+    import torch
+
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(log_probs)
+    mask = response_mask.to(log_probs.dtype)
+    log_ratio = torch.clamp(log_probs - old_log_probs, -20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    per_token = torch.maximum(unclipped, clipped)
+    if importance_weight is not None:
+        per_token = per_token * importance_weight
+    loss = aggregate_loss(per_token, mask, loss_agg_mode, seq_weight)
+    with torch.no_grad():
+        metrics = {
+            "actor/pg_clipfrac": float(masked_mean((clipped > unclipped).to(mask.dtype), mask)),
+            "actor/ppo_kl": float(masked_mean(-log_ratio, mask)),
+            "actor/ratio_mean": float(masked_mean(ratio, mask)),
+        }
+    return loss, metrics
