@@ -41,11 +41,11 @@ async def test_unknown_agent_name_lists_the_known_ones_before_any_compute(tokeni
     assert engine.calls == []
 
 
-async def test_unknown_sampling_parameter_names_the_config_key(tokenizer):
+def test_unknown_sampling_parameter_names_the_config_key(tokenizer):
     engine = ScriptedServer()
-    manager = AgentLoopManager(engine, tokenizer, {"sampling_params": {"max_token": 4}})
+    # Checked once, when the config becomes a RolloutConfig, before any batch.
     with pytest.raises(ValueError, match=r"config sampling_params.*max_token"):
-        await manager.agenerate_sequences(_rows())
+        AgentLoopManager(engine, tokenizer, {"sampling_params": {"max_token": 4}})
     assert engine.calls == []
 
 

@@ -1,4 +1,4 @@
-"""The trainer checks every per-loop section of a user's config against the loop's config class
+"""The trainer (``RolloutConfig.with_loop_configs``, at start-up) checks every per-loop section of a user's config against the loop's config class
 before any rollout: a typo in a ``tool_agent`` or ``react_agent`` section is an error naming the
 closest key, not a setting silently ignored."""
 
@@ -9,14 +9,14 @@ import pytest
 pytest.importorskip("agentloop_trainer", reason="needs agentloop-trainer (nox -s integration)")
 pytest.importorskip("agentloop_langgraph", reason="needs agentloop-langgraph (nox -s integration)")
 
-from agentloop_trainer.rollout import check_loop_sections  # noqa: E402
+from agentloop_core.settings import RolloutConfig  # noqa: E402
 
 
 def test_valid_sections_of_both_tool_loops_pass():
-    check_loop_sections({"agent_loop_configs": {
+    RolloutConfig().with_loop_configs({
         "tool_agent": {"max_assistant_turns": 3, "max_user_turns": 2, "delta_strategy": "short"},
         "react_agent": {"max_parallel_calls": 2, "recursion_limit": 10, "graph_factory": None},
-    }})
+    })
 
 
 @pytest.mark.parametrize(("loop", "typo", "closest"), [
@@ -27,4 +27,4 @@ def test_valid_sections_of_both_tool_loops_pass():
 ])
 def test_a_typo_in_a_loop_section_names_the_closest_key(loop, typo, closest):
     with pytest.raises(ValueError, match=rf"{loop} config has unknown keys '{typo}' \(did you mean '{closest}'\?\)"):
-        check_loop_sections({"agent_loop_configs": {loop: {typo: 1}}})
+        RolloutConfig().with_loop_configs({loop: {typo: 1}})

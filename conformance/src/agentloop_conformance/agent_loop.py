@@ -19,7 +19,7 @@ prompt is its ``prompt_ids`` up to the next segment's first call.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -311,11 +311,13 @@ class AgentLoopConformanceTests(SuiteGuard):
                                 f"{expected[max(0, i - 5) : i + 5]}")
 
     async def test_response_length_within_budget(self, loop_setup: LoopSetup) -> None:
-        """len(response_ids) never exceeds the loop's ``response_length`` config, for each
-        segment (each is one training row of that width). Debug: a tool result or user turn
-        appended past the budget."""
+        """len(response_ids) never exceeds the loop's ``response_length`` config (a field of
+        its typed config, or a key of its dict config), for each segment (each is one training
+        row of that width). Debug: a tool result or user turn appended past the budget."""
         for k, r in enumerate(await self.rollout(loop_setup)):
-            budget = r.loop.config.get("response_length")
+            config = r.loop.config
+            budget = config.get("response_length") if isinstance(config, Mapping) else getattr(
+                config, "response_length", None)
             if budget is None:
                 pytest.skip("the loop's config has no response_length")
             for s, out in enumerate(r.outputs):

@@ -154,12 +154,12 @@ async def test_unknown_agent_name_lists_known_names(tokenizer):
         await AgentLoopWorker(ScriptedServer(), tokenizer, CONFIG).generate_sequences(rows)
 
 
-async def test_bad_sampling_params_name_the_config_key(tokenizer):
-    worker = AgentLoopWorker(ScriptedServer(), tokenizer, {"sampling_params": {"max_token": 5}})
+def test_bad_sampling_params_name_the_config_key(tokenizer):
+    # Checked once, when the config becomes a RolloutConfig, before any batch.
     with pytest.raises(
         ValueError, match=r"config sampling_params: unknown sampling parameter 'max_token'.*max_tokens"
     ):
-        await worker.generate_sequences(make_rows(1))
+        AgentLoopWorker(ScriptedServer(), tokenizer, {"sampling_params": {"max_token": 5}})
 
 
 def test_bad_runtime_options_are_rejected(tokenizer):

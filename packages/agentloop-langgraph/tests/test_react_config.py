@@ -1,4 +1,4 @@
-"""``react_agent``'s config: the keys every tool loop reads come from ``ToolLoopSettings`` (one
+"""``react_agent``'s config: the keys every tool loop reads come from ``ToolLoopConfig`` (one
 declaration for ``tool_agent`` and ``react_agent``, so they cannot drift apart), the graph keys are
 its own, and a typo in a user's section names the closest key."""
 
@@ -14,26 +14,25 @@ from agentloop_langgraph import ChatModel, ReactAgentConfig, ReactAgentLoop
 from agentloop_langgraph.messages import HISTORY_REWRITE_CHOICES
 from agentloop_tools.loop_config import (
     ToolAgentConfig,
-    ToolLoopSettings,
+    ToolLoopConfig,
     check_loop_config_keys,
     loop_config_choices,
 )
 
 
 def test_react_agent_extends_the_shared_settings_with_its_graph_keys_only():
-    assert issubclass(ReactAgentConfig, ToolLoopSettings) and issubclass(ToolAgentConfig, ToolLoopSettings)
-    shared = {f.name for f in fields(ToolLoopSettings)}
+    assert issubclass(ReactAgentConfig, ToolLoopConfig) and issubclass(ToolAgentConfig, ToolLoopConfig)
+    shared = {f.name for f in fields(ToolLoopConfig)}
     assert {f.name for f in fields(ReactAgentConfig)} - shared == {
         "graph_factory", "graph_factory_kwargs", "system_prompt", "recursion_limit", "on_history_rewrite"}
     # Declared in the class body: nothing shared is redeclared (and so cannot drift).
     assert not shared & set(ReactAgentConfig.__annotations__)
-    assert ReactAgentConfig.EXTRA_KEYS == ToolLoopSettings.EXTRA_KEYS
 
 
 def test_choices_come_from_the_literal_types():
     choices = loop_config_choices(ReactAgentConfig)
     assert choices["on_history_rewrite"] == HISTORY_REWRITE_CHOICES
-    assert choices["delta_strategy"] == typing.get_args(typing.get_type_hints(ToolLoopSettings)["delta_strategy"])
+    assert choices["delta_strategy"] == typing.get_args(typing.get_type_hints(ToolLoopConfig)["delta_strategy"])
     assert {k: v for k, v in choices.items() if k != "on_history_rewrite"} == loop_config_choices(ToolAgentConfig)
 
 

@@ -17,10 +17,10 @@ import pytest
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_core.tracing import Tracer
-from agentloop_tools.agent_loop import ToolAgentConfig, ToolAgentLoop
+from agentloop_tools.agent_loop import ToolAgentLoop
 from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import calculator
-from agentloop_tools.loop_config import check_loop_config_keys
+from agentloop_tools.loop_config import ToolAgentConfig, check_loop_config_keys
 from agentloop_tools.parsers import HermesToolParser, register_tool_parser
 from agentloop_tools.schema import ToolResponse
 from agentloop_tools.truncation import truncate_text
@@ -462,8 +462,6 @@ def test_loop_declares_its_config_class_and_unknown_keys_are_named():
         check_loop_config_keys("tool_agent", ToolAgentConfig, ["max_assistant_turn", "zzz", "tool_parser"])
     with pytest.raises(TypeError, match="must be a dataclass"):
         check_loop_config_keys("x", dict, [])
-    from agentloop_tools.agent_loop import read_loop_config, resolve_tools  # still importable from here
-    assert callable(read_loop_config) and callable(resolve_tools)
 
 
 def test_a_template_that_needs_tools_is_accepted_when_the_loop_has_them():

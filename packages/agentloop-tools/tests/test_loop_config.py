@@ -1,11 +1,10 @@
-"""The shared settings of the tool loops (``ToolLoopSettings``): what each field accepts comes from
+"""The shared config of the tool loops (``ToolLoopConfig``): what each field accepts comes from
 its own declaration, unknown keys of a user's section are named with the closest valid one, and
 what the loops work out per tokenizer is cached without keeping the tokenizer alive."""
 
 from __future__ import annotations
 
 import gc
-import importlib
 import subprocess
 import sys
 import typing
@@ -20,11 +19,10 @@ from agentloop_tools import per_tokenizer
 from agentloop_tools.agent_loop import ToolAgentLoop
 from agentloop_tools.loop_config import (
     ToolAgentConfig,
-    ToolLoopSettings,
+    ToolLoopConfig,
     check_loop_config_keys,
     loop_config_choices,
     loop_setting,
-    read_loop_config,
 )
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
 
@@ -46,7 +44,7 @@ def test_choices_are_the_literal_types_of_the_fields():
 
 def test_a_subclass_field_is_checked_from_its_declaration_alone():
     @dataclass(frozen=True)
-    class MyLoopConfig(ToolLoopSettings):
+    class MyLoopConfig(ToolLoopConfig):
         LOOP_NAME: ClassVar[str] = "my_loop"
 
         mode: Literal["fast", "exact"] = "exact"
@@ -87,10 +85,19 @@ def test_settings_built_directly_are_checked_too():
 
 
 def test_tool_agent_declares_only_its_own_fields():
-    shared = {f.name for f in fields(ToolLoopSettings)}
+    shared = {f.name for f in fields(ToolLoopConfig)}
     own = {f.name for f in fields(ToolAgentConfig)} - shared
-    assert own == {"max_user_turns"}
-    assert set(ToolAgentConfig.__annotations__) == {"LOOP_NAME", "EXTRA_KEYS", "max_user_turns"}
+    assert own == {"max_user_turns", "interaction", "interaction_config_path"}
+    assert set(ToolAgentConfig.__annotations__) == {"LOOP_NAME", *own}
+
+
+def test_a_mapping_field_is_kept_as_pairs_and_the_config_pickles():
+    import pickle
+
+    cfg = ToolAgentConfig.from_mapping({"apply_chat_template_kwargs": {"enable_thinking": False}})
+    assert cfg.apply_chat_template_kwargs == (("enable_thinking", False),)
+    assert dict(cfg.apply_chat_template_kwargs) == {"enable_thinking": False}
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
 
 
 @pytest.mark.parametrize(("typo", "closest"), [("max_assistant_turn", "max_assistant_turns"),
@@ -102,42 +109,13 @@ def test_a_typo_in_a_tool_agent_section_names_the_closest_key(typo, closest):
         check_loop_config_keys("tool_agent", ToolAgentLoop.config_class, ["response_length", typo])
 
 
-@pytest.mark.parametrize("module", ["agentloop_tools.loop_config", "agentloop_tools.agent_loop"])
-def test_loop_config_choices_dict_is_a_deprecated_alias(module):
-    mod = importlib.import_module(module)
-    with pytest.warns(DeprecationWarning, match=rf"{module}\.LOOP_CONFIG_CHOICES is deprecated.*loop_config_choices"):
-        choices = mod.LOOP_CONFIG_CHOICES
-    assert choices == loop_config_choices(ToolAgentConfig)
-    assert "LOOP_CONFIG_CHOICES" not in mod.__all__  # a star import must not warn
+def test_the_0_4_aliases_are_gone():
+    """0.5.0 dropped the rename hooks and re-exports (CHANGELOG.md): each name has one home."""
+    from agentloop_tools import agent_loop, loop_config
 
-
-def test_read_loop_config_still_takes_the_old_lists_with_a_warning():
-    @dataclass(frozen=True)
-    class PlainConfig:
-        limit: int = 3
-        timeout: Any = 1
-
-    with pytest.warns(DeprecationWarning, match=r"read_loop_config\(nullable=, positive=\) is deprecated"):
-        cfg = read_loop_config(PlainConfig, {"timeout": None}, loop_name="old", nullable=("timeout",),
-                               positive=("limit",))
-    assert (cfg.limit, cfg.timeout) == (3, None)
-    with (
-        pytest.warns(DeprecationWarning, match=r"read_loop_config\(nullable=, positive=\) is deprecated"),
-        pytest.raises(ValueError, match="old config limit must be a positive integer"),
-    ):
-        read_loop_config(PlainConfig, {"limit": 0}, loop_name="old", positive=("limit",))
-
-
-def test_old_import_paths_of_the_moved_helpers_still_work():
-    from agentloop_tools import agent_loop, truncation
-
-    for name in ("truncate_text", "TRUNCATION_MARKER", "TruncateSide"):
-        assert getattr(agent_loop, name) is getattr(truncation, name)
-    from agentloop_tools.agent_loop import check_loop_config_keys as old_check
-    from agentloop_tools.agent_loop import resolve_tools as old_resolve  # the trainer imports these
-    from agentloop_tools.loop_config import resolve_tools
-
-    assert old_check is check_loop_config_keys and old_resolve is resolve_tools
+    for module in (agent_loop, loop_config):
+        assert not hasattr(module, "LOOP_CONFIG_CHOICES") and not hasattr(module, "ToolLoopSettings")
+    assert agent_loop.__all__ == ["AgentState", "ToolAgentLoop"]
 
 
 # --- per-tokenizer caches ----------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     from agentloop_core.testing import ScriptedServer
     from agentloop_trainer.cli.evaluate import _tokenizer
     from agentloop_trainer.policy import TemplateIgnoresToolsError, load_tokenizer, sft_cache_key
-    from agentloop_trainer.rollout import engine_config, rollout_settings
+    from agentloop_trainer.rollout import engine_config, rollout_config
     from agentloop_trainer.stages import load_policy_tokenizer
 
     plain, fixed = load_config(), load_config(["model.custom_chat_template=chatml-hermes"])
@@ -84,8 +84,7 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     with pytest.raises(TemplateIgnoresToolsError, match="model.custom_chat_template=chatml-hermes"):
         _tokenizer(plain, tokenizer_folder)
     # What loads the tokenizer by path gets the template text with it.
-    settings = rollout_settings(fixed)
-    assert settings["custom_chat_template"] == HERMES and rollout_settings(plain)["custom_chat_template"] is None
+    assert rollout_config(fixed).custom_chat_template == HERMES and rollout_config(plain).custom_chat_template is None
     worker = AgentLoopWorker(ScriptedServer(), str(tokenizer_folder), {"custom_chat_template": HERMES})
     assert worker.tokenizer.chat_template == HERMES  # a Ray rollout worker
     assert engine_config(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica

@@ -12,7 +12,7 @@ from agentloop_trainer.rollout import (
     build_engine,
     engine_config,
     remote_engines,
-    rollout_settings,
+    rollout_config,
 )
 
 
@@ -139,8 +139,9 @@ def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):
     classes, sections = agent_loops(cfg)
     assert classes == {"my_agent": "my_pkg.loops.MyAgentLoop"}
     assert sections == {"react_agent": {"recursion_limit": 12, "system_prompt": "Be brief."}}
-    settings = rollout_settings(cfg)
-    assert settings["agent_loop_classes"] == classes and settings["agent_loop_configs"] == sections
+    # The record registers the classes at start-up: one that does not import is named there.
+    with pytest.raises(ValueError, match=r"agent_loop_classes\['my_agent'\]: cannot import module 'my_pkg.loops'"):
+        rollout_config(cfg)
     path.write_text("my_agent: pkg.Loop\n")
     with pytest.raises(ValueError, match="expected a YAML list"):
         agent_loops(cfg)
@@ -148,17 +149,19 @@ def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):
 
 def test_settings_reach_the_loop_under_the_loops_names():
     cfg = load_config([
-        "actor_rollout_ref.rollout.multi_turn.format=hermes", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
+        "actor_rollout_ref.rollout.multi_turn.tool_parser=hermes", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
         "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3",
         "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left", "reward.source=function",
         "actor_rollout_ref.rollout.agent.default_agent_loop=react_agent",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=0.6",
     ])
-    s = rollout_settings(cfg)
+    s = rollout_config(cfg)
     from agentloop_tools.loop_config import ToolAgentConfig
 
-    loop = ToolAgentConfig.from_mapping(s)
+    loop = ToolAgentConfig.from_mapping(s.loop_mapping())
     assert (loop.tool_parser, loop.max_user_turns, loop.max_parallel_calls, loop.tool_response_truncate_side,
             loop.tool_reward) == ("hermes", 2, 3, "left", "none")
-    assert s["default_agent_loop"] == "react_agent"
-    assert s["val_sampling_params"] == {"temperature": 0.6, "top_k": 0, "top_p": 1.0}
+    assert s.default_agent_loop == "react_agent"
+    react = dict(s.agent_loop_configs)["react_agent"]  # the default loop's config, built at start-up
+    assert (react.tool_parser, react.max_parallel_calls, react.tool_reward) == ("hermes", 3, "none")
+    assert (s.val_sampling_params.temperature, s.val_sampling_params.top_k, s.val_sampling_params.top_p) == (0.6, 0, 1.0)

@@ -26,6 +26,7 @@ from agentloop_core.registry import (
 )
 from agentloop_core.runtime import AgentLoopManager, AgentLoopWorker, SampleTimeoutError
 from agentloop_core.segments import SegmentBuilder
+from agentloop_core.settings import RolloutConfig
 from agentloop_core.single_turn import SingleTurnAgentLoop
 from agentloop_core.tokenization import (
     ChatRenderer,
@@ -57,6 +58,7 @@ __all__ = [
     "MLflowTracer",
     "NullTracer",
     "RolloutBatch",
+    "RolloutConfig",
     "SampleTimeoutError",
     "SamplingParams",
     "SanityCheckMode",

@@ -3,7 +3,8 @@ entry-point group for installed packages."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, TypeVar
 
@@ -84,3 +85,36 @@ def get_agent_loop_class(name: str) -> type[AgentLoopBase]:
             f"@agentloop_core.register({name!r}) or an entry point in the "
             f"{ENTRY_POINT_GROUP!r} group."
         ) from None
+
+
+def register_loop_classes(classes: Mapping[str, str]) -> None:
+    """Register loops given by import path (``{name: "pkg.module:Class"}``) under their names.
+
+    Raises:
+        ValueError: naming the loop when its path cannot be imported or is not an agent loop.
+    """
+    from agentloop_core.imports import import_object
+    from agentloop_core.loop import AgentLoopBase
+
+    for name, path in classes.items():
+        cls = import_object(path, where=f"agent_loop_classes[{name!r}]")
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+            raise ValueError(f"agent_loop_classes[{name!r}]: {path!r} is not an AgentLoopBase subclass")
+        if name in registered_names() and getattr(cls, "agent_name", None) == name:
+            continue  # the module's own @register already did it
+        register(name)(cls)
+
+
+def import_loop_modules(modules: Sequence[str]) -> None:
+    """Import modules whose ``@register`` decorators define agent loops.
+
+    Raises:
+        ImportError: naming the module and the config key that listed it.
+    """
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ImportError(
+                f"cannot import agent loop module {module!r} (from config agent_loop_modules): {exc}"
+            ) from exc

@@ -70,11 +70,12 @@ class HTTPAgentConfig:
     """Cap on ``max_tokens`` of every call."""
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> HTTPAgentConfig:
+    def from_mapping(cls, config: Mapping[str, Any]) -> HTTPAgentConfig:
         """Read and check the loop config.
 
-        The config is the worker's, merged with this loop's section; the trainer rejects unknown
-        keys of the section itself (through :attr:`HTTPAgentLoop.config_class`).
+        The mapping is the rollout's ``loop_mapping`` with this loop's section over it (other
+        keys are ignored); the rollout rejects unknown keys of the section itself (through
+        :attr:`HTTPAgentLoop.config_class`).
 
         Raises:
             ValueError: without ``agent``, or for an agent that is not callable or cannot be
@@ -145,10 +146,10 @@ class HTTPAgentLoop(AgentLoopBase):
 
     config_class = HTTPAgentConfig
 
-    def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None, processor: Any = None,
-                 tracer: Any = None) -> None:
+    def __init__(self, server: Any, tokenizer: Any, config: HTTPAgentConfig | Mapping[str, Any] | None = None,
+                 processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        self.settings = HTTPAgentConfig.from_config(self.config)
+        self.settings: HTTPAgentConfig
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> list[AgentLoopOutput]:
         """Run the agent once; return the trajectory's segments.
@@ -163,7 +164,7 @@ class HTTPAgentLoop(AgentLoopBase):
         session_id = f"{row.get('index', 'row')}-{uuid.uuid4().hex[:12]}".replace(" ", "_")[:200]
         thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
                                                                                         cfg.response_length),
-                                    response_budget=cfg.response_length)
+                                    response_length=cfg.response_length)
         start = time.perf_counter()
         budget_spent = False
         try:

@@ -25,7 +25,7 @@ from agentloop_langgraph.graph import load_graph_factory
 from agentloop_langgraph.messages import HistoryRewrite, HistoryRewrittenError, RolloutLimitReachedError
 from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
-from agentloop_tools.loop_config import ToolLoopSettings, loop_setting, resolve_tools
+from agentloop_tools.loop_config import ToolLoopConfig, loop_setting, resolve_tools
 from agentloop_tools.rows import row_messages, row_tools_kwargs
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,9 @@ _TOKENIZATION_FLAGS = ("tokenization_mismatch", "tokenization_mismatch_ignored",
 
 
 @dataclass(frozen=True)
-class ReactAgentConfig(ToolLoopSettings):
+class ReactAgentConfig(ToolLoopConfig):
     """The ``react_agent`` keys of the rollout config (other keys are ignored): the keys every
-    tool loop reads (:class:`~agentloop_tools.loop_config.ToolLoopSettings`) and the graph's.
+    tool loop reads (:class:`~agentloop_tools.loop_config.ToolLoopConfig`) and the graph's.
 
     A graph that rewrites its history makes segments (see ``on_history_rewrite``), and some
     shared keys then count per segment: ``response_length`` is the budget of each segment (one
@@ -51,8 +51,8 @@ class ReactAgentConfig(ToolLoopSettings):
     graph_factory: Any = None
     """``"package.module:function"`` or a callable ``(chat_model, tools, **kwargs) -> graph``;
     None: a ReAct agent (``create_agent``, or ``create_react_agent`` without ``langchain``)."""
-    graph_factory_kwargs: dict[str, Any] = loop_setting(default_factory=dict)
-    """Extra keyword arguments for the factory."""
+    graph_factory_kwargs: tuple[tuple[str, Any], ...] = loop_setting((), mapping=True)
+    """Extra keyword arguments for the factory, as pairs (a mapping is accepted)."""
     system_prompt: str | None = None
     """System prompt of the default ReAct agent."""
     recursion_limit: int = loop_setting(50, positive=True)
@@ -67,8 +67,8 @@ class ReactAgentConfig(ToolLoopSettings):
 class ReactAgentLoop(AgentLoopBase):
     """Runs a LangGraph agent per sample and returns its model's exact tokens.
 
-    Config keys: see :class:`ReactAgentConfig`, plus ``tools`` / ``tool_config_path`` /
-    ``function_tool_path`` (as for ``tool_agent``).
+    Config: a :class:`ReactAgentConfig` (or a mapping read into one), its tools (``tools`` /
+    ``tool_config_path`` / ``function_tool_path``) as for ``tool_agent``.
 
     Row keys: ``raw_prompt`` (chat messages, the graph's input ``{"messages": raw_prompt}``),
     ``tools_kwargs`` (per tool name: ``create_kwargs`` go to ``create``, ``execute_kwargs`` /
@@ -86,14 +86,13 @@ class ReactAgentLoop(AgentLoopBase):
     """
 
     config_class: ClassVar[type] = ReactAgentConfig
-    """The dataclass of this loop's config keys; a trainer checks a user's section for this
-    loop with ``check_loop_config_keys(name, loop.config_class, section)``."""
+    """This loop's typed config, built once per rollout (``RolloutConfig.with_loop_configs``)."""
 
-    def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
+    def __init__(self, server: Any, tokenizer: Any, config: ReactAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        self.settings = self.config_class.from_mapping(self.config)
-        self.tools: dict[str, BaseTool] = resolve_tools(self.config)
+        self.settings: ReactAgentConfig
+        self.tools: dict[str, BaseTool] = resolve_tools(self.settings)
         self.factory = load_graph_factory(self.settings.graph_factory)
         kwargs = dict(self.settings.graph_factory_kwargs)
         if self.settings.graph_factory is None and self.settings.system_prompt is not None:
@@ -195,8 +194,9 @@ class ReactAgentLoop(AgentLoopBase):
     async def _create_tools(self, tools_kwargs: dict[str, Any], model: ChatModel,
                             request_id: str) -> dict[str, AgentLoopTool]:
         cfg = self.settings
-        options = {"timeout_s": cfg.tool_timeout_s, "max_response_length": cfg.max_tool_response_length,
-                   "truncate_side": cfg.tool_response_truncate_side, "max_parallel_calls": cfg.max_parallel_calls,
+        options = {"timeout_s": cfg.tool_timeout_s, "max_tool_response_length": cfg.max_tool_response_length,
+                   "tool_response_truncate_side": cfg.tool_response_truncate_side,
+                   "max_parallel_calls": cfg.max_parallel_calls,
                    "is_over_limit": lambda call_id: model.is_call_over_limit(call_id, request_id)}
         adapters: dict[str, AgentLoopTool] = {}
         misconfigured: list[ToolKwargsError] = []

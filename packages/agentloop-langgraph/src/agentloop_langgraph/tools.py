@@ -41,9 +41,9 @@ class AgentLoopTool(LangChainBaseTool):
     """The tool's OpenAI function schema, exactly as it declared it."""
     timeout_s: float | None = 60.0
     """Time limit of one call (the tool's own ``timeout_s`` wins); None: no limit."""
-    max_response_length: int = 1024
-    """Most characters of a response shown to the model."""
-    truncate_side: TruncateSide = "middle"
+    max_tool_response_length: int = 1024
+    """Most characters of a response shown to the model (the tool loops' key of that name)."""
+    tool_response_truncate_side: TruncateSide = "middle"
     """Which part of a long response to keep (see ``truncate_text``)."""
     rewards: list[float] = Field(default_factory=list)
     """Step rewards of this instance's calls, in order."""
@@ -112,7 +112,7 @@ class AgentLoopTool(LangChainBaseTool):
         if response.image or response.video:
             # The chat model renders text only; say so instead of silently losing the media.
             text += "\n[the tool returned images or videos, which this loop cannot show]"
-        return truncate_text(text, self.max_response_length, self.truncate_side)
+        return truncate_text(text, self.max_tool_response_length, self.tool_response_truncate_side)
 
 
 def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> AgentLoopTool:
@@ -121,7 +121,7 @@ def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> Agent
     Args:
         tool: The agentloop tool.
         instance_id: From ``await tool.create(...)``.
-        **options: ``timeout_s``, ``max_response_length``, ``truncate_side``,
+        **options: ``timeout_s``, ``max_tool_response_length``, ``tool_response_truncate_side``,
             ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``.
 
     Raises:

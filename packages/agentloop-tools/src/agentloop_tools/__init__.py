@@ -28,7 +28,7 @@ from agentloop_tools.interaction import (
 from agentloop_tools.load_tools import load_tools
 from agentloop_tools.loop_config import (
     ToolAgentConfig,
-    ToolLoopSettings,
+    ToolLoopConfig,
     check_loop_config_keys,
     loop_setting,
 )
@@ -57,7 +57,7 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolKwargsError",
-    "ToolLoopSettings",
+    "ToolLoopConfig",
     "ToolParser",
     "ToolResponse",
     "calculator",

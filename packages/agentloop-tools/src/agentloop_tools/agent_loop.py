@@ -32,7 +32,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agentloop_core.deprecation import renamed_attributes
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
@@ -41,19 +40,11 @@ from agentloop_core.registry import register
 from agentloop_core.stops import StopCounter
 from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction, select_interaction
-from agentloop_tools.loop_config import (
-    DEPRECATED_NAMES,
-    ToolAgentConfig,
-    TruncateSide,
-    check_loop_config_keys,
-    read_loop_config,
-    resolve_interactions,
-    resolve_tools,
-)
+from agentloop_tools.loop_config import ToolAgentConfig, resolve_interactions, resolve_tools
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
 from agentloop_tools.rows import row_messages, row_tools_kwargs
 from agentloop_tools.schema import ToolResponse
-from agentloop_tools.truncation import TRUNCATION_MARKER, truncate_text
+from agentloop_tools.truncation import truncate_text
 
 logger = logging.getLogger(__name__)
 
@@ -119,11 +110,9 @@ class _Run:
 class ToolAgentLoop(AgentLoopBase):
     """Generates, runs the tools the model calls, feeds results back, repeats.
 
-    Config keys: see :class:`ToolAgentConfig`, plus ``tools`` / ``tool_config_path`` /
-    ``function_tool_path`` (see :func:`resolve_tools`) and ``interaction`` (a
-    :class:`~agentloop_tools.interaction.BaseInteraction`, ``{"class_name", "config", "name"}``
-    or a list of those) or ``interaction_config_path`` (verl's interaction YAML); see
-    :func:`resolve_interactions`.
+    Config: a :class:`ToolAgentConfig` (or a mapping read into one): its tools (``tools`` /
+    ``tool_config_path`` / ``function_tool_path``, see :func:`resolve_tools`) and interactions
+    (``interaction`` or ``interaction_config_path``, see :func:`resolve_interactions`) included.
 
     Row keys: ``raw_prompt`` (chat messages), ``tools_kwargs`` (per tool name: ``create_kwargs``
     go to ``create``, ``execute_kwargs`` / ``calc_reward_kwargs`` / ``release_kwargs`` to those
@@ -133,18 +122,17 @@ class ToolAgentLoop(AgentLoopBase):
     """
 
     config_class: ClassVar[type] = ToolAgentConfig
-    """The dataclass of this loop's config keys; a trainer checks a user's section for this
-    loop with ``check_loop_config_keys(name, loop.config_class, section)``."""
+    """This loop's typed config, built once per rollout (``RolloutConfig.with_loop_configs``)."""
 
-    def __init__(self, server: Any, tokenizer: Any, config: Mapping[str, Any] | None = None,
+    def __init__(self, server: Any, tokenizer: Any, config: ToolAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
         from agentloop_core.tokenization import ChatRenderer
 
-        self.settings = self.config_class.from_mapping(self.config)
-        self.tools = resolve_tools(self.config)
+        self.settings: ToolAgentConfig
+        self.tools = resolve_tools(self.settings)
         self.parser = get_tool_parser(self.settings.tool_parser)
-        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.config)
+        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.settings)
         schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
         self.renderer = ChatRenderer(
             tokenizer, tools=schemas or None,
@@ -413,21 +401,4 @@ class ToolAgentLoop(AgentLoopBase):
                 logger.warning("interaction finalize failed: %s: %s", type(exc).__name__, exc)
 
 
-# The config names (ToolAgentConfig ... resolve_tools) live in loop_config, truncate_text in
-# truncation; they stay importable from here for code written before the split (the trainer
-# imports check_loop_config_keys and resolve_tools from here).
-__all__ = [
-    "TRUNCATION_MARKER",
-    "AgentState",
-    "ToolAgentConfig",
-    "ToolAgentLoop",
-    "TruncateSide",
-    "check_loop_config_keys",
-    "read_loop_config",
-    "resolve_interactions",
-    "resolve_tools",
-    "truncate_text",
-]
-
-
-__getattr__ = renamed_attributes(__name__, DEPRECATED_NAMES)
+__all__ = ["AgentState", "ToolAgentLoop"]

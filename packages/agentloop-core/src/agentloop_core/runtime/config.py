@@ -1,23 +1,9 @@
-"""Small helpers shared by the rollout worker and manager: config normalisation and loop names."""
+"""Small helpers shared by the rollout worker and manager: the loop name of each row."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-
-def plain(value: Any) -> Any:
-    """Recursively turn mappings (an OmegaConf ``DictConfig`` included) into dicts and
-    sequences into lists, so a config pickles cheaply to a Ray actor and loops can copy it."""
-    if hasattr(value, "_metadata") and hasattr(value, "_get_node"):  # OmegaConf container
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
 
 
 def resolve_agent_names(

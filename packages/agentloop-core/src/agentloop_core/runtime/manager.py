@@ -12,10 +12,11 @@ from typing import Any
 from agentloop_core.batch import RolloutBatch
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer
-from agentloop_core.registry import get_agent_loop_class
-from agentloop_core.runtime.config import plain, resolve_agent_names
+from agentloop_core.registry import get_agent_loop_class, import_loop_modules, register_loop_classes
+from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.ray_pool import PLACEMENTS, ChunkStats, RayWorkerPool
-from agentloop_core.runtime.worker import AgentLoopWorker, import_loop_modules, register_loop_classes
+from agentloop_core.runtime.worker import AgentLoopWorker
+from agentloop_core.settings import RolloutConfig
 from agentloop_core.tracing import Tracer, make_tracer
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ class AgentLoopManager:
     Args:
         server: The engine or engines client.
         tokenizer: A tokenizer or its path (loaded lazily with ``AutoTokenizer``).
-        config: Rollout config: the :class:`AgentLoopWorker` keys plus ``prompt_length``,
-            ``response_length``, ``pad_token_id`` and ``truncate`` for padding.
+        config: The rollout's :class:`~agentloop_core.settings.RolloutConfig` (its
+            ``prompt_length``, ``response_length``, ``pad_token_id`` and ``truncate`` pad the
+            batch); a mapping from a script of its own is converted with
+            ``RolloutConfig.from_mapping`` here, the only place core reads a rollout dict.
         num_workers: How many workers (chunks) a batch is split over.
         backend: ``"inprocess"`` or ``"ray"`` (Ray must be initialised by the caller).
         tracer: A tracer or tracing config (see :func:`~agentloop_core.tracing.make_tracer`).
@@ -79,7 +82,7 @@ class AgentLoopManager:
         self,
         server: AsyncServer,
         tokenizer: Any,
-        config: Mapping[str, Any] | None = None,
+        config: RolloutConfig | Mapping[str, Any] | None = None,
         *,
         num_workers: int = 1,
         backend: str = "inprocess",
@@ -97,15 +100,15 @@ class AgentLoopManager:
             raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
         self.server = server
         self.tokenizer = tokenizer
-        self.config: dict[str, Any] = plain(config or {})
+        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_mapping(config)
         self.num_workers = num_workers
         self.backend = backend
         self.processor = processor
         self.ray_num_cpus = ray_num_cpus
         self.ray_timeout_s = ray_timeout_s
         self.placement = placement
-        import_loop_modules(self.config.get("agent_loop_modules") or ())
-        register_loop_classes(self.config.get("agent_loop_classes") or {})
+        import_loop_modules(self.config.agent_loop_modules)
+        register_loop_classes(dict(self.config.agent_loop_classes))
         self._tracer_spec = tracer
         self._workers: list[AgentLoopWorker] = []
         self._pool: RayWorkerPool | None = None
@@ -176,7 +179,7 @@ class AgentLoopManager:
         self, rows: Sequence[Mapping[str, Any]], validate: bool, step: int | None
     ) -> tuple[list[AgentLoopOutput], ChunkStats]:
         rows = [dict(r) if isinstance(r, Mapping) else r for r in rows]
-        names = resolve_agent_names(rows, self.config.get("default_agent_loop"))
+        names = resolve_agent_names(rows, self.config.default_agent_loop)
         modules = sorted({get_agent_loop_class(n).__module__ for n in set(names)})
         if self.backend == "ray" and self._pool is None:
             raise RuntimeError("this AgentLoopManager was shut down; create a new one")
@@ -223,11 +226,11 @@ class AgentLoopManager:
         outputs, stats = await self._agenerate(rows, validate, step)
         batch = RolloutBatch.from_outputs(
             outputs,
-            prompt_length=self.config.get("prompt_length"),
-            response_length=self.config.get("response_length"),
-            pad_token_id=self.config.get("pad_token_id"),
+            prompt_length=self.config.prompt_length,
+            response_length=self.config.response_length,
+            pad_token_id=self.config.pad_token_id,
             tokenizer=self._tokenizer_for_padding(),
-            truncate=bool(self.config.get("truncate", False)),
+            truncate=self.config.truncate,
         )
         batch.metrics["timing_s/generate_sequences"] = time.perf_counter() - start
         batch.metrics["rollout/num_workers"] = float(self._pool.alive if self._pool else self.num_workers)
@@ -269,7 +272,7 @@ class AgentLoopManager:
         )
 
     def _tokenizer_for_padding(self) -> Any:
-        if self.config.get("pad_token_id") is not None:
+        if self.config.pad_token_id is not None:
             return None
         if self._workers:
             return self._workers[0].tokenizer

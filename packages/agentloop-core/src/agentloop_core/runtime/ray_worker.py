@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentloop_core.output import AgentLoopOutput
-from agentloop_core.runtime.worker import AgentLoopWorker, import_loop_modules
+from agentloop_core.registry import import_loop_modules
+from agentloop_core.runtime.worker import AgentLoopWorker
+from agentloop_core.settings import RolloutConfig
 
 
 class RayAgentLoopWorker:
@@ -15,7 +17,7 @@ class RayAgentLoopWorker:
     runs it as an async actor and the samples of a chunk run concurrently on its event loop."""
 
     def __init__(
-        self, server: Any, tokenizer: Any, config: Mapping[str, Any], tracer: Any, processor: Any
+        self, server: Any, tokenizer: Any, config: RolloutConfig, tracer: Any, processor: Any
     ) -> None:
         self.worker = AgentLoopWorker(server, tokenizer, config, tracer=tracer, processor=processor)
         # Load the tokenizer now, so a bad path fails at start-up and the first batch is not slowed.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import importlib
 import logging
 import os
 import time
@@ -13,21 +12,15 @@ from typing import Any
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer, SamplingParams, TokenOutput
-from agentloop_core.registry import get_agent_loop_class
-from agentloop_core.runtime.config import plain, resolve_agent_names
+from agentloop_core.registry import get_agent_loop_class, import_loop_modules, register_loop_classes
+from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
 from agentloop_core.segments import trajectory_reward, trajectory_view
 from agentloop_core.server_wrapper import TransparentServerWrapper
+from agentloop_core.settings import RolloutConfig
 from agentloop_core.tracing import Tracer, make_tracer, trace_context
 
 logger = logging.getLogger(__name__)
-
-
-DEFAULT_TURNS_PER_LOOP_ITERATION = 4
-"""Turns let through per event-loop iteration. A turn of the tool agent loop costs ~1-2 ms of
-CPU (render, tokenize, parse, and the tool's continuation in the next iteration); with 4 the
-event loop's p50/p99 lag stayed near 10/30 ms at 4096 samples in flight on one saturated core,
-with 8 near 20/60 ms, unpaced 4-5 s (``bench/bench_scale.py``); throughput did not drop."""
 
 
 class SampleTimeoutError(TimeoutError):
@@ -113,34 +106,12 @@ class AgentLoopWorker:
             event loop only. To run the worker as a Ray actor it must pickle (a scripted server,
             or a client that holds Ray actor handles).
         tokenizer: A Hugging Face tokenizer, or a path/hub id loaded lazily with
-            ``AutoTokenizer.from_pretrained`` on first use (cheap to send to a Ray actor).
-        config: Rollout options, passed whole to every loop as its config. Keys read here:
-            ``default_agent_loop`` (loop for rows without ``agent_name``), ``sampling_params``,
-            ``val_sampling_params`` (merged over ``sampling_params`` when ``validate=True``),
-            ``sample_timeout_s`` (a sample running longer fails; None: no limit),
-            ``max_concurrent_samples`` (cap on samples in flight; None: all at once),
-            ``agent_loop_modules`` (modules to import so their ``@register`` runs),
-            ``agent_loop_classes`` (``{name: "pkg.module:Class"}``: loops registered by import
-            path), ``agent_loop_configs`` (``{name: {key: value}}``: settings merged over this
-            config for that loop only), ``reward_fn`` (an async callable
-            ``reward_fn(output, row, tokenizer) -> None`` that sets ``output.reward_score``
-            (and metrics) as soon as a sample finishes, so scoring overlaps the rest of the
-            rollout; it is called once per trajectory, on
-            :func:`~agentloop_core.segments.trajectory_view` when the loop returned several
-            segments, and every segment gets the reward and the metrics it set; it must
-            pickle for the Ray backend; if it raises, the sample fails with its error),
-            ``sampling_seed`` (an int: every ``generate`` call without an explicit ``seed``
-            gets one derived from it, the sample's key and the call index, so results do not
-            depend on which worker, replica or node served them; see
-            :mod:`agentloop_core.runtime.seeding`. None: the engine's own randomness),
-            ``turns_per_loop_iteration`` (default 4: at most this many samples start, and
-            at most this many turns go on after their ``generate`` returned, per event-loop
-            iteration; the rest wait in order, see :class:`TurnPacer`. None: no limit),
-            ``custom_chat_template`` (a built-in template name, a Jinja file's path or the
-            template text, see :func:`~agentloop_core.tokenization.resolve_chat_template`: set
-            as the chat template of the tokenizer the worker loads from a path, so a worker on
-            another process or node renders as the driver's tokenizer does; a tokenizer object
-            given to the worker is used as it is).
+            ``AutoTokenizer.from_pretrained`` on first use (cheap to send to a Ray actor); the
+            one loaded from a path gets ``config.custom_chat_template``. A tokenizer object is
+            used as it is.
+        config: The rollout's :class:`~agentloop_core.settings.RolloutConfig` (a mapping from a
+            script of its own is converted with ``RolloutConfig.from_mapping`` here). Each loop
+            is built with ``config.loop_config(name, cls)``, made once per loop name.
         tracer: A :class:`~agentloop_core.tracing.Tracer`, or a config for
             :func:`~agentloop_core.tracing.make_tracer`. None: no tracing.
         processor: A multimodal processor, when the model has one.
@@ -150,12 +121,12 @@ class AgentLoopWorker:
         self,
         server: AsyncServer,
         tokenizer: Any,
-        config: Mapping[str, Any] | None = None,
+        config: RolloutConfig | Mapping[str, Any] | None = None,
         tracer: Tracer | Mapping[str, Any] | None = None,
         processor: Any = None,
     ) -> None:
         self.server = server
-        self.config: dict[str, Any] = plain(config or {})
+        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_mapping(config)
         self.tracer = make_tracer(tracer)
         self.processor = processor
         if isinstance(tokenizer, (str, os.PathLike)):
@@ -164,33 +135,13 @@ class AgentLoopWorker:
         else:
             self._tokenizer_path = None
             self._tokenizer = tokenizer
-        import_loop_modules(self.config.get("agent_loop_modules") or ())
-        register_loop_classes(self.config.get("agent_loop_classes") or {})
-        self.reward_fn = self.config.pop("reward_fn", None)
-        if self.reward_fn is not None and not callable(self.reward_fn):
-            raise ValueError(f"reward_fn must be an async callable (output, row, tokenizer), got "
-                             f"{type(self.reward_fn).__name__}")
-        per_loop = self.config.get("agent_loop_configs") or {}
-        if not isinstance(per_loop, Mapping) or not all(isinstance(v, Mapping) for v in per_loop.values()):
-            raise ValueError("agent_loop_configs must map loop names to dicts of settings, got "
-                             f"{per_loop!r}")
-        # One merged config per loop name, built once, not per sample.
-        self._loop_configs: dict[str, dict[str, Any]] = {}
-        timeout = self.config.get("sample_timeout_s")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(
-                f"sample_timeout_s must be a positive number of seconds or None, got {timeout!r}"
-            )
-        limit = self.config.get("max_concurrent_samples")
-        if limit is not None and not (isinstance(limit, int) and limit > 0):
-            raise ValueError(f"max_concurrent_samples must be a positive integer or None, got {limit!r}")
-        pace = self.config.get("turns_per_loop_iteration", DEFAULT_TURNS_PER_LOOP_ITERATION)
-        if pace is not None and (isinstance(pace, bool) or not isinstance(pace, int) or pace < 1):
-            raise ValueError(f"turns_per_loop_iteration must be a positive integer or None, got {pace!r}")
-        self.turns_per_loop_iteration: int | None = pace
-        seed = self.config.get("sampling_seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"sampling_seed must be an integer or None, got {seed!r}")
+        import_loop_modules(self.config.agent_loop_modules)
+        register_loop_classes(dict(self.config.agent_loop_classes))
+        self.reward_fn = self.config.reward_fn
+        # One config per loop name, built once, not per sample.
+        self._loop_configs: dict[str, Any] = {}
+        self.turns_per_loop_iteration: int | None = self.config.turns_per_loop_iteration
+        seed = self.config.sampling_seed
         # What loops call: the server itself, or a wrapper adding per-trajectory seeds.
         self.loop_server: AsyncServer = server if seed is None else SeededServer(server, seed)
 
@@ -203,26 +154,13 @@ class AgentLoopWorker:
             from agentloop_core.tokenization.builtin_templates import set_chat_template
 
             tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
-            self._tokenizer = set_chat_template(tokenizer, self.config.get("custom_chat_template"))
+            self._tokenizer = set_chat_template(tokenizer, self.config.custom_chat_template)
         return self._tokenizer
 
-    def sampling_params(self, validate: bool = False) -> dict[str, Any]:
-        """The sampling parameters for a batch: ``sampling_params``, with ``val_sampling_params``
-        merged over them when ``validate``.
-
-        Raises:
-            ValueError: on an unknown or out-of-range parameter, naming the config key.
-        """
-        params = dict(self.config.get("sampling_params") or {})
-        key = "sampling_params"
-        if validate:
-            params.update(self.config.get("val_sampling_params") or {})
-            key = "sampling_params / val_sampling_params"
-        try:
-            SamplingParams.from_mapping(params)
-        except ValueError as exc:
-            raise ValueError(f"config {key}: {exc}") from exc
-        return params
+    def sampling_params(self, validate: bool = False) -> SamplingParams:
+        """The sampling parameters for a batch: ``val_sampling_params`` when ``validate`` (and
+        set), else ``sampling_params``."""
+        return self.config.sampling_for(validate)
 
     async def generate_sequences(
         self,
@@ -255,11 +193,11 @@ class AgentLoopWorker:
             ValueError: a row has no ``agent_name`` and there is no ``default_agent_loop``.
             UnknownAgentLoopError: a row names a loop that is not registered.
         """
-        names = resolve_agent_names(rows, self.config.get("default_agent_loop"), sample_offset)
+        names = resolve_agent_names(rows, self.config.default_agent_loop, sample_offset)
         classes = {name: get_agent_loop_class(name) for name in set(names)}
         sampling_params = self.sampling_params(validate)
-        timeout = self.config.get("sample_timeout_s")
-        limit = self.config.get("max_concurrent_samples")
+        timeout = self.config.sample_timeout_s
+        limit = self.config.max_concurrent_samples
         semaphore = asyncio.Semaphore(limit) if limit else None
         tokenizer = self.tokenizer  # load once, before thousands of tasks ask for it
         pace = self.turns_per_loop_iteration
@@ -336,22 +274,20 @@ class AgentLoopWorker:
             output.reward_score = view.reward_score
             output.metrics.update(added)
 
-    def loop_config(self, name: str) -> dict[str, Any]:
-        """The config loop ``name`` is built with: this worker's config with
-        ``agent_loop_configs[name]`` merged over it."""
-        merged = self._loop_configs.get(name)
-        if merged is None:
-            own = (self.config.get("agent_loop_configs") or {}).get(name) or {}
-            merged = {**self.config, **own} if own else self.config
-            self._loop_configs[name] = merged
-        return merged
+    def loop_config(self, name: str) -> Any:
+        """The config loop ``name`` is built with (see ``RolloutConfig.loop_config``), made once
+        per name: its typed config, or for a loop without a config class a dict."""
+        config = self._loop_configs.get(name)
+        if config is None:
+            config = self._loop_configs[name] = self.config.loop_config(name, get_agent_loop_class(name))
+        return config
 
     async def _run_one(
         self,
         cls: type,
         name: str,
         tokenizer: Any,
-        sampling_params: dict[str, Any],
+        sampling_params: SamplingParams,
         row: Mapping[str, Any],
         timeout: float | None,
         server: AsyncServer,
@@ -367,7 +303,7 @@ class AgentLoopWorker:
                 processor=self.processor,
                 tracer=self.tracer,
             )
-            coro = loop.run(dict(sampling_params), **row)
+            coro = loop.run(sampling_params, **row)
             if not timeout:
                 output = await coro
             else:
@@ -397,37 +333,3 @@ class AgentLoopWorker:
             f"agent loop {name!r} returned {what}; run() must return an AgentLoopOutput or a list "
             "of them (the segments of one trajectory, see agentloop_core.segments)"
         )
-
-
-def register_loop_classes(classes: Mapping[str, str]) -> None:
-    """Register loops given by import path (``{name: "pkg.module:Class"}``) under their names.
-
-    Raises:
-        ValueError: naming the loop when its path cannot be imported or is not an agent loop.
-    """
-    from agentloop_core.imports import import_object
-    from agentloop_core.loop import AgentLoopBase
-    from agentloop_core.registry import register, registered_names
-
-    for name, path in classes.items():
-        cls = import_object(path, where=f"agent_loop_classes[{name!r}]")
-        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
-            raise ValueError(f"agent_loop_classes[{name!r}]: {path!r} is not an AgentLoopBase subclass")
-        if name in registered_names() and getattr(cls, "agent_name", None) == name:
-            continue  # the module's own @register already did it
-        register(name)(cls)
-
-
-def import_loop_modules(modules: Sequence[str]) -> None:
-    """Import modules whose ``@register`` decorators define agent loops.
-
-    Raises:
-        ImportError: naming the module and the config key that listed it.
-    """
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ImportError(
-                f"cannot import agent loop module {module!r} (from config agent_loop_modules): {exc}"
-            ) from exc

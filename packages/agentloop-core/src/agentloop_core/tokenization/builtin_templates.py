@@ -41,7 +41,7 @@ class BuiltinChatTemplate:
     file: str
     """Its file in ``agentloop_core/tokenization/templates/``."""
     tool_parser: str
-    """The core tool parser that reads the calls it renders (``multi_turn.format``)."""
+    """The core tool parser that reads the calls it renders (``multi_turn.tool_parser``)."""
     summary: str
     """One line: the turn layout and where tools, calls and results go."""
 

@@ -184,9 +184,9 @@ class Gateway:
     # ---- sessions ------------------------------------------------------------------------
 
     def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
-                     response_budget: int | None = None) -> None:
+                     response_length: int | None = None) -> None:
         """Start recording ``session_id`` (see :meth:`SessionRecorder.open`)."""
-        self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_budget=response_budget)
+        self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_length=response_length)
 
     def close_session(self, session_id: str) -> list[RecordedCall]:
         """Take the session's recorded calls and free its sticky-routing slot in the server.

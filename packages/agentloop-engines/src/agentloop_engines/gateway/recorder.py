@@ -102,7 +102,7 @@ class SessionCallLimitError(ValueError):
 
 
 class SessionBudgetError(ValueError):
-    """The session's current segment has used its response budget (``response_budget``)."""
+    """The session's current segment has used its response budget (``response_length``)."""
 
 
 @dataclass
@@ -111,7 +111,7 @@ class _Session:
     last_used: float = 0.0
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     chat_state: Any = None
-    response_budget: int | None = None
+    response_length: int | None = None
     segment_prompt_len: int = 0
     exhausted: bool = False
 
@@ -165,25 +165,25 @@ class SessionRecorder:
     # ---- the loop's side -----------------------------------------------------------------
 
     def open(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
-             response_budget: int | None = None) -> None:
+             response_length: int | None = None) -> None:
         """Start (or refresh) a session, so :meth:`pop` returns ``[]`` if the agent makes no call.
 
         Args:
             session_id: The trajectory's id (see :func:`check_session_id`).
             sampling_overrides: Sampling parameters that replace what the agent's requests ask
                 for in this session (the trainer's temperature, a per-turn ``max_tokens``).
-            response_budget: Response tokens one training segment may hold (the trainer's
-                ``response_length``): calls are capped to what is left of it, and a call with
+            response_length: Response tokens one training segment may hold (the rollout's
+                ``response_length``, the trainer's ``data.max_response_length``): calls are capped to what is left of it, and a call with
                 nothing left is refused (:class:`SessionBudgetError`). None: no budget.
         """
         check_session_id(session_id)
-        if response_budget is not None and response_budget < 1:
-            raise ValueError(f"response_budget must be >= 1 or None, got {response_budget}")
+        if response_length is not None and response_length < 1:
+            raise ValueError(f"response_length must be >= 1 or None, got {response_length}")
         with self._lock:
             session = self._touch(session_id)
             if sampling_overrides is not None:
                 session.sampling_overrides = dict(sampling_overrides)
-            session.response_budget = response_budget
+            session.response_length = response_length
 
     def remaining_budget(self, session_id: str, prompt_ids: list[int]) -> int | None:
         """Response tokens a call with ``prompt_ids`` may still generate in its segment: the
@@ -193,10 +193,10 @@ class SessionRecorder:
         without a budget. A call with nothing left marks the session :meth:`exhausted`."""
         with self._lock:
             session = self._sessions.get(session_id)
-            if session is None or session.response_budget is None:
+            if session is None or session.response_length is None:
                 return None
             used = len(prompt_ids) - session.segment_prompt_len if _extends(session, prompt_ids) else 0
-            left = session.response_budget - used
+            left = session.response_length - used
             if left < 1:
                 session.exhausted = True
             return left

@@ -73,24 +73,35 @@ class ActorSection:
     """Sharding and offload of the policy and the reference."""
 
 
+def _tool_loop_default(name: str) -> Any:
+    """The tool loop's own default of ``name`` (:class:`agentloop_tools.loop_config.ToolAgentConfig`):
+    the trainer declares no second default for a tool-loop setting it does not choose itself."""
+    from agentloop_tools.loop_config import ToolAgentConfig
+
+    return ToolAgentConfig.__dataclass_fields__[name].default
+
+
 @dataclass
 class MultiTurnSection:
-    """Multi-turn settings of the tool loops (verl: ``rollout.multi_turn``)."""
+    """Multi-turn settings of the tool loops (verl: ``rollout.multi_turn``). Each key reaches the
+    loops' config (``agentloop_tools.loop_config.ToolAgentConfig``) under the same name, with the
+    loop's default unless the trainer chooses its own (``max_assistant_turns``)."""
 
     enable: bool = True
     """verl's switch; agentloop's loops are always multi-turn (false is an error)."""
     max_assistant_turns: int | None = 3
-    """Most model turns per trajectory; null: bounded by the response budget."""
-    max_user_turns: int | None = None
+    """Most model turns per trajectory; null: bounded by the response budget. The trainer's
+    choice (the loop's own default is null): the built-in task needs two or three."""
+    max_user_turns: int | None = _tool_loop_default("max_user_turns")
     """Most interaction (user) replies; null: until the interaction ends the conversation."""
-    max_parallel_calls: int = 4
+    max_parallel_calls: int = _tool_loop_default("max_parallel_calls")
     """Most tool calls run per turn; later calls get an error message."""
-    max_tool_response_length: int = 1024
+    max_tool_response_length: int = _tool_loop_default("max_tool_response_length")
     """Most characters of one tool response shown to the model."""
-    tool_response_truncate_side: str = "middle"
+    tool_response_truncate_side: str = _tool_loop_default("tool_response_truncate_side")
     """left (keep the tail) | right (keep the head) | middle (keep both ends)."""
     max_tokens_per_turn: int = 64
-    """Most tokens one assistant turn may generate."""
+    """Most tokens one assistant turn may generate: the rollout's ``SamplingParams.max_tokens``."""
     tool_config_path: str | None = None
     """Tool YAML (native, function and MCP tools; see ``agentloop_tools.load_tools``); null: no
     tools, or the calculator for the built-in task."""
@@ -98,9 +109,9 @@ class MultiTurnSection:
     """Python file whose module-level ``@function_tool`` functions become tools."""
     interaction_config_path: str | None = None
     """Interaction YAML (a simulated user that replies when the model stops calling tools)."""
-    format: str = "hermes"
-    """Tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``)."""
-    tool_timeout_s: float | None = 60.0
+    tool_parser: str = _tool_loop_default("tool_parser")
+    """Tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``; verl: ``format``)."""
+    tool_timeout_s: float | None = _tool_loop_default("tool_timeout_s")
     """Time limit of one tool call unless the tool sets its own."""
 
 

@@ -30,6 +30,7 @@ RENAMED: dict[str, str] = {
     "actor_rollout_ref.rollout.response_length": "data.max_response_length",
     "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
     "actor_rollout_ref.rollout.multi_turn.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
+    "actor_rollout_ref.rollout.multi_turn.format": "actor_rollout_ref.rollout.multi_turn.tool_parser",
 }
 """verl key -> agentloop key (same meaning)."""
 

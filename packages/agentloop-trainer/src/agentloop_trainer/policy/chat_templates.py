@@ -75,4 +75,4 @@ def check_template_renders_tools(cfg: Any, tokenizer: Any, source: str, schemas:
         f"never see the run's tools {names} and every trajectory would be wasted. Set {FIX} (a built-in "
         f"tool-aware ChatML template with hermes tool calls; built-ins: {', '.join(chat_template_names())}), or "
         "model.custom_chat_template=/path/to/template.jinja for a template of your own, and "
-        "actor_rollout_ref.rollout.multi_turn.format to the tool parser that reads its calls")
+        "actor_rollout_ref.rollout.multi_turn.tool_parser to the tool parser that reads its calls")

@@ -83,7 +83,7 @@ def _tool_cause(metrics: dict[str, Any]) -> str | None:
         return f"- tools: {calls:.2f} tool calls per sample"
     return ("- tools: no response called a tool (agent_loop/tool_calls/mean=0): the chat template may not render the "
             "tools (some, like SmolLM2's, ignore tools=), or the model does not know the call format "
-            "(actor_rollout_ref.rollout.multi_turn.format); SFT on demonstrations teaches it")
+            "(actor_rollout_ref.rollout.multi_turn.tool_parser); SFT on demonstrations teaches it")
 
 
 def zero_reward_hint(cfg: Any, rows: Sequence[dict], batch: Any, tokenizer: Any, scorer: Any, when: str) -> str:

@@ -12,12 +12,15 @@ import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from agentloop_trainer.data.rows import normalize_messages
 from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
+
+if TYPE_CHECKING:
+    from agentloop_core.settings import RolloutConfig
 
 
 def tool_paths(cfg: Any) -> tuple[str | None, str | None]:
@@ -44,7 +47,7 @@ def tool_schemas(cfg: Any) -> list[dict[str, Any]] | None:
 
 
 def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """``(classes by import path, per-loop settings)`` from ``rollout.agent``: its ``loops``
+    """``(classes by import path, per-loop sections)`` from ``rollout.agent``: its ``loops``
     sections (``_target_`` registers a class) and verl's ``agent_loop_config_path`` YAML."""
     from omegaconf import OmegaConf
 
@@ -67,13 +70,21 @@ def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     return classes, {name: s for name, s in sections.items() if s}
 
 
-def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
-    """The ``AgentLoopManager`` config of a training config: worker keys, the tool loops' keys,
-    per-loop sections and the reward hook. Built here once; the loops check their own keys.
+def rollout_config(cfg: Any, seed: int | None = None) -> RolloutConfig:
+    """The run's :class:`~agentloop_core.settings.RolloutConfig`, built once from the training
+    config: the worker fields, the tool loops' keys (each under the loops' own name), the
+    per-loop sections built into the loops' typed configs (a bad key fails here, at start-up)
+    and the reward hook. What the manager, the Ray workers and the loops get, whole.
 
     ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
     follow from it, the step and the row's request id, whichever replica or node serves it.
+
+    Raises:
+        ValueError: a bad value or an unknown key of a loop section, naming it.
+        UnknownAgentLoopError: the default loop, or a section's, is not registered.
     """
+    from agentloop_core.protocol import SamplingParams
+    from agentloop_core.settings import RolloutConfig
     from agentloop_trainer.config.accessors import custom_chat_template
     from agentloop_trainer.reward.scoring import RewardScorer
 
@@ -82,20 +93,17 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
     config_path, function_path = tool_paths(cfg)
     classes, per_loop = agent_loops(cfg)
     crf = cfg.custom_reward_function
+    train = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                           max_tokens=mt.max_tokens_per_turn, logprobs=True)
     if val.do_sample and val.temperature > 0:
-        val_params = {"temperature": val.temperature, "top_k": val.top_k, "top_p": val.top_p}
+        val_sampling = train.replace(temperature=val.temperature, top_k=val.top_k, top_p=val.top_p)
     else:
-        val_params = {"temperature": 0.0}
-    return {
-        "sampling_seed": seed,
-        "default_agent_loop": r.agent.default_agent_loop,
-        "agent_loop_modules": list(r.agent.agent_loop_modules),
-        "agent_loop_classes": classes,
-        "agent_loop_configs": per_loop,
+        val_sampling = train.replace(temperature=0.0)
+    tool_loop_options = {
         "tool_config_path": config_path,
         "function_tool_path": function_path,
         "interaction_config_path": mt.interaction_config_path,
-        "tool_parser": mt.format,
+        "tool_parser": mt.tool_parser,
         "max_assistant_turns": mt.max_assistant_turns,
         "max_user_turns": mt.max_user_turns,
         "max_parallel_calls": mt.max_parallel_calls,
@@ -104,44 +112,28 @@ def rollout_settings(cfg: Any, seed: int | None = None) -> dict[str, Any]:
         "tool_timeout_s": mt.tool_timeout_s,
         # The loop adds up its own rewards only when they are used.
         "tool_reward": "none" if cfg.reward.source == "function" else "sum",
-        "response_length": cfg.data.max_response_length,
-        "prompt_length": cfg.data.max_prompt_length,
-        "sanity_check": r.sanity_check,
-        # Workers that load the tokenizer by path (Ray) set the run's template on it.
-        "custom_chat_template": custom_chat_template(cfg),
-        "sample_timeout_s": r.sample_timeout_s,
-        "turns_per_loop_iteration": r.agent.turns_per_loop_iteration,
-        "sampling_params": {
-            "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
-            "max_tokens": mt.max_tokens_per_turn, "logprobs": True,
-        },
-        "val_sampling_params": val_params,
-        "truncate": True,
-        "reward_fn": RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
-                                  reward_kwargs=dict(crf.reward_kwargs or {}),
-                                  answer_format=dict(cfg.reward.answer_format)),
     }
-
-
-def check_loop_sections(settings: dict[str, Any]) -> None:
-    """Every per-loop section names keys its loop reads (a typo is an error, not a no-op).
-
-    Raises:
-        ValueError: naming the loop, the unknown key and the closest valid one.
-    """
-    from agentloop_core.registry import get_agent_loop_class
-    from agentloop_core.runtime.worker import import_loop_modules, register_loop_classes
-
-    import_loop_modules(settings.get("agent_loop_modules") or ())
-    register_loop_classes(settings.get("agent_loop_classes") or {})
-    for name, section in (settings.get("agent_loop_configs") or {}).items():
-        cls = get_agent_loop_class(name)
-        config_class = getattr(cls, "config_class", None)
-        if config_class is None:
-            continue  # a user loop that declares no config class reads what it likes
-        from agentloop_tools.loop_config import check_loop_config_keys
-
-        check_loop_config_keys(name, config_class, list(section))
+    record = RolloutConfig(
+        default_agent_loop=r.agent.default_agent_loop,
+        agent_loop_modules=tuple(r.agent.agent_loop_modules),
+        agent_loop_classes=tuple(classes.items()),
+        loop_options=tuple(tool_loop_options.items()),
+        prompt_length=cfg.data.max_prompt_length,
+        response_length=cfg.data.max_response_length,
+        truncate=True,
+        sanity_check=r.sanity_check,
+        # Workers that load the tokenizer by path (Ray) set the run's template on it.
+        custom_chat_template=custom_chat_template(cfg),
+        sample_timeout_s=r.sample_timeout_s,
+        turns_per_loop_iteration=r.agent.turns_per_loop_iteration,
+        sampling_seed=seed,
+        sampling_params=train,
+        val_sampling_params=val_sampling,
+        reward_fn=RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
+                               reward_kwargs=dict(crf.reward_kwargs or {}),
+                               answer_format=dict(cfg.reward.answer_format)),
+    )
+    return record.with_loop_configs(per_loop, also=[record.default_agent_loop])
 
 
 def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
@@ -251,9 +243,9 @@ class RolloutFleet:
         r = cfg.actor_rollout_ref.rollout
         self.n = r.n
         self.val_n = r.val_kwargs.n
-        settings = rollout_settings(cfg, cfg.trainer.seed)
-        check_loop_sections(settings)
-        self.scorer = settings["reward_fn"]
+        self.rollout_config = rollout_config(cfg, cfg.trainer.seed)
+        """The record the manager (and through it every worker and loop) runs with."""
+        self.scorer = self.rollout_config.reward_fn
         # A wrong reward path or signature fails here, not in every sample of the first step.
         self.scorer.function_for(None)
         self.engine_config = engine_config(cfg, str(model_path), cfg.model.tokenizer_path)
@@ -295,11 +287,13 @@ class RolloutFleet:
             self.server = BusyTimeServer(self.server)
         try:
             if uses_ray(cfg):
-                self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path), settings,
+                self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path),
+                                                self.rollout_config,
                                                 num_workers=r.agent.num_workers, backend="ray",
                                                 placement=cfg.ray.worker_placement)
             else:
-                self.manager = AgentLoopManager(self.server, tokenizer, settings, num_workers=r.agent.num_workers)
+                self.manager = AgentLoopManager(self.server, tokenizer, self.rollout_config,
+                                                num_workers=r.agent.num_workers)
         except BaseException:
             self._stop_engines()
             self.loop.close()

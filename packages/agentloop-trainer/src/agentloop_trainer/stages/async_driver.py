@@ -169,11 +169,10 @@ class AsyncDriver:
             rows.extend(g_rows)
             outputs.extend(dataclasses.replace(o, trajectory_index=offset + (o.trajectory_index or 0))
                            for o in g_outputs)
-        config = self.fleet.manager.config
+        config = self.fleet.rollout_config
         batch = RolloutBatch.from_outputs(
-            outputs, prompt_length=config.get("prompt_length"), response_length=config.get("response_length"),
-            pad_token_id=config.get("pad_token_id"), tokenizer=self.fleet.tokenizer,
-            truncate=bool(config.get("truncate", False)))
+            outputs, prompt_length=config.prompt_length, response_length=config.response_length,
+            pad_token_id=config.pad_token_id, tokenizer=self.fleet.tokenizer, truncate=config.truncate)
         attach_rewards(batch)
         return rows, batch, groups
 

@@ -32,11 +32,11 @@ def stage_dir(cfg: Any, run_dir: str | Path) -> Path:
 
 def sft_tokenizer(cfg: Any, tokenizer: Any) -> SFTTokenizer:
     """An :class:`SFTTokenizer` with the rollout's stop tokens (those of the tool parser
-    ``rollout.multi_turn.format``), so SFT ids end where the rollout's engine would stop."""
+    ``rollout.multi_turn.tool_parser``), so SFT ids end where the rollout's engine would stop."""
     from agentloop_core.parsers import get_tool_parser
     from agentloop_tools.per_tokenizer import stop_token_ids
 
-    parser = get_tool_parser(cfg.actor_rollout_ref.rollout.multi_turn.format)
+    parser = get_tool_parser(cfg.actor_rollout_ref.rollout.multi_turn.tool_parser)
     return SFTTokenizer(tokenizer, stop_token_ids(tokenizer, parser.stop_tokens))
 
 
