@@ -59,7 +59,7 @@ demo_misnamed = {MODULE}:PLUGIN
 """
 
 
-@pytest.fixture()
+@pytest.fixture
 def demo_distribution(tmp_path, monkeypatch):
     """A distribution on sys.path declaring the entry points above; the registry's state and
     the imported module are restored afterwards."""
@@ -84,7 +84,7 @@ def test_an_entry_point_plugin_is_found_and_built_from_the_generic_record(demo_d
     config = EngineConfig(name="demo_scripted", model_path="/m", max_model_len=32, engine_kwargs={"x": 1})
     server = build_engine(config, model="policy-copy", tokenizer="tok")
     assert server.max_model_len == 32
-    assert demo_distribution.BUILT == [(config, "policy-copy", "tok")]
+    assert [(config, "policy-copy", "tok")] == demo_distribution.BUILT
     assert plugin.capabilities.logprobs is True and plugin.capabilities.sleep is False  # the server's flags
     # A plug-in that does not take a policy copy never receives one; the folder goes as the tokenizer.
     build_engine(EngineConfig(name="demo_copyless", model_path="/m"), model="policy-copy")

@@ -35,7 +35,7 @@ def installed(tmp_path_factory) -> Path:
     return target
 
 
-@pytest.fixture()
+@pytest.fixture
 def on_path(installed, monkeypatch):
     """The installed package importable (and its entry points visible) in this process; the
     engine registry forgets it afterwards."""
