@@ -7,7 +7,7 @@ import difflib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from agentloop_trainer.config.checks import validate
 from agentloop_trainer.config.errors import ConfigError
@@ -25,7 +25,7 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     from omegaconf import DictConfig
 
     keys = []
-    for k in node.keys():
+    for k in node:
         path = f"{prefix}{k}"
         child = node._get_node(k)
         if isinstance(child, DictConfig):
@@ -66,7 +66,7 @@ def _notice(message: str) -> None:
 
 
 def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = None,
-                notice: Callable[[str], None] = _notice) -> Any:
+                notice: Callable[[str], None] = _notice) -> TrainConfig:
     """Build the config from defaults, an optional YAML file, then ``key=value`` overrides.
 
     verl's spellings are accepted in both (``actor_rollout_ref.model.path``,
@@ -125,7 +125,9 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
         raise ConfigError(f"bad config value: {exc}".strip()) from None
     validate(cfg)
     OmegaConf.set_readonly(cfg, True)
-    return cfg
+    # A DictConfig with TrainConfig's schema reads like a TrainConfig (OmegaConf's structured
+    # configs are duck-typed as their dataclass), and every key has just been checked against it.
+    return cast(TrainConfig, cfg)
 
 
 def _nest(flat: dict[str, Any]) -> Any:
@@ -141,7 +143,7 @@ def _nest(flat: dict[str, Any]) -> Any:
     return OmegaConf.create(root)
 
 
-def to_yaml(cfg: Any) -> str:
+def to_yaml(cfg: TrainConfig) -> str:
     """The config as YAML (for ``--show-config`` and the run folder)."""
     from omegaconf import OmegaConf
 
