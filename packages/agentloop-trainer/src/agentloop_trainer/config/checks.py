@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from agentloop_trainer.config.accessors import custom_chat_template, uses_ray
 from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.sections import TrainConfig
 
 ENGINE_NAMES = ("hf", "vllm", "sglang")
 """Values of ``actor_rollout_ref.rollout.name``."""
@@ -23,7 +22,7 @@ ASYNC_ENGINE_NAMES = ("hf", "vllm")
 """In-process engines the asynchronous modes support (their ``abort`` returns the partial tokens)."""
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: TrainConfig) -> None:
     """Range and choice checks that types cannot express.
 
     Raises:
@@ -105,7 +104,7 @@ def validate(cfg: Any) -> None:
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
 
 
-def _validate_mode(cfg: Any) -> None:
+def _validate_mode(cfg: TrainConfig) -> None:
     """``trainer.mode`` and ``trainer.max_staleness``, and what the async modes support so far."""
     tc, r = cfg.trainer, cfg.actor_rollout_ref.rollout
     if tc.mode not in TRAINER_MODES:

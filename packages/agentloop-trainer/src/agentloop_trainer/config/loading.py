@@ -7,10 +7,11 @@ import difflib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from agentloop_trainer.config.checks import validate
 from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.nodes import as_train_config, config_node
 from agentloop_trainer.config.sections import TrainConfig
 
 FREE_FORM: tuple[str, ...] = (
@@ -120,14 +121,12 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
             flat["trainer.resume"] = "must" if flat["trainer.resume"] else "never"
         merged.append(_nest(flat))
     try:
-        cfg = OmegaConf.merge(cfg, *merged)
+        train_config = as_train_config(OmegaConf.merge(cfg, *merged))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad config value: {exc}".strip()) from None
-    validate(cfg)
-    OmegaConf.set_readonly(cfg, True)
-    # A DictConfig with TrainConfig's schema reads like a TrainConfig (OmegaConf's structured
-    # configs are duck-typed as their dataclass), and every key has just been checked against it.
-    return cast(TrainConfig, cfg)
+    validate(train_config)
+    OmegaConf.set_readonly(config_node(train_config), True)
+    return train_config
 
 
 def _nest(flat: dict[str, Any]) -> Any:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
+
 EXTRAS = {"hf": "hf", "vllm": "vllm", "sglang": "sglang"}
 
 
@@ -57,7 +59,7 @@ class EngineSpec:
     None: the checkpoint's."""
 
 
-def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
+def rollout_dtype(cfg: TrainConfig, notice: Callable[[str], None] | None = None) -> str:
     """The dtype the rollout engine runs in: ``actor_rollout_ref.rollout.dtype``, or float32.
 
     float32 is what the trainer's log-probs are computed against. With ``model.dtype=float32``
@@ -94,17 +96,17 @@ def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
     return dtype
 
 
-def engine_spec(cfg: Any, model_path: str, tokenizer_path: str | None = None,
+def engine_spec(cfg: TrainConfig, model_path: str, tokenizer_path: str | None = None,
                 notice: Callable[[str], None] | None = None) -> EngineSpec:
     """The :class:`EngineSpec` of a training config (``notice``: see :func:`rollout_dtype`)."""
-    from omegaconf import OmegaConf
-
     from agentloop_trainer.config.accessors import custom_chat_template
+    from agentloop_trainer.config.nodes import plain_dict
 
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:  # remote servers run in their own dtype: nothing to say here
         notice = lambda line: None  # noqa: E731
-    per_engine = OmegaConf.to_container(r.engine_kwargs, resolve=True) if r.engine_kwargs is not None else {}
+    per_engine = (plain_dict(r.engine_kwargs, "actor_rollout_ref.rollout.engine_kwargs")
+                  if r.engine_kwargs is not None else {})
     unknown = sorted(set(per_engine) - set(EXTRAS))
     if unknown:
         raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs has sections {unknown}; valid: {sorted(EXTRAS)}")
