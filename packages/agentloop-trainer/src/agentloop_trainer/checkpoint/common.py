@@ -51,7 +51,11 @@ def rng_state() -> dict[str, Any]:
     import torch
 
     version, internal, gauss_next = random.getstate()
-    _, key, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    legacy = np.random.get_state(legacy=True)
+    if not isinstance(legacy, tuple):  # numpy returns a dict for any bit generator but MT19937
+        raise CheckpointError("numpy's global RNG is not the legacy MT19937 one, so its state cannot be saved; "
+                              "seed it with np.random.seed instead of setting another bit generator's state")
+    _, key, pos, has_gauss, gauss = legacy
     return {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss_next},
         "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),

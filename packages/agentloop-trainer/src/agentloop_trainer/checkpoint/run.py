@@ -35,8 +35,10 @@ def save_run_checkpoint(run_dir: str | Path, step: int, model: Any, optimizer: A
     if save_hf:
         from agentloop_trainer.checkpoint.hf_folder import write_hf_folder
 
-        def export(folder: Path) -> None:
+        def write_hf(folder: Path) -> None:
             write_hf_folder(model, tokenizer, folder / HF_DIR, max_shard_bytes=hf_max_shard_bytes, write=rank == 0)
+
+        export = write_hf
 
     return save_sharded_checkpoint(Path(run_dir) / CHECKPOINTS_DIR, step, model, optimizer, state, export=export)
 

@@ -165,9 +165,9 @@ def save_sharded_checkpoint(root: str | Path, step: int, model: Any, optimizer: 
     """
     import torch
     import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageWriter
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     rank, world = _dist()
     model_state, optim_state = get_state_dict(model, optimizer)  # this rank's shards, no gathering
@@ -184,11 +184,12 @@ def save_sharded_checkpoint(root: str | Path, step: int, model: Any, optimizer: 
         box = [tmp]
         dist.broadcast_object_list(box, src=0)
         tmp = box[0]
+    assert tmp is not None, "rank 0 made the folder and every other rank got its name"
     tmp = Path(tmp)
     error = None
     try:
         with _single_process_quiet():
-            dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / STATE_DIR), save_distributed=True),
+            save(tensors, storage_writer=HuggingFaceStorageWriter(str(tmp / STATE_DIR), save_distributed=True),
                      no_dist=world == 1)
         try:
             if export is not None:
@@ -198,7 +199,7 @@ def save_sharded_checkpoint(root: str | Path, step: int, model: Any, optimizer: 
         mine = ({p.name: p.stat().st_size for p in (tmp / STATE_DIR).glob(f"shard-{rank + 1:05d}-*")}, error)
         reports = [mine]
         if world > 1:
-            reports = [None] * world
+            reports = [mine] * world  # one slot per rank: all_gather_object overwrites each
             dist.all_gather_object(reports, mine)
         error = next((e for _, e in reports if e is not None), None)
         if rank == 0 and error is None:
@@ -259,7 +260,7 @@ def _check_state_files(path: Path, state: dict[str, Any]) -> None:
         try:
             with safe_open(str(folder / name), framework="pt") as f:
                 sharding = json.loads((f.metadata() or {})["DCP_SHARDING_INFO"])
-                for key in f.keys():
+                for key in f.keys():  # noqa: SIM118 (safetensors' safe_open handle is not iterable)
                     piece = f.get_slice(key)
                     shape, dtype = list(piece.get_shape()), piece.get_dtype()
                     offsets = sharding[key]["saved_offsets"]
@@ -313,9 +314,9 @@ def load_sharded_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dic
         CheckpointError: a file is missing, extra, altered or holds something other than
             tensors and plain types; or the checkpoint is of another model or optimizer setup.
     """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     path = Path(path)
     if not (path / "trainer_state.pt").exists() or not (path / STATE_DIR).is_dir():
@@ -335,7 +336,7 @@ def load_sharded_checkpoint(path: str | Path, model: Any, optimizer: Any) -> dic
             f"{extra[:5]}, or other shapes); resume with the model.* and actor settings (e.g. LoRA) that wrote it, "
             "or start a new run (trainer.resume=never) from its hf/ folder")
     with _single_process_quiet():
-        dcp.load(tensors, storage_reader=HuggingFaceStorageReader(str(path / STATE_DIR)), no_dist=_dist()[1] == 1)
+        load(tensors, storage_reader=HuggingFaceStorageReader(str(path / STATE_DIR)), no_dist=_dist()[1] == 1)
     _join_state(model, tensors, model_state, optim_state, state["optimizer"])
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
     return state

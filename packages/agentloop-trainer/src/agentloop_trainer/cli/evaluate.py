@@ -6,10 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.rollout.rollouts import EvalResult, RolloutFleet, make_rows, tool_schemas
 
 
-def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
+def _tokenizer(cfg: TrainConfig, checkpoint: str | Path) -> Any:
     """The checkpoint's tokenizer (``model.custom_chat_template`` applied), checked to show the
     run's tools to the model before any data or engine is loaded."""
     from agentloop_trainer.policy.chat_templates import check_template_renders_tools
@@ -23,13 +24,13 @@ def _tokenizer(cfg: Any, checkpoint: str | Path) -> Any:
     return tokenizer
 
 
-def _fleet(cfg: Any, checkpoint: str | Path, tokenizer: Any) -> RolloutFleet:
+def _fleet(cfg: TrainConfig, checkpoint: str | Path, tokenizer: Any) -> RolloutFleet:
     """In-process, or replicas on Ray (``ray.address`` / ``rollout.backend=ray``; the caller
     holds a :func:`~agentloop_trainer.rollout.ray_session.ray_session`)."""
     return RolloutFleet(cfg, checkpoint, tokenizer, name="agentloop-eval")
 
 
-def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
+def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str | Path) -> EvalResult:
     """Greedy accuracy of ``checkpoint`` on the config's held-out split."""
     from agentloop_trainer.data.records import load_records
     from agentloop_trainer.rollout.ray_session import ray_session
@@ -44,7 +45,7 @@ def evaluate_checkpoint(cfg: Any, checkpoint: str | Path) -> EvalResult:
             fleet.close()
 
 
-def write_rollouts(cfg: Any, checkpoint: str | Path, out: str | Path, num_prompts: int = 16,
+def write_rollouts(cfg: TrainConfig, checkpoint: str | Path, out: str | Path, num_prompts: int = 16,
                    on_batch: Callable[[list[dict], Any], None] | None = None) -> Path:
     """Sample ``rollout.n`` trajectories for the first ``num_prompts`` held-out prompts and
     write one JSON object per trajectory (token ids and their decoded text, mask, log-probs,

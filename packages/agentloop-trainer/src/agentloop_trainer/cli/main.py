@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
+
 
 def _log(message: str) -> None:
     from tqdm import tqdm
@@ -21,7 +23,7 @@ def _log(message: str) -> None:
     tqdm.write(message)
 
 
-def run_dir_of(cfg: Any) -> Path:
+def run_dir_of(cfg: TrainConfig) -> Path:
     """The run folder: ``trainer.run_dir``, else ``<output_dir>/<experiment_name or a timestamp>``."""
     tc = cfg.trainer
     if tc.run_dir:
@@ -29,7 +31,7 @@ def run_dir_of(cfg: Any) -> Path:
     return Path(tc.output_dir) / (tc.experiment_name or time.strftime("run-%Y%m%d-%H%M%S"))
 
 
-def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
+def run_train(cfg: TrainConfig, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     """Run a full training job for ``cfg``; returns the run folder and the summary."""
     import json
 
@@ -65,7 +67,7 @@ def run_train(cfg: Any, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     return run_dir, summary
 
 
-def _fit(cfg: Any, model_path: Path, run_dir: Path, log: Any, stats: dict[str, int]) -> dict:
+def _fit(cfg: TrainConfig, model_path: Path, run_dir: Path, log: Any, stats: dict[str, int]) -> dict:
     from agentloop_trainer.config.accessors import uses_ray
     from agentloop_trainer.stages.build import build_trainer
 
@@ -76,9 +78,10 @@ def _fit(cfg: Any, model_path: Path, run_dir: Path, log: Any, stats: dict[str, i
         if uses_ray(cfg) and cfg.ray.address is None:
             # Spawned ranks are not Ray workers: rank 0 joins the cluster this driver runs by address.
             import ray
-            from omegaconf import OmegaConf
 
-            cfg = OmegaConf.merge(cfg, {"ray": {"address": ray.get_runtime_context().gcs_address}})
+            from agentloop_trainer.config.nodes import merged_config
+
+            cfg = merged_config(cfg, {"ray": {"address": ray.get_runtime_context().gcs_address}})
 
         return run_fsdp_training(cfg, model_path, run_dir, launcher=tc.launcher,
                                  num_cpus_per_rank=cfg.ray.rank_num_cpus,
@@ -232,7 +235,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.chat_template:  # the flag wins over the config key
         from omegaconf import read_write
 
-        with read_write(cfg):
+        from agentloop_trainer.config.nodes import config_node
+
+        with read_write(config_node(cfg)):
             cfg.model.custom_chat_template = args.chat_template
     engine_cfg = engine_config(cfg, args.checkpoint, cfg.model.tokenizer_path)
     tokenizer = load_tokenizer(cfg, engine_cfg.model_path)

@@ -10,6 +10,8 @@ with verl-familiar names.
 - :mod:`~agentloop_trainer.config.verl_compat`: verl's spellings, read as agentloop's.
 - :mod:`~agentloop_trainer.config.checks`: range and choice checks (:func:`validate`).
 - :mod:`~agentloop_trainer.config.accessors`: derived settings read in one place.
+- :mod:`~agentloop_trainer.config.nodes`: the loaded config as the OmegaConf node it is (merge,
+  read-write, plain dicts of sections), typed.
 
 A record mirroring a YAML section is named ``*Section``; the record a component is built with
 is named ``*Config`` (:class:`~agentloop_trainer.update.actor.ActorConfig`).
@@ -43,6 +45,13 @@ from agentloop_trainer.config.checks import (
 )
 from agentloop_trainer.config.errors import ConfigError
 from agentloop_trainer.config.loading import FREE_FORM, load_config, to_yaml
+from agentloop_trainer.config.nodes import (
+    as_train_config,
+    config_from_yaml,
+    config_node,
+    merged_config,
+    plain_dict,
+)
 from agentloop_trainer.config.sections import (
     AlgorithmSection,
     CustomRewardFunctionSection,
@@ -80,11 +89,16 @@ __all__ = [
     "TrainConfig",
     "TrainerSection",
     "ValKwargsSection",
+    "as_train_config",
+    "config_from_yaml",
+    "config_node",
     "custom_chat_template",
     "engine_plugin",
     "load_config",
     "max_staleness",
+    "merged_config",
     "offload_enabled",
+    "plain_dict",
     "reference_offloaded",
     "to_yaml",
     "uses_ray",

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.sections import TrainConfig
 
 if TYPE_CHECKING:
     from agentloop_core.engine_registry import EnginePlugin
 
 
-def engine_plugin(cfg: Any) -> EnginePlugin:
+def engine_plugin(cfg: TrainConfig) -> EnginePlugin:
     """The installed engine plug-in ``actor_rollout_ref.rollout.name`` names.
 
     Raises:
@@ -27,7 +28,7 @@ def engine_plugin(cfg: Any) -> EnginePlugin:
         raise ConfigError(f"config actor_rollout_ref.rollout.name must be one of the installed engines ({exc})") from None
 
 
-def custom_chat_template(cfg: Any) -> str | None:
+def custom_chat_template(cfg: TrainConfig) -> str | None:
     """The Jinja text ``model.custom_chat_template`` names, or None when it is unset.
 
     Raises:
@@ -44,7 +45,7 @@ def custom_chat_template(cfg: Any) -> str | None:
         raise ConfigError(f"config model.custom_chat_template: {exc}") from exc
 
 
-def max_staleness(cfg: Any) -> int:
+def max_staleness(cfg: TrainConfig) -> int:
     """The run's staleness bound in policy versions (``trainer.max_staleness`` or its mode's default)."""
     tc = cfg.trainer
     if tc.max_staleness is not None:
@@ -52,13 +53,13 @@ def max_staleness(cfg: Any) -> int:
     return 0 if tc.mode == "sync" else 1
 
 
-def offload_enabled(cfg: Any) -> bool:
+def offload_enabled(cfg: TrainConfig) -> bool:
     """Whether the policy is offloaded: any of the actor's ``fsdp_config`` switches."""
     f = cfg.actor_rollout_ref.actor.fsdp_config
     return bool(f.param_offload or f.optimizer_offload or f.offload_policy)
 
 
-def reference_offloaded(cfg: Any) -> bool:
+def reference_offloaded(cfg: TrainConfig) -> bool:
     """Whether a separate reference policy is loaded, and offloaded (``ref.fsdp_config.param_offload``
     or the actor's offload): KL on, no LoRA."""
     arr = cfg.actor_rollout_ref
@@ -66,6 +67,6 @@ def reference_offloaded(cfg: Any) -> bool:
     return bool(needed and (arr.ref.fsdp_config.param_offload or offload_enabled(cfg)))
 
 
-def uses_ray(cfg: Any) -> bool:
+def uses_ray(cfg: TrainConfig) -> bool:
     """Whether the rollout runs on Ray: ``rollout.backend=ray`` or a ``ray.address`` to join."""
     return cfg.actor_rollout_ref.rollout.backend == "ray" or cfg.ray.address is not None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin, uses_ray
 from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.sections import TrainConfig
 
 if TYPE_CHECKING:
     from agentloop_core.engine_registry import EnginePlugin
@@ -21,7 +22,7 @@ TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
 
 
-def validate(cfg: Any) -> None:
+def validate(cfg: TrainConfig) -> None:
     """Range and choice checks that types cannot express.
 
     Raises:
@@ -110,7 +111,7 @@ def validate(cfg: Any) -> None:
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
 
 
-def _validate_mode(cfg: Any) -> None:
+def _validate_mode(cfg: TrainConfig) -> None:
     """``trainer.mode`` and ``trainer.max_staleness``, and what the async modes support so far."""
     tc, r = cfg.trainer, cfg.actor_rollout_ref.rollout
     if tc.mode not in TRAINER_MODES:

@@ -11,6 +11,7 @@ from typing import Any
 
 from agentloop_trainer.config.checks import validate
 from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.nodes import as_train_config, config_node
 from agentloop_trainer.config.sections import TrainConfig
 
 FREE_FORM: tuple[str, ...] = (
@@ -25,7 +26,7 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     from omegaconf import DictConfig
 
     keys = []
-    for k in node.keys():
+    for k in node:
         path = f"{prefix}{k}"
         child = node._get_node(k)
         if isinstance(child, DictConfig):
@@ -66,7 +67,7 @@ def _notice(message: str) -> None:
 
 
 def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = None,
-                notice: Callable[[str], None] = _notice) -> Any:
+                notice: Callable[[str], None] = _notice) -> TrainConfig:
     """Build the config from defaults, an optional YAML file, then ``key=value`` overrides.
 
     verl's spellings are accepted in both (``actor_rollout_ref.model.path``,
@@ -120,12 +121,12 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
             flat["trainer.resume"] = "must" if flat["trainer.resume"] else "never"
         merged.append(_nest(flat))
     try:
-        cfg = OmegaConf.merge(cfg, *merged)
+        train_config = as_train_config(OmegaConf.merge(cfg, *merged))
     except OmegaConfBaseException as exc:
         raise ConfigError(f"bad config value: {exc}".strip()) from None
-    validate(cfg)
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
+    validate(train_config)
+    OmegaConf.set_readonly(config_node(train_config), True)
+    return train_config
 
 
 def _nest(flat: dict[str, Any]) -> Any:
@@ -141,7 +142,7 @@ def _nest(flat: dict[str, Any]) -> Any:
     return OmegaConf.create(root)
 
 
-def to_yaml(cfg: Any) -> str:
+def to_yaml(cfg: TrainConfig) -> str:
     """The config as YAML (for ``--show-config`` and the run folder)."""
     from omegaconf import OmegaConf
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+RecordT = TypeVar("RecordT")
+"""What one training item is: a row dict (GRPO) or a tokenized conversation (SFT)."""
 
 
-class DataIterator:
+class DataIterator(Generic[RecordT]):
     """Epoch-shuffled batches of training rows with a resumable position."""
 
-    def __init__(self, records: Sequence[dict], batch_size: int, seed: int, shuffle: bool = True) -> None:
+    def __init__(self, records: Sequence[RecordT], batch_size: int, seed: int, shuffle: bool = True) -> None:
         if batch_size > len(records):
             raise ValueError(f"data.train_batch_size={batch_size} exceeds the {len(records)} training rows")
         self.records, self.batch_size, self.seed, self.shuffle = list(records), batch_size, seed, shuffle
@@ -32,7 +36,7 @@ class DataIterator:
         self.position += self.batch_size
         return list(idx)
 
-    def next_batch(self) -> list[dict]:
+    def next_batch(self) -> list[RecordT]:
         """The next ``batch_size`` rows (a new epoch starts when too few remain)."""
         return [self.records[i] for i in self.next_indices()]
 

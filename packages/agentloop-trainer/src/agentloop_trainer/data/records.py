@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
 
-def load_records(cfg: Any, tokenizer: Any = None, log: Any = None,
+
+def load_records(cfg: TrainConfig, tokenizer: Any = None, log: Any = None,
                  stats: dict[str, int] | None = None) -> tuple[list[dict], list[dict]]:
     """Train and held-out rows: from parquet files when configured, else the synthetic task.
 

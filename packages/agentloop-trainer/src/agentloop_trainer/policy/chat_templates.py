@@ -15,6 +15,7 @@ from typing import Any
 
 from agentloop_trainer.config.accessors import custom_chat_template
 from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config.sections import TrainConfig
 
 __all__ = ["TemplateIgnoresToolsError", "apply_custom_chat_template", "check_template_renders_tools",
            "custom_chat_template"]
@@ -28,7 +29,7 @@ class TemplateIgnoresToolsError(ConfigError):
     with code 2)."""
 
 
-def apply_custom_chat_template(cfg: Any, tokenizer: Any) -> Any:
+def apply_custom_chat_template(cfg: TrainConfig, tokenizer: Any) -> Any:
     """``tokenizer`` with ``model.custom_chat_template`` as its chat template (unchanged when
     the key is unset); returns it."""
     from agentloop_core.tokenization import set_chat_template
@@ -36,7 +37,8 @@ def apply_custom_chat_template(cfg: Any, tokenizer: Any) -> Any:
     return set_chat_template(tokenizer, custom_chat_template(cfg))
 
 
-def check_template_renders_tools(cfg: Any, tokenizer: Any, source: str, schemas: list[dict[str, Any]]) -> None:
+def check_template_renders_tools(cfg: TrainConfig, tokenizer: Any, source: str,
+                                 schemas: list[dict[str, Any]] | None) -> None:
     """Fail at start-up, before any rollout, when the run has tools and its chat template ignores
     ``tools=``: every trajectory would be wasted (the model never sees the schemas), and the
     per-sample check in the tool loop would only fail each sample of the first rollout.
@@ -49,7 +51,8 @@ def check_template_renders_tools(cfg: Any, tokenizer: Any, source: str, schemas:
         cfg: The run's config.
         tokenizer: The run's tokenizer, with ``model.custom_chat_template`` applied.
         source: Where the tokenizer came from (a folder), for the message.
-        schemas: The run's tool schemas (``agentloop_trainer.rollout.rollouts.tool_schemas(cfg)``).
+        schemas: The run's tool schemas (``agentloop_trainer.rollout.rollouts.tool_schemas(cfg)``);
+            None or empty: the run has no tools (nothing to check).
 
     Raises:
         ConfigError: naming the tools and the fix (``model.custom_chat_template``).

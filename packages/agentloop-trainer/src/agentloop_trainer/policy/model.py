@@ -52,7 +52,9 @@ def build_tiny_policy(tokenizer: Any, seed: int = 0, spec: TinyModelConfig | Non
         use_cache=True,
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    # pyright's ignore: transformers wraps PreTrainedModel.to in functools.wraps, which typeshed types
+    # as an unbound callable (the dtype lands on ``self``).
+    model = Qwen2ForCausalLM(config).to(torch.float32)  # pyright: ignore[reportArgumentType]
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
 
-def load_tokenizer(cfg: Any, checkpoint: str | Path | None = None) -> Any:
+
+def load_tokenizer(cfg: TrainConfig, checkpoint: str | Path | None = None) -> Any:
     """The run's tokenizer: ``model.tokenizer_path``, else ``checkpoint``'s, else
     ``model.path``'s, else the tiny tokenizer; with ``model.custom_chat_template`` as its chat
     template when that is set (every tokenizer a run loads comes from here)."""
@@ -25,6 +27,6 @@ def load_tokenizer(cfg: Any, checkpoint: str | Path | None = None) -> Any:
     return apply_custom_chat_template(cfg, tokenizer)
 
 
-def tokenizer_source(cfg: Any, checkpoint: str | Path | None = None) -> str:
+def tokenizer_source(cfg: TrainConfig, checkpoint: str | Path | None = None) -> str:
     """Where :func:`load_tokenizer` reads the tokenizer from, for messages."""
     return str(cfg.model.tokenizer_path or checkpoint or cfg.model.path or "the tiny tokenizer")

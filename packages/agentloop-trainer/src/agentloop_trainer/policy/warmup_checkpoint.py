@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
+
 TASK_VERSION = "calc-v1"
 """Version of the calculator task's demonstrations, part of the cache key."""
 
@@ -18,14 +20,13 @@ LATER_WARMUP_KEYS = ("weight_decay", "grad_clip", "micro_batch_size")
 """``sft`` keys the warm-up also reads, in its cache key only when they differ from the default."""
 
 
-def sft_cache_key(cfg: Any) -> str:
+def sft_cache_key(cfg: TrainConfig) -> str:
     """A short hash of everything the SFT checkpoint depends on."""
-    from omegaconf import OmegaConf
-
     from agentloop_trainer.config.accessors import custom_chat_template
+    from agentloop_trainer.config.nodes import plain_dict
     from agentloop_trainer.config.sections import SFTSection
 
-    section = OmegaConf.to_container(cfg.sft)
+    section = plain_dict(cfg.sft, "sft", resolve=False)
     # The keys the warm-up had when the cache was keyed on the whole section, always; the
     # warm-up's later keys only when set, so a default config keeps its cached checkpoint; the
     # general stage's keys (sft.train_files...) never, since the warm-up does not read them.
@@ -39,7 +40,7 @@ def sft_cache_key(cfg: Any) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
+def sft_checkpoint(cfg: TrainConfig, tokenizer: Any, log: Any = print) -> Path:
     """The SFT warm-up checkpoint for ``cfg``, trained now unless a cached one exists.
 
     Returns:
@@ -54,9 +55,9 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
 
     def build(out: Path) -> None:
         import torch
-        from omegaconf import OmegaConf
         from tqdm import tqdm
 
+        from agentloop_trainer.config.nodes import plain_dict
         from agentloop_trainer.policy.model import build_tiny_policy
         from agentloop_trainer.stages.sft import STOP_WINDOW, SFTConfig, learned, train_sft, window_mean
         from agentloop_trainer.task.calculator import BIASED_TEMPLATES, make_problems
@@ -73,7 +74,7 @@ def sft_checkpoint(cfg: Any, tokenizer: Any, log: Any = print) -> Path:
                 bar.set_postfix(loss=f"{loss:.3f}")
 
         losses = train_sft(model, tokenizer, problems,
-                           SFTConfig(**OmegaConf.to_container(s, resolve=True)),
+                           SFTConfig(**plain_dict(s, "sft")),
                            tuple(BIASED_TEMPLATES), progress)
         bar.close()
         mean = window_mean(losses)

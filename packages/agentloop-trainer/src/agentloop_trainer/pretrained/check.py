@@ -75,8 +75,10 @@ def check_folder(folder: str | Path, reference: Any, reference_tokenizer: Any,
         want = reference(x).logits
         got = model(x).logits
         pad = model.generation_config.pad_token_id
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
-                             do_sample=False, pad_token_id=pad)
+        # pyright's ignore: transformers types from_pretrained's model as a class its own generate's
+        # self-type protocol (GenerativePreTrainedModel) does not admit.
+        out = model.generate(  # pyright: ignore[reportAttributeAccessIssue]
+            x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
     generated = tuple(int(t) for t in out[0, len(ids):])
     return FolderCheck(
         prompt_tokens=len(ids),

@@ -102,8 +102,7 @@ def normalize_math_answer(answer: str) -> str:
         s = re.sub(pattern, repl, s)
     s = s.rstrip(".")
     s = re.sub(r"^([a-zA-Z]\w*)=", "", s)  # "x=5" -> "5"
-    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # "\frac12" -> "\frac{1}{2}"
-    return s
+    return re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)  # "\frac12" -> "\frac{1}{2}"
 
 
 def _as_number(s: str) -> float | None:
@@ -161,8 +160,7 @@ def _clean(span: str) -> str:
             s = s[len(opener):]
         if s.endswith(closer):
             s = s[: -len(closer)]
-    s = s.strip(_MARKUP).rstrip(".").strip(_MARKUP)
-    return s
+    return s.strip(_MARKUP).rstrip(".").strip(_MARKUP)
 
 
 def leading_number(answer: str) -> float | None:

@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
+
 TURN_CAP_KEY = "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn"
 """The config key of the per-turn token cap."""
 TURN_CAP_WARN_FRACTION = 0.5
@@ -57,7 +59,7 @@ def _format_cause(scorer: Any, data_source: str | None, responses: list[tuple[st
                    f"; if the model answers in another form ('the answer is N'), set {key}=flexible")
 
 
-def _truncation_cause(cfg: Any, metrics: dict[str, Any]) -> str:
+def _truncation_cause(cfg: TrainConfig, metrics: dict[str, Any]) -> str:
     cap = cfg.actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn
     share = metrics.get("rollout/truncated/turn_cap_turns")
     parts = []
@@ -86,7 +88,7 @@ def _tool_cause(metrics: dict[str, Any]) -> str | None:
             "(actor_rollout_ref.rollout.multi_turn.tool_parser); SFT on demonstrations teaches it")
 
 
-def zero_reward_hint(cfg: Any, rows: Sequence[dict], batch: Any, tokenizer: Any, scorer: Any, when: str) -> str:
+def zero_reward_hint(cfg: TrainConfig, rows: Sequence[dict], batch: Any, tokenizer: Any, scorer: Any, when: str) -> str:
     """The warning for a batch whose every reward is 0.
 
     Args:
@@ -115,7 +117,7 @@ def zero_reward_hint(cfg: Any, rows: Sequence[dict], batch: Any, tokenizer: Any,
     return "\n".join(lines)
 
 
-def turn_cap_warning(cfg: Any, metrics: dict[str, Any], when: str) -> str | None:
+def turn_cap_warning(cfg: TrainConfig, metrics: dict[str, Any], when: str) -> str | None:
     """A warning when more than :data:`TURN_CAP_WARN_FRACTION` of the turns were cut by the
     per-turn cap, else None."""
     share = metrics.get("rollout/truncated/turn_cap_turns")
@@ -140,7 +142,7 @@ class RolloutWatch:
         active: Whether this process warns (rank 0); the others only count.
     """
 
-    def __init__(self, cfg: Any, tokenizer: Any, log: Callable[[str], None], active: bool = True) -> None:
+    def __init__(self, cfg: TrainConfig, tokenizer: Any, log: Callable[[str], None], active: bool = True) -> None:
         self.cfg, self.tokenizer, self.log, self.active = cfg, tokenizer, log, active
         self.zero_reward_steps = 0
         """Steps in a row whose every reward was 0."""

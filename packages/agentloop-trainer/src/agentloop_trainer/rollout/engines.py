@@ -20,9 +20,10 @@ from typing import Any
 
 from agentloop_core.engine_registry import EngineConfig, EngineImportError, EnginePlugin
 from agentloop_core.engine_registry import build_engine as _build
+from agentloop_trainer.config.sections import TrainConfig
 
 
-def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
+def rollout_dtype(cfg: TrainConfig, notice: Callable[[str], None] | None = None) -> str:
     """The dtype the rollout engine runs in: ``actor_rollout_ref.rollout.dtype``, or float32.
 
     float32 is what the trainer's log-probs are computed against. With ``model.dtype=float32``
@@ -59,7 +60,7 @@ def rollout_dtype(cfg: Any, notice: Callable[[str], None] | None = None) -> str:
     return dtype
 
 
-def engine_config(cfg: Any, model_path: str, tokenizer_path: str | None = None,
+def engine_config(cfg: TrainConfig, model_path: str, tokenizer_path: str | None = None,
                   notice: Callable[[str], None] | None = None) -> EngineConfig:
     """The :class:`~agentloop_core.engine_registry.EngineConfig` of a training config (``notice``:
     see :func:`rollout_dtype`).
@@ -68,15 +69,16 @@ def engine_config(cfg: Any, model_path: str, tokenizer_path: str | None = None,
         ConfigError: ``rollout.name`` is no installed engine.
         ValueError: ``rollout.engine_kwargs`` has a section that is no installed engine's name.
     """
-    from omegaconf import OmegaConf
 
     from agentloop_core.engine_registry import engine_names
     from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin
+    from agentloop_trainer.config.nodes import plain_dict
 
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:  # remote servers run in their own dtype: nothing to say here
         notice = lambda line: None  # noqa: E731
-    per_engine = OmegaConf.to_container(r.engine_kwargs, resolve=True) if r.engine_kwargs is not None else {}
+    per_engine = (plain_dict(r.engine_kwargs, "actor_rollout_ref.rollout.engine_kwargs")
+                  if r.engine_kwargs is not None else {})
     installed = engine_names(include_broken=True)
     unknown = sorted(set(per_engine) - set(installed))
     if unknown:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
+
 
 @contextlib.contextmanager
-def ray_session(cfg: Any, log: Any) -> Any:
+def ray_session(cfg: TrainConfig, log: Any) -> Any:
     """Join (``ray.address``) or start a local Ray cluster when the run uses Ray; a cluster this
     run started is stopped at the end. Yields ``ray`` or None (no Ray needed)."""
     from agentloop_trainer.config.accessors import uses_ray

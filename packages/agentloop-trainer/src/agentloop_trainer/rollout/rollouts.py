@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.rows import normalize_messages
 from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
 
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from agentloop_core.settings import RolloutConfig
 
 
-def tool_paths(cfg: Any) -> tuple[str | None, str | None]:
+def tool_paths(cfg: TrainConfig) -> tuple[str | None, str | None]:
     """``(tool_config_path, function_tool_path)`` of a run: the configured ones, or the
     calculator's config for the built-in task when neither is set."""
     mt = cfg.actor_rollout_ref.rollout.multi_turn
@@ -32,7 +33,7 @@ def tool_paths(cfg: Any) -> tuple[str | None, str | None]:
     return mt.tool_config_path, mt.function_tool_path
 
 
-def run_tools(cfg: Any) -> dict[str, Any]:
+def run_tools(cfg: TrainConfig) -> dict[str, Any]:
     """The run's tools by name (loaded once per process and shared with the loops)."""
     from agentloop_tools.loop_config import resolve_tools
 
@@ -40,16 +41,18 @@ def run_tools(cfg: Any) -> dict[str, Any]:
     return resolve_tools({"tool_config_path": config_path, "function_tool_path": function_path})
 
 
-def tool_schemas(cfg: Any) -> list[dict[str, Any]] | None:
+def tool_schemas(cfg: TrainConfig) -> list[dict[str, Any]] | None:
     """The tool schemas prompts are rendered with (None without tools), as the loop renders them."""
     tools = run_tools(cfg)
     return [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] or None
 
 
-def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+def agent_loops(cfg: TrainConfig) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     """``(classes by import path, per-loop sections)`` from ``rollout.agent``: its ``loops``
     sections (``_target_`` registers a class) and verl's ``agent_loop_config_path`` YAML."""
     from omegaconf import OmegaConf
+
+    from agentloop_trainer.config.nodes import plain_dict
 
     agent = cfg.actor_rollout_ref.rollout.agent
     sections: dict[str, dict[str, Any]] = {}
@@ -62,7 +65,7 @@ def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
             raise ValueError(f"{path}: expected a YAML list of {{name, _target_, ...}} entries (verl's layout)")
         for e in entries:
             sections[str(e["name"])] = {k: v for k, v in e.items() if k != "name"}
-    for name, section in (OmegaConf.to_container(agent.loops, resolve=True) or {}).items():
+    for name, section in plain_dict(agent.loops, "actor_rollout_ref.rollout.agent.loops").items():
         if not isinstance(section, dict):
             raise ValueError(f"actor_rollout_ref.rollout.agent.loops.{name} must be a mapping of settings")
         sections.setdefault(name, {}).update(section)
@@ -70,7 +73,7 @@ def agent_loops(cfg: Any) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
     return classes, {name: s for name, s in sections.items() if s}
 
 
-def rollout_config(cfg: Any, seed: int | None = None) -> RolloutConfig:
+def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
     """The run's :class:`~agentloop_core.settings.RolloutConfig`, built once from the training
     config: the worker fields, the tool loops' keys (each under the loops' own name), the
     per-loop sections built into the loops' typed configs (a bad key fails here, at start-up)
@@ -231,7 +234,7 @@ class RolloutFleet:
         name: Prefix of the Ray replica actors' names.
     """
 
-    def __init__(self, cfg: Any, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
+    def __init__(self, cfg: TrainConfig, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
                  name: str = "agentloop") -> None:
         from agentloop_core.runtime import AgentLoopManager
         from agentloop_trainer.config.accessors import uses_ray
@@ -250,7 +253,9 @@ class RolloutFleet:
         self.scorer.function_for(None)
         self.engine_config = engine_config(cfg, str(model_path), cfg.model.tokenizer_path)
         self.loop = asyncio.new_event_loop()
-        self.server = None
+        self.server: Any = None
+        """The engine, a routing client over remote servers or Ray replicas, or a wrapper over one
+        of them (set below; None only while starting)."""
         try:
             if r.server_urls:
                 self.server = remote_engines(list(r.server_urls), r.server_api_key_env)
@@ -299,7 +304,7 @@ class RolloutFleet:
             self.loop.close()
             raise
 
-    def _start_ray(self, cfg: Any) -> Any:
+    def _start_ray(self, cfg: TrainConfig) -> Any:
         from agentloop_engines.hosting import (
             bundle_for,
             check_resources,
@@ -356,7 +361,7 @@ class RolloutFleet:
         """Wall seconds so far with at least one engine call in flight: measured where every
         call passes (a wrapper in this process, or on Ray the shared client actor); None for
         a server that does not measure it."""
-        busy = getattr(self.server, "busy_seconds", None)
+        busy: Callable[[], float | Awaitable[float]] | None = getattr(self.server, "busy_seconds", None)
         if not callable(busy):
             return None
         out = busy()

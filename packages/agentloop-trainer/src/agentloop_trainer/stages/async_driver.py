@@ -39,10 +39,13 @@ import asyncio
 import dataclasses
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentloop_trainer.rollout.rollouts import attach_rewards, make_rows
 from agentloop_trainer.stages.async_buffer import Group, StalenessBuffer, staleness_metrics
+
+if TYPE_CHECKING:
+    from agentloop_core.partial_rollout import RolloutControl
 
 __all__ = ["AsyncDriver"]
 
@@ -61,10 +64,11 @@ class AsyncDriver:
 
         self.trainer = trainer
         self.fleet = trainer.fleet
-        self.control = getattr(self.fleet, "control", None)
-        if not isinstance(self.control, RolloutControl):
+        control = getattr(self.fleet, "control", None)
+        if not isinstance(control, RolloutControl):
             raise TypeError("the asynchronous trainer needs the RolloutFleet built with trainer.mode set (its "
                             "engine behind a PartialRolloutServer, reached through RolloutFleet.control)")
+        self.control: RolloutControl = control
         self._policy_version = 0  # the wrapper's, as last set by this driver
         self._pushing = False  # a weight push holds the wrapper's gate closed
         self.max_staleness = max_staleness(trainer.cfg)

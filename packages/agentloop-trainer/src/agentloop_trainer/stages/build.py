@@ -8,6 +8,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
+
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (the engine and sampling seeds derive from the config)."""
@@ -19,7 +21,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_policy_tokenizer(cfg: Any, model_path: str | Path) -> Any:
+def load_policy_tokenizer(cfg: TrainConfig, model_path: str | Path) -> Any:
     """The tokenizer a run trains with: ``model.tokenizer_path``, else the checkpoint's, with
     ``model.custom_chat_template`` applied."""
     from agentloop_trainer.policy.tokenizer import load_tokenizer
@@ -27,7 +29,7 @@ def load_policy_tokenizer(cfg: Any, model_path: str | Path) -> Any:
     return load_tokenizer(cfg, model_path)
 
 
-def needs_engine_copy(cfg: Any) -> bool:
+def needs_engine_copy(cfg: TrainConfig) -> bool:
     """Whether the trainer hands the engine an in-memory copy of the policy: an engine in this
     process whose plug-in declares ``capabilities.policy_copy`` (hf; the others, Ray replicas and
     remote servers load the checkpoint themselves)."""
@@ -37,7 +39,7 @@ def needs_engine_copy(cfg: Any) -> bool:
     return not r.server_urls and not uses_ray(cfg) and engine_plugin(cfg).capabilities.policy_copy
 
 
-def build_trainer(cfg: Any, model_path: str | Path, run_dir: str | Path, log: Any = print, *, rank: int = 0,
+def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path, log: Any = print, *, rank: int = 0,
                   world_size: int = 1, tokenizer: Any = None, stats: dict[str, int] | None = None) -> Any:
     """The :class:`~agentloop_trainer.stages.grpo.GRPOTrainer` for ``cfg``, on one process or as one
     FSDP rank (the process group must already be joined when ``world_size > 1``).
@@ -85,7 +87,8 @@ def build_trainer(cfg: Any, model_path: str | Path, run_dir: str | Path, log: An
     if world_size > 1 or offload:
         from agentloop_trainer.update.fsdp import shard_policy
 
-        model = shard_policy(model if offload else model.to(device), device, m.dtype, offload)
+        # pyright's ignore: PreTrainedModel.to is typed without binding self (see policy.model).
+        model = shard_policy(model if offload else model.to(device), device, m.dtype, offload)  # pyright: ignore[reportArgumentType]
     # With LoRA the reference is the policy with its adapters disabled: no second copy.
     if cfg.actor_rollout_ref.actor.use_kl_loss and m.lora_rank == 0 and (world_size > 1 or ref_offload):
         from agentloop_trainer.update.fsdp import load_reference
@@ -103,11 +106,11 @@ def build_trainer(cfg: Any, model_path: str | Path, run_dir: str | Path, log: An
 
 def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict[str, Any]:
     import torch.distributed as dist
-    from omegaconf import OmegaConf
 
     from agentloop_trainer.config.accessors import uses_ray
+    from agentloop_trainer.config.nodes import config_from_yaml
 
-    cfg = OmegaConf.create(cfg_yaml)
+    cfg = config_from_yaml(cfg_yaml)
     if rank == 0 and uses_ray(cfg):
         from agentloop_engines.hosting import connect_ray
 
@@ -120,7 +123,7 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
         trainer.close()
 
 
-def run_fsdp_training(cfg: Any, model_path: str | Path, run_dir: str | Path, launcher: str = "spawn", *,
+def run_fsdp_training(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path, launcher: str = "spawn", *,
                       num_cpus_per_rank: float = 1.0, num_gpus_per_rank: float | None = None,
                       strategy: str = "PACK", placement_group: Any = None) -> dict[str, Any]:
     """Run GRPO on ``cfg.trainer.fsdp_ranks`` ranks; returns rank 0's summary.

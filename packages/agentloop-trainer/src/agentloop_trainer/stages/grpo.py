@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.iterator import DataIterator
 from agentloop_trainer.rollout.diagnostics import RolloutWatch
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
@@ -19,14 +20,14 @@ from agentloop_trainer.update.advantages import trajectory_advantages
 from agentloop_trainer.view.metrics import MetricsLogger, idle_fraction, plot_reward_curve
 
 
-def actor_config(cfg: Any) -> ActorConfig:
+def actor_config(cfg: TrainConfig) -> ActorConfig:
     """The :class:`ActorConfig` of a :class:`~agentloop_trainer.config.sections.TrainConfig`."""
-    from omegaconf import OmegaConf
-
     from agentloop_trainer.config.actor_rollout_ref import ActorFSDPSection
+    from agentloop_trainer.config.nodes import plain_dict
 
-    section = OmegaConf.to_container(cfg.actor_rollout_ref.actor, resolve=True)
-    section["fsdp_config"] = ActorFSDPSection(**section["fsdp_config"])
+    section = plain_dict(cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor")
+    fsdp = plain_dict(section["fsdp_config"], "actor_rollout_ref.actor.fsdp_config")
+    section["fsdp_config"] = ActorFSDPSection(**fsdp)
     r = cfg.actor_rollout_ref.rollout
     return ActorConfig(**section, temperature=r.temperature, rollout_n=r.n, compute_dtype=cfg.model.dtype,
                        share_prefix_with_grad=not cfg.model.enable_gradient_checkpointing)
@@ -51,7 +52,7 @@ class GRPOTrainer:
             policy (:func:`agentloop_trainer.update.fsdp.load_reference`).
     """
 
-    def __init__(self, cfg: Any, model: Any, engine_model: Any, tokenizer: Any, train_records: Sequence[dict],
+    def __init__(self, cfg: TrainConfig, model: Any, engine_model: Any, tokenizer: Any, train_records: Sequence[dict],
                  test_records: Sequence[dict], run_dir: Path, log: Any = print,
                  model_path: str | Path | None = None, ref_model: Any = None) -> None:
         import torch
@@ -89,6 +90,9 @@ class GRPOTrainer:
         # Rank 0 hosts the engine; the other ranks only hold policy shards.
         self.fleet = None
         if self.rank == 0:
+            if model_path is None:
+                raise ValueError("GRPOTrainer needs the starting checkpoint the engine loads: pass model_path= or "
+                                 "set model.path")
             self.fleet = RolloutFleet(cfg, model_path, tokenizer, engine_model, name=f"agentloop-{self.run_dir.name}")
         self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.test_records = list(test_records)
@@ -152,13 +156,18 @@ class GRPOTrainer:
 
             rows, batch = broadcast_object((rows, batch))
         t_gen = time.perf_counter() - t0
-        slept = self.fleet is not None and self.free_cache_engine and self.fleet.can_sleep
-        if slept:
-            self.fleet.sleep()  # the update gets the accelerator memory the engine held
+        # Rank 0 rolled out (it hosts the fleet); the other ranks got its batch above.
+        assert rows is not None, "every rank has the step's rollout rows by now"
+        assert batch is not None, "every rank has the step's rollout batch by now"
+        can_sleep = self.fleet is not None and self.free_cache_engine and self.fleet.can_sleep
+        sleeping = self.fleet if can_sleep else None
+        slept = sleeping is not None
+        if sleeping is not None:
+            sleeping.sleep()  # the update gets the accelerator memory the engine held
         learned = self._learn(rows, batch)
         t2 = time.perf_counter()
-        if slept:
-            self.fleet.wake_up()
+        if sleeping is not None:
+            sleeping.wake_up()
         self.sync_weights()
         t_sync = time.perf_counter() - t2
         return self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept,
@@ -295,7 +304,8 @@ class GRPOTrainer:
         start = time.perf_counter()
         resumed = self.resume()
         before = None
-        if self.rank == 0 and tc.val_before_train and (not resumed or not any("eval/accuracy" in h for h in self.history)):
+        # Rank 0 evaluates (it hosts the fleet).
+        if self.fleet is not None and tc.val_before_train and (not resumed or not any("eval/accuracy" in h for h in self.history)):
             before = self.evaluate()
             self.log(f"held-out accuracy before RL: {before.accuracy:.3f} (n={before.n})")
             self._record({"step": self.step, "eval/accuracy": before.accuracy, **_per_template(before)})
@@ -310,7 +320,10 @@ class GRPOTrainer:
                 m["eval/accuracy"] = self.evaluate().accuracy
             self._record(m)
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward/mean']:.3f}", **({"eval": f"{m['eval/accuracy']:.3f}"} if "eval/accuracy" in m else {}))
+            postfix = {"reward": f"{m['reward/mean']:.3f}"}
+            if "eval/accuracy" in m:
+                postfix["eval"] = f"{m['eval/accuracy']:.3f}"
+            bar.set_postfix(postfix)
             self.log(_console_line(m))
             if tc.save_freq > 0 and self.step % tc.save_freq == 0:
                 self.save()

@@ -223,8 +223,9 @@ class GRPOActor:
         if not trainable:
             raise ValueError("the policy has no trainable parameters (all have requires_grad=False); with LoRA, "
                              "check model.target_modules names modules the model has")
+        beta1, beta2 = config.betas  # a list when it comes from the YAML config
         self.optimizer = torch.optim.AdamW(
-            trainable, lr=config.lr, betas=tuple(config.betas), weight_decay=config.weight_decay
+            trainable, lr=config.lr, betas=(beta1, beta2), weight_decay=config.weight_decay
         )
         import torch.distributed as dist
 
@@ -388,7 +389,7 @@ class GRPOActor:
                     if not rows:  # a stand-in pass: same collectives, no contribution
                         (logp.sum() * 0.0).backward()
                         continue
-                    old = logp.detach() if on_policy else old_log_probs[rows]
+                    old = logp.detach() if old_log_probs is None else old_log_probs[rows]
                     weight = None
                     if cfg.tis_cap is not None and rollout_lp is not None:
                         weight = truncated_importance_weight(old, rollout_lp[rows], cfg.tis_cap)
@@ -408,7 +409,7 @@ class GRPOActor:
                     share = float(mask[rows].sum()) / max(total_tokens, 1e-9)
                     scaled = loss * (self.world_size * local_n / max(total_n, 1e-9))
                     sums["actor/pg_loss"] += float(loss.detach()) * local_n / max(total_n, 1e-9)
-                    if cfg.use_kl_loss:
+                    if cfg.use_kl_loss and ref_log_probs is not None:  # not None with KL: checked above
                         # The KL term is a token mean over the whole mini-batch whatever the mode.
                         kl = masked_mean(kl_k3(logp, ref_log_probs[rows]), mask[rows])
                         metrics["actor/kl_loss"] = float(kl.detach())
@@ -428,8 +429,9 @@ class GRPOActor:
                 if rollout_lp is not None:
                     metrics["rollout/logprob_abs_diff_max"] = float(gap[0])
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
-                    grad_norm = grad_norm.full_tensor()
+                full_tensor = getattr(grad_norm, "full_tensor", None)
+                if full_tensor is not None:  # a DTensor under FSDP2
+                    grad_norm = full_tensor()
                 metrics["actor/grad_norm"] = float(grad_norm)
                 metrics["actor/micro_batches"] = float(len(parts))
                 self.optimizer.step()

@@ -98,7 +98,8 @@ def load_reference(model_path: str | Path, device: str = "cpu", dtype: str = "fl
 
     ref = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
     ref = ref.eval().requires_grad_(False)
-    return shard_policy(ref if offload else ref.to(device), device, dtype, offload)
+    # pyright's ignore: PreTrainedModel.to is typed without binding self (see policy.model).
+    return shard_policy(ref if offload else ref.to(device), device, dtype, offload)  # pyright: ignore[reportArgumentType]
 
 
 def full_model_state(model: Any) -> dict[str, Any]:
@@ -155,9 +156,9 @@ def spawn(fn: Callable, world_size: int, *args: Any, device: str = "cpu") -> Any
     import pickle
     import tempfile
 
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn as spawn_processes
 
     with tempfile.TemporaryDirectory(prefix="agentloop-fsdp-") as tmp:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        mp.spawn(_entry, args=(world_size, free_port(), device, fn, args, tmp), nprocs=world_size, join=True)
+        spawn_processes(_entry, args=(world_size, free_port(), device, fn, args, tmp), nprocs=world_size, join=True)
         return pickle.loads(Path(tmp, "result.pkl").read_bytes())

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.stages.sft.loss import cosine_lr, eval_loss, make_optimizer, sft_step
 from agentloop_trainer.stages.sft.tokenize import SFTTokenizer, TokenizedConversation
 
@@ -25,12 +26,12 @@ RESULT_DIR = "hf"
 """The fine-tuned model's folder inside the stage's folder."""
 
 
-def stage_dir(cfg: Any, run_dir: str | Path) -> Path:
+def stage_dir(cfg: TrainConfig, run_dir: str | Path) -> Path:
     """The SFT stage's folder: ``sft.output_dir``, else ``<run_dir>/sft``."""
     return Path(cfg.sft.output_dir) if cfg.sft.output_dir else Path(run_dir) / "sft"
 
 
-def sft_tokenizer(cfg: Any, tokenizer: Any) -> SFTTokenizer:
+def sft_tokenizer(cfg: TrainConfig, tokenizer: Any) -> SFTTokenizer:
     """An :class:`SFTTokenizer` with the rollout's stop tokens (those of the tool parser
     ``rollout.multi_turn.tool_parser``), so SFT ids end where the rollout's engine would stop."""
     from agentloop_core.parsers import get_tool_parser
@@ -70,7 +71,7 @@ def tokenize_examples(sft: SFTTokenizer, examples: list, max_length: int, filter
     return out, len(over)
 
 
-def load_sft_model(cfg: Any, tokenizer: Any) -> Any:
+def load_sft_model(cfg: TrainConfig, tokenizer: Any) -> Any:
     """``model.path`` in float32 master weights (or a fresh tiny model), with the memory options
     the GRPO actor has: gradient checkpointing, LoRA; on ``trainer.device``."""
     import torch
@@ -88,15 +89,16 @@ def load_sft_model(cfg: Any, tokenizer: Any) -> Any:
         enable_gradient_checkpointing(model)
     if m.lora_rank > 0:
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
-    return model.to(cfg.trainer.device)
+    # pyright's ignore: PreTrainedModel.to is typed without binding self (see policy.model).
+    return model.to(cfg.trainer.device)  # pyright: ignore[reportArgumentType]
 
 
-def _total_steps(cfg: Any, n: int) -> int:
+def _total_steps(cfg: TrainConfig, n: int) -> int:
     s = cfg.sft
     return int(s.total_steps) if s.total_steps else s.epochs * max(1, n // s.batch_size)
 
 
-def run_sft(cfg: Any, run_dir: str | Path, log: Any = print, tokenizer: Any = None) -> tuple[Path, dict[str, Any]]:
+def run_sft(cfg: TrainConfig, run_dir: str | Path, log: Any = print, tokenizer: Any = None) -> tuple[Path, dict[str, Any]]:
     """Fine-tune on ``sft.train_files`` and write the result as a Hugging Face folder.
 
     A stage whose folder already holds a finished result is not run again (the result is
@@ -135,7 +137,7 @@ def run_sft(cfg: Any, run_dir: str | Path, log: Any = print, tokenizer: Any = No
 class _Stage:
     """One run of the stage (state a resumed run restores: weights, optimizer, step, data position)."""
 
-    def __init__(self, cfg: Any, out: Path, log: Any, tokenizer: Any) -> None:
+    def __init__(self, cfg: TrainConfig, out: Path, log: Any, tokenizer: Any) -> None:
         from agentloop_trainer.policy.tokenizer import load_tokenizer
         from agentloop_trainer.stages.sft.data import read_sft_files
 
@@ -204,7 +206,10 @@ class _Stage:
                     record["sft/val_loss"] = val_loss
                 metrics.log(record, step)
                 bar.update(1)
-                bar.set_postfix(loss=f"{m['loss']:.4f}", **({"val": f"{val_loss:.4f}"} if self.val else {}))
+                postfix = {"loss": f"{m['loss']:.4f}"}
+                if self.val:
+                    postfix["val"] = f"{val_loss:.4f}"
+                bar.set_postfix(postfix)
                 if s.save_freq > 0 and step % s.save_freq == 0 and step < self.total:
                     self._save(step, model, opt, data)
         finally:
@@ -273,7 +278,7 @@ class _Stage:
         return result, summary
 
 
-def start_checkpoint(cfg: Any, run_dir: str | Path, log: Any = print) -> tuple[Path, dict[str, Any]]:
+def start_checkpoint(cfg: TrainConfig, run_dir: str | Path, log: Any = print) -> tuple[Path, dict[str, Any]]:
     """The checkpoint GRPO starts from, and what the SFT stage adds to the run's summary.
 
     With ``sft.train_files``: the SFT stage's result (run now, or reused when finished; a
@@ -296,9 +301,9 @@ def start_checkpoint(cfg: Any, run_dir: str | Path, log: Any = print) -> tuple[P
         else:
             log("sft.eval_before: skipped, there is no model.path (the tiny model starts from random weights)")
     if cfg.trainer.resume != "never" and cfg.sft.resume == "never":
-        from omegaconf import OmegaConf
+        from agentloop_trainer.config.nodes import merged_config
 
-        cfg = OmegaConf.merge(cfg, {"sft": {"resume": "auto"}})
+        cfg = merged_config(cfg, {"sft": {"resume": "auto"}})
     path, stage = run_sft(cfg, run_dir, log)
     release_host_memory()
     summary.update(stage)
@@ -310,11 +315,10 @@ def release_host_memory() -> None:
     and optimizer: glibc keeps freed activation buffers in its arenas, so without a trim a
     135M-parameter model's SFT peak (~10 GB at 16 x 318 tokens) stayed resident and the first
     GRPO update was OOM-killed on a 24 GB machine."""
+    import contextlib
     import ctypes
     import gc
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        pass
