@@ -14,6 +14,7 @@ from typing import Any
 
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
+from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 
 TEST_CHAT_AGENT = "test_chat"
@@ -35,7 +36,7 @@ class ChatTestLoop(AgentLoopBase):
     on what the engine returned.
     """
 
-    async def run(self, sampling_params: Mapping[str, Any], **row: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: SamplingParams | Mapping[str, Any], **row: Any) -> AgentLoopOutput:
         messages = row.get("raw_prompt")
         if not messages:
             raise ValueError("ChatTestLoop needs row['raw_prompt'], a list of chat messages")

@@ -30,7 +30,7 @@ an error still arrives as a plain JSON error before any event.
 
 # No `from __future__ import annotations`: FastAPI resolves the endpoints' annotations.
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -138,7 +138,8 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
     async def session_models(session_id: str) -> dict[str, Any]:
         return gateway.models()
 
-    mounted = [("", (chat, completions, models))]
+    # Plain and per-session endpoints differ in their path parameter, so the list holds either.
+    mounted: list[tuple[str, tuple[Callable[..., Any], ...]]] = [("", (chat, completions, models))]
     if sessions:
         mounted.append(("/sessions/{session_id}", (session_chat, session_completions, session_models)))
     for prefix, endpoints in mounted:

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
 
 if TYPE_CHECKING:
     from agentloop_core.settings import RolloutConfig
+    from agentloop_core.tokenization.sanity import SanityCheckMode
 
 
 def tool_paths(cfg: TrainConfig) -> tuple[str | None, str | None]:
@@ -124,7 +125,8 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         prompt_length=cfg.data.max_prompt_length,
         response_length=cfg.data.max_response_length,
         truncate=True,
-        sanity_check=r.sanity_check,
+        # A str in the YAML schema (OmegaConf has no Literal); RolloutConfig checks the value.
+        sanity_check=cast("SanityCheckMode", r.sanity_check),
         # Workers that load the tokenizer by path (Ray) set the run's template on it.
         custom_chat_template=custom_chat_template(cfg),
         sample_timeout_s=r.sample_timeout_s,
@@ -136,7 +138,7 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
                                reward_kwargs=dict(crf.reward_kwargs or {}),
                                answer_format=dict(cfg.reward.answer_format)),
     )
-    return record.with_loop_configs(per_loop, also=[record.default_agent_loop])
+    return record.with_loop_configs(per_loop, also=[record.default_agent_loop] if record.default_agent_loop else [])
 
 
 def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
