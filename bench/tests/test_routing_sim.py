@@ -62,4 +62,5 @@ def test_the_simulation_passes_each_prompt_length_to_the_policy(workload):
 
     simulate(CFG, workload, Recording(CFG.replicas))
     assert len(seen) == sum(map(len, workload))
-    assert min(seen) == CFG.prompt_tokens and max(seen) > CFG.prompt_tokens
+    assert min(seen) == CFG.prompt_tokens
+    assert max(seen) > CFG.prompt_tokens

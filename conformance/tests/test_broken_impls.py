@@ -133,7 +133,8 @@ def test_the_loop_suite_takes_the_tokenizer_option(tmp_path):
                                    "TestAgentLoop and turn_kinds")
     import loop_factories
 
-    assert not failed and passed == {"TestAgentLoop::test_turn_kinds_exercised"}, (failed, passed)
+    assert not failed, (failed, passed)
+    assert passed == {"TestAgentLoop::test_turn_kinds_exercised"}, (failed, passed)
     assert loop_factories.GIVEN_TOKENIZERS, "the factory was not given the tokenizer"
 
 

@@ -53,7 +53,9 @@ def test_discovery_reads_tool_agent_and_a_declared_profile():
     loop = tools.ToolAgentLoop(None, load_tiny_tokenizer(), {"tools": {"calculator": tools.calculator},
                                                              "tool_parser": "hermes"})
     profile = discover_profile(loop)
-    assert list(profile.tools) == ["calculator"] and profile.tool_parser == "hermes" and not profile.interaction
+    assert list(profile.tools) == ["calculator"]
+    assert profile.tool_parser == "hermes"
+    assert not profile.interaction
 
     class Declared:
         def conformance_profile(self):
@@ -61,7 +63,8 @@ def test_discovery_reads_tool_agent_and_a_declared_profile():
                     "failing_arguments": {"alpha": {"x": ""}}}
 
     declared = discover_profile(Declared())
-    assert list(declared.tools) == ["alpha"] and declared.tool_parser == "mistral"
+    assert list(declared.tools) == ["alpha"]
+    assert declared.tool_parser == "mistral"
     assert declared.failing_arguments == {"alpha": {"x": ""}}
 
 

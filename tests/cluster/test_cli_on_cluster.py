@@ -50,7 +50,8 @@ def test_agentloop_rollout_joins_the_cluster_by_address(sim_cluster, tmp_path):
     # The replicas the command started ran on two different nodes of the cluster.
     new = [a for actor_id, a in ray._private.state.actors().items()
            if actor_id not in actors_before and a["ActorClassName"] == "ServerActor"]
-    assert len(new) == 2 and len({a["Address"]["NodeID"] for a in new}) == 2, new
+    assert len(new) == 2, new
+    assert len({a["Address"]["NodeID"] for a in new}) == 2, new
     assert all(a["State"] == "DEAD" for a in new)  # stopped at the end of the command
 
     local = _rollout(checkpoint, tmp_path / "local.jsonl")
@@ -59,4 +60,5 @@ def test_agentloop_rollout_joins_the_cluster_by_address(sim_cluster, tmp_path):
     assert len(on_cluster) == len(on_one_machine) == 24
     assert not any(r["failed"] for r in on_cluster)
     for a, b in zip(on_cluster, on_one_machine, strict=True):
-        assert a["response_ids"] == b["response_ids"] and a["response_mask"] == b["response_mask"]
+        assert a["response_ids"] == b["response_ids"]
+        assert a["response_mask"] == b["response_mask"]

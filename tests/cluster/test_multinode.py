@@ -110,7 +110,8 @@ def test_workers_and_spread_replicas_land_on_different_nodes(sim_cluster):
         with AgentLoopManager(ScriptedServer(), str(tiny_tokenizer_path()), config, num_workers=3, backend="ray",
                               ray_num_cpus=0.1, ray_timeout_s=180) as manager:
             placed = manager.worker_node_ids()
-            assert len(placed) == 3 and ids["node_a"] not in placed
+            assert len(placed) == 3
+            assert ids["node_a"] not in placed
     finally:
         from agentloop_engines.hosting import remove_placement_group
 
@@ -159,7 +160,8 @@ def test_64_trajectories_over_two_nodes_equal_the_single_node_result(sim_cluster
         stop_replicas("hf")
     print(f"\n[cluster] 64 trajectories: single node in-process {local_s:.1f}s; 2 nodes x (replica + worker) "
           f"{remote_s:.1f}s after {setup_s:.1f}s of actor start-up")
-    assert remote.num_failed == 0 and local.num_failed == 0
+    assert remote.num_failed == 0
+    assert local.num_failed == 0
     np.testing.assert_array_equal(remote.responses, local.responses)
     np.testing.assert_array_equal(remote.response_mask, local.response_mask)
     np.testing.assert_array_equal(remote.prompts, local.prompts)
@@ -229,7 +231,8 @@ def test_removing_a_node_mid_rollout_loses_no_trajectory(sim_cluster):
     assert len(batch) == 64
     assert all(m.get("error") for m in failed)  # a failure always says why
     assert metrics["rollout/worker_failures"] == 1  # the worker on node_a
-    assert metrics["rollout/num_retried"] > 0 and metrics["rollout/num_workers"] == 2
+    assert metrics["rollout/num_retried"] > 0
+    assert metrics["rollout/num_workers"] == 2
     # Finished samples carry exactly the tokens the healthy run produced (seeded sampling):
     # the re-run and the replica failover changed where they ran, not what they are.
     ok = ~batch.failed

@@ -37,7 +37,8 @@ async def test_unknown_agent_name_lists_the_known_ones_before_any_compute(tokeni
     rows[3]["agent_name"] = "tool_agnet"
     with pytest.raises(UnknownAgentLoopError) as info:
         await manager.agenerate_sequences(rows)
-    assert "tool_agnet" in str(info.value) and "single_turn_agent" in str(info.value)
+    assert "tool_agnet" in str(info.value)
+    assert "single_turn_agent" in str(info.value)
     assert engine.calls == []
 
 
@@ -58,7 +59,8 @@ async def test_unknown_tool_in_a_rows_tools_kwargs_fails_that_sample_without_gen
     outputs = await manager.agenerate_outputs(rows)
     assert [o.failed for o in outputs] == [False, True, False]
     error = outputs[1].metrics["error"]
-    assert "calculater" in error and "configured tools: ['calculator']" in error
+    assert "calculater" in error
+    assert "configured tools: ['calculator']" in error
     assert outputs[1].metrics["sample_index"] == 1
     assert "r1" not in {c.request_id for c in engine.calls}  # no compute spent on the bad row
 
@@ -77,7 +79,8 @@ async def test_overlong_prompt_is_an_error_naming_prompt_length(tokenizer):
     cfg = {"default_agent_loop": "single_turn_agent", "prompt_length": 8, "sampling_params": {"max_tokens": 4}}
     manager = AgentLoopManager(engine, tokenizer, cfg)
     outputs = await manager.agenerate_outputs([{"raw_prompt": PROMPT}])
-    assert outputs[0].failed and "prompt_length is 8" in outputs[0].metrics["error"]
+    assert outputs[0].failed
+    assert "prompt_length is 8" in outputs[0].metrics["error"]
     assert engine.calls == []
 
 
@@ -123,7 +126,9 @@ def test_malformed_gsm8k_lines_are_reported_with_line_numbers(tmp_path):
     rows, bad = data.read_gsm8k_jsonl(path, "train")
     assert len(rows) == 1
     assert [line for line, _ in bad] == [2, 3, 4, 5]
-    assert "not JSON" in bad[0][1] and "'question' and 'answer'" in bad[1][1] and "####" in bad[2][1]
+    assert "not JSON" in bad[0][1]
+    assert "'question' and 'answer'" in bad[1][1]
+    assert "####" in bad[2][1]
 
 
 def test_parquet_without_required_columns_names_them(tmp_path):

@@ -30,7 +30,8 @@ def _bounded_or_calculator_error(text: str) -> None:
         value = evaluate_expression(text)
     except CalculatorError:
         return
-    assert isinstance(value, (int, float)) and abs(value) <= CalculatorLimits().max_abs_result
+    assert isinstance(value, (int, float))
+    assert abs(value) <= CalculatorLimits().max_abs_result
 
 
 @pytest.mark.parametrize("text", CORPUS, ids=range(len(CORPUS)))

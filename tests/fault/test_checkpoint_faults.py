@@ -41,10 +41,13 @@ def test_sigkill_during_save_keeps_the_previous_checkpoint(tmp_path):
     # ... but resume sees only the complete step 1.
     assert not (root / "step_2").exists()
     path = latest_checkpoint(root)
-    assert path is not None and path.name == "step_1"
+    assert path is not None
+    assert path.name == "step_1"
     model, optim, state = load_checkpoint(path)
-    assert torch.equal(model["w"], torch.ones(3)) and optim == {"lr": 1}
-    assert state["step"] == 1 and state["data"] == {"epoch": 0, "pos": 2}
+    assert torch.equal(model["w"], torch.ones(3))
+    assert optim == {"lr": 1}
+    assert state["step"] == 1
+    assert state["data"] == {"epoch": 0, "pos": 2}
 
 
 def test_a_checkpoint_folder_missing_files_is_refused(tmp_path):
@@ -60,5 +63,6 @@ def test_overwriting_a_step_is_atomic_too(tmp_path):
     save_checkpoint(root, 3, {"w": torch.ones(1)}, {}, {"data": 1})
     save_checkpoint(root, 3, {"w": torch.full((1,), 7.0)}, {}, {"data": 2})
     model, _, state = load_checkpoint(latest_checkpoint(root))
-    assert model["w"].item() == 7.0 and state["data"] == 2
+    assert model["w"].item() == 7.0
+    assert state["data"] == 2
     assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []

@@ -57,7 +57,8 @@ def test_a_checkpoint_round_trips_with_weights_only(tmp_path):
                            {"data": {"epoch": 1, "position": 2}, "history": [{"step": 1, "loss": np.float64(0.5)}]})
     want = (random.random(), np.random.rand(), torch.rand(1))
     _, optim, state = load_checkpoint(path)
-    assert optim["param_groups"][0]["betas"] == (0.9, 0.99) and state["history"][0]["loss"] == 0.5
+    assert optim["param_groups"][0]["betas"] == (0.9, 0.99)
+    assert state["history"][0]["loss"] == 0.5
     checkpoint.set_rng_state(state["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1)) == want
 
@@ -81,7 +82,8 @@ def test_a_latest_pointer_outside_the_folder_is_refused(tmp_path, target):
     (root / "latest").write_text(json.dumps({"step": 1, "path": target}))
     with pytest.raises(CheckpointError, match="outside") as info:
         latest_checkpoint(root)
-    assert "latest" in str(info.value) and "delete" in str(info.value)
+    assert "latest" in str(info.value)
+    assert "delete" in str(info.value)
 
 
 def test_a_garbled_latest_pointer_names_the_fix(tmp_path):
@@ -106,7 +108,8 @@ def test_a_failed_overwrite_keeps_the_old_step(tmp_path, monkeypatch):
         save_checkpoint(root, 3, {"w": torch.full((1,), 7.0)}, {}, {"data": 2})
     monkeypatch.undo()
     model, _, state = load_checkpoint(latest_checkpoint(root))
-    assert model["w"].item() == 1.0 and state["data"] == 1
+    assert model["w"].item() == 1.0
+    assert state["data"] == 1
 
 
 # SIGKILLed at the worst moment of an overwrite: the new step is complete in its temporary
@@ -134,7 +137,8 @@ def test_sigkill_while_overwriting_a_step_keeps_a_loadable_one(tmp_path):
     path = latest_checkpoint(root)
     assert path is not None, sorted(p.name for p in root.iterdir())
     model, _, state = load_checkpoint(path)
-    assert model["w"].item() == 1.0 and state["data"] == 1
+    assert model["w"].item() == 1.0
+    assert state["data"] == 1
 
 
 def test_resume_modes(tmp_path):
@@ -156,7 +160,8 @@ def test_cli_resume_with_no_checkpoint_is_an_error(tmp_path, capsys):
                "trainer.total_steps=0", "trainer.val_before_train=false"])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert "no checkpoint" in err and "--resume-or-start" in err
+    assert "no checkpoint" in err
+    assert "--resume-or-start" in err
     assert not (tmp_path / "nothing-here" / "checkpoints").exists()
 
 
@@ -213,7 +218,8 @@ def test_loading_a_sharded_checkpoint_never_unpickles(tmp_path, monkeypatch):
     fresh, fresh_optimizer = _fresh()
     state = sharded_checkpoint.load_sharded_checkpoint(path, fresh, fresh_optimizer)
     monkeypatch.undo()
-    assert state["step"] == 1 and state["data"] == {"epoch": 0}
+    assert state["step"] == 1
+    assert state["data"] == {"epoch": 0}
     for (name, want), got in zip(model.state_dict().items(), fresh.state_dict().values(), strict=True):
         assert torch.equal(want, got), name
     want, got = optimizer.state_dict(), fresh_optimizer.state_dict()
@@ -327,6 +333,7 @@ def test_sigkill_during_a_sharded_save_keeps_the_previous_checkpoint(tmp_path):
     assert [p.name for p in root.iterdir() if p.name.startswith(".step_2")], "the kill came before any write"
     assert not (root / "step_2").exists()
     path = latest_checkpoint(root)
-    assert path is not None and path.name == "step_1"
+    assert path is not None
+    assert path.name == "step_1"
     model = torch.nn.Linear(2, 2)
     assert sharded_checkpoint.load_sharded_checkpoint(path, model, torch.optim.AdamW(model.parameters()))["data"] == 1

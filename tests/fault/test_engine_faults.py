@@ -63,12 +63,14 @@ async def test_killing_a_replica_mid_rollout_completes_every_trajectory_once(ray
         ray.kill(handles[1])
         batch = await asyncio.wait_for(task, timeout=120)
 
-        assert len(batch) == N and batch.num_failed == 0, [m.get("error") for m in batch.sample_metrics][:3]
+        assert len(batch) == N, [m.get("error") for m in batch.sample_metrics][:3]
+        assert batch.num_failed == 0, [m.get("error") for m in batch.sample_metrics][:3]
         assert client.healthy_replicas == [0, 2]
         # Exactly one answer per trajectory reached a caller: the killed requests were re-sent
         # once each, none was served twice.
         assert client.stats["completed"] == N
-        assert client.stats["retries"] == lost and client.stats["replica_failures"] == lost
+        assert client.stats["retries"] == lost
+        assert client.stats["replica_failures"] == lost
         assert client.in_flight == [0, 0, 0]
         outputs = await manager.agenerate_outputs(batch_rows[:0])  # no-op call keeps the API honest
         assert outputs == []
@@ -103,7 +105,8 @@ async def test_no_surviving_replica_fails_every_sample_with_the_reason(ray_clust
         for h in handles:
             ray.kill(h)
         batch = await asyncio.wait_for(task, timeout=60)
-        assert len(batch) == 16 and batch.num_failed == 16
+        assert len(batch) == 16
+        assert batch.num_failed == 16
         errors = [m["error"] for m in batch.sample_metrics]
         assert all(e.startswith("NoHealthyReplicaError") for e in errors), errors[0]
         # The reason says how this request's replicas failed, or that none was left and what to do.
@@ -127,7 +130,8 @@ async def test_a_hung_replica_is_timed_out_and_its_requests_served_elsewhere(ray
         manager = AgentLoopManager(client, tokenizer, CONFIG, num_workers=2)
         batch_rows = rows()
         batch = await asyncio.wait_for(manager.agenerate_sequences(batch_rows), timeout=90)
-        assert len(batch) == N and batch.num_failed == 0
+        assert len(batch) == N
+        assert batch.num_failed == 0
         assert client.healthy_replicas == [0]
         assert client.stats["timeouts"] >= 1
         assert client.stats["completed"] == N
@@ -137,7 +141,8 @@ async def test_a_hung_replica_is_timed_out_and_its_requests_served_elsewhere(ray
         # Later batches never wait on the hung replica again.
         routed_before = client.stats["per_replica"][1]
         again = await asyncio.wait_for(manager.agenerate_sequences(rows(8)), timeout=30)
-        assert again.num_failed == 0 and client.stats["per_replica"][1] == routed_before
+        assert again.num_failed == 0
+        assert client.stats["per_replica"][1] == routed_before
     finally:
         for h in good + hung:
             ray.kill(h)

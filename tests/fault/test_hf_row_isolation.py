@@ -48,9 +48,11 @@ async def test_a_row_that_raises_fails_alone(model_path, monkeypatch, fail_at_to
             return_exceptions=True,
         )
         assert list(server.batch_sizes) == [2], "both requests must share one batch for this test"
-        assert isinstance(bad, RuntimeError) and "boom" in str(bad)
+        assert isinstance(bad, RuntimeError)
+        assert "boom" in str(bad)
         assert not isinstance(good, BaseException), f"the healthy request failed too: {good!r}"
-        assert len(good.token_ids) == 8 and good.stop_reason == "length"
+        assert len(good.token_ids) == 8
+        assert good.stop_reason == "length"
         # The engine keeps serving afterwards.
         again = await server.generate("after", [1, 2, 3], {"max_tokens": 2, "temperature": 0})
         assert len(again.token_ids) >= 1

@@ -135,7 +135,8 @@ def test_arbitrary_text_never_raises_anything_but_calculator_error(text):
         value = evaluate_expression(text)
     except CalculatorError:
         return
-    assert isinstance(value, (int, float)) and abs(value) <= CalculatorLimits().max_abs_result
+    assert isinstance(value, (int, float))
+    assert abs(value) <= CalculatorLimits().max_abs_result
 
 
 _number = st.one_of(st.integers(-10**6, 10**6), st.floats(-1e6, 1e6, allow_nan=False)).map(repr)
@@ -182,7 +183,8 @@ def _alive(pid: int) -> bool:
 
 def test_wall_clock_limit_kills_an_infinite_loop():
     res = run("import os\nprint(os.getpid(), flush=True)\nwhile True: pass", timeout_s=1.0)
-    assert res.timed_out and res.returncode == -9
+    assert res.timed_out
+    assert res.returncode == -9
     assert "killed after 1 s" in res.stderr
     looping = int(res.stdout.split()[0])
     assert not _alive(looping), f"the looping process {looping} outlived its run"
@@ -199,24 +201,29 @@ def test_huge_exponent_is_stopped_by_the_time_limit():
 
 def test_memory_limit_turns_a_hog_into_memory_error():
     res = run("x = bytearray(2 * 1024**3)\nprint('allocated')", memory_mb=256)
-    assert res.stdout == "" and "MemoryError" in res.stderr
+    assert res.stdout == ""
+    assert "MemoryError" in res.stderr
 
 
 def test_output_is_truncated_and_a_flood_does_not_block():
     res = run("import sys\nfor _ in range(200): sys.stdout.write('x' * 50000)", max_output_chars=1000)
-    assert res.truncated and res.returncode == 0
-    assert len(res.stdout) < 1100 and "output truncated to 1000 characters" in res.stdout
+    assert res.truncated
+    assert res.returncode == 0
+    assert len(res.stdout) < 1100
+    assert "output truncated to 1000 characters" in res.stdout
 
 
 def test_file_size_limit_stops_a_disk_filler():
     res = run("with open('big', 'wb') as f:\n    f.write(b'0' * (8 * 2**20))\nprint('wrote')", max_file_mb=1)
-    assert "wrote" not in res.stdout and res.returncode != 0
+    assert "wrote" not in res.stdout
+    assert res.returncode != 0
 
 
 def test_environment_variables_of_the_host_are_not_visible(monkeypatch):
     monkeypatch.setenv("AGENTLOOP_FAKE_API_KEY", "sk-fault-test-0123456789")
     res = run("import os\nprint(sorted(os.environ.items()))")
-    assert res.returncode == 0 and "sk-fault-test" not in res.stdout
+    assert res.returncode == 0
+    assert "sk-fault-test" not in res.stdout
     assert "AGENTLOOP_FAKE_API_KEY" not in res.stdout
 
 
@@ -241,7 +248,8 @@ def test_forked_and_spawned_children_are_killed_with_the_run():
     assert len(pids) == 6
     # Children holding the output pipes must not keep the run (and the model) waiting either:
     # waiting for them would end the run at its timeout, as timed out.
-    assert res.returncode == 0 and not res.timed_out, res
+    assert res.returncode == 0, res
+    assert not res.timed_out, res
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -282,7 +290,8 @@ def test_fork_bomb_as_nobody_is_bounded_by_the_process_limit_and_cleaned_up():
     )
     res = run(code, max_processes=16, user="nobody", python_executable=NOBODY_PYTHON, timeout_s=5.0)
     # The limit counts every process of the uid, so concurrent sandboxes share it: <= 16.
-    assert res.stdout.strip().isdigit() and int(res.stdout) < 16, (res.stdout, res.stderr)
+    assert res.stdout.strip().isdigit(), (res.stdout, res.stderr)
+    assert int(res.stdout) < 16, (res.stdout, res.stderr)
     deadline = time.monotonic() + 5
     import pwd
 

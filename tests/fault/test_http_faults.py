@@ -106,4 +106,5 @@ async def test_survives_a_burst_of_concurrent_malformed_requests(server):
         # Still healthy and still serving correct requests.
         assert (await client.get("/health")).status_code == 200
         r = await client.post("/generate", json=GOOD, headers=AUTH)
-        assert r.status_code == 200 and len(r.json()["token_ids"]) == 4
+        assert r.status_code == 200
+        assert len(r.json()["token_ids"]) == 4

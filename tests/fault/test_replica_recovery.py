@@ -51,8 +51,10 @@ async def test_a_replica_that_fails_a_burst_returns_to_rotation():
     assert served_after_recovery >= 3, f"replica 1 never came back: {stats}"
     assert client.healthy_replicas == [0, 1]
     assert stats["unhealthy"] == [False, False]
-    assert stats["recoveries"] == 1 and stats["probes"] >= 4
-    assert stats["failed"] == 0 and stats["completed"] == i + 1
+    assert stats["recoveries"] == 1
+    assert stats["probes"] >= 4
+    assert stats["failed"] == 0
+    assert stats["completed"] == i + 1
 
 
 async def test_unhealthy_flag_and_backoff_are_visible_while_down():
@@ -85,6 +87,7 @@ async def test_a_replica_that_missed_a_weight_update_is_not_probed_back():
     await asyncio.sleep(0.05)
     for i in range(5):
         assert (await client.generate(f"w{i}", [1], {"max_tokens": 1})).extra["replica"] == 0
-    assert client.stats["unhealthy"] == [False, True] and stale.served == 0
+    assert client.stats["unhealthy"] == [False, True]
+    assert stale.served == 0
     client.mark_healthy(1)
     assert client.healthy_replicas == [0, 1]

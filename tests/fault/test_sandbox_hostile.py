@@ -127,14 +127,17 @@ def test_code_that_kills_its_supervisor_still_leaves_nothing_behind():
     assert _pids(res.stdout), (res.stdout, res.stderr)
     assert _gone(_pids(res.stdout)) == []
     if IS_ROOT:
-        assert "supervisor out of reach" in res.stdout and res.timed_out
+        assert "supervisor out of reach" in res.stdout
+        assert res.timed_out
     else:
-        assert "the supervisor was killed" in res.stderr and not res.timed_out
+        assert "the supervisor was killed" in res.stderr
+        assert not res.timed_out
 
 
 def test_a_timed_out_run_leaves_no_process_behind_in_the_new_session():
     res = run(DETACH["setsid_child_and_hanging_parent"], timeout_s=2.0)
-    assert res.timed_out and "killed after 2 s" in res.stderr
+    assert res.timed_out
+    assert "killed after 2 s" in res.stderr
     assert _gone(_pids(res.stdout)) == []
 
 
@@ -173,10 +176,14 @@ def test_as_root_by_default_the_code_is_unprivileged_and_cannot_reach_the_traine
             t.unlink()
     assert res.returncode == 0, res.stderr
     uid_line = res.stdout.splitlines()[0].split()
-    assert uid_line[0] == "uid" and uid_line[1] != "0" and uid_line[2] != "0", res.stdout
+    assert uid_line[0] == "uid", res.stdout
+    assert uid_line[1] != "0", res.stdout
+    assert uid_line[2] != "0", res.stdout
     assert uid_line[3] == "[]", res.stdout
-    assert "READ" not in res.stdout and "sk-hostile" not in res.stdout, res.stdout
-    assert "WROTE" not in res.stdout and leaked == [], res.stdout
+    assert "READ" not in res.stdout, res.stdout
+    assert "sk-hostile" not in res.stdout, res.stdout
+    assert "WROTE" not in res.stdout, res.stdout
+    assert leaked == [], res.stdout
     assert "write denied PermissionError" in res.stdout, res.stdout
     assert "AGENTLOOP_FAKE_API_KEY" not in res.stdout
 
@@ -187,7 +194,8 @@ def test_as_a_normal_user_the_code_runs_as_that_user_with_a_minimal_environment(
     res = run("import os\nprint(os.getuid())\nprint(sorted(os.environ.items()))")
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines()[0] == str(os.getuid())
-    assert "sk-hostile" not in res.stdout and "AGENTLOOP_FAKE_API_KEY" not in res.stdout
+    assert "sk-hostile" not in res.stdout
+    assert "AGENTLOOP_FAKE_API_KEY" not in res.stdout
 
 
 # ---- scratch space is private, bounded and cleaned ---------------------------------------------
@@ -212,7 +220,8 @@ def test_files_in_tmp_and_dev_shm_do_not_outlive_the_run(private_tmp):
     cwd = res.stdout.split()[0] if res.stdout else None
     left = [p for p in (f"/tmp/{tag}", f"/dev/shm/{tag}") if os.path.exists(p)]
     assert left == [], f"files the run created outlived it: {left}"
-    assert cwd and not os.path.exists(cwd), "the scratch directory outlived the run"
+    assert cwd, "the scratch directory outlived the run"
+    assert not os.path.exists(cwd), "the scratch directory outlived the run"
     assert not os.path.exists(f"/tmp/{tag}-tmpdir")  # TMPDIR pointed into the (removed) scratch
 
 
@@ -237,10 +246,12 @@ def test_scratch_space_is_bounded_in_total_and_removed_even_after_a_timeout(priv
     words = res.stdout.split()
     assert words[:1] == ["cwd"], (res.stdout, res.stderr)
     if "private-tmpfs" in res.isolation:  # the kernel refuses the write past the tmpfs size
-        assert "stopped OSError" in res.stdout and res.timed_out, res.stdout
+        assert "stopped OSError" in res.stdout, res.stdout
+        assert res.timed_out, res.stdout
         assert int(words[words.index("written") + 1]) < 16, res.stdout
     else:  # the polled size check kills the run (it may overshoot by what it writes in 0.1 s)
-        assert res.scratch_exceeded and not res.timed_out, (res.stdout, res.stderr)
+        assert res.scratch_exceeded, (res.stdout, res.stderr)
+        assert not res.timed_out, (res.stdout, res.stderr)
         assert "scratch space over 16 MiB" in res.stderr
     assert not os.path.exists(words[1])
 

@@ -72,7 +72,8 @@ async def test_raising_hanging_and_huge_tools_become_messages_and_the_batch_comp
     engine, manager = _manager(tokenizer, tools)
     # wait_for only turns a hang into a failure; the checks below are on what happened.
     outputs = await asyncio.wait_for(manager.agenerate_outputs(_rows(list(tools), 4)), timeout=60)
-    assert len(outputs) == 12 and not any(o.failed for o in outputs), [o.metrics.get("error") for o in outputs]
+    assert len(outputs) == 12, [o.metrics.get("error") for o in outputs]
+    assert not any(o.failed for o in outputs), [o.metrics.get("error") for o in outputs]
     # The four trajectories' hangs overlapped (the batch did not run them one at a time) and
     # every one of the 8 hung calls was cancelled by its timeout, none left running.
     hang = tools["hang"]
@@ -81,7 +82,8 @@ async def test_raising_hanging_and_huge_tools_become_messages_and_the_batch_comp
     for out in outputs:
         name = out.extra_fields["request_id"].split("-")[0]
         messages = tool_messages(out)
-        assert len(messages) == 2 and out.extra_fields["termination_reason"] == "no_tool_call"
+        assert len(messages) == 2
+        assert out.extra_fields["termination_reason"] == "no_tool_call"
         assert out.metrics["tool_calls"] == 2
         if name == "raise":
             assert all(m == "Error: tool 'raise' failed: RuntimeError: disk on fire" for m in messages)
@@ -110,10 +112,13 @@ async def test_mcp_server_down_at_start_is_a_clear_error_before_any_rollout(mcp_
     with pytest.raises(ConnectionError) as info:
         await asyncio.wait_for(aload_mcp_tools(_mcp_config(server.url)), timeout=60)
     message = str(info.value)
-    assert "'calc'" in message and server.url in message and "connect_retries" in message
+    assert "'calc'" in message
+    assert server.url in message
+    assert "connect_retries" in message
     # It gives up after exactly connect_retries attempts, instead of retrying on and on.
     attempts = [r.getMessage() for r in caplog.records if "connect attempt" in r.getMessage()]
-    assert len(attempts) == 2 and "attempt 2/2 failed" in attempts[-1], attempts
+    assert len(attempts) == 2, attempts
+    assert "attempt 2/2 failed" in attempts[-1], attempts
 
 
 async def test_mcp_server_that_goes_away_mid_run_turns_calls_into_errors(tokenizer, mcp_server):
@@ -146,7 +151,8 @@ async def test_mcp_server_that_goes_away_mid_run_turns_calls_into_errors(tokeniz
     assert len(messages) == 16
     ok = [m for m in messages if m == "5"]
     errors = [m for m in messages if m.startswith("Error: tool 'add' failed: ConnectionError: MCP server 'calc'")]
-    assert len(ok) >= 3 and errors, messages
+    assert len(ok) >= 3, messages
+    assert errors, messages
     assert len(ok) + len(errors) == 16, messages
     assert sum(o.metrics["tool_errors"] for o in outputs) == len(errors)
 
@@ -162,6 +168,7 @@ async def test_mcp_server_that_rate_limits_gives_error_text_not_a_crash(tokenize
     messages = [m for o in outputs for m in tool_messages(o)]
     assert messages.count("5") == 4, messages
     limited = [m for m in messages if m != "5"]
-    assert len(limited) == 8 and all(m.startswith("Error: tool 'add' failed") for m in limited), limited
+    assert len(limited) == 8, limited
+    assert all(m.startswith("Error: tool 'add' failed") for m in limited), limited
     assert all("error response" in m for m in limited), limited
     assert sum(o.metrics["tool_errors"] for o in outputs) == 8

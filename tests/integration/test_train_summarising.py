@@ -60,6 +60,7 @@ def test_two_training_steps_of_the_summarising_agent(calculator_rows, model_path
         assert s["rollout/num_failed"] == 0
         # max_assistant_turns=3, each turn after the first in a new context: three segments.
         assert s["agent_loop/num_segments/mean"] == 3.0
-        assert s["rollout/num_samples"] == 4 and s.get("rollout/num_truncated", 0) == 0
+        assert s["rollout/num_samples"] == 4
+        assert s.get("rollout/num_truncated", 0) == 0
         # The trainer's log-probs of each segment row, in the context it holds, are the engine's.
         assert s["rollout/logprob_abs_diff_max"] < 1e-3

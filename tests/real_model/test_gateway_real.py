@@ -44,8 +44,11 @@ def test_gateway_returns_the_real_models_tool_call(tool_fitted_model, tool_token
         assert choice.finish_reason == "tool_calls", f"no tool call parsed from {choice.message.content!r}"
         (call,) = choice.message.tool_calls
         arguments = json.loads(call.function.arguments)
-        assert call.type == "function" and call.function.name == "calculator" and call.id
-        assert set(arguments) == {"expression"} and isinstance(arguments["expression"], str)
+        assert call.type == "function"
+        assert call.function.name == "calculator"
+        assert call.id
+        assert set(arguments) == {"expression"}
+        assert isinstance(arguments["expression"], str)
         result = format_number(evaluate_expression(arguments["expression"]))
         messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": result}]
         final = client.chat.completions.create(model="smollm2", messages=messages, tools=tools, **GREEDY)

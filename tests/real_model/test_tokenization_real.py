@@ -104,7 +104,8 @@ def test_core_tokenization_suite_on_the_real_tokenizer(model_dir, tool_tokenizer
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     report(f"core tokenization tests on {[f.name for f in folders]}: {summary}")
-    assert " passed" in summary and "failed" not in summary, summary
+    assert " passed" in summary, summary
+    assert "failed" not in summary, summary
     # The tool-aware copy renders tools=, so its tool tests run instead of skipping.
     skipped_tool_tests = [line for line in proc.stdout.splitlines()
                           if line.startswith("SKIPPED") and "does not render tools" in line]

@@ -224,8 +224,8 @@ class AgentLoopConformanceTests(SuiteGuard):
             start = len(proxy.calls)
             out = await loop.run(dict(sampling), **row)
             outputs = out if isinstance(out, list) else [out]
-            assert outputs and all(isinstance(o, AgentLoopOutput) for o in outputs), (
-                f"run() returned {type(out).__name__}, not an AgentLoopOutput or a non-empty list of them")
+            assert outputs, f"run() returned {type(out).__name__}, not an AgentLoopOutput or a non-empty list of them"
+            assert all(isinstance(o, AgentLoopOutput) for o in outputs), f"run() returned {type(out).__name__}, not an AgentLoopOutput or a non-empty list of them"
             calls = proxy.calls[start:]
             assert calls, "the loop returned without calling generate"
             kinds = self._turn_kinds(calls, loop.tokenizer, parser, profile, script)

@@ -49,13 +49,15 @@ def test_padding_matches_hand_computed_arrays():
     np.testing.assert_array_equal(batch.has_reward, [True, False])
     np.testing.assert_array_equal(batch.num_turns, [3, 2])
     np.testing.assert_array_equal(batch.failed, [False, False])
-    assert batch.input_ids.dtype == np.int64 and batch.rollout_log_probs.dtype == np.float32
+    assert batch.input_ids.dtype == np.int64
+    assert batch.rollout_log_probs.dtype == np.float32
     assert batch.extra_fields == [{"k": 1}, {}]
     assert len(batch) == 2
     # outputs without a trajectory_index are a trajectory each, of one segment
     np.testing.assert_array_equal(batch.trajectory_index, [0, 1])
     np.testing.assert_array_equal(batch.segment_index, [0, 0])
-    assert batch.num_trajectories == 2 and batch.last_segment_rows().tolist() == [0, 1]
+    assert batch.num_trajectories == 2
+    assert batch.last_segment_rows().tolist() == [0, 1]
 
 
 def test_metrics_timing_and_lengths():
@@ -67,7 +69,8 @@ def test_metrics_timing_and_lengths():
     assert m["rollout/response_length/mean"] == 2.0
     assert m["rollout/generated_tokens/mean"] == 1.5
     assert m["rollout/response_clip_fraction"] == 0.5
-    assert m["rollout/num_failed"] == 0 and m["rollout/reward/mean"] == 1.0
+    assert m["rollout/num_failed"] == 0
+    assert m["rollout/reward/mean"] == 1.0
 
 
 def test_numeric_sample_metrics_become_mean_and_max_over_successful_samples():
@@ -77,9 +80,11 @@ def test_numeric_sample_metrics_become_mean_and_max_over_successful_samples():
     failed = AgentLoopOutput.failure([1, 2], "boom")
     failed.metrics["tool_calls"] = 50  # a failed sample's counters stay out of the means
     m = RolloutBatch.from_outputs([a, b, failed], prompt_length=4, response_length=3, pad_token_id=0).metrics
-    assert m["agent_loop/tool_calls/mean"] == 2.0 and m["agent_loop/tool_calls/max"] == 3.0
+    assert m["agent_loop/tool_calls/mean"] == 2.0
+    assert m["agent_loop/tool_calls/max"] == 3.0
     # b never called the tool: it counts 0 in the mean
-    assert m["agent_loop/tool/calc/attempts/mean"] == 1.0 and m["agent_loop/tool/calc/attempts/max"] == 2.0
+    assert m["agent_loop/tool/calc/attempts/mean"] == 1.0
+    assert m["agent_loop/tool/calc/attempts/max"] == 2.0
     assert not any(k.startswith("agent_loop/flag") or k.startswith("agent_loop/agent_name") for k in m)
     assert m["rollout/num_failed"] == 1
 
@@ -90,8 +95,10 @@ def test_widths_default_to_longest_and_pad_from_tokenizer():
         eos_token_id = 99
 
     batch = RolloutBatch.from_outputs(two_outputs(), tokenizer=Tok())
-    assert batch.prompts.shape == (2, 3) and batch.responses.shape == (2, 3)
-    assert batch.pad_token_id == 99 and batch.responses[1, 1] == 99
+    assert batch.prompts.shape == (2, 3)
+    assert batch.responses.shape == (2, 3)
+    assert batch.pad_token_id == 99
+    assert batch.responses[1, 1] == 99
     with pytest.raises(ValueError, match="no pad token id"):
         RolloutBatch.from_outputs(two_outputs())
 
@@ -113,7 +120,8 @@ def test_failed_and_nan_rewards_become_zero_and_flagged():
     np.testing.assert_array_equal(batch.rewards, [1.0, 0.0, 0.0])
     np.testing.assert_array_equal(batch.has_reward, [True, False, False])
     np.testing.assert_array_equal(batch.attention_mask[1], np.zeros(7))
-    assert batch.metrics["rollout/num_failed"] == 1 and batch.num_failed == 1
+    assert batch.metrics["rollout/num_failed"] == 1
+    assert batch.num_failed == 1
     assert batch.sample_metrics[1]["error"] == "RuntimeError: boom"
 
 

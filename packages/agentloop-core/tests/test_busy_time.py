@@ -36,11 +36,13 @@ def test_overlapping_calls_count_once_and_a_running_stretch_counts_so_far(fake_t
     busy.leave()  # A ends
     fake_time.now = 3.0
     busy.leave()  # B ends: busy 0..3
-    assert busy.seconds() == 3.0 and busy.in_flight == 0
+    assert busy.seconds() == 3.0
+    assert busy.in_flight == 0
     fake_time.now = 5.0
     busy.enter()  # C at 5, after 2 idle seconds
     fake_time.now = 6.0
-    assert busy.seconds() == 4.0 and busy.in_flight == 1  # C's stretch so far
+    assert busy.seconds() == 4.0
+    assert busy.in_flight == 1
     fake_time.now = 7.0
     busy.leave()
     fake_time.now = 9.0
@@ -52,7 +54,8 @@ async def test_busy_time_server_times_generate_and_ends_failed_or_cancelled_call
     call = asyncio.ensure_future(server.generate("a", [1, 2, 3], {"max_tokens": 2}))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert server.clock.in_flight == 1 and server.busy_seconds() > 0
+    assert server.clock.in_flight == 1
+    assert server.busy_seconds() > 0
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -42,7 +42,8 @@ def test_a_template_that_needs_tools_names_the_failure_and_the_fix():
     assert "with no tools: TypeError: 'NoneType' object is not iterable (template line 1)" in message, message
     assert "this chat template needs tools=...; configure tools" in message, message
     assert "or use the model's default template" in message, message
-    assert isinstance(caught.value, ValueError) and caught.value.refusal is None
+    assert isinstance(caught.value, ValueError)
+    assert caught.value.refusal is None
     assert isinstance(caught.value.__cause__, TypeError)  # the template's own error stays in the chain
     renderer = ChatRenderer(tok, chat_template=NEEDS_TOOLS, tools=TOOLS)
     messages = [{"role": "user", "content": "Hi."}]
@@ -66,7 +67,8 @@ def test_a_template_that_fails_with_tools_too_is_not_told_to_configure_tools():
     broken = "{{- messages[0].content.no_such.attribute }}" + CHATML_TURNS
     with pytest.raises(ChatTemplateError, match=r"with tools=\[calc\]: UndefinedError") as caught:
         ChatRenderer(tok, chat_template=broken, tools=TOOLS)
-    assert "configure tools" not in str(caught.value) and "pass a chat_template=" in str(caught.value)
+    assert "configure tools" not in str(caught.value)
+    assert "pass a chat_template=" in str(caught.value)
     with pytest.raises(ChatTemplateError, match="does not compile"):
         ChatRenderer(tok, chat_template="{%- for m in messages %}{{ m.content }")
 
@@ -86,7 +88,8 @@ def test_an_error_outside_the_template_is_not_blamed_on_it():
     with pytest.raises(TypeError, match="not iterable") as caught:
         ChatRenderer(_CrashingProcessor(load_tiny_tokenizer()))
     assert not isinstance(caught.value, ChatTemplateError)
-    assert not raised_by_template(caught.value) and template_refusal(caught.value) is None
+    assert not raised_by_template(caught.value)
+    assert template_refusal(caught.value) is None
 
 
 def test_the_check_costs_no_render_for_a_template_that_works():
@@ -108,7 +111,8 @@ def test_template_refusal_ignores_jinja_errors_that_are_not_refusals():
     env = jinja2.Environment()
     with pytest.raises(jinja2.UndefinedError) as caught:
         env.from_string("{{ x.y }}").render()
-    assert raised_by_template(caught.value) and template_refusal(caught.value) is None
+    assert raised_by_template(caught.value)
+    assert template_refusal(caught.value) is None
 
 
 @pytest.mark.parametrize("name", ["Qwen-Qwen3-0.6B.jinja", "openai-gpt-oss-120b.jinja",

@@ -51,7 +51,8 @@ def test_a_checked_trajectory_renders_each_delta_once_and_the_check_renders_noth
     counted = _Counting(renderer, monkeypatch)
     traj = _tool_turns(renderer, 5, sanity_check="strict")
     assert counted.lengths == [1, 3, 5, 7, 9, 11]  # the prompt, then each delta over the whole history
-    assert traj.context_ids == exact.context_ids and traj.response_mask == exact.response_mask
+    assert traj.context_ids == exact.context_ids
+    assert traj.response_mask == exact.response_mask
     out = traj.to_output(sanity_check="strict")
     assert len(counted.lengths) == 6  # the check reused every render
     assert out.metrics == {}

@@ -85,14 +85,16 @@ def test_an_entry_point_plugin_is_found_and_built_from_the_generic_record(demo_d
     server = build_engine(config, model="policy-copy", tokenizer="tok")
     assert server.max_model_len == 32
     assert [(config, "policy-copy", "tok")] == demo_distribution.BUILT
-    assert plugin.capabilities.logprobs is True and plugin.capabilities.sleep is False  # the server's flags
+    assert plugin.capabilities.logprobs is True
+    assert plugin.capabilities.sleep is False
     # A plug-in that does not take a policy copy never receives one; the folder goes as the tokenizer.
     build_engine(EngineConfig(name="demo_copyless", model_path="/m"), model="policy-copy")
     assert demo_distribution.BUILT[-1][1:] == (None, "/m")
 
 
 def test_broken_entry_points_are_isolated_and_reported_by_name(demo_distribution):
-    assert "demo_broken" not in engine_names() and "demo_broken" in engine_names(include_broken=True)
+    assert "demo_broken" not in engine_names()
+    assert "demo_broken" in engine_names(include_broken=True)
     with pytest.raises(UnknownEngineError, match=r"'demo_broken' is installed but broken: .*ModuleNotFoundError"):
         get_engine_plugin("demo_broken")
     with pytest.raises(UnknownEngineError, match=r"is not an agentloop_core.engine_registry.EnginePlugin \(got object\)"):
@@ -107,8 +109,10 @@ def test_an_unknown_name_lists_the_installed_engines_and_how_to_add_one(demo_dis
         get_engine_plugin("demo_scriptd")
     message = str(info.value)
     assert "did you mean 'demo_scripted'?" in message
-    assert "demo_copyless" in message and "installed but broken: demo_broken" in message
-    assert "'agentloop.engines'" in message and "register_engine" in message
+    assert "demo_copyless" in message
+    assert "installed but broken: demo_broken" in message
+    assert "'agentloop.engines'" in message
+    assert "register_engine" in message
 
 
 def test_a_factory_that_fails_to_import_names_its_install_line(demo_distribution):
@@ -131,7 +135,8 @@ def test_an_import_error_inside_the_factory_names_the_install_line_once():
             build_engine(EngineConfig(name="inline", model_path="/m"), plugin=plugin)
     finally:
         del sys.modules[module.__name__]
-    assert str(info.value).count("pip install") == 1 and 'pip install "demo[gpu]"' in str(info.value)
+    assert str(info.value).count("pip install") == 1
+    assert 'pip install "demo[gpu]"' in str(info.value)
 
 
 def test_engine_factory_pickles_with_its_plugin(demo_distribution):
@@ -152,11 +157,13 @@ def test_register_engine_in_code_and_refuse_a_second_holder():
     caps = EngineCapabilities(server=ServerCapabilities(), partial_rollout=True)
     plugin = EnginePlugin(name="demo_in_code", factory="m:f", install="pip install m", capabilities=caps)
     try:
-        assert register_engine(plugin) is plugin and get_engine_plugin("demo_in_code") is plugin
+        assert register_engine(plugin) is plugin
+        assert get_engine_plugin("demo_in_code") is plugin
         with pytest.raises(ValueError, match="already registered"):
             register_engine(EnginePlugin(name="demo_in_code", factory="m:g", install="-", capabilities=caps))
     finally:
         engine_registry._REGISTRY.pop("demo_in_code", None)
     with pytest.raises(ValueError, match="factory must be 'pkg.module:callable'"):
         EnginePlugin(name="bad", factory="m.f", install="-", capabilities=caps)
-    assert caps.as_dict()["partial_rollout"] is True and caps.as_dict()["logprobs"] is True
+    assert caps.as_dict()["partial_rollout"] is True
+    assert caps.as_dict()["logprobs"] is True

@@ -215,7 +215,8 @@ def test_fuzz_parsers_never_raise(text, parser_name):
     result = parser.parse(text, TOOLS)
     assert all(e.kind != "internal" for e in result.errors), result.errors
     for call in result.calls:
-        assert call.name in TOOLS and isinstance(call.arguments, dict)
+        assert call.name in TOOLS
+        assert isinstance(call.arguments, dict)
         assert check_arguments(call.arguments, tool_parameters(TOOLS[call.name])) == []
 
 
@@ -226,7 +227,8 @@ def test_fuzz_parsers_never_raise(text, parser_name):
        schema=_schemas)
 def test_fuzz_schema_check_never_raises(arguments, schema):
     problems = check_arguments(arguments, schema if isinstance(schema, dict) else None)
-    assert isinstance(problems, list) and all(isinstance(p, str) for p in problems)
+    assert isinstance(problems, list)
+    assert all(isinstance(p, str) for p in problems)
 
 
 @settings(max_examples=100, deadline=None)

@@ -118,14 +118,17 @@ def test_interrupted_generation_resumes_from_exactly_its_ids():
     engine, wrapper, out = _run(main())
     first, second = engine.calls
     k = PARAMS["max_tokens"] - second.sampling_params.max_tokens
-    assert first.prompt_ids == PROMPT and first.sampling_params.max_tokens == PARAMS["max_tokens"]
+    assert first.prompt_ids == PROMPT
+    assert first.sampling_params.max_tokens == PARAMS["max_tokens"]
     assert 5 <= k < PARAMS["max_tokens"], "the update cut the generation between its 5th and last token"
     assert second.prompt_ids == PROMPT + out.token_ids[:k], "resumed from the prompt plus exactly the ids so far"
     # The same reply an uninterrupted generation gives: nothing lost, repeated or re-encoded.
     assert out.token_ids == _reply("", PROMPT, 0)[: PARAMS["max_tokens"]]
-    assert out.stop_reason == "length" and len(out.log_probs) == len(out.token_ids)
+    assert out.stop_reason == "length"
+    assert len(out.log_probs) == len(out.token_ids)
     assert out.extra["policy_versions"] == [0] * k + [1] * (PARAMS["max_tokens"] - k)
-    assert out.extra["resumes"] == 1 and wrapper.stats["interrupted_calls"] == 1
+    assert out.extra["resumes"] == 1
+    assert wrapper.stats["interrupted_calls"] == 1
     assert second.sampling_params.seed == resume_seed(PARAMS["seed"], k) != PARAMS["seed"]
     assert wrapper.pop_ledger("traj-0") == (out.token_ids, out.extra["policy_versions"])
     assert wrapper.ledger_size == 0
@@ -143,15 +146,19 @@ def test_budget_is_the_rest_of_max_tokens_across_several_updates():
         return engine, wrapper, await task
 
     engine, wrapper, out = _run(main())
-    assert len(engine.calls) == 3 and out.extra["resumes"] == 2
+    assert len(engine.calls) == 3
+    assert out.extra["resumes"] == 2
     budgets = [c.sampling_params.max_tokens for c in engine.calls]
-    assert budgets[0] == PARAMS["max_tokens"] and budgets == sorted(budgets, reverse=True)
+    assert budgets[0] == PARAMS["max_tokens"]
+    assert budgets == sorted(budgets, reverse=True)
     for call in engine.calls:
         done = PARAMS["max_tokens"] - call.sampling_params.max_tokens
         assert call.prompt_ids == PROMPT + out.token_ids[:done], "each resume asks for exactly the tokens left"
     assert len(out.token_ids) == PARAMS["max_tokens"]
     versions = out.extra["policy_versions"]
-    assert versions == sorted(versions) and set(versions) == {0, 1, 2} and wrapper.policy_version == 2
+    assert versions == sorted(versions)
+    assert set(versions) == {0, 1, 2}
+    assert wrapper.policy_version == 2
 
 
 def test_caller_abort_is_not_resumed():
@@ -165,7 +172,9 @@ def test_caller_abort_is_not_resumed():
         return engine, out
 
     engine, out = _run(main())
-    assert out.stop_reason == "aborted" and len(engine.calls) == 1 and out.extra["resumes"] == 0
+    assert out.stop_reason == "aborted"
+    assert len(engine.calls) == 1
+    assert out.extra["resumes"] == 0
     assert 2 <= len(out.token_ids) < PARAMS["max_tokens"]
 
 
@@ -182,7 +191,8 @@ def test_caller_abort_during_a_weight_update_is_not_resumed():
         return engine, await task
 
     engine, out = _run(main())
-    assert out.stop_reason == "aborted" and len(engine.calls) == 1, "an aborted generation never resumes"
+    assert out.stop_reason == "aborted", "an aborted generation never resumes"
+    assert len(engine.calls) == 1, "an aborted generation never resumes"
     assert out.extra["policy_versions"] == [0] * len(out.token_ids)
 
 
@@ -203,8 +213,10 @@ def test_one_step_off_waits_for_in_flight_calls_on_the_old_weights():
 
     engine, out, later = _run(main())
     assert engine.aborts == [], "one_step_off never aborts"
-    assert out.stop_reason == "length" and len(out.token_ids) == PARAMS["max_tokens"]
-    assert out.extra["policy_versions"] == [0] * PARAMS["max_tokens"] and out.extra["resumes"] == 0
+    assert out.stop_reason == "length"
+    assert len(out.token_ids) == PARAMS["max_tokens"]
+    assert out.extra["policy_versions"] == [0] * PARAMS["max_tokens"]
+    assert out.extra["resumes"] == 0
     assert later.extra["policy_versions"] == [1] * PARAMS["max_tokens"], "started after the update"
 
 
@@ -274,7 +286,8 @@ def test_pop_ledger_many_pops_every_id_in_order_then_raises_for_the_first_untrac
     popped = wrapper.pop_ledger_many(["c", "a"])
     assert popped == [(outs[rid].token_ids, outs[rid].extra["policy_versions"]) for rid in "ca"], \
         "one entry per id, in the order asked"
-    assert popped[0] != popped[1] and wrapper.ledger_size == 0
+    assert popped[0] != popped[1]
+    assert wrapper.ledger_size == 0
 
 
 def test_snapshot_reflects_the_wrapper_and_is_a_copy():
@@ -306,7 +319,8 @@ def test_snapshot_reflects_the_wrapper_and_is_a_copy():
     wrapper.stats["updates"] += 10
     wrapper.pop_ledger("traj-0")
     assert done.stats["updates"] == 1, "the snapshot's stats must be a copy, not the wrapper's dict"
-    assert done.ledger_size == 1 and wrapper.snapshot().ledger_size == 0
+    assert done.ledger_size == 1
+    assert wrapper.snapshot().ledger_size == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         done.policy_version = 8
 
@@ -341,7 +355,9 @@ def test_local_rollout_control_pause_push_unpause_resumes_from_exactly_the_kept_
         return engine, paused, out, await control.pop_ledger_many(["traj-0"]), await control.rollout_state()
 
     engine, paused, out, ledger, state = _run(main())
-    assert paused.paused and paused.in_engine == 0 and paused.stats["interrupted_calls"] == 1, paused
+    assert paused.paused, paused
+    assert paused.in_engine == 0, paused
+    assert paused.stats["interrupted_calls"] == 1, paused
     assert engine.pushes == [({"w": 1}, set())], "one push, forwarded while no engine call ran"
     first, second = engine.calls
     k = PARAMS["max_tokens"] - second.sampling_params.max_tokens
@@ -349,7 +365,8 @@ def test_local_rollout_control_pause_push_unpause_resumes_from_exactly_the_kept_
     assert second.prompt_ids == PROMPT + out.token_ids[:k], "resumed from the prompt plus exactly the ids so far"
     assert out.token_ids == _reply("", PROMPT, 0)[: PARAMS["max_tokens"]]
     versions = [4] * k + [9] * (PARAMS["max_tokens"] - k)
-    assert out.extra["policy_versions"] == versions and out.extra["resumes"] == 1
+    assert out.extra["policy_versions"] == versions
+    assert out.extra["resumes"] == 1
     assert ledger == [(out.token_ids, versions)]
     assert (state.policy_version, state.paused, state.ledger_size) == (9, False, 0), state
     assert state.stats == {"resumed_calls": 1, "interrupted_calls": 1, "updates": 1}

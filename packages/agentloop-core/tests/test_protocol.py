@@ -44,7 +44,8 @@ def test_sampling_params_roundtrip_and_stop_ids_tuple():
 
 def test_capabilities_as_dict():
     caps = ServerCapabilities(sleep=True)
-    assert caps.as_dict()["sleep"] is True and caps.as_dict()["weight_update"] is False
+    assert caps.as_dict()["sleep"] is True
+    assert caps.as_dict()["weight_update"] is False
 
 
 def test_agent_loop_output_invariants():
@@ -55,15 +56,19 @@ def test_agent_loop_output_invariants():
     with pytest.raises(ValueError, match="response_logprobs has 1"):
         AgentLoopOutput(prompt_ids=[1], response_ids=[2, 3], response_mask=[1, 0], response_logprobs=[0.0])
     failed = AgentLoopOutput.failure([1, 2], RuntimeError("boom"), sample_index=3)
-    assert failed.failed and failed.metrics["error"] == "RuntimeError: boom"
-    assert failed.metrics["sample_index"] == 3 and failed.response_ids == []
+    assert failed.failed
+    assert failed.metrics["error"] == "RuntimeError: boom"
+    assert failed.metrics["sample_index"] == 3
+    assert failed.response_ids == []
 
 
 def test_registry_unknown_name_lists_known_names():
     with pytest.raises(KeyError) as info:
         get_agent_loop_class("no_such_loop")
     message = str(info.value)
-    assert "no_such_loop" in message and "single_turn_agent" in message and "@agentloop_core.register" in message
+    assert "no_such_loop" in message
+    assert "single_turn_agent" in message
+    assert "@agentloop_core.register" in message
 
 
 def test_registry_entry_point_and_duplicate_name():

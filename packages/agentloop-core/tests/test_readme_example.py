@@ -26,5 +26,6 @@ async def test_readme_custom_loop_example_runs():
     )
     generated = [t for call in server.calls for t in call.output.token_ids]
     assert [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if m == 1] == generated
-    assert out.reward_score == 1.0 and 0 in out.response_mask
+    assert out.reward_score == 1.0
+    assert 0 in out.response_mask
     assert server.calls[1].prompt_ids == out.prompt_ids + out.response_ids[: len(server.calls[1].prompt_ids) - len(out.prompt_ids)]

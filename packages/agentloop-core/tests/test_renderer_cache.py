@@ -58,7 +58,8 @@ def test_a_second_renderer_reuses_the_probes_and_gets_the_same_answers():
     assert _probed(second) == _probed(first)
     # A tokenizer the cache has never seen works the same answers out again.
     fresh = CountingProcessor(load_tiny_tokenizer())
-    assert _probed(ChatRenderer(fresh, tools=TOOLS)) == _probed(first) and fresh.rendered > 0
+    assert _probed(ChatRenderer(fresh, tools=TOOLS)) == _probed(first)
+    assert fresh.rendered > 0
 
 
 def test_a_template_changed_in_place_is_probed_again():
@@ -68,8 +69,10 @@ def test_a_template_changed_in_place_is_probed_again():
     before = processor.rendered
     spaced = ChatRenderer(processor)
     assert processor.rendered > before
-    assert spaced.assistant_suffix == "<|im_end|>\n\n" and chatml.assistant_suffix == "<|im_end|>\n"
-    assert spaced.generation_prompt_extra == "<think></think>" and chatml.generation_prompt_extra == ""
+    assert spaced.assistant_suffix == "<|im_end|>\n\n"
+    assert chatml.assistant_suffix == "<|im_end|>\n"
+    assert spaced.generation_prompt_extra == "<think></think>"
+    assert chatml.generation_prompt_extra == ""
 
 
 @pytest.mark.parametrize("change", ["tools", "chat_template", "apply_chat_template_kwargs"])
@@ -123,4 +126,5 @@ def test_a_processor_that_cannot_be_held_weakly_is_probed_every_time():
     first = ChatRenderer(processor)
     after_first = processor.rendered
     second = ChatRenderer(processor)
-    assert processor.rendered > after_first and _probed(second) == _probed(first)
+    assert processor.rendered > after_first
+    assert _probed(second) == _probed(first)

@@ -51,7 +51,8 @@ def test_max_tokens_is_clamped_to_what_fits_in_the_context():
 async def test_the_scripted_engine_generates_no_more_than_fits():
     server = ScriptedServer(None, vocab_size=100, max_model_len=16)
     out = await server.generate("r", [1] * 12, {"max_tokens": 50, "ignore_eos": True})
-    assert len(out.token_ids) == 4 and out.stop_reason == "length"
+    assert len(out.token_ids) == 4
+    assert out.stop_reason == "length"
     assert server.calls[-1].sampling_params.max_tokens == 4
 
 

@@ -47,7 +47,8 @@ def test_manager_inprocess_chunks_keep_order_and_count_failures(tokenizer, caplo
     manager = AgentLoopManager(ScriptedServer(), tokenizer, CONFIG, num_workers=3)
     batch = manager.generate_sequences(rows, step=1)
     manager.shutdown()
-    assert isinstance(batch, RolloutBatch) and len(batch) == 10
+    assert isinstance(batch, RolloutBatch)
+    assert len(batch) == 10
     np.testing.assert_array_equal(np.flatnonzero(batch.failed), [3, 8])
     assert batch.metrics["rollout/num_failed"] == 2
     assert batch.metrics["rollout/num_workers"] == 3
@@ -66,7 +67,8 @@ def test_manager_inprocess_chunks_keep_order_and_count_failures(tokenizer, caplo
 async def test_async_entry_point_and_sync_inside_loop_error(tokenizer):
     manager = AgentLoopManager(ScriptedServer(), tokenizer, CONFIG, num_workers=2)
     batch = await manager.agenerate_sequences(make_rows(4), validate=True)
-    assert len(batch) == 4 and batch.num_failed == 0
+    assert len(batch) == 4
+    assert batch.num_failed == 0
     with pytest.raises(RuntimeError, match="agenerate_sequences"):
         manager.generate_sequences(make_rows(1))
 

@@ -71,12 +71,14 @@ def test_dead_worker_chunk_is_rerun_then_failed_when_none_is_left(local_ray):
             return await task
 
         batch = asyncio.run(run_and_kill())
-        assert len(batch) == 12 and batch.num_failed == 0
+        assert len(batch) == 12
+        assert batch.num_failed == 0
         assert batch.metrics["rollout/worker_failures"] == 1
         assert batch.metrics["rollout/num_retried"] == 6
         assert batch.metrics["rollout/num_workers"] == 1
         reruns = [m.get("rerun_after", "") for m in batch.sample_metrics]
-        assert all("rollout worker 1" in r and "died" in r for r in reruns[6:]) and not any(reruns[:6])
+        assert all("rollout worker 1" in r and "died" in r for r in reruns[6:])
+        assert not any(reruns[:6])
         # Per-trajectory seeds: the re-run samples equal what the first worker would have made.
         assert batch.responses.tolist() == reference.responses.tolist()
         assert manager.worker_node_ids() == [node]
@@ -89,7 +91,8 @@ def test_dead_worker_chunk_is_rerun_then_failed_when_none_is_left(local_ray):
         assert lost.metrics["rollout/worker_failures"] == 1
         assert lost.metrics["rollout/num_lost_to_worker_failures"] == 4
         again = manager.generate_sequences(rows[:2], step=3)
-        assert again.num_failed == 2 and "all 2 rollout workers died" in again.sample_metrics[0]["error"]
+        assert again.num_failed == 2
+        assert "all 2 rollout workers died" in again.sample_metrics[0]["error"]
     finally:
         manager.shutdown()
 

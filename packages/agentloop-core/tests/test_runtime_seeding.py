@@ -32,7 +32,8 @@ def test_derive_seed_is_stable_63_bit_and_depends_on_every_part():
     assert seed == derive_seed(7, "step=1/validate=False/sample=3", 0)
     others = {derive_seed(8, "step=1/validate=False/sample=3", 0), derive_seed(7, "step=1/validate=False/sample=4", 0),
               derive_seed(7, "step=1/validate=False/sample=3", 1)}
-    assert seed not in others and len(others) == 3
+    assert seed not in others
+    assert len(others) == 3
 
 
 async def test_seeded_server_fills_missing_seeds_per_sample_and_call():
@@ -67,7 +68,8 @@ async def test_seeded_server_forwards_the_rest_and_pickles():
     assert "gone" in inner._aborted
     assert server.vocab_size == inner.vocab_size
     clone = pickle.loads(pickle.dumps(server))
-    assert clone.sampling_seed == 1 and isinstance(clone.server, ScriptedServer)
+    assert clone.sampling_seed == 1
+    assert isinstance(clone.server, ScriptedServer)
     with pytest.raises(ValueError, match="sampling_seed must be an integer"):
         SeededServer(inner, "7")  # type: ignore[arg-type]
 

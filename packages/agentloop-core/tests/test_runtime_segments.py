@@ -82,8 +82,10 @@ async def test_worker_numbers_segments_and_scores_each_trajectory_once(tokenizer
     # reward_fn ran once per trajectory, on all 9 generated tokens (3 calls x 3)
     assert sorted(reward.seen) == [(0, 9), (1, 9), (2, 9)]
     for o in outputs:
-        assert o.reward_score == 9.0 and o.metrics["reward/function"] == 9.0
-        assert o.metrics["agent_name"] == SUMMARISING and o.metrics["reward_s"] >= 0
+        assert o.reward_score == 9.0
+        assert o.metrics["reward/function"] == 9.0
+        assert o.metrics["agent_name"] == SUMMARISING
+        assert o.metrics["reward_s"] >= 0
     # The mask-1 tokens of a trajectory's segments are what the engine generated, in order.
     by_request: dict[str, list[int]] = {}
     for call in server.calls:
@@ -91,7 +93,8 @@ async def test_worker_numbers_segments_and_scores_each_trajectory_once(tokenizer
     trained = [[t for o in outputs[2 * k : 2 * k + 2] for t, m in zip(o.response_ids, o.response_mask, strict=True) if m]
                for k in range(3)]
     assert sorted(trained) == sorted(by_request.values())
-    assert outputs[0].response_mask == [1, 1, 1, 0, 0, 1, 1, 1] and outputs[1].prompt_ids == [1, 2, 9, 100]
+    assert outputs[0].response_mask == [1, 1, 1, 0, 0, 1, 1, 1]
+    assert outputs[1].prompt_ids == [1, 2, 9, 100]
 
 
 async def test_without_reward_fn_the_loops_reward_reaches_every_segment(tokenizer):
@@ -117,7 +120,9 @@ async def test_a_reward_on_the_last_segment_is_shared_and_conflicting_rewards_fa
     worker = AgentLoopWorker(ScriptedServer(), tokenizer, {**CONFIG, "default_agent_loop": "test_last_only_reward"})
     outputs = await worker.generate_sequences([{}, {"conflict": True}])
     assert [o.reward_score for o in outputs[:2]] == [2.0, 2.0]
-    assert len(outputs) == 3 and outputs[2].failed and outputs[2].trajectory_index == 1
+    assert len(outputs) == 3
+    assert outputs[2].failed
+    assert outputs[2].trajectory_index == 1
     assert "segment 0 has reward_score 1.0 but the last segment has 2.0" in outputs[2].metrics["error"]
 
 
@@ -142,7 +147,8 @@ async def test_run_must_return_an_output_or_a_non_empty_list_of_them(tokenizer):
     outputs = await worker.generate_sequences([{"value": []}, {"value": [ok, "x"]}, {"value": (ok,)}])
     assert "returned an empty list; return at least one AgentLoopOutput" in outputs[0].metrics["error"]
     assert "returned list of AgentLoopOutput, str; run() must return an AgentLoopOutput or a list" in outputs[1].metrics["error"]
-    assert not outputs[2].failed and outputs[2].trajectory_index == 2
+    assert not outputs[2].failed
+    assert outputs[2].trajectory_index == 2
 
 
 def test_manager_batch_keeps_segments_of_a_trajectory_together(tokenizer):
@@ -156,14 +162,18 @@ def test_manager_batch_keeps_segments_of_a_trajectory_together(tokenizer):
     np.testing.assert_array_equal(batch.segment_index, [0, 1, 0, 1, 0, 0, 1, 0, 0, 1, 0])
     np.testing.assert_array_equal(np.flatnonzero(batch.failed), [4])
     np.testing.assert_array_equal(batch.last_segment_rows(), [1, 3, 4, 6, 7, 9, 10])
-    assert len(batch) == 11 and batch.num_trajectories == 7 and batch.num_failed == 1
+    assert len(batch) == 11
+    assert batch.num_trajectories == 7
+    assert batch.num_failed == 1
     # the loop's reward (index % 2) is shared by a trajectory's segments
     np.testing.assert_array_equal(batch.rewards[:4], [0.0, 0.0, 1.0, 1.0])
     m = batch.metrics
-    assert m["rollout/num_samples"] == 7 and m["rollout/num_failed"] == 1
+    assert m["rollout/num_samples"] == 7
+    assert m["rollout/num_failed"] == 1
     assert m["rollout/failed_fraction"] == pytest.approx(1 / 7)
     # over the 6 successful trajectories: four of 2 segments, two of 1
-    assert m["agent_loop/num_segments/mean"] == pytest.approx(10 / 6) and m["agent_loop/num_segments/max"] == 2
+    assert m["agent_loop/num_segments/mean"] == pytest.approx(10 / 6)
+    assert m["agent_loop/num_segments/max"] == 2
     # counted once per trajectory (the test_chat sample reports no tool_calls: 0)
     assert m["agent_loop/tool_calls/mean"] == pytest.approx(5 / 6)
     assert m["rollout/generated_tokens/mean"] == pytest.approx(
@@ -191,7 +201,8 @@ def test_rolloutbatch_rows_indices_and_checks():
     batch = RolloutBatch.from_outputs(one_failed, pad_token_id=0)
     np.testing.assert_array_equal(batch.failed, [True, True, False])
     np.testing.assert_array_equal(batch.rewards, [0.0, 0.0, 1.0])
-    assert batch.num_failed == 1 and batch.metrics["rollout/failed_fraction"] == 0.5
+    assert batch.num_failed == 1
+    assert batch.metrics["rollout/failed_fraction"] == 0.5
     with pytest.raises(ValueError, match=r"outputs \[1\] have no trajectory_index while others do"):
         RolloutBatch.from_outputs([seg(0, 0), AgentLoopOutput([1], [2], [1])], pad_token_id=0)
     with pytest.raises(ValueError, match=r"trajectory 0 has segment indices \[0, 0\]; its outputs need segment_index 0..1"):

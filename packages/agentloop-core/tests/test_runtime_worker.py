@@ -100,7 +100,8 @@ async def test_raising_loop_yields_failed_sample_not_crash(tokenizer):
     assert [o.failed for o in outputs] == [False, False, True, False, False, True]
     assert "ScriptedLoopError" in outputs[2].metrics["error"]
     assert outputs[2].metrics["sample_index"] == 12
-    assert outputs[2].response_ids == [] and outputs[0].response_ids
+    assert outputs[2].response_ids == []
+    assert outputs[0].response_ids
 
 
 async def test_sample_timeout_fails_only_the_slow_sample(tokenizer):
@@ -224,7 +225,8 @@ async def test_reward_fn_scores_each_sample_as_it_finishes(tokenizer):
     rows = make_rows(3)
     rows[0]["sleep_s"] = 0.3  # still running while the others are scored
     outputs = await worker.generate_sequences(rows)
-    assert reward.order[-1] == 0 and sorted(reward.order) == [0, 1, 2]
+    assert reward.order[-1] == 0
+    assert sorted(reward.order) == [0, 1, 2]
     for out in outputs:
         assert out.reward_score == 10.0 * (out.response_ids[0] % 2)
         assert out.metrics["reward/loop_said"] in (0.0, 1.0)  # the loop's own reward was there to use
@@ -301,7 +303,8 @@ async def test_turn_pacer_lets_at_most_k_through_per_iteration_in_arrival_order(
     per_iteration: dict[int, int] = {}
     for _, it in released:
         per_iteration[it] = per_iteration.get(it, 0) + 1
-    assert max(per_iteration.values()) <= 3 and len(per_iteration) >= 3, per_iteration
+    assert max(per_iteration.values()) <= 3, per_iteration
+    assert len(per_iteration) >= 3, per_iteration
 
 
 async def test_paced_and_unpaced_workers_return_the_same_outputs(tokenizer):
@@ -321,7 +324,9 @@ async def test_paced_server_forwards_the_server_api():
 
     inner = ScriptedServer()
     paced = PacedServer(inner, TurnPacer(2))
-    assert paced.capabilities == inner.capabilities and paced.vocab_size == inner.vocab_size
+    assert paced.capabilities == inner.capabilities
+    assert paced.vocab_size == inner.vocab_size
     out = await paced.generate("r", [1, 2, 3], {"max_tokens": 4})
-    assert out.token_ids and inner.calls[-1].request_id == "r"
+    assert out.token_ids
+    assert inner.calls[-1].request_id == "r"
     await paced.abort("r")  # forwarded, not swallowed by __getattr__

@@ -25,10 +25,13 @@ def test_extending_calls_merge_with_the_gap_as_mask_0_tokens():
     assert out.response_ids == [3, 4, 9, 9, 5, 6]
     assert out.response_mask == [1, 1, 0, 0, 1, 1]
     assert out.response_logprobs == [-0.3, -0.4, 0.0, 0.0, -0.5, -0.6]
-    assert out.reward_score == 1.0 and out.num_turns == 5 and out.segment_index == 0
+    assert out.reward_score == 1.0
+    assert out.num_turns == 5
+    assert out.segment_index == 0
     assert out.metrics == {"generate_s": 0.1}
     assert out.extra_fields == {"k": 1, "stop_reasons": ["stop", "length", None]}
-    assert b.num_calls == 3 and b.num_segments == 1
+    assert b.num_calls == 3
+    assert b.num_segments == 1
 
 
 def test_a_rewritten_prompt_starts_a_new_segment():
@@ -56,7 +59,8 @@ def test_from_calls_takes_recorded_calls_in_order():
     calls = [Call(prompt_ids=[1], token_ids=[2], log_probs=[-0.2], stop_reason="stop"),
              Call(prompt_ids=[1, 2, 5], token_ids=[3], log_probs=[-0.3], stop_reason="length")]
     (out,) = SegmentBuilder.from_calls(calls).outputs()
-    assert out.response_ids == [2, 5, 3] and out.extra_fields["stop_reasons"] == ["stop", "length"]
+    assert out.response_ids == [2, 5, 3]
+    assert out.extra_fields["stop_reasons"] == ["stop", "length"]
 
 
 def test_without_log_probs_the_outputs_have_none():
@@ -66,7 +70,8 @@ def test_without_log_probs_the_outputs_have_none():
     b.add_call([1, 9], [])  # a call that generated nothing may carry no log-probs either way
     outs = b.outputs()
     assert [o.response_logprobs for o in outs] == [None, None]
-    assert outs[1].response_ids == [] and outs[1].prompt_ids == [1, 9]
+    assert outs[1].response_ids == []
+    assert outs[1].prompt_ids == [1, 9]
 
 
 def test_bad_input_is_named_with_the_fix():
@@ -95,9 +100,13 @@ def test_trajectory_reward_and_view():
     ]
     assert trajectory_reward(segs) == 2.0
     view = trajectory_view(segs)
-    assert view.prompt_ids == [1] and view.response_ids == [2, 8, 3] and view.response_mask == [1, 0, 1]
+    assert view.prompt_ids == [1]
+    assert view.response_ids == [2, 8, 3]
+    assert view.response_mask == [1, 0, 1]
     assert view.response_logprobs == [-0.2, 0.0, -0.3]
-    assert view.reward_score == 2.0 and view.num_turns == 4 and view.extra_fields == {"messages": ["m"]}
+    assert view.reward_score == 2.0
+    assert view.num_turns == 4
+    assert view.extra_fields == {"messages": ["m"]}
     view.metrics["reward/function"] = 1.0
     assert segs[1].metrics == {"b": 2}  # the view's metrics are a copy
     assert trajectory_view(segs[:1]) is segs[0]
@@ -144,7 +153,8 @@ def test_mask_1_tokens_are_exactly_the_generated_tokens(calls):
     generated_lp = [x for _, _, lp in calls for x in lp]
     trained = [t for o in outs for t, m in zip(o.response_ids, o.response_mask, strict=True) if m]
     trained_lp = [x for o in outs for x, m in zip(o.response_logprobs, o.response_mask, strict=True) if m]
-    assert trained == generated and trained_lp == generated_lp
+    assert trained == generated
+    assert trained_lp == generated_lp
     assert all(x == 0.0 for o in outs for x, m in zip(o.response_logprobs, o.response_mask, strict=True) if not m)
     # Each call saw a prefix of its segment: its prompt and generation sit in the row in place.
     for (prompt, gen, _), k in zip(calls, placed, strict=True):
@@ -157,6 +167,7 @@ def test_mask_1_tokens_are_exactly_the_generated_tokens(calls):
         i for i in range(1, len(calls))
         if calls[i][0][: len(calls[i - 1][0]) + len(calls[i - 1][1])] != calls[i - 1][0] + calls[i - 1][1]
     ]  # fmt: skip
-    assert len(outs) == 1 + len(splits) and placed == sorted(placed)
+    assert len(outs) == 1 + len(splits)
+    assert placed == sorted(placed)
     assert [o.prompt_ids for o in outs] == [calls[0][0]] + [calls[i][0] for i in splits]
     assert [o.segment_index for o in outs] == list(range(len(outs)))

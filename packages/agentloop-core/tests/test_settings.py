@@ -38,7 +38,8 @@ def test_a_mapping_becomes_the_record_with_sampling_params_merged():
     assert record.sampling_params == SamplingParams(temperature=0.7, max_tokens=5)
     assert record.sampling_for(True) == SamplingParams(temperature=0.0, max_tokens=5)
     assert record.sampling_for(False) is record.sampling_params
-    assert record.agent_loop_modules == ("json",) and record.truncate is True
+    assert record.agent_loop_modules == ("json",)
+    assert record.truncate is True
     assert record.loop_options == (("my_option", {"a": 1}),)
     assert record.loop_mapping() == {"prompt_length": None, "response_length": 9, "sanity_check": "strict",
                                      "my_option": {"a": 1}}
@@ -75,7 +76,8 @@ def test_a_section_becomes_the_loops_config_built_once():
     assert built[TEST_CHAT_AGENT] == (("greeting", "mine"),)  # a loop without a config class: its pairs
     assert record.loop_config("settings_test_greeter", GreeterLoop) is built["settings_test_greeter"]
     chat = record.loop_config(TEST_CHAT_AGENT, get_agent_loop_class(TEST_CHAT_AGENT))
-    assert chat["greeting"] == "mine" and chat["response_length"] == 12
+    assert chat["greeting"] == "mine"
+    assert chat["response_length"] == 12
     # A loop with no entry gets its config class read from the record's loop mapping.
     assert RolloutConfig(response_length=3).loop_config("settings_test_greeter", GreeterLoop) == GreetConfig(
         response_length=3)

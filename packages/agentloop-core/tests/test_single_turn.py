@@ -39,14 +39,18 @@ async def test_one_generate(tok):
     )
     out = await loop.run({"max_tokens": 100, "temperature": 1.0}, raw_prompt=PROMPT, request_id="r-1")
     call = server.calls[0]
-    assert call.request_id == "r-1" and call.sampling_params.max_tokens == 16
+    assert call.request_id == "r-1"
+    assert call.sampling_params.max_tokens == 16
     assert out.prompt_ids == call.prompt_ids == ChatRenderer(tok).render_prompt(PROMPT)
-    assert out.response_ids == answer and out.response_mask == [1] * len(answer)
+    assert out.response_ids == answer
+    assert out.response_mask == [1] * len(answer)
     assert out.response_logprobs == call.output.log_probs
-    assert out.num_turns == 3 and out.metrics["generate_s"] >= 0
+    assert out.num_turns == 3
+    assert out.metrics["generate_s"] >= 0
     assert out.extra_fields["messages"][-1] == {"role": "assistant", "content": "The answer is 5."}
     assert [r["name"] for r in tracer.records] == ["generate"]
-    assert tracer.records[0]["request_id"] == "r-1" and tracer.records[0]["response_tokens"] == len(answer)
+    assert tracer.records[0]["request_id"] == "r-1"
+    assert tracer.records[0]["response_tokens"] == len(answer)
 
 
 async def test_sampled_noise_keeps_engine_tokens(tok):

@@ -39,7 +39,8 @@ def test_batch_fractions():
     outputs = [_out(11, **capped.metrics()), _out(3, **clean.metrics()), _out(2, **context.metrics()),
                _out(12, **clean.metrics())]
     m = RolloutBatch.from_outputs(outputs, pad_token_id=0, response_length=12).metrics
-    assert m["rollout/truncated/turn_cap"] == 0.25 and m["rollout/truncated/turn_cap_turns"] == 1 / 5
+    assert m["rollout/truncated/turn_cap"] == 0.25
+    assert m["rollout/truncated/turn_cap_turns"] == 1 / 5
     assert m["rollout/truncated/context"] == 0.25
     assert m["rollout/truncated/response_budget"] == 0.25  # the one 12 tokens long: the whole budget
     assert m["rollout/truncated/any"] == 0.75
@@ -51,7 +52,8 @@ def test_clip_fraction_needs_the_real_limit():
     # fills: that is no clipping, so the metric is left out instead of reporting 1/B.
     m = RolloutBatch.from_outputs([_out(3), _out(5)], pad_token_id=0).metrics
     assert "rollout/response_clip_fraction" not in m
-    assert m["rollout/truncated/response_budget"] == 0 and "rollout/truncated/turn_cap" not in m
+    assert m["rollout/truncated/response_budget"] == 0
+    assert "rollout/truncated/turn_cap" not in m
     m = RolloutBatch.from_outputs([_out(3), _out(5)], pad_token_id=0, response_length=8).metrics
     assert m["rollout/response_clip_fraction"] == 0
 
@@ -62,7 +64,11 @@ async def test_single_turn_loop_reports_its_stop():
     server = ScriptedServer(lambda *_: text, eos_token_id=tokenizer.eos_token_id)
     loop = SingleTurnAgentLoop(server, tokenizer, {"response_length": 100})
     out = await loop.run({"max_tokens": 4}, raw_prompt=[{"role": "user", "content": "count"}])
-    assert out.metrics[TURNS] == 1 and out.metrics[TURN_CAP] == 1 and out.metrics[RESPONSE_BUDGET] == 0
+    assert out.metrics[TURNS] == 1
+    assert out.metrics[TURN_CAP] == 1
+    assert out.metrics[RESPONSE_BUDGET] == 0
     out = await SingleTurnAgentLoop(server, tokenizer, {"response_length": 3}).run(
         {"max_tokens": 4}, raw_prompt=[{"role": "user", "content": "count"}])
-    assert out.metrics[RESPONSE_BUDGET] == 1 and out.metrics[TURN_CAP] == 0 and out.metrics[CONTEXT] == 0
+    assert out.metrics[RESPONSE_BUDGET] == 1
+    assert out.metrics[TURN_CAP] == 0
+    assert out.metrics[CONTEXT] == 0

@@ -28,7 +28,8 @@ def test_ids_survive_save_and_reload(built, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(built))
-    assert type(tok).__name__ == "Qwen2Tokenizer" and len(tok) == VOCAB_SIZE
+    assert type(tok).__name__ == "Qwen2Tokenizer"
+    assert len(tok) == VOCAB_SIZE
     tok.save_pretrained(tmp_path / "resaved")
     again = AutoTokenizer.from_pretrained(str(tmp_path / "resaved"))
     raw = Tokenizer.from_file(str(built / "tokenizer.json"))

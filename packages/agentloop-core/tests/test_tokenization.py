@@ -143,7 +143,8 @@ def tool_call_text(arg: str) -> str:
 
 def assert_mask_invariant(traj: Trajectory, outputs: list[tuple[list[int], list[float]]]) -> None:
     n = len(traj.response_ids)
-    assert len(traj.response_mask) == n and len(traj.response_logprobs) == n
+    assert len(traj.response_mask) == n
+    assert len(traj.response_logprobs) == n
     generated = [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1]
     assert generated == [t for ids, _ in outputs for t in ids]
     lps = [lp for lp, m in zip(traj.response_logprobs, traj.response_mask, strict=True) if m == 1]
@@ -213,7 +214,8 @@ def test_delta_equals_full_tokenization(
         before = traj.context_ids
         message = traj.append_generated(TokenOutput(ids, lps))
         assert traj.context_ids == before + ids, "generated ids must be appended verbatim"
-        assert message is traj.messages[-1] and message["role"] == "assistant"
+        assert message is traj.messages[-1]
+        assert message["role"] == "assistant"
         outputs.append((ids, lps))
         if end_with_assistant and k == len(turns) - 1:
             break
@@ -244,7 +246,8 @@ def test_delta_equals_full_tokenization(
     if all_canonical:
         assert strict.canonical is True
     output = traj.to_output(sanity_check="strict")
-    assert output.response_ids == traj.response_ids and output.num_turns == len(traj.messages)
+    assert output.response_ids == traj.response_ids
+    assert output.num_turns == len(traj.messages)
 
 
 def test_delta_ids_match_trajectory(tok, tool_support):
@@ -259,7 +262,8 @@ def test_delta_ids_match_trajectory(tok, tool_support):
     assert traj.append_messages(new) == expected
     assert traj.response_ids[-len(expected) :] == expected
     text = renderer.decode(expected)
-    assert "42" in text and text.startswith(renderer.glue_after_assistant(True))
+    assert "42" in text
+    assert text.startswith(renderer.glue_after_assistant(True))
     assert (
         renderer.encode(renderer.render_text(traj.messages, add_generation_prompt=True)) == traj.context_ids
     )
@@ -371,7 +375,8 @@ def test_reasoning_stripping_template_keeps_the_generated_reasoning(inference_te
     if inference_template:
         # An inference server would render the history without the first turn's reasoning.
         assert not report.ok
-        assert "add them" in report.actual_text and "add them" not in report.expected_text
+        assert "add them" in report.actual_text
+        assert "add them" not in report.expected_text
         with pytest.raises(TokenizationMismatchError, match="MISMATCH"):
             traj.to_output(sanity_check="strict")
     else:
@@ -468,11 +473,13 @@ def test_auto_delta_turns_short_after_agreeing_and_gives_the_history_ids(monkeyp
     monkeypatch.setattr(auto_renderer, "render_text", counting)
     auto = _tool_turns(auto_renderer, 12)
     during = list(rendered)
-    assert auto.context_ids == exact.context_ids and auto.response_mask == exact.response_mask
+    assert auto.context_ids == exact.context_ids
+    assert auto.response_mask == exact.response_mask
     assert auto.sanity_check("strict").ok
     # Verification renders the whole history; after VERIFY_DELTAS agreeing deltas each render
     # holds the fixed user message + the last assistant turn (+ the tool message): at most 3.
-    assert max(during[-2 * 4:]) <= 3 and max(during) > 3
+    assert max(during[-2 * 4:]) <= 3
+    assert max(during) > 3
     # A second renderer of the same template (loops build one per trajectory) trusts the verdict.
     fresh = ChatRenderer(tok, tools=TOOLS)
     lengths: list[int] = []
@@ -480,7 +487,8 @@ def test_auto_delta_turns_short_after_agreeing_and_gives_the_history_ids(monkeyp
     monkeypatch.setattr(fresh, "render_text", lambda messages, **kw: (lengths.append(len(messages)),
                                                                        fresh_render(messages, **kw))[1])
     _tool_turns(fresh, 3)
-    assert lengths and max(lengths[1:]) <= 3  # after the prompt render
+    assert lengths
+    assert max(lengths[1:]) <= 3
 
 
 def test_auto_delta_keeps_the_history_render_for_a_template_that_looks_further_back(monkeypatch):
@@ -495,6 +503,7 @@ def test_auto_delta_keeps_the_history_render_for_a_template_that_looks_further_b
     # Forcing the short render on such a template is caught by the strict sanity check.
     short = _tool_turns(ChatRenderer(tok, chat_template=COUNTING_TOOL_RESULTS_TEMPLATE, delta_strategy="short"), 3)
     report = short.sanity_check("strict")
-    assert not report.ok and "#2" in report.expected_text
+    assert not report.ok
+    assert "#2" in report.expected_text
     with pytest.raises(ValueError, match="delta_strategy='shortest'; use one of auto, history, short"):
         ChatRenderer(tok, delta_strategy="shortest")

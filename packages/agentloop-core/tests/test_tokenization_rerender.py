@@ -134,7 +134,8 @@ def test_trimming_template_strict_semantics():
     # accepts a whitespace-only difference.
     assert not trajectories[1].sanity_check("strict").ok
     relaxed = trajectories[1].sanity_check("ignore_strippable")
-    assert relaxed.ok and "whitespace" in relaxed.reason
+    assert relaxed.ok
+    assert "whitespace" in relaxed.reason
 
 
 # Llama-3-like: turns close with <|eot_id|>, the tokenizer's EOS is <|end_of_text|>, and the

@@ -29,9 +29,13 @@ def _tool_trajectory(renderer: ChatRenderer) -> Trajectory:
 def test_clean_trajectory_passes(renderer):
     traj = _tool_trajectory(renderer)
     report = traj.sanity_check("strict")
-    assert report.ok and report.canonical is True and report.first_mismatch is None
+    assert report.ok
+    assert report.canonical is True
+    assert report.first_mismatch is None
     out = traj.to_output(reward_score=1.0, metrics={"x": 1}, extra_fields={"k": "v"})
-    assert out.metrics == {"x": 1} and out.extra_fields == {"k": "v"} and out.reward_score == 1.0
+    assert out.metrics == {"x": 1}
+    assert out.extra_fields == {"k": "v"}
+    assert out.reward_score == 1.0
 
 
 def test_missing_glue_newline_fails_strict_and_passes_ignore_strippable(renderer, monkeypatch):
@@ -42,15 +46,18 @@ def test_missing_glue_newline_fails_strict_and_passes_ignore_strippable(renderer
     monkeypatch.undo()
     assert "<|im_end|><|im_start|>user" in renderer.decode(traj.context_ids)
     report = traj.sanity_check("strict")
-    assert not report.ok and report.first_mismatch is not None
+    assert not report.ok
+    assert report.first_mismatch is not None
     assert "<|im_end|>\n<|im_start|>" in report.expected_text
     assert "<|im_end|><|im_start|>" in report.actual_text
     with pytest.raises(TokenizationMismatchError, match="first mismatching token index"):
         traj.to_output(sanity_check="strict")
     lenient = traj.sanity_check("ignore_strippable")
-    assert lenient.ok and "whitespace" in lenient.reason
+    assert lenient.ok
+    assert "whitespace" in lenient.reason
     out = traj.to_output(sanity_check="ignore_strippable")
-    assert out.metrics["tokenization_mismatch_ignored"] == 1 and "tokenization_mismatch" not in out.metrics
+    assert out.metrics["tokenization_mismatch_ignored"] == 1
+    assert "tokenization_mismatch" not in out.metrics
 
 
 def test_corrupted_tool_tokens_fail_both_modes_and_are_logged(renderer, caplog):
@@ -64,11 +71,13 @@ def test_corrupted_tool_tokens_fail_both_modes_and_are_logged(renderer, caplog):
     traj.response_ids[at] = renderer.encode("7")[0]
     assert not traj.sanity_check("strict").ok
     report = traj.sanity_check("ignore_strippable")
-    assert not report.ok and report.first_mismatch == len(traj.prompt_ids) + at
+    assert not report.ok
+    assert report.first_mismatch == len(traj.prompt_ids) + at
     with caplog.at_level(logging.WARNING, logger="agentloop_core.tokenization.trajectory"):
         out = traj.to_output(sanity_check="ignore_strippable")
     assert out.metrics["tokenization_mismatch"] == 1
-    assert "MISMATCH" in caplog.text and "42" in caplog.text
+    assert "MISMATCH" in caplog.text
+    assert "42" in caplog.text
 
 
 def test_dropped_token_is_caught(renderer):
@@ -97,7 +106,8 @@ def test_noncanonical_generation_passes_strict(renderer):
     traj.append_generated(TokenOutput(ids))
     traj.append_messages([{"role": "user", "content": "Bye."}])
     report = traj.sanity_check("strict")
-    assert report.ok and report.canonical is False, report.describe()
+    assert report.ok, report.describe()
+    assert report.canonical is False, report.describe()
     assert traj.to_output().metrics["tokenization_noncanonical"] == 1
 
 
@@ -108,7 +118,8 @@ def test_attached_tool_calls_change_no_id_and_the_inference_view_reports_them():
         {"id": "call_0", "type": "function", "function": {"name": "calc", "arguments": {"x": "6*7"}}}
     ]
     # The engine view never renders a generated turn's text or calls: the ids are the engine's.
-    assert traj.context_ids == before and traj.sanity_check("strict").ok
+    assert traj.context_ids == before
+    assert traj.sanity_check("strict").ok
     inference = Trajectory(ChatRenderer(load_tiny_tokenizer(), use_inference_chat_template=True), traj.messages[:1])
     for piece in _tool_trajectory(renderer_for_view).messages[1:]:
         if piece["role"] == "assistant":
@@ -120,4 +131,5 @@ def test_attached_tool_calls_change_no_id_and_the_inference_view_reports_them():
     # An inference server sent the calls as well as the text renders the markup twice.
     inference.messages[1]["tool_calls"] = traj.messages[1]["tool_calls"]
     report = inference.sanity_check("ignore_strippable")
-    assert not report.ok and "inference view" in report.reason
+    assert not report.ok
+    assert "inference view" in report.reason

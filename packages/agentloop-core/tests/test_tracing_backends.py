@@ -82,12 +82,17 @@ def test_jsonl_tracer_writes_tags_nesting_errors_and_redacts(tmp_path):
     inner, outer, broken = read_spans(path)
     assert [s["name"] for s in (inner, outer, broken)] == ["inner", "outer", "broken"]
     assert all((s["step"], s["sample_index"], s["rollout_n"]) == (3, 7, 1) for s in (inner, outer, broken))
-    assert inner["parent_id"] == outer["span_id"] and outer["parent_id"] is None
-    assert outer["api_key"] == "[REDACTED]" and outer["value"] is None and outer["late"] == 5
-    assert broken["error"].startswith("KeyError") and outer["duration_s"] >= inner["duration_s"] >= 0
+    assert inner["parent_id"] == outer["span_id"]
+    assert outer["parent_id"] is None
+    assert outer["api_key"] == "[REDACTED]"
+    assert outer["value"] is None
+    assert outer["late"] == 5
+    assert broken["error"].startswith("KeyError")
+    assert outer["duration_s"] >= inner["duration_s"] >= 0
     assert "sk-123" not in path.read_text()
     clone = pickle.loads(pickle.dumps(tracer))
-    assert isinstance(clone, JsonlTracer) and clone.path == path
+    assert isinstance(clone, JsonlTracer)
+    assert clone.path == path
 
 
 async def test_worker_spans_carry_step_sample_index_rollout_n(tmp_path, tokenizer):
@@ -106,7 +111,8 @@ async def test_worker_spans_carry_step_sample_index_rollout_n(tmp_path, tokenize
     assert len(gens) == 4
     for g in gens:
         root = roots[g["sample_index"]]
-        assert g["parent_id"] == root["span_id"] and g["step"] == 9
+        assert g["parent_id"] == root["span_id"]
+        assert g["step"] == 9
         assert g["rollout_n"] == (g["sample_index"] - 100) % 2
         assert root["agent_name"] == TEST_CHAT_AGENT
 
@@ -143,7 +149,8 @@ async def test_mlflow_tracer_on_sqlite_reads_back(tmp_path, tokenizer, monkeypat
         assert set(spans) == {"agent_loop", "generate"}
         root, gen = spans["agent_loop"], spans["generate"]
         assert gen.parent_id == root.span_id
-        assert root.attributes["step"] == 2 and gen.attributes["step"] == 2
+        assert root.attributes["step"] == 2
+        assert gen.attributes["step"] == 2
         assert root.attributes["auth_token"] == "[REDACTED]"
         seen.add((root.attributes["sample_index"], root.attributes["rollout_n"]))
     assert seen == {(0, 0), (1, 1), (2, 0)}
@@ -175,10 +182,12 @@ def test_mlflow_exception_events_and_status_are_redacted(tmp_path, monkeypatch):
     traces = tracer.search()
     assert len(traces) == 4
     dumped = "".join(trace.to_json() for trace in traces)
-    assert "RuntimeError" in dumped and "db.internal:5432" in dumped  # the error itself is recorded
+    assert "RuntimeError" in dumped
+    assert "db.internal:5432" in dumped
     assert [s for s in secrets if s in dumped] == []
     events = [e for t in traces for s in t.data.spans for e in s.events if e.name == "exception"]
-    assert events and all("exception.stacktrace" in e.attributes for e in events)
+    assert events
+    assert all("exception.stacktrace" in e.attributes for e in events)
     leaked = [str(p) for p in tmp_path.rglob("*") if p.is_file() and any(s.encode() in p.read_bytes() for s in secrets)]
     assert leaked == [], leaked
 
@@ -195,7 +204,8 @@ def test_a_secret_of_an_enclosing_span_is_masked_in_nested_spans(tmp_path):
         raise ValueError(f"the API refused {secret}")  # nothing in this span says it is a secret
     tracer.close()
     text = path.read_text()
-    assert secret not in text and text.count("ValueError: the API refused [REDACTED]") == 2
+    assert secret not in text
+    assert text.count("ValueError: the API refused [REDACTED]") == 2
 
 
 def test_tracing_package_keeps_its_public_names_and_imports_no_backend():

@@ -87,7 +87,8 @@ async def test_least_in_flight_spreads_new_sessions_and_fills_the_idlest():
     # The idlest replica gets the next new session even though it has served as many as the others.
     new = asyncio.create_task(client.generate("fresh", [1], {}))
     await settle()
-    assert client.in_flight == [2, 0, 2] and new.done()
+    assert client.in_flight == [2, 0, 2]
+    assert new.done()
     assert new.result().extra["replica"] == 1
     for r in reps:
         r.gate.set()
@@ -218,7 +219,8 @@ async def test_abort_goes_to_the_session_replica_and_releases_the_slot():
     await client.abort("job")
     out = await task
     assert out.stop_reason == "aborted"
-    assert reps[1].abort_calls == ["job"] and reps[0].abort_calls == []
+    assert reps[1].abort_calls == ["job"]
+    assert reps[0].abort_calls == []
     assert client.in_flight == [0, 0]
 
 
@@ -250,7 +252,9 @@ async def test_timeout_fails_over_marks_hung_replica_and_aborts_it():
     await client.close()
     assert reps[0].abort_calls == ["slow"]
     stats = client.stats
-    assert stats["timeouts"] == 1 and stats["retries"] == 1 and stats["replica_failures"] == 1
+    assert stats["timeouts"] == 1
+    assert stats["retries"] == 1
+    assert stats["replica_failures"] == 1
     # The session followed the request to the healthy replica.
     assert client.policy.session_replica("slow") == 1
 
@@ -267,7 +271,8 @@ async def test_failover_when_a_replica_dies_mid_run_loses_no_request():
     for r in reps:
         r.gate.set()
     outs = await asyncio.gather(*tasks.values())
-    assert len(outs) == 30 and all(o.stop_reason == "stop" for o in outs)
+    assert len(outs) == 30
+    assert all(o.stop_reason == "stop" for o in outs)
     assert {o.extra["replica"] for o in outs} == {0, 2}
     assert client.healthy_replicas == [0, 2]
     assert client.in_flight == [0, 0, 0]
@@ -300,14 +305,16 @@ async def test_max_retries_limits_failover():
     reps[0].dead = True
     with pytest.raises(NoHealthyReplicaError, match="max_retries=0"):
         await client.generate("x", [1], {})
-    assert reps[1].calls == [] and reps[2].calls == []
+    assert reps[1].calls == []
+    assert reps[2].calls == []
 
 
 async def test_capabilities_are_the_intersection_and_fan_out_reaches_all():
     reps = [FakeReplica("a", caps=ServerCapabilities(weight_update=True, sleep=True)),
             FakeReplica("b", caps=ServerCapabilities(weight_update=True, sleep=False))]
     client = LLMServerClient(reps)
-    assert client.capabilities.weight_update and not client.capabilities.sleep
+    assert client.capabilities.weight_update
+    assert not client.capabilities.sleep
     with pytest.raises(CapabilityNotSupportedError, match=r"replicas \[1\].*sleep"):
         await client.sleep()
     await client.update_weights(("w", i) for i in range(3))  # a generator is materialised once
@@ -352,5 +359,6 @@ async def test_client_serves_a_real_scripted_engine_behind_the_protocol():
     assert isinstance(client, AsyncServer)
     a = await client.generate("t", [5, 6, 7], {"max_tokens": 5, "seed": 1})
     b = await client.generate("u", [5, 6, 7], {"max_tokens": 5, "seed": 1})
-    assert a.token_ids == b.token_ids and len(a.token_ids) == 5
+    assert a.token_ids == b.token_ids
+    assert len(a.token_ids) == 5
     assert {a.extra["replica"], b.extra["replica"]} == {0, 1}

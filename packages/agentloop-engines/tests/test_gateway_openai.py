@@ -85,8 +85,10 @@ def test_chat_returns_the_text_and_the_exact_tokens(thread, engine, tokenizer, r
     replies.by_prompt["hi"] = ["Hello there."]
     r = client(thread.base_url).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     choice = r.choices[0]
-    assert choice.message.content == "Hello there." and choice.finish_reason == "stop"
-    assert r.model == "gpt-4o" and r.usage.completion_tokens == len(engine.calls[0].output.token_ids)
+    assert choice.message.content == "Hello there."
+    assert choice.finish_reason == "stop"
+    assert r.model == "gpt-4o"
+    assert r.usage.completion_tokens == len(engine.calls[0].output.token_ids)
     assert r.prompt_token_ids == engine.calls[0].prompt_ids
     assert choice.token_ids == engine.calls[0].output.token_ids
     assert choice.token_logprobs == engine.calls[0].output.log_probs
@@ -106,18 +108,23 @@ def test_tool_calls_round_trip_to_a_final_answer(thread, engine, gateway, replie
     first = c.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert first.choices[0].finish_reason == "tool_calls"
     call = first.choices[0].message.tool_calls[0]
-    assert call.type == "function" and call.function.name == "calculator"
-    assert json.loads(call.function.arguments) == {"expression": "3 + 4"} and call.id
+    assert call.type == "function"
+    assert call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == {"expression": "3 + 4"}
+    assert call.id
     assert first.choices[0].message.content is None
     messages += [first.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": "7"}]
     final = c.chat.completions.create(model="m", messages=messages, tools=TOOLS)
-    assert final.choices[0].message.content == "The answer is 7." and final.choices[0].finish_reason == "stop"
+    assert final.choices[0].message.content == "The answer is 7."
+    assert final.choices[0].finish_reason == "stop"
 
     calls = gateway.close_session("traj-1")
     assert [c.finish_reason for c in calls] == ["tool_calls", "stop"]
     for rec, sent in zip(calls, engine.calls, strict=True):
-        assert rec.prompt_ids == sent.prompt_ids and rec.token_ids == sent.output.token_ids
-        assert rec.log_probs == sent.output.log_probs and sent.request_id == "traj-1"
+        assert rec.prompt_ids == sent.prompt_ids
+        assert rec.token_ids == sent.output.token_ids
+        assert rec.log_probs == sent.output.log_probs
+        assert sent.request_id == "traj-1"
     # The history the client sent back (arguments as a JSON string) renders the call the engine
     # generated, so the second prompt extends the first prompt + generation.
     assert calls[1].prompt_ids[: len(calls[0].prompt_ids) + len(calls[0].token_ids)] == \
@@ -133,7 +140,8 @@ def test_streaming_content_and_usage(thread, replies, engine):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "Hello there."
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["stop"]
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(engine.calls[0].output.token_ids)
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == len(engine.calls[0].output.token_ids)
     last = [ch for ch in chunks if ch.choices][-1]
     assert last.choices[0].token_ids == engine.calls[0].output.token_ids
 
@@ -153,8 +161,10 @@ def test_streaming_tool_calls(thread, replies, gateway):
             slot["name"] += (tc.function.name or "") if tc.function else ""
             slot["arguments"] += (tc.function.arguments or "") if tc.function else ""
         finish = ch.choices[0].finish_reason or finish
-    assert finish == "tool_calls" and content == "Let me compute."
-    assert calls[0]["name"] == "calculator" and json.loads(calls[0]["arguments"]) == {"expression": "3 + 4"}
+    assert finish == "tool_calls"
+    assert content == "Let me compute."
+    assert calls[0]["name"] == "calculator"
+    assert json.loads(calls[0]["arguments"]) == {"expression": "3 + 4"}
     assert calls[0]["id"]
     # Streamed calls are recorded like any other.
     assert gateway.recorder.get("s-stream")[0].finish_reason == "tool_calls"
@@ -164,13 +174,17 @@ def test_text_stop_cuts_after_the_completing_token(thread, replies, engine, gate
     replies.by_prompt["count"] = ["one two three STOP four five"]
     r = client(thread.session_url("s-stop")).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "count"}], stop=["STOP", "never"])
-    assert r.choices[0].message.content == "one two three " and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == "one two three "
+    assert r.choices[0].finish_reason == "stop"
     sampled = engine.calls[0].output.token_ids
     rec = gateway.recorder.get("s-stop")[0]
     k = len(rec.token_ids)
-    assert rec.token_ids == sampled[:k] and rec.log_probs == engine.calls[0].output.log_probs[:k]
-    assert "STOP" in tokenizer.decode(sampled[:k]) and "STOP" not in tokenizer.decode(sampled[: k - 1])
-    assert rec.dropped_after_stop == len(sampled) - k > 0 and rec.stop_reason == "stop"
+    assert rec.token_ids == sampled[:k]
+    assert rec.log_probs == engine.calls[0].output.log_probs[:k]
+    assert "STOP" in tokenizer.decode(sampled[:k])
+    assert "STOP" not in tokenizer.decode(sampled[: k - 1])
+    assert rec.dropped_after_stop == len(sampled) - k > 0
+    assert rec.stop_reason == "stop"
     assert r.choices[0].token_ids == rec.token_ids
 
 
@@ -231,9 +245,11 @@ def test_auth_body_limit_and_error_shape(gateway):
         with httpx.Client(base_url=t.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
             assert http.get("/health", headers={"Authorization": ""}).json()["model"] == "tiny"
             r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 4000}]})
-            assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+            assert r.status_code == 413
+            assert r.json()["error"]["code"] == "request_too_large"
             r = http.post("/v1/chat/completions", json={"messages": []})
-            assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+            assert r.status_code == 400
+            assert "messages" in r.json()["error"]["message"]
             assert http.delete("/sessions/missing").status_code == 404
 
 
@@ -254,7 +270,8 @@ def test_sessions_record_every_call_in_order_over_http(thread, engine, replies, 
         assert body["calls"][1]["response"]["choices"][0]["message"]["content"] == "two"
         assert http.delete("/sessions/run-7").json()["num_calls"] == 3
         r = http.get("/sessions/run-7")
-        assert r.status_code == 404 and "already taken" in r.json()["error"]["message"]
+        assert r.status_code == 404
+        assert "already taken" in r.json()["error"]["message"]
     assert {call.request_id for call in engine.calls} == {"run-7"}
 
 
@@ -289,9 +306,11 @@ def test_sessions_stick_to_one_replica_behind_llm_server_client(tokenizer, repli
                     model="m", messages=[{"role": "user", "content": "hi"}])
         recorded = {s: gateway.close_session(s) for s in ("A", "B")}
     served = {s: {c.extra["replica"] for c in calls} for s, calls in recorded.items()}
-    assert served["A"] != served["B"] and all(len(v) == 1 for v in served.values()), served
+    assert served["A"] != served["B"], served
+    assert all(len(v) == 1 for v in served.values()), served
     for replica in replicas:
-        assert len({call.request_id for call in replica.calls}) == 1 and len(replica.calls) == 3
+        assert len({call.request_id for call in replica.calls}) == 1
+        assert len(replica.calls) == 3
     for session, calls in recorded.items():
         (index,) = served[session]
         assert [c.token_ids for c in calls] == [call.output.token_ids for call in replicas[index].calls]
@@ -314,7 +333,8 @@ async def test_a_server_on_the_callers_loop(tokenizer, replies):
     with GatewayThread(gateway) as t:
         async with openai.AsyncOpenAI(base_url=t.session_url("x"), api_key="none", max_retries=0) as c:
             r = await c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
-    assert r.choices[0].message.content == "there" and seen == [loop]
+    assert r.choices[0].message.content == "there"
+    assert seen == [loop]
     assert gateway.close_session("x")[0].token_ids == engine.calls[0].output.token_ids
 
 
@@ -331,7 +351,8 @@ def test_one_port_serves_generate_and_the_gateway(engine, gateway, replies):
         with httpx.Client(base_url=t.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
             out = http.post("/generate", json={"request_id": "g", "prompt_ids": [1, 2],
                                                "sampling_params": {"max_tokens": 2}}).json()
-            assert out["stop_reason"] in ("stop", "length") and http.get("/sessions/both").json()["num_calls"] == 1
+            assert out["stop_reason"] in ("stop", "length")
+            assert http.get("/sessions/both").json()["num_calls"] == 1
 
 
 def test_no_replica_left_is_503(tokenizer):
@@ -344,7 +365,8 @@ def test_no_replica_left_is_503(tokenizer):
         pytest.raises(openai.InternalServerError) as info,
     ):
         client(t.base_url).completions.create(model="m", prompt=[1], max_tokens=2)
-    assert info.value.status_code == 503 and "replica is gone" in info.value.body["message"]
+    assert info.value.status_code == 503
+    assert "replica is gone" in info.value.body["message"]
 
 
 PLAIN_CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}"

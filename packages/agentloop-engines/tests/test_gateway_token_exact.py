@@ -149,7 +149,8 @@ def test_non_canonical_ids_stay_one_exact_segment(tokenizer, eos):
     rerendered = gateway.render([*messages[:2], {"role": "assistant", "content": "apples"}, messages[3]])
     assert rerendered[: len(context)] != context
     assert_one_exact_segment(calls, engine)
-    assert gateway.continued_calls == 1 and gateway.restarted_calls == 0
+    assert gateway.continued_calls == 1
+    assert gateway.restarted_calls == 0
 
 
 def test_a_streamed_reply_sent_back_continues_exactly(tokenizer, eos):
@@ -179,7 +180,8 @@ def test_a_turn_cut_by_max_tokens_gets_the_template_close_as_mask_0(tokenizer, e
         messages += [r1.choices[0].message, {"role": "user", "content": "Shorter."}]
         c.chat.completions.create(model="m", messages=messages, max_tokens=5)
         calls = gateway.close_session("cut")
-    assert calls[0].stop_reason == "length" and calls[0].token_ids == long[:5]
+    assert calls[0].stop_reason == "length"
+    assert calls[0].token_ids == long[:5]
     assert_one_exact_segment(calls, engine)
     delta = calls[1].prompt_ids[len(calls[0].prompt_ids) + len(calls[0].token_ids):]
     assert tokenizer.decode(delta) == "<|im_end|>\n<|im_start|>user\nShorter.<|im_end|>\n<|im_start|>assistant\n"
@@ -240,7 +242,8 @@ def test_an_edited_history_starts_a_new_segment_and_the_session_continues_exactl
     first, second = builder.outputs()
     masked = [[t for t, m in zip(o.response_ids, o.response_mask, strict=True) if m] for o in (first, second)]
     assert masked == [replies[0] + replies[1], replies[2] + replies[3]]
-    assert gateway.continued_calls == 2 and gateway.restarted_calls == 1
+    assert gateway.continued_calls == 2
+    assert gateway.restarted_calls == 1
 
 
 # ---- without HTTP ------------------------------------------------------------------------
@@ -269,7 +272,8 @@ async def test_calls_outside_sessions_and_completions_are_rendered_as_before(tok
     r = await gateway.chat_completion({"messages": messages})
     messages += [r.body["choices"][0]["message"], {"role": "user", "content": "More."}]
     r = await gateway.chat_completion({"messages": messages})
-    assert r.call is None and engine.calls[1].prompt_ids == gateway.render(messages)
+    assert r.call is None
+    assert engine.calls[1].prompt_ids == gateway.render(messages)
     r = await gateway.completion({"prompt": "Fruit:"}, session_id="s")
     assert "extends_previous" not in r.call.extra
     assert r.call.prompt_ids == tokenizer.encode("Fruit:")
@@ -284,7 +288,8 @@ async def test_concurrent_calls_extending_the_same_call(tokenizer, eos):
     a, b = await asyncio.gather(
         gateway.chat_completion({"messages": [*base, {"role": "user", "content": "A"}]}, session_id="s"),
         gateway.chat_completion({"messages": [*base, {"role": "user", "content": "B"}]}, session_id="s"))
-    assert a.call.extra["extends_previous"] and b.call.extra["extends_previous"]
+    assert a.call.extra["extends_previous"]
+    assert b.call.extra["extends_previous"]
     # The call that finished first is the one the session continues from.
     first, text = (a, "A") if a.call.index < b.call.index else (b, "B")
     r = await gateway.chat_completion({"messages": [*base, {"role": "user", "content": text},

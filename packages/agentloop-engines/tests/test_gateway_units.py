@@ -46,7 +46,8 @@ def test_calls_are_numbered_in_order_and_pop_forgets_the_session():
         rec.begin("t1")
         rec.record("t1", call(ids))
     calls = rec.pop("t1")
-    assert [c.index for c in calls] == [0, 1, 2] and [c.token_ids for c in calls] == [[1], [2], [3]]
+    assert [c.index for c in calls] == [0, 1, 2]
+    assert [c.token_ids for c in calls] == [[1], [2], [3]]
     with pytest.raises(SessionNotFoundError, match="already taken"):
         rec.pop("t1")
 
@@ -58,7 +59,8 @@ def test_idle_sessions_expire_and_the_error_says_so():
     clock.now = 5
     rec.open("young")
     clock.now = 12  # "old" idle 12 s > ttl, "young" 7 s
-    assert rec.session_ids() == ["young"] and rec.expired == 1
+    assert rec.session_ids() == ["young"]
+    assert rec.expired == 1
     with pytest.raises(SessionNotFoundError, match=r"expired after ttl_s=10"):
         rec.get("old")
     rec.begin("young")  # a call refreshes the session
@@ -72,7 +74,8 @@ def test_the_least_recently_used_session_is_evicted_at_max_sessions():
     rec.open("b")
     rec.begin("a")  # "b" is now the least recently used
     rec.open("c")
-    assert sorted(rec.session_ids()) == ["a", "c"] and rec.evicted == 1
+    assert sorted(rec.session_ids()) == ["a", "c"]
+    assert rec.evicted == 1
     with pytest.raises(SessionNotFoundError, match=r"evicted .* max_sessions=2"):
         rec.pop("b")
     with pytest.raises(SessionNotFoundError, match="never opened"):
@@ -105,8 +108,10 @@ def test_stop_cuts_right_after_the_completing_token(tokenizer):
     ids = tokenizer.encode("The answer is 7. END and more words", add_special_tokens=False)
     decode = lambda t: tokenizer.decode(list(t))  # noqa: E731
     match = find_stop(ids, decode, ["END"])
-    assert match is not None and match.text == "The answer is 7. "
-    assert "END" in decode(ids[: match.keep]) and "END" not in decode(ids[: match.keep - 1])
+    assert match is not None
+    assert match.text == "The answer is 7. "
+    assert "END" in decode(ids[: match.keep])
+    assert "END" not in decode(ids[: match.keep - 1])
     assert find_stop(ids, decode, ["nowhere"]) is None
 
 
@@ -120,7 +125,8 @@ def test_the_kept_prefix_is_the_shortest_that_holds_a_stop(tokenizer, text, stop
         assert match is None
         return
     assert match is not None
-    assert stop in decode(ids[: match.keep]) and stop not in decode(ids[: match.keep - 1])
+    assert stop in decode(ids[: match.keep])
+    assert stop not in decode(ids[: match.keep - 1])
     assert match.text == decode(ids[: match.keep]).split(stop)[0]
 
 
@@ -133,7 +139,10 @@ def test_harmless_keys_are_accepted():
         "logprobs": True, "top_logprobs": 3, "n": 1, "logit_bias": {}, "response_format": {"type": "text"},
         "stream": True, "stream_options": {"include_usage": True}, "max_completion_tokens": 5, "seed": 3,
     })
-    assert req.sampling == {"max_tokens": 5, "seed": 3} and req.stream and req.include_usage and req.logprobs
+    assert req.sampling == {"max_tokens": 5, "seed": 3}
+    assert req.stream
+    assert req.include_usage
+    assert req.logprobs
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
@@ -162,7 +171,8 @@ def test_tool_call_arguments_are_decoded_for_templates_and_nulls_dropped():
         {"role": "tool", "tool_call_id": "c1", "content": "2"}]})
     system, assistant, _ = req.messages
     assert system == {"role": "system", "content": "be brief"}
-    assert "name" not in assistant and assistant["content"] == ""
+    assert "name" not in assistant
+    assert assistant["content"] == ""
     assert [c["function"]["arguments"] for c in assistant["tool_calls"]] == [{"x": 1}, "not json"]
 
 
@@ -185,7 +195,8 @@ async def test_session_overrides_replace_the_agents_sampling(tokenizer):
     sp = server.calls[0].sampling_params
     assert (sp.temperature, sp.top_p, sp.max_tokens, sp.logprobs) == (1.0, 0.5, 7, True)
     assert server.calls[0].request_id == "s"
-    assert out.call is not None and out.call.token_ids == [5, 6]
+    assert out.call is not None
+    assert out.call.token_ids == [5, 6]
 
 
 async def test_tools_without_a_parser_are_refused(tokenizer):
@@ -204,8 +215,10 @@ async def test_no_log_probs_from_an_engine_without_them(tokenizer):
             return TokenOutput(token_ids=[7], log_probs=None, stop_reason="length")
 
     out = await Gateway(NoLogprobs(), tokenizer).completion({"prompt": [1, 2]}, session_id="s")
-    assert out.body["choices"][0]["token_logprobs"] is None and out.body["choices"][0]["finish_reason"] == "length"
-    assert out.call is not None and out.call.log_probs is None
+    assert out.body["choices"][0]["token_logprobs"] is None
+    assert out.body["choices"][0]["finish_reason"] == "length"
+    assert out.call is not None
+    assert out.call.log_probs is None
 
 
 async def test_a_base_model_without_chat_template_serves_completions_only(tokenizer):

@@ -92,7 +92,9 @@ async def test_logprobs_false_returns_none(server):
     # ignore_eos: an unseeded sample may draw EOS early, and this test is about log-probs, not length.
     params = {"max_tokens": 3, "logprobs": False, "ignore_eos": True}
     out = await server.generate("nolp", PROMPTS[0], params)
-    assert out.log_probs is None and len(out.token_ids) == 3 and out.stop_reason == "length"
+    assert out.log_probs is None
+    assert len(out.token_ids) == 3
+    assert out.stop_reason == "length"
 
 
 async def test_seeded_sampling_is_reproducible_whatever_the_batch(server):
@@ -113,7 +115,8 @@ async def test_stop_token_ids_and_eos_end_generation_and_are_included(server):
     stop = free.token_ids[4]
     cut = free.token_ids.index(stop)
     out = await server.generate("f", PROMPTS[0], {**params, "stop_token_ids": [stop]})
-    assert out.token_ids == free.token_ids[: cut + 1] and out.stop_reason == "stop"
+    assert out.token_ids == free.token_ids[: cut + 1]
+    assert out.stop_reason == "stop"
     assert out.log_probs == pytest.approx(free.log_probs[: cut + 1], abs=1e-5)
 
     saved = server.eos_token_ids
@@ -123,8 +126,10 @@ async def test_stop_token_ids_and_eos_end_generation_and_are_included(server):
         ignored = await server.generate("f", PROMPTS[0], params)
     finally:
         server.eos_token_ids = saved
-    assert eos_out.token_ids == free.token_ids[: cut + 1] and eos_out.stop_reason == "stop"
-    assert ignored.token_ids == free.token_ids and ignored.stop_reason == "length"
+    assert eos_out.token_ids == free.token_ids[: cut + 1]
+    assert eos_out.stop_reason == "stop"
+    assert ignored.token_ids == free.token_ids
+    assert ignored.stop_reason == "length"
 
 
 async def test_max_tokens_is_respected_and_clamped_to_the_context(model_path):
@@ -132,9 +137,11 @@ async def test_max_tokens_is_respected_and_clamped_to_the_context(model_path):
     assert small.max_model_len == 24
     params = {"temperature": 0, "ignore_eos": True}
     out = await small.generate("m", [1] * 10, {**params, "max_tokens": 5})
-    assert len(out.token_ids) == 5 and out.stop_reason == "length"
+    assert len(out.token_ids) == 5
+    assert out.stop_reason == "length"
     clamped = await small.generate("m", [1] * 20, {**params, "max_tokens": 50})
-    assert len(clamped.token_ids) == 4 and clamped.stop_reason == "length"
+    assert len(clamped.token_ids) == 4
+    assert clamped.stop_reason == "length"
     with pytest.raises(ValueError, match="prompt has 24 tokens but the context is 24"):
         await small.generate("m", [1] * 24, params)
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings=2048"):
@@ -152,10 +159,12 @@ async def test_abort_returns_promptly_with_the_tokens_so_far(server):
     generated_at_abort = len(row.token_ids)
     out = await asyncio.wait_for(task, HANG_S)
     assert len(out.token_ids) <= generated_at_abort + 1, "abort must end the request within one decode step"
-    assert out.stop_reason == "aborted" and 0 < len(out.token_ids) < 1900
+    assert out.stop_reason == "aborted"
+    assert 0 < len(out.token_ids) < 1900
     assert len(out.log_probs) == len(out.token_ids)
     kept = await other
-    assert kept.stop_reason == "length" and len(kept.token_ids) == 30, "abort must only hit its request id"
+    assert kept.stop_reason == "length", "abort must only hit its request id"
+    assert len(kept.token_ids) == 30, "abort must only hit its request id"
     await server.abort("no-such-request")  # finished or unknown ids are ignored
 
 
@@ -167,10 +176,12 @@ async def test_sleep_queues_requests_abort_frees_them_and_outputs_survive(server
     queued = asyncio.ensure_future(server.generate("q", PROMPTS[3], params))
     waiting = asyncio.ensure_future(server.generate("w", PROMPTS[3], params))
     await asyncio.sleep(0.1)
-    assert not queued.done() and not waiting.done(), "a sleeping server must not serve"
+    assert not queued.done(), "a sleeping server must not serve"
+    assert not waiting.done(), "a sleeping server must not serve"
     await server.abort("q")
     aborted = await asyncio.wait_for(queued, HANG_S)
-    assert aborted.stop_reason == "aborted" and aborted.token_ids == []
+    assert aborted.stop_reason == "aborted"
+    assert aborted.token_ids == []
     await server.wake_up()
     assert (await asyncio.wait_for(waiting, HANG_S)).token_ids == before.token_ids
 
@@ -195,7 +206,8 @@ async def test_update_weights_changes_output_and_restoring_restores_it(model_pat
     assert changed.token_ids != original.token_ids
     await engine.update_weights({name: saved})
     restored = await engine.generate("u", PROMPTS[1], params)
-    assert restored.token_ids == original.token_ids and restored.log_probs == original.log_probs
+    assert restored.token_ids == original.token_ids
+    assert restored.log_probs == original.log_probs
 
     with pytest.raises(KeyError, match="no weight named 'model.layers.0.mlp.down_prj.weight'.*closest"):
         await engine.update_weights([("model.layers.0.mlp.down_prj.weight", saved)])
@@ -214,8 +226,10 @@ async def test_chat_completion_on_the_tiny_model(server):
         {"messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 8, "temperature": 0}
     )).body
     choice = resp["choices"][0]
-    assert resp["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
-    assert choice["finish_reason"] in ("stop", "length") and 0 < len(choice["token_ids"]) <= 8
+    assert resp["object"] == "chat.completion"
+    assert choice["message"]["role"] == "assistant"
+    assert choice["finish_reason"] in ("stop", "length")
+    assert 0 < len(choice["token_ids"]) <= 8
     assert resp["usage"]["completion_tokens"] == len(choice["token_ids"])
     ref = reference_log_probs(server, resp["prompt_token_ids"], choice["token_ids"], 0.0)
     assert choice["token_logprobs"] == pytest.approx(ref, abs=1e-4)
@@ -239,7 +253,8 @@ async def test_accepts_a_model_object_and_a_tokenizer_path(model_path):
     outs = await asyncio.gather(*(engine.generate(f"o{i}", p, {"max_tokens": 4, "temperature": 0}) for i, p in enumerate(PROMPTS)))
     assert all(1 <= len(o.token_ids) <= 4 for o in outs)
     assert max(engine.batch_sizes) <= 2, "max_batch_size caps each batch"
-    assert engine.tokenizer is not None and engine.eos_token_ids == (engine.tokenizer.eos_token_id,)
+    assert engine.tokenizer is not None
+    assert engine.eos_token_ids == (engine.tokenizer.eos_token_id,)
     await engine.close()
     bare = HFServer(model)
     assert bare.tokenizer is None

@@ -99,7 +99,9 @@ async def test_a_tool_using_openai_agent_trains_on_the_engine_tokens(tok):
     assert generated_runs(out) == engine_ids
     lps = [lp for lp, m in zip(out.response_logprobs, out.response_mask, strict=True) if m]
     assert lps == [lp for call in server.calls for lp in call.output.log_probs]
-    assert out.reward_score == 1.0 and out.metrics["http_calls"] == 3 and out.metrics["tool_results"] == 2
+    assert out.reward_score == 1.0
+    assert out.metrics["http_calls"] == 3
+    assert out.metrics["tool_results"] == 2
     # The tool results the agent sent are in the context, rendered by the template.
     text = tok.decode(out.prompt_ids + out.response_ids)
     assert "<tool_response>\n42\n</tool_response>" in text
@@ -115,7 +117,8 @@ async def test_a_context_editing_agent_yields_two_segments(tok):
     assert len(outputs) == 2
     first, second = outputs
     engine_ids = [call.output.token_ids for call in server.calls]
-    assert generated_runs(first) == engine_ids[:2] and generated_runs(second) == engine_ids[2:]
+    assert generated_runs(first) == engine_ids[:2]
+    assert generated_runs(second) == engine_ids[2:]
     assert "So far: the tool gave 42." in tok.decode(second.prompt_ids)
     assert first.reward_score == second.reward_score == 1.0
 
@@ -162,7 +165,8 @@ def _endless_agent(base_url: str, row: dict) -> float:
 async def test_the_response_budget_ends_an_endless_agent(tok):
     server = scripted(tok, ["one two three four five six seven eight nine ten"] * 50)
     (out,) = await HTTPAgentLoop(server, tok, {"agent": _endless_agent, "response_length": 60}).run(SAMPLING, **ROW)
-    assert len(out.response_ids) <= 60 and out.metrics["response_budget_spent"] == 1
+    assert len(out.response_ids) <= 60
+    assert out.metrics["response_budget_spent"] == 1
     # Every call was capped to what was left, so the last generation ends exactly at the budget
     # or the next user turn did not fit; every mask-1 token is still the engine's.
     assert generated_runs(out) == [call.output.token_ids for call in server.calls]

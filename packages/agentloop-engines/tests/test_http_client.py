@@ -149,7 +149,8 @@ def test_created_outside_an_event_loop_and_used_on_successive_loops(serve_hf):
     # second, so the second must open its own.
     first = asyncio.run(server.generate("a", PROMPTS[0], GREEDY))
     second = asyncio.run(then_close())
-    assert first.token_ids == second.token_ids and len(first.token_ids) == GREEDY["max_tokens"]
+    assert first.token_ids == second.token_ids
+    assert len(first.token_ids) == GREEDY["max_tokens"]
 
 
 # ---- LLMServerClient over HTTP replicas ----------------------------------------------------
@@ -206,7 +207,8 @@ async def test_a_stopped_replica_fails_over_and_no_request_is_lost(model_path, s
     # replica being down.
     with pytest.raises(ReplicaUnavailableError, match=dead.url) as info:
         await (await remote(dead.url, connect=False)).generate("x", [1], GREEDY)
-    assert isinstance(info.value, ConnectionError) and is_replica_failure(info.value)
+    assert isinstance(info.value, ConnectionError)
+    assert is_replica_failure(info.value)
 
 
 # ---- weights, sleep and capabilities -------------------------------------------------------
@@ -259,7 +261,8 @@ async def test_weights_have_their_own_body_limit(model_path, stack, remote):
     assert len((await server.generate("small", [5], GREEDY)).token_ids) == GREEDY["max_tokens"]
     async with httpx.AsyncClient(base_url=thread.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         r = await http.post("/update_weights", content=b"not safetensors")
-        assert r.status_code == 400 and "not a safetensors archive" in r.json()["error"]["message"]
+        assert r.status_code == 400
+        assert "not a safetensors archive" in r.json()["error"]["message"]
     with pytest.raises(ValueError, match="max_weights_bytes"):
         create_app(engine, max_weights_bytes=0)
 
@@ -284,7 +287,8 @@ async def test_unsupported_capabilities_are_capability_not_supported(stack, remo
         await server.update_weights({"w": torch.zeros(2)})
     async with httpx.AsyncClient(base_url=server.base_url) as http:  # bypass RemoteServer's own check
         r = await http.post("/update_weights", content=serialize_weights({"w": torch.zeros(2)}))
-        assert r.status_code == 501 and "weight_update" in r.json()["error"]["message"]
+        assert r.status_code == 501
+        assert "weight_update" in r.json()["error"]["message"]
 
     flaky = await remote(stack.enter_context(ServerThread(FlakyEngine())).url, api_key=None)
     with pytest.raises(CapabilityNotSupportedError, match="sleep"):

@@ -62,7 +62,8 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def test_binds_loopback_by_default_and_health_needs_no_key(server, http):
-    assert server.host == "127.0.0.1" and server.port > 0
+    assert server.host == "127.0.0.1"
+    assert server.port > 0
     r = http.get("/health")
     assert r.status_code == 200
     assert r.json()["capabilities"] == ServerCapabilities().as_dict()
@@ -84,7 +85,8 @@ def test_generate_returns_the_engines_tokens(http):
     assert r.json() == {"token_ids": [12, 13, 14], "log_probs": [-0.25] * 3, "stop_reason": "length"}
     r = http.post("/generate", headers=AUTH, json={
         "request_id": "b", "prompt_ids": [7], "sampling_params": {"max_tokens": 2, "logprobs": False}})
-    assert r.json()["log_probs"] is None and r.json()["token_ids"] == [9, 10]
+    assert r.json()["log_probs"] is None
+    assert r.json()["token_ids"] == [9, 10]
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -104,7 +106,8 @@ def test_bad_requests_are_400_with_the_reason(http, body, message):
 def test_oversized_bodies_are_413(http):
     big = {"request_id": "a", "prompt_ids": [1] * 5000}
     r = http.post("/generate", headers=AUTH, json=big)
-    assert r.status_code == 413 and "max_request_bytes" in r.json()["error"]["message"]
+    assert r.status_code == 413
+    assert "max_request_bytes" in r.json()["error"]["message"]
 
     def chunks():  # no Content-Length: the limit must count the streamed body
         yield b'{"request_id": "a", "prompt_ids": ['
@@ -134,7 +137,8 @@ def test_chat_completions_are_the_gateways_and_carry_the_exact_tokens(http, engi
     assert r.json()["choices"][0]["token_ids"] == choice["token_ids"][:3]
     r = http.post("/v1/chat/completions", headers={**AUTH, "X-Agentloop-Session": "s"},
                   json={"messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 400 and "records no sessions" in r.json()["error"]["message"]
+    assert r.status_code == 400
+    assert "records no sessions" in r.json()["error"]["message"]
     assert http.get("/sessions", headers=AUTH).status_code == 404
     assert http.post("/v1/chat/completions", json={"messages": []}).status_code == 401
 
@@ -142,7 +146,8 @@ def test_chat_completions_are_the_gateways_and_carry_the_exact_tokens(http, engi
 def test_v1_on_an_engine_without_a_tokenizer_is_501():
     with ServerThread(ScriptedServer()) as srv, httpx.Client(base_url=srv.url) as c:
         r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
-        assert r.status_code == 501 and "POST /generate" in r.json()["error"]["message"]
+        assert r.status_code == 501
+        assert "POST /generate" in r.json()["error"]["message"]
         assert c.get("/v1/models").status_code == 501
         # No api_key: no auth needed.
         assert c.post("/generate", json={"request_id": "x", "prompt_ids": [1]}).status_code == 200

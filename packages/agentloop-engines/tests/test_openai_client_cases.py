@@ -97,8 +97,10 @@ def test_1_chat_returns_the_text_and_the_exact_tokens(engine, client):
     engine.replies["hi"] = "Hello there."
     r = client.chat.completions.create(model="m", messages=HI)
     (call,) = engine.scripted.calls
-    assert r.choices[0].message.content == "Hello there." and r.choices[0].finish_reason == "stop"
-    assert r.prompt_token_ids == call.prompt_ids and r.choices[0].token_ids == call.output.token_ids
+    assert r.choices[0].message.content == "Hello there."
+    assert r.choices[0].finish_reason == "stop"
+    assert r.prompt_token_ids == call.prompt_ids
+    assert r.choices[0].token_ids == call.output.token_ids
     assert r.usage.completion_tokens == len(call.output.token_ids)
 
 
@@ -112,7 +114,8 @@ def test_2_chat_streams_server_sent_events(engine, client):
 def test_3_a_text_stop_cuts_the_reply(engine, client):
     engine.replies["count"] = "one two STOP three"
     r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "count"}], stop=["STOP"])
-    assert r.choices[0].message.content == "one two " and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == "one two "
+    assert r.choices[0].finish_reason == "stop"
     assert r.choices[0].token_ids == engine.scripted.calls[0].output.token_ids[: len(r.choices[0].token_ids)]
 
 
@@ -123,7 +126,8 @@ def test_4_tool_calls_come_back_parsed(engine, client):
                                        tools=TOOLS)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0].message.content
     (call,) = r.choices[0].message.tool_calls
-    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "3 + 4"}
+    assert call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == {"expression": "3 + 4"}
 
 
 def test_5_models_lists_the_served_model(client):

@@ -60,7 +60,8 @@ async def test_resumed_tokens_score_as_the_new_weights_and_earlier_ones_as_the_o
     assert out.extra["resumes"] == 1
     assert 0 < k < MAX_TOKENS, f"the update should land mid-generation; {k} of {MAX_TOKENS} tokens came first"
     assert versions == [0] * k + [1] * (len(out.token_ids) - k), "versions must switch once, at the abort point"
-    assert len(out.token_ids) == MAX_TOKENS and out.stop_reason == "length"
+    assert len(out.token_ids) == MAX_TOKENS
+    assert out.stop_reason == "length"
     assert len(out.log_probs) == len(out.token_ids)
     assert wrapper.pop_ledger("traj-0") == (out.token_ids, versions)
 
@@ -108,11 +109,14 @@ async def test_concurrent_generations_all_resume_within_their_budgets(server, ne
         await wrapper.update_weights(new_weights.items())
     outs = await asyncio.wait_for(asyncio.gather(*tasks), HANG_S)
     for budget, out in zip(budgets, outs, strict=True):
-        assert len(out.token_ids) == budget and out.stop_reason == "length"
+        assert len(out.token_ids) == budget
+        assert out.stop_reason == "length"
         versions = out.extra["policy_versions"]
-        assert set(versions) <= {0, 5} and versions == sorted(versions)
+        assert set(versions) <= {0, 5}
+        assert versions == sorted(versions)
     assert wrapper.policy_version == 5
-    assert 5 in outs[0].extra["policy_versions"] and 0 in outs[0].extra["policy_versions"]
+    assert 5 in outs[0].extra["policy_versions"]
+    assert 0 in outs[0].extra["policy_versions"]
 
 
 async def test_a_callers_abort_is_not_resumed(server):
@@ -122,7 +126,8 @@ async def test_a_callers_abort_is_not_resumed(server):
     await asyncio.wait_for(wait_for_tokens([server], "mine", 2, task), HANG_S)
     await wrapper.abort("mine")
     out = await asyncio.wait_for(task, HANG_S)
-    assert out.stop_reason == "aborted" and out.extra["resumes"] == 0
+    assert out.stop_reason == "aborted"
+    assert out.extra["resumes"] == 0
     assert 0 < len(out.token_ids) < 1500
 
 
@@ -133,7 +138,8 @@ async def test_update_outside_a_weight_update_block_is_a_whole_update(server, ne
     await asyncio.wait_for(wait_for_tokens([server], "bare", 4, task), HANG_S)
     await wrapper.update_weights(new_weights.items())
     out = await asyncio.wait_for(task, HANG_S)
-    assert wrapper.policy_version == 4 and not wrapper.paused
+    assert wrapper.policy_version == 4
+    assert not wrapper.paused
     assert set(out.extra["policy_versions"]) == {3, 4}
 
 

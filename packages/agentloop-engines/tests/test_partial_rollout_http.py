@@ -70,7 +70,8 @@ async def test_abort_over_http_returns_the_tokens_generated_so_far(remote, model
     await client.abort("cut")
     out = await asyncio.wait_for(task, HANG_S)
     k = len(out.token_ids)
-    assert out.stop_reason == "aborted" and 4 <= k < MAX_TOKENS
+    assert out.stop_reason == "aborted"
+    assert 4 <= k < MAX_TOKENS
     assert out.token_ids == plain.token_ids[:k]
     assert max_abs(out.log_probs, plain.log_probs[:k]) < LOGPROB_TOL
     assert max_abs(out.log_probs, scorer(model_path, old_weights)(PROMPT, out.token_ids)) < LOGPROB_TOL
@@ -94,7 +95,8 @@ async def test_a_weight_update_over_http_resumes_from_exactly_the_generated_pref
     assert out.extra["resumes"] == 1
     assert 0 < k < MAX_TOKENS, f"the update should land mid-generation; {k} of {MAX_TOKENS} tokens came first"
     assert versions == [0] * k + [1] * (MAX_TOKENS - k)
-    assert len(out.token_ids) == MAX_TOKENS and out.stop_reason == "length"
+    assert len(out.token_ids) == MAX_TOKENS
+    assert out.stop_reason == "length"
     assert wrapper.pop_ledger("traj-0") == (out.token_ids, versions)
 
     fresh = await client.generate("check", PROMPT + out.token_ids[:k], {**GREEDY, "max_tokens": MAX_TOKENS - k})
@@ -124,8 +126,10 @@ async def test_generations_on_two_replicas_all_resume_on_the_new_weights(remote,
     outs = await asyncio.wait_for(asyncio.gather(*tasks), HANG_S)
     for rid, out in zip(ids, outs, strict=True):
         versions = out.extra["policy_versions"]
-        assert len(out.token_ids) == MAX_TOKENS and out.stop_reason == "length", rid
-        assert out.extra["resumes"] == 1 and 0 < versions.count(0) < MAX_TOKENS, rid
+        assert len(out.token_ids) == MAX_TOKENS, rid
+        assert out.stop_reason == "length", rid
+        assert out.extra["resumes"] == 1, rid
+        assert 0 < versions.count(0) < MAX_TOKENS, rid
         assert versions == sorted(versions), rid
     # Every replica really holds the new weights: its greedy tokens score as the new weights'.
     score_new = scorer(model_path, new_weights)

@@ -174,7 +174,8 @@ async def test_one_gate_for_every_worker_resumes_each_generation_from_its_kept_p
 
         await within(proxy.pause(), "pause")
         paused = await proxy.rollout_state()
-        assert paused.paused and paused.stats["interrupted_calls"] == 4, paused
+        assert paused.paused, paused
+        assert paused.stats["interrupted_calls"] == 4, paused
         await proxy.update_weights([("w", 1)])
         await proxy.unpause(5)
         outs = [o for part in await within(asyncio.gather(*refs), "the workers") for o in part]
@@ -182,7 +183,8 @@ async def test_one_gate_for_every_worker_resumes_each_generation_from_its_kept_p
 
         for rid, out, (tokens, versions) in zip(flat, outs, ledgers, strict=True):
             assert out.token_ids == expected_tokens(prompt_of(rid), HOLD, 0, 1), rid
-            assert out.stop_reason == "length" and out.extra["resumes"] == 1, rid
+            assert out.stop_reason == "length", rid
+            assert out.extra["resumes"] == 1, rid
             assert out.log_probs == [-1.0] * HOLD + [-2.0] * (FULL - HOLD), rid
             assert out.extra["policy_versions"] == [4] * HOLD + [5] * (FULL - HOLD), rid
             assert (tokens, versions) == (out.token_ids, out.extra["policy_versions"]), rid

@@ -32,7 +32,8 @@ def test_missing_resource_is_named_with_totals():
 
 def test_a_bundle_bigger_than_any_node_never_fits():
     msg = problem([{"CPU": 6}], [CPU4, CPU4])
-    assert "fits on no single node" in msg and "{CPU: 4}" in msg
+    assert "fits on no single node" in msg
+    assert "{CPU: 4}" in msg
 
 
 def test_strategies():
@@ -121,12 +122,15 @@ def test_replicas_in_a_placement_group_are_found_by_name_and_stopped(local_ray):
     try:
         node = ray.get_runtime_context().get_node_id()
         assert replica_nodes(handles) == [node, node]
-        assert isinstance(handles, ReplicaSet) and handles.name_prefix == "pg-test"
+        assert isinstance(handles, ReplicaSet)
+        assert handles.name_prefix == "pg-test"
         found = find_replicas("pg-test", timeout_s=5)
-        assert isinstance(found, ReplicaSet) and found.name_prefix == "pg-test"
+        assert isinstance(found, ReplicaSet)
+        assert found.name_prefix == "pg-test"
         assert _pids(found) == _pids(handles)
         pg = ray.util.get_placement_group("pg-test-pg")
-        assert handles.placement_group.id == pg.id and found.placement_group.id == pg.id
+        assert handles.placement_group.id == pg.id
+        assert found.placement_group.id == pg.id
         assert ray.util.placement_group_table(pg)["state"] == "CREATED"
         # The group holds 1 of the 2 CPUs: a second request for 2 full CPUs is refused at once,
         # naming the held resources, instead of pending forever.

@@ -45,7 +45,8 @@ async def test_killing_a_replica_mid_run_loses_no_request(ray_cluster):
         assert client.in_flight == [8, 8]
         ray.kill(handles[1])
         outs = await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
-        assert len(outs) == 16 and all(len(o.token_ids) == 4 for o in outs)
+        assert len(outs) == 16
+        assert all(len(o.token_ids) == 4 for o in outs)
         assert {o.extra["replica"] for o in outs} == {0}
         assert client.healthy_replicas == [0]
         assert client.in_flight == [0, 0]
@@ -106,7 +107,8 @@ async def test_shared_client_actor_balances_requests_from_several_workers(ray_cl
         # clients each with their own counts could not guarantee this split.
         assert sorted(flat) == [0] * 6 + [1] * 6
         stats = await remote.get_stats()
-        assert stats["routed"] == 12 and stats["in_flight"] == [0, 0]
+        assert stats["routed"] == 12
+        assert stats["in_flight"] == [0, 0]
         again = RemoteClient.from_name("shared-client")
         out = await again.generate("w0-1", [3, 4, 1, 9], {"max_tokens": 2})
         assert out.extra["replica"] == served[0][1]  # sticky across proxies

@@ -83,7 +83,8 @@ def test_real_sglang_engine_same_checks(tmp_path):
 
     async def run():
         server = SGLangServer(engine, tokenizer=tok)
-        assert not server.capabilities.sleep and not server.per_request_seed  # (e), (c)
+        assert not server.capabilities.sleep
+        assert not server.per_request_seed
         assert "model.embed_tokens.weight" in server.weight_names
         prompt = tok.encode("hello world", add_special_tokens=False)
         out = await server.generate("g", prompt, greedy(8, ignore_eos=True))
@@ -93,7 +94,8 @@ def test_real_sglang_engine_same_checks(tmp_path):
         assert _max_abs(out.log_probs, _hf_log_probs(model, prompt, out.token_ids)) < GPU_LOGPROB_TOL
         stop = out.token_ids[3]  # (a)
         cut = await server.generate("a", prompt, greedy(8, ignore_eos=True, stop_token_ids=[stop]))
-        assert cut.token_ids == out.token_ids[: out.token_ids.index(stop) + 1] and cut.stop_reason == "stop"
+        assert cut.token_ids == out.token_ids[: out.token_ids.index(stop) + 1]
+        assert cut.stop_reason == "stop"
         # (d) SGLang refuses len >= max_req_input_len with its own error; the adapter first, with its own.
         limit = server.max_req_input_len
         with pytest.raises(ValueError, match=rf"^Input length \({limit} tokens\) exceeds the maximum allowed "
@@ -189,7 +191,8 @@ def test_real_sglang_partial_rollout_resumes_across_a_weight_update():
             old = versions[0]
             k = versions.count(old)
             assert 0 < k < budget, f"the update should land mid-generation; {k} of {budget} tokens came first"
-            assert len(out.token_ids) == len(out.log_probs) == budget and out.stop_reason == "length"
+            assert len(out.token_ids) == len(out.log_probs) == budget
+            assert out.stop_reason == "length"
             fresh = await server.generate("check", prompt + out.token_ids[:k], {**params, "max_tokens": budget - k})
             new_lp = forward_log_probs(perturbed, prompt, out.token_ids)
             old_lp = forward_log_probs(original, prompt, out.token_ids)

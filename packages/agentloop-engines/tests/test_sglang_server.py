@@ -67,7 +67,8 @@ def test_stand_in_misbehaves_like_sglang():
     params = {"max_new_tokens": 10, "temperature": 0, "stop_token_ids": [23], "ignore_eos": True}
     out = eng.loop.run_until_complete(eng.async_generate([20], params, return_logprob=True, rid="r"))
     assert len(out["output_ids"]) == 10  # (a) the stop token did not stop it
-    assert eng.flush_cache() is False and eng.running == 1  # (b) still "running" after returning
+    assert eng.flush_cache() is False
+    assert eng.running == 1
     with pytest.raises(AssertionError):
         eng.update_weights_from_tensor([("step", 2)])
     with pytest.raises(RuntimeError, match="died"):
@@ -117,7 +118,8 @@ def test_stand_in_built_from_a_model_path_reads_the_checkpoint(tmp_path, monkeyp
 
     async def run():
         out = await server.generate("e", [3], greedy(20))
-        assert out.token_ids == [4, 5, 6, 7] and out.stop_reason == "stop"  # the checkpoint's EOS
+        assert out.token_ids == [4, 5, 6, 7]
+        assert out.stop_reason == "stop"
         with pytest.raises(ValueError, match="did you mean 'model.norm.weight'"):
             await server.update_weights([("model.norm.weigth", 0)])
         await server.update_weights([("model.norm.weight", 0), ("lm_head.weight", 0)])
@@ -125,10 +127,12 @@ def test_stand_in_built_from_a_model_path_reads_the_checkpoint(tmp_path, monkeyp
 
     asyncio.run(run())
     assert [u.skipped for u in eng.weight_updates] == [("lm_head.weight",)]
-    assert eng.shut_down and eng.loop.is_closed()
+    assert eng.shut_down
+    assert eng.loop.is_closed()
     direct = StandInSGLangEngine(str(path))
     direct.update_weights_from_tensor([("model.norm.weigth", 0)])
-    assert direct.weight_updates[0].skipped == ("model.norm.weigth",) and direct.dead is None
+    assert direct.weight_updates[0].skipped == ("model.norm.weigth",)
+    assert direct.dead is None
     direct.shutdown()
     with pytest.raises(FileNotFoundError, match="downloads nothing"):
         StandInSGLangEngine(model_path="some-org/some-model")
@@ -160,7 +164,8 @@ def test_a_float32_checkpoint_runs_in_float32_unless_a_dtype_is_given(tmp_path, 
         assert (built[-1].server_args.dtype, built[-1].model_dtype) == (sent, runs), (path.name, kwargs)
         asyncio.run(server.close())
     assert [checkpoint_dtype(p) for p in (fp32, bf16, undeclared)] == ["float32", "bfloat16", "float32"]
-    assert default_engine_dtype(bf16) is None and checkpoint_dtype(tmp_path / "missing") is None
+    assert default_engine_dtype(bf16) is None
+    assert checkpoint_dtype(tmp_path / "missing") is None
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "config.json").write_text('{"torch_dtype": "float16"}')  # transformers 4 spelling
     assert checkpoint_dtype(tmp_path / "old") == "float16"
@@ -172,27 +177,34 @@ async def test_generate_returns_engine_tokens_and_logprobs(server, engine):
     assert out.log_probs == [-0.01 * (t % 7) for t in out.token_ids]
     assert out.stop_reason == "length"
     call = engine.calls[-1]
-    assert call["top_k"] == -1 and call["max_new_tokens"] == 5 and call["ignore_eos"] is False
+    assert call["top_k"] == -1
+    assert call["max_new_tokens"] == 5
+    assert call["ignore_eos"] is False
     assert call["rid"].startswith("a#")
 
 
 async def test_stop_token_and_eos_end_generation_included(server):
     out = await server.generate("s", [20], greedy(50, stop_token_ids=[23]))
-    assert out.token_ids == [21, 22, 23] and out.stop_reason == "stop"
+    assert out.token_ids == [21, 22, 23]
+    assert out.stop_reason == "stop"
     eos = await server.generate("e", [0], greedy(50))
-    assert eos.token_ids == [1, EOS] and eos.stop_reason == "stop"
+    assert eos.token_ids == [1, EOS]
+    assert eos.stop_reason == "stop"
     nolp = await server.generate("n", [5], greedy(2, logprobs=False))
-    assert nolp.log_probs is None and nolp.token_ids == [6, 7]
+    assert nolp.log_probs is None
+    assert nolp.token_ids == [6, 7]
 
 
 async def test_ignore_eos_ignores_eos_only_and_still_honours_stop_token_ids(server, engine):
     """(a) SGLang's ignore_eos drops every stop token; the adapter cuts at the requested one."""
     out = await server.generate("i", [0], greedy(50, ignore_eos=True, stop_token_ids=[5]))
-    assert out.token_ids == [1, EOS, 3, 4, 5] and out.stop_reason == "stop"  # past EOS, stopped at 5
+    assert out.token_ids == [1, EOS, 3, 4, 5]
+    assert out.stop_reason == "stop"
     assert out.log_probs == [-0.01 * (t % 7) for t in out.token_ids]
     assert engine.calls[-1]["ignore_eos"] is True
     free = await server.generate("f", [0], greedy(20, ignore_eos=True))
-    assert free.token_ids == expected(0, 20) and free.stop_reason == "length"
+    assert free.token_ids == expected(0, 20)
+    assert free.stop_reason == "length"
 
 
 async def test_update_right_after_generate_waits_until_sglang_is_idle():
@@ -202,7 +214,8 @@ async def test_update_right_after_generate_waits_until_sglang_is_idle():
     try:
         before = await server.generate("w", [10], greedy(4))
         await server.update_weights([("step", 3)])
-        assert engine.dead is None and engine.flushes == 1
+        assert engine.dead is None
+        assert engine.flushes == 1
         after = await server.generate("w", [10], greedy(4))
         assert after.token_ids == expected(10, 4, step=3) != before.token_ids
     finally:
@@ -220,15 +233,19 @@ async def test_update_and_sleep_wait_for_running_requests():
         await asyncio.sleep(0.02)
         waiting = asyncio.create_task(server.generate("later", [3], greedy(3)))
         out = await running
-        assert out.token_ids == expected(3, 30) and out.stop_reason == "length"
+        assert out.token_ids == expected(3, 30)
+        assert out.stop_reason == "length"
         await sleeping
-        assert engine.released and engine.memory_freed and not waiting.done()
+        assert engine.released
+        assert engine.memory_freed
+        assert not waiting.done()
         await server.wake_up()
         assert (await waiting).token_ids == expected(3, 3)
         running = asyncio.create_task(server.generate("r2", [3], greedy(30)))
         await asyncio.sleep(0.02)
         await server.update_weights([("step", 2)])
-        assert (await running).token_ids == expected(3, 30) and engine.dead is None
+        assert (await running).token_ids == expected(3, 30)
+        assert engine.dead is None
         assert (await server.generate("r3", [3], greedy(3))).token_ids == expected(3, 3, step=2)
     finally:
         await close(engine, server)
@@ -241,7 +258,8 @@ async def test_update_gives_up_with_a_clear_error_while_sglang_stays_busy(engine
     engine.running = 1
     with pytest.raises(RuntimeError, match="flush_cache kept failing"):
         await server.update_weights([("step", 5)])
-    assert engine.step == 1 and engine.dead is None
+    assert engine.step == 1
+    assert engine.dead is None
     engine.running = 0
     await server.update_weights([("step", 5)])
     assert engine.step == 5
@@ -264,7 +282,8 @@ async def test_seeds_are_not_promised_without_deterministic_inference(server, en
         assert det_server.per_request_seed is True
         a, b = [await det_server.generate("s", [10], {"max_tokens": 40, "temperature": 1.0, "seed": 7})
                 for _ in range(2)]
-        assert a.token_ids == b.token_ids and det.calls[-1]["sampling_seed"] == 7
+        assert a.token_ids == b.token_ids
+        assert det.calls[-1]["sampling_seed"] == 7
     finally:
         await close(det, det_server)
 
@@ -277,7 +296,8 @@ async def test_prompt_and_budget_follow_sglang_limits(server, engine):
     assert (server.context_len, server.max_req_input_len, server.max_prompt_len, server.max_model_len) == \
         (64, 58, 57, 62)
     longest = await server.generate("l", list(range(3, 60)), greedy(50, ignore_eos=True))  # 57 tokens
-    assert longest.token_ids == expected(59, 5) and longest.stop_reason == "length"
+    assert longest.token_ids == expected(59, 5)
+    assert longest.stop_reason == "length"
     assert engine.calls[-1]["max_new_tokens"] == 5  # the budget the adapter sent is what SGLang serves
     sent = len(engine.calls)
     for n in (58, 59):
@@ -306,7 +326,8 @@ async def test_a_kv_pool_smaller_than_the_context_lowers_both_limits():
     try:
         assert (server.max_req_input_len, server.max_prompt_len, server.max_model_len) == (26, 25, 30)
         out = await server.generate("p", list(range(3, 28)), greedy(50, ignore_eos=True))  # 25 tokens
-        assert out.token_ids == expected(27, 5) and engine.calls[-1]["max_new_tokens"] == 5
+        assert out.token_ids == expected(27, 5)
+        assert engine.calls[-1]["max_new_tokens"] == 5
         with pytest.raises(ValueError, match="max_req_input_len=26"):
             await server.generate("q", list(range(3, 29)), greedy(2))
     finally:
@@ -315,7 +336,8 @@ async def test_a_kv_pool_smaller_than_the_context_lowers_both_limits():
 
 async def test_sleep_is_declared_only_with_the_memory_saver(server, engine):
     """(e) Without SGLang's memory saver sleep frees nothing, so it is not declared."""
-    assert server.capabilities.sleep is False and server.capabilities.weight_update
+    assert server.capabilities.sleep is False
+    assert server.capabilities.weight_update
     with pytest.raises(CapabilityNotSupportedError, match="enable_memory_saver=True"):
         await server.sleep()
     assert not engine.released
@@ -329,7 +351,9 @@ async def test_sleep_releases_and_wake_up_restores():
         assert server.capabilities.sleep is True
         await server.sleep()
         await server.sleep()  # idempotent
-        assert engine.released and engine.memory_freed and engine.dead is None
+        assert engine.released
+        assert engine.memory_freed
+        assert engine.dead is None
         with pytest.raises(RuntimeError, match="wake_up"):
             await server.update_weights([("step", 2)])
         held = asyncio.create_task(server.generate("held", [5], greedy(2)))
@@ -368,7 +392,8 @@ def test_checkpoint_weight_names(tmp_path, caplog):
     engine.server_args.model_path = str(tmp_path / "missing")
     with caplog.at_level(logging.WARNING, logger="agentloop_engines.sglang_server"):
         unchecked = SGLangServer(engine, eos_token_ids=[EOS])
-    assert unchecked.weight_names is None and "cannot read the checkpoint" in caplog.text
+    assert unchecked.weight_names is None
+    assert "cannot read the checkpoint" in caplog.text
     unchecked._loop_thread.close()
     given = SGLangServer(engine, eos_token_ids=[EOS], weight_names=["step"])
     assert given.weight_names == {"step"}

@@ -25,7 +25,8 @@ def test_loads_with_auto_classes(built):
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (128, 2, 4, 2)
     assert (cfg.intermediate_size, cfg.max_position_embeddings) == (512, 2048)
-    assert cfg.tie_word_embeddings and model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    assert cfg.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     assert cfg.vocab_size == len(tok)
     assert model.generation_config.eos_token_id == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     assert model.generation_config.pad_token_id == tok.pad_token_id
@@ -57,7 +58,8 @@ def test_same_seed_same_weights_and_cached(built, tmp_path):
 def test_default_location_depends_on_the_shape(monkeypatch, tmp_path):
     monkeypatch.setenv("AGENTLOOP_CACHE_DIR", str(tmp_path))
     default = build_tiny_model(num_layers=1)
-    assert default.parent == tmp_path and default.name.startswith("tiny-qwen2-v1-")
+    assert default.parent == tmp_path
+    assert default.name.startswith("tiny-qwen2-v1-")
     assert transformers.AutoConfig.from_pretrained(str(default)).num_hidden_layers == 1
 
 

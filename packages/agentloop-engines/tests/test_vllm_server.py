@@ -154,7 +154,9 @@ async def test_partial_rollout_resumes_across_a_weight_update(server, tiny_path)
         assert out.extra["resumes"] == 1
         assert 0 < k < budget, f"the update should land mid-generation; {k} of {budget} tokens came first"
         assert versions == [0] * k + [1] * (budget - k)
-        assert len(out.token_ids) == budget and len(out.log_probs) == budget and out.stop_reason == "length"
+        assert len(out.token_ids) == budget
+        assert len(out.log_probs) == budget
+        assert out.stop_reason == "length"
 
         fresh = await server.generate("pr-check", prompt + out.token_ids[:k], {**params, "max_tokens": budget - k})
         new_lp = _forward_log_probs(tiny_path, perturbed, prompt, out.token_ids)

@@ -36,12 +36,15 @@ async def test_ai_message_keeps_ids_logprobs_and_parsed_calls(tokenizer, scripte
 
     info = msg.response_metadata[METADATA_KEY]
     call = server.calls[0]
-    assert info["request_id"] == "r1" == call.request_id and info["turn"] == 1
+    assert info["request_id"] == "r1" == call.request_id
+    assert info["turn"] == 1
     assert info["prompt_ids"] == call.prompt_ids
-    assert info["response_ids"] == call.output.token_ids and info["log_probs"] == call.output.log_probs
+    assert info["response_ids"] == call.output.token_ids
+    assert info["log_probs"] == call.output.log_probs
     assert msg.tool_calls == [{"name": "calculator", "args": {"expression": "6 * 7"}, "id": "call_1_call_0",
                                "type": "tool_call"}]
-    assert msg.content == "" and msg.response_metadata["finish_reason"] == "tool_calls"
+    assert msg.content == ""
+    assert msg.response_metadata["finish_reason"] == "tool_calls"
     # The bound tool's exact schema was rendered into the prompt.
     assert '"name": "calculator"' in tokenizer.decode(call.prompt_ids)
 
@@ -57,7 +60,8 @@ async def test_later_calls_extend_the_recorded_ids(tokenizer, scripted, calc_too
     c1, c2 = server.calls
     assert c2.prompt_ids[: len(c1.prompt_ids) + len(c1.output.token_ids)] == c1.prompt_ids + c1.output.token_ids
     assert "<tool_response>\n42\n</tool_response>" in tokenizer.decode(c2.prompt_ids)
-    assert second.content == "42" and second.tool_calls == []
+    assert second.content == "42"
+    assert second.tool_calls == []
     traj = chat.session().trajectory
     assert [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m] == \
         c1.output.token_ids + c2.output.token_ids
@@ -69,7 +73,8 @@ async def test_malformed_calls_become_invalid_tool_calls(tokenizer, scripted, ca
     msg = await model_for(server, tokenizer).bind_tools([calc_tool]).ainvoke(QUESTION)
     assert msg.tool_calls == []
     assert [c["error"].split(" ")[0:3] for c in msg.invalid_tool_calls][0] == ["the", "tool", "call"]
-    assert msg.invalid_tool_calls[1]["name"] == "search" and "unknown tool" in msg.invalid_tool_calls[1]["error"]
+    assert msg.invalid_tool_calls[1]["name"] == "search"
+    assert "unknown tool" in msg.invalid_tool_calls[1]["error"]
 
 
 async def test_a_turn_cut_by_the_budget_is_not_parsed_for_calls(tokenizer, scripted, calc_tool):
@@ -78,7 +83,8 @@ async def test_a_turn_cut_by_the_budget_is_not_parsed_for_calls(tokenizer, scrip
     n = len(tokenizer.encode(text, add_special_tokens=False))
     model = ChatModel(server=server, tokenizer=tokenizer, sampling_params={"max_tokens": n - 3}).bind_tools([calc_tool])
     msg = await model.ainvoke(QUESTION)
-    assert msg.tool_calls == [] and msg.invalid_tool_calls == []
+    assert msg.tool_calls == []
+    assert msg.invalid_tool_calls == []
     assert msg.response_metadata["finish_reason"] == "length"
 
 

@@ -70,7 +70,8 @@ async def test_create_agent_over_a_session_url_is_recorded_call_by_call(tokenize
         assert recorded.prompt_ids == sent.prompt_ids
         assert recorded.token_ids == sent.output.token_ids
         assert recorded.log_probs == sent.output.log_probs
-        assert sent.request_id == "traj-42" and sent.sampling_params.temperature == 1.0
+        assert sent.request_id == "traj-42"
+        assert sent.sampling_params.temperature == 1.0
     assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
     # LangChain sends the calls back with JSON-string arguments; rendered again they are the
     # text the engine generated, so each prompt extends the previous prompt + generation (one

@@ -21,7 +21,8 @@ from agentloop_tools.loop_config import (
 
 
 def test_react_agent_extends_the_shared_settings_with_its_graph_keys_only():
-    assert issubclass(ReactAgentConfig, ToolLoopConfig) and issubclass(ToolAgentConfig, ToolLoopConfig)
+    assert issubclass(ReactAgentConfig, ToolLoopConfig)
+    assert issubclass(ToolAgentConfig, ToolLoopConfig)
     shared = {f.name for f in fields(ToolLoopConfig)}
     assert {f.name for f in fields(ReactAgentConfig)} - shared == {
         "graph_factory", "graph_factory_kwargs", "system_prompt", "recursion_limit", "on_history_rewrite"}

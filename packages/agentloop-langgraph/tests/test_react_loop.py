@@ -68,7 +68,8 @@ async def test_mask1_tokens_are_exactly_what_the_engine_generated(tokenizer, scr
     assert {call.request_id for call in server.calls} == {"traj-1"}
     tool_texts = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "tool"]
     assert tool_texts == ["7", "14"]
-    assert out.metrics["tool_calls"] == 2 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_calls"] == 2
+    assert out.metrics["tool_errors"] == 0
     assert out.metrics["assistant_turns"] == 3
     assert out.metrics.get("tokenization_mismatch", 0) == 0
     assert out.extra_fields["termination_reason"] == "graph_end"
@@ -106,10 +107,12 @@ async def test_tool_errors_reach_the_graph_as_tool_messages(tokenizer, scripted)
         "Error: tool 'broken' failed: RuntimeError: boom 3",
         "Error: tool 'broken_create' is unavailable (RuntimeError: no sandbox available).",
     ]
-    assert out.metrics["tool_calls"] == 3 and out.metrics["tool_errors"] == 3
+    assert out.metrics["tool_calls"] == 3
+    assert out.metrics["tool_errors"] == 3
     assert len(server.calls) == 2  # the graph went on to the next model turn
     assert masked(out) == generated(server)
-    assert calculator.live_instances == 0 and tools["broken"].live_instances == 0
+    assert calculator.live_instances == 0
+    assert tools["broken"].live_instances == 0
 
 
 async def test_graph_that_trims_history_fails_the_sample_with_on_history_rewrite_error(tokenizer, scripted):
@@ -120,8 +123,10 @@ async def test_graph_that_trims_history_fails_the_sample_with_on_history_rewrite
 
     assert out.failed
     assert out.metrics["history_rewritten"] == 1
-    assert "HistoryRewrittenError" in out.metrics["error"] and "message 1" in out.metrics["error"]
-    assert out.response_ids == [] and out.prompt_ids == server.calls[0].prompt_ids
+    assert "HistoryRewrittenError" in out.metrics["error"]
+    assert "message 1" in out.metrics["error"]
+    assert out.response_ids == []
+    assert out.prompt_ids == server.calls[0].prompt_ids
     assert len(server.calls) == 1  # detected on the second model call, before it generated
     assert calculator.live_instances == 0
 
@@ -144,7 +149,8 @@ async def test_graph_that_edits_a_generated_message_is_detected_with_on_history_
         return create_agent(chat_model, tools, middleware=[tamper])
 
     out = await run_loop(scripted(REPLIES), tokenizer, {"graph_factory": factory, "on_history_rewrite": "error"})
-    assert out.failed and out.metrics["history_rewritten"] == 1
+    assert out.failed
+    assert out.metrics["history_rewritten"] == 1
     assert "were edited" in out.metrics["error"]
 
 
@@ -158,7 +164,9 @@ async def test_create_react_agent_graph_also_works(tokenizer, scripted):
 
     server = scripted(REPLIES)
     out = await run_loop(server, tokenizer, {"graph_factory": factory})
-    assert not out.failed and masked(out) == generated(server) and len(server.calls) == 3
+    assert not out.failed
+    assert masked(out) == generated(server)
+    assert len(server.calls) == 3
 
 
 async def test_response_length_ends_the_episode_cleanly(tokenizer, scripted):
@@ -169,14 +177,16 @@ async def test_response_length_ends_the_episode_cleanly(tokenizer, scripted):
     assert not out.failed
     assert out.extra_fields["termination_reason"] == "response_length"
     assert len(server.calls) == 1  # the tool result did not fit, so it was not appended
-    assert out.response_ids == generated(server) and out.response_mask == [1] * first_len
+    assert out.response_ids == generated(server)
+    assert out.response_mask == [1] * first_len
 
 
 async def test_max_assistant_turns(tokenizer, scripted):
     server = scripted(REPLIES)
     out = await run_loop(server, tokenizer, {"max_assistant_turns": 2})
     assert out.extra_fields["termination_reason"] == "max_assistant_turns"
-    assert len(server.calls) == 2 and masked(out) == generated(server)
+    assert len(server.calls) == 2
+    assert masked(out) == generated(server)
     assert out.response_mask[-1] == 0  # the second tool result sits after the last turn
 
 
@@ -250,7 +260,8 @@ async def test_every_tools_kwargs_part_reaches_its_stage(tokenizer, scripted):
     assert not out.failed, out.metrics
     assert tool.seen == [("create", {"seed": 1}), ("execute", {"mode": "fast"}), ("execute", {"mode": "fast"}),
                          ("calc_reward", {"ground_truth": "7"}), ("release", {"keep": False})]
-    assert out.reward_score == 0.5 and tool.live_instances == 0
+    assert out.reward_score == 0.5
+    assert tool.live_instances == 0
 
 
 async def test_row_kwargs_a_tool_cannot_take_fail_the_sample(tokenizer, scripted):
@@ -261,7 +272,8 @@ async def test_row_kwargs_a_tool_cannot_take_fail_the_sample(tokenizer, scripted
     with pytest.raises(ToolKwargsError, match=r"function tool 'calculator'.*\['precision'\]"):
         await loop.run({}, raw_prompt=PROMPT, tools_kwargs={"calculator": {"execute_kwargs": {"precision": 3}}})
     assert server.calls == []
-    assert calculator.live_instances == 0 and record.live_instances == 0
+    assert calculator.live_instances == 0
+    assert record.live_instances == 0
     assert ("release", {}) in record.seen  # the other tool's instance was released
 
 
@@ -276,7 +288,8 @@ async def test_max_parallel_calls_answers_later_calls_as_the_tool_agent_loop_doe
     assert tool_texts[:2] == ["1", "2"]
     assert tool_texts[2] == ("Error: too many tool calls in one turn (limit 2); this call to 'calculator' was "
                              "not run. Call it again next turn.")
-    assert graph_out.metrics["tool_calls_over_limit"] == 1 and graph_out.metrics["tool_errors"] == 1
+    assert graph_out.metrics["tool_calls_over_limit"] == 1
+    assert graph_out.metrics["tool_errors"] == 1
     assert graph_out.extra_fields["messages"] == tool_out.extra_fields["messages"]
     assert graph_out.response_ids == tool_out.response_ids
     assert graph_out.response_mask == tool_out.response_mask
@@ -287,10 +300,12 @@ async def test_delta_strategy_reaches_the_renderer(tokenizer, scripted, strategy
     loop = ReactAgentLoop(scripted(REPLIES), tokenizer, {"tools": {"calculator": calculator},
                                                          "delta_strategy": strategy})
     model = loop.chat_model({"temperature": 0.0}, "r")
-    assert model.delta_strategy == strategy and model.max_parallel_calls == 4
+    assert model.delta_strategy == strategy
+    assert model.max_parallel_calls == 4
     assert model._renderer([], "[]").delta_strategy == strategy
     out = await run_loop(scripted(REPLIES), tokenizer, {"delta_strategy": strategy})
-    assert not out.failed and out.extra_fields["termination_reason"] == "graph_end"
+    assert not out.failed
+    assert out.extra_fields["termination_reason"] == "graph_end"
     with pytest.raises(ValueError, match="delta_strategy must be one of"):
         ReactAgentLoop(object(), tokenizer, {"delta_strategy": "fast"})
 

@@ -82,27 +82,36 @@ async def test_summarising_agent_yields_two_segments_of_engine_tokens(tokenizer,
     loop = ReactAgentLoop(server, tokenizer, {"tools": {"calculator": tool}, "graph_factory": SUMMARISING})
     result = await loop.run({"temperature": 0.0, "logprobs": True}, raw_prompt=PROMPT, request_id="traj-s")
 
-    assert isinstance(result, list) and len(result) == 2
+    assert isinstance(result, list)
+    assert len(result) == 2
     first, second = result
-    assert len(server.calls) == 3 and {c.request_id for c in server.calls} == {"traj-s"}
+    assert len(server.calls) == 3
+    assert {c.request_id for c in server.calls} == {"traj-s"}
     assert_engine_tokens(result, server)
     # Segment 0 holds the first two calls, extending each other; segment 1 starts at the third.
     c1, c2, c3 = server.calls
-    assert first.prompt_ids == c1.prompt_ids and second.prompt_ids == c3.prompt_ids
-    assert masked(first) == c1.output.token_ids + c2.output.token_ids and masked(second) == c3.output.token_ids
+    assert first.prompt_ids == c1.prompt_ids
+    assert second.prompt_ids == c3.prompt_ids
+    assert masked(first) == c1.output.token_ids + c2.output.token_ids
+    assert masked(second) == c3.output.token_ids
     assert first.prompt_ids + first.response_ids == c2.prompt_ids + c2.output.token_ids
     assert second.response_ids == c3.output.token_ids
     # The summary replaced turn 1; turn 2 (an AI message the engine generated) is prompt text now.
     text = tokenizer.decode(second.prompt_ids)
     assert "- you called calculator(expression='3 + 4'): 7" in text
-    assert '"expression": "7 * 2"' in text and "<tool_response>\n14\n</tool_response>" in text
+    assert '"expression": "7 * 2"' in text
+    assert "<tool_response>\n14\n</tool_response>" in text
     assert [m["role"] for m in second.extra_fields["messages"]] == ["user", "user", "assistant", "tool", "assistant"]
-    assert "message 1" in second.extra_fields["segment_reason"] and "segment_reason" not in first.extra_fields
+    assert "message 1" in second.extra_fields["segment_reason"]
+    assert "segment_reason" not in first.extra_fields
     # One reward for the trajectory (2 x 0.25 step rewards + 1.0), on both segments.
-    assert first.reward_score == second.reward_score == 1.5 and trajectory_reward(result) == 1.5
+    assert first.reward_score == second.reward_score == 1.5
+    assert trajectory_reward(result) == 1.5
     for s in result:
-        assert s.metrics["num_segments"] == 2 and s.metrics["assistant_turns"] == 3
-        assert s.metrics["tool_calls"] == 2 and s.metrics.get("tokenization_mismatch", 0) == 0
+        assert s.metrics["num_segments"] == 2
+        assert s.metrics["assistant_turns"] == 3
+        assert s.metrics["tool_calls"] == 2
+        assert s.metrics.get("tokenization_mismatch", 0) == 0
         assert s.extra_fields["termination_reason"] == "graph_end"
     assert tool.live_instances == 0
 
@@ -123,8 +132,10 @@ async def test_summarising_agent_segments_reach_one_trajectory_of_the_rollout_ba
 
     assert [(o.trajectory_index, o.segment_index) for o in outputs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [o.reward_score for o in outputs] == [1.0] * 4  # scored once, on the whole trajectory
-    assert batch.trajectory_index.tolist() == [0, 0, 1, 1] and batch.segment_index.tolist() == [0, 1, 0, 1]
-    assert batch.num_trajectories == 2 and batch.num_failed == 0
+    assert batch.trajectory_index.tolist() == [0, 0, 1, 1]
+    assert batch.segment_index.tolist() == [0, 1, 0, 1]
+    assert batch.num_trajectories == 2
+    assert batch.num_failed == 0
     assert np.all(batch.rewards == 1.0)
     assert batch.metrics["agent_loop/num_segments/mean"] == 2.0
     # A trajectory's rows hold, in order, exactly the ids the engine generated for its request.
@@ -137,8 +148,10 @@ async def test_summarising_agent_segments_reach_one_trajectory_of_the_rollout_ba
 async def test_summarising_agent_without_enough_turns_is_one_output(tokenizer, scripted):
     server = scripted(["Just 14."])
     out = await run_loop(server, tokenizer, {"graph_factory": SUMMARISING})
-    assert isinstance(out, AgentLoopOutput) and not out.failed
-    assert out.metrics["num_segments"] == 1 and masked(out) == generated(server)
+    assert isinstance(out, AgentLoopOutput)
+    assert not out.failed
+    assert out.metrics["num_segments"] == 1
+    assert masked(out) == generated(server)
 
 
 async def test_nudged_summarising_agent_keeps_summarising_until_the_turn_limit(tokenizer, scripted):
@@ -148,12 +161,14 @@ async def test_nudged_summarising_agent_keeps_summarising_until_the_turn_limit(t
         "graph_factory": SUMMARISING, "max_assistant_turns": 4,
         "graph_factory_kwargs": {"nudge": "Check again.", "summarise_after": 2, "keep_last_turns": 1}})
     segments = as_list(out)
-    assert len(server.calls) == 4 and len(segments) == 3
+    assert len(server.calls) == 4
+    assert len(segments) == 3
     assert_engine_tokens(segments, server)
     assert [len(s.extra_fields["messages"]) for s in segments] == [4, 5, 5]  # Q, (A, nudge) x k, ...
     last = tokenizer.decode(segments[-1].prompt_ids)
     # A second summary carries the first one's lines on.
-    assert "- you answered: Maybe 13." in last and "- you answered: Maybe 14." in last
+    assert "- you answered: Maybe 13." in last
+    assert "- you answered: Maybe 14." in last
     assert all(s.extra_fields["termination_reason"] == "max_assistant_turns" for s in segments)
 
 
@@ -189,7 +204,8 @@ async def test_every_kind_of_rewrite_starts_a_new_segment(tokenizer, scripted, r
     second = await model.ainvoke(history)
 
     session = chat.session()
-    assert len(session.segments) == 2 and len(session.rewrites) == 1
+    assert len(session.segments) == 2
+    assert len(session.rewrites) == 1
     assert second.response_metadata[METADATA_KEY]["turn"] == 2  # turns count over the whole trajectory
     first_seg, second_seg = session.segments
     assert first_seg.response_ids == server.calls[0].output.token_ids
@@ -212,7 +228,8 @@ async def test_a_new_segment_keeps_extending_and_can_be_rewritten_again(tokenize
 
     session = chat.session()
     assert [t.num_generations for t in session.segments] == [1, 2, 1]
-    assert session.num_generations == 4 and c.response_metadata[METADATA_KEY]["turn"] == 3
+    assert session.num_generations == 4
+    assert c.response_metadata[METADATA_KEY]["turn"] == 3
     assert [t for seg in session.segments for t, m in zip(seg.response_ids, seg.response_mask, strict=True) if m] \
         == [t for call in server.calls for t in call.output.token_ids]
     assert server.calls[3].prompt_ids[: len(session.segments[0].prompt_ids)] == session.segments[0].prompt_ids
@@ -251,7 +268,8 @@ async def test_max_assistant_turns_counts_turns_over_all_segments(tokenizer, scr
     out = await run_loop(server, tokenizer, {"graph_factory": "langgraph_helpers:trimming_graph",
                                              "max_assistant_turns": 2})
     segments = as_list(out)
-    assert len(server.calls) == 2 and len(segments) == 2  # no third segment without a turn to generate
+    assert len(server.calls) == 2
+    assert len(segments) == 2
     assert all(s.extra_fields["termination_reason"] == "max_assistant_turns" for s in segments)
 
 
@@ -263,7 +281,8 @@ async def test_response_length_is_a_budget_per_segment(tokenizer, scripted):
     budget = max(n) + 2
     segments = as_list(await run_loop(server, tokenizer, {"graph_factory": "langgraph_helpers:trimming_graph",
                                                           "response_length": budget}))
-    assert len(segments) == 3 and all(len(s.response_ids) <= budget for s in segments)
+    assert len(segments) == 3
+    assert all(len(s.response_ids) <= budget for s in segments)
     assert segments[-1].extra_fields["termination_reason"] == "graph_end"
     one_sequence = await run_loop(scripted(REPLIES), tokenizer, {"response_length": budget})
     assert one_sequence.extra_fields["termination_reason"] == "response_length"
@@ -275,9 +294,11 @@ async def test_a_segment_prompt_over_prompt_length_ends_the_episode(tokenizer, s
         [calculator.tool_schema.model_dump(exclude_none=True)], "k").render_prompt(PROMPT))
     # The summary prompt is longer than the question's: it ends the episode instead of failing it.
     out = await run_loop(server, tokenizer, {"graph_factory": SUMMARISING, "prompt_length": first_prompt + 5})
-    assert isinstance(out, AgentLoopOutput) and not out.failed
+    assert isinstance(out, AgentLoopOutput)
+    assert not out.failed
     assert out.extra_fields["termination_reason"] == "prompt_length"
-    assert len(server.calls) == 2 and masked(out) == generated(server)
+    assert len(server.calls) == 2
+    assert masked(out) == generated(server)
 
 
 async def test_every_segment_is_sanity_checked(tokenizer, scripted, monkeypatch):
@@ -309,5 +330,6 @@ def test_summary_messages_are_marked():
 
     msg = summary_message([AIMessage("", tool_calls=[{"name": "calculator", "args": {"expression": "1+1"},
                                                        "id": "c1"}])])
-    assert is_summary(msg) and msg.name == SUMMARY_NAME
+    assert is_summary(msg)
+    assert msg.name == SUMMARY_NAME
     assert "- you called calculator(expression='1+1'): no result" in msg.content

@@ -153,8 +153,10 @@ async def test_mask_holds_exactly_the_engine_tokens_across_three_tool_turns(toke
     assert server.calls[0].prompt_ids == out.prompt_ids
     assert out.prompt_ids + out.response_ids == server.calls[-1].prompt_ids + server.calls[-1].output.token_ids
     assert tool_messages(out) == ["one", "two", "three"]
-    assert out.metrics["tool_calls"] == 3 and out.metrics["tool_errors"] == 0
-    assert out.metrics["assistant_turns"] == 4 and out.metrics["turns"] == 4
+    assert out.metrics["tool_calls"] == 3
+    assert out.metrics["tool_errors"] == 0
+    assert out.metrics["assistant_turns"] == 4
+    assert out.metrics["turns"] == 4
     assert out.extra_fields["termination_reason"] == "no_tool_call"
     assert out.extra_fields["tool_rewards"] == [0.1, 0.1, 0.1]
     assert out.reward_score == pytest.approx(0.3)
@@ -195,7 +197,8 @@ async def test_parallel_calls_run_concurrently(tokenizer):
     out = await asyncio.wait_for(make_loop(server, tokenizer, tools).run(SAMPLING, raw_prompt=PROMPT), 60)
     assert tool_messages(out) == ["a", "b"]
     assert gauge == [0, 2], f"peak in-flight tool calls was {gauge[1]}: the two calls ran one after the other"
-    assert out.metrics["tool_calls"] == 2 and "tool_calls_s" in out.metrics
+    assert out.metrics["tool_calls"] == 2
+    assert "tool_calls_s" in out.metrics
 
 
 async def test_calls_beyond_max_parallel_calls_get_an_error(tokenizer):
@@ -204,7 +207,8 @@ async def test_calls_beyond_max_parallel_calls_get_an_error(tokenizer):
     msgs = tool_messages(out)
     assert msgs[:2] == ["1", "2"]
     assert "too many tool calls in one turn (limit 2)" in msgs[2]
-    assert out.metrics["tool_calls"] == 2 and out.metrics["tool_calls_over_limit"] == 1
+    assert out.metrics["tool_calls"] == 2
+    assert out.metrics["tool_calls_over_limit"] == 1
 
 
 @pytest.mark.fault
@@ -221,7 +225,9 @@ async def test_raising_hanging_and_junk_tools_become_error_text(tokenizer):
     assert "returned an invalid result" in msgs[2]
     assert "unknown tool 'nope'" in msgs[3]
     assert msgs[4] == "still alive"
-    assert out.metrics["tool_errors"] == 3 and out.metrics["parse_errors"] == 1 and out.metrics["tool_calls"] == 4
+    assert out.metrics["tool_errors"] == 3
+    assert out.metrics["parse_errors"] == 1
+    assert out.metrics["tool_calls"] == 4
     assert out.extra_fields["termination_reason"] == "no_tool_call"
     assert all(t.live_instances == 0 for t in tools)
 
@@ -241,16 +247,19 @@ class ReportingTool(BaseTool):
 async def test_tool_metrics_add_up_per_trajectory_and_are_kept_whole(tokenizer):
     server = scripted(tokenizer, [call("report", text="aaa"), call("report", text="bb"), "done"])
     out = await make_loop(server, tokenizer, [ReportingTool()]).run(SAMPLING, raw_prompt=PROMPT)
-    assert out.metrics["tool/report/rows"] == 5.0 and out.metrics["tool/report/cache_hit"] == 1.0
+    assert out.metrics["tool/report/rows"] == 5.0
+    assert out.metrics["tool/report/cache_hit"] == 1.0
     assert "tool/report/source" not in out.metrics  # not a number: kept in extra_fields only
     reported = out.extra_fields["reported_metrics"]
-    assert [r["turn"] for r in reported] == [1, 2] and {r["source"] for r in reported} == {"tool/report"}
+    assert [r["turn"] for r in reported] == [1, 2]
+    assert {r["source"] for r in reported} == {"tool/report"}
     assert reported[1]["metrics"] == {"rows": 2, "cache_hit": True, "source": "db"}
 
     server = scripted(tokenizer, [call("report", text="aaa"), "done"])
     bad = await make_loop(server, tokenizer, [ReportingTool("bad")]).run(SAMPLING, raw_prompt=PROMPT)
     assert tool_messages(bad) == ["ok"]  # the response still reaches the model
-    assert bad.metrics["invalid_metrics"] == 1 and bad.metrics["tool_errors"] == 0
+    assert bad.metrics["invalid_metrics"] == 1
+    assert bad.metrics["tool_errors"] == 0
     assert bad.extra_fields["reported_metrics"][0]["metrics"] == {"invalid": "['rows', 3]"}
 
 
@@ -264,7 +273,8 @@ async def test_malformed_call_is_reported_to_the_model(tokenizer):
     server = scripted(tokenizer, ['<tool_call>{"name": "echo", "arguments": {"text": 5}}</tool_call>', "sorry"])
     out = await make_loop(server, tokenizer, [EchoTool()]).run(SAMPLING, raw_prompt=PROMPT)
     assert tool_messages(out) == ["Error: invalid arguments for 'echo': arguments.text must be of type string, got integer 5"]
-    assert out.metrics["parse_errors"] == 1 and out.metrics["tool_calls"] == 0
+    assert out.metrics["parse_errors"] == 1
+    assert out.metrics["tool_calls"] == 0
 
 
 async def test_budget_overflow_drops_the_tool_response_and_ends_cleanly(tokenizer):
@@ -278,7 +288,8 @@ async def test_budget_overflow_drops_the_tool_response_and_ends_cleanly(tokenize
     out = await loop.run(SAMPLING, raw_prompt=PROMPT)
     assert len(server.calls) == 1
     assert server.calls[0].sampling_params.max_tokens == 80  # the whole budget, nothing more
-    assert out.response_ids == server.calls[0].output.token_ids and set(out.response_mask) == {1}
+    assert out.response_ids == server.calls[0].output.token_ids
+    assert set(out.response_mask) == {1}
     assert out.extra_fields["termination_reason"] == "response_length"
     assert out.metrics["dropped_message_tokens"] > 0
     assert tool.live_instances == 0
@@ -347,7 +358,8 @@ async def test_spans_and_reward_modes(tokenizer):
     assert out.reward_score == 0.5
     server = scripted(tokenizer, [call("echo", text="a"), "done"])
     out = await make_loop(server, tokenizer, [EchoTool(reward=0.5)], tool_reward="none").run(SAMPLING, raw_prompt=PROMPT)
-    assert out.reward_score is None and out.extra_fields["tool_rewards"] == [0.5]
+    assert out.reward_score is None
+    assert out.extra_fields["tool_rewards"] == [0.5]
 
 
 async def test_real_calculator_tool_over_three_turns(tokenizer):
@@ -357,8 +369,10 @@ async def test_real_calculator_tool_over_three_turns(tokenizer):
     out = await make_loop(server, tokenizer, [calculator]).run(SAMPLING, raw_prompt=PROMPT)
     msgs = tool_messages(out)
     assert msgs[:2] == ["7", "42"]
-    assert msgs[2].startswith("Error") and "calculator" in msgs[2]
-    assert out.metrics["tool_calls"] == 3 and out.metrics["tool_errors"] == 1
+    assert msgs[2].startswith("Error")
+    assert "calculator" in msgs[2]
+    assert out.metrics["tool_calls"] == 3
+    assert out.metrics["tool_errors"] == 1
     assert calculator.live_instances == 0
 
 
@@ -432,7 +446,8 @@ async def test_every_tools_kwargs_part_reaches_its_stage(tokenizer):
     out = await make_loop(server, tokenizer, [tool]).run(SAMPLING, raw_prompt=PROMPT, tools_kwargs=ROW_TOOLS_KWARGS)
     assert tool.seen == [("create", {"seed": 1}), ("execute", {"mode": "fast"}), ("execute", {"mode": "fast"}),
                          ("calc_reward", {"ground_truth": "7"}), ("release", {"keep": False})]
-    assert tool_messages(out) == ["a", "b"] and out.reward_score == 0.5
+    assert tool_messages(out) == ["a", "b"]
+    assert out.reward_score == 0.5
     assert tool.live_instances == 0
 
 
@@ -446,7 +461,8 @@ async def test_row_kwargs_a_tool_cannot_take_fail_the_sample_before_generating(t
         await loop.run(SAMPLING, raw_prompt=PROMPT, tools_kwargs={"echo": {"execute_kwargs": {"mode": "x"}},
                                                                   "count": {"start": 3}})
     assert server.calls == []
-    assert echo.live_instances == 0 and counter.live_instances == 0  # the other tool's instance was released
+    assert echo.live_instances == 0
+    assert counter.live_instances == 0
     # Without row kwargs the same tool works.
     out = await loop.run(SAMPLING, raw_prompt=PROMPT, tools_kwargs={"echo": {"create_kwargs": {}}})
     assert tool_messages(out) == ["a"]

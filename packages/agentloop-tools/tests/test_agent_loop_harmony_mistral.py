@@ -175,13 +175,15 @@ def check_trajectory(tok: Any, server: ScriptedServer, out: Any, turns: list[str
     assert [c.output.token_ids for c in server.calls] == [encode(tok, t) for t in turns]
     assert runs(out, 1) == [encode(tok, t) for t in turns]
     assert [tok.decode(r) for r in runs(out, 0)] == between
-    assert out.response_mask[0] == 1 and out.response_mask[-1] == 1
+    assert out.response_mask[0] == 1
+    assert out.response_mask[-1] == 1
     for prev, nxt in zip(server.calls, server.calls[1:], strict=False):
         seen = prev.prompt_ids + prev.output.token_ids
         assert nxt.prompt_ids[: len(seen)] == seen
     assert server.calls[0].prompt_ids == out.prompt_ids
     assert out.prompt_ids + out.response_ids == server.calls[-1].prompt_ids + server.calls[-1].output.token_ids
-    assert out.response_logprobs is not None and len(out.response_logprobs) == len(out.response_ids)
+    assert out.response_logprobs is not None
+    assert len(out.response_logprobs) == len(out.response_ids)
     assert "tokenization_mismatch" not in out.metrics
 
 
@@ -206,7 +208,9 @@ async def test_gpt_oss_call_then_final_answer(source, delta_strategy):
     assert server.calls[0].output.token_ids[-1] == tok.convert_tokens_to_ids("<|call|>")
     assert server.calls[1].output.token_ids[-1] == tok.eos_token_id == tok.convert_tokens_to_ids("<|return|>")
     assert tool_messages(out) == [{"role": "tool", "name": "calc", "tool_call_id": "call_1_call_0", "content": "42"}]
-    assert out.metrics["tool_calls"] == 1 and out.metrics["parse_errors"] == 0 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_calls"] == 1
+    assert out.metrics["parse_errors"] == 0
+    assert out.metrics["tool_errors"] == 0
     assert out.metrics["assistant_turns"] == 2
     assert out.extra_fields["termination_reason"] == "no_tool_call"
 
@@ -220,12 +224,14 @@ async def test_gpt_oss_call_to_an_unknown_tool_is_answered_with_an_error(source)
     server, out = await run_loop(tok, "gpt_oss", [bad, HARMONY_FINAL])
 
     [message] = tool_messages(out)
-    assert message["name"] == "nope" and message["tool_call_id"] == ""
+    assert message["name"] == "nope"
+    assert message["tool_call_id"] == ""
     assert message["content"].startswith("Error: unknown tool 'nope'")
     result = ("<|start|>functions.nope to=assistant<|channel|>commentary<|message|>"
               f"{json.dumps(message['content'])}<|end|><|start|>assistant")
     check_trajectory(tok, server, out, [bad, HARMONY_FINAL], [result])
-    assert out.metrics["parse_errors"] == 1 and out.metrics["tool_calls"] == 0
+    assert out.metrics["parse_errors"] == 1
+    assert out.metrics["tool_calls"] == 0
 
 
 @pytest.mark.parametrize("source", ["shared", "inline"])
@@ -237,7 +243,8 @@ async def test_gpt_oss_call_without_a_function_name_is_answered_with_an_error(so
     server, out = await run_loop(tok, "gpt_oss", [bad, HARMONY_FINAL])
 
     [message] = tool_messages(out)
-    assert message["name"] == "" and message["content"].startswith("Error: the tool call names no tool")
+    assert message["name"] == ""
+    assert message["content"].startswith("Error: the tool call names no tool")
     result = ("<|start|>functions. to=assistant<|channel|>commentary<|message|>"
               f"{json.dumps(message['content'])}<|end|><|start|>assistant")
     check_trajectory(tok, server, out, [bad, HARMONY_FINAL], [result])
@@ -260,7 +267,9 @@ async def test_mistral_call_then_final_answer(source, delta_strategy):
     assert tok.decode(server.calls[1].prompt_ids).endswith(MISTRAL_CALL + mistral_result("a1b2c3d4e"))
     assert [c.output.token_ids[-1] for c in server.calls] == [tok.eos_token_id] * 2
     assert tool_messages(out) == [{"role": "tool", "name": "calc", "tool_call_id": "a1b2c3d4e", "content": "42"}]
-    assert out.metrics["tool_calls"] == 1 and out.metrics["parse_errors"] == 0 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_calls"] == 1
+    assert out.metrics["parse_errors"] == 0
+    assert out.metrics["tool_errors"] == 0
     assert out.extra_fields["termination_reason"] == "no_tool_call"
 
 
@@ -291,10 +300,12 @@ async def test_mistral_call_ids_the_template_refuses_are_replaced(source):
 
     messages = tool_messages(out)
     assert [(m["name"], m["tool_call_id"]) for m in messages] == [("calc", "call00100"), ("nope", "call00101")]
-    assert messages[0]["content"] == "42" and messages[1]["content"].startswith("Error: unknown tool 'nope'")
+    assert messages[0]["content"] == "42"
+    assert messages[1]["content"].startswith("Error: unknown tool 'nope'")
     check_trajectory(tok, server, out, [calls, MISTRAL_FINAL],
                      [mistral_result("call00100") + mistral_result("call00101", messages[1]["content"])])
-    assert out.metrics["tool_calls"] == 1 and out.metrics["parse_errors"] == 1
+    assert out.metrics["tool_calls"] == 1
+    assert out.metrics["parse_errors"] == 1
 
 
 # --- a user follow-up -----------------------------------------------------------------------------
@@ -335,7 +346,8 @@ async def test_user_follow_up_after_a_tool_call(family, source):
     check_trajectory(tok, server, out, turns, between)
     roles = [m["role"] for m in out.extra_fields["messages"]]
     assert roles == ["user", "assistant", "tool", "assistant", "user", "assistant"]
-    assert out.metrics["user_turns"] == 1 and out.metrics["assistant_turns"] == 3
+    assert out.metrics["user_turns"] == 1
+    assert out.metrics["assistant_turns"] == 3
     assert out.extra_fields["termination_reason"] == "interaction"
     assert out.extra_fields["turn_scores"] == [0.0, 1.0]
 

@@ -73,7 +73,8 @@ def test_schema_from_hints_and_google_docstring():
         """
         return query
 
-    assert isinstance(search, BaseTool) and isinstance(search, FunctionTool)
+    assert isinstance(search, BaseTool)
+    assert isinstance(search, FunctionTool)
     fn = search.tool_schema.model_dump(exclude_none=True)["function"]
     assert fn["name"] == "search"
     assert fn["description"] == "Search the index. Returns the top hits."
@@ -103,9 +104,11 @@ def test_decorator_forms_and_names():
     def h(y):
         return y
 
-    assert f.name == "lookup" and f.tool_schema.function.name == "lookup"
+    assert f.name == "lookup"
+    assert f.tool_schema.function.name == "lookup"
     assert g.tool_schema.function.description == "Given description."
-    assert h.name == "custom" and "y" in h.tool_schema.function.parameters.properties
+    assert h.name == "custom"
+    assert "y" in h.tool_schema.function.parameters.properties
 
 
 def test_registration_errors_are_clear():
@@ -159,7 +162,8 @@ async def test_sync_runs_in_thread_async_is_awaited():
 
     iid = await sync_tool.create()
     resp, reward, metrics = await sync_tool.execute(iid, {"x": 3})
-    assert '"x": 3' in resp.text and str(main_thread) not in resp.text
+    assert '"x": 3' in resp.text
+    assert str(main_thread) not in resp.text
     assert (reward, metrics) == (0.0, {})
     iid2 = await async_tool.create()
     assert (await async_tool.execute(iid2, {"x": 4}))[0].text == "got 4"
@@ -225,7 +229,8 @@ async def test_hidden_parameters_come_from_the_row_and_stay_out_of_the_schema():
         return f"{user_id}/{region}/{query}"
 
     params = lookup.tool_schema.function.parameters
-    assert list(params.properties) == ["query"] and params.required == ["query"]
+    assert list(params.properties) == ["query"]
+    assert params.required == ["query"]
     iid = await lookup.create(create_kwargs={}, execute_kwargs={"user_id": "u7"})
     assert (await lookup.run_execute(iid, {"query": "q"}))[0].text == "u7/eu/q"
     # The model cannot set a hidden parameter, even one it guessed.

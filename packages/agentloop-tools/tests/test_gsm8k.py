@@ -31,7 +31,9 @@ async def test_check_answer_rewards_and_best_reward():
     assert tool.name == "check_answer"
     iid = await tool.create(create_kwargs={"ground_truth": "#### 1,234"})
     resp, reward, metrics = await tool.execute(iid, {"answer": "1233"})
-    assert reward == 0.0 and "Incorrect" in resp.text and metrics == {"attempts": 1}
+    assert reward == 0.0
+    assert "Incorrect" in resp.text
+    assert metrics == {"attempts": 1}
     resp, reward, _ = await tool.execute(iid, {"answer": "The total is $1,234.00"})
     assert (reward, resp.text) == (1.0, "Correct.")
     await tool.execute(iid, {"answer": "nothing"})  # a later wrong answer keeps the best reward

@@ -55,7 +55,8 @@ async def test_interaction_asks_again_then_ends_on_the_right_answer(tokenizer):
     assert users == [PROMPT[0]["content"], "Wrong, try again."]
     assert out.extra_fields["turn_scores"] == [0.0, 1.0]
     assert out.extra_fields["termination_reason"] == "interaction"
-    assert out.metrics["user_turns"] == 1 and out.metrics["assistant_turns"] == 2
+    assert out.metrics["user_turns"] == 1
+    assert out.metrics["assistant_turns"] == 2
     assert out.metrics["interaction/answered"] == 2  # both turns gave an answer (its metrics add up)
     assert [r["source"] for r in out.extra_fields["reported_metrics"]] == ["interaction"] * 2
     assert out.reward_score == 1.0  # the interaction's calculate_score: the last turn's score
@@ -88,7 +89,8 @@ async def test_interaction_from_class_path_with_a_tool(tokenizer):
     loop = ToolAgentLoop(server, tokenizer, {"response_length": 2048, "interaction": spec, "tools": {tool.name: tool}})
     out = await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": 12},
                          tools_kwargs={"check_answer": {"create_kwargs": {"ground_truth": "12"}}})
-    assert out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_calls"] == 1
+    assert out.metrics["tool_errors"] == 0
     assert out.extra_fields["turn_scores"] == [2.0]
     assert out.extra_fields["termination_reason"] == "interaction"
     tool_rewards = out.extra_fields["tool_rewards"]
@@ -119,7 +121,8 @@ async def test_lifecycle_and_missing_ground_truth():
 
     inter = Echo({"name": "echo"})
     iid = await inter.start(None, topic="x")
-    assert inter.state(iid) == {"topic": "x"} and inter.name == "echo"
+    assert inter.state(iid) == {"topic": "x"}
+    assert inter.name == "echo"
     with pytest.raises(ValueError, match="already started"):
         await inter.start(iid)
     await inter.finalize(iid)
@@ -151,7 +154,8 @@ async def test_interaction_config_path_rows_pick_an_interaction_by_name(tokenize
     out = await loop.run(SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"name": "lenient", "ground_truth": "12"})
     users = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "user"]
     assert users[1:] == ["Close! Try once more."]
-    assert out.extra_fields["turn_scores"] == [0.0, 2.0] and out.reward_score == 2.0
+    assert out.extra_fields["turn_scores"] == [0.0, 2.0]
+    assert out.reward_score == 2.0
     # The loaded file is shared by the next sample's loop (loops are built per sample).
     again = ToolAgentLoop(server, tokenizer, {"interaction_config_path": str(path)})
     assert again.interactions["strict"] is loop.interactions["strict"]

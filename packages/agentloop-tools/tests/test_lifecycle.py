@@ -31,7 +31,8 @@ class CounterTool(BaseTool):
 
 async def test_fifty_concurrent_trajectories_never_share_state():
     tool = CounterTool({"timeout_s": 3}, SCHEMA)
-    assert tool.name == "counter" and tool.timeout_s == 3.0
+    assert tool.name == "counter"
+    assert tool.timeout_s == 3.0
 
     async def trajectory(i: int) -> float:
         # Half nested verl-style, half flat: both must work.
@@ -122,7 +123,8 @@ async def test_tool_without_kwargs_works_on_rows_without_them():
     tool = CounterTool({}, SCHEMA)
     iid = await tool.create(create_kwargs={"start": 2}, execute_kwargs={}, release_kwargs=None)
     response, _, _ = await tool.run_execute(iid, {"n": 3})
-    assert response.text == "5" and await tool.run_calc_reward(iid) == 5.0
+    assert response.text == "5"
+    assert await tool.run_calc_reward(iid) == 5.0
     await tool.run_release(iid)
     assert tool.live_instances == 0
 

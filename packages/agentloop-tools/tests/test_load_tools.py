@@ -56,7 +56,8 @@ def _write(tmp_path, name, text):
 async def test_yaml_and_function_file_merge(tmp_path):
     tools = load_tools(_write(tmp_path, "tools.yaml", YAML), _write(tmp_path, "fns.py", FUNCTIONS))
     assert sorted(tools) == ["add", "check_answer", "run_code", "shout"]
-    assert isinstance(tools["check_answer"], Gsm8kTool) and tools["check_answer"].timeout_s == 5.0
+    assert isinstance(tools["check_answer"], Gsm8kTool)
+    assert tools["check_answer"].timeout_s == 5.0
     assert isinstance(tools["add"], FunctionTool)
     iid = await tools["shout"].create()
     assert (await tools["shout"].execute(iid, {"text": "hi"}))[0].text == "HI"
@@ -82,7 +83,8 @@ def test_duplicate_name_across_sources_names_both(tmp_path):
     fn_path = _write(tmp_path, "fns.py", FUNCTIONS)
     with pytest.raises(ValueError, match="'add' is defined twice") as err:
         load_tools(yaml_path, fn_path)
-    assert "tools.yaml" in str(err.value) and "fns.py" in str(err.value)
+    assert "tools.yaml" in str(err.value)
+    assert "fns.py" in str(err.value)
 
 
 def test_duplicate_name_inside_yaml(tmp_path):

@@ -114,7 +114,8 @@ def test_the_0_4_aliases_are_gone():
     from agentloop_tools import agent_loop, loop_config
 
     for module in (agent_loop, loop_config):
-        assert not hasattr(module, "LOOP_CONFIG_CHOICES") and not hasattr(module, "ToolLoopSettings")
+        assert not hasattr(module, "LOOP_CONFIG_CHOICES")
+        assert not hasattr(module, "ToolLoopSettings")
     assert agent_loop.__all__ == ["AgentState", "ToolAgentLoop"]
 
 

@@ -122,7 +122,8 @@ async def test_list_and_call_tools(server_url):
     add = tools["add"]
     assert isinstance(add, MCPTool)
     params = add.tool_schema.function.parameters
-    assert params.required == ["a", "b"] and params.properties["a"] == {"type": "integer"}
+    assert params.required == ["a", "b"]
+    assert params.properties["a"] == {"type": "integer"}
     iid = await add.create()
     resp, reward, metrics = await add.execute(iid, {"a": 2, "b": 40})
     assert (resp.text, reward, metrics["mcp_is_error"]) == ("42", 0.0, False)
@@ -130,7 +131,9 @@ async def test_list_and_call_tools(server_url):
     boom = tools["boom"]
     iid2 = await boom.create()
     resp, _, metrics = await boom.execute(iid2, {"x": "q"})
-    assert metrics["mcp_is_error"] and resp.text.startswith("Error") and "bad input q" in resp.text
+    assert metrics["mcp_is_error"]
+    assert resp.text.startswith("Error")
+    assert "bad input q" in resp.text
     await add.toolset.aclose()
 
 
@@ -141,7 +144,8 @@ async def test_tool_selected_list_and_yaml_config(server_url, tmp_path):
         "      mcp_servers_config_path: servers.json\n      tool_selected_list: [add]\n"
     )
     tools = load_tools(tmp_path / "tools.yaml")
-    assert list(tools) == ["add"] and tools["add"].timeout_s == 9.0
+    assert list(tools) == ["add"]
+    assert tools["add"].timeout_s == 9.0
     with pytest.raises(ValueError, match=r"names \['nope'\], which the server does not offer"):
         load_mcp_tools(_config(server_url), tool_selected_list=["nope"])
 
@@ -242,8 +246,10 @@ async def test_auth_required_and_token_never_shown(server_url, caplog):
     _, _, metrics = await tool.execute(iid, {"a": 1, "b": 1})
     server = tool.toolset.server
     shown = " ".join([repr(tool), repr(tool.toolset), repr(server), str(server), str(metrics), caplog.text])
-    assert TOKEN not in shown and "hdr-secret-123" not in shown
-    assert isinstance(server.auth_token, Secret) and server.auth_token.get() == TOKEN
+    assert TOKEN not in shown
+    assert "hdr-secret-123" not in shown
+    assert isinstance(server.auth_token, Secret)
+    assert server.auth_token.get() == TOKEN
     await tool.toolset.aclose()
 
 
@@ -293,4 +299,5 @@ async def test_token_bucket_spacing(frozen_clock):
 
 def test_toolset_repr_hides_secrets():
     server = parse_mcp_servers({"mcpServers": {"a": {"url": "http://h/mcp", "auth_token": "abc123"}}})[0]
-    assert "abc123" not in repr(MCPToolset(server)) and "abc123" not in repr(server)
+    assert "abc123" not in repr(MCPToolset(server))
+    assert "abc123" not in repr(server)

@@ -122,8 +122,10 @@ def test_stop_tokens_and_decode_flags():
     is special tokens ask the loop to keep them."""
     assert GptOssToolParser.stop_tokens == ("<|call|>", "<|return|>")
     assert MistralToolParser.stop_tokens == ()
-    assert GptOssToolParser.needs_special_tokens and MistralToolParser.needs_special_tokens
-    assert not HermesToolParser.needs_special_tokens and not Llama3JsonToolParser.needs_special_tokens
+    assert GptOssToolParser.needs_special_tokens
+    assert MistralToolParser.needs_special_tokens
+    assert not HermesToolParser.needs_special_tokens
+    assert not Llama3JsonToolParser.needs_special_tokens
 
 
 def test_stop_tokens_are_single_tokens(harmony_tokenizer):
@@ -272,7 +274,8 @@ def test_mistral_makes_nine_character_ids():
     made = {(turn, index): parser.make_call_id(turn, index) for turn in (1, 2, 35, 36, 1000) for index in range(40)}
     assert all(len(i) == 9 and i.isascii() and i.isalnum() for i in made.values())
     assert len(set(made.values())) == len(made)
-    assert made[(1, 0)] == "call00100" and made[(36, 35)] == "call0100z"
+    assert made[(1, 0)] == "call00100"
+    assert made[(36, 35)] == "call0100z"
     assert parser.make_call_id(1, 0) == MistralToolParser().make_call_id(1, 0)
     call = ToolCall("call_2", "get_weather", {"city": "Paris"})
     assert HermesToolParser().make_call_id(3, 2, call) == "call_3_call_2"
@@ -361,7 +364,8 @@ def test_fuzz_parsers_never_raise(text, parser):
     assert all(e.kind != "internal" for e in result.errors), result.errors
     assert isinstance(result.content, str)
     for call in result.calls:
-        assert call.name in TOOLS and isinstance(call.arguments, dict)
+        assert call.name in TOOLS
+        assert isinstance(call.arguments, dict)
         assert check_arguments(call.arguments, tool_parameters(TOOLS[call.name])) == []
 
 
@@ -463,7 +467,8 @@ def test_mistral_template_roundtrip(tool_calls, calls):
     arguments as an object or a JSON string), EOS included or not."""
     tok = tokenizer_with(MISTRAL_TOKENS, bos_token="<s>", eos_token="</s>")
     text = generated_text(tok, template(MISTRAL_TEMPLATE), PROMPT, [{"role": "assistant", "tool_calls": tool_calls}])
-    assert text.startswith("[TOOL_CALLS][") and text.endswith("]</s>")
+    assert text.startswith("[TOOL_CALLS][")
+    assert text.endswith("]</s>")
     ids = tok.encode(text, add_special_tokens=False)
     decoded = tok.decode(ids, skip_special_tokens=False)
     for turn in (decoded, decoded.removesuffix("</s>")):
@@ -516,7 +521,9 @@ async def test_tool_agent_gpt_oss_stops_at_call_and_runs_the_tool(harmony_tokeni
     assert server.calls[0].output.token_ids[-1] == call_id
     assert "Made up" not in tok.decode(server.calls[0].output.token_ids)
     assert server.calls[1].output.token_ids[-1] == return_id
-    assert out.metrics["tool_calls"] == 1 and out.metrics["parse_errors"] == 0 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_calls"] == 1
+    assert out.metrics["parse_errors"] == 0
+    assert out.metrics["tool_errors"] == 0
     assert [m["content"] for m in out.extra_fields["messages"] if m["role"] == "tool"] == ["sunny in Paris"]
     assert out.extra_fields["termination_reason"] == "no_tool_call"
     generated = [t for c in server.calls for t in c.output.token_ids]
@@ -532,7 +539,9 @@ async def test_tool_agent_mistral_runs_the_tool(mistral_tokenizer):
 
     assert server.calls[0].output.token_ids[-1] == tok.eos_token_id
     assert "Made up" not in tok.decode(server.calls[0].output.token_ids)
-    assert out.metrics["tool_calls"] == 2 and out.metrics["parse_errors"] == 0 and out.metrics["tool_errors"] == 0
+    assert out.metrics["tool_calls"] == 2
+    assert out.metrics["parse_errors"] == 0
+    assert out.metrics["tool_errors"] == 0
     assert [(m["content"], m["tool_call_id"]) for m in out.extra_fields["messages"] if m["role"] == "tool"] == [
         ("sunny in Paris", "abc000XYZ"), ("sunny in Rome", "abc001XYZ")]  # the model's own ids
     assert out.extra_fields["termination_reason"] == "no_tool_call"

@@ -17,7 +17,8 @@ CALC = OpenAIFunctionToolSchema.model_validate({
 
 
 def test_the_tools_names_are_the_core_objects():
-    assert ToolParser is core_base.ToolParser and ToolCall is core_base.ToolCall
+    assert ToolParser is core_base.ToolParser
+    assert ToolCall is core_base.ToolCall
     assert get_tool_parser("hermes") is core_parsers.get_tool_parser("hermes")
     assert {"hermes", "gpt_oss", "mistral", "llama3_json"} <= set(tool_parser_names())
 
@@ -28,4 +29,5 @@ def test_tool_parameters_accepts_the_pydantic_schema():
     assert tool_parameters(CALC.model_dump()) == CALC.model_dump()["function"]["parameters"]
     result = get_tool_parser("hermes").parse(
         '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>', {"calculator": CALC})
-    assert [call.arguments for call in result.calls] == [{"expression": "1+1"}] and not result.errors
+    assert [call.arguments for call in result.calls] == [{"expression": "1+1"}]
+    assert not result.errors

@@ -21,8 +21,11 @@ def _alive(pid: int) -> bool:
 async def test_runs_code_in_fresh_temp_dir():
     result = await run_python("import os; print(6 * 7); print(os.getcwd()); print(os.listdir('.'))")
     out = result.stdout.splitlines()
-    assert out[0] == "42" and result.returncode == 0 and not result.timed_out
-    assert "agentloop-sandbox-" in out[1] and out[2] == "['main.py']"
+    assert out[0] == "42"
+    assert result.returncode == 0
+    assert not result.timed_out
+    assert "agentloop-sandbox-" in out[1]
+    assert out[2] == "['main.py']"
     assert not os.path.exists(out[1])  # noqa: ASYNC240 - one local stat, nothing else runs; removed afterwards
 
 
@@ -30,7 +33,8 @@ async def test_infinite_loop_is_killed():
     code = "import os\nprint(os.getpid(), flush=True)\nwhile True: pass"
     # wait_for only turns a hang into a failure; the checks are on how the run ended.
     result = await asyncio.wait_for(run_python(code, SandboxLimits(timeout_s=1.0)), 60)
-    assert result.timed_out and result.returncode == -9
+    assert result.timed_out
+    assert result.returncode == -9
     assert "killed after 1 s" in result.stderr
     looping = int(result.stdout.split()[0])
     assert not _alive(looping), f"the looping process {looping} outlived its run"
@@ -38,23 +42,27 @@ async def test_infinite_loop_is_killed():
 
 async def test_memory_hog_gets_memory_error():
     result = await run_python("x = bytearray(2 * 1024**3)\nprint('allocated')", SandboxLimits(memory_mb=256))
-    assert "MemoryError" in result.stderr and "allocated" not in result.stdout
+    assert "MemoryError" in result.stderr
+    assert "allocated" not in result.stdout
     assert result.returncode != 0
 
 
 async def test_parent_env_vars_not_visible(monkeypatch):
     monkeypatch.setenv("AGENTLOOP_TEST_SECRET", "s3cr3t-value")
     result = await run_python("import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())")
-    assert "s3cr3t-value" not in result.stdout and "AGENTLOOP_TEST_SECRET" not in result.stdout
+    assert "s3cr3t-value" not in result.stdout
+    assert "AGENTLOOP_TEST_SECRET" not in result.stdout
     assert result.returncode == 0
 
 
 async def test_output_truncated():
     result = await run_python("print('a' * 100000)\nimport sys; sys.stderr.write('e' * 50000)", SandboxLimits(max_output_chars=100))
     assert result.truncated
-    assert result.stdout.startswith("a" * 100) and "output truncated to 100 characters" in result.stdout
+    assert result.stdout.startswith("a" * 100)
+    assert "output truncated to 100 characters" in result.stdout
     assert result.stderr.endswith("e" * 100)  # stderr keeps its tail, where a traceback's error is
-    assert len(result.stdout) < 200 and len(result.stderr) < 200
+    assert len(result.stdout) < 200
+    assert len(result.stderr) < 200
 
 
 async def test_no_leftover_processes():
@@ -69,7 +77,8 @@ async def test_no_leftover_processes():
     child = int(result.stdout.split()[0])
     # The main process exiting ends the run; it does not wait out the timeout for the child
     # (which would end it as timed out, killed by SIGKILL).
-    assert result.returncode == 0 and not result.timed_out, result
+    assert result.returncode == 0, result
+    assert not result.timed_out, result
     for _ in range(50):
         if not _alive(child):
             break
@@ -106,11 +115,15 @@ async def test_process_limit_and_file_permissions_with_unprivileged_user():
 
 async def test_tool_wraps_run_python():
     tool = PythonSandboxTool({"timeout_s": 2, "max_output_chars": 50})
-    assert tool.name == "python" and tool.limits.timeout_s == 2 and tool.timeout_s == 7.0
+    assert tool.name == "python"
+    assert tool.limits.timeout_s == 2
+    assert tool.timeout_s == 7.0
     iid = await tool.create()
     resp, reward, metrics = await tool.execute(iid, {"code": "print(1+1)\nraise ValueError('boom')"})
-    assert resp.text.startswith("2\n[stderr]\n") and resp.text.endswith("ValueError: boom\n")
-    assert metrics["sandbox_returncode"] == 1 and reward == 0.0
+    assert resp.text.startswith("2\n[stderr]\n")
+    assert resp.text.endswith("ValueError: boom\n")
+    assert metrics["sandbox_returncode"] == 1
+    assert reward == 0.0
     with pytest.raises(ValueError, match="unknown config keys"):
         PythonSandboxTool({"memory": 1})
 
@@ -126,11 +139,14 @@ async def test_new_limits_are_reachable_from_the_tool_yaml(tmp_path):
         "             private_tmp: false, run_as_root: false}\n"
     )
     tool = load_tools_from_config(config)["python"]
-    assert tool.limits.max_scratch_mb == 8 and tool.limits.uid_range == (62000, 62009)
-    assert tool.limits.private_tmp is False and tool.limits.run_as_root is False
+    assert tool.limits.max_scratch_mb == 8
+    assert tool.limits.uid_range == (62000, 62009)
+    assert tool.limits.private_tmp is False
+    assert tool.limits.run_as_root is False
     iid = await tool.create()
     resp, _, metrics = await tool.execute(iid, {"code": "print('hi')"})
-    assert resp.text == "hi\n" and metrics["sandbox_scratch_exceeded"] is False
+    assert resp.text == "hi\n"
+    assert metrics["sandbox_scratch_exceeded"] is False
 
 
 @pytest.mark.parametrize(("config", "match"), [
@@ -153,13 +169,15 @@ async def test_as_root_each_concurrent_run_gets_its_own_uid():
     one, two = await asyncio.gather(*(run_python(code, SandboxLimits(uid_range=(62200, 62200))) for _ in range(2)),
                                     return_exceptions=True)
     refused = [r for r in (one, two) if isinstance(r, Exception)]
-    assert len(refused) == 1 and "all 1 uids of uid_range 62200-62200 are in use" in str(refused[0])
+    assert len(refused) == 1
+    assert "all 1 uids of uid_range 62200-62200 are in use" in str(refused[0])
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="run_as_root only means something when started as root")
 async def test_run_as_root_opt_out_keeps_root():
     result = await run_python("import os; print(os.getuid())", SandboxLimits(run_as_root=True))
-    assert result.stdout.strip() == "0" and "dedicated-uid" not in result.isolation
+    assert result.stdout.strip() == "0"
+    assert "dedicated-uid" not in result.isolation
 
 
 async def test_a_cancelled_call_kills_the_run_and_removes_its_scratch():

@@ -11,7 +11,8 @@ def test_tool_response_rejects_non_string_text():
         ToolResponse(text={"a": 1})
     with pytest.raises(TypeError, match="image must be a list"):
         ToolResponse(image="pic.png")
-    assert ToolResponse().is_empty() and not ToolResponse(text="x").is_empty()
+    assert ToolResponse().is_empty()
+    assert not ToolResponse(text="x").is_empty()
 
 
 def test_schema_round_trip_keeps_extra_json_schema_keys():

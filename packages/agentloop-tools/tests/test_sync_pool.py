@@ -27,7 +27,9 @@ async def test_a_call_cancelled_while_queued_never_runs_and_takes_no_thread():
     release.set()
     await first
     assert await pool.run(lambda: "after") == "after"
-    assert ran == ["first"] and pool.stats["stuck"] == 0 and pool.stats["started"] == 1
+    assert ran == ["first"]
+    assert pool.stats["stuck"] == 0
+    assert pool.stats["started"] == 1
 
 
 async def test_context_variables_reach_the_function():
@@ -39,7 +41,8 @@ async def test_context_variables_reach_the_function():
     REQUEST.set("req-7")
     iid = await who.create()
     response, _, metrics = await who.run_execute(iid, {})
-    assert response.text == "req-7" and metrics == {}
+    assert response.text == "req-7"
+    assert metrics == {}
 
 
 def test_pool_size_comes_from_the_tool_config_and_is_checked():
@@ -75,5 +78,6 @@ async def test_function_tools_still_pickle_with_their_pool():
     tool = pickle.loads(pickle.dumps(FunctionTool(triple, config={"max_sync_threads": 3})))
     iid = await tool.create()
     response, _, _ = await tool.run_execute(iid, {"x": 2})
-    assert response.text == "6" and tool.sync_pool_stats["threads"] == 3
+    assert response.text == "6"
+    assert tool.sync_pool_stats["threads"] == 3
     assert pickle.loads(pickle.dumps(FunctionTool(_double))).sync_pool_stats["threads"] == 0

@@ -80,13 +80,15 @@ def test_strictness_per_data_source():
     assert answer_format_for("agentloop/calculator", formats) == "strict"  # the built-in task stays strict
     assert answer_format_for("lighteval/MATH", formats) == "flexible"
     assert answer_format_for("HuggingFaceH4/MATH-500", formats) == "strict"
-    assert answer_format_for("x", {"default": "flexible"}) == "flexible" and answer_format_for("x", None) == "strict"
+    assert answer_format_for("x", {"default": "flexible"}) == "flexible"
+    assert answer_format_for("x", None) == "strict"
     gsm = builtin_scorer("openai/gsm8k", formats)
     assert gsm("openai/gsm8k", "So the answer is 56.", "56") == 1.0
     calculator = builtin_scorer("agentloop/calculator", formats)
     assert calculator("agentloop/calculator", "So the answer is 56.", "56") == 0.0
     math = builtin_scorer("HuggingFaceH4/MATH-500", formats)
-    assert math("m", "The answer is 7", "7") == 0.0 and math("m", "\\boxed{7}", "7") == 1.0
+    assert math("m", "The answer is 7", "7") == 0.0
+    assert math("m", "\\boxed{7}", "7") == 1.0
     assert builtin_scorer("user/letters", {"default": "flexible"}) is None  # no built-in scorer, no format
     with pytest.raises(ValueError, match=r"reward.answer_format.*'gsm8k': 'loose'"):
         check_answer_format({"gsm8k": "loose"})
@@ -105,7 +107,8 @@ def test_a_cut_response_has_no_last_number_answer():
     so only an answer it states counts (the RewardScorer passes ``truncated`` from the loop's
     stop counters)."""
     cut = "First, the cards on both days: 12 * 2 = 24 cards.\nThen, we calculate the"
-    assert flexible_reward(cut, 24) == 1.0 and flexible_reward(cut, 24, truncated=True) == 0.0
+    assert flexible_reward(cut, 24) == 1.0
+    assert flexible_reward(cut, 24, truncated=True) == 0.0
     stated = "The answer is 24. Let me check: 12 * 2 is"
     assert flexible_reward(stated, 24, truncated=True) == 1.0
 
@@ -127,11 +130,16 @@ def test_a_cut_response_has_no_last_number_answer():
 
 
 def test_leading_number():
-    assert leading_number("56 apples") == 56 and leading_number("$1,234.50") == 1234.5
-    assert leading_number("x = -5") == -5 and leading_number("approximately 3.14") == 3.14
-    assert leading_number("12 + 7") is None and leading_number("12 + 7 = 19") == 19
-    assert leading_number("\u22125") == -5 and leading_number("no number") is None
-    assert answers_match("56 \\text{ apples}", 56) and not answers_match("57", 56)
+    assert leading_number("56 apples") == 56
+    assert leading_number("$1,234.50") == 1234.5
+    assert leading_number("x = -5") == -5
+    assert leading_number("approximately 3.14") == 3.14
+    assert leading_number("12 + 7") is None
+    assert leading_number("12 + 7 = 19") == 19
+    assert leading_number("\u22125") == -5
+    assert leading_number("no number") is None
+    assert answers_match("56 \\text{ apples}", 56)
+    assert not answers_match("57", 56)
 
 
 # -- properties ------------------------------------------------------------------------------

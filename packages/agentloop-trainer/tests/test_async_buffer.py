@@ -61,9 +61,12 @@ def test_metrics_histogram_and_tokens_per_version():
     buf.finish(g3, None)
     batch = buf.take()
     m = staleness_metrics(1, batch, 2)
-    assert m["staleness/max"] == 1 and m["staleness/mean"] == 0.5
-    assert m["staleness/hist_0"] == m["staleness/hist_1"] == 0.5 and m["staleness/hist_2"] == 0
-    assert m["staleness/tokens_lag_1"] == 3 and m["staleness/tokens_lag_0"] == 5
+    assert m["staleness/max"] == 1
+    assert m["staleness/mean"] == 0.5
+    assert m["staleness/hist_0"] == m["staleness/hist_1"] == 0.5
+    assert m["staleness/hist_2"] == 0
+    assert m["staleness/tokens_lag_1"] == 3
+    assert m["staleness/tokens_lag_0"] == 5
 
 
 @settings(max_examples=300, deadline=None)

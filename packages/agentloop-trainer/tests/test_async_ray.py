@@ -53,14 +53,16 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
                           test, Path(tmp_path) / mode, log=lambda *_: None)
     seen = count_trained_groups(trainer)
     try:
-        assert isinstance(trainer.fleet.server, RemoteClient) and trainer.fleet.server.partial_rollout
+        assert isinstance(trainer.fleet.server, RemoteClient)
+        assert trainer.fleet.server.partial_rollout
         assert trainer.fleet.control is trainer.fleet.server, "the driver drives the actor's wrapper"
         summary = trainer.fit()
         state = trainer.fleet.loop.run_until_complete(trainer.fleet.control.rollout_state())
     finally:
         trainer.close()
     history = [h for h in trainer.history if "actor/pg_loss" in h]
-    assert summary["steps"] == steps and [h["step"] for h in history] == list(range(1, steps + 1))
+    assert summary["steps"] == steps
+    assert [h["step"] for h in history] == list(range(1, steps + 1))
     for h in history:
         assert 0 <= h["staleness/max"] <= 1, h["step"]
         assert h["staleness/hist_0"] + h["staleness/hist_1"] == pytest.approx(1.0)

@@ -19,9 +19,11 @@ def test_restore_keeps_indices_and_deadlines():
     # Saved after two steps: groups 5 and 7 of version -1 (due now), 8 of version 0; 6 was trained.
     reopened = buf.restore(9, [(7, -1), (5, -1), (8, 0)])
     assert [(g.index, g.start_version) for g in reopened] == [(5, -1), (7, -1), (8, 0)]
-    assert [g.index for g in buf.open_groups] == [5, 7, 8] and buf.started == 9
+    assert [g.index for g in buf.open_groups] == [5, 7, 8]
+    assert buf.started == 9
     assert [g.index for g in buf.due()] == [5, 7]
-    assert buf.can_start(0) and buf.start(0).index == 9, "new groups continue the saved numbering"
+    assert buf.can_start(0), "new groups continue the saved numbering"
+    assert buf.start(0).index == 9, "new groups continue the saved numbering"
     assert not buf.can_start(0), "the admission counts the reopened groups"
     for g in (reopened[2], reopened[1]):
         buf.finish(g, None)

@@ -9,7 +9,8 @@ from agentloop_trainer.config import ConfigError, load_config, max_staleness
 
 
 def test_mode_defaults_and_bounds():
-    assert load_config([]).trainer.mode == "sync" and max_staleness(load_config([])) == 0
+    assert load_config([]).trainer.mode == "sync"
+    assert max_staleness(load_config([])) == 0
     assert max_staleness(load_config(["trainer.mode=one_step_off"])) == 1
     assert max_staleness(load_config(["trainer.mode=async"])) == 1
     assert max_staleness(load_config(["trainer.mode=async", "trainer.max_staleness=3"])) == 3
@@ -59,7 +60,8 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
 @pytest.mark.parametrize("mode", ["one_step_off", "async"])
 def test_async_modes_complete_a_short_run(tmp_path, random_model_path, tokenizer, mode):
     summary, steps, trainer = _run(tmp_path, random_model_path, tokenizer, mode)
-    assert summary["steps"] == 2 and [h["step"] for h in steps] == [1, 2]
+    assert summary["steps"] == 2
+    assert [h["step"] for h in steps] == [1, 2]
     for h in steps:
         assert 0 <= h["staleness/max"] <= 1
         assert h["staleness/hist_0"] + h["staleness/hist_1"] == pytest.approx(1.0)
@@ -82,7 +84,8 @@ def test_longer_async_run_keeps_the_bound_whole_groups_and_an_empty_ledger(tmp_p
     summary, steps, trainer = _run(
         tmp_path, random_model_path, tokenizer, "async", steps=6, spy=lambda t: spied.append(count_trained_groups(t)),
         extra=("trainer.max_staleness=2", "trainer.val_before_train=true", "trainer.test_freq=2"))
-    assert summary["steps"] == 6 and [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]
+    assert summary["steps"] == 6
+    assert [h["step"] for h in steps] == [1, 2, 3, 4, 5, 6]
     assert sum("eval/accuracy" in h for h in trainer.history) == 4, "before, at steps 2 and 4, after"
     for h in steps:
         assert 0 <= h["staleness/max"] <= 2, h["step"]
@@ -90,7 +93,8 @@ def test_longer_async_run_keeps_the_bound_whole_groups_and_an_empty_ledger(tmp_p
     seen = spied[0]
     assert len(seen) == 6
     for counts in seen:
-        assert len(counts) == 2 and set(counts.values()) == {2}, f"two whole groups of n=2 per step: {counts}"
+        assert len(counts) == 2, f"two whole groups of n=2 per step: {counts}"
+        assert set(counts.values()) == {2}, f"two whole groups of n=2 per step: {counts}"
     driver = trainer.async_driver
     trained = [i for s in sorted(driver.trained_groups) for i, _ in driver.trained_groups[s]]
     assert len(trained) == len(set(trained)) == 12
@@ -127,7 +131,8 @@ def test_async_modes_on_two_fsdp_ranks_push_the_whole_policy(tmp_path, random_mo
         *(["trainer.max_staleness=0"] if mode == "async" else []),
     ])
     run_dir, summary = run_train(cfg, log=lambda *_: None)
-    assert summary["steps"] == 3 and summary["fsdp_ranks"] == 2
+    assert summary["steps"] == 3
+    assert summary["fsdp_ranks"] == 2
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in steps if "actor/pg_loss" in m]
     assert [m["step"] for m in steps] == [1, 2, 3]

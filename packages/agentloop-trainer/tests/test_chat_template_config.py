@@ -84,7 +84,8 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     with pytest.raises(TemplateIgnoresToolsError, match="model.custom_chat_template=chatml-hermes"):
         _tokenizer(plain, tokenizer_folder)
     # What loads the tokenizer by path gets the template text with it.
-    assert rollout_config(fixed).custom_chat_template == HERMES and rollout_config(plain).custom_chat_template is None
+    assert rollout_config(fixed).custom_chat_template == HERMES
+    assert rollout_config(plain).custom_chat_template is None
     worker = AgentLoopWorker(ScriptedServer(), str(tokenizer_folder), {"custom_chat_template": HERMES})
     assert worker.tokenizer.chat_template == HERMES  # a Ray rollout worker
     assert engine_config(fixed, str(tokenizer_folder)).chat_template == HERMES  # a Ray engine replica
@@ -108,8 +109,10 @@ def test_a_template_that_ignores_the_tools_fails_at_start_up_with_exit_2(command
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"agentloop {command}: the chat template of {tokenizer_folder} ignores tools=" in err
-    assert "model.custom_chat_template=chatml-hermes" in err and "['calculator']" in err
-    assert not run_dir.exists() and not (tmp_path / "r.jsonl").exists()
+    assert "model.custom_chat_template=chatml-hermes" in err
+    assert "['calculator']" in err
+    assert not run_dir.exists()
+    assert not (tmp_path / "r.jsonl").exists()
 
 
 def test_with_the_key_the_rollout_shows_the_tools_to_the_model(plain_model, tmp_path):
@@ -122,7 +125,8 @@ def test_with_the_key_the_rollout_shows_the_tools_to_the_model(plain_model, tmp_
 
     prompt = load_tiny_tokenizer().decode(records[0]["prompt_ids"])
     assert not records[0]["failed"], records[0]["metrics"].get("error")
-    assert "<tools>" in prompt and '"name": "calculator"' in prompt
+    assert "<tools>" in prompt
+    assert '"name": "calculator"' in prompt
 
 
 def test_the_exported_hf_folder_carries_the_runs_template(plain_model, tmp_path):

@@ -98,7 +98,8 @@ def _run(rank: int, model_path: str, root: str, steps: int, save_at: int | None 
 def _assert_same_state(got: tuple[dict, dict], want: tuple[dict, dict]) -> None:
     """Restored model and optimizer state are bit-identical to what was saved."""
     (gm, go), (wm, wo) = got, want
-    assert set(gm) == set(wm) and set(go) == set(wo)
+    assert set(gm) == set(wm)
+    assert set(go) == set(wo)
     for name, value in wm.items():
         assert torch.equal(gm[name], value), name
     for fqn, entries in wo.items():
@@ -218,10 +219,12 @@ def test_agentloop_train_on_two_ranks_resumes_on_one_and_its_hf_folder_evaluates
     shutil.copytree(step_1, cut / "step_1")
     (cut / "latest").write_text(json.dumps({"step": 1, "path": "step_1"}))
     resumed_dir, summary = run_train(cfg("one-rank", 1, **{"trainer.resume": "must"}), log=lambda *_: None)
-    assert summary["steps"] == 2 and sorted(steps(resumed_dir)) == [2], "it must start from the checkpoint"
+    assert summary["steps"] == 2, "it must start from the checkpoint"
+    assert sorted(steps(resumed_dir)) == [2], "it must start from the checkpoint"
     want, got = steps(full_dir)[2], steps(resumed_dir)[2]
     assert want["actor/grad_norm"] > 1e-4, "the check needs a non-trivial gradient to mean anything"
-    assert got["reward/mean"] == want["reward/mean"] and got["rollout/generated_tokens"] == want["rollout/generated_tokens"]
+    assert got["reward/mean"] == want["reward/mean"]
+    assert got["rollout/generated_tokens"] == want["rollout/generated_tokens"]
     assert got["actor/pg_loss"] == pytest.approx(want["actor/pg_loss"], abs=1e-5)
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4)
     assert main(["eval", str(resumed_dir / "checkpoints" / "step_2" / "hf"), "data.val_size=2",

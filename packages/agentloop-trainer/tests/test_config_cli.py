@@ -63,12 +63,14 @@ def test_gsm8k_conversion_reports_malformed_lines(tmp_path, capsys):
     assert main(["data", "gsm8k", "--from-jsonl", str(src), "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "train: 2 rows written, 2 malformed" in out
-    assert "line 2: not JSON" in out and "line 3: answer has no '#### N'" in out
+    assert "line 2: not JSON" in out
+    assert "line 3: answer has no '#### N'" in out
     from agentloop_trainer.data import read_parquet_rows
 
     rows = read_parquet_rows(tmp_path / "out" / "train.parquet")
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["5", "1200"]
-    assert rows[0]["agent_name"] == "tool_agent" and rows[0]["data_source"] == "openai/gsm8k"
+    assert rows[0]["agent_name"] == "tool_agent"
+    assert rows[0]["data_source"] == "openai/gsm8k"
     assert rows[0]["prompt"][1] == {"role": "user", "content": "What is 2 + 3?"}
     assert rows[0]["extra_info"]["tools_kwargs"] == {"check_answer": {"create_kwargs": {"ground_truth": "5"}}}
 
@@ -78,6 +80,7 @@ def test_real_gsm8k_converts(tmp_path):
     from agentloop_trainer.data import convert_gsm8k, read_parquet_rows
 
     counts = convert_gsm8k(SHARED_GSM8K, tmp_path)
-    assert counts["train"][0] > 7000 and counts["test"][0] > 1000
+    assert counts["train"][0] > 7000
+    assert counts["test"][0] > 1000
     rows = read_parquet_rows(tmp_path / "test.parquet")
     assert all(float(r["reward_model"]["ground_truth"]) == float(r["reward_model"]["ground_truth"]) for r in rows[:50])

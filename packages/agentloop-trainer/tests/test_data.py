@@ -45,7 +45,8 @@ def test_overlong_prompts_are_measured_with_the_tool_schemas_and_dropped_or_reje
     stats: dict[str, int] = {}
     logged: list[str] = []
     kept, held = load_records(load_config(overrides), tokenizer, logged.append, stats)
-    assert [r["extra_info"]["index"] for r in kept] == [0, 1, 3] and len(held) == 2
+    assert [r["extra_info"]["index"] for r in kept] == [0, 1, 3]
+    assert len(held) == 2
     assert stats == {"data/dropped_overlong_train": 1, "data/dropped_overlong_val": 0}
     assert "dropped 1 of 4 prompts longer than data.max_prompt_length" in logged[0]
     with pytest.raises(ValueError, match=rf"1 prompts exceed data.max_prompt_length={limit} .*row 2 "
@@ -61,5 +62,6 @@ def test_gsm8k_without_jsonl_offline_names_the_fix(tmp_path, monkeypatch, capsys
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing cached
     assert main(["data", "gsm8k", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "cannot download openai/gsm8k (train)" in err and "pass --from-jsonl DIR" in err
+    assert "cannot download openai/gsm8k (train)" in err
+    assert "pass --from-jsonl DIR" in err
     assert not (tmp_path / "out").exists()

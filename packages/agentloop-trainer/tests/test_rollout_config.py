@@ -66,9 +66,11 @@ def test_the_record_is_typed_all_the_way_down_and_pickles(config_file, monkeypat
     mt = cfg.actor_rollout_ref.rollout.multi_turn
     assert (loop.tool_parser, loop.max_assistant_turns, loop.response_length) == (
         mt.tool_parser, mt.max_assistant_turns, cfg.data.max_response_length)
-    assert record.sampling_params.max_tokens == mt.max_tokens_per_turn and record.sampling_seed == 7
+    assert record.sampling_params.max_tokens == mt.max_tokens_per_turn
+    assert record.sampling_seed == 7
     again = pickle.loads(pickle.dumps(record))
-    assert again == record and again is not record
+    assert again == record
+    assert again is not record
 
 
 def test_the_verl_spelling_of_the_tool_parser_reads_as_the_new_key():
@@ -103,7 +105,9 @@ def test_a_one_step_run_hands_the_manager_exactly_that_record(random_model_path,
                  "data.val_size=2", "trainer.total_steps=1", "trainer.test_freq=0", "trainer.save_freq=0",
                  "trainer.val_before_train=false", "trainer.progress_bar=false", f"trainer.output_dir={tmp_path}",
                  "trainer.experiment_name=boundary"]) == 0
-    assert received and all(isinstance(c, RolloutConfig) for c in received)
+    assert received
+    assert all(isinstance(c, RolloutConfig) for c in received)
     assert untyped_values(received[0], "record") == []
     # The workers get the same object: nothing in between rebuilt it from a dict.
-    assert built and all(c is received[0] for c in built)
+    assert built
+    assert all(c is received[0] for c in built)

@@ -34,27 +34,33 @@ def test_first_step_hint_truncation_metrics_and_final_folder(tmp_path, random_mo
     text = "\n".join(logged)
     # The pre-RL evaluation already shows every reward 0: said at once, with the causes and their keys.
     hint = next(line for line in logged if "every reward of the held-out evaluation before RL is 0" in line)
-    assert "reward.answer_format.calculator=flexible" in hint and "only '#### N'" in hint
+    assert "reward.answer_format.calculator=flexible" in hint
+    assert "only '#### N'" in hint
     assert f"of turns cut by {TURN_CAP_KEY}=8" in hint
-    assert "a generated response" in hint and "its ground truth" in hint
+    assert "a generated response" in hint
+    assert "its ground truth" in hint
     assert "every reward of step 1 is 0 too" in text  # and step 1 refers to it
     warnings = [line for line in logged if "were cut at 8 tokens by " + TURN_CAP_KEY in line]
     assert len(warnings) == 1, logged  # once per run, not every step
 
     step = next(json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
                 if "actor/pg_loss" in line)
-    assert step["rollout/truncated/turn_cap_turns"] > 0.5 and step["rollout/truncated/turn_cap"] > 0.5
-    assert step["rollout/truncated/response_budget"] == 0 and step["rollout/truncated/context"] == 0
+    assert step["rollout/truncated/turn_cap_turns"] > 0.5
+    assert step["rollout/truncated/turn_cap"] > 0.5
+    assert step["rollout/truncated/response_budget"] == 0
+    assert step["rollout/truncated/context"] == 0
     assert step["rollout/response_clip_fraction"] == 0  # measured against the 40-token budget
 
     # save_freq=0 writes no checkpoint, but the run still ends with a loadable policy folder.
     final = run_dir / "final" / "hf"
-    assert summary["final_hf_dir"] == str(final) and not (run_dir / "checkpoints").exists()
+    assert summary["final_hf_dir"] == str(final)
+    assert not (run_dir / "checkpoints").exists()
     from transformers import AutoModelForCausalLM
 
     assert AutoModelForCausalLM.from_pretrained(final).config.vocab_size > 0
     assert json.loads((run_dir / "summary.json").read_text())["final_hf_dir"] == str(final)
-    assert summary["eval_accuracy_before"] == 0.0 and summary["per_template_before"] is not None
+    assert summary["eval_accuracy_before"] == 0.0
+    assert summary["per_template_before"] is not None
 
 
 def test_no_pre_rl_eval_reads_as_absent(tmp_path, random_model_path, capsys):
@@ -63,7 +69,8 @@ def test_no_pre_rl_eval_reads_as_absent(tmp_path, random_model_path, capsys):
     out = capsys.readouterr().out
     assert "held-out accuracy - -> 0.000" in out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["eval_accuracy_before"] is None and summary["per_template_before"] is None
+    assert summary["eval_accuracy_before"] is None
+    assert summary["per_template_before"] is None
     assert summary["eval_accuracy_after"] == 0.0
     # The last checkpoint's folder is the final one; nothing is written twice.
     assert summary["final_hf_dir"] == str(tmp_path / "run" / "checkpoints" / "step_1" / "hf")

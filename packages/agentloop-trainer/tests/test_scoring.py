@@ -44,7 +44,8 @@ def test_builtin_scorer_by_data_source():
     assert builtin_scorer("openai/gsm8k")("openai/gsm8k", "#### 7", "7") == 1.0
     assert builtin_scorer("my-org/gsm8k")("x", "#### 7", "7") == 1.0  # the name's tail matches
     assert builtin_scorer("HuggingFaceH4/MATH-500")("x", r"\boxed{7}", "7") == 1.0
-    assert builtin_scorer("user/letters") is None and builtin_scorer(None) is None
+    assert builtin_scorer("user/letters") is None
+    assert builtin_scorer(None) is None
 
 
 def test_split_score():
@@ -95,7 +96,8 @@ def test_reward_sources(tmp_path):
     # Only mask-1 tokens reach the function (8 is a tool token).
     assert _score(RewardScorer("function", **fn), row, 5.0).reward_score == 2.0
     out = _score(RewardScorer("sum", **fn), row, 5.0)
-    assert out.reward_score == 7.0 and out.metrics["reward/seen"] == 3.0
+    assert out.reward_score == 7.0
+    assert out.metrics["reward/seen"] == 3.0
     assert _score(RewardScorer("loop"), row, 5.0).reward_score == 5.0
     assert _score(RewardScorer("auto"), row, 5.0).reward_score == 5.0  # no function for user/x
     with pytest.raises(ValueError, match="no reward for data_source 'user/x'"):
@@ -112,4 +114,5 @@ def test_scorer_pickles_without_the_loaded_function(tmp_path):
     scorer = RewardScorer("function", str(f))
     scorer.function_for(None)
     clone = pickle.loads(pickle.dumps(scorer))
-    assert clone._fn is None and clone.function_for(None)("s", "x", "y", {}) == 1.0
+    assert clone._fn is None
+    assert clone.function_for(None)("s", "x", "y", {}) == 1.0

@@ -96,9 +96,12 @@ def test_every_segment_row_reaches_the_policy_gradient(random_model_path):
     # both segments of trajectory 0 push their generated tokens up, with one advantage
     for row in (0, 1):
         generated = pb.response_mask[row] == 1
-        assert (logp.grad[row][generated] < 0).all() and (logp.grad[row][~generated] == 0).all()
+        assert (logp.grad[row][generated] < 0).all()
+        assert (logp.grad[row][~generated] == 0).all()
     padded = pb.padded(4)
-    assert len(padded.sequences) == 4 and padded.response_mask[3].sum() == 0 and padded.seq_weights[3] == 0
+    assert len(padded.sequences) == 4
+    assert padded.response_mask[3].sum() == 0
+    assert padded.seq_weights[3] == 0
     assert pb.padded(3) is pb
 
 
@@ -151,13 +154,16 @@ def test_grpo_step_broadcasts_the_trajectory_advantage_to_its_segments(tmp_path,
         trainer.close()
     pb, adv = seen["pb"], seen["advantages"]
     # 2 prompts x 3 samples, 2 segments each: 12 rows, segment k of trajectory t at row 2t+k
-    assert len(pb.sequences) == 12 and adv.shape == (12,)
+    assert len(pb.sequences) == 12
+    assert adv.shape == (12,)
     assert torch.equal(adv[0::2], adv[1::2])
     # per group [1, 0, 0] over its 3 trajectories, not over its 6 rows
     torch.testing.assert_close(adv[0::2], compute_advantages("grpo", torch.tensor([1.0, 0, 0] * 2), [0] * 3 + [1] * 3))
     assert (pb.response_mask.sum(-1) > 0).all(), "every segment row has generated tokens in the loss"
     torch.testing.assert_close(pb.seq_weights.view(6, 2).sum(-1), torch.ones(6))
-    assert metrics["actor/grad_norm"] > 0 and math.isfinite(metrics["actor/pg_loss"])
-    assert metrics["agent_loop/num_segments/mean"] == 2.0 and metrics["rollout/num_samples"] == 6
+    assert metrics["actor/grad_norm"] > 0
+    assert math.isfinite(metrics["actor/pg_loss"])
+    assert metrics["agent_loop/num_segments/mean"] == 2.0
+    assert metrics["rollout/num_samples"] == 6
     assert metrics["reward/mean"] == pytest.approx(1 / 3)
     assert metrics["rollout/groups_with_signal"] == 1.0

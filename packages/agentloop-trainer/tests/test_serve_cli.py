@@ -59,7 +59,8 @@ def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
         call = recorded["calls"][0]
         # The ids the client saw in the extension field are the ones recorded for training.
         assert call["token_ids"] == reply.choices[0].model_extra["token_ids"]
-        assert 0 < len(call["token_ids"]) <= 5 and len(call["log_probs"]) == len(call["token_ids"])
+        assert 0 < len(call["token_ids"]) <= 5
+        assert len(call["log_probs"]) == len(call["token_ids"])
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -52,8 +52,10 @@ def test_a_template_that_renders_history_differently_is_caught_by_the_prefix_che
 def test_loss_mask_covers_assistant_turns_only(tokenizer):
     tc = tokenize_conversation(tokenizer, demonstration(make_problems(1, 1)[0], random.Random(0)), tool_schemas())
     trained = tokenizer.decode([t for t, m in zip(tc.input_ids, tc.loss_mask, strict=True) if m])
-    assert trained.startswith("<tool_call>") and trained.count("<|im_end|>") == 2
-    assert "tool_response" not in trained and "Solve" not in trained
+    assert trained.startswith("<tool_call>")
+    assert trained.count("<|im_end|>") == 2
+    assert "tool_response" not in trained
+    assert "Solve" not in trained
 
 
 def test_last_message_must_be_assistant(tokenizer):

@@ -61,7 +61,8 @@ def test_a_malformed_row_is_named_by_number_with_its_fix(tmp_path, row, why):
     with pytest.raises(SFTDataError) as err:
         read_sft_files(path)
     message = str(err.value)
-    assert "1 of 4 rows are malformed" in message and "row 2:" in message, message
+    assert "1 of 4 rows are malformed" in message, message
+    assert "row 2:" in message, message
     assert why in message, message
 
 
@@ -105,7 +106,8 @@ def test_sft_ids_and_mask_equal_a_tool_agent_rollout_of_the_demonstration(tmp_pa
         assert tokenizer.decode(out.response_ids).endswith(answer + "<|im_end|>")
         # loss stops at each turn's end-of-turn token: the "\n" glue after it is not trained
         trained = tokenizer.decode([t for t, m in zip(tc.input_ids, tc.loss_mask, strict=True) if m])
-        assert trained.count("<|im_end|>") == 2 and "<|im_end|>\n" not in trained
+        assert trained.count("<|im_end|>") == 2
+        assert "<|im_end|>\n" not in trained
 
 
 def test_a_two_call_conversation_replays_identically(tokenizer):
@@ -164,9 +166,11 @@ def test_agentloop_sft_lowers_the_loss_and_writes_a_loadable_folder(tmp_path, de
                           f"sft.val_files={val}")) == 0
     out = tmp_path / "run" / "sft"
     losses = _losses(tmp_path / "run")
-    assert len(losses) == 8 and sum(losses[-2:]) / 2 < 0.8 * losses[0]
+    assert len(losses) == 8
+    assert sum(losses[-2:]) / 2 < 0.8 * losses[0]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["sft_steps"] == 8 and summary["sft_val_loss"] is not None
+    assert summary["sft_steps"] == 8
+    assert summary["sft_val_loss"] is not None
     model = AutoModelForCausalLM.from_pretrained(str(out / "hf"))
     reloaded = AutoTokenizer.from_pretrained(str(out / "hf"))
     assert reloaded.chat_template == tokenizer.chat_template
@@ -234,7 +238,8 @@ def test_lora_and_bfloat16_write_merged_weights(tmp_path, demos, random_model_pa
     assert any("q_proj" in k for k in changed), "LoRA's update was not merged into the weights"
     assert not any("embed_tokens" in k or "norm" in k for k in changed), "only adapted modules may change"
     losses = _losses(tmp_path / "lora")
-    assert all(loss == loss for loss in losses) and len(losses) == 3
+    assert all(loss == loss for loss in losses)
+    assert len(losses) == 3
 
 
 def test_overlong_conversations_are_dropped_with_a_count_or_rejected(tmp_path, demos):
@@ -252,7 +257,8 @@ def test_overlong_conversations_are_dropped_with_a_count_or_rejected(tmp_path, d
     lengths = sorted(len(sft.tokenize(e.messages, e.tools).input_ids) for e in examples)
     cut = lengths[len(lengths) // 2]
     kept, dropped = tokenize_examples(sft, examples, cut, True, "sft.train_files")
-    assert dropped == sum(n > cut for n in lengths) > 0 and len(kept) == len(examples) - dropped
+    assert dropped == sum(n > cut for n in lengths) > 0
+    assert len(kept) == len(examples) - dropped
     with pytest.raises(ValueError, match=r"exceed sft.max_length=.*row \d+ \("):
         tokenize_examples(sft, examples, cut, False, "sft.train_files")
 
@@ -274,4 +280,5 @@ def test_agentloop_train_runs_sft_then_grpo_in_one_run_folder(tmp_path, demos, r
     for key in ("eval_accuracy_before_sft", "eval_accuracy_after_sft", "eval_accuracy_after"):
         assert isinstance(summary[key], float), key
     assert json.loads((run_dir / "summary.json").read_text())["sft_steps"] == 2
-    assert (run_dir / "sft" / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").exists()
+    assert (run_dir / "sft" / "metrics.jsonl").exists()
+    assert (run_dir / "metrics.jsonl").exists()

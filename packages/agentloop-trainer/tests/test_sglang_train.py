@@ -74,12 +74,15 @@ def test_agentloop_train_with_sglang_syncs_weights_into_an_idle_engine(tmp_path,
 
     (engine,) = standins
     args = engine.server_args
-    assert args.model_path == str(random_model_path) and args.enable_memory_saver is True
+    assert args.model_path == str(random_model_path)
+    assert args.enable_memory_saver is True
     # float32 as the trainer computes log-probs, not SGLang's "auto" (which runs float32 weights in float16)
     assert (args.random_seed, args.tp_size, args.mem_fraction_static, args.dtype) == (0, 1, 0.5, "float32")
     assert engine.model_dtype == "float32"
     assert args.context_length == 512 + RESPONSE_LENGTH  # data.max_prompt_length + max_response_length
-    assert engine.calls and engine.dead is None and engine.shut_down
+    assert engine.calls
+    assert engine.dead is None
+    assert engine.shut_down
 
     assert [e for e in engine.events if e != "flush_cache"] == [
         "release_memory_occupation", "resume_memory_occupation", "update_weights_from_tensor",
@@ -93,7 +96,8 @@ def test_agentloop_train_with_sglang_syncs_weights_into_an_idle_engine(tmp_path,
     for update in engine.weight_updates:
         assert sorted(update.names) == sorted(policy)
         assert update.skipped == ("lm_head.weight",)  # tied to the embeddings: SGLang skips it on purpose
-        assert update.running == 0 and update.flush_cache is False
+        assert update.running == 0
+        assert update.flush_cache is False
 
 
 def test_sglang_engine_arguments_without_free_cache_engine(random_model_path, tokenizer, standins):
@@ -114,7 +118,8 @@ def test_sglang_engine_arguments_without_free_cache_engine(random_model_path, to
         assert (args.enable_memory_saver, args.dtype, args.context_length, args.disable_cuda_graph) == (
             False, "bfloat16", 256, True)
         assert engine.model_dtype == "bfloat16"
-        assert server.capabilities.sleep is False and server.capabilities.weight_update is True
+        assert server.capabilities.sleep is False
+        assert server.capabilities.weight_update is True
         assert server.eos_token_ids == (tokenizer.eos_token_id,)
         assert "model.embed_tokens.weight" in server.weight_names
     finally:

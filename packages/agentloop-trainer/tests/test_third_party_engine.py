@@ -88,7 +88,8 @@ def test_agentloop_train_runs_two_grpo_steps_on_a_third_party_engine(installed, 
     # Every token the trainer trained on came from this engine (the response budget may cut some).
     assert sum(c[3] for c in generated) >= sum(m["rollout/generated_tokens"] for m in steps) > 0
     updates = [c for c in calls if c[0] == "update_weights"]
-    assert len(updates) == 2 and all(n > 0 for _, n in updates), updates
+    assert len(updates) == 2, updates
+    assert all(n > 0 for _, n in updates), updates
 
 
 def test_a_missing_factory_names_its_install_line_and_an_unknown_name_lists_the_installed(on_path):

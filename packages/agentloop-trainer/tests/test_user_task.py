@@ -114,7 +114,8 @@ def test_train_runs_the_users_tools_reward_and_data(user_task, random_model_path
         assert s["rollout/num_failed"] == 0
         # The user's function scored every sample (its extra number is a metric too), and the
         # native tool's calc_reward (0.25 from the row's calc_reward_kwargs) was added to it.
-        assert "agent_loop/reward/chars/mean" in s and "agent_loop/reward/function/mean" in s
+        assert "agent_loop/reward/chars/mean" in s
+        assert "agent_loop/reward/function/mean" in s
         assert s["reward/mean"] == pytest.approx(s["agent_loop/reward/function/mean"] + 0.25, abs=1e-5)
     calls = [json.loads(line) for line in (user_task / "calls.jsonl").read_text().splitlines()]
     # 2 steps x 2 prompts x 2 samples, + 2 held-out prompts evaluated before and after.
@@ -122,7 +123,8 @@ def test_train_runs_the_users_tools_reward_and_data(user_task, random_model_path
     assert all(c["calc_reward_kwargs"] == {"bonus": 0.25} for c in calls)
     assert {c["state"]["word"] for c in calls} >= {"banana", "cherry", "apple", "kiwi"}
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["held_out_size"] == 2
+    assert summary["steps"] == 2
+    assert summary["held_out_size"] == 2
 
 
 def test_rollout_renders_both_tools_and_the_text_parts(user_task, random_model_path, tmp_path):
@@ -136,7 +138,8 @@ def test_rollout_renders_both_tools_and_the_text_parts(user_task, random_model_p
     tok = AutoTokenizer.from_pretrained(random_model_path)
     record = json.loads(out.read_text().splitlines()[0])
     prompt = tok.decode(record["prompt_ids"])
-    assert "count_letters" in prompt and "shout" in prompt  # both tools' schemas reach the model
+    assert "count_letters" in prompt
+    assert "shout" in prompt
     assert "How many a's in mango?" in prompt  # text parts joined in order
     assert record["data_source"] == "user/letters"
 
@@ -150,7 +153,8 @@ def test_a_reward_function_that_returns_junk_fails_the_sample_with_its_name(user
     cfg = load_config(_overrides(user_task, random_model_path, tmp_path / "out"))
     out = write_rollouts(cfg, random_model_path, tmp_path / "r.jsonl", num_prompts=1)
     record = json.loads(out.read_text().splitlines()[0])
-    assert record["failed"] and "reward.py:compute_score returned 'yes'" in record["metrics"]["error"]
+    assert record["failed"]
+    assert "reward.py:compute_score returned 'yes'" in record["metrics"]["error"]
 
 
 def test_a_reward_function_that_cannot_take_the_reward_kwargs_fails_before_any_rollout(user_task, random_model_path,
@@ -207,7 +211,8 @@ def test_train_with_an_interaction_from_its_yaml(tmp_path, random_model_path, mo
     ]) == 0
     steps = [json.loads(line) for line in (out / "chat" / "metrics.jsonl").read_text().splitlines()]
     train = [s for s in steps if "actor/pg_loss" in s]
-    assert [s["step"] for s in train] == [1, 2] and all(s["rollout/num_failed"] == 0 for s in train)
+    assert [s["step"] for s in train] == [1, 2]
+    assert all(s["rollout/num_failed"] == 0 for s in train)
     calls = [json.loads(line) for line in (folder / "calls.jsonl").read_text().splitlines()]
     assert len(calls) == 2 * 2 * 2 + 2 * 2  # every trajectory, held-out ones before and after included
     assert all(c["config"]["retry_message"] == "Try again." for c in calls)

@@ -45,8 +45,10 @@ def _overrides(tmp_path: Path, model_path: Path) -> list[str]:
 def test_verl_layout_loads_with_notices(tmp_path, random_model_path):
     notices: list[str] = []
     cfg = load_config(_overrides(tmp_path, random_model_path), VERL_CONFIG, notice=notices.append)
-    assert cfg.model.path == str(random_model_path) and cfg.trainer.total_steps == 2
-    assert cfg.actor_rollout_ref.actor.lr == 1e-6 and cfg.trainer.run_dir == str(tmp_path / "run")
+    assert cfg.model.path == str(random_model_path)
+    assert cfg.trainer.total_steps == 2
+    assert cfg.actor_rollout_ref.actor.lr == 1e-6
+    assert cfg.trainer.run_dir == str(tmp_path / "run")
     assert cfg.actor_rollout_ref.rollout.sanity_check == "ignore_strippable"
     text = "\n".join(notices)
     for key in ("actor_rollout_ref.model.path", "trainer.total_training_steps", "actor_rollout_ref.actor.optim.lr",
@@ -99,5 +101,7 @@ def test_all_zero_rewards_are_reported_loudly(tmp_path, random_model_path):
     assert any("every reward of the held-out evaluation before RL is 0" in line for line in logged), logged
     warnings = [line for line in logged if "every reward of the last 2 steps is 0" in line]
     assert len(warnings) == 1, logged
-    assert "built-in scorer gsm8k" in warnings[0] and "openai/gsm8k" in warnings[0]
-    assert "a generated response" in warnings[0] and "its ground truth" in warnings[0]
+    assert "built-in scorer gsm8k" in warnings[0]
+    assert "openai/gsm8k" in warnings[0]
+    assert "a generated response" in warnings[0]
+    assert "its ground truth" in warnings[0]

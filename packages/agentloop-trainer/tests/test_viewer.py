@@ -73,11 +73,14 @@ def test_records_carry_ids_text_mask_and_indices(tokenizer):
     records = trajectory_records(batch, rows, tokenizer, step=7)
     assert len(records) == len(batch) == 5
     first = records[0]
-    assert first["step"] == 7 and first["trajectory_index"] == 0 and first["reward"] == 1.0
+    assert first["step"] == 7
+    assert first["trajectory_index"] == 0
+    assert first["reward"] == 1.0
     assert len(first["response_tokens"]) == len(first["response_ids"]) == len(first["response_mask"])
     assert "".join(first["response_tokens"]) == tokenizer.decode(first["response_ids"])
     assert [(r["trajectory_index"], r["segment_index"]) for r in records] == [(0, 0), (1, 0), (1, 1), (2, 0), (3, 0)]
-    assert records[3]["failed"] and records[3]["response_ids"] == []
+    assert records[3]["failed"]
+    assert records[3]["response_ids"] == []
     json.dumps(records)  # JSON-ready
 
 
@@ -91,7 +94,8 @@ def test_step_hook_keeps_k_trajectories_and_every_failed_one(tokenizer, tmp_path
     assert path == tmp_path / "trajectories" / "step_4.jsonl"
     records = load_records(tmp_path)  # the run folder
     assert [r["trajectory_index"] for r in records] == [0, 2]
-    assert [r["advantage"] for r in records] == [0.0, 3.0] and {r["step"] for r in records} == {4}
+    assert [r["advantage"] for r in records] == [0.0, 3.0]
+    assert {r["step"] for r in records} == {4}
 
 
 def test_grouping_and_summary(tokenizer):
@@ -100,9 +104,13 @@ def test_grouping_and_summary(tokenizer):
     trajectories = group_trajectories(records)
     assert [len(t) for t in trajectories] == [1, 2, 1, 1]
     s = summarize(trajectories[1])
-    assert s["segments"] == 2 and s["tools"] == 1 and s["group"] == "train-1-0" and s["sample"] == 1
+    assert s["segments"] == 2
+    assert s["tools"] == 1
+    assert s["group"] == "train-1-0"
+    assert s["sample"] == 1
     assert s["length"] == len(records[1]["response_ids"]) + len(records[2]["response_ids"])
-    assert summarize(trajectories[2])["failed"] and summarize(trajectories[3])["verdict"] == "mismatch"
+    assert summarize(trajectories[2])["failed"]
+    assert summarize(trajectories[3])["verdict"] == "mismatch"
 
 
 def test_html_is_self_contained_and_counts_match(tokenizer):
@@ -118,7 +126,8 @@ def test_html_is_self_contained_and_counts_match(tokenizer):
         assert section.count('class="tok gen"') == sum(sum(s["response_mask"]) for s in segments)
         assert section.count("data-lp=") == section.count('class="tok gen"')
         assert section.count('class="segment"') == len(segments)
-    assert "tool call: <b>calculator</b>" in page and "TimeoutError: the tool hung" in page
+    assert "tool call: <b>calculator</b>" in page
+    assert "TimeoutError: the tool hung" in page
     assert f'class="mismatch" data-first="{first}"' in page
 
 
@@ -134,7 +143,8 @@ def test_view_cli_writes_the_page_and_prints_its_path(tokenizer, tmp_path, capsy
     assert main(["view", str(src), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out.resolve())
     assert out.read_text().startswith("<!DOCTYPE html>")
-    assert main(["view", str(src)]) == 0 and (tmp_path / "r.html").exists()
+    assert main(["view", str(src)]) == 0
+    assert (tmp_path / "r.html").exists()
     (tmp_path / "empty").mkdir()
     assert main(["view", str(tmp_path / "empty")]) == 2
     assert "log_trajectories_per_step" in capsys.readouterr().err
@@ -176,7 +186,8 @@ def test_every_run_logs_trajectories_that_view_renders(random_model_path, tmp_pa
         records = [json.loads(line) for line in (run / "trajectories" / f"step_{step}.jsonl").read_text().splitlines()]
         assert sorted({r["trajectory_index"] for r in records}) == [0, 1, 2]
         for r in records:
-            assert r["step"] == step and len(r["response_tokens"]) == len(r["response_ids"]) == len(r["response_mask"])
+            assert r["step"] == step
+            assert len(r["response_tokens"]) == len(r["response_ids"]) == len(r["response_mask"])
             assert {"reward", "metrics", "rollout_log_probs", "segment_index", "advantage"} <= set(r)
     capsys.readouterr()
     assert main(["view", str(run)]) == 0

@@ -176,7 +176,8 @@ def test_vllm_serves_the_trained_policy_after_the_weight_sync(tmp_path, policy_p
         t_fit = time.perf_counter() - t1
         assert trainer.step == 2
         grads = [h["actor/grad_norm"] for h in trainer.history if "actor/grad_norm" in h]
-        assert len(grads) == 2 and max(grads) > 1e-4, f"no gradient in {grads}: the run did not train"
+        assert len(grads) == 2, f"no gradient in {grads}: the run did not train"
+        assert max(grads) > 1e-4, f"no gradient in {grads}: the run did not train"
         start_state = start_model.state_dict()
         moved = max(float((p - start_state[n]).abs().max()) for n, p in trainer.model.state_dict().items())
         assert moved > 1e-3, f"the policy's weights moved by at most {moved:.1e}"

@@ -277,7 +277,8 @@ class ToolAgentLoop(AgentLoopBase):
         return AgentState.GENERATING
 
     async def _interact(self, run: _Run, trajectory: Any) -> AgentState:
-        assert run.interaction is not None and run.interaction_id is not None
+        assert run.interaction is not None
+        assert run.interaction_id is not None
         limit = self.settings.max_user_turns
         if limit is not None and run.user_turns >= limit:
             run.termination = "max_user_turns"

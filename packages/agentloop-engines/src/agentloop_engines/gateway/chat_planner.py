@@ -104,7 +104,8 @@ class ChatPlanner:
             state = self.recorder.chat_state(session_id)
             new = extension(state, key, req.messages) if isinstance(state, ChatState) else None
             if new is not None:
-                assert state is not None and state.trajectory is not None
+                assert state is not None
+                assert state.trajectory is not None
                 try:
                     delta = state.trajectory.preview_messages(new)
                 except Exception as exc:
@@ -146,7 +147,8 @@ class ChatPlanner:
                     if self.recorder.chat_state(session_id) is not plan.base:
                         return  # a concurrent call of the session continued it first; that one stays
                     trajectory = plan.base.trajectory
-                    assert trajectory is not None and plan.new_messages is not None
+                    assert trajectory is not None
+                    assert plan.new_messages is not None
                     trajectory.append_messages(plan.new_messages)
                     if trajectory.context_ids != list(prompt_ids):
                         raise RuntimeError("the template's delta changed between the call and its recording")

@@ -410,7 +410,8 @@ class Gateway:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
 
     def _tool_calls(self, gen: _Generation, req: ChatRequest) -> tuple[list[dict], list[dict], str]:
-        assert self.parser is not None and req.tools is not None
+        assert self.parser is not None
+        assert req.tools is not None
         if self.parser.needs_special_tokens:
             # The call markup is special tokens, erased from the response text: parse the
             # generation with them kept, minus a token that only ended the turn (EOS), but
