@@ -92,7 +92,9 @@ def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None)
     _COVERAGE_RUNS[tag] = runs + 1
     COVERAGE_DIR.mkdir(exist_ok=True)
     data = COVERAGE_DIR / f".coverage.{tag}.{runs}"
-    session.run("python", "-m", "pytest", "--cov", "--cov-report=", *args,
+    # --cov-fail-under=0: one session measures part of the tree; the floor ([tool.coverage.report]
+    # fail_under) is for the combined figure, checked by `nox -s coverage`.
+    session.run("python", "-m", "pytest", "--cov", "--cov-report=", "--cov-fail-under=0", *args,
                 env={**(env or {}), "COVERAGE_FILE": str(data)})
 
 
