@@ -155,6 +155,18 @@ class RolloutConfig:
                              f"{type(self.reward_fn).__name__}")
 
     @classmethod
+    def of(cls, config: RolloutConfig | Mapping[str, Any] | None) -> RolloutConfig:
+        """``config`` itself, or a script's mapping converted once with :meth:`from_mapping` (what
+        the manager's and the worker's constructors accept)."""
+        return config if isinstance(config, RolloutConfig) else cls.from_mapping(config)
+
+    def register_loops(self) -> None:
+        """Import :attr:`agent_loop_modules` and register :attr:`agent_loop_classes`, so every
+        loop this config names resolves by name in this process."""
+        import_loop_modules(self.agent_loop_modules)
+        register_loop_classes(dict(self.agent_loop_classes))
+
+    @classmethod
     def from_mapping(cls, config: Mapping[str, Any] | None) -> RolloutConfig:
         """The record of a rollout dict (the keys are the field names; an OmegaConf node is
         fine). ``sampling_params`` and ``val_sampling_params`` are mappings, the latter merged
@@ -216,8 +228,7 @@ class RolloutConfig:
                 a bad value as the loop's config class reports it.
             UnknownAgentLoopError: a section for a loop that is not registered.
         """
-        import_loop_modules(self.agent_loop_modules)
-        register_loop_classes(dict(self.agent_loop_classes))
+        self.register_loops()
         built = dict(self.agent_loop_configs)
         for name in dict.fromkeys([*sections, *also]):
             section = dict(sections.get(name) or {})

@@ -12,7 +12,7 @@ from typing import Any
 from agentloop_core.batch import RolloutBatch
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer
-from agentloop_core.registry import get_agent_loop_class, import_loop_modules, register_loop_classes
+from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.ray_pool import PLACEMENTS, ChunkStats, RayWorkerPool
 from agentloop_core.runtime.worker import AgentLoopWorker
@@ -100,15 +100,14 @@ class AgentLoopManager:
             raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
         self.server = server
         self.tokenizer = tokenizer
-        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_mapping(config)
+        self.config = RolloutConfig.of(config)
         self.num_workers = num_workers
         self.backend = backend
         self.processor = processor
         self.ray_num_cpus = ray_num_cpus
         self.ray_timeout_s = ray_timeout_s
         self.placement = placement
-        import_loop_modules(self.config.agent_loop_modules)
-        register_loop_classes(dict(self.config.agent_loop_classes))
+        self.config.register_loops()
         self._tracer_spec = tracer
         self._workers: list[AgentLoopWorker] = []
         self._pool: RayWorkerPool | None = None

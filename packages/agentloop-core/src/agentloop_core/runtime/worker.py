@@ -12,7 +12,7 @@ from typing import Any
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer, SamplingParams, TokenOutput
-from agentloop_core.registry import get_agent_loop_class, import_loop_modules, register_loop_classes
+from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
 from agentloop_core.segments import trajectory_reward, trajectory_view
@@ -126,7 +126,7 @@ class AgentLoopWorker:
         processor: Any = None,
     ) -> None:
         self.server = server
-        self.config = config if isinstance(config, RolloutConfig) else RolloutConfig.from_mapping(config)
+        self.config = RolloutConfig.of(config)
         self.tracer = make_tracer(tracer)
         self.processor = processor
         if isinstance(tokenizer, (str, os.PathLike)):
@@ -135,8 +135,7 @@ class AgentLoopWorker:
         else:
             self._tokenizer_path = None
             self._tokenizer = tokenizer
-        import_loop_modules(self.config.agent_loop_modules)
-        register_loop_classes(dict(self.config.agent_loop_classes))
+        self.config.register_loops()
         self.reward_fn = self.config.reward_fn
         # One config per loop name, built once, not per sample.
         self._loop_configs: dict[str, Any] = {}
