@@ -146,6 +146,11 @@ def _entry(rank: int, world_size: int, port: int, device: str, fn: Callable, arg
         result = fn(rank, *args)
         if rank == 0:
             Path(out_dir, "result.pkl").write_bytes(pickle.dumps(result))
+        # Every rank reaches here before any tears its group down: a rank that destroyed gloo's
+        # pairs while its peer still had traffic on them died once in CI with SIGABRT
+        # ("terminate called without an active exception"). Not on the error path, where the
+        # peer may never arrive.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
