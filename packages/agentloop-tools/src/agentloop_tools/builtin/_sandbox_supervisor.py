@@ -35,12 +35,18 @@ import stat
 import sys
 import time
 from collections.abc import Iterable
+from types import ModuleType
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 0x400, 0x800, 0x1000, 0x4000, 0x40000, 0x200000
+# statvfs f_flag bits (ST_*) -> the mount flags a read-only remount must repeat: a mount copied
+# into a user namespace has them locked, and a remount that drops one is refused.
+_ST_TO_MS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+             (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
 
 SHARED_TMP_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 """World-writable folders whose entries outlive a process; private (tmpfs) or swept per run."""
@@ -146,46 +152,29 @@ def kill_uid(uid: int, gid: int) -> None:
         os.waitpid(pid, 0)
 
 
-# ---- cgroup v2 ---------------------------------------------------------------------------------
+# ---- cgroups (in the file next to this one, loaded without the package when run as a script) --
 
 
-def cgroup2_root() -> str | None:
-    """Our own cgroup's folder in the cgroup v2 hierarchy, if one is mounted."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            mounts = [line.split() for line in f]
-        with open("/proc/self/cgroup") as f:
-            own = [line.strip().split(":", 2) for line in f]
-    except OSError:
-        return None
-    mount = next((m[4] for m in mounts if "-" in m and m[m.index("-") + 1] == "cgroup2"), None)
-    rel = next((c[2] for c in own if len(c) == 3 and c[0] == "0"), None)
-    if mount is None or rel is None:
-        return None
-    return os.path.join(mount, rel.lstrip("/"))
+def _load_cgroup_module() -> ModuleType:
+    if __package__:
+        from agentloop_tools.builtin import _sandbox_cgroup
+
+        return _sandbox_cgroup
+    import importlib.util
+
+    name = "_sandbox_cgroup"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                                     f"{name}.py"))
+    assert spec is not None, "the file sits next to this one"
+    assert spec.loader is not None, "a source file has a loader"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
-def make_cgroup(name: str) -> str | None:
-    """A fresh cgroup v2 below our own, if we may create one and it has ``cgroup.kill``."""
-    base = cgroup2_root()
-    if base is None:
-        return None
-    path = os.path.join(base, name)
-    try:
-        os.mkdir(path)
-    except OSError:
-        return None
-    if not os.path.exists(os.path.join(path, "cgroup.kill")):
-        with contextlib.suppress(OSError):
-            os.rmdir(path)
-        return None
-    return path
-
-
-def cgroup_kill(path: str) -> None:
-    """Kill every process in the cgroup at ``path`` (no-op if it does not exist)."""
-    with contextlib.suppress(OSError), open(os.path.join(path, "cgroup.kill"), "w") as f:
-        f.write("1")
+cgroups = _load_cgroup_module()
+RunCgroups = cgroups.RunCgroups
 
 
 # ---- scratch space -----------------------------------------------------------------------------
@@ -205,16 +194,20 @@ def enter_user_namespace() -> bool:
     return True
 
 
-def private_tmp(scratch: str, size_mb: int, name: str, uid: int | None, gid: int | None) -> str | None:
+def private_tmp(scratch: str, size_mb: int, name: str, uid: int | None, gid: int | None,
+                keep: Iterable[str] = ()) -> str | None:
     """Enter a new mount namespace and put one tmpfs of ``size_mb`` behind /tmp, /dev/shm and
-    /var/tmp. Returns the working directory inside it (``/tmp/<name>``), or None when the
-    kernel refuses (no CAP_SYS_ADMIN); nothing is changed then."""
+    /var/tmp, then bind each path of ``keep`` (the interpreter's folders that lie under them)
+    back at its place, read-only. Returns the working directory inside it (``/tmp/<name>``),
+    or None when the kernel refuses (no CAP_SYS_ADMIN); nothing is changed then."""
     libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0:
         return None
     # Without private propagation the mounts below would appear in the trainer's namespace.
     if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         raise OSError(ctypes.get_errno(), "making / private in the sandbox mount namespace failed")
+    # Opened in this namespace (a bind's source must be one of its mounts) before the masks hide them.
+    kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in keep]
     opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 256)},mode=0755".encode()
     if libc.mount(b"agentloop-sandbox", scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
         raise OSError(ctypes.get_errno(), f"mounting the sandbox tmpfs on {scratch} failed")
@@ -225,11 +218,33 @@ def private_tmp(scratch: str, size_mb: int, name: str, uid: int | None, gid: int
         os.chmod(source, 0o1777)
         if libc.mount(source.encode(), target.encode(), None, MS_BIND, None) != 0:
             raise OSError(ctypes.get_errno(), f"binding the sandbox tmpfs over {target} failed")
+    for path, fd in kept:
+        _bind_read_only(libc, fd, path)
+        os.close(fd)
     workdir = os.path.join("/tmp", name)
     os.mkdir(workdir, 0o700)
     if uid is not None and gid is not None:  # set together
         os.chown(workdir, uid, gid)
     return workdir
+
+
+def _bind_read_only(libc: ctypes.CDLL, fd: int, path: str) -> None:
+    """Bind what ``fd`` (an ``O_PATH`` descriptor) points at onto ``path``, read-only, making the
+    mount point (a folder, or an empty file) and its parents in the tmpfs first."""
+    is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+    os.makedirs(path if is_dir else os.path.dirname(path), mode=0o755, exist_ok=True)
+    if not is_dir:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+    target = path.encode()
+    if libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, MS_BIND | MS_REC, None) != 0:
+        raise OSError(ctypes.get_errno(), f"binding the interpreter's {path} back into the sandbox failed")
+    locked = os.statvfs(path).f_flag
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for st_flag, ms_flag in _ST_TO_MS:
+        if locked & st_flag:
+            flags |= ms_flag
+    if libc.mount(None, target, None, flags, None) != 0:
+        raise OSError(ctypes.get_errno(), f"making the interpreter's {path} read-only in the sandbox failed")
 
 
 def owned_entries(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[str]:
@@ -274,7 +289,7 @@ def remove_entries(paths: Iterable[str]) -> None:
 # ---- the run -----------------------------------------------------------------------------------
 
 
-def _start(cfg: dict, workdir: str, env: dict[str, str], cgroup: str | None) -> int:
+def _start(cfg: dict, workdir: str, env: dict[str, str], run_cgroups: RunCgroups) -> int:
     import resource
 
     uid, gid = cfg["uid"], cfg["gid"]
@@ -287,9 +302,7 @@ def _start(cfg: dict, workdir: str, env: dict[str, str], cgroup: str | None) -> 
     try:  # the child: only syscalls from here to exec
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.close(cfg["status_fd"])
-        if cgroup is not None:
-            with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-                f.write("0")
+        run_cgroups.join()
         os.setsid()
         os.chdir(workdir)
         for which, value in limits:
@@ -319,15 +332,15 @@ def _reap(main: int, status: list[int | None]) -> bool:
             status[0] = os.waitstatus_to_exitcode(wstatus)
 
 
-def _kill_everything(cfg: dict, cgroup: str | None, main: int, status: list[int | None]) -> int:
+def _kill_everything(cfg: dict, run_cgroups: RunCgroups, main: int, status: list[int | None]) -> int:
     me, rounds = os.getpid(), 0
     while True:
         rounds += 1
-        if cgroup is not None:
-            cgroup_kill(cgroup)
+        run_cgroups.kill()
         if cfg["dedicated_uid"]:
             kill_uid(cfg["uid"], cfg["gid"])
         kill_pids(descendants(me))
+        kill_pids(run_cgroups.members())
         if not _reap(main, status):
             return rounds
         time.sleep(0.01)
@@ -346,7 +359,7 @@ def supervise(cfg: dict) -> dict:
     workdir = cfg["scratch"]
     isolation = []
     if cfg["private_tmp"] and (os.geteuid() == 0 or enter_user_namespace()):
-        inner = private_tmp(cfg["scratch"], cfg["scratch_mb"], cfg["name"], uid, gid)
+        inner = private_tmp(cfg["scratch"], cfg["scratch_mb"], cfg["name"], uid, gid, cfg["keep_visible"])
         if inner is not None:
             workdir = inner
             isolation.append("private-tmpfs")
@@ -355,11 +368,12 @@ def supervise(cfg: dict) -> dict:
                 f.write(code)
             if uid is not None:
                 os.chown(path, uid, gid)
-    cgroup = make_cgroup(cfg["name"]) if cfg["cgroup"] else None
-    if cgroup is not None:
-        isolation.append("cgroup")
+    run_cgroups = (cgroups.create(cfg["name"], cfg["run_memory_bytes"], cfg["max_processes"], cfg["cgroup_parent"])
+                   if cfg["cgroup"] else RunCgroups(unenforced=["per-run cgroups are off"]))
+    isolation += [label for label, on in (("cgroup", run_cgroups.kill_dir), ("cgroup-memory", run_cgroups.memory),
+                                          ("cgroup-pids", run_cgroups.pids)) if on]
     env = {**cfg["env"], "HOME": workdir, "TMPDIR": workdir}
-    main = _start(cfg, workdir, env, cgroup)
+    main = _start(cfg, workdir, env, run_cgroups)
     status: list[int | None] = [None]
     deadline = time.monotonic() + cfg["timeout_s"]
     watch = [] if "private-tmpfs" in isolation else [workdir]
@@ -380,13 +394,13 @@ def supervise(cfg: dict) -> dict:
         info = signal.sigtimedwait({signal.SIGCHLD, signal.SIGTERM}, min(_POLL_S, max(deadline - now, 0.001)))
         if info is not None and info.si_signo == signal.SIGTERM:
             reason = "cancelled"
-    rounds = _kill_everything(cfg, cgroup, main, status)
-    if cgroup is not None:
-        with contextlib.suppress(OSError):
-            os.rmdir(cgroup)
+    rounds = _kill_everything(cfg, run_cgroups, main, status)
+    usage = {"memory_peak_bytes": run_cgroups.memory_peak_bytes(), "oom_kills": run_cgroups.oom_kills(),
+             "pids_refused": run_cgroups.pids_refused(), "unenforced": run_cgroups.unenforced}
+    run_cgroups.remove()
     if cfg["dedicated_uid"] and uid is not None and "private-tmpfs" not in isolation:
         remove_entries(owned_entries(uid))
-    return {"returncode": status[0], "reason": reason, "isolation": isolation, "kill_rounds": rounds}
+    return {"returncode": status[0], "reason": reason, "isolation": isolation, "kill_rounds": rounds, **usage}
 
 
 def main() -> None:

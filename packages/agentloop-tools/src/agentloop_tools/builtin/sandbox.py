@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import random
 import shutil
@@ -40,10 +41,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_tools.base import BaseTool
+from agentloop_tools.builtin import _sandbox_cgroup as cgroups
+from agentloop_tools.builtin import _sandbox_interpreter as interpreter
 from agentloop_tools.builtin import _sandbox_supervisor as supervisor
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["PythonSandboxTool", "SandboxLimits", "SandboxResult", "run_python"]
+
+logger = logging.getLogger(__name__)
 
 _GRACE_S = 10.0  # how long past the limit the supervisor may take to kill and report
 _PIPE_GRACE_S = 2.0  # how long the pipes may stay open once the supervisor is gone
@@ -57,9 +62,15 @@ class SandboxLimits:
     """Wall-clock seconds before every process of the run is killed."""
     memory_mb: int = 512
     """Address-space limit per process (RLIMIT_AS), in MiB."""
+    run_memory_mb: int = 1024
+    """Memory (resident, page cache and tmpfs scratch; no swap) all processes of a run may hold
+    together, in MiB: ``memory.max`` of the run's cgroup where the host lets the sandbox set one
+    (see ``cgroup_parent``); past it the kernel kills processes of the run. Not enforced where
+    no cgroup memory controller can be used (:attr:`SandboxResult.unenforced` says so)."""
     max_processes: int = 64
-    """RLIMIT_NPROC: processes of the code's uid. Per run with the default dedicated uids; shared by
-    concurrent runs with ``user=`` set; not enforced with ``run_as_root`` (the kernel exempts root)."""
+    """Processes (and threads) of a run at once: ``pids.max`` of the run's cgroup where the host
+    allows one (also as root), and always RLIMIT_NPROC for the code's uid (per run with the default
+    dedicated uids; shared by concurrent runs with ``user=`` set; the kernel exempts root)."""
     max_output_chars: int = 8192
     """Characters kept of stdout (its head) and of stderr (its tail); the rest is dropped with a marker."""
     max_file_mb: int = 16
@@ -85,12 +96,18 @@ class SandboxLimits:
     environment through /proc and write wherever the trainer can. Off by default."""
     private_tmp: bool = True
     """Give the run a private tmpfs of ``max_scratch_mb`` behind /tmp, /dev/shm and /var/tmp (a mount
-    namespace; as a normal user inside a user namespace, where the kernel allows one)."""
+    namespace; as a normal user inside a user namespace, where the kernel allows one). Folders of
+    the interpreter under them (a venv in /tmp) are bound back read-only."""
+    cgroup_parent: str | None = None
+    """A cgroup v2 folder to create each run's cgroup in (delegated to the trainer's uid, no
+    processes of its own, ``memory`` and ``pids`` in its ``cgroup.subtree_control``). None: the
+    supervisor's own cgroup, which can hand out those controllers only as the root cgroup; on a
+    hybrid host the cgroup v1 memory and pids hierarchies are used instead."""
 
     def __post_init__(self) -> None:
         if isinstance(self.uid_range, list):
             object.__setattr__(self, "uid_range", tuple(self.uid_range))
-        for name in ("timeout_s", "memory_mb", "max_processes", "max_output_chars", "max_file_mb",
+        for name in ("timeout_s", "memory_mb", "run_memory_mb", "max_processes", "max_output_chars", "max_file_mb",
                      "max_scratch_mb", "max_open_files"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -101,6 +118,11 @@ class SandboxLimits:
             raise ValueError(f"sandbox uid_range must be [first, last] with 0 < first <= last, got {lo_hi!r}")
         if self.run_as_root and self.user is not None:
             raise ValueError("sandbox: set either user (run as that user) or run_as_root (keep root), not both")
+        parent = self.cgroup_parent
+        if parent is not None and (not isinstance(parent, str) or not os.path.isabs(parent)
+                                   or not os.path.isfile(os.path.join(parent, "cgroup.subtree_control"))):
+            raise ValueError(f"sandbox cgroup_parent must be the absolute path of a cgroup v2 folder (one with "
+                             f"cgroup.subtree_control), got {parent!r}; create and delegate one, or leave it unset")
 
 
 @dataclass(frozen=True)
@@ -123,7 +145,14 @@ class SandboxResult:
     """True when the polled scratch-size check killed it (with a tmpfs the code gets ENOSPC instead)."""
     isolation: tuple[str, ...] = ()
     """Mechanisms the run had besides rlimits and the subreaper: ``dedicated-uid``, ``user``,
-    ``private-tmpfs``, ``cgroup``."""
+    ``private-tmpfs``, ``cgroup`` (killed with ``cgroup.kill``), ``cgroup-memory``
+    (``run_memory_mb`` held), ``cgroup-pids`` (``max_processes`` held per run)."""
+    memory_peak_bytes: int | None = None
+    """Most memory the run's processes held at once, from its memory cgroup; None where unknown."""
+    memory_exceeded: bool = False
+    """True when the kernel killed processes of the run at ``run_memory_mb``."""
+    unenforced: tuple[str, ...] = ()
+    """Per-run limits this host did not let the sandbox enforce, each with why and the fix."""
 
 
 class _Capture:
@@ -163,41 +192,6 @@ def _resolve_user(user: str | int) -> tuple[int, int]:
         raise ValueError(f"sandbox user {user!r} does not exist; create it, or leave user unset to get a "
                          "dedicated uid per run") from None
     return entry.pw_uid, entry.pw_gid
-
-
-def _reachable_by_others(path: str) -> bool:
-    """Whether a uid that owns nothing here can execute ``path`` (every folder on the way
-    searchable, the file executable and readable by 'other')."""
-    real = os.path.realpath(path)
-    try:
-        st = os.stat(real)
-        if not st.st_mode & stat.S_IXOTH or not st.st_mode & stat.S_IROTH:
-            return False
-        parent = os.path.dirname(real)
-        while True:
-            if not os.stat(parent).st_mode & stat.S_IXOTH:
-                return False
-            if parent == os.path.dirname(parent):
-                return True
-            parent = os.path.dirname(parent)
-    except OSError:
-        return False
-
-
-def _interpreter(limits: SandboxLimits, dropped: bool) -> str:
-    if not dropped:
-        return limits.python_executable or sys.executable
-    if limits.python_executable is not None:
-        if not _reachable_by_others(limits.python_executable):
-            raise ValueError(f"sandbox python_executable {limits.python_executable!r} cannot be run by the "
-                             "sandbox's unprivileged uid (a folder on its path is closed to other users); "
-                             "use an interpreter outside such folders, e.g. /usr/bin/python3")
-        return limits.python_executable
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if candidate and _reachable_by_others(candidate):
-            return candidate
-    raise ValueError(f"sandbox: no Python interpreter the unprivileged sandbox uid can run ({sys.executable} is "
-                     "in a folder closed to other users); install /usr/bin/python3 or set python_executable")
 
 
 class _UidLease:
@@ -242,14 +236,13 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _sweep(marker: str, uid: int | None, cgroup_name: str) -> None:
+def _sweep(marker: str, uid: int | None, cgroup_name: str, cgroup_parent: str | None) -> None:
     """The trainer's fallback when the supervisor died before reporting: kill what carries the
-    run's environment marker (or its dedicated uid), remove its files outside the scratch and
-    its cgroup."""
-    cgroup = os.path.join(supervisor.cgroup2_root() or "/nonexistent", cgroup_name)
+    run's environment marker (or its dedicated uid) or sits in its cgroups, remove its files
+    outside the scratch and its cgroups."""
     for _ in range(5):
-        supervisor.cgroup_kill(cgroup)
-        pids = set(supervisor.pids_with_env(marker.encode()))
+        pids = set(cgroups.remove_named(cgroup_name, cgroup_parent))
+        pids.update(supervisor.pids_with_env(marker.encode()))
         if uid is not None:
             pids.update(supervisor.pids_of_uid(uid))
         if not supervisor.kill_pids(pids):
@@ -257,8 +250,18 @@ def _sweep(marker: str, uid: int | None, cgroup_name: str) -> None:
         time.sleep(0.05)
     if uid is not None:
         supervisor.remove_entries(supervisor.owned_entries(uid))
-    with contextlib.suppress(OSError):
-        os.rmdir(cgroup)
+    cgroups.remove_dirs(cgroup_name, cgroup_parent)
+
+
+_warned: set[str] = set()
+
+
+def _warn_unenforced(reasons: list[str]) -> None:
+    """Log each reason a per-run limit does not hold once per process (every result carries them)."""
+    for reason in reasons:
+        if reason not in _warned:
+            _warned.add(reason)
+            logger.warning("sandbox: %s", reason)
 
 
 async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> bool:
@@ -325,7 +328,9 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     status_r = status_w = -1
     workdir = None
     try:
-        python = _interpreter(limits, uid is not None)
+        python = interpreter.choose(limits.python_executable, dropped=uid is not None)
+        keep = (await asyncio.to_thread(interpreter.masked_paths, python, limits.allow_site_packages)
+                if limits.private_tmp else ())
         workdir = tempfile.mkdtemp(prefix=f"{name}-")
         cfg_name = os.path.basename(workdir)
         main_py = os.path.join(workdir, "main.py")
@@ -344,7 +349,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             "memory_bytes": int(limits.memory_mb * 2**20), "cpu_s": int(limits.timeout_s) + 1,
             "file_bytes": int(limits.max_file_mb * 2**20), "max_open_files": int(limits.max_open_files),
             "max_processes": int(limits.max_processes), "scratch_mb": int(limits.max_scratch_mb),
-            "private_tmp": limits.private_tmp, "cgroup": True,
+            "private_tmp": limits.private_tmp, "cgroup": True, "keep_visible": list(keep),
+            "run_memory_bytes": int(limits.run_memory_mb * 2**20), "cgroup_parent": limits.cgroup_parent,
         }
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", supervisor.__file__, json.dumps(cfg),
@@ -365,7 +371,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             await _wait_exit(proc, _GRACE_S)
         status = _read_status(status_r)
         if status is None:  # the supervisor was killed or crashed: clean up from here
-            _sweep(marker, lease.uid if lease else None, cfg_name)
+            _sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
             if not stalled and proc.returncode != -signal.SIGKILL:
                 raise RuntimeError(f"sandbox supervisor exited with {proc.returncode} before reporting; its "
                                    f"stderr ends: {err.text()[0][-2000:]}")
@@ -389,10 +395,18 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         if scratch_exceeded:
             stderr = (stderr + "\n" if stderr else "") + (
                 f"OSError: scratch space over {limits.max_scratch_mb} MiB; the run was killed")
+        oom_kills = int(status.get("oom_kills") or 0)
+        if oom_kills:
+            stderr = (stderr + "\n" if stderr else "") + (
+                f"MemoryError: the run's processes together reached run_memory_mb={limits.run_memory_mb:g} MiB; "
+                f"the kernel killed {oom_kills} of them")
+        unenforced = list(status.get("unenforced") or [])
+        _warn_unenforced(unenforced)
         return SandboxResult(
             stdout=stdout, stderr=stderr, returncode=status["returncode"], timed_out=timed_out,
             truncated=out_cut or err_cut, duration_s=time.monotonic() - start, scratch_exceeded=scratch_exceeded,
-            isolation=tuple(isolation + status["isolation"]),
+            isolation=tuple(isolation + status["isolation"]), memory_peak_bytes=status.get("memory_peak_bytes"),
+            memory_exceeded=oom_kills > 0, unenforced=tuple(unenforced),
         )
     finally:
         if proc is not None and proc.returncode is None:
@@ -402,11 +416,11 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             try:
                 if not await _wait_exit(proc, _GRACE_S):
                     proc.kill()
-                    _sweep(marker, lease.uid if lease else None, cfg_name)
+                    _sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
             except asyncio.CancelledError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
-                _sweep(marker, lease.uid if lease else None, cfg_name)
+                _sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
                 raise
         for fd in (status_r, status_w):
             if fd >= 0:
@@ -435,10 +449,12 @@ class PythonSandboxTool(BaseTool):
         self.limits = SandboxLimits(**{k: v for k, v in self.config.items() if k in known})
         if self.timeout_s is not None:
             self.timeout_s = self.timeout_s + 5.0
-        if os.geteuid() == 0 and not self.limits.run_as_root:
-            if self.limits.user is not None:
-                _resolve_user(self.limits.user)
-            _interpreter(self.limits, dropped=True)
+        dropped = os.geteuid() == 0 and not self.limits.run_as_root
+        if dropped and self.limits.user is not None:
+            _resolve_user(self.limits.user)
+        python = interpreter.choose(self.limits.python_executable, dropped=dropped)
+        if self.limits.private_tmp:  # fails here, naming the fix, if the tmpfs would hide it all
+            interpreter.masked_paths(python, self.limits.allow_site_packages)
 
     def default_tool_schema(self) -> OpenAIFunctionToolSchema:
         return OpenAIFunctionToolSchema.model_validate(
@@ -472,5 +488,8 @@ class PythonSandboxTool(BaseTool):
             "sandbox_returncode": result.returncode,
             "sandbox_truncated": result.truncated,
             "sandbox_scratch_exceeded": result.scratch_exceeded,
+            "sandbox_memory_exceeded": result.memory_exceeded,
         }
+        if result.memory_peak_bytes is not None:
+            metrics["sandbox_memory_peak_mb"] = result.memory_peak_bytes / 2**20
         return ToolResponse(text=text), 0.0, metrics
