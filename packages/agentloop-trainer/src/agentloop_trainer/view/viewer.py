@@ -6,6 +6,12 @@ per batch row (a segment of a trajectory) built by :func:`trajectory_records`. T
 rendered here, in Python, so a test can count what it shows without a browser; the inline
 script only sorts, filters and shows one trajectory at a time. Nothing is fetched: the page
 works from ``file://`` and offline.
+
+The JSONL may come from anyone, so the page takes nothing from it as markup: every value is
+escaped for the context it lands in (:func:`_e`, text and quoted attributes alike), class names
+and ids are made by the template, the inline script is a constant with no data in it (the
+script reads only the escaped ``data-*`` attributes), and values of the wrong type are checked
+by :mod:`~agentloop_trainer.view.viewer_input` and shown marked, never dropped.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.view.viewer_assets import PAGE_CSS, PAGE_JS
+from agentloop_trainer.view.viewer_input import BadValue, as_int, check_records, is_int, is_number
 
 TRAJECTORY_DIR = "trajectories"
 """Where the trainer writes its per-step samples inside a run folder."""
@@ -28,10 +36,12 @@ _MISMATCH_ROWS = 40  # tokens shown from the first difference on
 # -- records ----------------------------------------------------------------------------------
 
 
-def _token_texts(tokenizer: Any, ids: Sequence[int]) -> list[str] | None:
+def _token_texts(tokenizer: Any, ids: Sequence[Any]) -> list[str | None] | None:
     if tokenizer is None or not len(ids):
         return None if tokenizer is None else []
-    return [str(t) for t in tokenizer.batch_decode([[int(i)] for i in ids])]
+    valid = [i for i in ids if is_int(i)]  # a bad id (a checked record's BadValue) is shown marked
+    texts = iter(str(t) for t in tokenizer.batch_decode([[int(i)] for i in valid])) if valid else iter(())
+    return [next(texts) if is_int(i) else None for i in ids]
 
 
 def trajectory_records(batch: Any, rows: Sequence[Mapping[str, Any]], tokenizer: Any = None,
@@ -141,6 +151,11 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{file}:{n}: not a JSON record ({exc})") from exc
+                except RecursionError:
+                    raise ValueError(f"{file}:{n}: nested too deeply to be a trajectory record") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{file}:{n}: a record must be a JSON object, got {type(record).__name__}; "
+                                     "each line of a trajectories JSONL is one object")
                 if "step" not in record and _step_of(file) >= 0:
                     record["step"] = _step_of(file)
                 records.append(record)
@@ -161,6 +176,9 @@ def group_trajectories(records: Sequence[Mapping[str, Any]]) -> list[list[Mappin
     rollout_n)`` for records without an index."""
     groups: dict[tuple, list[Mapping[str, Any]]] = {}
     for i, r in enumerate(records):
+        if not _hashable(r.get("trajectory_index"), r.get("group_id"), r.get("rollout_n"), r.get("step")):
+            groups.setdefault(("row", i), []).append(r)  # an unchecked record: a list as its index
+            continue
         if r.get("trajectory_index") is not None:
             key: tuple = (r.get("step"), "t", r["trajectory_index"])
         elif r.get("group_id") is not None:
@@ -168,7 +186,15 @@ def group_trajectories(records: Sequence[Mapping[str, Any]]) -> list[list[Mappin
         else:
             key = ("row", i)
         groups.setdefault(key, []).append(r)
-    return [sorted(segs, key=lambda r: int(r.get("segment_index") or 0)) for segs in groups.values()]
+    return [sorted(segs, key=lambda r: as_int(r.get("segment_index"))) for segs in groups.values()]
+
+
+def _hashable(*values: Any) -> bool:
+    try:
+        hash(values)
+    except TypeError:
+        return False
+    return True
 
 
 def _tool_call_count(segments: Sequence[Mapping[str, Any]]) -> int:
@@ -176,7 +202,8 @@ def _tool_call_count(segments: Sequence[Mapping[str, Any]]) -> int:
     count = (last.get("metrics") or {}).get("tool_calls")
     if isinstance(count, (int, float)) and not isinstance(count, bool):
         return int(count)
-    return sum(len(m.get("tool_calls") or []) for m in (last.get("messages") or []) if isinstance(m, Mapping))
+    return sum(len(calls) if isinstance(calls := m.get("tool_calls") or [], list) else 1
+               for m in (last.get("messages") or []) if isinstance(m, Mapping))
 
 
 def verdict(segments: Sequence[Mapping[str, Any]]) -> str:
@@ -196,18 +223,41 @@ def summarize(segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     last = segments[-1]
     return {
         "step": last.get("step"), "group": str(last.get("group_id", "")), "sample": last.get("rollout_n"),
-        "reward": float(last.get("reward") or 0.0), "failed": any(bool(s.get("failed")) for s in segments),
+        "reward": _reward(last.get("reward")), "failed": any(bool(s.get("failed")) for s in segments),
         "length": sum(len(s.get("response_ids") or []) for s in segments),
-        "generated": sum(sum(s.get("response_mask") or []) for s in segments),
+        "generated": sum(sum(1 for m in (s.get("response_mask") or []) if is_int(m) and m == 1) for s in segments),
         "tools": _tool_call_count(segments), "segments": len(segments), "verdict": verdict(segments),
     }
 
 
+def _reward(value: Any) -> float | BadValue:
+    if value is None:
+        return 0.0
+    return float(value) if is_number(value) else value if isinstance(value, BadValue) else BadValue(str(value), "")
+
+
 # -- HTML -------------------------------------------------------------------------------------
+
+# Lone surrogates cannot be written as UTF-8 and NUL is a parse error in HTML: both come out as
+# the replacement character, like other broken text.
+_UNWRITABLE = re.compile("[\ud800-\udfff\x00]")
 
 
 def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """``value`` as text safe in element content and in a quoted attribute value (``&<>"'``
+    escaped, unwritable characters replaced)."""
+    return html.escape(_UNWRITABLE.sub("\ufffd", str(value)), quote=True)
+
+
+def _class_token(value: Any) -> str:
+    """A CSS class suffix from data (a message role): letters, digits, ``-`` and ``_`` only,
+    so a value cannot add classes of its own."""
+    token = re.sub(r"[^A-Za-z0-9_-]", "", str(value))[:32]
+    return token or "other"
+
+
+def _fmt_reward(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, float) else str(value)
 
 
 def _heat(lp: float) -> str:
@@ -230,17 +280,27 @@ _GLUE_EDGES = (("<|", "|>"), ("<", ">"))
 def _is_glue(text: str | None) -> bool:
     """Template glue: a special token such as ``<|im_start|>`` (what the data can tell apart from
     tool and user text without the template's spans)."""
-    return text is not None and any(text.startswith(a) and text.endswith(b) and len(text) > len(a) + len(b)
+    return isinstance(text, str) and any(text.startswith(a) and text.endswith(b) and len(text) > len(a) + len(b)
                                     for a, b in _GLUE_EDGES) and " " not in text
 
 
-def _token(kind: str, token_id: int, text: str | None, index: int, lp: float | None = None) -> str:
+def _bad_token(index: int, token_id: Any, values: Sequence[Any]) -> str:
+    """A token some value of which is not what agentloop writes: shown, with what is wrong."""
+    why = "; ".join(f"{v.why}: {v.raw}" for v in values if isinstance(v, BadValue))
+    shown = token_id.raw if isinstance(token_id, BadValue) else str(token_id)
+    return f'<span class="tok bad" data-i="{int(index)}" title="{_e(f"#{index} {why}")}">\u26a0 {_e(shown)}</span>'
+
+
+def _token(kind: str, token_id: Any, text: Any, index: int, lp: Any = None, mask: Any = None) -> str:
+    if any(isinstance(v, BadValue) for v in (token_id, text, lp, mask)):
+        return _bad_token(index, token_id, [token_id, text, lp, mask])
     label = {"gen": "generated by the model", "ctx": "tool / user (mask 0)", "glue": "template glue (mask 0)",
              "prompt": "prompt"}[kind]
     title = f"#{index} id {token_id} \u00b7 {label}"
-    attrs = f' data-id="{token_id}" data-i="{index}"'
+    attrs = f' data-id="{int(token_id)}" data-i="{int(index)}"'
     style = ""
     if lp is not None:
+        lp = float(lp)
         title += f" \u00b7 logprob {lp:.4f} (p={math.exp(min(lp, 0.0)):.3f})"
         attrs += f' data-lp="{lp:.4f}"'
         style = f' style="background:{_heat(lp)}"'
@@ -252,8 +312,8 @@ def _tokens_html(record: Mapping[str, Any], tokenizer: Any) -> str:
     response_ids = list(record.get("response_ids") or [])
     mask = list(record.get("response_mask") or [0] * len(response_ids))
     lps = record.get("rollout_log_probs")
-    ptexts = record.get("prompt_tokens") or _token_texts(tokenizer, prompt_ids) or [None] * len(prompt_ids)
-    rtexts = record.get("response_tokens") or _token_texts(tokenizer, response_ids) or [None] * len(response_ids)
+    ptexts = _texts(record.get("prompt_tokens") or _token_texts(tokenizer, prompt_ids), len(prompt_ids))
+    rtexts = _texts(record.get("response_tokens") or _token_texts(tokenizer, response_ids), len(response_ids))
     # The prompt (system text, tool schemas) is often most of a trajectory: folded, so the
     # response is on screen.
     parts = [f'<div class="stream"><details class="prompt-part"><summary>prompt: {len(prompt_ids)} tokens</summary>']
@@ -261,18 +321,27 @@ def _tokens_html(record: Mapping[str, Any], tokenizer: Any) -> str:
     parts.append("</details>")
     turn, previous = 0, None
     for k, (i, m, t) in enumerate(zip(response_ids, mask, rtexts, strict=False)):
+        if isinstance(m, BadValue):
+            parts.append(_token("ctx", i, t, len(prompt_ids) + k, mask=m))
+            continue
         if m != previous:
             turn += 1
             who = "model" if m else "tool / user"
             parts.append(f'<span class="turn-sep" data-turn="{turn}">turn {turn}: {who}</span>')
             previous = m
         if m:
-            lp = float(lps[k]) if lps is not None and k < len(lps) else None
+            lp = lps[k] if lps is not None and k < len(lps) else None
             parts.append(_token("gen", i, t, len(prompt_ids) + k, lp))
         else:
             parts.append(_token("glue" if _is_glue(t) else "ctx", i, t, len(prompt_ids) + k))
     parts.append("</div>")
     return "".join(parts)
+
+
+def _texts(texts: Sequence[Any] | None, n: int) -> list[Any]:
+    """One text (or None: the id is shown) per token, whatever the length of ``texts``."""
+    texts = list(texts or [])
+    return texts[:n] + [None] * (n - len(texts))
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
@@ -292,8 +361,8 @@ def _mismatch_html(record: Mapping[str, Any], tokenizer: Any) -> str:
     actual = record.get("actual_ids")
     if actual is None:
         actual = list(record.get("prompt_ids") or []) + list(record.get("response_ids") or [])
-    etexts = record.get("expected_tokens") or _token_texts(tokenizer, expected) or [None] * len(expected)
-    atexts = record.get("actual_tokens") or _token_texts(tokenizer, actual) or [None] * len(actual)
+    etexts = _texts(record.get("expected_tokens") or _token_texts(tokenizer, expected), len(expected))
+    atexts = _texts(record.get("actual_tokens") or _token_texts(tokenizer, actual), len(actual))
     first = _first_difference(expected, actual)
     lo = max(0, first - 2)
     rows = []
@@ -302,13 +371,17 @@ def _mismatch_html(record: Mapping[str, Any], tokenizer: Any) -> str:
         a = (actual[k], atexts[k]) if k < len(actual) else None
         cls = "diff" if e is None or a is None or e[0] != a[0] else "same"
         cells = "".join(
-            f'<td class="id">{_e(x[0])}</td><td class="text">{_e(_shown(x[1], x[0]))}</td>' if x is not None
+            f'<td class="id">{_e(x[0])}</td><td class="text">{_e(_shown(_text(x[1]), x[0]))}</td>' if x is not None
             else '<td class="id">-</td><td class="text">(none)</td>' for x in (e, a))
         rows.append(f'<tr class="{cls}" data-i="{k}"><td class="idx">{k}</td>{cells}</tr>')
     return (f'<div class="mismatch" data-first="{first}"><h4>Tokenization mismatch: expected (template '
             f're-tokenized) vs actual (trajectory) from token {first}</h4><table><thead><tr><th>#</th>'
             '<th colspan="2">expected</th><th colspan="2">actual</th></tr></thead><tbody>'
             + "".join(rows) + "</tbody></table></div>")
+
+
+def _text(text: Any) -> str | None:
+    return None if text is None else str(text)
 
 
 def _content(content: Any) -> str:
@@ -326,11 +399,12 @@ def _messages_html(messages: Any) -> str:
             parts.append(f'<div class="msg"><pre>{_e(_content(m))}</pre></div>')
             continue
         role = str(m.get("role", "?"))
-        parts.append(f'<div class="msg role-{_e(role)}"><div class="role">{_e(role)}'
+        parts.append(f'<div class="msg role-{_class_token(role)}"><div class="role">{_e(role)}'
                      + (f' <span class="muted">{_e(m["name"])}</span>' if m.get("name") else "") + "</div>")
         if m.get("content") not in (None, ""):
             parts.append(f"<pre>{_e(_content(m.get('content')))}</pre>")
-        for call in m.get("tool_calls") or []:
+        calls = m.get("tool_calls") or []
+        for call in calls if isinstance(calls, list) else [calls]:
             fn = call.get("function", call) if isinstance(call, Mapping) else {}
             args = fn.get("arguments") if isinstance(fn, Mapping) else call
             args = args if isinstance(args, str) else json.dumps(args, default=str)
@@ -353,7 +427,7 @@ def _metrics_html(record: Mapping[str, Any]) -> str:
 def _detail_html(index: int, segments: Sequence[Mapping[str, Any]], summary: Mapping[str, Any], tokenizer: Any) -> str:
     last = segments[-1]
     facts = [("step", summary["step"]), ("group", summary["group"]), ("sample", summary["sample"]),
-             ("reward", f"{summary['reward']:.4g}"), ("failed", summary["failed"]),
+             ("reward", _fmt_reward(summary["reward"], ".4g")), ("failed", summary["failed"]),
              ("data source", last.get("data_source")), ("ground truth", last.get("ground_truth")),
              ("advantage", last.get("advantage")), ("segments", summary["segments"]),
              ("tool calls", summary["tools"]), ("tokens", f"{summary['length']} ({summary['generated']} generated)")]
@@ -367,8 +441,8 @@ def _detail_html(index: int, segments: Sequence[Mapping[str, Any]], summary: Map
         parts.append(f'<pre class="error">{_e(error)}</pre>')
     parts.append("<h3>Messages</h3>" + _messages_html(last.get("messages")))
     for seg in segments:
-        k = int(seg.get("segment_index") or 0)
-        parts.append(f'<div class="segment" data-segment="{k}"><h3>Segment {k}: tokens</h3>'
+        k = seg.get("segment_index") or 0
+        parts.append(f'<div class="segment" data-segment="{as_int(k)}"><h3>Segment {_e(k)}: tokens</h3>'
                      + _mismatch_html(seg, tokenizer) + _tokens_html(seg, tokenizer)
                      + "<details><summary>metrics</summary>" + _metrics_html(seg) + "</details></div>")
     parts.append("</section>")
@@ -379,11 +453,30 @@ _COLUMNS = (("step", "step"), ("group", "group"), ("sample", "sample"), ("reward
             ("length", "tokens"), ("tools", "tool calls"), ("segments", "segments"), ("verdict", "sanity"))
 
 
+def _cell(key: str, value: Any) -> Any:
+    if value is None or value is False:
+        return ""
+    if value is True:
+        return "yes"
+    return _fmt_reward(value, ".3g") if key == "reward" else value
+
+
+def _problems_html(problems: Sequence[str]) -> str:
+    if not problems:
+        return ""
+    shown = "".join(f"<li>{_e(p)}</li>" for p in problems[:_PROBLEMS_SHOWN])
+    more = f"<li>and {len(problems) - _PROBLEMS_SHOWN} more</li>" if len(problems) > _PROBLEMS_SHOWN else ""
+    return (f'<details id="problems" open><summary>\u26a0 {len(problems)} values of this file are not what '
+            "agentloop writes there; they are shown marked \u26a0</summary><ul>" + shown + more + "</ul></details>")
+
+
+_PROBLEMS_SHOWN = 50
+
+
 def _row_html(index: int, s: Mapping[str, Any]) -> str:
     data = " ".join(f'data-{k}="{_e(int(v) if isinstance(v, bool) else ("" if v is None else v))}"'
                     for k, v in s.items())
-    cells = "".join(f'<td class="c-{k}">{_e("" if s[k] is None else (f"{s[k]:.3g}" if k == "reward" else ("yes" if s[k] is True else ("" if s[k] is False else s[k]))))}</td>'
-                    for k, _ in _COLUMNS)
+    cells = "".join(f'<td class="c-{k}">{_e(_cell(k, s[k]))}</td>' for k, _ in _COLUMNS)
     return f'<tr class="traj-row{" failed" if s["failed"] else ""}" data-index="{index}" {data}>{cells}</tr>'
 
 
@@ -391,6 +484,7 @@ def render_html(records: Sequence[Mapping[str, Any]], title: str = "agentloop tr
     """The page: a sortable, filterable list of trajectories and, per trajectory, its messages,
     token stream (coloured by mask, log-prob heat, turn and segment boundaries), reward, metrics,
     sanity-check verdict and, on a mismatch with expected ids, both token streams side by side."""
+    records, problems = check_records(records)
     trajectories = group_trajectories(records)
     summaries = [summarize(segs) for segs in trajectories]
     head = "".join(f'<th data-key="{k}">{_e(label)}</th>' for k, label in _COLUMNS)
@@ -406,7 +500,7 @@ def render_html(records: Sequence[Mapping[str, Any]], title: str = "agentloop tr
 <span class="tok glue">template glue</span><span class="tok prompt">prompt</span>
 <span class="tok gen" style="background:{_heat(0.0)}">p=1</span><span class="tok gen" style="background:{_heat(math.log(0.5))}">p=.5</span>
 <span class="tok gen" style="background:{_heat(-30.0)}">p=0</span></span></header>
-<div id="filters">
+{_problems_html(problems)}<div id="filters">
 <label>group <input id="f-group" type="text" placeholder="e.g. train-3-0"></label>
 <label>failure <select id="f-failed"><option value="">all</option><option value="1">failed</option><option value="0">ok</option></select></label>
 <label>reward &ge; <input id="f-reward-min" type="number" step="any"></label>

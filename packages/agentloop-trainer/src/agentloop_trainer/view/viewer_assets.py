@@ -34,7 +34,10 @@ table{border-collapse:collapse}
 .tok.ctx{background:#fff3e0;border-bottom-color:#ef6c00;color:#6d4c41}
 .tok.glue{background:#eeeeee;color:#9e9e9e}
 .tok.prompt{background:#f3e5f5;color:#4a148c}
+.tok.bad{background:#ffcdd2;color:#b71c1c;font-weight:bold}
 .tok:hover{outline:1px solid #000}
+#problems{padding:4px 12px;background:#ffebee;color:#b71c1c}
+#problems ul{margin:2px 0;max-height:12em;overflow:auto}
 .prompt-part{display:inline}
 .prompt-part summary{display:inline-block;cursor:pointer;font:11px sans-serif;color:#4a148c}
 .turn-sep{display:inline-block;font:10px sans-serif;color:#fff;background:#546e7a;border-radius:3px;
