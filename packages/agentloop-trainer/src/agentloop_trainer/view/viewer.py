@@ -25,10 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.view.viewer_assets import PAGE_CSS, PAGE_JS
-from agentloop_trainer.view.viewer_input import BadValue, as_int, check_records, is_int, is_number
-
-TRAJECTORY_DIR = "trajectories"
-"""Where the trainer writes its per-step samples inside a run folder."""
+from agentloop_trainer.view.viewer_input import (
+    TRAJECTORY_DIR,
+    BadValue,
+    as_int,
+    check_records,
+    is_int,
+    is_number,
+    load_records,
+)
 
 _MISMATCH_ROWS = 40  # tokens shown from the first difference on
 
@@ -121,50 +126,6 @@ def write_step_trajectories(run_dir: str | Path, step: int, batch: Any, rows: Se
         return None
     records = trajectory_records(batch, rows, tokenizer, which, step=step, advantages=advantages)
     return write_jsonl(records, Path(run_dir) / TRAJECTORY_DIR / f"step_{step}.jsonl")
-
-
-def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a trajectories JSONL, or of every ``trajectories/step_<N>.jsonl`` of a run
-    folder (in step order; also a folder holding JSONL files directly).
-
-    Raises:
-        FileNotFoundError: no such path, or a folder without trajectory files.
-    """
-    path = Path(path)
-    if path.is_dir():
-        folder = path / TRAJECTORY_DIR if (path / TRAJECTORY_DIR).is_dir() else path
-        files = sorted(folder.glob("*.jsonl"), key=lambda p: (_step_of(p), p.name))
-        if not files:
-            raise FileNotFoundError(
-                f"{path} holds no trajectories: a run folder has {TRAJECTORY_DIR}/step_<N>.jsonl when "
-                "trainer.log_trajectories_per_step was set; `agentloop rollout CHECKPOINT --out x.jsonl` "
-                "writes a file this command reads")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise FileNotFoundError(f"{path}: no such file or folder")
-    records = []
-    for file in files:
-        for n, line in enumerate(file.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{file}:{n}: not a JSON record ({exc})") from exc
-                except RecursionError:
-                    raise ValueError(f"{file}:{n}: nested too deeply to be a trajectory record") from None
-                if not isinstance(record, dict):
-                    raise ValueError(f"{file}:{n}: a record must be a JSON object, got {type(record).__name__}; "
-                                     "each line of a trajectories JSONL is one object")
-                if "step" not in record and _step_of(file) >= 0:
-                    record["step"] = _step_of(file)
-                records.append(record)
-    return records
-
-
-def _step_of(path: Path) -> int:
-    stem = path.stem
-    return int(stem[5:]) if stem.startswith("step_") and stem[5:].isdigit() else -1
 
 
 # -- grouping and summaries -------------------------------------------------------------------

@@ -13,7 +13,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+TRAJECTORY_DIR = "trajectories"
+"""Where the trainer writes its per-step samples inside a run folder."""
 
 MAX_TOKEN_ID = 2**32 - 1
 """Largest id taken for a token (tokenizers index their vocabulary with 32-bit ids)."""
@@ -160,3 +164,47 @@ def check_records(records: Sequence[Any]) -> tuple[list[dict[str, Any]], list[st
         out.append(record)
         problems += check.problems
     return out, problems
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a trajectories JSONL, or of every ``trajectories/step_<N>.jsonl`` of a run
+    folder (in step order; also a folder holding JSONL files directly).
+
+    Raises:
+        FileNotFoundError: no such path, or a folder without trajectory files.
+    """
+    path = Path(path)
+    if path.is_dir():
+        folder = path / TRAJECTORY_DIR if (path / TRAJECTORY_DIR).is_dir() else path
+        files = sorted(folder.glob("*.jsonl"), key=lambda p: (_step_of(p), p.name))
+        if not files:
+            raise FileNotFoundError(
+                f"{path} holds no trajectories: a run folder has {TRAJECTORY_DIR}/step_<N>.jsonl when "
+                "trainer.log_trajectories_per_step was set; `agentloop rollout CHECKPOINT --out x.jsonl` "
+                "writes a file this command reads")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"{path}: no such file or folder")
+    records = []
+    for file in files:
+        for n, line in enumerate(file.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{file}:{n}: not a JSON record ({exc})") from exc
+                except RecursionError:
+                    raise ValueError(f"{file}:{n}: nested too deeply to be a trajectory record") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{file}:{n}: a record must be a JSON object, got {type(record).__name__}; "
+                                     "each line of a trajectories JSONL is one object")
+                if "step" not in record and _step_of(file) >= 0:
+                    record["step"] = _step_of(file)
+                records.append(record)
+    return records
+
+
+def _step_of(path: Path) -> int:
+    stem = path.stem
+    return int(stem[5:]) if stem.startswith("step_") and stem[5:].isdigit() else -1
