@@ -242,8 +242,9 @@ def json_size(value: Any, max_depth: int | None = None, depth: int = 0) -> int:
         elif item is None:
             total += 4
         elif isinstance(item, int):
-            # From the bit length: str() of a huge int is slow (and refused past 4,300 digits).
-            total += 1 + (item < 0) + item.bit_length() * 30103 // 100000
+            bits = item.bit_length()
+            # Past ~3,000 digits from the bit length: str() of a huge int is slow (and refused past 4,300).
+            total += len(str(item)) if bits <= 10_000 else 1 + (item < 0) + bits * 30103 // 100000
         elif isinstance(item, float):
             total += len(repr(item))
         elif isinstance(item, (Mapping, list, tuple)):
