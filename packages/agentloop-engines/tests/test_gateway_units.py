@@ -230,3 +230,47 @@ async def test_a_base_model_without_chat_template_serves_completions_only(tokeni
     assert (await gateway.completion({"prompt": "Ann has"})).body["choices"][0]["token_ids"] == [5, 6]
     with pytest.raises(ValueError, match="serves /v1/completions only"):
         await gateway.chat_completion({"messages": USER})
+
+
+# ---- what the prompt limits count ---------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126, exclude_characters='"\\'),
+                              max_size=6),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                        st.text(alphabet="abc", max_size=3), inner, max_size=4),
+                    max_leaves=12))
+def test_json_size_is_the_compact_json_size_without_quotes(value):
+    """``json_size`` counts what ``json.dumps`` writes (compact), less the string quotes: so
+    numbers, booleans, nulls and brackets count like text."""
+    import json
+
+    from agentloop_engines.gateway.prompt_limits import json_size
+
+    text = json.dumps(value, separators=(",", ":"))
+    strings = len(re.findall(r'"(?:[^"\\]|\\.)*"', text))
+    assert json_size(value) == len(text) - 2 * strings
+
+
+def test_prompt_limits_bound_each_list_and_the_nesting_depth():
+    from agentloop_engines.gateway import PromptLimits
+    from agentloop_engines.gateway.prompt_limits import PromptLimitError
+
+    limits = PromptLimits(max_tools=2, max_tool_calls=2, max_stop_strings=2, max_json_depth=8)
+    tool = {"type": "function", "function": {"name": "f"}}
+    calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}] * 3
+    for body, name in [({"messages": USER, "tools": [tool] * 3}, "max_tools"),
+                       ({"messages": [*USER, {"role": "assistant", "tool_calls": calls}]}, "max_tool_calls"),
+                       ({"messages": USER, "stop": ["a", "b", "c"]}, "max_stop_strings"),
+                       ({"messages": [{"role": "user", "content": "hi", "x": [[[[[[1]]]]]]}]}, "max_json_depth")]:
+        with pytest.raises(PromptLimitError, match=name):
+            parse_chat_request(body, limits)
+    deep = '{"a": [[[[[[1]]]]]]}'  # decoded from the string OpenAI sends: its depth counts too
+    with pytest.raises(PromptLimitError, match="max_json_depth"):
+        parse_chat_request({"messages": [*USER, {"role": "assistant", "tool_calls": [
+            {"type": "function", "function": {"name": "f", "arguments": deep}}]}]}, limits)
+    with pytest.raises(PromptLimitError, match="max_stop_strings"):
+        parse_completion_request({"prompt": "hi", "stop": ["a", "b", "c"]}, limits)
+    parse_chat_request({"messages": USER, "tools": [tool] * 2, "stop": ["a", "b"]}, limits)

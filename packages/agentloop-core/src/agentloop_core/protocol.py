@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import numbers
+import reprlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -68,6 +69,24 @@ class ServerCapabilities:
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
+MAX_STOP_TOKEN_IDS = 1024
+"""Most ``stop_token_ids`` of one request: the ids that end a turn are a handful; a longer list
+is a mistake (or a way to make every engine step scan it), refused before it is looked at."""
+
+_BRIEF = reprlib.Repr()  # keyword arguments only from Python 3.12
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother = 3, 80, 80
+_BRIEF.maxdict = _BRIEF.maxlist = _BRIEF.maxtuple = _BRIEF.maxset = 4
+
+
+def brief_repr(value: Any) -> str:
+    """``repr(value)`` shortened (long strings and lists elided), for an error message that
+    quotes a value a client sent: a 3 MiB value is not echoed back."""
+    return _BRIEF.repr(value)
+
+
+def _got(value: Any) -> str:
+    return f"got {brief_repr(value)} ({type(value).__name__})"
+
 
 def _is_int(value: Any) -> bool:
     # bool is an int subclass but True is never a token count, k or seed; numpy ints are fine.
@@ -76,10 +95,34 @@ def _is_int(value: Any) -> bool:
 
 def _finite_float(key: str, value: Any, valid: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{key} must be {valid}, got {value!r} (not a number)")
+        raise ValueError(f"{key} must be {valid}, {_got(value)}: not a number")
     if not math.isfinite(value):
         raise ValueError(f"{key} must be {valid}, got {value!r} (not finite)")
     return float(value)
+
+
+def _boolean(key: str, value: Any) -> None:
+    # "false" and "yes" are truthy strings, 0 and 1 are numbers: only a real boolean says which.
+    if not isinstance(value, bool):
+        raise ValueError(f"{key} must be true or false (a boolean), {_got(value)}")
+
+
+def _token_ids(key: str, value: Any) -> tuple[int, ...]:
+    """``value`` as a tuple of integer token ids, or ValueError naming ``key`` (and the entry)."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        # tuple("123") would be (1, 2, 3): a string is never a list of ids.
+        raise ValueError(f"{key} must be a list of integer token ids, {_got(value)}")
+    # The length first: a million-entry list is refused before any entry is looked at.
+    ids = value if isinstance(value, (list, tuple)) else tuple(value)
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise ValueError(f"{key} has {len(ids)} ids; at most {MAX_STOP_TOKEN_IDS} (MAX_STOP_TOKEN_IDS) are "
+                         "accepted: send the ids that end a turn, not a vocabulary")
+    for i, tid in enumerate(ids):
+        if not _is_int(tid):
+            raise ValueError(f"{key}[{i}] must be an integer token id, {_got(tid)}")
+    return tuple(int(tid) for tid in ids)
 
 
 @dataclass(frozen=True)
@@ -97,7 +140,8 @@ class SamplingParams:
     """Keep the k most likely tokens; -1 or 0 disables."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end generation (the model's EOS always does); the stop token is
-    included in the output."""
+    included in the output. Any list of integers is taken (stored as a tuple), at most
+    :data:`MAX_STOP_TOKEN_IDS`."""
     logprobs: bool = True
     """Return the log-prob of each sampled token."""
     seed: int | None = None
@@ -107,38 +151,43 @@ class SamplingParams:
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any] | SamplingParams | None) -> SamplingParams:
-        """Validate a mapping of sampling parameters.
+        """Validate a mapping of sampling parameters: the one check of every entry point (the
+        engines, the HTTP servers' ``/generate`` and ``/v1``, the rollout config).
 
         Raises:
-            ValueError: on an unknown key (naming the closest valid one) or a value out of range.
+            ValueError: on an unknown key (naming the closest valid one), or a value of the wrong
+                type (naming the key and the type expected: ``"false"`` is not a boolean, ``"123"``
+                not a list of token ids, ``true`` not a number) or out of range.
         """
         if params is None:
             return cls()
         if isinstance(params, SamplingParams):
             return params
+        if not isinstance(params, Mapping):
+            raise ValueError(f"sampling parameters must be a mapping of names to values, {_got(params)}")
         valid = [f.name for f in fields(cls)]
-        kwargs: dict[str, Any] = {}
-        for key, value in dict(params).items():
+        for key in params:
             if key not in valid:
-                close = difflib.get_close_matches(key, valid, n=1)
+                close = difflib.get_close_matches(str(key), valid, n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ValueError(
-                    f"unknown sampling parameter {key!r}{hint} Valid keys: {', '.join(valid)}"
+                    f"unknown sampling parameter {brief_repr(key)}{hint} Valid keys: {', '.join(valid)}"
                 )
-            if key == "stop_token_ids":
-                value = tuple(int(v) for v in (value or ()))
-            kwargs[key] = value
-        return cls(**kwargs)  # __post_init__ checks the values
+        return cls(**params)  # __post_init__ checks the values
 
     def __post_init__(self) -> None:
         # Validate on construction too: a typed SamplingParams skips from_mapping, and a NaN
         # temperature that reaches an engine poisons a whole batch's softmax instead of failing.
+        object.__setattr__(self, "stop_token_ids", _token_ids("stop_token_ids", self.stop_token_ids))
         self.check()
 
     def check(self) -> None:
-        """Raise ValueError naming the key and its valid range on a bad value."""
+        """Raise ValueError naming the key and its valid range or type on a bad value."""
+        _token_ids("stop_token_ids", self.stop_token_ids)
+        _boolean("logprobs", self.logprobs)
+        _boolean("ignore_eos", self.ignore_eos)
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be a positive integer (>= 1), got {self.max_tokens!r}")
+            raise ValueError(f"max_tokens must be a positive integer (>= 1), {_got(self.max_tokens)}")
         temperature = _finite_float("temperature", self.temperature, "in [0, inf), finite (0 is greedy)")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 and finite (0 is greedy), got {self.temperature!r}")
@@ -146,13 +195,14 @@ class SamplingParams:
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be an integer >= -1 (-1 or 0 disables), got {self.top_k!r}")
+            raise ValueError(f"top_k must be an integer >= -1 (-1 or 0 disables), {_got(self.top_k)}")
         if self.seed is not None and (not _is_int(self.seed) or not _INT64_MIN <= self.seed <= _INT64_MAX):
-            raise ValueError(f"seed must be None or an integer in the int64 range [-2**63, 2**63 - 1], got {self.seed!r}")
+            raise ValueError(f"seed must be None or an integer in the int64 range [-2**63, 2**63 - 1], "
+                             f"{_got(self.seed)}")
 
     def replace(self, **changes: Any) -> SamplingParams:
         """A copy with ``changes``, checked like :meth:`from_mapping` (a typo is an error)."""
-        if "stop_token_ids" in changes or not changes.keys() <= _SAMPLING_FIELDS:
+        if not changes.keys() <= _SAMPLING_FIELDS:
             data = {f.name: getattr(self, f.name) for f in fields(self)}
             data.update(changes)
             return SamplingParams.from_mapping(data)

@@ -101,7 +101,7 @@ def create_app(server: Any, *, api_key: str | None = None,
     """
     fastapi, _ = require_server_extra()
     from fastapi import Request  # importable now; a class, so it can annotate the handler
-    from pydantic import BaseModel, ConfigDict, Field
+    from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
     if max_weights_bytes <= 0:
         raise ValueError(f"max_weights_bytes must be positive, got {max_weights_bytes}")
@@ -113,7 +113,7 @@ def create_app(server: Any, *, api_key: str | None = None,
     class GenerateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
         request_id: str = Field(min_length=1)
-        prompt_ids: list[int]
+        prompt_ids: list[StrictInt]  # "5", true and 5.0 are not token ids (lax int would take them)
         sampling_params: dict[str, Any] = Field(default_factory=dict)
 
     class AbortRequest(BaseModel):

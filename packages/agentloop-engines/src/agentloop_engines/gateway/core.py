@@ -11,9 +11,11 @@ A session chat call that only appends messages to the previous one continues its
 (:mod:`~agentloop_engines.gateway.continuation`, planned by
 :mod:`~agentloop_engines.gateway.chat_planner`).
 
-Rendering and tokenizing run on the gateway's own one-thread pool, never on the event loop,
-so a big prompt delays other renders but never the loop that answers ``/health`` and streams
-other responses; :class:`~agentloop_engines.gateway.prompt_limits.PromptLimits` bounds how big.
+Checking a request body, rendering, tokenizing (stop strings included), the stop search and
+decoding run on the gateway's own one-thread pool, never on the event loop, so a big request
+delays other renders but never the loop that answers ``/health`` and streams other responses;
+:class:`~agentloop_engines.gateway.prompt_limits.PromptLimits` bounds how big (its list lengths
+are checked on the loop first, which costs nothing, so an oversized list is refused at once).
 
 No HTTP here: :mod:`~agentloop_engines.gateway.app` serves these methods.
 """
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.parsers import ToolParser, get_tool_parser
-from agentloop_core.protocol import TokenOutput
+from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.tokenization import renders_tools
 from agentloop_core.tokenization.template_errors import raised_by_template
 from agentloop_engines.gateway.chat_planner import ChatPlanner
@@ -50,7 +52,7 @@ from agentloop_engines.gateway.recorder import (
     SessionRecorder,
     check_session_id,
 )
-from agentloop_engines.gateway.stop import find_stop, single_token_stop_ids
+from agentloop_engines.gateway.stop import StopMatch, find_stop, single_token_stop_ids
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +149,7 @@ class Gateway:
                            or getattr(self.tokenizer, "name_or_path", None) or "agentloop")
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.default_max_tokens = default_max_tokens
+        SamplingParams.from_mapping(sampling_overrides)  # a wrong type or range fails here, naming the key
         self.sampling_overrides = dict(sampling_overrides or {})
         self.recorder = recorder if recorder is not None else SessionRecorder()
         self.server_loop = server_loop
@@ -185,7 +188,13 @@ class Gateway:
 
     def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
                      response_length: int | None = None) -> None:
-        """Start recording ``session_id`` (see :meth:`SessionRecorder.open`)."""
+        """Start recording ``session_id`` (see :meth:`SessionRecorder.open`).
+
+        Raises:
+            ValueError: ``sampling_overrides`` with an unknown key or a value of the wrong type or
+                range (see :class:`~agentloop_core.protocol.SamplingParams`), naming the key.
+        """
+        SamplingParams.from_mapping(sampling_overrides)
         self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_length=response_length)
 
     def close_session(self, session_id: str) -> list[RecordedCall]:
@@ -259,7 +268,8 @@ class Gateway:
             PromptLimitError: over one of :attr:`prompt_limits`' sizes.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
         """
-        req = parse_chat_request(body, self.prompt_limits)
+        self.prompt_limits.check_lists(body)
+        req = await self._off_loop(parse_chat_request, body, self.prompt_limits)
         if req.tools is not None and self.parser is None:
             raise ValueError("this gateway has no tool parser, so tool calls could not be returned; start it "
                              "with Gateway(..., tool_parser='hermes') (or the model's format)")
@@ -277,17 +287,19 @@ class Gateway:
         finish = _FINISH[gen.stop_reason]
         choice: dict[str, Any] = {"index": 0, "message": message}
         if req.parse_tool_calls and self.parser is not None:
-            calls, errors, content = self._tool_calls(gen, req)
+            calls, errors, content = await self._off_loop(self._tool_calls, gen, req)
             if calls:
                 message["content"] = content or None
                 message["tool_calls"] = calls
                 finish = "tool_calls"
             if errors:
                 choice["tool_call_errors"] = errors
-        choice["logprobs"] = ({"content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(self._token_texts(gen.token_ids), gen.log_probs, strict=True)]}
-            if req.logprobs and gen.log_probs is not None else None)
+        choice["logprobs"] = None
+        if req.logprobs and gen.log_probs is not None:
+            texts = await self._off_loop(self._token_texts, gen.token_ids)
+            choice["logprobs"] = {"content": [
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip(texts, gen.log_probs, strict=True)]}
         choice["finish_reason"] = finish
         choice["token_ids"] = gen.token_ids
         choice["token_logprobs"] = gen.log_probs
@@ -309,9 +321,9 @@ class Gateway:
             PromptLimitError: over ``max_prompt_chars`` or ``max_prompt_tokens``.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
         """
-        req = parse_completion_request(body)
+        self.prompt_limits.check_lists(body)
+        req = await self._off_loop(parse_completion_request, body, self.prompt_limits)
         if isinstance(req.prompt, str):
-            self.prompt_limits.check_chars(len(req.prompt))
             prompt_ids = list(await self._off_loop(self.tokenizer.encode, req.prompt,
                                                    add_special_tokens=req.add_special_tokens))
         else:
@@ -320,7 +332,7 @@ class Gateway:
         gen = await self._generate("cmpl", prompt_ids, req, session_id)
         logprobs = None
         if req.logprobs is not None and gen.log_probs is not None:
-            tokens = self._token_texts(gen.token_ids)
+            tokens = await self._off_loop(self._token_texts, gen.token_ids)
             offsets, pos = [], 0
             for t in tokens:
                 offsets.append(pos)
@@ -373,7 +385,7 @@ class Gateway:
                         f"session {session_id!r}: this call's segment already holds its whole response budget "
                         "(the trainer's response_length); the trajectory ends here")
                 params["max_tokens"] = min(int(params.get("max_tokens") or left), left)
-        stop_ids = single_token_stop_ids(self.tokenizer, req.stop)
+        stop_ids = await self._off_loop(single_token_stop_ids, self.tokenizer, req.stop) if req.stop else []
         if stop_ids:
             params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or ()), *stop_ids]))
         request_id = session_id or f"{prefix}-{uuid.uuid4().hex}"
@@ -381,17 +393,14 @@ class Gateway:
         ids = list(out.token_ids)
         log_probs = None if out.log_probs is None else list(out.log_probs)
         stop_reason = out.stop_reason
-        match = find_stop(ids, self._text, req.stop) if req.stop else None
+        match, text = await self._off_loop(self._cut_at_stop, ids, req.stop)
         dropped = 0
         if match is not None:
             dropped = len(ids) - match.keep
             ids = ids[: match.keep]
             log_probs = None if log_probs is None else log_probs[: match.keep]
-            text = match.text
             if stop_reason != "aborted":
                 stop_reason = "stop"
-        else:
-            text = self._text(ids)
         return _Generation(prompt_ids=list(prompt_ids), token_ids=ids, log_probs=log_probs, stop_reason=stop_reason,
                            text=text, stop=None if match is None else match.stop, dropped=dropped,
                            extra=dict(out.extra))
@@ -402,6 +411,12 @@ class Gateway:
             return await self.server.generate(request_id, prompt_ids, params)
         future = asyncio.run_coroutine_threadsafe(self.server.generate(request_id, prompt_ids, params), loop)
         return await asyncio.wrap_future(future)
+
+    def _cut_at_stop(self, ids: Sequence[int], stops: Sequence[str]) -> tuple[StopMatch | None, str]:
+        """The first stop string's match in the generated ids (None without one) and the text
+        to return: the stop search decodes prefixes, so it runs on the render thread."""
+        match = find_stop(ids, self._text, stops) if stops else None
+        return match, (match.text if match is not None else self._text(ids))
 
     def _text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -16,16 +16,22 @@ change what is generated:
   from (and so the log-probs a trainer relies on) or ask for something the engine cannot do,
   so it is a 400 naming the key.
 
-Any other key is a 400 naming it.
+Any other key is a 400 naming it. Values have their JSON type or are a 400 naming the key and
+the type expected: the sampling keys are checked by core's
+:class:`~agentloop_core.protocol.SamplingParams`, the one validator of every entry point
+(``"false"`` is not a boolean, ``"123"`` not a list of token ids, ``true`` not a number).
+Error messages quote a hostile value shortened, never whole.
 """
 
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_core.protocol import SamplingParams, brief_repr
 from agentloop_engines.gateway.prompt_limits import PromptLimits
 from agentloop_engines.gateway.stop import normalize_stop
 
@@ -39,20 +45,31 @@ _COMMON = _SAMPLING | _IGNORED | {"model", "stream", "stream_options", "stop"}
 
 _WHY_SAMPLING = ("the gateway samples from the engine's own distribution, so the recorded log-probs are "
                  "the ones a trainer recomputes")
+_brief = brief_repr
+
+
+def _number(value: Any, neutral: float) -> bool:
+    # true == 1 in Python, but n=true is a client's mistake, not a neutral value.
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and value == neutral
+
+
 # key -> (is the value neutral, the neutral value as text, why anything else is refused)
 _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str, str]] = {
-    "n": (lambda v: v == 1, "1", "send n separate requests (one generation each is recorded)"),
-    "presence_penalty": (lambda v: v == 0, "0", _WHY_SAMPLING),
-    "frequency_penalty": (lambda v: v == 0, "0", _WHY_SAMPLING),
-    "repetition_penalty": (lambda v: v == 1, "1", _WHY_SAMPLING),
-    "logit_bias": (lambda v: not v, "{}", _WHY_SAMPLING),
+    "n": (lambda v: _number(v, 1), "1", "send n separate requests (one generation each is recorded)"),
+    "presence_penalty": (lambda v: _number(v, 0), "0", _WHY_SAMPLING),
+    "frequency_penalty": (lambda v: _number(v, 0), "0", _WHY_SAMPLING),
+    "repetition_penalty": (lambda v: _number(v, 1), "1", _WHY_SAMPLING),
+    "logit_bias": (lambda v: isinstance(v, Mapping) and not v, "{}", _WHY_SAMPLING),
     "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}',
                         "structured output needs constrained decoding, which the gateway does not do"),
     "modalities": (lambda v: v == ["text"], '["text"]', "the gateway serves text only"),
-    "best_of": (lambda v: v == 1, "1", "send separate requests"),
+    "best_of": (lambda v: _number(v, 1), "1", "send separate requests"),
     "echo": (lambda v: v is False, "false", "the prompt is returned as prompt_token_ids instead"),
     "suffix": (lambda v: v == "", '""', "the gateway does not fill in the middle"),
 }
+_TAGGED_DEPTH = 6
+"""How deep a tool call's decoded ``arguments`` sit in what :meth:`PromptLimits.check_chat_body`
+measures (the rendered tuple, messages, a message, its tool_calls, a call, its function)."""
 _CHAT_ONLY = {"messages", "tools", "tool_choice", "logprobs", "chat_template_kwargs",
               "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
               "response_format", "modalities"}
@@ -107,13 +124,18 @@ class CompletionRequest(_Common):
 def _check_keys(body: Any, allowed: frozenset[str], endpoint: str) -> None:
     if not isinstance(body, Mapping):
         raise ValueError(f"{endpoint} expects a JSON object, got {type(body).__name__}")
-    unknown = sorted(k for k in body if k not in allowed)
+    unknown = [str(k) for k in body if k not in allowed]
     if unknown:
-        raise ValueError(f"unsupported request key(s) {unknown} for {endpoint}; supported: {sorted(allowed)}")
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise ValueError(f"unsupported request key(s) {[k[:80] for k in unknown[:10]]}{more} for "
+                         f"{endpoint}; supported: {sorted(allowed)}")
     for key, (neutral, value, why) in _NEUTRAL.items():
         if key in allowed and body.get(key) is not None and not neutral(body[key]):
-            raise ValueError(f"{key}={body[key]!r} is not supported by the agentloop gateway ({why}); "
+            raise ValueError(f"{key}={_brief(body[key])} is not supported by the agentloop gateway ({why}); "
                              f"leave it out or send {key}={value}")
+    top = body.get("top_logprobs")  # ignored, but still a number: a string here is a client's bug
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 0):
+        raise ValueError(f"'top_logprobs' must be a non-negative integer, got {_brief(top)}")
 
 
 def _common(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -121,15 +143,21 @@ def _common(body: Mapping[str, Any]) -> dict[str, Any]:
     if "max_completion_tokens" in sampling:
         # The newer name wins, as in OpenAI's API where max_tokens is deprecated.
         sampling["max_tokens"] = sampling.pop("max_completion_tokens")
+    SamplingParams.from_mapping(sampling)  # a bad type or range is a 400 naming the key, before any render
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise ValueError(f"'stream' must be true or false, got {stream!r}")
+        raise ValueError(f"'stream' must be true or false, got {_brief(stream)}")
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
-        raise ValueError(f"'stream_options' must be an object, got {options!r}")
+        raise ValueError(f"'stream_options' must be an object, got {_brief(options)}")
+    include_usage = options.get("include_usage")
+    if include_usage is not None and not isinstance(include_usage, bool):
+        raise ValueError(f"'stream_options.include_usage' must be true or false, got {_brief(include_usage)}")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"'model' must be a string, got {_brief(model)}")
     return {"sampling": sampling, "stop": normalize_stop(body.get("stop")), "stream": bool(stream),
-            "include_usage": bool(options.get("include_usage")), "model": None if model is None else str(model)}
+            "include_usage": bool(include_usage), "model": model}
 
 
 def parse_chat_request(body: Any, limits: PromptLimits | None = None) -> ChatRequest:
@@ -144,7 +172,8 @@ def parse_chat_request(body: Any, limits: PromptLimits | None = None) -> ChatReq
         ValueError: naming the unsupported key or the malformed message.
         PromptLimitError: over one of ``limits``' sizes.
     """
-    (limits or PromptLimits()).check_chat_body(body)
+    limits = limits or PromptLimits()
+    limits.check_chat_body(body)
     _check_keys(body, CHAT_KEYS, "/v1/chat/completions")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -164,10 +193,10 @@ def parse_chat_request(body: Any, limits: PromptLimits | None = None) -> ChatReq
     kwargs = body.get("chat_template_kwargs") or {}  # checked by limits.check_chat_body
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
-        raise ValueError(f"'logprobs' must be true or false for chat completions, got {logprobs!r}")
+        raise ValueError(f"'logprobs' must be true or false for chat completions, got {_brief(logprobs)}")
     return ChatRequest(
         **_common(body),
-        messages=[_template_message(m, i) for i, m in enumerate(messages)],
+        messages=[_template_message(m, i, limits) for i, m in enumerate(messages)],
         tools=tools,
         parse_tool_calls=tools is not None and tool_choice != "none",
         logprobs=bool(logprobs),
@@ -175,12 +204,18 @@ def parse_chat_request(body: Any, limits: PromptLimits | None = None) -> ChatReq
     )
 
 
-def parse_completion_request(body: Any) -> CompletionRequest:
+def parse_completion_request(body: Any, limits: PromptLimits | None = None) -> CompletionRequest:
     """Check a completions body: ``prompt`` is text, token ids, or a one-element list of either.
+
+    Args:
+        body: The decoded JSON body.
+        limits: The size limits (stop strings, prompt characters and tokens); None: the defaults.
 
     Raises:
         ValueError: naming the unsupported key or the malformed prompt.
+        PromptLimitError: over one of ``limits``' sizes.
     """
+    (limits or PromptLimits()).check_completion_body(body)
     _check_keys(body, COMPLETION_KEYS, "/v1/completions")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -190,13 +225,13 @@ def parse_completion_request(body: Any) -> CompletionRequest:
             raise ValueError("'prompt' must be text, a non-empty list of token ids, or a list holding one of "
                              "them; batches of prompts are not supported: send one request per prompt")
     elif not isinstance(prompt, str) or not prompt:
-        raise ValueError(f"'prompt' must be non-empty text or a list of token ids, got {prompt!r}")
+        raise ValueError(f"'prompt' must be non-empty text or a list of token ids, got {_brief(prompt)}")
     logprobs = body.get("logprobs")
     if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0):
-        raise ValueError(f"'logprobs' must be a non-negative integer for completions, got {logprobs!r}")
+        raise ValueError(f"'logprobs' must be a non-negative integer for completions, got {_brief(logprobs)}")
     add_special = body.get("add_special_tokens", True)
     if not isinstance(add_special, bool):
-        raise ValueError(f"'add_special_tokens' must be true or false, got {add_special!r}")
+        raise ValueError(f"'add_special_tokens' must be true or false, got {_brief(add_special)}")
     return CompletionRequest(**_common(body), prompt=prompt, logprobs=logprobs, add_special_tokens=add_special)
 
 
@@ -216,7 +251,7 @@ def _text(content: Any, where: str) -> str:
     raise ValueError(f"{where}.content must be text, null or a list of text parts, got {type(content).__name__}")
 
 
-def _template_message(message: Any, index: int) -> dict[str, Any]:
+def _template_message(message: Any, index: int, limits: PromptLimits) -> dict[str, Any]:
     where = f"messages[{index}]"
     if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
         raise ValueError(f"{where} must be an object with a 'role'")
@@ -229,11 +264,12 @@ def _template_message(message: Any, index: int) -> dict[str, Any]:
     if calls:
         if not isinstance(calls, list):
             raise ValueError(f"{where}.tool_calls must be a list")
-        out["tool_calls"] = [_template_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
+        out["tool_calls"] = [_template_call(call, f"{where}.tool_calls[{j}]", limits)
+                             for j, call in enumerate(calls)]
     return out
 
 
-def _template_call(call: Any, where: str) -> dict[str, Any]:
+def _template_call(call: Any, where: str, limits: PromptLimits) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise ValueError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}")
@@ -243,9 +279,12 @@ def _template_call(call: Any, where: str) -> dict[str, Any]:
         # `arguments|items`, Llama's tojson of a dict) need the object. Invalid JSON stays text.
         try:
             decoded = json.loads(arguments) if arguments.strip() else {}
+        except RecursionError:  # the C decoder's way of saying "nested too deep"
+            raise limits.depth_error() from None
         except ValueError:
             decoded = None
         if isinstance(decoded, dict):
+            limits.json_size(decoded, _TAGGED_DEPTH)  # its size is the string's, counted; its depth is new
             arguments = decoded
     out = {k: v for k, v in call.items() if v is not None}
     out["function"] = {**{k: v for k, v in function.items() if v is not None}, "arguments": arguments}

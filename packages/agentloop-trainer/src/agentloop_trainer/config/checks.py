@@ -107,8 +107,33 @@ def validate(cfg: TrainConfig) -> None:
     for key, ok, expected in checks:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
+    _validate_sampling(cfg)
     _validate_mode(cfg)
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
+
+
+def _validate_sampling(cfg: TrainConfig) -> None:
+    """The sampling keys checked by core's ``SamplingParams`` (the one validator every entry
+    point uses) at load, not when the rollout starts: NaN or inf, out of range, wrong type."""
+    from agentloop_core.protocol import SamplingParams
+
+    r = cfg.actor_rollout_ref.rollout
+    prefix = "actor_rollout_ref.rollout."
+    keys = {  # config key -> (SamplingParams field, value)
+        prefix + "temperature": ("temperature", r.temperature), prefix + "top_k": ("top_k", r.top_k),
+        prefix + "top_p": ("top_p", r.top_p),
+        prefix + "multi_turn.max_tokens_per_turn": ("max_tokens", r.multi_turn.max_tokens_per_turn),
+        prefix + "val_kwargs.temperature": ("temperature", r.val_kwargs.temperature),
+        prefix + "val_kwargs.top_k": ("top_k", r.val_kwargs.top_k),
+        prefix + "val_kwargs.top_p": ("top_p", r.val_kwargs.top_p),
+    }
+    for key, (name, value) in keys.items():
+        try:
+            SamplingParams.from_mapping({name: value})
+        except ValueError as exc:
+            raise ConfigError(f"config {key}: {exc}") from exc
+    if not isinstance(r.val_kwargs.do_sample, bool):
+        raise ConfigError(f"config {prefix}val_kwargs.do_sample must be true or false, got {r.val_kwargs.do_sample!r}")
 
 
 def _validate_mode(cfg: TrainConfig) -> None:
