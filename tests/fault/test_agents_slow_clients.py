@@ -169,3 +169,34 @@ def test_a_client_that_disconnects_mid_generation_stops_it(engine, path, body):
                        timeout=30)
         assert r.status_code == 200
         assert len(r.json()["token_ids"]) == 4
+
+
+async def test_a_disconnect_on_the_http_agent_gateway_stops_the_generation_on_the_rollout_loop():
+    """The gateway ``http_agent`` runs serves on its own thread and hands generation to the
+    engine on the rollout's event loop: the cancellation crosses the two loops."""
+    import asyncio
+
+    from agentloop_engines.gateway import GatewayThread
+
+    engine = HFServer(build_tiny_model(), max_model_len=2048)
+    gateway = Gateway(engine, engine.tokenizer, server_loop=asyncio.get_running_loop())
+    try:
+        with GatewayThread(gateway) as thread:
+            gateway.open_session("s1")
+            sock = raw_request(thread.port, "/sessions/s1/v1/chat/completions",
+                               {**CHAT, "max_tokens": LONG, "ignore_eos": True})
+            for _ in range(600):
+                if engine.stats["generated_tokens"] > 20:
+                    break
+                await asyncio.sleep(0.05)
+            sock.close()
+            for _ in range(200):
+                if not engine._by_id:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert engine.stats["generated_tokens"] < LONG, "the engine decoded every token for a client that had gone"
+            assert not engine._by_id
+            assert gateway.recorder.get("s1") == [], "a cancelled call was recorded"
+    finally:
+        await engine.close()
