@@ -17,8 +17,9 @@ is accepted) and ``row`` is the dataset row. It may return:
 * a number: the trajectory's reward;
 * a mapping with ``reward`` (optional) and ``metrics`` (numbers, added to the output's metrics).
 
-A synchronous agent runs in a worker thread, so a blocking client never stalls the rollout's
-event loop. The gateway's sampling parameters are the trainer's (temperature, top-p, seed...):
+A synchronous agent runs on a thread of a pool of its own (``max_sync_agent_threads``, see
+:mod:`agentloop_engines.sync_agents`), so a blocking client never stalls the rollout's event
+loop, and never holds a thread the engine needs: samples past the pool's size wait for a thread. The gateway's sampling parameters are the trainer's (temperature, top-p, seed...):
 what the agent asks for is overridden. ``response_length`` is the budget of each segment: every
 call's ``max_tokens`` is capped to what is left of it, and a call with nothing left is refused
 (HTTP 400). An agent that then stops with an error ends the trajectory as a length limit ends
@@ -28,9 +29,11 @@ any loop's: its calls are trained on, and ``metrics["response_budget_spent"]`` i
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -44,6 +47,12 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_core.segments import SegmentBuilder
+from agentloop_engines.sync_agents import (
+    DEFAULT_SYNC_AGENT_THREADS,
+    SyncAgentPoolFullError,
+    check_threads,
+    sync_agent_pool,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +77,10 @@ class HTTPAgentConfig:
     """Bearer token the gateway demands (None: none; it binds to 127.0.0.1 only)."""
     response_length: int | None = None
     """Cap on ``max_tokens`` of every call."""
+    max_sync_agent_threads: int = DEFAULT_SYNC_AGENT_THREADS
+    """Threads that run a synchronous agent, one per running sample (async agents need none);
+    more samples than this wait for a thread. Agents that ran past ``timeout_s`` keep theirs
+    until they return; with every thread held so, samples fail naming this key."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> HTTPAgentConfig:
@@ -93,7 +106,8 @@ class HTTPAgentConfig:
         if max_calls < 1:
             raise ValueError(f"http_agent: max_calls must be >= 1, got {max_calls}")
         timeout = config.get("timeout_s", 600.0)
-        return cls(agent=agent, tool_parser=config.get("tool_parser", "hermes"),
+        threads = check_threads(config.get("max_sync_agent_threads", DEFAULT_SYNC_AGENT_THREADS))
+        return cls(agent=agent, max_sync_agent_threads=threads, tool_parser=config.get("tool_parser", "hermes"),
                    chat_template=config.get("chat_template"),
                    chat_template_kwargs=config.get("chat_template_kwargs"),
                    timeout_s=None if timeout is None else float(timeout), max_calls=max_calls,
@@ -161,7 +175,7 @@ class HTTPAgentLoop(AgentLoopBase):
         """
         cfg = self.settings
         thread = _gateway_for(self.server, self.processor or self.tokenizer, cfg, asyncio.get_running_loop())
-        session_id = f"{row.get('index', 'row')}-{uuid.uuid4().hex[:12]}".replace(" ", "_")[:200]
+        session_id = session_id_for(row.get("index"))
         thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
                                                                                         cfg.response_length),
                                     response_length=cfg.response_length)
@@ -169,7 +183,7 @@ class HTTPAgentLoop(AgentLoopBase):
         budget_spent = False
         try:
             with self.tracer.span("http_agent", request_id=session_id):
-                result = await asyncio.wait_for(self._call_agent(thread.session_url(session_id), row), cfg.timeout_s)
+                result = await self._call_agent(thread.session_url(session_id), row)
         except Exception:
             # The gateway refused a call because the segment's response budget was used up; the
             # agent could not go on, which ends the trajectory as a length limit ends any loop's.
@@ -189,17 +203,40 @@ class HTTPAgentLoop(AgentLoopBase):
         metrics = {**metrics, "http_calls": len(calls), "agent_s": agent_s, "generated_tokens": generated,
                    "segments": builder.num_segments, "response_budget_spent": int(budget_spent)}
         return builder.outputs(reward_score=reward, num_turns=len(calls), metrics=metrics,
-                               extra_fields={"session_id": session_id})
+                               extra_fields={"session_id": session_id, "row_index": row.get("index")})
 
     async def _call_agent(self, base_url: str, row: Mapping[str, Any]) -> Any:
-        agent = self.settings.agent
+        cfg = self.settings
+        agent = cfg.agent
         if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(type(agent).__call__):
-            return await agent(base_url, dict(row))
-        # A blocking client on this loop would deadlock the gateway, which runs generate here.
-        result = await asyncio.to_thread(agent, base_url, dict(row))
+            return await asyncio.wait_for(agent(base_url, dict(row)), cfg.timeout_s)
+        # A blocking client on this loop would deadlock the gateway, which runs generate here;
+        # on the default executor it would hold the threads the engine's compute may need.
+        pool = sync_agent_pool(cfg.max_sync_agent_threads)
+        result = await pool.run(agent, base_url, dict(row), timeout_s=cfg.timeout_s)
         if inspect.isawaitable(result):
-            return await result
+            return await asyncio.wait_for(result, cfg.timeout_s)
         return result
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._~-]+")
+_READABLE_CHARS = 32
+
+
+def session_id_for(index: Any) -> str:
+    """A fresh session id for one sample of the row whose ``index`` is given (any value).
+
+    The id is ``<readable>-<digest>-<random>``: up to 32 characters of the index with anything
+    but ``A-Z a-z 0-9 . _ ~ -`` replaced by ``_`` (``row`` when nothing is left), 12 hex digits
+    of the SHA-256 of the index's ``repr`` (so rows whose readable parts agree still differ),
+    and 16 random hex digits (so the samples of one row differ). It is never longer than 63
+    characters, so nothing unique is truncated away, and it is always a valid URL path segment
+    and engine request id. The index itself goes to the output's ``extra_fields["row_index"]``.
+    """
+    text = index if isinstance(index, str) else str(index)
+    readable = _UNSAFE.sub("_", text[: 4 * _READABLE_CHARS])[:_READABLE_CHARS] if index is not None else ""
+    digest = hashlib.sha256(repr(index).encode("utf-8", "backslashreplace")).hexdigest()[:12]
+    return f"{readable or 'row'}-{digest}-{uuid.uuid4().hex[:16]}"
 
 
 def _interpret(result: Any) -> tuple[float | None, dict[str, float]]:
@@ -226,4 +263,5 @@ def _interpret(result: Any) -> tuple[float | None, dict[str, float]]:
     return reward, {str(k): float(v) for k, v in metrics.items()}
 
 
-__all__ = ["HTTPAgentConfig", "HTTPAgentLoop", "close_gateways"]
+__all__ = ["HTTPAgentConfig", "HTTPAgentLoop", "SyncAgentPoolFullError", "close_gateways", "session_id_for",
+           "sync_agent_pool"]

@@ -21,7 +21,9 @@ Needs the ``[server]`` extra (httpx); ``update_weights`` also needs torch and sa
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from typing import Any
 
@@ -133,6 +135,9 @@ class RemoteServer:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._health: dict[str, Any] | None = None
         self._http: Any = None
+        # Not the default executor, which other code on the loop (sync agents, reward
+        # functions) may fill: a weight push must not wait behind them.
+        self._serializer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-weights-out")
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -233,7 +238,8 @@ class RemoteServer:
             raise CapabilityNotSupportedError(f"the engine at {self.base_url} does not declare "
                                          "capabilities.weight_update; it cannot load new weights")
         # Serialising copies every tensor to host memory: keep that off the event loop.
-        body = await asyncio.to_thread(serialize_weights, named_tensors)
+        body = await asyncio.get_running_loop().run_in_executor(
+            self._serializer, functools.partial(serialize_weights, named_tensors))
         await self._request("POST", "/update_weights", content=body,
                             headers={"content-type": "application/octet-stream"})
 

@@ -1,6 +1,7 @@
 """What every agentloop HTTP app shares: the ``[server]`` extra check, the request guard (bearer
-auth, in-flight limit, body size and body deadline), OpenAI-shaped errors, and running uvicorn
-in a background thread.
+auth, in-flight limit, body size and body deadline, cancelling a request whose client went away),
+OpenAI-shaped errors, the header and write deadlines of each connection, and running uvicorn in a
+background thread.
 
 Used by the engine server (:mod:`agentloop_engines.http_server`) and the OpenAI-compatible
 gateway (:mod:`agentloop_engines.gateway`), so both answer auth, size and input errors the
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
+from agentloop_engines.http_watch import serve_until_gone, write_deadline_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,10 @@ class ServerLimits:
     header_timeout_s: float = 10.0
     """Seconds a connection has to send a request's headers, on connect and after each response;
     slower is disconnected (uvicorn only times connections that send nothing at all)."""
+    write_timeout_s: float = 30.0
+    """Seconds a connection's answer may go unread (the client reads nothing while the server's
+    send buffers are full); past it the connection is aborted, which frees its in-flight slot
+    and the buffered answer. A client must keep reading, not just stay connected."""
     keep_alive_timeout_s: int = 5
     """Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``)."""
     max_connections: int | None = None
@@ -85,7 +91,7 @@ class ServerLimits:
         if self.max_connections is None:
             object.__setattr__(self, "max_connections", max(2048, 2 * self.max_in_flight))
         for name in ("max_in_flight", "body_timeout_s", "weights_body_timeout_s", "header_timeout_s",
-                     "keep_alive_timeout_s", "max_connections", "max_header_bytes"):
+                     "write_timeout_s", "keep_alive_timeout_s", "max_connections", "max_header_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ServerLimits.{name} must be positive, got {value!r}")
@@ -115,14 +121,15 @@ def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, log_lev
     """uvicorn's ``Config`` for ``app`` with ``limits``' connection settings."""
     _, uvicorn = require_server_extra()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          http=_header_deadline_protocol(limits.header_timeout_s),
+                          http=_header_deadline_protocol(limits.header_timeout_s, limits.write_timeout_s),
                           timeout_keep_alive=limits.keep_alive_timeout_s, limit_concurrency=limits.max_connections,
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
-def _header_deadline_protocol(timeout_s: float) -> type:
+def _header_deadline_protocol(timeout_s: float, write_timeout_s: float) -> type:
     """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
-    ``timeout_s`` after it connected or after its last response.
+    ``timeout_s`` after it connected or after its last response, and aborting one that has not
+    read its answer for ``write_timeout_s`` (:func:`~agentloop_engines.http_watch.write_deadline_protocol`).
 
     uvicorn's keep-alive timer stops at the first byte a connection sends, so a client that
     sends a request head a byte at a time (slowloris) would hold its connection forever; the
@@ -130,7 +137,7 @@ def _header_deadline_protocol(timeout_s: float) -> type:
     """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeaderDeadlineProtocol(H11Protocol):
+    class HeaderDeadlineProtocol(write_deadline_protocol(H11Protocol, write_timeout_s)):
         _deadline_generation = 0
 
         def connection_made(self, transport: Any) -> None:
@@ -165,7 +172,9 @@ class RequestGuard:
     4. the body deadline, ``body_timeout_s`` from the headers to the last byte (408).
 
     The body is buffered here and replayed to the app, so the app never reads a body the
-    guard has not admitted.
+    guard has not admitted; a request whose client disconnects before its answer is complete
+    is cancelled (:func:`~agentloop_engines.http_watch.serve_until_gone`), which stops its
+    generation and frees its slot.
 
     Args:
         app: The wrapped ASGI app.
@@ -213,7 +222,7 @@ class RequestGuard:
         try:
             body = await self._read_body(scope, headers, receive, send)
             if body is not None:
-                await self.app(scope, _replay(body, receive), send)
+                await serve_until_gone(self.app, scope, body, receive, send)
         finally:
             self.in_flight -= 1
 
@@ -252,19 +261,6 @@ class RequestGuard:
         del chunks
         await refuse(receive, send, 413, f"request body exceeds {limit} bytes ({setting})", "request_too_large")
         return None
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    replayed = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 def _bearer_ok(header: bytes, expected: bytes) -> bool:

@@ -36,6 +36,7 @@ safetensors, which every engine that can load weights already has.
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
@@ -121,6 +122,8 @@ def create_app(server: Any, *, api_key: str | None = None,
         request_id: str = Field(min_length=1)
 
     app = fastapi.FastAPI(title="agentloop engine", docs_url=None, redoc_url=None, openapi_url=None)
+    # Uploads are parsed here, not on the default executor that other code on the loop may fill.
+    weights_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-weights-in")
     install_error_handlers(app, {PromptLimitError: (413, "request_too_large")})
 
     @app.get("/health")
@@ -147,7 +150,8 @@ def create_app(server: Any, *, api_key: str | None = None,
         if not getattr(server.capabilities, "weight_update", False):
             raise CapabilityNotSupportedError(
                 f"{type(server).__name__} does not load new weights (capabilities.weight_update=False)")
-        tensors = await asyncio.to_thread(_load_safetensors, await request.body())
+        body = await request.body()
+        tensors = await asyncio.get_running_loop().run_in_executor(weights_pool, _load_safetensors, body)
         try:
             await server.update_weights(list(tensors.items()))
         except KeyError as exc:  # an unknown weight name is the caller's mistake, like bad input

@@ -42,12 +42,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import functools
 import inspect
 import itertools
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -193,6 +195,9 @@ class SGLangServer(AsyncServerBase):
         self.weight_names = None if weight_names is None else frozenset(weight_names)
         self.flush_timeout_s = flush_timeout_s
         self._loop_thread = EngineLoopThread(self.engine.loop, name="sglang-engine-loop")
+        # Blocking control calls wait here, not on the default executor, which other code on the
+        # loop (sync agents, reward functions) may fill.
+        self._control_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-sglang-control")
         self._rids: dict[str, set[str]] = {}
         self._seq = itertools.count()
         self._seed_warned = False
@@ -365,7 +370,8 @@ class SGLangServer(AsyncServerBase):
         method = getattr(self.engine, name)
         if inspect.iscoroutinefunction(method):
             return await self._loop_thread.run(method(**kwargs))
-        return await asyncio.to_thread(self._loop_thread.call_paused, method, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._control_pool, functools.partial(self._loop_thread.call_paused, method, **kwargs))
 
     def _check_weight_names(self, names: Iterable[str]) -> None:
         known = self.weight_names or frozenset()
@@ -435,4 +441,4 @@ class SGLangServer(AsyncServerBase):
         self._loop_thread.close()
         shutdown = getattr(self.engine, "shutdown", None)
         if shutdown is not None:
-            await asyncio.to_thread(shutdown)
+            await asyncio.get_running_loop().run_in_executor(self._control_pool, shutdown)

@@ -4,6 +4,11 @@ A single scheduler task per event loop collects the requests that are waiting (u
 ``max_batch_size``, after a short ``batch_wait_s`` for stragglers), decodes them together in a
 worker thread (see :mod:`agentloop_engines.hf.batch`), and hands each result back as soon as
 that row stops. Requests that arrive while a batch runs form the next batch.
+
+The worker thread is the server's own (one per server: its model work runs one step at a time
+anyway), never the event loop's default executor: other code on the loop (a synchronous agent,
+a reward function, any ``asyncio.to_thread``) can take every thread of that one, and then the
+engine, which they may be waiting on, could not run.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ import asyncio
 import collections
 import contextlib
 import difflib
+import functools
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -153,6 +160,8 @@ class HFServer(AsyncServerBase):
         self.steps_per_hop = 8
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
+        # Every prefill, decode step, merge, weight load and offload runs here (see the module docstring).
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-hf-engine")
 
     @classmethod
     def from_engine_config(cls, config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> HFServer:
@@ -205,6 +214,10 @@ class HFServer(AsyncServerBase):
             if not self._asleep:
                 self._awake.set()
         self._task = loop.create_task(self._scheduler(), name="HFServer.scheduler")
+
+    async def _in_engine_thread(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn`` on the server's own thread (never the default executor) and await it."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     # ---- generation --------------------------------------------------------------------
 
@@ -260,7 +273,7 @@ class HFServer(AsyncServerBase):
                 running = await self._admit(running)
                 while running is not None:
                     try:
-                        running = await asyncio.to_thread(self._decode, running)
+                        running = await self._in_engine_thread(self._decode, running)
                     except Exception as exc:  # noqa: BLE001 - delivered to every waiting caller
                         running.abort_all(exc)
                         running = None
@@ -283,7 +296,7 @@ class HFServer(AsyncServerBase):
         self.stats["batches"] += 1
         self.batch_sizes.append(len(new))
         try:
-            fresh = await asyncio.to_thread(
+            fresh = await self._in_engine_thread(
                 DecodeBatch.prefill, self.model, new, pad_id=self.pad_id, device=self.device, stats=self.stats
             )
         except Exception as exc:  # noqa: BLE001 - delivered to the callers of this prefill
@@ -295,7 +308,7 @@ class HFServer(AsyncServerBase):
         if fresh is None:
             return running
         try:
-            return await asyncio.to_thread(running.merge, fresh)
+            return await self._in_engine_thread(running.merge, fresh)
         except Exception as exc:  # noqa: BLE001 - both batches' callers must hear of it
             running.abort_all(exc)
             fresh.abort_all(exc)
@@ -343,7 +356,7 @@ class HFServer(AsyncServerBase):
         # pyright narrows the Iterable[tuple] arm by isinstance(..., Mapping) to Mapping[tuple, Unknown]:
         items = cast("Iterable[tuple[str, Any]]", items)
         async with self._drained():
-            await asyncio.to_thread(self._load_weights, items)
+            await self._in_engine_thread(self._load_weights, items)
 
     @contextlib.asynccontextmanager
     async def _drained(self):
@@ -381,7 +394,7 @@ class HFServer(AsyncServerBase):
             self._asleep = True
             self._awake.clear()
             if self.device.type == "cuda":
-                await asyncio.to_thread(self._offload)
+                await self._in_engine_thread(self._offload)
 
     def _offload(self) -> None:
         self.model.to("cpu")
@@ -392,7 +405,7 @@ class HFServer(AsyncServerBase):
         self._ensure_scheduler()
         async with self._engine_lock:
             if self._asleep and self.device.type == "cuda":
-                await asyncio.to_thread(self.model.to, self.device)
+                await self._in_engine_thread(self.model.to, self.device)
             self._asleep = False
             self._awake.set()
 
@@ -420,5 +433,6 @@ class HFServer(AsyncServerBase):
                     await task
         self._closed = True
         self.model = None
+        self._executor.shutdown(wait=False)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

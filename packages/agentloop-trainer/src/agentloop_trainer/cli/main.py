@@ -247,7 +247,8 @@ def _serve(args: argparse.Namespace) -> int:
         engine = remote_engines(list(r.server_urls), r.server_api_key_env)
     else:
         engine = build_engine(engine_cfg, tokenizer=tokenizer)
-    given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s}
+    given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s,
+             "write_timeout_s": args.write_timeout_s}
     limits = ServerLimits(**{k: v for k, v in given.items() if v is not None})
     prompt_limits = PromptLimits(
         template_variables=tuple(dict.fromkeys([*DEFAULT_TEMPLATE_VARIABLES, *args.template_variable])),
@@ -345,6 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests served at once; more get 503 with Retry-After (default: 1024)")
     sv.add_argument("--body-timeout-s", type=float, default=None,
                     help="seconds a client has to send its request body; slower gets 408 (default: 30)")
+    sv.add_argument("--write-timeout-s", type=float, default=None,
+                    help="seconds a client may leave its answer unread; then its connection is aborted and its "
+                         "slot freed (default: 30)")
     sv.add_argument("--max-prompt-tokens", type=int, default=None,
                     help="longest prompt after rendering; longer gets 413 (default: 262144)")
     sv.add_argument("--chat-template", default=None, metavar="NAME|PATH",
