@@ -47,18 +47,12 @@ from agentloop_engines.replica_calls import (
     is_own_timeout,
     is_replica_failure,
 )
-from agentloop_engines.routing import NoHealthyReplicaError, StickyLeastInFlightPolicy
+from agentloop_engines.routing import NoHealthyReplicaError, RequestTimeoutError, StickyLeastInFlightPolicy
 from agentloop_engines.weight_ledger import WeightLedger
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ClientStats", "LLMServerClient", "NoHealthyReplicaError", "RequestTimeoutError", "is_replica_failure"]
-
-
-class RequestTimeoutError(RuntimeError):
-    """A request ran past ``request_timeout_s`` on every replica it tried, and none of them was
-    shown to hang (each either served other requests meanwhile, or no other replica served
-    this one faster): the request is too slow for the limit. The replicas stay in rotation."""
 
 @dataclass
 class ClientStats:
@@ -355,6 +349,8 @@ class LLMServerClient:
 
     def _give_up(self, attempt: Attempts, headline: str) -> RuntimeError:
         detail = "; ".join(attempt.failures) or "none tried"
+        hint = "" if "mark_healthy" in headline else ("; check the engine logs, then restart the replicas or call "
+                                                      "mark_healthy(index) once they are back")
         if attempt.only_timeouts and attempt.failures:
             self.client_stats.request_timeouts += 1
             return RequestTimeoutError(
@@ -362,8 +358,7 @@ class LLMServerClient:
                 f"replica it tried ({detail}); no replica was shown to hang, so they stay in rotation: the "
                 "request is too slow for the limit (raise LLMServerClient(request_timeout_s=...) or lower its "
                 "max_tokens)")
-        return NoHealthyReplicaError(f"{headline}. Failures for this request: {detail}; check the engine logs, "
-                                     "then restart the replicas or call mark_healthy(index) once they are back")
+        return NoHealthyReplicaError(f"{headline}. Failures for this request: {detail}{hint}")
 
     def _on_replica_failure(self, replica: Replica, request_id: str, exc: BaseException,
                             *, was_probe: bool = False, probe: bool = True) -> str:

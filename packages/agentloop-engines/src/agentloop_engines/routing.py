@@ -78,6 +78,12 @@ class NoHealthyReplicaError(RuntimeError):
     """Every replica is out of rotation (or was already tried for this request)."""
 
 
+class RequestTimeoutError(RuntimeError):
+    """A request ran past ``request_timeout_s`` on every replica it tried, and none of them was
+    shown to hang (each served other requests meanwhile, or no other replica served this one
+    faster): the request is too slow for the limit. The replicas stay in rotation."""
+
+
 class StickyLeastInFlightPolicy:
     """Least in-flight routing with sticky sessions and a prefix-cost-aware migration gate.
 
@@ -205,7 +211,7 @@ class StickyLeastInFlightPolicy:
             self._probing[index] = False
         elif self.stale[index]:
             self.stale[index] = False
-            if not self.healthy[index]:
+            if not self.healthy[index] and self._retry_at[index] != float("inf"):
                 self._retry_at[index] = min(self._retry_at[index], self._clock())
 
     def record_success(self, index: int) -> None:
