@@ -136,6 +136,31 @@ async def test_a_replica_back_on_old_weights_serves_nothing_until_a_push_reaches
             await s.close()
 
 
+async def test_a_replica_restarted_between_pushes_is_caught_by_its_engine_instance(
+        model_path, weights, references, stack):
+    old_ref, new_ref = references
+    threads = [stack.enter_context(ServerThread(HFServer(model_path, max_model_len=256))) for _ in range(2)]
+    servers = [RemoteServer(t.url) for t in threads]
+    client = LLMServerClient(servers, probe_backoff_s=0.05, max_probe_backoff_s=0.05)
+    try:
+        await client.update_weights(list(weights[1].items()))
+        first = [await client.generate(f"a{i}", p, GREEDY) for i, p in enumerate(PROMPTS[:4])]
+        assert {o.extra["replica"] for o in first} == {0, 1}
+        # Replica 1 restarts from its checkpoint between two requests: no request fails, no push
+        # is missed, yet it holds the old weights now.
+        port = port_of(threads[1])
+        threads[1].__exit__(None, None, None)
+        stack.enter_context(ServerThread(HFServer(model_path, max_model_len=256), port=port))
+        outs = [await client.generate(f"b{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
+        stale = [i for i, o in enumerate(outs) if on_old_weights(o, old_ref[i], new_ref[i])]
+        assert stale == [], f"{len(stale)} of {len(outs)} requests were served by the restarted replica's old weights"
+        assert client.stats["stale"] == [False, True]
+        assert client.stats["failed"] == 0
+    finally:
+        for s in servers:
+            await s.close()
+
+
 class PacedEngine:
     """An engine that takes ``token_s`` per generated token (abortable) and whose tokens are its
     weight: the value of the tensor ``w`` last pushed, so every output names the weights it ran on."""

@@ -149,6 +149,7 @@ class LLMServerClient:
         self.offline_push_timeout_s = offline_push_timeout_s
         self.weights = WeightLedger(len(servers))
         """Which replicas hold the latest pushed value of every weight."""
+        self._instances: list[str | None] = [None] * len(servers)
         self.client_stats = ClientStats()
         self.capabilities = ServerCapabilities(**{
             f.name: all(getattr(r.capabilities, f.name) for r in self._replicas)
@@ -278,6 +279,19 @@ class LLMServerClient:
                 continue
             finally:
                 self.policy.release(index)
+            if isinstance(result, TokenOutput) and self._restarted(index, result.extra.get("engine_instance")):
+                # Served, but by an engine that restarted from its checkpoint since the last push:
+                # old weights. It is stale now; the request goes elsewhere.
+                attempt.tried.append(index)
+                attempt.only_timeouts = False
+                attempt.failures.append(f"replica {index} restarted and lost the pushed weights (held out until a "
+                                        "push reaches it)")
+                if len(attempt.tried) > self.max_retries:
+                    self.client_stats.failed += 1
+                    raise self._give_up(attempt, f"request {request_id!r} failed on {len(attempt.tried)} "
+                                        f"replica(s) (max_retries={self.max_retries})")
+                self.client_stats.retries += 1
+                continue
             self.policy.record_success(index)
             self.client_stats.completed += 1
             self._convict_suspects(attempt, index)
@@ -437,6 +451,9 @@ class LLMServerClient:
                                          for r in self._replicas), return_exceptions=True)
         errors = {i: res for i, res in enumerate(results) if isinstance(res, BaseException)}
         got = [i for i in range(len(self._replicas)) if i not in errors]
+        for i in got:
+            # Restarted since the last push: it now holds the checkpoint plus this bucket only.
+            self._restarted(i, getattr(self._replicas[i].target, "engine_instance", None))
         # A push every replica refused for its content (a bad name) left them all as they were;
         # one that some got, or that failed only on reachability, leaves the others behind.
         missed = [i for i, exc in errors.items() if got or is_miss(exc, self.retry_on)]
@@ -460,6 +477,20 @@ class LLMServerClient:
                 f"update_weights failed on replicas {failed_in_rotation} (those that missed it are out of "
                 f"rotation until a later push reaches them); first error on replica {failed_in_rotation[0]}: "
                 f"{type(first).__name__}: {first}") from first
+
+    def _restarted(self, index: int, instance: Any) -> bool:
+        """Note the engine instance replica ``index`` answered from; True when it changed after
+        weights were pushed (the replica is stale from now on)."""
+        if not isinstance(instance, str):
+            return False  # an engine that does not say (in-process, Ray): no restart to see
+        known, self._instances[index] = self._instances[index], instance
+        if known is None or known == instance or not self.weights.lost_all(index):
+            return False
+        logger.warning("replica %d restarted (engine instance %s -> %s) and lost the pushed weights; it stays out "
+                       "of rotation until a push of every weight reaches it", index, known, instance)
+        self.client_stats.replica_failures += 1
+        self.policy.set_stale(index, True)
+        return True
 
     async def _push(self, replica: Replica, payload: Any, *, bounded: bool) -> None:
         loop = asyncio.get_running_loop()

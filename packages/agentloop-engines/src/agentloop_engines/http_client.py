@@ -145,6 +145,9 @@ class RemoteServer:
                                           max_keepalive_connections=max_connections)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._health: dict[str, Any] | None = None
+        self.engine_instance: str | None = None
+        """The server's lifetime id from its last ``/generate`` or ``/update_weights`` answer
+        (None before one, or from a server that sends none); it changes when the engine restarts."""
         self._http: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -217,7 +220,9 @@ class RemoteServer:
         body = {"request_id": request_id, "prompt_ids": [_token_id(t) for t in prompt_ids],
                 "sampling_params": params}
         out = await self._request("POST", "/generate", json=body)
-        return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"])
+        extra = self._note_instance(out)
+        return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"],
+                           extra=extra)
 
     async def abort(self, request_id: str) -> None:
         """Stop the remote server's in-flight requests of ``request_id``."""
@@ -247,8 +252,16 @@ class RemoteServer:
                                          "capabilities.weight_update; it cannot load new weights")
         # Serialising copies every tensor to host memory: keep that off the event loop.
         body = await asyncio.to_thread(serialize_weights, named_tensors)
-        await self._request("POST", "/update_weights", content=body,
-                            headers={"content-type": "application/octet-stream"})
+        out = await self._request("POST", "/update_weights", content=body,
+                                  headers={"content-type": "application/octet-stream"})
+        self._note_instance(out)
+
+    def _note_instance(self, out: Any) -> dict[str, Any]:
+        instance = out.get("instance") if isinstance(out, dict) else None
+        if not isinstance(instance, str):
+            return {}
+        self.engine_instance = instance
+        return {"engine_instance": instance}
 
     async def close(self) -> None:
         """Close the connections. The remote server keeps running: this object does not own it."""

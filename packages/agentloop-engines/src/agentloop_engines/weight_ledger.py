@@ -32,6 +32,7 @@ class WeightLedger:
         if num_replicas < 1:
             raise ValueError(f"need at least one replica, got num_replicas={num_replicas}")
         self._missing: list[set[str]] = [set() for _ in range(num_replicas)]
+        self._pushed: set[str] = set()
         self.pushes = 0
         """Pushes recorded (``update_weights`` calls that at least one replica missed or got)."""
         self.received: list[int] = [0] * num_replicas
@@ -47,6 +48,8 @@ class WeightLedger:
         """
         names = set(names)
         was = [self.is_stale(i) for i in range(len(self._missing))]
+        if got or missed:
+            self._pushed |= names
         for i in got:
             self._missing[i] -= names
             self.received[i] += 1
@@ -65,6 +68,12 @@ class WeightLedger:
     def missing(self, index: int) -> list[str]:
         """The weight names replica ``index`` holds old values of (sorted)."""
         return sorted(self._missing[index])
+
+    def lost_all(self, index: int) -> bool:
+        """Replica ``index`` restarted from its checkpoint: it holds the pushed value of no
+        weight. Returns whether that made it stale (False when nothing was ever pushed)."""
+        self._missing[index] = set(self._pushed)
+        return bool(self._pushed)
 
     def forget(self, index: int) -> None:
         """Treat replica ``index`` as current (its operator says so: ``mark_healthy``)."""
