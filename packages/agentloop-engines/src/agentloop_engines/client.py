@@ -213,7 +213,10 @@ class LLMServerClient:
 
         Raises:
             ValueError: bad sampling parameters or a request a replica rejected (not retried).
-            NoHealthyReplicaError: every replica failed or is out of rotation.
+            NoHealthyReplicaError: every replica failed or is out of rotation (or kept refusing
+                at its in-flight limit for ``busy_wait_s``).
+            RequestTimeoutError: the request ran past ``request_timeout_s`` on every replica it
+                tried, none of them shown to hang (they stay in rotation).
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
