@@ -82,11 +82,15 @@ def test_generate_returns_the_engines_tokens(http):
     r = http.post("/generate", headers=AUTH, json={
         "request_id": "a", "prompt_ids": [3, 4, 10], "sampling_params": {"max_tokens": 3}})
     assert r.status_code == 200, r.text
-    assert r.json() == {"token_ids": [12, 13, 14], "log_probs": [-0.25] * 3, "stop_reason": "length"}
+    body = r.json()
+    instance = body.pop("instance")  # the server's lifetime id: clients see restarts by it
+    assert body == {"token_ids": [12, 13, 14], "log_probs": [-0.25] * 3, "stop_reason": "length"}
+    assert len(instance) == 32
     r = http.post("/generate", headers=AUTH, json={
         "request_id": "b", "prompt_ids": [7], "sampling_params": {"max_tokens": 2, "logprobs": False}})
     assert r.json()["log_probs"] is None
     assert r.json()["token_ids"] == [9, 10]
+    assert r.json()["instance"] == instance
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -4,7 +4,7 @@ from importlib.metadata import version as _distribution_version
 from typing import TYPE_CHECKING
 
 from agentloop_engines.base import AsyncServerBase
-from agentloop_engines.client import ClientStats, LLMServerClient, NoHealthyReplicaError
+from agentloop_engines.client import ClientStats, LLMServerClient, NoHealthyReplicaError, RequestTimeoutError
 from agentloop_engines.gateway import (
     Gateway,
     GatewayThread,
@@ -37,7 +37,7 @@ __version__ = _distribution_version("agentloop-engines")
 __all__ = [
     "__version__",
     "AsyncServerBase", "HFServer", "build_tiny_model",
-    "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "StickyLeastInFlightPolicy",
+    "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "RequestTimeoutError", "StickyLeastInFlightPolicy",
     "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",
     "ServerThread", "create_app", "serve", "RemoteServer", "SGLangServer", "VLLMServer",
     "Gateway", "GatewayThread", "RecordedCall", "SessionNotFoundError", "SessionRecorder",

@@ -1,8 +1,21 @@
 """``LLMServerClient``: one ``AsyncServer`` in front of several engine replicas.
 
 Routing is least in-flight with sticky sessions and a prefix-cost-aware migration gate (see
-:mod:`agentloop_engines.routing`); failures of a replica (connection errors, a dead Ray actor,
-a request timeout) take it out of rotation and the request is retried on another one.
+:mod:`agentloop_engines.routing`); failures of a replica (connection errors, a dead Ray actor)
+take it out of rotation and the request is retried on another one. Three things are not
+failures of a replica:
+
+* a 503 from its in-flight limit (:class:`~agentloop_engines.http_client.ReplicaBusyError`) is
+  backpressure: the request goes to another replica, or waits its ``Retry-After``;
+* a request past ``request_timeout_s`` is retried elsewhere, but it convicts the replica only
+  when another replica then serves the same request and the first completed nothing while it
+  waited; a request that times out on every replica it tried is the request's fault and fails
+  alone with :class:`RequestTimeoutError`;
+* with no replica in rotation, a request probes one at once instead of being refused.
+
+Weight pushes reach every replica, out of rotation too; one that misses a push (down, failing,
+busy past ``busy_wait_s``) is *stale* (see :mod:`agentloop_engines.weight_ledger`): out of
+rotation and never probed until a later push reaches it, so nothing is served on old weights.
 
 Replicas are either in-process ``AsyncServer`` objects or Ray actor handles of
 :class:`~agentloop_engines.hosting.ServerActor`; the client itself runs wherever it is
@@ -15,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -26,82 +38,21 @@ from agentloop_core.protocol import (
     ServerCapabilities,
     TokenOutput,
 )
-from agentloop_engines.routing import NoHealthyReplicaError, StickyLeastInFlightPolicy
+from agentloop_engines.http_client import ReplicaBusyError
+from agentloop_engines.replica_calls import (
+    MIN_BUSY_WAIT_S,
+    Attempts,
+    Replica,
+    is_miss,
+    is_own_timeout,
+    is_replica_failure,
+)
+from agentloop_engines.routing import NoHealthyReplicaError, RequestTimeoutError, StickyLeastInFlightPolicy
+from agentloop_engines.weight_ledger import WeightLedger
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ClientStats", "LLMServerClient", "NoHealthyReplicaError", "is_replica_failure"]
-
-_RAY_FAILURE_NAMES = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "OwnerDiedError")
-
-
-def _ray_failure_types() -> tuple[type[BaseException], ...]:
-    # Only look at ray if something already imported it: a replica can only be a Ray actor
-    # then, and `import agentloop_engines.client` must not pull ray in.
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return ()
-    exc_mod = getattr(ray, "exceptions", None)
-    return tuple(t for name in _RAY_FAILURE_NAMES if (t := getattr(exc_mod, name, None)) is not None)
-
-
-def is_replica_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` means the replica (not the request) is broken, so another may serve it.
-
-    ValueError is never a replica failure: a request that fails validation fails everywhere.
-    Connection errors, timeouts and dead Ray actors / workers / nodes are; so is an
-    ``RemoteServer`` replica that is unreachable or answers 502/503/504: it raises
-    ``ReplicaUnavailableError``, a ``ConnectionError``.
-    """
-    if isinstance(exc, ValueError):
-        return False
-    if isinstance(exc, (ConnectionError, TimeoutError, asyncio.TimeoutError)):
-        return True
-    ray_types = _ray_failure_types()
-    return bool(ray_types) and isinstance(exc, ray_types)
-
-
-def _is_actor_handle(obj: Any) -> bool:
-    ray = sys.modules.get("ray")
-    return ray is not None and isinstance(obj, ray.actor.ActorHandle)
-
-
-class _Replica:
-    """Uniform async calls on an in-process server or a Ray actor handle."""
-
-    def __init__(self, target: Any, index: int, capabilities_timeout_s: float) -> None:
-        self.target = target
-        self.index = index
-        self.is_actor = _is_actor_handle(target)
-        if self.is_actor:
-            import ray
-
-            try:
-                caps = ray.get(target.get_capabilities.remote(), timeout=capabilities_timeout_s)
-            except AttributeError as exc:
-                raise TypeError(
-                    f"replica {index} is a Ray actor without get_capabilities(); host engines with "
-                    "agentloop_engines.hosting.ServerActor (start_replicas does)"
-                ) from exc
-        else:
-            if not callable(getattr(target, "generate", None)):
-                raise TypeError(
-                    f"replica {index} ({type(target).__name__}) has no generate(); pass AsyncServer "
-                    "objects or Ray actor handles of ServerActor"
-                )
-            caps = getattr(target, "capabilities", None)
-        if not isinstance(caps, ServerCapabilities):
-            raise TypeError(
-                f"replica {index} declares capabilities={caps!r}; an AsyncServer must set a "
-                "ServerCapabilities instance"
-            )
-        self.capabilities = caps
-
-    async def call(self, method: str, *args: Any) -> Any:
-        if self.is_actor:
-            return await getattr(self.target, method).remote(*args)
-        return await getattr(self.target, method)(*args)
-
+__all__ = ["ClientStats", "LLMServerClient", "NoHealthyReplicaError", "RequestTimeoutError", "is_replica_failure"]
 
 @dataclass
 class ClientStats:
@@ -116,7 +67,13 @@ class ClientStats:
     replica_failures: int = 0
     """Replica failures seen (connection errors, dead actors, timeouts)."""
     timeouts: int = 0
-    """Attempts that ran past ``request_timeout_s``."""
+    """Attempts that ran past ``request_timeout_s`` (or a transport's own read timeout)."""
+    request_timeouts: int = 0
+    """Requests failed with :class:`RequestTimeoutError` (slow on every replica tried)."""
+    busy: int = 0
+    """Attempts a replica refused at its in-flight limit (503 with ``Retry-After``); not failures."""
+    missed_pushes: int = 0
+    """Weight pushes (``update_weights`` calls) some replica missed, one count per replica."""
 
 
 class LLMServerClient:
@@ -129,16 +86,25 @@ class LLMServerClient:
             request moves to the least-loaded replica when its own replica has more than this
             many extra requests in flight; None: never move any sticky request for load.
             Token requests use the policy's cost model (re-prefill cost vs batch slowdown).
-        request_timeout_s: Per-attempt limit; a replica that exceeds it is treated as hung:
-            taken out of rotation, sent a best-effort abort, and the request retried elsewhere.
-            None: no limit (agentic generations can be long; the rollout timeout is the backstop).
+        request_timeout_s: Per-attempt limit. Past it the replica is sent a best-effort abort
+            and the request is retried elsewhere; the replica leaves rotation only if another
+            one serves that request and it completed nothing meanwhile (it hangs). A request
+            past the limit on every replica tried raises :class:`RequestTimeoutError` and
+            takes no replica out. None: no limit (agentic generations can be long; the rollout
+            timeout is the backstop).
         max_retries: Re-sends after replica failures per request; None: try every replica once.
+            With 0 (or one replica) a timeout never takes a replica out: nothing shows it hangs.
         retry_on: Extra exception types that count as replica failures (e.g. a transport's
             own connection error).
         capabilities_timeout_s: Limit on fetching a Ray replica's capabilities at construction.
         probe_backoff_s: An out-of-rotation replica is sent one request (a probe) after this
             long; a success puts it back, a failure retries the request elsewhere.
         max_probe_backoff_s: Cap of the probe backoff, which doubles after each failed probe.
+        busy_wait_s: How long one request (or one replica's part of a weight push) waits out
+            503s from in-flight limits (each ``Retry-After``) before it gives up: the request
+            with ``NoHealthyReplicaError``, the push by leaving that replica stale.
+        offline_push_timeout_s: Limit on each ``update_weights`` call to a replica that is out
+            of rotation (it may hang); past it that replica stays stale, out of rotation.
 
     Raises:
         ValueError: on an empty ``servers`` list or bad routing parameters.
@@ -157,6 +123,8 @@ class LLMServerClient:
         capabilities_timeout_s: float = 60.0,
         probe_backoff_s: float = 5.0,
         max_probe_backoff_s: float = 60.0,
+        busy_wait_s: float = 60.0,
+        offline_push_timeout_s: float = 120.0,
     ) -> None:
         servers = list(servers)
         if not servers:
@@ -165,8 +133,11 @@ class LLMServerClient:
             raise ValueError(f"request_timeout_s must be > 0 or None, got {request_timeout_s}")
         if max_retries is not None and max_retries < 0:
             raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+        if not busy_wait_s >= 0 or not offline_push_timeout_s > 0:
+            raise ValueError(f"need busy_wait_s >= 0 and offline_push_timeout_s > 0, got {busy_wait_s} and "
+                             f"{offline_push_timeout_s}")
         self.servers = servers
-        self._replicas = [_Replica(s, i, capabilities_timeout_s) for i, s in enumerate(servers)]
+        self._replicas = [Replica(s, i, capabilities_timeout_s) for i, s in enumerate(servers)]
         self.policy = StickyLeastInFlightPolicy(
             len(servers), sticky_capacity=sticky_capacity, imbalance_threshold=imbalance_threshold,
             probe_backoff_s=probe_backoff_s, max_probe_backoff_s=max_probe_backoff_s,
@@ -174,6 +145,11 @@ class LLMServerClient:
         self.request_timeout_s = request_timeout_s
         self.max_retries = len(servers) - 1 if max_retries is None else max_retries
         self.retry_on = tuple(retry_on)
+        self.busy_wait_s = busy_wait_s
+        self.offline_push_timeout_s = offline_push_timeout_s
+        self.weights = WeightLedger(len(servers))
+        """Which replicas hold the latest pushed value of every weight."""
+        self._instances: list[str | None] = [None] * len(servers)
         self.client_stats = ClientStats()
         self.capabilities = ServerCapabilities(**{
             f.name: all(getattr(r.capabilities, f.name) for r in self._replicas)
@@ -202,11 +178,15 @@ class LLMServerClient:
         snap["healthy"] = list(self.policy.healthy)
         snap["unhealthy"] = [not ok for ok in self.policy.healthy]
         snap["next_probe_in_s"] = [self.policy.next_probe_in(i) for i in range(len(self._replicas))]
+        snap["stale"] = list(self.policy.stale)
+        snap["weight_pushes"] = self.weights.pushes
         return snap
 
     def mark_healthy(self, index: int) -> None:
-        """Put a replica back into rotation (after it was restarted or recovered)."""
+        """Put a replica back into rotation (after it was restarted or recovered), stale or
+        not: call it only once the replica holds the current weights."""
         self.policy.mark_healthy(index)
+        self.weights.forget(index)
 
     def forget_session(self, request_id: str) -> None:
         """Drop the sticky session of a finished trajectory, freeing its LRU slot early."""
@@ -233,7 +213,10 @@ class LLMServerClient:
 
         Raises:
             ValueError: bad sampling parameters or a request a replica rejected (not retried).
-            NoHealthyReplicaError: every replica failed or is out of rotation.
+            NoHealthyReplicaError: every replica failed or is out of rotation (or kept refusing
+                at its in-flight limit for ``busy_wait_s``).
+            RequestTimeoutError: the request ran past ``request_timeout_s`` on every replica it
+                tried, none of them shown to hang (they stay in rotation).
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
@@ -242,16 +225,30 @@ class LLMServerClient:
 
     async def _routed(self, request_id: str, method: str, *args: Any,
                       prompt_tokens: int | None = None) -> Any:
-        tried: list[int] = []
-        failures: list[str] = []
+        attempt = Attempts(request_id)
+        try:
+            return await self._route(attempt, method, args, prompt_tokens)
+        finally:
+            for index, token in attempt.suspects:
+                self.policy.clear_suspicion(index, token)
+
+    async def _route(self, attempt: Attempts, method: str, args: tuple[Any, ...],
+                     prompt_tokens: int | None) -> Any:
+        request_id = attempt.request_id
+        busy_deadline = asyncio.get_running_loop().time() + self.busy_wait_s
         while True:
             try:
-                index = self.policy.choose(request_id, exclude=tried, prompt_tokens=prompt_tokens)
+                index = self.policy.choose(request_id, exclude=attempt.excluded(), prompt_tokens=prompt_tokens)
             except NoHealthyReplicaError as exc:
+                if await self._wait_for_probes(attempt):
+                    continue
+                if attempt.busy and await self._wait_busy(attempt, busy_deadline):
+                    continue
                 self.client_stats.failed += 1
-                detail = "; ".join(failures) or "none tried"
-                raise NoHealthyReplicaError(f"{exc}. Failures for this request: {detail}") from None
+                raise self._give_up(attempt, str(exc)) from None
             replica = self._replicas[index]
+            was_probe = not self.policy.healthy[index]
+            completed_before = self.policy.completed[index]
             self.policy.acquire(index)
             try:
                 coro = replica.call(method, *args)
@@ -259,41 +256,136 @@ class LLMServerClient:
                     result = await coro
                 else:
                     result = await asyncio.wait_for(coro, self.request_timeout_s)
+            except ReplicaBusyError as exc:
+                # Backpressure: alive and serving others. Not a failure; try elsewhere or later.
+                self.client_stats.busy += 1
+                self.policy.note_busy(index, exc.retry_after_s)
+                attempt.busy[index] = exc.retry_after_s
+                continue
             except Exception as exc:
                 if not (is_replica_failure(exc) or isinstance(exc, self.retry_on)):
                     self.client_stats.failed += 1
                     raise
-                failure = self._on_replica_failure(replica, request_id, exc)
-                tried.append(index)
-                failures.append(failure)
-                if len(tried) > self.max_retries:
+                attempt.tried.append(index)
+                if is_own_timeout(exc):
+                    attempt.failures.append(self._on_timeout(replica, attempt, exc, was_probe=was_probe,
+                                                             alive=self.policy.completed[index] > completed_before))
+                else:
+                    attempt.only_timeouts = False
+                    attempt.failures.append(self._on_replica_failure(replica, request_id, exc,
+                                                                     was_probe=was_probe))
+                if len(attempt.tried) > self.max_retries:
                     self.client_stats.failed += 1
-                    raise NoHealthyReplicaError(
-                        f"request {request_id!r} failed on {len(tried)} replica(s) "
-                        f"(max_retries={self.max_retries}): {'; '.join(failures)}"
-                    ) from exc
+                    raise self._give_up(attempt, f"request {request_id!r} failed on {len(attempt.tried)} "
+                                        f"replica(s) (max_retries={self.max_retries})") from exc
                 self.client_stats.retries += 1
                 continue
             finally:
                 self.policy.release(index)
+            if isinstance(result, TokenOutput) and self._restarted(index, result.extra.get("engine_instance")):
+                # Served, but by an engine that restarted from its checkpoint since the last push:
+                # old weights. It is stale now; the request goes elsewhere.
+                attempt.tried.append(index)
+                attempt.only_timeouts = False
+                attempt.failures.append(f"replica {index} restarted and lost the pushed weights (held out until a "
+                                        "push reaches it)")
+                if len(attempt.tried) > self.max_retries:
+                    self.client_stats.failed += 1
+                    raise self._give_up(attempt, f"request {request_id!r} failed on {len(attempt.tried)} "
+                                        f"replica(s) (max_retries={self.max_retries})")
+                self.client_stats.retries += 1
+                continue
             self.policy.record_success(index)
             self.client_stats.completed += 1
+            self._convict_suspects(attempt, index)
             if isinstance(result, TokenOutput):
                 result = dataclasses.replace(result, extra={**result.extra, "replica": index})
             return result
 
-    def _on_replica_failure(self, replica: _Replica, request_id: str, exc: BaseException,
-                            *, probe: bool = True) -> str:
-        timed_out = isinstance(exc, (asyncio.TimeoutError, TimeoutError)) and not _is_remote(exc)
+    def _on_timeout(self, replica: Replica, attempt: Attempts, exc: BaseException, *,
+                    was_probe: bool, alive: bool) -> str:
+        index = replica.index
+        self.client_stats.timeouts += 1
+        # The replica may still be working on it; stop it so it does not finish later.
+        self._spawn(self._quiet_abort(replica, attempt.request_id))
+        what = f"timed out after {self.request_timeout_s}s" if not str(exc) else f"{type(exc).__name__}: {exc}"
+        if was_probe:
+            # It was out of rotation already; a probe that does not answer keeps it out.
+            attempt.only_timeouts = False
+            return self._on_replica_failure(replica, attempt.request_id, exc, was_probe=True)
+        if alive:
+            return f"replica {index} {what} (it served other requests meanwhile: the request is slow)"
+        if self.policy.healthy[index]:
+            # No sign of life during the wait: a suspect until this request is served elsewhere
+            # (then it hangs) or times out everywhere (then the request is slow).
+            attempt.suspects.append((index, self.policy.suspect(index)))
+        return f"replica {index} {what}"
+
+    def _convict_suspects(self, attempt: Attempts, served_by: int) -> None:
+        for index, token in attempt.suspects:
+            if self.policy.is_suspected(index, token) and self.policy.healthy[index]:
+                self.client_stats.replica_failures += 1
+                self.policy.mark_unhealthy(index)
+                logger.warning("replica %d taken out of rotation: request %r timed out there after %ss while it "
+                               "completed nothing, and replica %d served it", index, attempt.request_id,
+                               self.request_timeout_s, served_by)
+
+    async def _wait_for_probes(self, attempt: Attempts) -> bool:
+        """Wait for probes other requests are running on replicas this one has not tried;
+        True when there were any (those still out afterwards are not probed again by it)."""
+        probing = self.policy.probes_in_flight(attempt.excluded())
+        if not probing:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.request_timeout_s or float("inf"))
+        delay = 0.005
+        while set(probing) & set(self.policy.probes_in_flight()) and loop.time() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 0.1)
+        for i in probing:
+            if not self.policy.healthy[i]:
+                attempt.waited.append(i)
+                attempt.only_timeouts = False
+                attempt.failures.append(f"replica {i} failed a probe another request sent")
+        return True
+
+    async def _wait_busy(self, attempt: Attempts, deadline: float) -> bool:
+        """Wait out the shortest ``Retry-After`` of the replicas that refused this request at
+        their in-flight limit, then let it try them again; False past ``busy_wait_s``."""
+        loop = asyncio.get_running_loop()
+        wait = max(MIN_BUSY_WAIT_S, min(attempt.busy.values()))
+        if loop.time() + wait > deadline:
+            attempt.only_timeouts = False
+            attempt.failures.append(f"replicas {sorted(attempt.busy)} answered 503 at their in-flight limit for "
+                                    f"busy_wait_s={self.busy_wait_s}s (raise the servers' max_in_flight, lower "
+                                    "the rollout's concurrency, or raise busy_wait_s)")
+            return False
+        await asyncio.sleep(wait)
+        attempt.busy.clear()
+        return True
+
+    def _give_up(self, attempt: Attempts, headline: str) -> RuntimeError:
+        detail = "; ".join(attempt.failures) or "none tried"
+        hint = "" if "mark_healthy" in headline else ("; check the engine logs, then restart the replicas or call "
+                                                      "mark_healthy(index) once they are back")
+        if attempt.only_timeouts and attempt.failures:
+            self.client_stats.request_timeouts += 1
+            return RequestTimeoutError(
+                f"request {attempt.request_id!r} ran past request_timeout_s={self.request_timeout_s}s on every "
+                f"replica it tried ({detail}); no replica was shown to hang, so they stay in rotation: the "
+                "request is too slow for the limit (raise LLMServerClient(request_timeout_s=...) or lower its "
+                "max_tokens)")
+        return NoHealthyReplicaError(f"{headline}. Failures for this request: {detail}{hint}")
+
+    def _on_replica_failure(self, replica: Replica, request_id: str, exc: BaseException,
+                            *, was_probe: bool = False, probe: bool = True) -> str:
         self.client_stats.replica_failures += 1
-        if timed_out:
-            self.client_stats.timeouts += 1
-            # The hung replica may still be working on it; stop it so it does not finish later.
-            self._spawn(self._quiet_abort(replica, request_id))
-        self.policy.mark_unhealthy(replica.index, probe=probe)
-        # asyncio.wait_for's TimeoutError has no message; a transport's own timeout (RemoteServer's
-        # timeout_s) has one, and request_timeout_s may not even be set then.
-        what = (f"timed out after {self.request_timeout_s}s" if timed_out and not str(exc)
+        # Only the first failure of a replica (or a failed probe) takes it out and sets its
+        # backoff: the other requests in flight there when it died fail too, and each must
+        # not double the backoff again.
+        if self.policy.healthy[replica.index] or was_probe or not probe:
+            self.policy.mark_unhealthy(replica.index, probe=probe)
+        what = (f"timed out after {self.request_timeout_s}s" if is_own_timeout(exc) and not str(exc)
                 else f"{type(exc).__name__}: {exc}")
         logger.warning("replica %d taken out of rotation: %s (request %r will be retried)",
                        replica.index, what, request_id)
@@ -307,14 +399,14 @@ class LLMServerClient:
         targets = [index] if index is not None else self.healthy_replicas
         await asyncio.gather(*(self._quiet_abort(self._replicas[i], request_id) for i in targets))
 
-    async def _quiet_abort(self, replica: _Replica, request_id: str) -> None:
+    async def _quiet_abort(self, replica: Replica, request_id: str) -> None:
         # An abort must not raise because the replica is already gone: there is nothing left
         # to stop there, and the caller's request is released by its own finally.
         try:
             coro = replica.call("abort", request_id)
             await (coro if self.request_timeout_s is None else asyncio.wait_for(coro, self.request_timeout_s))
         except Exception as exc:
-            if not (is_replica_failure(exc) or isinstance(exc, self.retry_on)):
+            if not (is_replica_failure(exc) or isinstance(exc, (ReplicaBusyError, *self.retry_on))):
                 raise
             logger.warning("abort(%r) on replica %d failed: %s", request_id, replica.index, exc)
 
@@ -333,23 +425,91 @@ class LLMServerClient:
         await self._fan_out("wake_up")
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights into every healthy replica.
+        """Load new weights (one bucket of a push) into every replica.
 
-        A replica that fails the update is taken out of rotation, and not probed back, so it
-        never serves stale weights; :meth:`mark_healthy` returns it once it has the weights.
+        Replicas out of rotation get them too (each call bounded by ``offline_push_timeout_s``):
+        one that was down and is back must not keep old weights. A replica that misses the
+        update (fails it, is unreachable, or stays at its in-flight limit past ``busy_wait_s``)
+        while another one gets it is *stale*: out of rotation and never probed until a later
+        update brings every weight it missed (the next full push), or :meth:`mark_healthy`.
+        So no request is served on old weights, whatever policy version a caller labels it.
 
         Raises:
             CapabilityNotSupportedError: unless every replica declares ``weight_update``.
+            RuntimeError: a replica in rotation failed the update (it is stale now, out of
+                rotation; an error every replica gave, e.g. an unknown weight name, changes
+                nothing).
         """
         self._require("weight_update")
         # Materialise once: a generator would be exhausted by the first replica; a state dict
         # gives (name, tensor) pairs, not just its keys.
         payload: Any = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
+        names = [str(name) for name, _ in payload]
         if any(r.is_actor for r in self._replicas):
             import ray
 
             payload = ray.put(payload)  # one copy in the object store instead of one per actor
-        await self._fan_out("update_weights", payload)
+        in_rotation = set(self.healthy_replicas)
+        results = await asyncio.gather(*(self._push(r, payload, bounded=r.index not in in_rotation)
+                                         for r in self._replicas), return_exceptions=True)
+        errors = {i: res for i, res in enumerate(results) if isinstance(res, BaseException)}
+        got = [i for i in range(len(self._replicas)) if i not in errors]
+        for i in got:
+            # Restarted since the last push: it now holds the checkpoint plus this bucket only.
+            self._restarted(i, getattr(self._replicas[i].target, "engine_instance", None))
+        # A push every replica refused for its content (a bad name) left them all as they were;
+        # one that some got, or that failed only on reachability, leaves the others behind.
+        missed = [i for i, exc in errors.items() if got or is_miss(exc, self.retry_on)]
+        stale, current = self.weights.record(names, got, missed)
+        self.client_stats.missed_pushes += len(missed)
+        for i in stale:
+            if i in in_rotation:
+                self.client_stats.replica_failures += 1
+            self.policy.set_stale(i, True)
+        for i in current:
+            self.policy.set_stale(i, False)  # an out-of-rotation replica is probed at once
+            logger.warning("replica %d holds the latest weights again; it is probed back", i)
+        for i, exc in errors.items():
+            if i in missed:
+                logger.warning("replica %d missed a weight update (%s: %s); it stays out of rotation until an "
+                               "update of every weight it missed reaches it", i, type(exc).__name__, exc)
+        failed_in_rotation = sorted(i for i in errors if i in in_rotation)
+        if failed_in_rotation:
+            first = errors[failed_in_rotation[0]]
+            raise RuntimeError(
+                f"update_weights failed on replicas {failed_in_rotation} (those that missed it are out of "
+                f"rotation until a later push reaches them); first error on replica {failed_in_rotation[0]}: "
+                f"{type(first).__name__}: {first}") from first
+
+    def _restarted(self, index: int, instance: Any) -> bool:
+        """Note the engine instance replica ``index`` answered from; True when it changed after
+        weights were pushed (the replica is stale from now on)."""
+        if not isinstance(instance, str):
+            return False  # an engine that does not say (in-process, Ray): no restart to see
+        known, self._instances[index] = self._instances[index], instance
+        if known is None or known == instance or not self.weights.lost_all(index):
+            return False
+        logger.warning("replica %d restarted (engine instance %s -> %s) and lost the pushed weights; it stays out "
+                       "of rotation until a push of every weight reaches it", index, known, instance)
+        self.client_stats.replica_failures += 1
+        self.policy.set_stale(index, True)
+        return True
+
+    async def _push(self, replica: Replica, payload: Any, *, bounded: bool) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.busy_wait_s
+        while True:
+            coro = replica.call("update_weights", payload)
+            try:
+                await (asyncio.wait_for(coro, self.offline_push_timeout_s) if bounded else coro)
+                return
+            except ReplicaBusyError as exc:
+                # At its in-flight limit: wait the slot out rather than miss the push.
+                self.client_stats.busy += 1
+                wait = max(MIN_BUSY_WAIT_S, exc.retry_after_s)
+                if loop.time() + wait > deadline:
+                    raise
+                await asyncio.sleep(wait)
 
     async def close(self) -> None:
         """Wait for background aborts. Replicas are not closed: the client does not own them."""
@@ -388,9 +548,3 @@ class LLMServerClient:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _is_remote(exc: BaseException) -> bool:
-    # A TimeoutError raised inside a Ray actor arrives wrapped; only our own wait_for timeout
-    # means "this replica hung".
-    return type(exc).__module__.startswith("ray")

@@ -12,7 +12,9 @@ engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 -> ``Per
 A server that cannot be reached, a dropped connection, 502/503/504 ->
 :class:`ReplicaUnavailableError`, a ``ConnectionError``, so ``LLMServerClient`` takes the replica
 out of rotation and retries the request elsewhere; a read timeout (only with ``timeout_s``) ->
-``TimeoutError``, which it treats the same way.
+``TimeoutError``, which it treats as it treats its own ``request_timeout_s``. A 503 with
+``Retry-After`` (the server's in-flight limit) -> :class:`ReplicaBusyError`: backpressure, which
+``LLMServerClient`` answers by going elsewhere or waiting, never by taking the replica out.
 
 Needs the ``[server]`` extra (httpx); ``update_weights`` also needs torch and safetensors
 (the ``[hf]`` extra).
@@ -34,12 +36,23 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 
-__all__ = ["RemoteServer", "RemoteServerError", "ReplicaUnavailableError", "serialize_weights"]
+__all__ = ["RemoteServer", "RemoteServerError", "ReplicaBusyError", "ReplicaUnavailableError", "serialize_weights"]
 
 
 class ReplicaUnavailableError(ConnectionError):
     """The engine server cannot be reached or says it is unavailable (refused or dropped
     connection, 502/503/504). A ``ConnectionError``: ``LLMServerClient`` fails over on it."""
+
+
+class ReplicaBusyError(ReplicaUnavailableError):
+    """The engine server is at its in-flight limit (503 with ``Retry-After``): it is alive and
+    will serve again shortly. ``LLMServerClient`` sends the request elsewhere or waits
+    ``retry_after_s``, and keeps the replica in rotation."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """How long the server asked the client to wait (its ``Retry-After``)."""
 
 
 class RemoteServerError(RuntimeError):
@@ -134,6 +147,9 @@ class RemoteServer:
                                           max_keepalive_connections=max_connections)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._health: dict[str, Any] | None = None
+        self.engine_instance: str | None = None
+        """The server's lifetime id from its last ``/generate`` or ``/update_weights`` answer
+        (None before one, or from a server that sends none); it changes when the engine restarts."""
         self._http: Any = None
         # Not the default executor, which other code on the loop (sync agents, reward
         # functions) may fill: a weight push must not wait behind them.
@@ -209,7 +225,9 @@ class RemoteServer:
         body = {"request_id": request_id, "prompt_ids": [_token_id(t) for t in prompt_ids],
                 "sampling_params": params}
         out = await self._request("POST", "/generate", json=body)
-        return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"])
+        extra = self._note_instance(out)
+        return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"],
+                           extra=extra)
 
     async def abort(self, request_id: str) -> None:
         """Stop the remote server's in-flight requests of ``request_id``."""
@@ -240,8 +258,16 @@ class RemoteServer:
         # Serialising copies every tensor to host memory: keep that off the event loop.
         body = await asyncio.get_running_loop().run_in_executor(
             self._serializer, functools.partial(serialize_weights, named_tensors))
-        await self._request("POST", "/update_weights", content=body,
-                            headers={"content-type": "application/octet-stream"})
+        out = await self._request("POST", "/update_weights", content=body,
+                                  headers={"content-type": "application/octet-stream"})
+        self._note_instance(out)
+
+    def _note_instance(self, out: Any) -> dict[str, Any]:
+        instance = out.get("instance") if isinstance(out, dict) else None
+        if not isinstance(instance, str):
+            return {}
+        self.engine_instance = instance
+        return {"engine_instance": instance}
 
     async def close(self) -> None:
         """Close the connections. The remote server keeps running: this object does not own it."""
@@ -301,7 +327,23 @@ class RemoteServer:
             raise PermissionError(f"{what}: 401 {message}; {fix}")
         if status == 501:
             raise CapabilityNotSupportedError(message)
+        retry_after = _retry_after_s(response.headers.get("retry-after"))
+        if status == 503 and retry_after is not None:
+            raise ReplicaBusyError(f"{what}: HTTP 503: {message}", retry_after)
         if status in (502, 503, 504):
             raise ReplicaUnavailableError(f"{what}: HTTP {status}: {message}")
         hint = "; is it an agentloop engine server of a matching version?" if status == 404 else ""
         raise RemoteServerError(f"{what}: HTTP {status}: {message}{hint}")
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    # Only the delta-seconds form: the agentloop servers send it; an HTTP-date (a proxy's) or
+    # garbage is not an in-flight limit this client knows, so it stays a plain 503. Capped so
+    # that a hostile or careless header cannot park a request for hours.
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    if seconds is None or not 0 <= seconds < float("inf"):
+        return None
+    return min(seconds, 30.0)

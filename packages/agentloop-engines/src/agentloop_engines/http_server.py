@@ -36,6 +36,7 @@ safetensors, which every engine that can load weights already has.
 
 import asyncio
 import logging
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -124,6 +125,9 @@ def create_app(server: Any, *, api_key: str | None = None,
     app = fastapi.FastAPI(title="agentloop engine", docs_url=None, redoc_url=None, openapi_url=None)
     # Uploads are parsed here, not on the default executor that other code on the loop may fill.
     weights_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-weights-in")
+    # Names this server's lifetime in /generate and /update_weights answers: a client that sees
+    # it change knows the engine restarted (from its checkpoint) and lost the weights it pushed.
+    instance = uuid.uuid4().hex
     install_error_handlers(app, {PromptLimitError: (413, "request_too_large")})
 
     @app.get("/health")
@@ -138,7 +142,7 @@ def create_app(server: Any, *, api_key: str | None = None,
         out = await server.generate(req.request_id, req.prompt_ids, req.sampling_params)
         return {"token_ids": list(out.token_ids),
                 "log_probs": None if out.log_probs is None else list(out.log_probs),
-                "stop_reason": out.stop_reason}
+                "stop_reason": out.stop_reason, "instance": instance}
 
     @app.post("/abort")
     async def abort(req: AbortRequest) -> dict[str, Any]:
@@ -156,7 +160,7 @@ def create_app(server: Any, *, api_key: str | None = None,
             await server.update_weights(list(tensors.items()))
         except KeyError as exc:  # an unknown weight name is the caller's mistake, like bad input
             raise ValueError(exc.args[0] if exc.args else str(exc)) from exc
-        return {"updated": len(tensors)}
+        return {"updated": len(tensors), "instance": instance}
 
     @app.post("/sleep")
     async def sleep() -> dict[str, Any]:

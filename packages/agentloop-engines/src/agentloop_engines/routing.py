@@ -29,7 +29,16 @@ The policy is *sticky and load-aware*:
   its backoff has passed; the backoff doubles, up to a cap, each time a probe fails, and a probe
   that succeeds puts the replica back. A probe that fails is retried on another replica like any
   failover, so recovering costs at most one retry per backoff period, while never probing would
-  leave a replica that restarted (or had a network blip) out for the rest of the run.
+  leave a replica that restarted (or had a network blip) out for the rest of the run. With no
+  replica left in rotation for a request, the one due soonest is probed at once rather than
+  refusing the request until its backoff ends (one probe per replica at a time still holds);
+* **stale replicas** (:meth:`~StickyLeastInFlightPolicy.set_stale`) are out of rotation and never
+  probed: they missed a weight push, so any answer of theirs would be on old weights;
+* **suspects** (:meth:`~StickyLeastInFlightPolicy.suspect`): a replica that let one request
+  time out without completing anything meanwhile stays in rotation but is routed to only when
+  no other replica is left, until it completes a request or the client decides (see
+  :class:`~agentloop_engines.client.LLMServerClient`); **busy** ones (a 503 from their in-flight
+  limit, :meth:`~StickyLeastInFlightPolicy.note_busy`) likewise until their ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -59,12 +68,20 @@ class RoutingStats:
     """Requests sent to an out-of-rotation replica to test whether it is back."""
     recoveries: int = 0
     """Replicas put back into rotation by a successful probe."""
+    early_probes: int = 0
+    """Probes sent before their backoff ended because no replica was left in rotation."""
     per_replica: list[int] = field(default_factory=list)
     """Requests routed to each replica."""
 
 
 class NoHealthyReplicaError(RuntimeError):
     """Every replica is out of rotation (or was already tried for this request)."""
+
+
+class RequestTimeoutError(RuntimeError):
+    """A request ran past ``request_timeout_s`` on every replica it tried, and none of them was
+    shown to hang (each served other requests meanwhile, or no other replica served this one
+    faster): the request is too slow for the limit. The replicas stay in rotation."""
 
 
 class StickyLeastInFlightPolicy:
@@ -133,6 +150,13 @@ class StickyLeastInFlightPolicy:
         self.expected_decode_tokens = expected_decode_tokens
         self.in_flight: list[int] = [0] * num_replicas
         self.healthy: list[bool] = [True] * num_replicas
+        self.stale: list[bool] = [False] * num_replicas
+        self.completed: list[int] = [0] * num_replicas
+        """Requests each replica served (:meth:`record_success`): a sign of life while one of
+        its requests timed out."""
+        self._suspects: list[set[int]] = [set() for _ in range(num_replicas)]
+        self._next_token = 0
+        self._busy_until: list[float] = [0.0] * num_replicas
         self.stats = RoutingStats(per_replica=[0] * num_replicas)
         # request_id -> (replica, prompt tokens of the session's last request there): what that
         # replica's prefix cache is assumed to hold (at least; it also cached the output).
@@ -162,27 +186,76 @@ class StickyLeastInFlightPolicy:
             self._backoff[index] = min(2 * self._backoff[index], self.max_probe_backoff_s)
         self.healthy[index] = False
         self._probing[index] = False
+        self._suspects[index].clear()
         self._retry_at[index] = self._clock() + self._backoff[index] if probe else float("inf")
 
     def mark_healthy(self, index: int) -> None:
-        """Put replica ``index`` back into rotation."""
+        """Put replica ``index`` back into rotation (also when stale: the caller vouches that it
+        holds the current weights)."""
         self._check_index(index)
         self.healthy[index] = True
+        self.stale[index] = False
         self._probing[index] = False
+        self._suspects[index].clear()
         self._backoff[index] = 0.0
 
-    def record_success(self, index: int) -> None:
-        """Report that replica ``index`` served a request; an out-of-rotation one is back."""
+    def set_stale(self, index: int, stale: bool) -> None:
+        """Mark replica ``index`` as holding old weights (True: out of rotation, never probed)
+        or as current again (False: a replica that is out is probed at once, unless it was
+        taken out with ``probe=False``)."""
         self._check_index(index)
+        if stale:
+            if self.healthy[index]:
+                self.mark_unhealthy(index)
+            self.stale[index] = True
+            self._probing[index] = False
+        elif self.stale[index]:
+            self.stale[index] = False
+            if not self.healthy[index] and self._retry_at[index] != float("inf"):
+                self._retry_at[index] = min(self._retry_at[index], self._clock())
+
+    def record_success(self, index: int) -> None:
+        """Report that replica ``index`` served a request; an out-of-rotation one is back, and
+        a suspect one is cleared."""
+        self._check_index(index)
+        self.completed[index] += 1
+        self._suspects[index].clear()
         if not self.healthy[index]:
             self.mark_healthy(index)
             self.stats.recoveries += 1
 
+    def suspect(self, index: int) -> int:
+        """Suspect replica ``index`` of hanging (a request timed out there while it completed
+        nothing); returns a token for :meth:`is_suspected` / :meth:`clear_suspicion`. A suspect
+        stays in rotation but is chosen only when no other replica is left."""
+        self._check_index(index)
+        self._next_token += 1
+        self._suspects[index].add(self._next_token)
+        return self._next_token
+
+    def is_suspected(self, index: int, token: int) -> bool:
+        """Whether the suspicion ``token`` still stands (nothing completed on ``index`` since)."""
+        return token in self._suspects[index]
+
+    def clear_suspicion(self, index: int, token: int) -> None:
+        """Drop the suspicion ``token`` (its request ended without settling it)."""
+        self._suspects[index].discard(token)
+
+    def note_busy(self, index: int, retry_after_s: float) -> None:
+        """Replica ``index`` refused a request at its in-flight limit: prefer others for
+        ``retry_after_s`` (it stays in rotation; backpressure is not a failure)."""
+        self._check_index(index)
+        self._busy_until[index] = max(self._busy_until[index], self._clock() + retry_after_s)
+
+    def probes_in_flight(self, exclude: Collection[int] = ()) -> list[int]:
+        """Out-of-rotation replicas outside ``exclude`` whose probe is running now."""
+        return [i for i in range(self.num_replicas) if self._probing[i] and i not in exclude]
+
     def next_probe_in(self, index: int) -> float | None:
         """Seconds until replica ``index`` is probed (0 when due); None when it is healthy or
-        is never probed (taken out with ``probe=False``)."""
+        is never probed (taken out with ``probe=False``, or stale)."""
         self._check_index(index)
-        if self.healthy[index] or self._retry_at[index] == float("inf"):
+        if self.healthy[index] or self.stale[index] or self._retry_at[index] == float("inf"):
             return None
         return max(0.0, self._retry_at[index] - self._clock())
 
@@ -220,24 +293,34 @@ class StickyLeastInFlightPolicy:
             NoHealthyReplicaError: when no healthy replica outside ``exclude`` is left.
         """
         now = self._clock()
-        due = [i for i in range(self.num_replicas)
-               if not self.healthy[i] and not self._probing[i] and i not in exclude
-               and self._retry_at[i] <= now]
+        # One probe at a time per replica: a still-broken replica costs one retry, not many.
+        probeable = [i for i in range(self.num_replicas)
+                     if not self.healthy[i] and not self.stale[i] and not self._probing[i]
+                     and i not in exclude and self._retry_at[i] != float("inf")]
+        due = [i for i in probeable if self._retry_at[i] <= now]
+        candidates = [i for i in range(self.num_replicas) if self.healthy[i] and i not in exclude]
+        if not due and not candidates and probeable:
+            # Nothing in rotation for this request: probing now beats refusing it until the
+            # backoff ends (the replicas may well be back: a blip takes them all out at once).
+            due = probeable
+            self.stats.early_probes += 1
         if due:
-            # One probe at a time per replica: a still-broken replica costs one retry, not many.
             choice = min(due, key=lambda i: self._retry_at[i])
             self._probing[choice] = True
             self.stats.probes += 1
             return self._pin(request_id, choice, prompt_tokens)
-        candidates = [i for i in range(self.num_replicas) if self.healthy[i] and i not in exclude]
         if not candidates:
-            waits = {i: round(self._retry_at[i] - now, 2) for i in range(self.num_replicas)
-                     if not self.healthy[i] and i not in exclude and not self._probing[i]}
+            out = {i: ("stale: missed a weight push" if self.stale[i] else "probe running" if self._probing[i]
+                       else "held out until mark_healthy") for i in range(self.num_replicas)
+                   if not self.healthy[i] and i not in exclude}
             raise NoHealthyReplicaError(
                 f"no replica left to route request {request_id!r}: healthy={self.healthy_replicas}, "
-                f"already tried={sorted(exclude)}, next probe in seconds={waits}; check the engine "
-                "logs, then restart the replicas or call mark_healthy(index) once they are back"
+                f"already tried={sorted(exclude)}, out of rotation={out}; check the engine logs, then "
+                "restart the replicas or call mark_healthy(index) once they are back"
             )
+        # Suspects and busy replicas take requests only when nothing else is left.
+        preferred = [i for i in candidates if not self._suspects[i] and self._busy_until[i] <= now]
+        candidates = preferred or candidates
         least = min(candidates, key=lambda i: (self.in_flight[i], self.stats.per_replica[i], i))
         session = self._sessions.get(request_id)
         pinned, cached = session if session is not None else (None, 0)

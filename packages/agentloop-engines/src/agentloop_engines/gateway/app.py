@@ -49,7 +49,7 @@ from agentloop_engines.http_common import (
     uvicorn_config,
     warn_if_exposed,
 )
-from agentloop_engines.routing import NoHealthyReplicaError
+from agentloop_engines.routing import NoHealthyReplicaError, RequestTimeoutError
 
 __all__ = ["SESSION_HEADER", "GatewayThread", "add_gateway_routes", "create_gateway_app", "serve_gateway"]
 
@@ -61,6 +61,7 @@ ERRORS = {
     SessionCallLimitError: (400, "session_call_limit"),
     PromptLimitError: (413, "request_too_large"),
     NoHealthyReplicaError: (503, "engine_unavailable"),
+    RequestTimeoutError: (504, "engine_timeout"),
 }
 
 
