@@ -132,8 +132,11 @@ def test_remote_servers_key_comes_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="server_control_key_env=MY_CONTROL_KEY but that environment variable"):
         remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY")
     monkeypatch.setenv("MY_CONTROL_KEY", "the-control-key")
-    (replica,) = remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY").servers
-    assert replica._control_headers == {"Authorization": "Bearer the-control-key"}
+    made: list[dict] = []  # what each RemoteServer is built with (nothing is reachable at port 9)
+    monkeypatch.setattr("agentloop_engines.http_client.RemoteServer", lambda url, **kw: made.append(kw))
+    monkeypatch.setattr("agentloop_engines.client.LLMServerClient", lambda servers: servers)
+    remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY")
+    assert made == [{"api_key": None, "control_key": "the-control-key"}]
 
 
 def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):
