@@ -3,8 +3,8 @@
 Put it in :class:`~agentloop_engines.client.LLMServerClient` to balance over engine replicas
 that run elsewhere (other hosts, or servers a trainer did not start)::
 
-    client = LLMServerClient([RemoteServer("http://gpu-0:8000", api_key=key),
-                              RemoteServer("http://gpu-1:8000", api_key=key)])
+    client = LLMServerClient([RemoteServer("http://gpu-0:8000", api_key=key, control_key=control),
+                              RemoteServer("http://gpu-1:8000", api_key=key, control_key=control)])
 
 It speaks the endpoints of :mod:`agentloop_engines.http_server`: ``generate`` with the
 ``api_key``, and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
