@@ -31,7 +31,7 @@ def served_hf():
 async def http_engine(served_hf):
     from agentloop_engines.http_client import RemoteServer
 
-    server = RemoteServer(served_hf[1].url, api_key="conformance-key")
+    server = RemoteServer(served_hf[1].url, api_key="conformance-key", control_key=served_hf[1].control_key)
     await server.connect()
     yield server
     await server.close()

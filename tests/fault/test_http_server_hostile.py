@@ -25,7 +25,7 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 
 from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.gateway import Gateway, GatewayThread, session_base_path  # noqa: E402
 from agentloop_engines.http_server import ServerThread  # noqa: E402
 
 KEY = "sk-hostile-7a1c9e"
@@ -70,6 +70,8 @@ class HeldEngine(AsyncServerBase):
         self.release = threading.Event()
         self.held = 0
         self.generated = 0
+        self.gateway: Gateway | None = None
+        """The gateway over this engine in :func:`both_servers` (to open sessions in)."""
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
         self.generated += 1
@@ -88,7 +90,7 @@ def both_servers(tokenizer: Any, **kw: Any) -> Iterator[tuple[HeldEngine, dict[s
     """The engine server (its own session-less gateway) and a gateway over one engine:
     ``(engine, {"engine": url, "gateway": url})``. ``kw`` goes to both server threads."""
     engine = HeldEngine(tokenizer)
-    gateway = Gateway(engine, tokenizer, model_name="tiny")
+    gateway = engine.gateway = Gateway(engine, tokenizer, model_name="tiny")
     with ServerThread(engine, api_key=KEY, **kw) as srv, GatewayThread(gateway, api_key=KEY, **kw) as gw:
         yield engine, {"engine": srv.url, "gateway": gw.url}
 
@@ -348,19 +350,25 @@ def test_requests_over_the_in_flight_limit_get_503_at_once(tokenizer, which):
         url = urls[which]
         path, body = (("/generate", {"request_id": "hold-{}", "prompt_ids": [1, 2], "sampling_params": {}})
                       if which == "engine" else
-                      ("/sessions/hold-{}/v1/chat/completions", {"messages": HI, "max_tokens": 2}))
+                      ("{}/chat/completions", {"messages": HI, "max_tokens": 2}))
         results: list[Any] = []
+
+        def at(i: int) -> str:  # a gateway session's URL carries its session key
+            if which == "engine":
+                return url + path.format(i)
+            assert engine.gateway is not None
+            return url + path.format(session_base_path(f"hold-{i}", engine.gateway.open_session(f"hold-{i}")))
 
         def held(i: int) -> None:
             data = {**body, "request_id": f"hold-{i}"} if which == "engine" else body
-            results.append(httpx.post(url + path.format(i), headers=AUTH, json=data, timeout=HANG_S * 2))
+            results.append(httpx.post(at(i), headers=AUTH, json=data, timeout=HANG_S * 2))
 
         workers = [threading.Thread(target=held, args=(i,)) for i in range(2)]
         for w in workers:
             w.start()
         try:
             wait_until(lambda: engine.held == 2, "two held generations")
-            over = httpx.post(url + path.format(9), headers=AUTH, timeout=HANG_S / 4,
+            over = httpx.post(at(9), headers=AUTH, timeout=HANG_S / 4,
                               json={**body, "request_id": "hold-9"} if which == "engine" else body)
             assert over.status_code == 503, over.text[:300]
             assert over.headers.get("retry-after")

@@ -43,6 +43,10 @@ def rows(n):
         "client_secret",
         "password",
         "X-Api-Key",
+        "control_key",
+        "controlKey",
+        "session_key",
+        "X-Agentloop-Session-Key",
     ],
 )
 def test_secret_keys(key):

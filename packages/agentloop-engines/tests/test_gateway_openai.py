@@ -21,7 +21,7 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.client import LLMServerClient  # noqa: E402
-from agentloop_engines.gateway import SESSION_HEADER, Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.gateway import SESSION_HEADER, SESSION_KEY_HEADER, Gateway, GatewayThread  # noqa: E402
 
 KEY = "gw-key"
 TOOLS = [{"type": "function", "function": {
@@ -250,7 +250,9 @@ def test_auth_body_limit_and_error_shape(gateway):
             r = http.post("/v1/chat/completions", json={"messages": []})
             assert r.status_code == 400
             assert "messages" in r.json()["error"]["message"]
-            assert http.delete("/sessions/missing").status_code == 404
+            assert http.delete("/sessions/missing").status_code == 401  # a control route
+            assert http.delete("/sessions/missing", headers={"Authorization": f"Bearer {t.control_key}"}).status_code \
+                == 404
 
 
 def test_sessions_record_every_call_in_order_over_http(thread, engine, replies, tokenizer):
@@ -259,7 +261,7 @@ def test_sessions_record_every_call_in_order_over_http(thread, engine, replies, 
     for _ in range(2):
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
     c.completions.create(model="m", prompt=[3, 4], max_tokens=2)
-    with httpx.Client(base_url=thread.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+    with httpx.Client(base_url=thread.url, headers={"Authorization": f"Bearer {thread.control_key}"}) as http:
         assert "run-7" in http.get("/sessions").json()["sessions"]
         body = http.get("/sessions/run-7").json()
         assert body["num_calls"] == 3
@@ -276,7 +278,11 @@ def test_sessions_record_every_call_in_order_over_http(thread, engine, replies, 
 
 
 def test_the_session_header_names_the_session_on_plain_paths(thread, gateway, engine):
-    c = client(thread.base_url, default_headers={SESSION_HEADER: "hdr-1"})
+    key = gateway.open_session("hdr-1")
+    with pytest.raises(openai.NotFoundError, match="without its key"):
+        client(thread.base_url, default_headers={SESSION_HEADER: "hdr-1"}).completions.create(
+            model="m", prompt=[3], max_tokens=2)
+    c = client(thread.base_url, default_headers={SESSION_HEADER: "hdr-1", SESSION_KEY_HEADER: key})
     c.completions.create(model="m", prompt=[3], max_tokens=2)
     assert [r.token_ids for r in gateway.recorder.pop("hdr-1")] == [engine.calls[0].output.token_ids]
     with pytest.raises(openai.BadRequestError, match="use one of them"):
@@ -285,9 +291,9 @@ def test_the_session_header_names_the_session_on_plain_paths(thread, gateway, en
 
 
 def test_opening_a_session_over_http_sets_its_sampling(thread, engine):
-    with httpx.Client(base_url=thread.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+    with httpx.Client(base_url=thread.url, headers={"Authorization": f"Bearer {thread.control_key}"}) as http:
         r = http.post("/sessions/opened", json={"sampling_params": {"temperature": 0.25, "max_tokens": 3}})
-        assert r.json()["base_url"] == "/sessions/opened/v1"
+        assert r.json()["base_url"] == f"/sessions/opened/{r.json()['session_key']}/v1"
         assert http.get("/sessions/opened").json() == {"session_id": "opened", "num_calls": 0, "calls": []}
     client(thread.session_url("opened")).completions.create(model="m", prompt=[3], temperature=1.0, max_tokens=50)
     sp = engine.calls[0].sampling_params
@@ -345,14 +351,15 @@ def test_one_port_serves_generate_and_the_gateway(engine, gateway, replies):
 
     replies.by_prompt["hi"] = ["hello"]
     with ServerThread(engine, api_key=KEY, gateway=gateway) as t:
-        c = client(f"{t.url}/sessions/both/v1")
+        c = client(f"{t.url}/sessions/both/{gateway.open_session('both')}/v1")
         assert c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices[0] \
             .message.content == "hello"
         with httpx.Client(base_url=t.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
             out = http.post("/generate", json={"request_id": "g", "prompt_ids": [1, 2],
                                                "sampling_params": {"max_tokens": 2}}).json()
             assert out["stop_reason"] in ("stop", "length")
-            assert http.get("/sessions/both").json()["num_calls"] == 1
+            assert http.get("/sessions/both", headers={"Authorization": f"Bearer {t.control_key}"}).json()[
+                "num_calls"] == 1
 
 
 def test_no_replica_left_is_503(tokenizer):

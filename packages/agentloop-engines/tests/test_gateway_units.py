@@ -14,6 +14,7 @@ from agentloop_engines.gateway import (
     Gateway,
     RecordedCall,
     SessionCallLimitError,
+    SessionExistsError,
     SessionNotFoundError,
     SessionRecorder,
     find_stop,
@@ -89,6 +90,32 @@ def test_a_session_refuses_calls_beyond_its_limit_before_generating():
         rec.record("s", call(ids))
     with pytest.raises(SessionCallLimitError, match="max_calls_per_session=2"):
         rec.begin("s")
+
+
+def test_a_session_has_a_key_and_its_settings_are_fixed_at_open():
+    rec = SessionRecorder()
+    key = rec.open("s", sampling_overrides={"temperature": 0.5}, response_length=8)
+    assert rec.key("s") == key
+    assert len(key) >= 32
+    with pytest.raises(SessionExistsError, match="already open"):
+        rec.open("s", sampling_overrides={"temperature": 2.0})
+    assert rec.begin("s", key=key) == {"temperature": 0.5}
+    assert rec.remaining_budget("s", [1]) == 8
+    # A wrong key and a session that is not open read the same, and neither opens anything.
+    with pytest.raises(SessionNotFoundError) as wrong:
+        rec.begin("s", key="x" * len(key))
+    with pytest.raises(SessionNotFoundError) as missing:
+        rec.begin("other", key=key)
+    assert str(wrong.value).replace("'s'", "'other'") == str(missing.value)
+    assert "other" not in rec
+    with pytest.raises(SessionNotFoundError):
+        rec.authorize("s", "")
+    rec.authorize("s", key)
+    assert rec.key("new", create=True) != key  # in-process: opened with a key of its own
+    rec.pop("s")
+    with pytest.raises(SessionNotFoundError):
+        rec.begin("s", key=key)  # taken: its URL stops working
+    assert "s" not in rec
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", "x" * 201, "sp ace", "q?x"])

@@ -33,6 +33,8 @@ from agentloop_engines.http_client import RemoteServerError, ReplicaUnavailableE
 from agentloop_engines.http_server import ServerThread, create_app  # noqa: E402
 
 KEY = "s3cret-key"
+CONTROL = "c0ntrol-key"
+"""The servers' control key (update_weights, sleep, wake_up, abort): the trainer's, not a chat client's."""
 # model_path (conftest.py): the tiny model at a larger init than the training default, so greedy
 # outputs depend on the prompt and "same tokens" comparisons mean something.
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
@@ -52,6 +54,7 @@ def serve_hf(model_path, stack):
     def start(**kwargs) -> tuple[HFServer, ServerThread]:
         engine = HFServer(model_path, max_model_len=256)
         kwargs.setdefault("api_key", KEY)
+        kwargs.setdefault("control_key", CONTROL)
         return engine, stack.enter_context(ServerThread(engine, **kwargs))
 
     return start
@@ -59,11 +62,12 @@ def serve_hf(model_path, stack):
 
 @pytest.fixture
 async def remote():
-    """Make RemoteServer clients (api_key=KEY unless given) and close them after the test."""
+    """Make RemoteServer clients (api_key=KEY and control_key=CONTROL unless given) and close them
+    after the test."""
     made: list[RemoteServer] = []
 
     async def make(url: str, *, connect: bool = True, **kwargs) -> RemoteServer:
-        server = RemoteServer(url, **{"api_key": KEY, **kwargs})
+        server = RemoteServer(url, **{"api_key": KEY, "control_key": CONTROL, **kwargs})
         made.append(server)
         if connect:
             await server.connect()
@@ -250,7 +254,8 @@ async def test_weights_have_their_own_body_limit(model_path, stack, remote):
     embedding = {"model.embed_tokens.weight": state["model.embed_tokens.weight"]}
     limit = len(serialize_weights(embedding)) + 4096
     assert len(serialize_weights(state)) > limit
-    thread = stack.enter_context(ServerThread(engine, api_key=KEY, max_request_bytes=4096, max_weights_bytes=limit))
+    thread = stack.enter_context(ServerThread(engine, api_key=KEY, max_request_bytes=4096, max_weights_bytes=limit,
+                                                   control_key=CONTROL))
     server = await remote(thread.url)
 
     await server.update_weights(embedding)  # far over max_request_bytes, under max_weights_bytes
@@ -259,7 +264,7 @@ async def test_weights_have_their_own_body_limit(model_path, stack, remote):
     with pytest.raises(ValueError, match="max_request_bytes"):
         await server.generate("big", [5] * 2000, GREEDY)
     assert len((await server.generate("small", [5], GREEDY)).token_ids) == GREEDY["max_tokens"]
-    async with httpx.AsyncClient(base_url=thread.url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+    async with httpx.AsyncClient(base_url=thread.url, headers={"Authorization": f"Bearer {CONTROL}"}) as http:
         r = await http.post("/update_weights", content=b"not safetensors")
         assert r.status_code == 400
         assert "not a safetensors archive" in r.json()["error"]["message"]
@@ -281,16 +286,17 @@ async def test_sleep_and_wake_up_over_http_keep_outputs(serve_hf, remote):
 
 async def test_unsupported_capabilities_are_capability_not_supported(stack, remote):
     scripted = ScriptedServer()
-    server = await remote(stack.enter_context(ServerThread(scripted)).url, api_key=None)
+    server = await remote(stack.enter_context(ServerThread(scripted, control_key=CONTROL)).url, api_key=None)
     assert server.capabilities == scripted.capabilities
     with pytest.raises(CapabilityNotSupportedError, match="weight_update"):
         await server.update_weights({"w": torch.zeros(2)})
-    async with httpx.AsyncClient(base_url=server.base_url) as http:  # bypass RemoteServer's own check
+    async with httpx.AsyncClient(base_url=server.base_url,  # bypass RemoteServer's own check
+                                 headers={"Authorization": f"Bearer {CONTROL}"}) as http:
         r = await http.post("/update_weights", content=serialize_weights({"w": torch.zeros(2)}))
         assert r.status_code == 501
         assert "weight_update" in r.json()["error"]["message"]
 
-    flaky = await remote(stack.enter_context(ServerThread(FlakyEngine())).url, api_key=None)
+    flaky = await remote(stack.enter_context(ServerThread(FlakyEngine(), control_key=CONTROL)).url, api_key=None)
     with pytest.raises(CapabilityNotSupportedError, match="sleep"):
         await flaky.sleep()
 
@@ -323,7 +329,7 @@ async def test_a_400_is_a_value_error_with_the_servers_message(serve_hf, remote)
 
 
 async def test_an_engine_error_is_a_remote_engine_error_and_not_failed_over(stack, remote):
-    urls = [stack.enter_context(ServerThread(FlakyEngine())).url for _ in range(2)]
+    urls = [stack.enter_context(ServerThread(FlakyEngine(), control_key=CONTROL)).url for _ in range(2)]
     client = LLMServerClient([await remote(u, api_key=None) for u in urls])
     with pytest.raises(RemoteServerError, match="RuntimeError: engine fell over"):
         await client.generate("boom-1", [1], GREEDY)
@@ -331,7 +337,7 @@ async def test_an_engine_error_is_a_remote_engine_error_and_not_failed_over(stac
 
 
 async def test_a_read_timeout_is_a_timeout_error(stack, remote):
-    url = stack.enter_context(ServerThread(FlakyEngine())).url
+    url = stack.enter_context(ServerThread(FlakyEngine(), control_key=CONTROL)).url
     server = await remote(url, api_key=None, timeout_s=0.2)
     with pytest.raises(TimeoutError, match="timeout_s=0.2") as info:
         await server.generate("hold-1", [1], GREEDY)  # held until aborted: it can only time out

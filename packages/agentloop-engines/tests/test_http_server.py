@@ -143,7 +143,7 @@ def test_chat_completions_are_the_gateways_and_carry_the_exact_tokens(http, engi
                   json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400
     assert "records no sessions" in r.json()["error"]["message"]
-    assert http.get("/sessions", headers=AUTH).status_code == 404
+    assert http.get("/sessions", headers=AUTH).status_code == 401  # a control route: not the chat key's
     assert http.post("/v1/chat/completions", json={"messages": []}).status_code == 401
 
 
@@ -162,7 +162,7 @@ async def test_abort_over_http_stops_an_in_flight_request(server):
         pending = asyncio.create_task(c.post("/generate", json={"request_id": "hold-1", "prompt_ids": [1]}))
         await asyncio.sleep(0.2)
         assert not pending.done()
-        r = await c.post("/abort", json={"request_id": "hold-1"})
+        r = await c.post("/abort", json={"request_id": "hold-1"}, headers={"Authorization": f"Bearer {server.control_key}"})
         assert r.status_code == 200
         out = (await asyncio.wait_for(pending, 5)).json()
         assert out["stop_reason"] == "aborted"

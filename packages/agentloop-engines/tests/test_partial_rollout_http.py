@@ -50,7 +50,7 @@ async def remote(model_path):
             engines = [HFServer(model_path, max_model_len=512, max_batch_size=8, seed=0) for _ in range(n)]
             for engine in engines:
                 thread = stack.enter_context(ServerThread(engine))
-                clients.append(RemoteServer(thread.url))
+                clients.append(RemoteServer(thread.url, control_key=thread.control_key))
                 await clients[-1].connect()
             return engines, LLMServerClient(clients[-n:])
 

@@ -89,6 +89,28 @@ async def test_update_weights_changes_output_and_restoring_restores(server, tiny
     assert restored.log_probs == pytest.approx(before.log_probs, abs=1e-5)
 
 
+async def test_a_bad_update_changes_nothing_and_names_the_tensor(server, tiny_path):
+    """Every name and shape is checked against the checkpoint before vLLM loads anything: an update
+    whose last tensor is bad (vLLM's loader would have copied all the others) leaves the outputs
+    exactly as they were."""
+    import torch
+
+    from agentloop_engines.testing import perturbed_weights
+
+    before = await server.generate("bad0", PROMPTS[0], GREEDY)
+    _, perturbed = perturbed_weights(tiny_path)
+    names = list(perturbed)
+    bad_shape = [*((n, perturbed[n]) for n in names[:-1]), (names[-1], torch.zeros(3, 5))]
+    with pytest.raises(ValueError, match="nothing was loaded") as info:
+        await server.update_weights(bad_shape)
+    assert names[-1] in str(info.value)
+    with pytest.raises(ValueError, match="gate_prj"):
+        await server.update_weights([*perturbed.items(), ("model.layers.0.mlp.gate_prj.weight", perturbed[names[0]])])
+    after = await server.generate("bad1", PROMPTS[0], GREEDY)
+    assert after.token_ids == before.token_ids
+    assert after.log_probs == pytest.approx(before.log_probs, abs=1e-6)
+
+
 async def test_sleep_is_declared_unsupported_on_cpu(server):
     from agentloop_core.protocol import CapabilityNotSupportedError
 

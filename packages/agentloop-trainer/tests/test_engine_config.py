@@ -128,6 +128,15 @@ def test_remote_servers_key_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("MY_ENGINE_KEY", raising=False)
     with pytest.raises(ValueError, match="server_api_key_env=MY_ENGINE_KEY but that environment variable is unset"):
         remote_engines(["http://127.0.0.1:9"], "MY_ENGINE_KEY")
+    monkeypatch.delenv("MY_CONTROL_KEY", raising=False)
+    with pytest.raises(ValueError, match="server_control_key_env=MY_CONTROL_KEY but that environment variable"):
+        remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY")
+    monkeypatch.setenv("MY_CONTROL_KEY", "the-control-key")
+    made: list[dict] = []  # what each RemoteServer is built with (nothing is reachable at port 9)
+    monkeypatch.setattr("agentloop_engines.http_client.RemoteServer", lambda url, **kw: made.append(kw))
+    monkeypatch.setattr("agentloop_engines.client.LLMServerClient", lambda servers: servers)
+    remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY")
+    assert made == [{"api_key": None, "control_key": "the-control-key"}]
 
 
 def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):

@@ -26,7 +26,7 @@ class CountingServer:
 
 
 @pytest.mark.slow
-def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, tmp_path):
+def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, tmp_path, monkeypatch):
     import torch
 
     from agentloop_engines.hf import HFServer
@@ -38,9 +38,13 @@ def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, 
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                       "    return float(len(solution_str) % 2)\n")
     engines = [CountingServer(HFServer(str(random_model_path), seed=0)) for _ in range(2)]
-    with ServerThread(engines[0]) as a, ServerThread(engines[1]) as b:
+    # Weight pushes need the servers' control key (the chat key would not do), read from the environment.
+    monkeypatch.setenv("TEST_CONTROL_KEY", "remote-control-key")
+    with ServerThread(engines[0], control_key="remote-control-key") as a, \
+            ServerThread(engines[1], control_key="remote-control-key") as b:
         assert main([
             "train", f"model.path={random_model_path}", f"actor_rollout_ref.rollout.server_urls=[{a.url},{b.url}]",
+            "actor_rollout_ref.rollout.server_control_key_env=TEST_CONTROL_KEY",
             "data.train_size=64", "data.val_size=4", "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12", "data.max_response_length=40",
             "actor_rollout_ref.actor.lr=1e-2", "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=2",

@@ -1,5 +1,6 @@
 """``agentloop serve`` puts a checkpoint behind the OpenAI-compatible gateway: a stock ``openai``
-client chats with it, lists it, and a session records the exact tokens."""
+client chats with it, lists it, and a session (opened with the control key) records the exact
+tokens; without ``--control-key-env`` the control routes are off."""
 
 from __future__ import annotations
 
@@ -21,11 +22,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+CONTROL = "c0ntrol-s3cret"
+CONTROL_AUTH = {"Authorization": f"Bearer {CONTROL}"}
+
+
+def _open(base: str, session_id: str) -> str:
+    """Open a session with the control key; its base URL (which carries the session key)."""
+    r = httpx.post(f"{base}/sessions/{session_id}", headers=CONTROL_AUTH)
+    assert r.status_code == 200, r.text
+    return base + r.json()["base_url"]
+
+
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     """Start `agentloop serve ARGS` and wait until it answers /health."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "agentloop_trainer.cli.main", "serve", *args, "--port", str(port)],
-                            env={**os.environ, "MY_KEY": "s3cret"}, stdout=subprocess.PIPE,
+                            env={**os.environ, "MY_KEY": "s3cret", "MY_CONTROL": CONTROL}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -44,17 +56,18 @@ def _serve(*args: str) -> tuple[subprocess.Popen, str]:
 
 
 def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
-    proc, base = _serve(str(random_model_path), "--api-key-env", "MY_KEY", "--model-name", "tiny",
-                        "actor_rollout_ref.rollout.max_model_len=256")
+    proc, base = _serve(str(random_model_path), "--api-key-env", "MY_KEY", "--control-key-env", "MY_CONTROL",
+                        "--model-name", "tiny", "actor_rollout_ref.rollout.max_model_len=256")
     try:
-        client = openai.OpenAI(base_url=f"{base}/sessions/s1/v1", api_key="s3cret")
+        client = openai.OpenAI(base_url=_open(base, "s1"), api_key="s3cret")
         assert [m.id for m in client.models.list().data] == ["tiny"]
         reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
                                                max_tokens=5, temperature=0)
         assert reply.choices[0].finish_reason in ("stop", "length")
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{base}/v1", api_key="wrong").models.list()
-        recorded = httpx.delete(f"{base}/sessions/s1", headers={"Authorization": "Bearer s3cret"}).json()
+        assert httpx.delete(f"{base}/sessions/s1", headers={"Authorization": "Bearer s3cret"}).status_code == 401
+        recorded = httpx.delete(f"{base}/sessions/s1", headers=CONTROL_AUTH).json()
         assert recorded["num_calls"] == 1
         call = recorded["calls"][0]
         # The ids the client saw in the extension field are the ones recorded for training.
@@ -72,14 +85,15 @@ def test_serve_routes_over_running_engines(random_model_path):
 
     engines = [HFServer(str(random_model_path), seed=0) for _ in range(2)]
     with ServerThread(engines[0]) as a, ServerThread(engines[1]) as b:
-        proc, base = _serve(str(random_model_path), f"actor_rollout_ref.rollout.server_urls=[{a.url},{b.url}]")
+        proc, base = _serve(str(random_model_path), f"actor_rollout_ref.rollout.server_urls=[{a.url},{b.url}]",
+                            "--control-key-env", "MY_CONTROL")
         try:
             for k in range(4):
-                client = openai.OpenAI(base_url=f"{base}/sessions/t{k}/v1", api_key="unused")
+                client = openai.OpenAI(base_url=_open(base, f"t{k}"), api_key="unused")
                 for _ in range(2):
                     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
                                                    max_tokens=3)
-            served = [httpx.get(f"{base}/sessions/t{k}").json()["calls"] for k in range(4)]
+            served = [httpx.get(f"{base}/sessions/t{k}", headers=CONTROL_AUTH).json()["calls"] for k in range(4)]
             # Each session stayed on one replica, and the sessions were spread over both.
             replicas = [{call["extra"]["replica"] for call in calls} for calls in served]
             assert all(len(r) == 1 for r in replicas), replicas
@@ -87,3 +101,20 @@ def test_serve_routes_over_running_engines(random_model_path):
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def test_serve_without_a_control_key_serves_no_control_route(random_model_path):
+    proc, base = _serve(str(random_model_path), "actor_rollout_ref.rollout.max_model_len=256")
+    try:
+        for method, path in (("GET", "/sessions"), ("POST", "/sessions/s1"), ("POST", "/sleep"),
+                             ("POST", "/update_weights")):
+            r = httpx.request(method, f"{base}{path}", headers=CONTROL_AUTH)
+            assert r.status_code == 403, (path, r.text)
+            assert "--control-key-env" in r.json()["error"]["message"]
+        assert httpx.post(f"{base}/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}],
+                                                               "max_tokens": 2}).status_code == 200
+    finally:
+        proc.terminate()
+        out = proc.communicate(timeout=30)[0]
+    assert "control routes" in out
+    assert CONTROL not in out

@@ -3,11 +3,13 @@
 Put it in :class:`~agentloop_engines.client.LLMServerClient` to balance over engine replicas
 that run elsewhere (other hosts, or servers a trainer did not start)::
 
-    client = LLMServerClient([RemoteServer("http://gpu-0:8000", api_key=key),
-                              RemoteServer("http://gpu-1:8000", api_key=key)])
+    client = LLMServerClient([RemoteServer("http://gpu-0:8000", api_key=key, control_key=control),
+                              RemoteServer("http://gpu-1:8000", api_key=key, control_key=control)])
 
-It speaks the endpoints of :mod:`agentloop_engines.http_server`, and raises what an in-process
-engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 -> ``PermissionError``,
+It speaks the endpoints of :mod:`agentloop_engines.http_server`: ``generate`` with the
+``api_key``, and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
+the ``control_key`` (see :mod:`agentloop_engines.control`). It raises what an in-process
+engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 and 403 -> ``PermissionError``,
 501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`RemoteServerError`.
 A server that cannot be reached, a dropped connection, 502/503/504 ->
 :class:`ReplicaUnavailableError`, a ``ConnectionError``, so ``LLMServerClient`` takes the replica
@@ -114,22 +116,28 @@ class RemoteServer:
     Args:
         base_url: The server's address, e.g. ``http://10.0.0.5:8000``.
         api_key: Bearer token, when the server was started with ``api_key``.
+        control_key: The server's control key, for ``abort``, ``sleep``, ``wake_up`` and
+            ``update_weights`` (the trainer's; never a chat client's). None: those calls fail
+            with ``PermissionError``.
         timeout_s: Limit on reading a response (and sending a body). None: no limit.
         connect_timeout_s: Limit on opening a connection; also the whole limit for ``/health``.
         max_connections: Most concurrent connections; requests beyond it wait for a free one.
 
     Raises:
-        ValueError: on a ``base_url`` that is not http(s), an empty ``api_key``, or a
-            non-positive limit.
+        ValueError: on a ``base_url`` that is not http(s), an empty ``api_key`` or
+            ``control_key``, or a non-positive limit.
     """
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float | None = None,
-                 connect_timeout_s: float = 10.0, max_connections: int = 256) -> None:
+                 connect_timeout_s: float = 10.0, max_connections: int = 256,
+                 control_key: str | None = None) -> None:
         self._httpx = _require_httpx()
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if api_key is not None and not api_key:
             raise ValueError("api_key is an empty string; pass None for a server without auth")
+        if control_key is not None and not control_key:
+            raise ValueError("control_key is an empty string; pass the server's control key, or None")
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0 or None, got {timeout_s}")
         if connect_timeout_s <= 0 or max_connections < 1:
@@ -146,6 +154,8 @@ class RemoteServer:
         self._limits = self._httpx.Limits(max_connections=max_connections,
                                           max_keepalive_connections=max_connections)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._control_headers = {"Authorization": f"Bearer {control_key}"} if control_key else {}
+        self._has_control_key = control_key is not None  # the key itself is kept in the headers only
         self._health: dict[str, Any] | None = None
         self.engine_instance: str | None = None
         """The server's lifetime id from its last ``/generate`` or ``/update_weights`` answer
@@ -231,15 +241,15 @@ class RemoteServer:
 
     async def abort(self, request_id: str) -> None:
         """Stop the remote server's in-flight requests of ``request_id``."""
-        await self._request("POST", "/abort", json={"request_id": request_id})
+        await self._control("POST", "/abort", json={"request_id": request_id})
 
     async def sleep(self) -> None:
         """Ask the remote server to release accelerator memory (501 -> CapabilityNotSupportedError)."""
-        await self._request("POST", "/sleep")
+        await self._control("POST", "/sleep")
 
     async def wake_up(self) -> None:
         """Ask the remote server to restore what ``sleep`` released."""
-        await self._request("POST", "/wake_up")
+        await self._control("POST", "/wake_up")
 
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
         """Send new weights to the remote server in one safetensors body (see :func:`serialize_weights`).
@@ -258,7 +268,7 @@ class RemoteServer:
         # Serialising copies every tensor to host memory: keep that off the event loop.
         body = await asyncio.get_running_loop().run_in_executor(
             self._serializer, functools.partial(serialize_weights, named_tensors))
-        out = await self._request("POST", "/update_weights", content=body,
+        out = await self._control("POST", "/update_weights", content=body,
                                   headers={"content-type": "application/octet-stream"})
         self._note_instance(out)
 
@@ -295,6 +305,13 @@ class RemoteServer:
             self._loop = loop
         return self._http
 
+    async def _control(self, method: str, path: str, *, headers: Mapping[str, str] | None = None,
+                       **kwargs: Any) -> Any:
+        # A control route: the control key replaces the chat key (which never opens one).
+        if not self._control_headers:  # no key: send no credential rather than the chat key
+            headers = {**(headers or {}), "Authorization": ""}
+        return await self._request(method, path, headers={**self._control_headers, **(headers or {})}, **kwargs)
+
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         what = f"{method} {self.base_url}{path}"
         try:
@@ -321,10 +338,19 @@ class RemoteServer:
             message = response.text[:500] or response.reason_phrase
         if status in (400, 413):
             raise ValueError(message)
-        if status == 401:
-            fix = ("the api_key given to RemoteServer does not match the server's" if self.api_key else
-                   "the server needs an API key: pass RemoteServer(..., api_key=...)")
-            raise PermissionError(f"{what}: 401 {message}; {fix}")
+        if status in (401, 403):
+            code = _error_code(response)
+            if code in ("control_key_required", "control_disabled"):
+                fix = ("the control_key given to RemoteServer does not match the server's" if self._has_control_key
+                       else "pass RemoteServer(..., control_key=...) (the trainer: set "
+                       "actor_rollout_ref.rollout.server_control_key_env)")
+                if code == "control_disabled":
+                    fix = ("start the server with a control key (`agentloop serve --control-key-env VAR`) and pass "
+                           "the same key to RemoteServer(..., control_key=...)")
+            else:
+                fix = ("the api_key given to RemoteServer does not match the server's" if self.api_key else
+                       "the server needs an API key: pass RemoteServer(..., api_key=...)")
+            raise PermissionError(f"{what}: {status} {message}; {fix}")
         if status == 501:
             raise CapabilityNotSupportedError(message)
         retry_after = _retry_after_s(response.headers.get("retry-after"))
@@ -347,3 +373,10 @@ def _retry_after_s(value: str | None) -> float | None:
     if seconds is None or not 0 <= seconds < float("inf"):
         return None
     return min(seconds, 30.0)
+
+
+def _error_code(response: Any) -> str | None:
+    try:
+        return response.json()["error"]["code"]
+    except Exception:  # noqa: BLE001 - not our error shape
+        return None

@@ -20,11 +20,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
+from agentloop_engines.control import check_control_key
 from agentloop_engines.http_watch import serve_until_gone, write_deadline_protocol
 
 logger = logging.getLogger(__name__)
@@ -166,10 +167,13 @@ def _header_deadline_protocol(timeout_s: float, write_timeout_s: float) -> type:
 class RequestGuard:
     """ASGI middleware run before the app on every path but ``/health``, in this order:
 
-    1. bearer auth from the headers (401, body unread, connection closed);
-    2. the in-flight limit (503 with ``Retry-After``, body unread);
-    3. the body size, by ``Content-Length`` and then by counting (413);
-    4. the body deadline, ``body_timeout_s`` from the headers to the last byte (408).
+    1. bearer auth from the headers (401, body unread, connection closed): the ``api_key`` on
+       chat paths, the ``control_key`` on every other path (403 when there is none; see
+       :mod:`agentloop_engines.control`);
+    2. one request at a time on the ``one_at_a_time`` paths (409, body unread);
+    3. the in-flight limit (503 with ``Retry-After``, body unread);
+    4. the body size, by ``Content-Length`` and then by counting (413);
+    5. the body deadline, ``body_timeout_s`` from the headers to the last byte (408).
 
     The body is buffered here and replayed to the app, so the app never reads a body the
     guard has not admitted; a request whose client disconnects before its answer is complete
@@ -184,15 +188,24 @@ class RequestGuard:
         per_path: ``{path: (limit, setting name, body deadline)}`` for paths with their own
             limits (the engine server's ``/update_weights``: a model's weights are gigabytes, and
             raising every path's limit to that would let any request pin that much memory).
+        control_key: The bearer token of the control paths; None: they are refused (403).
+        is_chat: Which paths are chat paths (the ``api_key``'s); None: every guarded path (no
+            control paths). The apps pass :func:`agentloop_engines.control.is_chat_path`.
+        one_at_a_time: Paths served one request at a time; another request arriving meanwhile
+            gets 409 from its headers (the engine server's ``/update_weights``, so two uploads
+            never hold two bodies of weights).
 
     Raises:
-        ValueError: on an empty ``api_key`` (pass None to disable auth) or a non-positive limit.
+        ValueError: on an empty ``api_key`` (pass None to disable auth), a ``control_key`` that is
+            empty or equals ``api_key``, or a non-positive limit.
     """
 
     def __init__(self, app: Any, *, api_key: str | None, max_bytes: int, limits: ServerLimits,
-                 per_path: Mapping[str, tuple[int, str, float]] | None = None) -> None:
+                 per_path: Mapping[str, tuple[int, str, float]] | None = None, control_key: str | None = None,
+                 is_chat: Callable[[str], bool] | None = None, one_at_a_time: Iterable[str] = ()) -> None:
         if api_key is not None and not api_key:
             raise ValueError("api_key is an empty string; pass None to disable auth or a real secret")
+        check_control_key(control_key, api_key)
         if max_bytes <= 0:
             raise ValueError(f"max_request_bytes must be positive, got {max_bytes}")
         self.app = app
@@ -200,6 +213,10 @@ class RequestGuard:
         self.limits = limits
         self.per_path = dict(per_path or {})
         self._expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self._control = None if control_key is None else f"Bearer {control_key}".encode()
+        self._is_chat = is_chat
+        self.one_at_a_time = frozenset(one_at_a_time)
+        self._busy: set[str] = set()
         self.in_flight = 0
         """Guarded requests being served now (one event loop, so a plain counter)."""
 
@@ -208,9 +225,16 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        if self._expected is not None and not _bearer_ok(headers.get(b"authorization", b""), self._expected):
-            await refuse(receive, send, 401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
-                         "unauthorized", [(b"www-authenticate", b"Bearer")])
+        path = scope.get("path", "")
+        refusal = self._auth_refusal(path, headers.get(b"authorization", b""))
+        if refusal is not None:
+            await refuse(receive, send, *refusal)
+            return
+        exclusive = path in self.one_at_a_time
+        if exclusive and path in self._busy:
+            await refuse(receive, send, 409, f"another {scope.get('method', 'POST')} {path} is in progress; these "
+                         "requests are served one at a time (so their bodies are never held together): retry when "
+                         "it has finished", "conflict")
             return
         if self.in_flight >= self.limits.max_in_flight:
             await refuse(receive, send, 503, f"the server is serving {self.in_flight} requests, its limit "
@@ -219,12 +243,33 @@ class RequestGuard:
                          [(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         self.in_flight += 1
+        if exclusive:
+            self._busy.add(path)
         try:
             body = await self._read_body(scope, headers, receive, send)
             if body is not None:
                 await serve_until_gone(self.app, scope, body, receive, send)
         finally:
             self.in_flight -= 1
+            if exclusive:
+                self._busy.discard(path)
+
+    def _auth_refusal(self, path: str, header: bytes) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
+        """``(status, message, code, headers)`` refusing the request, or None to admit it."""
+        challenge = [(b"www-authenticate", b"Bearer")]
+        if self._is_chat is None or self._is_chat(path):
+            if self._expected is None or _bearer_ok(header, self._expected):
+                return None
+            return 401, "missing or invalid API key; send 'Authorization: Bearer <key>'", "unauthorized", challenge
+        if self._control is None:
+            return (403, f"{path} is a control route (it changes or reads the trainer's state), and this server was "
+                    "started without a control key, so it serves none; start it with control_key=... (`agentloop "
+                    "serve --control-key-env VAR`) and send 'Authorization: Bearer <control key>'", "control_disabled",
+                    [])
+        if _bearer_ok(header, self._control):
+            return None
+        return (401, f"{path} is a control route: send 'Authorization: Bearer <control key>' (the control_key the "
+                "server was started with; the chat api_key does not open it)", "control_key_required", challenge)
 
     async def _read_body(self, scope: dict[str, Any], headers: Mapping[bytes, bytes], receive: Any,
                          send: Any) -> bytes | None:

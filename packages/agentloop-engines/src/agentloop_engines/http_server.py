@@ -4,10 +4,14 @@ Endpoints (JSON):
 
 * ``POST /generate`` ``{request_id, prompt_ids, sampling_params}`` ->
   ``{token_ids, log_probs, stop_reason}``: the token-in, token-out call agent loops train on;
-* ``POST /abort`` ``{request_id}``;
-* ``POST /update_weights``: the named tensors as one safetensors archive
-  (``safetensors.torch.save`` bytes, ``application/octet-stream``), loaded with
-  ``server.update_weights``; ``POST /sleep`` and ``POST /wake_up`` (no body);
+* control routes, which need the ``control_key`` (``Authorization: Bearer <control key>``; the
+  chat ``api_key`` never opens them; without a control key they answer 403, see
+  :mod:`agentloop_engines.control`): ``POST /abort`` ``{request_id}``; ``POST /update_weights``:
+  the named tensors as one safetensors archive (``safetensors.torch.save`` bytes,
+  ``application/octet-stream``), checked whole and loaded with ``server.update_weights``, one
+  upload at a time (another one meanwhile gets 409 before its body is read); ``POST /sleep`` and
+  ``POST /wake_up`` (no body); and the gateway's session routes (``GET /sessions``,
+  ``POST``/``GET``/``DELETE /sessions/<id>``);
 * ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``: the
   OpenAI-compatible gateway's (:mod:`agentloop_engines.gateway`, the one implementation of
   ``/v1``), for black-box agents. With ``gateway=``, that gateway's, with its sessions
@@ -18,7 +22,8 @@ Endpoints (JSON):
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: bad input is 400 with
 the engine's message, a missing or wrong bearer token 401 (answered from the headers, before
-the body is read), a body not received within ``body_timeout_s`` 408, an oversized body or
+the body is read), a control route on a server without a control key 403, a second weight
+upload while one runs 409, a body not received within ``body_timeout_s`` 408, an oversized body or
 prompt 413, an unsupported capability 501, any other engine error 500 with its message, and
 503 with ``Retry-After`` over ``max_in_flight`` (see
 :class:`~agentloop_engines.http_common.ServerLimits`). The default bind address is 127.0.0.1:
@@ -41,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
+from agentloop_engines.control import is_chat_path, new_control_key
 from agentloop_engines.gateway.app import add_gateway_routes
 from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
@@ -71,14 +77,16 @@ def create_app(server: Any, *, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, gateway: Gateway | None = None,
                limits: ServerLimits | None = None, prompt_limits: PromptLimits | None = None,
-               tool_parser: str | None = None) -> Any:
+               tool_parser: str | None = None, control_key: str | None = None) -> Any:
     """Build the ASGI app serving ``server``.
 
     Args:
         server: An ``AsyncServer`` (an engine, or an ``LLMServerClient`` in front of several).
-        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <key>``.
+        api_key: When set, every chat endpoint needs ``Authorization: Bearer <key>``.
         max_request_bytes: Larger request bodies get 413 (every path but ``/update_weights``).
         max_weights_bytes: Larger ``/update_weights`` bodies get 413.
+        control_key: The bearer token of the control routes (``/update_weights``, ``/sleep``,
+            ``/wake_up``, ``/abort``, the session admin routes); None: they answer 403.
         gateway: A :class:`~agentloop_engines.gateway.Gateway` (usually over the same
             ``server``) whose OpenAI-compatible endpoints and per-session recording
             (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/sessions/...``)
@@ -98,8 +106,9 @@ def create_app(server: Any, *, api_key: str | None = None,
 
     Raises:
         ImportError: without the ``[server]`` extra.
-        ValueError: on a non-positive body limit, an empty ``api_key``, or ``tool_parser`` with
-            ``gateway`` (the gateway's own parser applies).
+        ValueError: on a non-positive body limit, an empty ``api_key``, a ``control_key`` that is
+            empty or equals ``api_key``, or ``tool_parser`` with ``gateway`` (the gateway's own
+            parser applies).
     """
     fastapi, _ = require_server_extra()
     from fastapi import Request  # importable now; a class, so it can annotate the handler
@@ -183,7 +192,8 @@ def create_app(server: Any, *, api_key: str | None = None,
 
     # The guard refuses an empty api_key and a non-positive max_request_bytes.
     return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits,
-                        per_path={_WEIGHTS_PATH: (max_weights_bytes, "max_weights_bytes", limits.weights_body_timeout_s)})
+                        per_path={_WEIGHTS_PATH: (max_weights_bytes, "max_weights_bytes", limits.weights_body_timeout_s)},
+                        control_key=control_key, is_chat=is_chat_path, one_at_a_time=(_WEIGHTS_PATH,))
 
 
 def _sessionless_gateway(server: Any, prompt_limits: PromptLimits | None, tool_parser: str | None) -> Gateway | None:
@@ -236,14 +246,15 @@ async def _call_optional(server: Any, method: str) -> None:
 def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES,
           log_level: str = "info", gateway: Gateway | None = None, limits: ServerLimits | None = None,
-          prompt_limits: PromptLimits | None = None, tool_parser: str | None = None) -> None:
+          prompt_limits: PromptLimits | None = None, tool_parser: str | None = None,
+          control_key: str | None = None) -> None:
     """Serve ``server`` with uvicorn until interrupted (blocks).
 
     Args:
         server: The ``AsyncServer`` to expose.
         host: Bind address; loopback by default.
         port: TCP port.
-        api_key: Bearer token required by every endpoint but ``/health``.
+        api_key: Bearer token required by every chat endpoint (``/generate``, ``/v1``).
         max_request_bytes: Larger request bodies get 413 (every path but ``/update_weights``).
         max_weights_bytes: Larger ``/update_weights`` bodies get 413.
         log_level: uvicorn's log level.
@@ -251,13 +262,15 @@ def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str |
         limits: See :func:`create_app`; also uvicorn's connection settings.
         prompt_limits: See :func:`create_app`.
         tool_parser: See :func:`create_app`.
+        control_key: See :func:`create_app` (None: no control routes; a trainer pushing weights
+            to this server needs one).
     """
     _, uvicorn = require_server_extra()
     warn_if_exposed(host, api_key)
     limits = limits or ServerLimits()
     app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits, prompt_limits=prompt_limits,
-                     tool_parser=tool_parser)
+                     tool_parser=tool_parser, control_key=control_key)
     uvicorn.Server(uvicorn_config(app, host, port, limits, log_level)).run()
 
 
@@ -278,17 +291,23 @@ class ServerThread(UvicornThread):
         limits: See :func:`create_app`; also uvicorn's connection settings.
         prompt_limits: See :func:`create_app`.
         tool_parser: See :func:`create_app`.
+        control_key: See :func:`create_app`; None: a fresh random one (:attr:`control_key`), so
+            only the code that started the thread can control the engine.
     """
 
     def __init__(self, server: Any, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                  max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, start_timeout_s: float = 30.0,
                  gateway: Gateway | None = None, limits: ServerLimits | None = None,
-                 prompt_limits: PromptLimits | None = None, tool_parser: str | None = None) -> None:
+                 prompt_limits: PromptLimits | None = None, tool_parser: str | None = None,
+                 control_key: str | None = None) -> None:
         warn_if_exposed(host, api_key)
+        self.control_key = control_key if control_key is not None else new_control_key()
+        """The control routes' bearer token: give it to the trainer's ``RemoteServer(control_key=...)``,
+        never to chat clients."""
         app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
                          max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits,
-                         prompt_limits=prompt_limits, tool_parser=tool_parser)
+                         prompt_limits=prompt_limits, tool_parser=tool_parser, control_key=self.control_key)
         super().__init__(app, host, port, start_timeout_s=start_timeout_s, limits=limits)
 
     def __enter__(self) -> "ServerThread":

@@ -41,11 +41,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import functools
 import inspect
 import itertools
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -63,6 +61,7 @@ from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.engine_loop import EngineLoopThread
 from agentloop_engines.plugins import SGLANG_ENGINE
+from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
 
 __all__ = ["SGLangServer"]
 
@@ -89,25 +88,13 @@ def _require_sglang() -> Any:
 def _checkpoint_weight_names(model_path: str) -> frozenset[str] | None:
     """The weight names of a safetensors checkpoint (the names SGLang's loader accepts), or None
     when the folder (or its copy in the Hugging Face cache) cannot be read."""
+    specs = _checkpoint_specs(model_path)
+    return None if specs is None else frozenset(specs)
+
+
+def _checkpoint_specs(model_path: str) -> dict[str, WeightSpec] | None:
     folder = local_checkpoint_folder(model_path)
-    if folder is None:  # not cached here, or no huggingface_hub: no check
-        return None
-    names: set[str] = set()
-    index, config = folder / "model.safetensors.index.json", folder / "config.json"
-    try:
-        if index.is_file():
-            names.update(json.loads(index.read_text())["weight_map"])
-        else:
-            for file in sorted(folder.glob("*.safetensors")):
-                with file.open("rb") as fh:  # an 8-byte little-endian header size, then a JSON header
-                    size = int.from_bytes(fh.read(8), "little")
-                    names.update(k for k in json.loads(fh.read(size)) if k != "__metadata__")
-        if names and config.is_file() and json.loads(config.read_text()).get("tie_word_embeddings"):
-            # Not in a tied checkpoint, but in the trainer's state_dict; SGLang skips it on purpose.
-            names.add("lm_head.weight")
-    except (OSError, ValueError, KeyError, OverflowError, MemoryError):  # e.g. Git LFS pointer files
-        return None
-    return frozenset(names) or None
+    return None if folder is None else checkpoint_weight_specs(folder)  # None: not cached here
 
 
 class SGLangServer(AsyncServerBase):
@@ -186,13 +173,19 @@ class SGLangServer(AsyncServerBase):
         saver = bool(getattr(args, "enable_memory_saver", False))
         self.capabilities = replace(type(self).capabilities, sleep=saver)
         self.per_request_seed = bool(getattr(args, "enable_deterministic_inference", False))
+        specs: dict[str, WeightSpec] | None = None
         if weight_names is None:
             path = model_path or getattr(args, "model_path", None)
-            weight_names = _checkpoint_weight_names(str(path)) if path else None
-            if weight_names is None:
-                logger.warning("SGLangServer cannot read the checkpoint's weight names from %r; "
-                               "update_weights will not catch misspelt names", path)
-        self.weight_names = None if weight_names is None else frozenset(weight_names)
+            specs = _checkpoint_specs(str(path)) if path else None
+            if specs is None:
+                logger.warning("SGLangServer cannot read the checkpoint's weights from %r; "
+                               "update_weights will not catch misspelt names or wrong shapes", path)
+        else:
+            specs = dict.fromkeys(weight_names, WeightSpec(None, None))
+        self.weight_specs = specs
+        """What ``update_weights`` checks an update against (the checkpoint's names, shapes and
+        dtype kinds), or None: no check."""
+        self.weight_names = None if specs is None else frozenset(specs)
         self.flush_timeout_s = flush_timeout_s
         self._loop_thread = EngineLoopThread(self.engine.loop, name="sglang-engine-loop")
         # Blocking control calls wait here, not on the default executor, which other code on the
@@ -373,29 +366,21 @@ class SGLangServer(AsyncServerBase):
         return await asyncio.get_running_loop().run_in_executor(
             self._control_pool, functools.partial(self._loop_thread.call_paused, method, **kwargs))
 
-    def _check_weight_names(self, names: Iterable[str]) -> None:
-        known = self.weight_names or frozenset()
-        unknown = [n for n in dict.fromkeys(names) if n not in known] if self.weight_names else []
-        if unknown:
-            close = {n: difflib.get_close_matches(n, sorted(known), n=1) for n in unknown[:10]}
-            hints = [repr(n) + "".join(f" (did you mean {c!r}?)" for c in cs) for n, cs in close.items()]
-            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-            raise ValueError(
-                f"update_weights: the model has no weight named {', '.join(hints)}{more}; SGLang would "
-                "skip them silently and keep the old weights. Use the checkpoint's names (strip "
-                "wrapper prefixes such as 'module.' or '_orig_mod.')"
-            )
-
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
         """Load new weights in place, with the prefix cache flushed (stale KV would mix policies):
         new requests wait and running ones finish, so none runs between the flush and the update.
 
+        The whole update is checked against :attr:`weight_specs` first: SGLang's loader skips
+        unknown names silently and copies the rest, and a wrong shape fails midway.
+
         Raises:
-            ValueError: on a name the model does not have (SGLang would skip it silently).
+            WeightUpdateError: (a ValueError) naming every tensor with a name the checkpoint does
+                not have, a wrong shape or a dtype of another kind; nothing was sent to SGLang.
             RuntimeError: when SGLang reports the update failed, or stays busy past ``flush_timeout_s``.
         """
         items = list(named_tensors)
-        self._check_weight_names(name for name, _ in items)
+        if self.weight_specs is not None:
+            items = check_weight_update(items, self.weight_specs, engine="the SGLang checkpoint")
         async with self._exclusive():
             if self._asleep:
                 raise RuntimeError("SGLang's weights are released while asleep; call wake_up() first")

@@ -26,8 +26,9 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 from agentloop_engines.base import AsyncServerBase
-from agentloop_engines.dtypes import default_engine_dtype
+from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.plugins import VLLM_ENGINE
+from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
 
 __all__ = ["FUSED_GROUPS", "VLLMServer", "incomplete_fused_groups"]
 
@@ -152,6 +153,10 @@ class VLLMServer(AsyncServerBase):
         eos = tokenizer.eos_token_id
         self.eos_token_ids = () if eos is None else (int(eos),)
         self.capabilities = replace(type(self).capabilities, sleep=self._sleep_supported())
+        folder = local_checkpoint_folder(str(model_config.model))
+        self.weight_specs: dict[str, WeightSpec] | None = None if folder is None else checkpoint_weight_specs(folder)
+        """The checkpoint's names, shapes and dtype kinds, which ``update_weights`` checks an
+        update against (vLLM's own parameters are fused: ``qkv_proj``); None: not readable here."""
         self._rids: dict[str, set[str]] = {}
         self._seq = itertools.count()
 
@@ -241,7 +246,13 @@ class VLLMServer(AsyncServerBase):
         A push may hold any subset of the weights, as long as the parts vLLM fuses come
         together (q/k/v and gate/up of a layer; see :func:`incomplete_fused_groups`).
 
+        The whole update is checked against the checkpoint's safetensors headers first
+        (:attr:`weight_specs`): vLLM's loader fails at the first unknown name or wrong shape with
+        the tensors before it already copied.
+
         Raises:
+            WeightUpdateError: (a ValueError) naming every tensor with a name the checkpoint does
+                not have, a wrong shape or a dtype of another kind (nothing is loaded).
             ValueError: when a fused group is incomplete (nothing is loaded).
             RuntimeError: when generations were still running, so the prefix cache (old KV)
                 could not be reset.
@@ -250,7 +261,10 @@ class VLLMServer(AsyncServerBase):
 
         import torch
 
-        weights = [(name, tensor.detach().cpu()) for name, tensor in named_tensors]
+        items = list(named_tensors)
+        if self.weight_specs is not None:
+            items = check_weight_update(items, self.weight_specs, engine="the vLLM checkpoint")
+        weights = [(name, torch.as_tensor(tensor).detach().cpu()) for name, tensor in items]
         broken = incomplete_fused_groups(name for name, _ in weights)
         if broken:
             raise ValueError(

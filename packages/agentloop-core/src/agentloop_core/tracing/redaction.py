@@ -51,14 +51,15 @@ def _key_parts(key: str) -> list[str]:
 
 def is_secret_key(key: str) -> bool:
     """True when an attribute key looks like it holds a credential (``api_key``,
-    ``Authorization``, ``hf_token``, ``client_secret``...), so its value must not be written."""
+    ``Authorization``, ``hf_token``, ``client_secret``, an agentloop server's ``control_key`` or
+    ``session_key``...), so its value must not be written."""
     parts = _key_parts(key)
     if not parts:
         return False
     if any(p in _SECRET_PARTS for p in parts):
         return True
     for a, b in zip(parts, parts[1:], strict=False):
-        if b == "key" and a in {"api", "access", "secret", "private", "auth"}:
+        if b == "key" and a in {"api", "access", "secret", "private", "auth", "control", "session"}:
             return True
     if parts[-1] == "token":
         return len(parts) == 1 or parts[-2] not in _VOCAB_TOKEN_PREFIXES

@@ -9,10 +9,12 @@ recording of the exact tokens, so black-box agents (the ``openai`` client, LangC
 
 from agentloop_engines.gateway.app import (
     SESSION_HEADER,
+    SESSION_KEY_HEADER,
     GatewayThread,
     add_gateway_routes,
     create_gateway_app,
     serve_gateway,
+    session_base_path,
 )
 from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.openai_response import GatewayResponse
@@ -21,6 +23,7 @@ from agentloop_engines.gateway.recorder import (
     RecordedCall,
     SessionBudgetError,
     SessionCallLimitError,
+    SessionExistsError,
     SessionNotFoundError,
     SessionRecorder,
     check_session_id,
@@ -29,6 +32,7 @@ from agentloop_engines.gateway.stop import StopMatch, find_stop
 
 __all__ = [
     "SESSION_HEADER",
+    "SESSION_KEY_HEADER",
     "Gateway",
     "GatewayResponse",
     "GatewayThread",
@@ -37,6 +41,7 @@ __all__ = [
     "RecordedCall",
     "SessionBudgetError",
     "SessionCallLimitError",
+    "SessionExistsError",
     "SessionNotFoundError",
     "SessionRecorder",
     "StopMatch",
@@ -45,4 +50,5 @@ __all__ = [
     "create_gateway_app",
     "find_stop",
     "serve_gateway",
+    "session_base_path",
 ]

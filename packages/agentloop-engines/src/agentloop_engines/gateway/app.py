@@ -1,24 +1,34 @@
 """The gateway over HTTP: OpenAI endpoints, per-session base URLs, and an in-process thread.
 
-Endpoints (JSON; every one but ``/health`` needs ``Authorization: Bearer <api_key>`` when the
-app has one):
+Endpoints (JSON). Chat routes need ``Authorization: Bearer <api_key>`` when the app has one:
 
 * ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``;
-* the same under ``/sessions/<session_id>/v1/...``: the call is recorded in that session (so
-  a trajectory's base URL is ``http://host:port/sessions/<id>/v1``); a ``X-Agentloop-Session``
-  header on the plain paths does the same;
+* the same under a session's base URL, ``/sessions/<session_id>/<session key>/v1/...``: the
+  call is recorded in that session. The session key is a secret made when the session is
+  opened, so a session is reachable only by whoever got its URL (its trajectory's agent), not
+  by anyone who knows its id; the ``X-Agentloop-Session`` header (with
+  ``X-Agentloop-Session-Key``) on the plain paths does the same.
+
+Control routes need ``Authorization: Bearer <control_key>`` (the chat key never opens them;
+an app without a control key answers them 403; see :mod:`agentloop_engines.control`):
+
 * ``GET /sessions``: open sessions, the limits, and how many session chat calls continued the
   previous call token-exactly or were rendered whole after an edit (``continued_calls``,
-  ``restarted_calls``); ``POST /sessions/<id>`` opens one
-  (optional body ``{"sampling_params": {...}}``: overrides for its calls);
-  ``GET /sessions/<id>``: its recorded calls; ``DELETE /sessions/<id>``: the same, and the
-  session is forgotten (how a remote loop takes a trajectory);
-* ``GET /health``: liveness and the model name (no key needed).
+  ``restarted_calls``); ``POST /sessions/<id>`` opens one (optional body
+  ``{"sampling_params": {...}, "response_length": N}``: overrides for its calls and its
+  response budget, fixed from then on: opening an open session is 409) and returns its
+  ``base_url`` and ``session_key``; ``GET /sessions/<id>``: its recorded calls;
+  ``DELETE /sessions/<id>``: the same, and the session is forgotten (how a remote loop takes a
+  trajectory).
+
+``GET /health``: liveness and the model name (no key needed).
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: 400 for bad input (the
 key or value named; template text or a template variable the server does not allow), 401
-without the key (from the headers, before the body is read), 404 for an unknown or dropped
-session (the message says which limit dropped it), 408 for a body not received within
+without the key (from the headers, before the body is read), 403 for a control route without
+a control key configured, 404 for a session that is not open or a wrong session key (the same
+answer, so the key's holder alone learns more; a control ``GET``/``DELETE`` says which limit
+dropped it), 409 for opening an open session, 408 for a body not received within
 ``body_timeout_s``, 413 for an oversized body or prompt (the limit named), 503 when no engine
 replica is left, or with ``Retry-After`` over ``max_in_flight`` (see
 :class:`~agentloop_engines.http_common.ServerLimits` and
@@ -34,10 +44,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from agentloop_engines.control import is_chat_path, new_control_key
 from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.openai_response import GatewayResponse, sse
 from agentloop_engines.gateway.prompt_limits import PromptLimitError
-from agentloop_engines.gateway.recorder import SessionCallLimitError, SessionNotFoundError, check_session_id
+from agentloop_engines.gateway.recorder import (
+    SessionCallLimitError,
+    SessionExistsError,
+    SessionNotFoundError,
+    check_session_id,
+)
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestGuard,
@@ -51,13 +67,17 @@ from agentloop_engines.http_common import (
 )
 from agentloop_engines.routing import NoHealthyReplicaError, RequestTimeoutError
 
-__all__ = ["SESSION_HEADER", "GatewayThread", "add_gateway_routes", "create_gateway_app", "serve_gateway"]
+__all__ = ["SESSION_HEADER", "SESSION_KEY_HEADER", "GatewayThread", "add_gateway_routes", "create_gateway_app",
+           "serve_gateway", "session_base_path"]
 
 SESSION_HEADER = "X-Agentloop-Session"
 """Header naming the session of a call made on the plain ``/v1/...`` paths."""
+SESSION_KEY_HEADER = "X-Agentloop-Session-Key"
+"""Header carrying that session's key (what a session URL carries as its path segment)."""
 
 ERRORS = {
     SessionNotFoundError: (404, "session_not_found"),
+    SessionExistsError: (409, "session_exists"),
     SessionCallLimitError: (400, "session_call_limit"),
     PromptLimitError: (413, "request_too_large"),
     NoHealthyReplicaError: (503, "engine_unavailable"),
@@ -65,19 +85,35 @@ ERRORS = {
 }
 
 
-def _session(path_id: str | None, header_id: str | None) -> str | None:
-    if path_id is not None and header_id is not None and header_id != path_id:
-        raise ValueError(f"the URL names session {path_id!r} but the {SESSION_HEADER} header names "
-                         f"{header_id!r}; use one of them")
-    session_id = path_id if path_id is not None else header_id
-    return None if session_id is None else check_session_id(session_id)
+def session_base_path(session_id: str, session_key: str) -> str:
+    """The base URL path of a session: ``/sessions/<id>/<session key>/v1``."""
+    return f"/sessions/{quote(check_session_id(session_id))}/{quote(session_key, safe='')}/v1"
 
 
-def _no_session(path_id: str | None, header_id: str | None) -> None:
-    if header_id is not None:
+def _session(path: tuple[str, str] | None, header_id: str | None,
+             header_key: str | None) -> tuple[str | None, str | None]:
+    """``(session id, session key)`` of a call, from its URL or its headers."""
+    if path is not None:
+        if header_id is not None and header_id != path[0]:
+            raise ValueError(f"the URL names session {path[0]!r} but the {SESSION_HEADER} header names "
+                             f"{header_id!r}; use one of them")
+        return check_session_id(path[0]), path[1]
+    if header_id is None:
+        if header_key is not None:
+            raise ValueError(f"a {SESSION_KEY_HEADER} header without {SESSION_HEADER}; send both, or neither")
+        return None, None
+    if header_key is None:
+        raise SessionNotFoundError(f"the {SESSION_HEADER} header names session {header_id!r} without its key; send "
+                                   f"the session key too ({SESSION_KEY_HEADER}), or call the session's own base URL")
+    return check_session_id(header_id), header_key
+
+
+def _no_session(path: tuple[str, str] | None, header_id: str | None, header_key: str | None) -> tuple[None, None]:
+    if header_id is not None or header_key is not None:
         raise ValueError(f"the {SESSION_HEADER} header names session {header_id!r}, but this server records no "
                          "sessions (an engine server started without a gateway); serve the engine with "
                          "gateway=Gateway(engine, tokenizer) (as `agentloop serve` does), or leave the header out")
+    return None, None
 
 
 def _sessions_body(session_id: str, calls: list[Any]) -> dict[str, Any]:
@@ -117,32 +153,47 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
                                  headers={"Cache-Control": "no-cache"})
 
     header = fastapi.Header(default=None, alias=SESSION_HEADER)
+    key_header = fastapi.Header(default=None, alias=SESSION_KEY_HEADER)
     plain_session = _session if sessions else _no_session
 
     # Two functions per endpoint: on the plain paths a session_id parameter would otherwise
     # become a query parameter, a third, undocumented way to name a session.
-    async def chat(body: dict[str, Any], session: str | None = header) -> Any:
-        return reply(await gateway.chat_completion(body, session_id=plain_session(None, session)))
+    async def chat(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
+        session_id, session_key = plain_session(None, session, key)
+        return reply(await gateway.chat_completion(body, session_id=session_id, session_key=session_key))
 
-    async def session_chat(session_id: str, body: dict[str, Any], session: str | None = header) -> Any:
-        return reply(await gateway.chat_completion(body, session_id=_session(session_id, session)))
+    async def session_chat(session_id: str, session_key: str, body: dict[str, Any], session: str | None = header,
+                           key: str | None = key_header) -> Any:
+        sid, skey = _session((session_id, session_key), session, key)
+        return reply(await gateway.chat_completion(body, session_id=sid, session_key=skey))
 
-    async def completions(body: dict[str, Any], session: str | None = header) -> Any:
-        return reply(await gateway.completion(body, session_id=plain_session(None, session)))
+    async def completions(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
+        session_id, session_key = plain_session(None, session, key)
+        return reply(await gateway.completion(body, session_id=session_id, session_key=session_key))
 
-    async def session_completions(session_id: str, body: dict[str, Any], session: str | None = header) -> Any:
-        return reply(await gateway.completion(body, session_id=_session(session_id, session)))
+    async def session_completions(session_id: str, session_key: str, body: dict[str, Any],
+                                  session: str | None = header, key: str | None = key_header) -> Any:
+        sid, skey = _session((session_id, session_key), session, key)
+        return reply(await gateway.completion(body, session_id=sid, session_key=skey))
 
     async def models() -> dict[str, Any]:
         return gateway.models()
 
-    async def session_models(session_id: str) -> dict[str, Any]:
+    async def session_models(session_id: str, session_key: str) -> dict[str, Any]:
+        gateway.recorder.authorize(check_session_id(session_id), session_key)
         return gateway.models()
+
+    async def keyless(session_id: str) -> None:
+        raise SessionNotFoundError(
+            f"/sessions/{session_id}/v1 has no session key: a session's base URL is /sessions/<id>/<session key>/v1, "
+            "as returned by POST /sessions/<id> (control key) or GatewayThread.session_url; the id alone reaches "
+            "no session")
 
     # Plain and per-session endpoints differ in their path parameter, so the list holds either.
     mounted: list[tuple[str, tuple[Callable[..., Any], ...]]] = [("", (chat, completions, models))]
     if sessions:
-        mounted.append(("/sessions/{session_id}", (session_chat, session_completions, session_models)))
+        mounted.append(("/sessions/{session_id}/{session_key}", (session_chat, session_completions, session_models)))
+        mounted.append(("/sessions/{session_id}", (keyless, keyless, keyless)))
     for prefix, endpoints in mounted:
         app.add_api_route(f"{prefix}/v1/chat/completions", endpoints[0], methods=["POST"], dependencies=auth)
         app.add_api_route(f"{prefix}/v1/completions", endpoints[1], methods=["POST"], dependencies=auth)
@@ -152,6 +203,7 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
 
 
 def _add_session_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
+    # Control routes: the guard admits them with the control key only (agentloop_engines.control).
     @app.get("/sessions", dependencies=auth)
     async def list_sessions() -> dict[str, Any]:
         rec = gateway.recorder
@@ -162,14 +214,17 @@ def _add_session_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
     @app.post("/sessions/{session_id}", dependencies=auth)
     async def open_session(session_id: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         body = body or {}
-        unknown = sorted(set(body) - {"sampling_params"})
+        unknown = sorted(set(body) - {"sampling_params", "response_length"})
         if unknown:
-            raise ValueError(f"unsupported key(s) {unknown} to open a session; send {{\"sampling_params\": {{...}}}}")
+            raise ValueError(f"unsupported key(s) {unknown} to open a session; send "
+                             "{\"sampling_params\": {...}, \"response_length\": N} (both optional)")
         overrides = body.get("sampling_params")
         if overrides is not None and not isinstance(overrides, dict):
             raise ValueError("'sampling_params' must be an object of sampling parameters")
-        gateway.open_session(session_id, sampling_overrides=overrides)
-        return {"session_id": session_id, "base_url": f"/sessions/{quote(session_id)}/v1"}
+        key = gateway.open_session(session_id, sampling_overrides=overrides,
+                                   response_length=body.get("response_length"))
+        # The key goes to the opener only; it hands the base URL to the one agent it is for.
+        return {"session_id": session_id, "base_url": session_base_path(session_id, key), "session_key": key}
 
     @app.get("/sessions/{session_id}", dependencies=auth)
     async def get_session(session_id: str) -> dict[str, Any]:
@@ -181,24 +236,27 @@ def _add_session_routes(app: Any, gateway: Gateway, auth: list[Any]) -> None:
 
 
 def create_gateway_app(gateway: Gateway, *, api_key: str | None = None,
-                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, limits: ServerLimits | None = None) -> Any:
+                       max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, limits: ServerLimits | None = None,
+                       control_key: str | None = None) -> Any:
     """Build the ASGI app serving ``gateway`` (the endpoints in this module's docstring).
 
     What a request may make the gateway render is ``gateway.prompt_limits``.
 
     Args:
         gateway: The gateway.
-        api_key: When set, every endpoint but ``/health`` needs ``Authorization: Bearer <key>``.
+        api_key: When set, every chat endpoint needs ``Authorization: Bearer <key>``.
         max_request_bytes: Larger request bodies get 413.
         limits: In-flight limit and body deadline (see
             :class:`~agentloop_engines.http_common.ServerLimits`); None: the defaults.
+        control_key: The bearer token of the session admin routes; None: they answer 403.
 
     Returns:
         A FastAPI application wrapped in the :class:`~agentloop_engines.http_common.RequestGuard`.
 
     Raises:
         ImportError: without the ``[server]`` extra.
-        ValueError: on a non-positive body limit or an empty ``api_key``.
+        ValueError: on a non-positive body limit, an empty ``api_key``, or a ``control_key`` that
+            is empty or equals ``api_key``.
     """
     fastapi, _ = require_server_extra()
     app = fastapi.FastAPI(title="agentloop gateway", docs_url=None, redoc_url=None, openapi_url=None)
@@ -210,18 +268,20 @@ def create_gateway_app(gateway: Gateway, *, api_key: str | None = None,
         return {"status": "ok", "gateway": True, "model": gateway.model_name,
                 "engine": type(gateway.server).__name__}
 
-    return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits or ServerLimits())
+    return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits or ServerLimits(),
+                        control_key=control_key, is_chat=is_chat_path)
 
 
 def serve_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,
                   max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_level: str = "info",
-                  limits: ServerLimits | None = None) -> None:
+                  limits: ServerLimits | None = None, control_key: str | None = None) -> None:
     """Serve ``gateway`` with uvicorn until interrupted (blocks). Loopback by default; the
     arguments are :func:`create_gateway_app`'s (``limits`` also sets uvicorn's connection limits)."""
     _, uvicorn = require_server_extra()
     warn_if_exposed(host, api_key)
     limits = limits or ServerLimits()
-    app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes, limits=limits)
+    app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes, limits=limits,
+                             control_key=control_key)
     uvicorn.Server(uvicorn_config(app, host, port, limits, log_level)).run()
 
 
@@ -242,13 +302,18 @@ class GatewayThread(UvicornThread):
         max_request_bytes: See :func:`create_gateway_app`.
         start_timeout_s: How long to wait for the socket to listen.
         limits: See :func:`create_gateway_app`; also uvicorn's connection settings.
+        control_key: See :func:`create_gateway_app`; None: a fresh random one
+            (:attr:`control_key`), so only the code that started the thread administers sessions.
     """
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, start_timeout_s: float = 30.0,
-                 limits: ServerLimits | None = None) -> None:
+                 limits: ServerLimits | None = None, control_key: str | None = None) -> None:
         warn_if_exposed(host, api_key)
-        app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes, limits=limits)
+        self.control_key = control_key if control_key is not None else new_control_key()
+        """The session admin routes' bearer token; never give it to an agent."""
+        app = create_gateway_app(gateway, api_key=api_key, max_request_bytes=max_request_bytes, limits=limits,
+                                 control_key=self.control_key)
         super().__init__(app, host, port, start_timeout_s=start_timeout_s, limits=limits)
         self.gateway = gateway
 
@@ -262,5 +327,8 @@ class GatewayThread(UvicornThread):
 
     def session_url(self, session_id: str) -> str:
         """The OpenAI base URL whose calls are recorded in ``session_id``
-        (``http://127.0.0.1:40123/sessions/<id>/v1``)."""
-        return f"{self.url}/sessions/{quote(check_session_id(session_id))}/v1"
+        (``http://127.0.0.1:40123/sessions/<id>/<session key>/v1``): give it to that session's
+        agent only. A session that is not open is opened (no overrides, no budget); open it
+        with ``gateway.open_session`` first to set them."""
+        key = self.gateway.recorder.key(check_session_id(session_id), create=True)
+        return f"{self.url}{session_base_path(session_id, key)}"

@@ -187,15 +187,17 @@ class Gateway:
     # ---- sessions ------------------------------------------------------------------------
 
     def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
-                     response_length: int | None = None) -> None:
-        """Start recording ``session_id`` (see :meth:`SessionRecorder.open`).
+                     response_length: int | None = None) -> str:
+        """Start recording ``session_id`` (see :meth:`SessionRecorder.open`); return its session
+        key, which its HTTP calls must carry (``GatewayThread.session_url`` builds the URL).
 
         Raises:
             ValueError: ``sampling_overrides`` with an unknown key or a value of the wrong type or
                 range (see :class:`~agentloop_core.protocol.SamplingParams`), naming the key.
+            SessionExistsError: when it is open already (its settings are fixed by its opener).
         """
         SamplingParams.from_mapping(sampling_overrides)
-        self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_length=response_length)
+        return self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_length=response_length)
 
     def close_session(self, session_id: str) -> list[RecordedCall]:
         """Take the session's recorded calls and free its sticky-routing slot in the server.
@@ -242,7 +244,8 @@ class Gateway:
             text = text[0]
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    async def chat_completion(self, body: Mapping[str, Any], *, session_id: str | None = None) -> GatewayResponse:
+    async def chat_completion(self, body: Mapping[str, Any], *, session_id: str | None = None,
+                              session_key: str | None = None) -> GatewayResponse:
         """Answer a ``/v1/chat/completions`` body.
 
         In a session, a request whose messages are the previous chat call's messages, the
@@ -255,6 +258,8 @@ class Gateway:
         Args:
             body: The OpenAI request.
             session_id: Record the call in this session (and use it as the engine request id).
+            session_key: The key the call carried (an HTTP client's); the session must then be
+                open and this its key. None: an in-process call, which opens the session if needed.
 
         Returns:
             The ``chat.completion`` object (with ``prompt_token_ids``, ``token_ids`` and
@@ -267,7 +272,9 @@ class Gateway:
                 the engine rejects.
             PromptLimitError: over one of :attr:`prompt_limits`' sizes.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
+            SessionNotFoundError: with ``session_key``, when it is not the key of an open session.
         """
+        self._authorize(session_id, session_key)
         self.prompt_limits.check_lists(body)
         req = await self._off_loop(parse_chat_request, body, self.prompt_limits)
         if req.tools is not None and self.parser is None:
@@ -282,7 +289,7 @@ class Gateway:
             plan = await self._off_loop(self._planner.plan, req, session_id)
             prompt_ids = plan.prompt_ids
         self.prompt_limits.check_tokens(len(prompt_ids))
-        gen = await self._generate("chatcmpl", prompt_ids, req, session_id)
+        gen = await self._generate("chatcmpl", prompt_ids, req, session_id, session_key)
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = _FINISH[gen.stop_reason]
         choice: dict[str, Any] = {"index": 0, "message": message}
@@ -313,14 +320,18 @@ class Gateway:
                              gen.stop_reason, message)
         return result
 
-    async def completion(self, body: Mapping[str, Any], *, session_id: str | None = None) -> GatewayResponse:
-        """Answer a ``/v1/completions`` body (prompt as text or token ids).
+    async def completion(self, body: Mapping[str, Any], *, session_id: str | None = None,
+                         session_key: str | None = None) -> GatewayResponse:
+        """Answer a ``/v1/completions`` body (prompt as text or token ids); ``session_id`` and
+        ``session_key`` as in :meth:`chat_completion`.
 
         Raises:
             ValueError: on an unsupported key or value, or a request the engine rejects.
             PromptLimitError: over ``max_prompt_chars`` or ``max_prompt_tokens``.
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
+            SessionNotFoundError: with ``session_key``, when it is not the key of an open session.
         """
+        self._authorize(session_id, session_key)
         self.prompt_limits.check_lists(body)
         req = await self._off_loop(parse_completion_request, body, self.prompt_limits)
         if isinstance(req.prompt, str):
@@ -329,7 +340,7 @@ class Gateway:
         else:
             prompt_ids = list(req.prompt)
         self.prompt_limits.check_tokens(len(prompt_ids))
-        gen = await self._generate("cmpl", prompt_ids, req, session_id)
+        gen = await self._generate("cmpl", prompt_ids, req, session_id, session_key)
         logprobs = None
         if req.logprobs is not None and gen.log_probs is not None:
             tokens = await self._off_loop(self._token_texts, gen.token_ids)
@@ -365,12 +376,20 @@ class Gateway:
         return await asyncio.get_running_loop().run_in_executor(self._render_pool,
                                                                 functools.partial(fn, *args, **kwargs))
 
+    def _authorize(self, session_id: str | None, session_key: str | None) -> None:
+        # Before anything is parsed or rendered: a caller without the key gets nothing done.
+        if session_key is not None:
+            if session_id is None:
+                raise ValueError("a session key without a session id; name the session in the URL")
+            self.recorder.authorize(check_session_id(session_id), session_key)
+
     async def _generate(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
-                        session_id: str | None) -> _Generation:
+                        session_id: str | None, session_key: str | None = None) -> _Generation:
         overrides: dict[str, Any] = {}
         if session_id is not None:
             check_session_id(session_id)
-            overrides = self.recorder.begin(session_id)
+            # Checked again where the call is admitted: the session may have been taken meanwhile.
+            overrides = self.recorder.begin(session_id, key=session_key)
         params: dict[str, Any] = {**req.sampling, "logprobs": self._logprobs, **self.sampling_overrides, **overrides}
         if "max_tokens" not in params:
             if self.default_max_tokens is not None:

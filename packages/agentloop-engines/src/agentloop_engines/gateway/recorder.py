@@ -4,6 +4,11 @@ A session is one trajectory: every call made under ``/sessions/<session_id>/v1/.
 with the exact prompt ids the engine saw, the ids it generated and their log-probs, until the
 loop takes the recording with :meth:`SessionRecorder.pop`. Nothing here does I/O.
 
+A session is reachable over HTTP only with its session key, a random secret made when it is
+opened and carried in its URL (``/sessions/<id>/<session key>/v1``), so knowing a session's id
+(a row index, a log line) is not enough to call in it; and its sampling overrides and response
+budget are set once, by whoever opened it (opening an open session is refused).
+
 Sessions are bounded, so an agent that never finishes (or a loop that forgets to pop) cannot
 grow memory without bound: a session idle for ``ttl_s`` is dropped, the least recently used
 session is dropped when ``max_sessions`` are open, and a session takes at most
@@ -12,8 +17,10 @@ session is dropped when ``max_sessions`` are open, and a session takes at most
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +37,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "RecordedCall",
     "SessionCallLimitError",
+    "SessionExistsError",
     "SessionNotFoundError",
     "SessionRecorder",
     "check_session_id",
@@ -97,6 +105,10 @@ class SessionNotFoundError(KeyError):
         return str(self.args[0])
 
 
+class SessionExistsError(ValueError):
+    """The session is already open: its overrides and budget were fixed by whoever opened it."""
+
+
 class SessionCallLimitError(ValueError):
     """The session already holds ``max_calls_per_session`` calls."""
 
@@ -107,6 +119,7 @@ class SessionBudgetError(ValueError):
 
 @dataclass
 class _Session:
+    key: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     calls: list[RecordedCall] = field(default_factory=list)
     last_used: float = 0.0
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
@@ -165,8 +178,8 @@ class SessionRecorder:
     # ---- the loop's side -----------------------------------------------------------------
 
     def open(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
-             response_length: int | None = None) -> None:
-        """Start (or refresh) a session, so :meth:`pop` returns ``[]`` if the agent makes no call.
+             response_length: int | None = None) -> str:
+        """Start a session, so :meth:`pop` returns ``[]`` if the agent makes no call.
 
         Args:
             session_id: The trajectory's id (see :func:`check_session_id`).
@@ -175,15 +188,71 @@ class SessionRecorder:
             response_length: Response tokens one training segment may hold (the rollout's
                 ``response_length``, the trainer's ``data.max_response_length``): calls are capped to what is left of it, and a call with
                 nothing left is refused (:class:`SessionBudgetError`). None: no budget.
+
+        Returns:
+            The session key: what a call over HTTP must carry (see :meth:`key`).
+
+        Raises:
+            SessionExistsError: when the session is open already (its settings stay as they are).
         """
         check_session_id(session_id)
-        if response_length is not None and response_length < 1:
-            raise ValueError(f"response_length must be >= 1 or None, got {response_length}")
+        if response_length is not None and (isinstance(response_length, bool) or not isinstance(response_length, int)
+                                            or response_length < 1):
+            raise ValueError(f"response_length must be an integer >= 1 or None, got {response_length!r}")
         with self._lock:
+            self._expire()
+            if session_id in self._sessions:
+                raise SessionExistsError(
+                    f"session {session_id!r} is already open: its sampling overrides and response budget were fixed "
+                    "by whoever opened it and cannot be changed; take it first (DELETE /sessions/<id>, or "
+                    "close_session) to open it anew")
             session = self._touch(session_id)
-            if sampling_overrides is not None:
-                session.sampling_overrides = dict(sampling_overrides)
+            session.sampling_overrides = dict(sampling_overrides or {})
             session.response_length = response_length
+            return session.key
+
+    def key(self, session_id: str, *, create: bool = False) -> str:
+        """The session key of an open session: its URL is ``/sessions/<id>/<key>/v1``.
+
+        Args:
+            session_id: The session.
+            create: Open the session (no overrides, no budget) when it is not open.
+
+        Raises:
+            SessionNotFoundError: when the session is not open and ``create`` is False.
+        """
+        check_session_id(session_id)
+        with self._lock:
+            self._expire()
+            session = self._sessions.get(session_id)
+            if session is None:
+                if not create:
+                    raise SessionNotFoundError(self._missing(session_id))
+                session = self._touch(session_id)
+            return session.key
+
+    def authorize(self, session_id: str, key: str) -> None:
+        """Check that ``key`` is the key of ``session_id``, an open session (in constant time).
+
+        Raises:
+            SessionNotFoundError: the same for a wrong key and a session that is not open, so a
+                caller without the key learns nothing about the session.
+        """
+        with self._lock:
+            self._expire()
+            self._authorized(session_id, key)
+
+    def _authorized(self, session_id: str, key: str) -> _Session:
+        session = self._sessions.get(session_id)
+        # Compared even when there is no session, so a miss takes as long as a wrong key.
+        expected = session.key if session is not None else secrets.token_urlsafe(24)
+        if not (isinstance(key, str) and hmac.compare_digest(key.encode(), expected.encode())) or session is None:
+            raise SessionNotFoundError(
+                f"no open session {session_id!r} with this session key: a session's URL "
+                "(/sessions/<id>/<session key>/v1) comes from whoever opened it (POST /sessions/<id> with the "
+                "control key, or GatewayThread.session_url), and stops working once the session is taken or "
+                f"dropped (ttl_s={self.ttl_s}s idle, max_sessions={self.max_sessions})")
+        return session
 
     def remaining_budget(self, session_id: str, prompt_ids: list[int]) -> int | None:
         """Response tokens a call with ``prompt_ids`` may still generate in its segment: the
@@ -255,17 +324,29 @@ class SessionRecorder:
 
     # ---- the gateway's side --------------------------------------------------------------
 
-    def begin(self, session_id: str) -> dict[str, Any]:
-        """Called before generating in a session: opens it if needed and checks its call limit.
+    def begin(self, session_id: str, *, key: str | None = None) -> dict[str, Any]:
+        """Called before generating in a session: checks its key and its call limit.
+
+        Args:
+            session_id: The session.
+            key: The session key the call carried (an HTTP call); the session must be open and
+                this its key. None: a call made in-process by code that holds the gateway, which
+                opens the session if needed.
 
         Returns:
             The session's sampling overrides.
 
         Raises:
+            SessionNotFoundError: with ``key``, when the session is not open or the key is not its.
             SessionCallLimitError: when the session already holds ``max_calls_per_session`` calls.
         """
         with self._lock:
-            session = self._touch(session_id)
+            if key is None:
+                session = self._touch(session_id)
+            else:
+                self._expire()
+                self._authorized(session_id, key)
+                session = self._touch(session_id)
             if len(session.calls) >= self.max_calls_per_session:
                 raise SessionCallLimitError(
                     f"session {session_id!r} already holds {len(session.calls)} calls "

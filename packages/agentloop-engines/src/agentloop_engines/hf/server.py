@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import difflib
 import functools
 import random
 from collections.abc import Callable, Iterable, Mapping
@@ -29,6 +28,7 @@ from agentloop_core.engine_registry import EngineConfig
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.plugins import HF_ENGINE
+from agentloop_engines.weight_check import WeightSpec, check_weight_update, dtype_kind
 
 try:
     import torch
@@ -342,14 +342,18 @@ class HFServer(AsyncServerBase):
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
         """Copy new weights into the model in place, between batches.
 
+        The whole update is checked first (every name, shape and dtype kind against the
+        model's ``state_dict``), so a refused update changes nothing.
+
         Args:
             named_tensors: ``(name, tensor)`` pairs (or a mapping) using the model's
-                ``state_dict`` names; tensors are cast to each parameter's device and dtype.
+                ``state_dict`` names; tensors are cast to each parameter's device and dtype
+                (within their kind: a floating weight takes any floating tensor).
 
         Raises:
-            KeyError: on a name the model does not have (the closest names are listed);
-                tensors earlier in the stream are already loaded.
-            ValueError: on a shape mismatch.
+            WeightUpdateError: (a ValueError and a KeyError) naming every tensor with an
+                unknown name (and the closest names), a wrong shape or a dtype of another kind;
+                nothing was loaded.
         """
         self._ensure_scheduler()
         items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
@@ -370,21 +374,14 @@ class HFServer(AsyncServerBase):
 
     def _load_weights(self, items: Iterable[tuple[str, Any]]) -> None:
         state = self.model.state_dict(keep_vars=True)
+        specs = {name: WeightSpec(tuple(t.shape), dtype_kind(t.dtype)) for name, t in state.items()}
+        pairs = [(name, _as_tensor(value)) for name, value in items]
+        # All of it is checked before the first copy: a copy-as-you-go loop would leave the
+        # tensors before a bad one changed, a model that is neither policy.
+        pairs = check_weight_update(pairs, specs, engine=f"{type(self).__name__}'s model")
         with torch.no_grad():
-            for name, tensor in items:
-                target = state.get(name)
-                if target is None:
-                    close = difflib.get_close_matches(name, list(state), n=3)
-                    raise KeyError(
-                        f"update_weights: the model has no weight named {name!r}"
-                        + (f"; closest: {close}" if close else "")
-                    )
-                tensor = torch.as_tensor(tensor)
-                if tuple(tensor.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model expects "
-                        f"{tuple(target.shape)}"
-                    )
+            for name, tensor in pairs:
+                target = state[name]
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
 
     async def sleep(self) -> None:
@@ -436,3 +433,12 @@ class HFServer(AsyncServerBase):
         self._executor.shutdown(wait=False)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _as_tensor(value: Any) -> Any:
+    """``value`` as a tensor (lists and arrays are converted), or as it is when it cannot be
+    one (a string), for :func:`check_weight_update` to name."""
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        return value

@@ -232,6 +232,14 @@ def _serve(args: argparse.Namespace) -> int:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
             raise SystemExit(f"--api-key-env={args.api_key_env}: that environment variable is not set")
+    control_key = None
+    if args.control_key_env:
+        control_key = os.environ.get(args.control_key_env)
+        if not control_key:
+            raise SystemExit(f"--control-key-env={args.control_key_env}: that environment variable is not set")
+        if control_key == api_key:
+            raise SystemExit(f"--control-key-env={args.control_key_env} holds the same key as --api-key-env, which "
+                             "every chat client holds; give the control key a value of its own")
     if args.chat_template:  # the flag wins over the config key
         from omegaconf import read_write
 
@@ -244,7 +252,7 @@ def _serve(args: argparse.Namespace) -> int:
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:
         # A routing client over running engine servers (least in-flight, sticky per session).
-        engine = remote_engines(list(r.server_urls), r.server_api_key_env)
+        engine = remote_engines(list(r.server_urls), r.server_api_key_env, r.server_control_key_env)
     else:
         engine = build_engine(engine_cfg, tokenizer=tokenizer)
     given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s,
@@ -257,8 +265,17 @@ def _serve(args: argparse.Namespace) -> int:
                       prompt_limits=prompt_limits)
     where = f"{len(r.server_urls)} replicas" if r.server_urls else engine_cfg.name
     print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "
-          f"(sessions: /sessions/<id>/v1; token-level: /generate)", flush=True)
-    serve(engine, args.host, args.port, api_key, gateway=gateway, limits=limits, prompt_limits=prompt_limits)
+          f"(token-level: /generate)", flush=True)
+    # The key itself is never printed: only where it lives.
+    if control_key is None:
+        print("control routes (/update_weights, /sleep, /wake_up, /abort and the session routes /sessions/...) are "
+              "off: start with --control-key-env VAR to push weights to this server or open sessions", flush=True)
+    else:
+        print(f"control routes need 'Authorization: Bearer <the key in ${args.control_key_env}>'; a trainer pushing "
+              f"weights here sets actor_rollout_ref.rollout.server_control_key_env={args.control_key_env}; "
+              "POST /sessions/<id> returns a session's base URL", flush=True)
+    serve(engine, args.host, args.port, api_key, gateway=gateway, limits=limits, prompt_limits=prompt_limits,
+          control_key=control_key)
     return 0
 
 
@@ -341,6 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--api-key-env", default=None,
                     help="name of an environment variable holding the bearer token clients must send")
+    sv.add_argument("--control-key-env", default=None, metavar="VAR",
+                    help="name of an environment variable holding the control key: what /update_weights, /sleep, "
+                         "/wake_up, /abort and the session routes need (a trainer sets "
+                         "rollout.server_control_key_env=VAR); default: those routes are off (403)")
     sv.add_argument("--model-name", default=None, help="the model name /v1/models reports (default: the path)")
     sv.add_argument("--max-in-flight", type=int, default=None,
                     help="requests served at once; more get 503 with Retry-After (default: 1024)")

@@ -165,6 +165,10 @@ class RolloutSection:
     on instead of starting an engine; weights are pushed to them after each update."""
     server_api_key_env: str | None = None
     """Environment variable holding the servers' bearer token (kept out of config files)."""
+    server_control_key_env: str | None = None
+    """Environment variable holding the servers' control key (``agentloop serve
+    --control-key-env``): what pushing weights, sleep, wake-up and abort need; the chat
+    ``api_key`` never opens them. null: those calls fail naming this key."""
     dtype: str | None = None
     """Dtype the rollout engine runs in: float32 | bfloat16 | float16 | auto (vllm/sglang only:
     their own choice, which runs a float32 checkpoint in float16). null: float32, what the

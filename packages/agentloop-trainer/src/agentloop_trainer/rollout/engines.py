@@ -125,22 +125,35 @@ def engine_factory(config: EngineConfig) -> Callable[[], Any]:
     return functools.partial(build_engine, config, plugin=get_engine_plugin(config.name))
 
 
-def remote_engines(urls: list[str], api_key_env: str | None = None) -> Any:
+def remote_engines(urls: list[str], api_key_env: str | None = None, control_key_env: str | None = None) -> Any:
     """A routing client over already-running agentloop engine HTTP servers.
 
+    Args:
+        urls: The servers (``rollout.server_urls``).
+        api_key_env: Environment variable holding their chat key (``rollout.server_api_key_env``).
+        control_key_env: Environment variable holding their control key, which weight pushes,
+            sleep, wake-up and abort need (``rollout.server_control_key_env``).
+
     Raises:
-        ValueError: ``api_key_env`` names an unset environment variable.
+        ValueError: an ``*_env`` names an unset environment variable.
     """
     from agentloop_engines.client import LLMServerClient
     from agentloop_engines.http_client import RemoteServer
 
-    key = None
-    if api_key_env:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise ValueError(f"actor_rollout_ref.rollout.server_api_key_env={api_key_env} but that environment "
-                             "variable is unset or empty")
-    return LLMServerClient([RemoteServer(str(u), api_key=key) for u in urls])
+    key = _key_from_env(api_key_env, "server_api_key_env")
+    control_key = _key_from_env(control_key_env, "server_control_key_env")
+    return LLMServerClient([RemoteServer(str(u), api_key=key, control_key=control_key) for u in urls])
+
+
+def _key_from_env(variable: str | None, setting: str) -> str | None:
+    if not variable:
+        return None
+    key = os.environ.get(variable)
+    if not key:
+        # The variable's name only: its value is a secret.
+        raise ValueError(f"actor_rollout_ref.rollout.{setting}={variable} but that environment variable is unset or "
+                         "empty")
+    return key
 
 
 def capabilities(server: Any) -> Mapping[str, Any]:

@@ -260,7 +260,7 @@ class RolloutFleet:
         of them (set below; None only while starting)."""
         try:
             if r.server_urls:
-                self.server = remote_engines(list(r.server_urls), r.server_api_key_env)
+                self.server = remote_engines(list(r.server_urls), r.server_api_key_env, r.server_control_key_env)
             elif uses_ray(cfg):
                 self.server = self._start_ray(cfg)
             else:
