@@ -184,7 +184,8 @@ def test_every_http_entry_point_refuses_confused_types(tokenizer):
                     r = http.post(url + path, json={**prompt, "max_tokens": 2, key: value})
                     assert r.status_code == 400, (url, path, key, value, r.status_code, r.text[:300])
                     assert key in r.json()["error"]["message"], r.text[:300]
-            r = http.post(f"{gw.url}/sessions/s-{len(engine.seen)}", json={"sampling_params": {key: value}})
+            r = http.post(f"{gw.url}/sessions/s-{len(engine.seen)}", json={"sampling_params": {key: value}},
+                          headers={"Authorization": f"Bearer {gw.control_key}"})
             assert r.status_code == 400, (key, value, r.status_code, r.text[:300])
             assert key in r.json()["error"]["message"]
         for url in (srv.url, gw.url):

@@ -41,6 +41,13 @@ GREEDY = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, "logprobs": T
 PROMPTS = [[20 + i, 7 * i + 3, 300 - i] for i in range(40)]
 
 
+CONTROL_KEY = "replica-tests-control-key"
+"""One control key for every server, so a replica restarted on its port takes the same key."""
+
+
+def serve(engine, **kwargs) -> ServerThread:
+    return ServerThread(engine, control_key=CONTROL_KEY, **kwargs)
+
 @pytest.fixture(scope="module")
 def model_path():
     from agentloop_engines.tiny_model import build_tiny_model
@@ -98,8 +105,8 @@ def port_of(thread: ServerThread) -> int:
 async def test_a_replica_back_on_old_weights_serves_nothing_until_a_push_reaches_it(
         model_path, weights, references, stack):
     old_ref, new_ref = references
-    threads = [stack.enter_context(ServerThread(HFServer(model_path, max_model_len=256))) for _ in range(2)]
-    servers = [RemoteServer(t.url) for t in threads]
+    threads = [stack.enter_context(serve(HFServer(model_path, max_model_len=256))) for _ in range(2)]
+    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, probe_backoff_s=0.05, max_probe_backoff_s=0.05)
     rollout = PartialRolloutServer(client)
     try:
@@ -112,7 +119,7 @@ async def test_a_replica_back_on_old_weights_serves_nothing_until_a_push_reaches
         # Version 1 is pushed while it is down; then it restarts from the checkpoint (old weights).
         async with rollout.weight_update(policy_version=1):
             await rollout.update_weights(list(weights[1].items()))
-        stack.enter_context(ServerThread(HFServer(model_path, max_model_len=256), port=port))
+        stack.enter_context(serve(HFServer(model_path, max_model_len=256), port=port))
         await asyncio.sleep(0.2)  # past its probe backoff
 
         outs = [await rollout.generate(f"v1-{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
@@ -139,8 +146,8 @@ async def test_a_replica_back_on_old_weights_serves_nothing_until_a_push_reaches
 async def test_a_replica_restarted_between_pushes_is_caught_by_its_engine_instance(
         model_path, weights, references, stack):
     old_ref, new_ref = references
-    threads = [stack.enter_context(ServerThread(HFServer(model_path, max_model_len=256))) for _ in range(2)]
-    servers = [RemoteServer(t.url) for t in threads]
+    threads = [stack.enter_context(serve(HFServer(model_path, max_model_len=256))) for _ in range(2)]
+    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, probe_backoff_s=0.05, max_probe_backoff_s=0.05)
     try:
         await client.update_weights(list(weights[1].items()))
@@ -150,7 +157,7 @@ async def test_a_replica_restarted_between_pushes_is_caught_by_its_engine_instan
         # is missed, yet it holds the old weights now.
         port = port_of(threads[1])
         threads[1].__exit__(None, None, None)
-        stack.enter_context(ServerThread(HFServer(model_path, max_model_len=256), port=port))
+        stack.enter_context(serve(HFServer(model_path, max_model_len=256), port=port))
         outs = [await client.generate(f"b{i}", p, GREEDY) for i, p in enumerate(PROMPTS)]
         stale = [i for i, o in enumerate(outs) if on_old_weights(o, old_ref[i], new_ref[i])]
         assert stale == [], f"{len(stale)} of {len(outs)} requests were served by the restarted replica's old weights"
@@ -198,9 +205,9 @@ class PacedEngine:
 
 async def test_a_503_from_the_in_flight_limit_is_backpressure_not_a_failure(stack):
     busy = PacedEngine()
-    threads = [stack.enter_context(ServerThread(PacedEngine())),
-               stack.enter_context(ServerThread(busy, limits=ServerLimits(max_in_flight=1)))]
-    servers = [RemoteServer(t.url) for t in threads]
+    threads = [stack.enter_context(serve(PacedEngine())),
+               stack.enter_context(serve(busy, limits=ServerLimits(max_in_flight=1)))]
+    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
     direct = RemoteServer(threads[1].url)
     client = LLMServerClient(servers, probe_backoff_s=0.05)
     try:
@@ -232,8 +239,8 @@ async def test_a_503_from_the_in_flight_limit_is_backpressure_not_a_failure(stac
 
 
 async def test_a_request_slow_on_every_replica_fails_alone_and_the_fleet_keeps_serving(stack):
-    threads = [stack.enter_context(ServerThread(PacedEngine(token_s=0.001))) for _ in range(3)]
-    servers = [RemoteServer(t.url) for t in threads]
+    threads = [stack.enter_context(serve(PacedEngine(token_s=0.001))) for _ in range(3)]
+    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, request_timeout_s=0.5)
     errors: list[BaseException] = []
     served = 0
@@ -285,9 +292,9 @@ async def test_a_request_slow_on_every_replica_fails_alone_and_the_fleet_keeps_s
 
 async def test_a_hung_replica_is_still_taken_out(stack):
     hung = PacedEngine(token_s=3600.0)
-    threads = [stack.enter_context(ServerThread(PacedEngine(token_s=0.001))),
-               stack.enter_context(ServerThread(hung)), stack.enter_context(ServerThread(PacedEngine(token_s=0.001)))]
-    servers = [RemoteServer(t.url) for t in threads]
+    threads = [stack.enter_context(serve(PacedEngine(token_s=0.001))),
+               stack.enter_context(serve(hung)), stack.enter_context(serve(PacedEngine(token_s=0.001)))]
+    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, request_timeout_s=0.5, probe_backoff_s=30.0)
     try:
         outs = await asyncio.gather(*(client.generate(f"h{i}", [1], {"max_tokens": 3}) for i in range(12)))
@@ -306,9 +313,9 @@ async def test_a_hung_replica_is_still_taken_out(stack):
 
 async def test_with_every_replica_briefly_out_the_next_request_probes_at_once(stack):
     engines = [PacedEngine(), PacedEngine()]
-    threads = [stack.enter_context(ServerThread(e)) for e in engines]
+    threads = [stack.enter_context(serve(e)) for e in engines]
     ports = [port_of(t) for t in threads]
-    servers = [RemoteServer(t.url) for t in threads]
+    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, probe_backoff_s=5.0)
     try:
         for t in threads:
@@ -318,7 +325,7 @@ async def test_with_every_replica_briefly_out_the_next_request_probes_at_once(st
         assert client.healthy_replicas == []
         # Both come back within a second: the client must not refuse for the 5 s backoff.
         for e, port in zip(engines, ports, strict=True):
-            stack.enter_context(ServerThread(e, port=port))
+            stack.enter_context(serve(e, port=port))
         out = await client.generate("next", [1], {"max_tokens": 2})
         assert out.token_ids == [0, 0]
         assert len(client.healthy_replicas) >= 1

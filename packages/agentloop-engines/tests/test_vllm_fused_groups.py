@@ -40,6 +40,7 @@ def test_update_weights_refuses_a_split_group_before_the_engine():
     torch = pytest.importorskip("torch", reason="the weights are torch tensors")
     server = object.__new__(VLLMServer)  # no AsyncLLM: the check must come first
     server.engine = _NoEngine()
+    server.weight_specs = None  # no checkpoint headers: only the fused-group check is left to refuse
     weights = [(ATTN + "q_proj.weight", torch.zeros(2, 2)), (ATTN + "v_proj.weight", torch.zeros(2, 2))]
     with pytest.raises(ValueError, match="k_proj.*Push each layer's q/k/v"):
         asyncio.run(server.update_weights(weights))
