@@ -42,3 +42,20 @@ def run_killed_script(tmp_path: Any, source: str, root: Any) -> None:
     script.write_text(source)
     proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+
+
+def read_response(sock: Any) -> bytes:
+    """Everything a server sends on ``sock`` until it closes the connection or has answered one
+    whole response (Content-Length); a read past the socket's timeout raises ``socket.timeout``."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep:
+            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                           if line.lower().startswith(b"content-length:")), None)
+            if length is not None and len(rest) >= length:
+                return data

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,21 @@ def readme_agent(base_url: str, row: dict) -> dict:
     return {"reward": 1.0}
 
 
+async def rollout(tokenizer: Any, **loop_config: Any) -> list[Any]:
+    """``SAMPLES`` rows of the README agent through ``http_agent`` on HFServer (tiny model),
+    bounded by ``ROLLOUT_BOUND_S`` so that a starved engine fails the test instead of hanging it."""
+    engine = HFServer(build_tiny_model(), max_model_len=512)
+    worker = AgentLoopWorker(engine, tokenizer, {"agent_loop_configs": {"http_agent": {"agent": readme_agent,
+                                                                                       **loop_config}},
+                                                 "sampling_params": SAMPLING})
+    rows = [{"index": i, "agent_name": "http_agent",
+             "raw_prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(SAMPLES)]
+    try:
+        return await asyncio.wait_for(worker.generate_sequences(rows), ROLLOUT_BOUND_S)
+    finally:
+        await engine.close()
+
+
 @pytest.fixture(autouse=True)
 def _stop_gateways():
     yield
@@ -57,16 +73,7 @@ async def test_more_sync_agents_than_default_threads_complete_against_hfserver(t
     loop = asyncio.get_running_loop()
     small = concurrent.futures.ThreadPoolExecutor(max_workers=DEFAULT_POOL_THREADS, thread_name_prefix="default")
     loop.set_default_executor(small)
-    engine = HFServer(build_tiny_model(), max_model_len=512)
-    worker = AgentLoopWorker(engine, tokenizer, {"agent_loop_configs": {"http_agent": {"agent": readme_agent,
-                                                                                       "timeout_s": 45}},
-                                                 "sampling_params": SAMPLING})
-    rows = [{"index": i, "agent_name": "http_agent",
-             "raw_prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(SAMPLES)]
-    try:
-        outputs = await asyncio.wait_for(worker.generate_sequences(rows), ROLLOUT_BOUND_S)
-    finally:
-        await engine.close()
+    outputs = await rollout(tokenizer, timeout_s=45)
     errors = [o.metrics.get("error") for o in outputs if o.failed]
     assert not errors, f"{len(errors)} of {SAMPLES} samples failed: {errors[:2]}"
     assert len({o.trajectory_index for o in outputs}) == SAMPLES
@@ -75,15 +82,7 @@ async def test_more_sync_agents_than_default_threads_complete_against_hfserver(t
 
 async def test_a_pool_smaller_than_the_samples_queues_them(tokenizer):
     """With a pool of 2 threads and 8 samples, samples wait for a thread and all complete."""
-    engine = HFServer(build_tiny_model(), max_model_len=512)
-    worker = AgentLoopWorker(engine, tokenizer, {"agent_loop_configs": {"http_agent": {
-        "agent": readme_agent, "max_sync_agent_threads": 2}}, "sampling_params": SAMPLING})
-    rows = [{"index": i, "agent_name": "http_agent",
-             "raw_prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(SAMPLES)]
-    try:
-        outputs = await asyncio.wait_for(worker.generate_sequences(rows), ROLLOUT_BOUND_S)
-    finally:
-        await engine.close()
+    outputs = await rollout(tokenizer, max_sync_agent_threads=2)
     assert not [o for o in outputs if o.failed], [o.metrics.get("error") for o in outputs if o.failed]
     assert sync_agent_pool(2).stats["started"] == 2
 

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import pytest
+from fault_helpers import read_response
 
 httpx = pytest.importorskip("httpx", reason='HTTP tests need httpx: pip install "agentloop-engines[server]"')
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
@@ -100,21 +101,6 @@ def request(http: Any, method: str, url: str, body: Any, headers: dict[str, str]
     if body is None and url.endswith("/update_weights"):
         return http.request(method, url, content=serialize_weights({"w": torch.zeros(2)}), headers=headers)
     return http.request(method, url, json=body, headers=headers)
-
-
-def read_response(sock: socket.socket) -> bytes:
-    """One whole response (raises ``socket.timeout`` when none comes within ``HANG_S``)."""
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                       if line.lower().startswith(b"content-length:")), None)
-        if sep and length is not None and len(rest) >= length:
-            return data
 
 
 def wait_until(predicate: Any, what: str) -> None:

@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from typing import Any
 
 import pytest
+from fault_helpers import read_response
 
 httpx = pytest.importorskip("httpx", reason='HTTP tests need httpx: pip install "agentloop-engines[server]"')
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
@@ -110,23 +111,6 @@ def raw_request(url: str, head: bytes, body: bytes = b"") -> socket.socket:
     sock = socket.create_connection((host, int(port)), timeout=HANG_S)
     sock.sendall(head + b"\r\nHost: test\r\n\r\n" + body)
     return sock
-
-
-def read_response(sock: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection or answers a whole response
-    (raises ``socket.timeout`` when it does neither within ``HANG_S``)."""
-    data = b""
-    while True:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        if sep:
-            length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                           if line.lower().startswith(b"content-length:")), None)
-            if length is not None and len(rest) >= length:
-                return data
 
 
 # ---- 1. no client-supplied template text -------------------------------------------------------
