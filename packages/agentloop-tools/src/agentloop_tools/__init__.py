@@ -34,7 +34,7 @@ from agentloop_tools.loop_config import (
 )
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 from agentloop_tools.sync_pool import SyncToolPool, SyncToolPoolFullError
-from agentloop_tools.truncation import truncate_text
+from agentloop_tools.truncation import cut_tool_response, truncate_text, truncate_tokens
 
 __version__ = _distribution_version("agentloop-tools")
 """The installed distribution's version: pyproject.toml is its one source."""
@@ -62,6 +62,7 @@ __all__ = [
     "ToolResponse",
     "calculator",
     "check_loop_config_keys",
+    "cut_tool_response",
     "evaluate_expression",
     "function_tool",
     "get_tool_parser",
@@ -73,4 +74,5 @@ __all__ = [
     "register_tool_parser",
     "tool_parser_names",
     "truncate_text",
+    "truncate_tokens",
 ]

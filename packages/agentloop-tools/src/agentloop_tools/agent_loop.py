@@ -44,7 +44,7 @@ from agentloop_tools.loop_config import ToolAgentConfig, resolve_interactions, r
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
 from agentloop_tools.rows import row_messages, row_tools_kwargs
 from agentloop_tools.schema import ToolResponse
-from agentloop_tools.truncation import truncate_text
+from agentloop_tools.truncation import cut_tool_response
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class _Run:
     turn_scores: list[float] = field(default_factory=list)
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("tool_calls", "tool_errors", "parse_errors", "tool_calls_over_limit", "tool_media_dropped", "dropped_message_tokens",
+         "tool_responses_truncated_length", "tool_responses_truncated_tokens",
          "generate_s", "tool_calls_s", "interaction_s"), 0))
     termination: str = ""
     ended_with_eos: bool = True
@@ -319,21 +320,25 @@ class ToolAgentLoop(AgentLoopBase):
         run.counters["tool_calls_s"] += time.perf_counter() - start
         messages = []
         for call, text in zip(parsed.calls[:limit], results, strict=True):
-            messages.append(self._tool_message(call.name, next(ids), text))
+            messages.append(self._tool_message(run, call.name, next(ids), text))
         for call in parsed.calls[limit:]:
             run.counters["tool_errors"] += 1
             run.counters["tool_calls_over_limit"] += 1
-            messages.append(self._tool_message(call.name, next(ids),
+            messages.append(self._tool_message(run, call.name, next(ids),
                                                f"Error: too many tool calls in one turn (limit {limit}); "
                                                f"this call to {call.name!r} was not run. Call it again next turn."))
         for error in parsed.errors:
-            messages.append(self._tool_message(error.name or "", next(ids), f"Error: {error.reason}"))
+            messages.append(self._tool_message(run, error.name or "", next(ids), f"Error: {error.reason}"))
         return messages
 
-    def _tool_message(self, name: str, call_id: str, text: str) -> dict[str, Any]:
+    def _tool_message(self, run: _Run, name: str, call_id: str, text: str) -> dict[str, Any]:
         cfg = self.settings
-        content = truncate_text(text, cfg.max_tool_response_length, cfg.tool_response_truncate_side)
-        return {"role": "tool", "name": name, "tool_call_id": call_id, "content": content}
+        cut = cut_tool_response(text, cfg.tool_response_truncate_side, max_length=cfg.max_tool_response_length,
+                                max_tokens=cfg.max_tool_response_tokens, tokenizer=self.tokenizer)
+        # Which limit cut it, so a run can see whether its tools' output is being lost.
+        run.counters["tool_responses_truncated_length"] += cut.by_length
+        run.counters["tool_responses_truncated_tokens"] += cut.by_tokens
+        return {"role": "tool", "name": name, "tool_call_id": call_id, "content": cut.text}
 
     async def _call_tool(self, run: _Run, call: ToolCall) -> str:
         """Run one call; every failure becomes error text for the model."""

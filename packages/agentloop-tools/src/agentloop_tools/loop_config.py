@@ -166,8 +166,13 @@ class ToolLoopConfig:
     """Name of the tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``)."""
     max_parallel_calls: int = loop_setting(4, positive=True)
     """Most tool calls run (concurrently) per turn; later calls of the turn get an error message."""
-    max_tool_response_length: int = loop_setting(1024, positive=True)
-    """Most characters of one tool response shown to the model."""
+    max_tool_response_length: int | None = loop_setting(1024, positive=True)
+    """Most characters of one tool response shown to the model; None: no character limit."""
+    max_tool_response_tokens: int | None = loop_setting(None, positive=True)
+    """Most tokens of one tool response shown to the model, counted with the loop's tokenizer
+    (the text on its own, marker included; the chat template's wrapping of the tool message is
+    not counted); None: no token limit. Applied after ``max_tool_response_length`` when both
+    are set, on the same side (``tool_response_truncate_side``)."""
     tool_response_truncate_side: TruncateSide = "middle"
     """Which part of a long response to keep: ``left`` keeps the tail, ``right`` the head,
     ``middle`` head and tail."""

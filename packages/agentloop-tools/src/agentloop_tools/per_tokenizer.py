@@ -1,5 +1,6 @@
 """What the tool loops work out once per tokenizer and reuse for every sample: the ids of the
-tool parser's stop tokens, and whether the chat template renders ``tools=`` (core's
+tool parser's stop tokens, the longest token's length in characters (the token-budgeted
+truncation's window), and whether the chat template renders ``tools=`` (core's
 :func:`~agentloop_core.tokenization.renders_tools`, which the trainer and the gateway ask too).
 
 A loop object is built per sample (4096 concurrent trajectories build 4096 loops), and
@@ -19,13 +20,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["check_template_renders_tools", "stop_token_ids"]
+__all__ = ["check_template_renders_tools", "longest_token_chars", "stop_token_ids"]
 
 logger = logging.getLogger(__name__)
 
 _Entry = TypeVar("_Entry")
 
 _STOP_TOKEN_IDS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_LONGEST_TOKEN: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
 
 
 def _entry(cache: weakref.WeakKeyDictionary[Any, _Entry], owner: Any, make: Callable[[], _Entry]) -> _Entry:
@@ -58,6 +60,20 @@ def stop_token_ids(tokenizer: Any, tokens: tuple[str, ...]) -> tuple[int, ...]:
                 logger.debug("tool parser stop token %r is not in the tokenizer's vocabulary", token)
         ids = known[tokens] = tuple(vocab[t] for t in tokens if t in vocab)
     return ids
+
+
+def longest_token_chars(tokenizer: Any) -> int:
+    """The most characters of text one token of ``tokenizer`` can stand for (at least 1).
+
+    Measured on the vocabulary's token strings, added tokens included. A byte-level token's
+    string has one character per byte and SentencePiece's ``\u2581`` stands for one space, so
+    this is an upper bound on the text characters a token covers: a text of ``n * bound + 1``
+    characters takes more than ``n`` tokens. Worked out once per tokenizer.
+    """
+    known = _entry(_LONGEST_TOKEN, tokenizer, list)
+    if not known:
+        known.append(max((len(t) for t in tokenizer.get_vocab()), default=1) or 1)
+    return known[0]
 
 
 def check_template_renders_tools(renderer: Any, names: list[str], loop_name: str = "tool_agent") -> None:
