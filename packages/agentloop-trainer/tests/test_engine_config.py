@@ -165,6 +165,8 @@ def test_settings_reach_the_loop_under_the_loops_names():
         "actor_rollout_ref.rollout.multi_turn.tool_parser=hermes", "actor_rollout_ref.rollout.multi_turn.max_user_turns=2",
         "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=3",
         "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left", "reward.source=function",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=256",
+        "actor_rollout_ref.rollout.multi_turn.max_tool_response_length=null",
         # tool_agent, not react_agent: the trainer's own test session does not install
         # agentloop-langgraph, and the default loop must be importable at start-up.
         "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
@@ -176,8 +178,17 @@ def test_settings_reach_the_loop_under_the_loops_names():
     loop = ToolAgentConfig.from_mapping(s.loop_mapping())
     assert (loop.tool_parser, loop.max_user_turns, loop.max_parallel_calls, loop.tool_response_truncate_side,
             loop.tool_reward) == ("hermes", 2, 3, "left", "none")
+    assert (loop.max_tool_response_tokens, loop.max_tool_response_length) == (256, None)
     assert s.default_agent_loop == "tool_agent"
     default = dict(s.agent_loop_configs)["tool_agent"]  # the default loop's config, built at start-up
     assert isinstance(default, ToolAgentConfig)
     assert (default.tool_parser, default.max_parallel_calls, default.tool_reward) == ("hermes", 3, "none")
     assert (s.val_sampling_params.temperature, s.val_sampling_params.top_k, s.val_sampling_params.top_p) == (0.6, 0, 1.0)
+
+
+@pytest.mark.parametrize("key", ["max_tool_response_tokens", "max_tool_response_length"])
+def test_tool_response_limits_are_null_or_positive(key):
+    with pytest.raises(ConfigError, match=rf"multi_turn\.{key} must be null or at least 1"):
+        load_config([f"actor_rollout_ref.rollout.multi_turn.{key}=0"])
+    cfg = load_config([f"actor_rollout_ref.rollout.multi_turn.{key}=null"])
+    assert getattr(cfg.actor_rollout_ref.rollout.multi_turn, key) is None

@@ -96,8 +96,11 @@ class MultiTurnSection:
     """Most interaction (user) replies; null: until the interaction ends the conversation."""
     max_parallel_calls: int = _tool_loop_default("max_parallel_calls")
     """Most tool calls run per turn; later calls get an error message."""
-    max_tool_response_length: int = _tool_loop_default("max_tool_response_length")
-    """Most characters of one tool response shown to the model."""
+    max_tool_response_length: int | None = _tool_loop_default("max_tool_response_length")
+    """Most characters of one tool response shown to the model; null: no character limit."""
+    max_tool_response_tokens: int | None = _tool_loop_default("max_tool_response_tokens")
+    """Most tokens (of the model's tokenizer, the truncation marker included) of one tool
+    response shown to the model; null: no token limit. Both limits apply when both are set."""
     tool_response_truncate_side: str = _tool_loop_default("tool_response_truncate_side")
     """left (keep the tail) | right (keep the head) | middle (keep both ends)."""
     max_tokens_per_turn: int = 64

@@ -71,6 +71,9 @@ def validate(cfg: TrainConfig) -> None:
          "unset with the ray backend (remote servers are routed from the trainer process)"),
         ("actor_rollout_ref.rollout.multi_turn.enable", r.multi_turn.enable,
          "true (agentloop's loops are multi-turn; a loop that stops after one turn is still one)"),
+        *((f"actor_rollout_ref.rollout.multi_turn.{key}",
+           getattr(r.multi_turn, key) is None or getattr(r.multi_turn, key) >= 1, "null or at least 1")
+          for key in ("max_tool_response_length", "max_tool_response_tokens")),
         ("actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side",
          r.multi_turn.tool_response_truncate_side in ("left", "right", "middle"), "left, right or middle"),
         ("actor_rollout_ref.rollout.sanity_check", r.sanity_check in ("strict", "ignore_strippable", "disable"),

@@ -112,6 +112,7 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         "max_user_turns": mt.max_user_turns,
         "max_parallel_calls": mt.max_parallel_calls,
         "max_tool_response_length": mt.max_tool_response_length,
+        "max_tool_response_tokens": mt.max_tool_response_tokens,
         "tool_response_truncate_side": mt.tool_response_truncate_side,
         "tool_timeout_s": mt.tool_timeout_s,
         # The loop adds up its own rewards only when they are used.
