@@ -318,3 +318,31 @@ def test_loop_declares_its_config_class():
         check_loop_config_keys("react_agent", ReactAgentConfig, ["interaction_config_path"])
     with pytest.raises(ValueError, match=r"'graph_factory_kwarg' \(did you mean 'graph_factory_kwargs'\?\)"):
         check_loop_config_keys("react_agent", ReactAgentConfig, ["graph_factory_kwarg"])
+
+
+class _BigTool(BaseTool):
+    """Answers every call with ~1 MB of digits and words."""
+
+    def __init__(self) -> None:
+        super().__init__({}, {"type": "function", "function": {"name": "big", "description": "a big tool",
+                                                                "parameters": {"type": "object", "properties": {}}}})
+
+    async def execute(self, instance_id, parameters):
+        return ToolResponse(text="0123456789 abc\n" * 70_000), 0.0, {}
+
+
+@pytest.mark.parametrize("side", ["left", "right", "middle"])
+async def test_tool_response_token_budget_applies_as_in_tool_agent(tokenizer, scripted, side):
+    from agentloop_tools.truncation import TRUNCATION_MARKER, truncate_tokens
+
+    server = scripted([hermes_call("big"), "done"])
+    loop = ReactAgentLoop(server, tokenizer, {"tools": {"big": _BigTool()}, "max_tool_response_length": None,
+                                              "max_tool_response_tokens": 64, "tool_response_truncate_side": side})
+    out = await loop.run({"temperature": 0.0, "logprobs": True}, raw_prompt=PROMPT)
+    assert not out.failed, out.metrics
+    (text,) = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "tool"]
+    assert text == truncate_tokens("0123456789 abc\n" * 70_000, 64, side, tokenizer)
+    assert TRUNCATION_MARKER in text
+    assert len(tokenizer.encode(text, add_special_tokens=False)) <= 64
+    assert out.metrics["tool_responses_truncated_tokens"] == 1
+    assert out.metrics["tool_responses_truncated_length"] == 0

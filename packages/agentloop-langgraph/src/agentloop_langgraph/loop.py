@@ -170,6 +170,8 @@ class ReactAgentLoop(AgentLoopBase):
             "tool_calls": sum(a.calls for a in adapters.values()),
             "tool_errors": sum(a.errors for a in adapters.values()),
             "tool_calls_over_limit": sum(a.calls_over_limit for a in adapters.values()),
+            "tool_responses_truncated_length": sum(a.truncated_length for a in adapters.values()),
+            "tool_responses_truncated_tokens": sum(a.truncated_tokens for a in adapters.values()),
             "generate_s": session.generate_s, "graph_s": graph_s,
         }
         tool_rewards = [r for a in adapters.values() for r in a.rewards]
@@ -195,6 +197,7 @@ class ReactAgentLoop(AgentLoopBase):
                             request_id: str) -> dict[str, AgentLoopTool]:
         cfg = self.settings
         options = {"timeout_s": cfg.tool_timeout_s, "max_tool_response_length": cfg.max_tool_response_length,
+                   "max_tool_response_tokens": cfg.max_tool_response_tokens, "tokenizer": self.tokenizer,
                    "tool_response_truncate_side": cfg.tool_response_truncate_side,
                    "max_parallel_calls": cfg.max_parallel_calls,
                    "is_over_limit": lambda call_id: model.is_call_over_limit(call_id, request_id)}

@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field
 
 from agentloop_tools.base import BaseTool
 from agentloop_tools.schema import ToolResponse
-from agentloop_tools.truncation import TruncateSide, truncate_text
+from agentloop_tools.truncation import TruncateSide, cut_tool_response
 
 
 class AgentLoopTool(LangChainBaseTool):
@@ -41,8 +41,14 @@ class AgentLoopTool(LangChainBaseTool):
     """The tool's OpenAI function schema, exactly as it declared it."""
     timeout_s: float | None = 60.0
     """Time limit of one call (the tool's own ``timeout_s`` wins); None: no limit."""
-    max_tool_response_length: int = 1024
-    """Most characters of a response shown to the model (the tool loops' key of that name)."""
+    max_tool_response_length: int | None = 1024
+    """Most characters of a response shown to the model (the tool loops' key of that name);
+    None: no character limit."""
+    max_tool_response_tokens: int | None = None
+    """Most tokens of a response shown to the model, counted with ``tokenizer`` (the tool
+    loops' key of that name); None: no token limit."""
+    tokenizer: Any = Field(default=None, exclude=True)
+    """The loop's tokenizer; needed with ``max_tool_response_tokens``."""
     tool_response_truncate_side: TruncateSide = "middle"
     """Which part of a long response to keep (see ``truncate_text``)."""
     rewards: list[float] = Field(default_factory=list)
@@ -60,6 +66,10 @@ class AgentLoopTool(LangChainBaseTool):
     turn (``ChatModel.is_call_over_limit`` of the trajectory); None: never."""
     calls_over_limit: int = 0
     """How many calls were answered with an error because of ``max_parallel_calls``."""
+    truncated_length: int = 0
+    """How many responses ``max_tool_response_length`` cut."""
+    truncated_tokens: int = 0
+    """How many responses ``max_tool_response_tokens`` cut."""
     handle_tool_error: bool = True
 
     async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
@@ -112,7 +122,11 @@ class AgentLoopTool(LangChainBaseTool):
         if response.image or response.video:
             # The chat model renders text only; say so instead of silently losing the media.
             text += "\n[the tool returned images or videos, which this loop cannot show]"
-        return truncate_text(text, self.max_tool_response_length, self.tool_response_truncate_side)
+        cut = cut_tool_response(text, self.tool_response_truncate_side, max_length=self.max_tool_response_length,
+                                max_tokens=self.max_tool_response_tokens, tokenizer=self.tokenizer)
+        self.truncated_length += cut.by_length
+        self.truncated_tokens += cut.by_tokens
+        return cut.text
 
 
 def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> AgentLoopTool:
@@ -121,7 +135,8 @@ def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> Agent
     Args:
         tool: The agentloop tool.
         instance_id: From ``await tool.create(...)``.
-        **options: ``timeout_s``, ``max_tool_response_length``, ``tool_response_truncate_side``,
+        **options: ``timeout_s``, ``max_tool_response_length``, ``max_tool_response_tokens`` and
+            ``tokenizer``, ``tool_response_truncate_side``,
             ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``.
 
     Raises:
