@@ -181,3 +181,19 @@ def test_settings_reach_the_loop_under_the_loops_names():
     assert isinstance(default, ToolAgentConfig)
     assert (default.tool_parser, default.max_parallel_calls, default.tool_reward) == ("hermes", 3, "none")
     assert (s.val_sampling_params.temperature, s.val_sampling_params.top_k, s.val_sampling_params.top_p) == (0.6, 0, 1.0)
+
+
+def test_reasoning_keys_reach_the_loop():
+    cfg = load_config([
+        "actor_rollout_ref.rollout.multi_turn.reasoning_parser=qwen3",
+        "actor_rollout_ref.rollout.multi_turn.tool_calls_in_reasoning=true",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+    ])
+    from agentloop_tools.loop_config import ToolAgentConfig
+
+    default = dict(rollout_config(cfg).agent_loop_configs)["tool_agent"]
+    assert isinstance(default, ToolAgentConfig)
+    assert (default.reasoning_parser, default.tool_calls_in_reasoning) == ("qwen3", True)
+    plain = dict(rollout_config(load_config(["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]))
+                 .agent_loop_configs)["tool_agent"]
+    assert (plain.reasoning_parser, plain.tool_calls_in_reasoning) == (None, False)
