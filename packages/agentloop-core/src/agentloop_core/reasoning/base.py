@@ -55,6 +55,11 @@ class ReasoningParser(abc.ABC):
         del prompt_tail
         return False
 
+    def visible_content(self, content: str) -> str:
+        """:attr:`ReasoningSplit.content` as a reader sees it (the gateway's ``content``): its
+        delimiters removed, stripped. Tool-call markup stays; the tool parser removes it."""
+        return content.strip()
+
     @abc.abstractmethod
     def split(self, text: str, *, in_reasoning: bool = False) -> ReasoningSplit:
         """Split ``text``, decoded as the tool parser reads it.

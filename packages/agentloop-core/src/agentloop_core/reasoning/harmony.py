@@ -36,5 +36,16 @@ class GptOssReasoningParser(ReasoningParser):
                 content.append(item.raw)
         return ReasoningSplit(reasoning="\n".join(r for r in reasoning if r), content="".join(content), closed=closed)
 
+    def visible_content(self, content: str) -> str:
+        """The bodies of the messages that address no tool, and loose text, joined by newlines
+        (calls are left to the ``gpt_oss`` tool parser)."""
+        parts: list[str] = []
+        for item in harmony.split_messages(content):
+            if isinstance(item, str):
+                parts.append(harmony.SPECIAL.sub("", item).strip())
+            elif harmony.message_recipient(item.header) is None:
+                parts.append(harmony.SPECIAL.sub("", item.body).strip())
+        return "\n".join(p for p in parts if p)
+
 
 __all__ = ["GptOssReasoningParser"]
