@@ -135,3 +135,13 @@ async def test_gpt_oss_analysis_is_reasoning_and_the_commentary_call_runs():
     assert out.metrics["reasoning_turns"] == 1
     assert out.metrics["reasoning_chars"] == len("Echo it.")
     assert out.metrics["tool_calls_in_reasoning"] == 0
+
+
+async def test_qwen3_coder_calls_run_outside_the_reasoning():
+    def xml(text: str) -> str:
+        return f"<tool_call>\n<function=echo>\n<parameter=text>\n{text}\n</parameter>\n</function>\n</tool_call>"
+
+    turn = f"<think>\nor {xml('drafted')}\n</think>\n\n{xml('real')}"
+    out, _ = await run_loop(load_tiny_tokenizer(), [turn, "Done."], tool_parser="qwen3_coder", reasoning_parser="qwen3")
+    assert tool_messages(out) == ["real"]
+    assert out.metrics["tool_calls_in_reasoning_ignored"] == 1
