@@ -192,3 +192,19 @@ def test_tool_response_limits_are_null_or_positive(key):
         load_config([f"actor_rollout_ref.rollout.multi_turn.{key}=0"])
     cfg = load_config([f"actor_rollout_ref.rollout.multi_turn.{key}=null"])
     assert getattr(cfg.actor_rollout_ref.rollout.multi_turn, key) is None
+
+
+def test_reasoning_keys_reach_the_loop():
+    cfg = load_config([
+        "actor_rollout_ref.rollout.multi_turn.reasoning_parser=qwen3",
+        "actor_rollout_ref.rollout.multi_turn.tool_calls_in_reasoning=true",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+    ])
+    from agentloop_tools.loop_config import ToolAgentConfig
+
+    default = dict(rollout_config(cfg).agent_loop_configs)["tool_agent"]
+    assert isinstance(default, ToolAgentConfig)
+    assert (default.reasoning_parser, default.tool_calls_in_reasoning) == ("qwen3", True)
+    plain = dict(rollout_config(load_config(["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]))
+                 .agent_loop_configs)["tool_agent"]
+    assert (plain.reasoning_parser, plain.tool_calls_in_reasoning) == (None, False)

@@ -12,6 +12,10 @@ a ``tool_call_id``: the id the model wrote when its format has one the template 
 The turn's calls are attached to the trajectory in OpenAI form with the same ids, so templates
 that render a tool result only after the call it answers (gpt-oss, Mistral) can render it.
 
+With a reasoning parser (``reasoning_parser``), the tool parser reads only a turn's content:
+calls the model drafts inside its reasoning are counted, not run (``tool_calls_in_reasoning``
+runs them too). The split chooses what runs; the trajectory keeps every generated token.
+
 Anything a tool does wrong (raises, hangs, returns junk, gets bad arguments, does not exist)
 becomes an error message the model reads on its next turn and a counter in ``metrics``; it
 never ends the trajectory with an exception. A misconfigured row is different: ``tools_kwargs``
@@ -36,6 +40,7 @@ from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, get_reasoning_parser
 from agentloop_core.registry import register
 from agentloop_core.stops import StopCounter
 from agentloop_tools.base import ToolKwargsError, create_instances
@@ -47,6 +52,11 @@ from agentloop_tools.schema import ToolResponse
 from agentloop_tools.truncation import cut_tool_response
 
 logger = logging.getLogger(__name__)
+
+REASONING_COUNTERS = ("reasoning_turns", "reasoning_chars", "reasoning_unclosed", "tool_calls_in_reasoning",
+                      "tool_calls_in_reasoning_ignored")
+"""Metrics of a loop with a reasoning parser: turns with reasoning, its characters, turns that
+ended inside it, calls (usable or not) written inside it, and those of them not run."""
 
 
 class AgentState(enum.Enum):
@@ -86,6 +96,8 @@ class _Run:
     """Every metrics dict a tool call or the interaction returned, as returned."""
     stops: StopCounter = field(default_factory=StopCounter)
     """Which limits stopped its turns (turn cap, response budget, context)."""
+    starts_in_reasoning: bool = False
+    """Whether the turn being generated begins inside reasoning (the prompt opened it)."""
 
     def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
         """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the
@@ -133,6 +145,14 @@ class ToolAgentLoop(AgentLoopBase):
         self.settings: ToolAgentConfig
         self.tools = resolve_tools(self.settings)
         self.parser = get_tool_parser(self.settings.tool_parser)
+        self.reasoning_parser: ReasoningParser | None = None
+        if self.settings.reasoning_parser is not None:
+            self.reasoning_parser = get_reasoning_parser(self.settings.reasoning_parser)
+            if self.reasoning_parser.needs_special_tokens and not self.parser.needs_special_tokens:
+                raise ValueError(
+                    f"reasoning_parser {self.settings.reasoning_parser!r} reads special tokens that tool_parser "
+                    f"{self.settings.tool_parser!r} has decoded away; use the tool parser of the same family "
+                    "(multi_turn.tool_parser: gpt_oss)")
         self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.settings)
         schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
         self.renderer = ChatRenderer(
@@ -170,6 +190,8 @@ class ToolAgentLoop(AgentLoopBase):
         interaction_kwargs = dict(row.get("interaction_kwargs") or {})
         run = _Run(request_id=str(row.get("request_id") or uuid.uuid4().hex),
                    interaction=select_interaction(self.interactions, interaction_kwargs))
+        if self.reasoning_parser is not None:
+            run.counters.update(dict.fromkeys(REASONING_COUNTERS, 0))
         try:
             await self._create_instances(run, tools_kwargs)
             if run.interaction is not None:
@@ -197,6 +219,9 @@ class ToolAgentLoop(AgentLoopBase):
                     run.termination = "response_length"
                     break
                 max_tokens = remaining if per_turn_cap is None else min(per_turn_cap, remaining)
+                if self.reasoning_parser is not None and self.reasoning_parser.reads_prompt:
+                    tail = self.tokenizer.decode(trajectory.context_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
+                    run.starts_in_reasoning = self.reasoning_parser.starts_in_reasoning(tail)
                 start = time.perf_counter()
                 with self.tracer.span("generate", turn=run.assistant_turns, request_id=run.request_id):
                     out: TokenOutput = await self.server.generate(
@@ -238,7 +263,7 @@ class ToolAgentLoop(AgentLoopBase):
                 text += self.renderer.decode(out.token_ids[-1:])
         else:
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-        parsed = self.parser.parse(text, self.tools)
+        parsed = self._parse_turn(run, text)
         run.counters["parse_errors"] += len(parsed.errors)
         if cfg.max_assistant_turns is not None and run.assistant_turns >= cfg.max_assistant_turns:
             run.termination = "max_assistant_turns"
@@ -250,6 +275,26 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.INTERACTING, None
         run.termination = "no_tool_call"
         return AgentState.TERMINATED, None
+
+    def _parse_turn(self, run: _Run, text: str) -> ParseResult:
+        """The turn's calls: from its content when a reasoning parser splits it (counting the
+        calls drafted in the reasoning), else from all of it."""
+        if self.reasoning_parser is None:
+            return self.parser.parse(text, self.tools)
+        split = self.reasoning_parser.split(text, in_reasoning=run.starts_in_reasoning)
+        drafted = 0
+        if split.has_reasoning:
+            run.counters["reasoning_turns"] += 1
+            run.counters["reasoning_chars"] += len(split.reasoning)
+            # Parsed only to count; record=False keeps the parser's counters one per turn.
+            inner = self.parser.parse(split.reasoning, self.tools, record=False)
+            drafted = len(inner.calls) + len(inner.errors)
+        run.counters["reasoning_unclosed"] += not split.closed
+        run.counters["tool_calls_in_reasoning"] += drafted
+        if self.settings.tool_calls_in_reasoning:
+            return self.parser.parse(text, self.tools)
+        run.counters["tool_calls_in_reasoning_ignored"] += drafted
+        return self.parser.parse(split.content, self.tools)
 
     def _attach_calls(self, run: _Run, trajectory: Any, parsed: ParseResult) -> None:
         """Give every call of the turn (usable or not; each gets a tool message) its id, and

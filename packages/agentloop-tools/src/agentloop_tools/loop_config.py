@@ -164,6 +164,14 @@ class ToolLoopConfig:
     """Most model turns; None: bounded only by ``response_length`` (and the loop's own limits)."""
     tool_parser: str = "hermes"
     """Name of the tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``)."""
+    reasoning_parser: str | None = None
+    """Name of the reasoning parser that splits each turn into reasoning and content before the
+    tool parser reads it (``qwen3``, ``deepseek_r1``, ``gpt_oss``; see
+    ``agentloop_core.reasoning.reasoning_parser_names()``); None: the tool parser reads the whole
+    turn. Only what runs changes: the trajectory keeps every generated token."""
+    tool_calls_in_reasoning: bool = False
+    """Run the calls the model writes inside its reasoning too (with ``reasoning_parser`` set);
+    False: they are counted (``tool_calls_in_reasoning_ignored``) and not run."""
     max_parallel_calls: int = loop_setting(4, positive=True)
     """Most tool calls run (concurrently) per turn; later calls of the turn get an error message."""
     max_tool_response_length: int | None = loop_setting(1024, positive=True)

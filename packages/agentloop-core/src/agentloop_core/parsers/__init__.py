@@ -1,5 +1,5 @@
 """Tool-call parsers by name: ``get_tool_parser("hermes")``, ``"llama3_json"``, ``"gpt_oss"``
-(alias ``"harmony"``), ``"mistral"``."""
+(alias ``"harmony"``), ``"mistral"``, ``"qwen3_coder"``."""
 
 from agentloop_core.parsers.base import (
     ParseResult,
@@ -24,6 +24,7 @@ from agentloop_core.parsers.hermes import HermesToolParser  # noqa: E402  isort:
 from agentloop_core.parsers.llama3_json import Llama3JsonToolParser  # noqa: E402  isort: skip
 from agentloop_core.parsers.harmony import GptOssToolParser  # noqa: E402  isort: skip
 from agentloop_core.parsers.mistral import MistralToolParser  # noqa: E402  isort: skip
+from agentloop_core.parsers.qwen3_coder import Qwen3CoderToolParser  # noqa: E402  isort: skip
 
 __all__ = [
     "GptOssToolParser",
@@ -31,6 +32,7 @@ __all__ = [
     "Llama3JsonToolParser",
     "MistralToolParser",
     "ParseResult",
+    "Qwen3CoderToolParser",
     "ParseStats",
     "ToolCall",
     "ToolCallError",

@@ -194,7 +194,7 @@ class ToolParser(abc.ABC):
         """
         return f"call_{turn}_{call.id}" if call is not None else ""
 
-    def parse(self, text: str, tools: Mapping[str, Any] | None = None) -> ParseResult:
+    def parse(self, text: str, tools: Mapping[str, Any] | None = None, *, record: bool = True) -> ParseResult:
         """Find the tool calls in ``text``.
 
         Args:
@@ -202,6 +202,9 @@ class ToolParser(abc.ABC):
                 kept when :attr:`needs_special_tokens` (see there).
             tools: Known tools by name (schemas, ``BaseTool`` objects or OpenAI tool dicts).
                 A call to a name not in it is an error; None accepts any name unchecked.
+            record: Count the outcome in :attr:`stats`. False for text the loop only inspects
+                (a turn's reasoning, read for the calls it drafted), so the counters stay one
+                per turn.
 
         Returns:
             Content, usable calls and errors. Never raises: an unexpected failure inside the
@@ -217,7 +220,8 @@ class ToolParser(abc.ABC):
                 logger.exception("%s parser failed on %r", self.name, text[:200])
                 result = ParseResult(content=text.strip(), errors=[ToolCallError(
                     text[:200], f"internal parser error ({type(exc).__name__}: {exc})", "internal")])
-        self.stats.record(self.name or type(self).__name__, result)
+        if record:
+            self.stats.record(self.name or type(self).__name__, result)
         return result
 
     @abc.abstractmethod

@@ -186,4 +186,12 @@ def _channel(header: str) -> str | None:
     return match.group(1) if match else None
 
 
+# Public names for the ``gpt_oss`` reasoning parser (agentloop_core.reasoning.harmony), which
+# splits the same messages.
+split_messages = _split
+message_channel = _channel
+message_recipient = _recipient
+HIDDEN_CHANNELS = _HIDDEN_CHANNELS
+SPECIAL = _SPECIAL
+
 __all__ = ["GptOssToolParser"]

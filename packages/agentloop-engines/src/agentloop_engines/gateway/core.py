@@ -35,6 +35,7 @@ from typing import Any
 
 from agentloop_core.parsers import ToolParser, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, ReasoningSplit, get_reasoning_parser
 from agentloop_core.tokenization import renders_tools
 from agentloop_core.tokenization.template_errors import raised_by_template
 from agentloop_engines.gateway.chat_planner import ChatPlanner
@@ -91,6 +92,11 @@ class Gateway:
             ``gpt_oss``, ``mistral``) or a parser object; turns generated text into
             ``tool_calls``. None: requests with ``tools`` are refused (400), as their calls
             could not be returned.
+        reasoning_parser: Name of a core reasoning parser (``qwen3``, ``deepseek_r1``,
+            ``gpt_oss``) or a parser object: the assistant message then carries the reasoning
+            as ``reasoning_content``, ``content`` without it, and ``tool_calls`` only from the
+            content (a call drafted while reasoning is not returned). None: ``content`` is the
+            whole generated text. Token ids are returned unchanged either way.
         model_name: Listed by ``/v1/models`` and returned when a request names no model.
             None: the server's ``model_name``, else the tokenizer's ``name_or_path``.
         chat_template_kwargs: Template variables for every render (``enable_thinking``);
@@ -113,7 +119,9 @@ class Gateway:
 
     Raises:
         UnknownToolParserError: for an unknown parser name (the message lists the known ones).
-        ValueError: when the tokenizer has no ``apply_chat_template``. A tokenizer without a chat
+        UnknownReasoningParserError: likewise for ``reasoning_parser``.
+        ValueError: when a reasoning parser that reads special tokens (``gpt_oss``) comes with
+            a tool parser that does not; when the tokenizer has no ``apply_chat_template``. A tokenizer without a chat
             template (a base model) still serves ``/v1/completions``; chat requests are then 400.
     """
 
@@ -124,6 +132,7 @@ class Gateway:
         *,
         chat_template: str | None = None,
         tool_parser: str | ToolParser | None = None,
+        reasoning_parser: str | ReasoningParser | None = None,
         model_name: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         default_max_tokens: int | None = None,
@@ -145,6 +154,13 @@ class Gateway:
         self.tokenizer = inner if inner is not None and hasattr(inner, "encode") else tokenizer
         self.chat_template = chat_template
         self.parser = get_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
+        self.reasoning = (get_reasoning_parser(reasoning_parser) if isinstance(reasoning_parser, str)
+                          else reasoning_parser)
+        if (self.reasoning is not None and self.reasoning.needs_special_tokens and self.parser is not None
+                and not self.parser.needs_special_tokens):
+            raise ValueError(f"reasoning parser {self.reasoning.name!r} reads special tokens that tool parser "
+                             f"{self.parser.name!r} does not; pass the tool parser of the same family "
+                             "(Gateway(tool_parser='gpt_oss'))")
         self.model_name = (model_name or getattr(server, "model_name", None)
                            or getattr(self.tokenizer, "name_or_path", None) or "agentloop")
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -293,8 +309,14 @@ class Gateway:
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = _FINISH[gen.stop_reason]
         choice: dict[str, Any] = {"index": 0, "message": message}
+        split = None
+        if self.reasoning is not None:
+            split = await self._off_loop(self._split_reasoning, gen)
+            message["content"] = self.reasoning.visible_content(split.content)
+            if split.reasoning:
+                message["reasoning_content"] = split.reasoning
         if req.parse_tool_calls and self.parser is not None:
-            calls, errors, content = await self._off_loop(self._tool_calls, gen, req)
+            calls, errors, content = await self._off_loop(self._tool_calls, gen, req, split)
             if calls:
                 message["content"] = content or None
                 message["tool_calls"] = calls
@@ -443,22 +465,37 @@ class Gateway:
     def _token_texts(self, ids: Sequence[int]) -> list[str]:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
 
-    def _tool_calls(self, gen: _Generation, req: ChatRequest) -> tuple[list[dict], list[dict], str]:
+    def _parser_text(self, gen: _Generation, special: bool) -> str:
+        """The generation as a parser reads it: the response text, or with ``special`` (call or
+        reasoning markup made of special tokens, erased from the response text) decoded with
+        special tokens kept, minus a token that only ended the turn (EOS) but keeping the tool
+        parser's own stop token (harmony's <|call|> closes the call)."""
+        if not special:
+            return gen.text
+        ids = gen.token_ids
+        if ids and gen.stop_reason == "stop" and ids[-1] in self._special_ids and ids[-1] not in self._parser_stop_ids:
+            ids = ids[:-1]
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        if gen.stop is not None and gen.stop in text:
+            text = text[: text.rindex(gen.stop)]
+        return text
+
+    def _split_reasoning(self, gen: _Generation) -> ReasoningSplit:
+        """The generation split by the reasoning parser, decoded as the tool parser reads it."""
+        assert self.reasoning is not None
+        special = self.reasoning.needs_special_tokens or (self.parser is not None and self.parser.needs_special_tokens)
+        in_reasoning = False
+        if self.reasoning.reads_prompt:
+            tail = self.tokenizer.decode(list(gen.prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
+            in_reasoning = self.reasoning.starts_in_reasoning(tail)
+        return self.reasoning.split(self._parser_text(gen, special), in_reasoning=in_reasoning)
+
+    def _tool_calls(self, gen: _Generation, req: ChatRequest,
+                    split: ReasoningSplit | None = None) -> tuple[list[dict], list[dict], str]:
+        """The calls in the generation (in ``split.content`` when a reasoning parser split it)."""
         assert self.parser is not None
         assert req.tools is not None
-        if self.parser.needs_special_tokens:
-            # The call markup is special tokens, erased from the response text: parse the
-            # generation with them kept, minus a token that only ended the turn (EOS), but
-            # keeping the parser's own stop token (harmony's <|call|> closes the call).
-            ids = gen.token_ids
-            if (ids and gen.stop_reason == "stop" and ids[-1] in self._special_ids
-                    and ids[-1] not in self._parser_stop_ids):
-                ids = ids[:-1]
-            text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
-            if gen.stop is not None and gen.stop in text:
-                text = text[: text.rindex(gen.stop)]
-        else:
-            text = gen.text
+        text = split.content if split is not None else self._parser_text(gen, self.parser.needs_special_tokens)
         tools = {t["function"]["name"]: t for t in req.tools}
         parsed = self.parser.parse(text, tools)
         # Ids unique within the conversation: the turn is the number of assistant messages so far + 1.

@@ -46,6 +46,9 @@ def chat_chunks(body: Mapping[str, Any], include_usage: bool = False) -> Iterato
     message = choice["message"]
     yield _chunk(body, obj, {"delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None})
+    if message.get("reasoning_content"):
+        yield _chunk(body, obj, {"delta": {"reasoning_content": message["reasoning_content"]}, "logprobs": None,
+                                 "finish_reason": None})
     if message.get("content"):
         yield _chunk(body, obj, {"delta": {"content": message["content"]}, "logprobs": choice.get("logprobs"),
                                  "finish_reason": None})

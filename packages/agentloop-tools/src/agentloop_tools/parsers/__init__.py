@@ -9,5 +9,5 @@ import sys
 from agentloop_core.parsers import *  # noqa: F403
 from agentloop_core.parsers import __all__  # noqa: F401
 
-for _module in ("base", "registry", "schema_check", "hermes", "llama3_json", "harmony", "mistral"):
+for _module in ("base", "registry", "schema_check", "hermes", "llama3_json", "harmony", "mistral", "qwen3_coder"):
     sys.modules[f"{__name__}.{_module}"] = importlib.import_module(f"agentloop_core.parsers.{_module}")

@@ -261,7 +261,8 @@ def _serve(args: argparse.Namespace) -> int:
     prompt_limits = PromptLimits(
         template_variables=tuple(dict.fromkeys([*DEFAULT_TEMPLATE_VARIABLES, *args.template_variable])),
         **({} if args.max_prompt_tokens is None else {"max_prompt_tokens": args.max_prompt_tokens}))
-    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.tool_parser, model_name=args.model_name,
+    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.tool_parser,
+                      reasoning_parser=r.multi_turn.reasoning_parser, model_name=args.model_name,
                       prompt_limits=prompt_limits)
     where = f"{len(r.server_urls)} replicas" if r.server_urls else engine_cfg.name
     print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "

@@ -114,6 +114,13 @@ class MultiTurnSection:
     """Interaction YAML (a simulated user that replies when the model stops calling tools)."""
     tool_parser: str = _tool_loop_default("tool_parser")
     """Tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``; verl: ``format``)."""
+    reasoning_parser: str | None = _tool_loop_default("reasoning_parser")
+    """Reasoning parser that keeps the tool parser out of each turn's reasoning: qwen3 (alias qwq)
+    | deepseek_r1 | gpt_oss (alias harmony); null: none (see
+    ``agentloop_core.reasoning.reasoning_parser_names()``)."""
+    tool_calls_in_reasoning: bool = _tool_loop_default("tool_calls_in_reasoning")
+    """Run the calls written inside the reasoning too; false: counted
+    (``tool_calls_in_reasoning_ignored``), not run."""
     tool_timeout_s: float | None = _tool_loop_default("tool_timeout_s")
     """Time limit of one tool call unless the tool sets its own."""
 

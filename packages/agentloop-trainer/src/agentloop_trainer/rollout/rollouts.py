@@ -108,6 +108,8 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         "function_tool_path": function_path,
         "interaction_config_path": mt.interaction_config_path,
         "tool_parser": mt.tool_parser,
+        "reasoning_parser": mt.reasoning_parser,
+        "tool_calls_in_reasoning": mt.tool_calls_in_reasoning,
         "max_assistant_turns": mt.max_assistant_turns,
         "max_user_turns": mt.max_user_turns,
         "max_parallel_calls": mt.max_parallel_calls,
