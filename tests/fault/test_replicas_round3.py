@@ -229,9 +229,15 @@ async def test_a_503_from_the_in_flight_limit_is_backpressure_not_a_failure(stac
         await hold
         assert busy.weight == 7
         assert client.stats["stale"] == [False, False]
-        # ... so whatever it serves is on the new weights.
-        outs = [await client.generate(f"s{i}", [1, 2], {"max_tokens": 2}) for i in range(6)]
-        assert 1 in {o.extra["replica"] for o in outs}
+        # ... so whatever it serves is on the new weights. It is chosen last until the Retry-After
+        # of its latest 503 (the push's, just now) has passed: send until it has served some.
+        outs: list[TokenOutput] = []
+        for i in range(200):
+            outs.append(await client.generate(f"s{i}", [1, 2], {"max_tokens": 2}))
+            if len(outs) >= 6 and 1 in {o.extra["replica"] for o in outs}:
+                break
+            await asyncio.sleep(0.02)
+        assert 1 in {o.extra["replica"] for o in outs}, f"replica 1 served none of {len(outs)} requests"
         assert all(o.token_ids == [7, 7] for o in outs)
     finally:
         for s in [*servers, direct]:
