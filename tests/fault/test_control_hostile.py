@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -101,14 +100,6 @@ def request(http: Any, method: str, url: str, body: Any, headers: dict[str, str]
     if body is None and url.endswith("/update_weights"):
         return http.request(method, url, content=serialize_weights({"w": torch.zeros(2)}), headers=headers)
     return http.request(method, url, json=body, headers=headers)
-
-
-def wait_until(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + HANG_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 # ---- the control credential ----------------------------------------------------------------------
