@@ -44,6 +44,24 @@ def test_wrong_type_and_choice_are_errors(tmp_path):
         load_config([], bad)
 
 
+@pytest.mark.parametrize("value", ["2", "0", "1", "2.0", "'yes please'"])
+def test_a_bool_key_takes_true_or_false_only(value, tmp_path):
+    # OmegaConf alone turns 2 into True: a number meant for another key must not pass silently.
+    key = "actor_rollout_ref.rollout.val_kwargs.do_sample"
+    with pytest.raises(ConfigError, match=rf"{key}"):
+        load_config([f"{key}={value}"])
+    in_file = tmp_path / "bad.yaml"
+    in_file.write_text(f"actor_rollout_ref:\n  rollout:\n    val_kwargs:\n      do_sample: {value}\n")
+    with pytest.raises(ConfigError, match=rf"{key}"):
+        load_config([], in_file)
+
+
+@pytest.mark.parametrize("value, expected", [("true", True), ("False", False), ("yes", True), ("off", False)])
+def test_a_bool_key_takes_the_yaml_words(value, expected):
+    cfg = load_config([f"actor_rollout_ref.rollout.val_kwargs.do_sample={value}"])
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.do_sample is expected
+
+
 def test_cli_show_config_and_bad_key(capsys):
     assert main(["train", "--show-config", "trainer.total_steps=7"]) == 0
     assert "total_steps: 7" in capsys.readouterr().out

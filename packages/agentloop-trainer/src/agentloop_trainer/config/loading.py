@@ -37,6 +37,29 @@ def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
     return keys
 
 
+def _bool_keys(node: Any, prefix: str = "") -> dict[str, bool]:
+    """Dotted keys whose schema type is ``bool``, each with whether it may be null."""
+    from omegaconf import BooleanNode, DictConfig
+
+    keys: dict[str, bool] = {}
+    for k in node:
+        child = node._get_node(k)
+        if isinstance(child, DictConfig):
+            keys.update(_bool_keys(child, f"{prefix}{k}."))
+        elif isinstance(child, BooleanNode):
+            keys[f"{prefix}{k}"] = child._is_optional()
+    return keys
+
+
+def _check_bool(key: str, value: Any, optional: bool) -> None:
+    """OmegaConf turns any int (``2``, ``0``) into a bool; a bool key here takes ``true`` or
+    ``false`` (YAML's ``yes``/``no`` too), so a number meant for another key is an error."""
+    if value is None and optional:
+        return
+    if not isinstance(value, bool):
+        raise ConfigError(f"config {key} must be true or false, got {value!r} ({type(value).__name__})")
+
+
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted leaf keys of a nested mapping (lists stay whole), so that two layers, or two
     overrides, setting different keys of one section both survive."""
@@ -93,6 +116,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
 
     cfg = OmegaConf.structured(TrainConfig)
     valid = _leaf_keys(cfg)
+    bools = _bool_keys(cfg)
     layers: list[dict[str, Any]] = []
     try:
         if config_file is not None:
@@ -115,8 +139,10 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
             flat = translate(flat, set(valid), notice)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        for key in flat:
+        for key, value in flat.items():
             _check_key(key, valid)
+            if key in bools:
+                _check_bool(key, value, bools[key])
         if isinstance(flat.get("trainer.resume"), bool):
             flat["trainer.resume"] = "must" if flat["trainer.resume"] else "never"
         merged.append(_nest(flat))
