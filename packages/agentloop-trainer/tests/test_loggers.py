@@ -77,6 +77,7 @@ def offline_wandb(tmp_path, monkeypatch):
         monkeypatch.setenv(var, str(tmp_path / "wandb_home" / sub))
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
 
 
