@@ -50,9 +50,10 @@ def test_verl_layout_loads_with_notices(tmp_path, random_model_path):
     assert cfg.actor_rollout_ref.actor.lr == 1e-6
     assert cfg.trainer.run_dir == str(tmp_path / "run")
     assert cfg.actor_rollout_ref.rollout.sanity_check == "ignore_strippable"
+    assert list(cfg.trainer.logger) == ["console"]  # verl's key, read as it is
     text = "\n".join(notices)
     for key in ("actor_rollout_ref.model.path", "trainer.total_training_steps", "actor_rollout_ref.actor.optim.lr",
-                "trainer.default_local_dir", "multi_turn.tokenization_sanity_check_mode", "trainer.logger",
+                "trainer.default_local_dir", "multi_turn.tokenization_sanity_check_mode",
                 "actor_rollout_ref.rollout.mode", "trainer.total_epochs"):
         assert key in text, f"no notice for {key}"
     assert all(line.count("\n") == 0 for line in notices)  # one line each

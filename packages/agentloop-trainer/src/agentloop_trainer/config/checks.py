@@ -112,6 +112,7 @@ def validate(cfg: TrainConfig) -> None:
             raise ConfigError(f"config {key} must be {expected}")
     _validate_sampling(cfg)
     _validate_mode(cfg)
+    _validate_loggers(cfg)
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
 
 
@@ -137,6 +138,31 @@ def _validate_sampling(cfg: TrainConfig) -> None:
             raise ConfigError(f"config {key}: {exc}") from exc
     if not isinstance(r.val_kwargs.do_sample, bool):
         raise ConfigError(f"config {prefix}val_kwargs.do_sample must be true or false, got {r.val_kwargs.do_sample!r}")
+
+
+def _validate_loggers(cfg: TrainConfig) -> None:
+    """``trainer.logger``'s names and that their packages are installed, ``trainer.wandb_mode``."""
+    from agentloop_trainer.loggers import (
+        LOGGERS,
+        WANDB_MODES,
+        active_loggers,
+        missing_package,
+        parse_logger_names,
+    )
+
+    tc = cfg.trainer
+    for name in parse_logger_names(tc.logger):
+        if name not in LOGGERS:
+            raise ConfigError(f"config trainer.logger: unknown logger {name!r}; the loggers are {', '.join(LOGGERS)} "
+                              "(e.g. trainer.logger=[console,wandb])")
+    for name in active_loggers(cfg):
+        hint = missing_package(name)
+        if hint:
+            why = "trainer.mlflow_tracking_uri is set" if name not in parse_logger_names(tc.logger) else (
+                f"trainer.logger lists {name}")
+            raise ConfigError(f"config {why}, but its package is not installed: {hint}")
+    if tc.wandb_mode is not None and tc.wandb_mode not in WANDB_MODES:
+        raise ConfigError(f"config trainer.wandb_mode must be null or one of {WANDB_MODES}, got {tc.wandb_mode!r}")
 
 
 def _validate_mode(cfg: TrainConfig) -> None:

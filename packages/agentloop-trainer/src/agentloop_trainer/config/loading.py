@@ -143,6 +143,10 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
             _check_key(key, valid)
             if key in bools:
                 _check_bool(key, value, bools[key])
+        if isinstance(flat.get("trainer.logger"), str):  # verl's list, or one name / a comma string
+            from agentloop_trainer.loggers import parse_logger_names
+
+            flat["trainer.logger"] = parse_logger_names(flat["trainer.logger"])
         if isinstance(flat.get("trainer.resume"), bool):
             flat["trainer.resume"] = "must" if flat["trainer.resume"] else "never"
         merged.append(_nest(flat))

@@ -216,9 +216,14 @@ class TrainerSection:
     seed: int = 0
     """Seed of data order, sampling and the engine."""
     project_name: str = "agentloop"
-    """Project (MLflow experiment name)."""
+    """Project: the MLflow experiment and the W&B project."""
     experiment_name: str | None = None
-    """Run name: outputs go to ``<output_dir>/<experiment_name>``; None: a timestamp."""
+    """Run name: outputs go to ``<output_dir>/<experiment_name>``; None: a timestamp. Also the
+    MLflow and W&B run name."""
+    logger: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Where metrics go (verl's key): any of console, jsonl, mlflow, wandb, tensorboard, as a
+    list (``[console,wandb]``) or a comma string (``console,wandb``). ``metrics.jsonl`` is always
+    written, listed or not (the viewer and scripts read it)."""
     output_dir: str = "outputs"
     """Parent folder of runs."""
     run_dir: str | None = None
@@ -248,7 +253,16 @@ class TrainerSection:
     and fail if it has none; auto (``--resume-or-start``): continue if there is one, else start.
     true and false are read as must and never."""
     mlflow_tracking_uri: str | None = None
-    """Also log metrics to MLflow at this URI (e.g. sqlite:///mlflow.db)."""
+    """MLflow's tracking URI (e.g. sqlite:///mlflow.db); setting it turns on the mlflow logger.
+    null with ``mlflow`` in ``trainer.logger``: ``$MLFLOW_TRACKING_URI``, else
+    ``sqlite:///<run>/mlflow.db``."""
+    wandb_mode: str | None = None
+    """online, offline or disabled; null: ``$WANDB_MODE``, else online when ``$WANDB_API_KEY`` is
+    set and offline (files only, ``wandb sync`` uploads them) when not."""
+    wandb_dir: str | None = None
+    """Where W&B writes its ``wandb/`` folder; null: the run folder."""
+    tensorboard_dir: str | None = None
+    """TensorBoard event files' folder; null: ``<run>/tensorboard``."""
     progress_bar: bool = True
     """Show a tqdm bar."""
     log_trajectories_per_step: int = 4

@@ -44,7 +44,7 @@ NO_EFFECT_PREFIXES: tuple[str, ...] = (
     "actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.ref.", "actor_rollout_ref.actor.checkpoint.",
     "actor_rollout_ref.actor.optim.lr_warmup", "actor_rollout_ref.actor.optim.warmup_style",
     "actor_rollout_ref.actor.optim.min_lr_ratio", "actor_rollout_ref.actor.optim.total_training_steps",
-    "critic.", "trainer.logger", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.log_val_generations",
+    "critic.", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.log_val_generations",
     "data.return_raw_chat", "data.truncation", "data.prompt_key", "data.reward_fn_key", "data.tokenizer",
     "data.return_full_prompt", "data.val_batch_size", "data.custom_cls.", "data.dataloader_num_workers",
     "actor_rollout_ref.model.use_remove_padding",
@@ -69,7 +69,6 @@ layout settings with an agentloop counterpart, or things agentloop always does."
 
 REASONS: dict[str, str] = {
     "trainer.total_epochs": "the run length is trainer.total_training_steps / trainer.total_steps",
-    "trainer.logger": "metrics always go to the console and metrics.jsonl; MLflow via trainer.mlflow_tracking_uri",
     "trainer.n_gpus_per_node": "set trainer.fsdp_ranks, ray.rank_num_gpus and ray.replica_num_gpus",
     "trainer.nnodes": "set ray.address to run on a cluster",
     "actor_rollout_ref.actor.fsdp_config.param_dtype": "the policy's dtype is model.dtype",

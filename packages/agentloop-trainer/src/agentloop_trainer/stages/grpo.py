@@ -17,7 +17,7 @@ from agentloop_trainer.rollout.diagnostics import RolloutWatch
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
 from agentloop_trainer.update.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
 from agentloop_trainer.update.advantages import trajectory_advantages
-from agentloop_trainer.view.metrics import MetricsLogger, idle_fraction, plot_reward_curve
+from agentloop_trainer.view.metrics import idle_fraction, plot_reward_curve
 
 
 def actor_config(cfg: TrainConfig) -> ActorConfig:
@@ -107,9 +107,11 @@ class GRPOTrainer:
 
             self.async_driver = AsyncDriver(self)
         self.metrics = None
+        """The run's loggers (``trainer.logger``; rank 0)."""
         if self.rank == 0:
-            self.metrics = MetricsLogger(self.run_dir / "metrics.jsonl", mlflow_uri=cfg.trainer.mlflow_tracking_uri,
-                                         run_name=self.run_dir.name)
+            from agentloop_trainer.loggers import Tracking
+
+            self.metrics = Tracking.from_config(cfg, self.run_dir, log)
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -227,10 +229,18 @@ class GRPOTrainer:
         })
         self.watch.after_step(rows, batch, rewards, self.step, getattr(self.fleet, "scorer", None))
         if self.rank == 0:
-            from agentloop_trainer.view.viewer import write_step_trajectories
+            from agentloop_trainer.view.viewer import (
+                step_trajectory_path,
+                step_trajectory_records,
+                write_jsonl,
+            )
 
-            write_step_trajectories(self.run_dir, self.step, batch, rows, self.tokenizer,
-                                    self.cfg.trainer.log_trajectories_per_step, advantages.tolist())
+            records = step_trajectory_records(batch, rows, self.tokenizer, self.cfg.trainer.log_trajectories_per_step,
+                                              self.step, advantages.tolist())
+            if records:
+                write_jsonl(records, step_trajectory_path(self.run_dir, self.step))
+                if self.metrics is not None:
+                    self.metrics.log_trajectories(records, self.step)
         busy_end = self.fleet.busy_seconds() if busy_start is not None and self.fleet is not None else None
         if busy_start is not None and busy_end is not None:
             metrics["rollout/engine_idle_fraction"] = idle_fraction(busy_end - busy_start, time.perf_counter() - t0)
@@ -324,7 +334,6 @@ class GRPOTrainer:
             if "eval/accuracy" in m:
                 postfix["eval"] = f"{m['eval/accuracy']:.3f}"
             bar.set_postfix(postfix)
-            self.log(_console_line(m))
             if tc.save_freq > 0 and self.step % tc.save_freq == 0:
                 self.save()
         bar.close()
@@ -358,10 +367,12 @@ class GRPOTrainer:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         task = "the calculator task" if not self.cfg.data.train_files else ", ".join(
             sorted({str(r.get("data_source")) for r in self.test_records[:1000]}))
-        plot_reward_curve(self.history, self.run_dir / "reward_curve.png",
-                          title=f"agentloop GRPO: {task} ({self.run_dir.name})")
+        curve = plot_reward_curve(self.history, self.run_dir / "reward_curve.png",
+                                  title=f"agentloop GRPO: {task} ({self.run_dir.name})")
         if self.metrics is not None:
+            self.metrics.log_artifact(curve)
             self.metrics.close()
+            self.metrics = None
         return summary
 
     def _record(self, metrics: dict[str, Any]) -> None:
@@ -370,7 +381,11 @@ class GRPOTrainer:
             self.metrics.log(metrics, step=int(metrics.get("step", self.step)))
 
     def close(self) -> None:
-        """Stop the engine (and leave the one-rank process group an offloaded run joined)."""
+        """Stop the engine, end the loggers' runs (a run that failed before the end of
+        :meth:`fit`) and leave the one-rank process group an offloaded run joined."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         if self.async_driver is not None:
             self.async_driver.stop()
         if self.fleet is not None:
@@ -424,12 +439,3 @@ def _templates(record: dict[str, Any]) -> dict[Any, float]:
 
 def _per_template(ev: Any) -> dict[str, float]:
     return {f"eval/template_{k}": v for k, v in ev.per_template.items()}
-
-
-def _console_line(m: dict[str, Any]) -> str:
-    parts = [f"step {m['step']:>3}", f"reward {m['reward/mean']:.3f}", f"pg_loss {m.get('actor/pg_loss', 0.0):+.4f}",
-             f"grad {m.get('actor/grad_norm', 0.0):.3f}", f"signal {m['rollout/groups_with_signal']:.2f}",
-             f"gen {m['timing_s/generate']:.1f}s", f"upd {m['timing_s/update']:.1f}s"]
-    if "eval/accuracy" in m:
-        parts.append(f"eval {m['eval/accuracy']:.3f}")
-    return " | ".join(parts)

@@ -1,18 +1,17 @@
-"""Metrics sinks (JSONL always, MLflow when asked) and the reward-curve plot."""
+"""A metrics file for scripts (JSONL, MLflow when asked) and the reward-curve plot."""
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-_MLFLOW_HINT = 'MLflow metrics need mlflow: pip install "agentloop-trainer[mlflow]"'
-
 
 class MetricsLogger:
     """Appends one JSON object per record to ``path``; mirrors numeric values to MLflow.
+
+    The trainer's own runs go through :class:`~agentloop_trainer.loggers.Tracking`
+    (``trainer.logger``); this is the same JSONL and MLflow backends for a script of one's own.
 
     Args:
         path: The JSONL file.
@@ -24,41 +23,25 @@ class MetricsLogger:
     """
 
     def __init__(self, path: str | Path, mlflow_uri: str | None = None, run_name: str | None = None) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a")
-        self._mlflow = None
-        if mlflow_uri:
-            import os
+        from agentloop_trainer.loggers import JsonlLogger, Logger, MlflowLogger, Tracking, missing_package
 
-            os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-            try:
-                import mlflow
-            except ImportError as exc:
-                raise ImportError(_MLFLOW_HINT) from exc
-            mlflow.set_tracking_uri(mlflow_uri)
-            experiment = "agentloop"
-            if mlflow.get_experiment_by_name(experiment) is None:
-                mlflow.create_experiment(experiment, artifact_location=str(self.path.parent / "mlruns"))
-            mlflow.set_experiment(experiment)
-            mlflow.start_run(run_name=run_name)
-            self._mlflow = mlflow
+        self.path = Path(path)
+        loggers: list[Logger] = [JsonlLogger(self.path)]
+        if mlflow_uri:
+            hint = missing_package("mlflow")
+            if hint:
+                raise ImportError(f"MLflow metrics need mlflow: {hint}")
+            loggers.append(MlflowLogger(mlflow_uri, "agentloop", run_name or self.path.parent.name,
+                                        self.path.parent / "mlruns"))
+        self._tracking = Tracking(loggers)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         """Write one record."""
-        self._file.write(json.dumps({"step": step, **{k: v for k, v in metrics.items() if k != "step"}}) + "\n")
-        self._file.flush()
-        if self._mlflow is not None:
-            numeric = {k.replace("/", "_"): float(v) for k, v in metrics.items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)) and k != "step"}
-            self._mlflow.log_metrics(numeric, step=step)
+        self._tracking.log(metrics, step)
 
     def close(self) -> None:
         """Flush and close."""
-        self._file.close()
-        if self._mlflow is not None:
-            self._mlflow.end_run()
-            self._mlflow = None
+        self._tracking.close()
 
 
 def plot_reward_curve(history: Sequence[dict[str, Any]], path: str | Path, title: str = "agentloop GRPO") -> Path:

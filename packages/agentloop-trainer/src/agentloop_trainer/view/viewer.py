@@ -80,6 +80,7 @@ def trajectory_records(batch: Any, rows: Sequence[Mapping[str, Any]], tokenizer:
             "trajectory_index": t, "segment_index": int(batch.segment_index[b]),
             "data_source": row.get("data_source"),
             "reward": float(batch.rewards[b]), "failed": bool(batch.failed[b]),
+            "num_turns": int(batch.num_turns[b]),
             "prompt_ids": prompt_ids, "response_ids": response_ids,
             "response_mask": batch.response_mask[b][:n].tolist(),
             "rollout_log_probs": None if batch.rollout_log_probs is None else [round(float(x), 6) for x in batch.rollout_log_probs[b][:n]],
@@ -117,15 +118,24 @@ def sample_rows(batch: Any, k: int) -> list[int]:
     return [b for b in range(len(batch)) if int(batch.trajectory_index[b]) in keep]
 
 
+def step_trajectory_records(batch: Any, rows: Sequence[Mapping[str, Any]], tokenizer: Any, k: int, step: int,
+                            advantages: Sequence[float] | None = None) -> list[dict[str, Any]]:
+    """A training step's records to log: :func:`trajectory_records` of :func:`sample_rows`."""
+    which = sample_rows(batch, k)
+    return trajectory_records(batch, rows, tokenizer, which, step=step, advantages=advantages) if which else []
+
+
+def step_trajectory_path(run_dir: str | Path, step: int) -> Path:
+    """``<run_dir>/trajectories/step_<step>.jsonl``."""
+    return Path(run_dir) / TRAJECTORY_DIR / f"step_{step}.jsonl"
+
+
 def write_step_trajectories(run_dir: str | Path, step: int, batch: Any, rows: Sequence[Mapping[str, Any]],
                             tokenizer: Any, k: int, advantages: Sequence[float] | None = None) -> Path | None:
-    """The trainer's hook: ``<run_dir>/trajectories/step_<step>.jsonl`` with :func:`sample_rows`
+    """The trainer's hook: :func:`step_trajectory_records` to :func:`step_trajectory_path`
     (None when there is nothing to write)."""
-    which = sample_rows(batch, k)
-    if not which:
-        return None
-    records = trajectory_records(batch, rows, tokenizer, which, step=step, advantages=advantages)
-    return write_jsonl(records, Path(run_dir) / TRAJECTORY_DIR / f"step_{step}.jsonl")
+    records = step_trajectory_records(batch, rows, tokenizer, k, step, advantages)
+    return write_jsonl(records, step_trajectory_path(run_dir, step)) if records else None
 
 
 # -- grouping and summaries -------------------------------------------------------------------
@@ -495,4 +505,5 @@ def write_view(path: str | Path, out: str | Path | None = None, tokenizer: Any =
 
 
 __all__ = ["TRAJECTORY_DIR", "group_trajectories", "load_records", "render_html", "sample_rows", "summarize",
-           "trajectory_records", "verdict", "write_jsonl", "write_step_trajectories", "write_view"]
+           "step_trajectory_path", "step_trajectory_records", "trajectory_records", "verdict", "write_jsonl",
+           "write_step_trajectories", "write_view"]
