@@ -125,6 +125,15 @@ class EnvAgentLoop(ToolAgentLoop):
         self.interactions = {}
         self._init_parsers()
 
+    def conformance_profile(self) -> dict[str, Any]:
+        """For the conformance suite (``agentloop_conformance.turns``): the tools of the
+        configured default environment (built once to ask) and the call format."""
+        tools: dict[str, Any] = {}
+        if self.settings.environment:
+            env = get_environment_class(self.settings.environment)(**dict(self.settings.environment_kwargs))
+            tools = {_schema_name(self.settings.environment, s): s for s in env.tool_schemas()}
+        return {"tools": tools, "tool_parser": self.settings.tool_parser}
+
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
         """Roll out one episode; see the class docstring for the row keys.
 
