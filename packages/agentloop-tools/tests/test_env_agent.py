@@ -129,7 +129,8 @@ async def test_three_steps_keep_exactly_the_engine_tokens_and_each_step_reward(t
     assert out.prompt_ids + out.response_ids == server.calls[-1].prompt_ids + server.calls[-1].output.token_ids
     # The environment's feedback is in the trajectory as mask-0 tokens, between the turns.
     feedback = tokenizer.decode([t for t, m in zip(out.response_ids, out.response_mask, strict=True) if not m])
-    assert "next is 2" in feedback and "next is 3" in feedback
+    assert "next is 2" in feedback
+    assert "next is 3" in feedback
     assert out.extra_fields["step_rewards"] == [0.5, 0.0, 0.5, 0.5]
     assert out.reward_score == pytest.approx(1.5)
     assert out.extra_fields["termination_reason"] == "env_done"
@@ -151,7 +152,8 @@ async def test_tool_calls_are_parsed_for_the_environment_and_answered_by_id(toke
     assert "add" in tokenizer.decode(server.calls[0].prompt_ids)  # the env's schema is in the prompt
     first = SEEN[0]
     assert [(c.name, c.arguments) for c in first.tool_calls] == [("add", {"a": 3, "b": 4})]
-    assert len(first.tool_call_errors) == 1 and len(first.error_call_ids) == 1
+    assert len(first.tool_call_errors) == 1
+    assert len(first.error_call_ids) == 1
     tools = [m for m in out.extra_fields["messages"] if m["role"] == "tool"]
     assert [m["content"] for m in tools][0] == "7"
     assert [m["tool_call_id"] for m in tools] == [*first.tool_call_ids, *first.error_call_ids]
@@ -162,7 +164,8 @@ async def test_tool_calls_are_parsed_for_the_environment_and_answered_by_id(toke
 async def test_reasoning_is_split_off_before_the_environment_reads_the_turn(tokenizer):
     server = scripted(tokenizer, ["<think>maybe 9</think>1", "<think>so</think>2", "<think>then</think>3"])
     out = await loop(server, tokenizer, reasoning_parser="deepseek_r1").run(SAMPLING, **row())
-    assert SEEN[0].reasoning is not None and "maybe 9" in SEEN[0].reasoning
+    assert SEEN[0].reasoning is not None
+    assert "maybe 9" in SEEN[0].reasoning
     assert SEEN[0].content.strip() == "1"
     assert out.reward_score == pytest.approx(1.5)
     assert out.metrics["reasoning_turns"] == 3
@@ -173,14 +176,17 @@ async def test_limits_of_tool_agent_apply(tokenizer):
     server = scripted(tokenizer, ["9"])
     out = await loop(server, tokenizer, max_tool_response_length=30, max_assistant_turns=3).run(SAMPLING, **row())
     users = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "user"][1:]
-    assert users and all(len(u) <= 30 + len("...(truncated)...") for u in users)
+    assert users
+    assert all(len(u) <= 30 + len("...(truncated)...") for u in users)
     assert out.metrics["tool_responses_truncated_length"] == 2
-    assert len(server.calls) == 3 and len(SEEN) == 2  # the last turn hits max_assistant_turns unstepped
+    assert len(server.calls) == 3
+    assert len(SEEN) == 2
     assert out.extra_fields["termination_reason"] == "max_assistant_turns"
     # A turn cut by the per-turn cap is not stepped either.
     SEEN.clear()
     out = await loop(scripted(tokenizer, ["1 2 3 4 5 6 7 8"]), tokenizer).run({**SAMPLING, "max_tokens": 3}, **row())
-    assert SEEN == [] and out.extra_fields["termination_reason"] == "length"
+    assert SEEN == []
+    assert out.extra_fields["termination_reason"] == "length"
     assert out.reward_score == 0.0
 
 

@@ -149,9 +149,9 @@ class EnvAgentLoop(ToolAgentLoop):
             run.counters.update(dict.fromkeys(REASONING_COUNTERS, 0))
         run.counters.update(env_step_s=0.0, env_steps=0)
         try:
-            run.env = _call(name, "__init__", lambda: env_class(**kwargs))
-            messages = await _acall(name, "reset", run.env.reset(row))
-            schemas = _call(name, "tool_schemas", run.env.tool_schemas)
+            env = run.env = _call(name, "__init__", lambda: env_class(**kwargs))
+            messages = await _acall(name, "reset", env.reset(row))
+            schemas = _call(name, "tool_schemas", env.tool_schemas)
             self.tools = {_schema_name(name, s): s for s in schemas}
             self.renderer = self._make_renderer(list(schemas))
             if schemas:
@@ -166,7 +166,7 @@ class EnvAgentLoop(ToolAgentLoop):
                 except Exception as exc:  # noqa: BLE001 - the first failure is the sample's reason
                     logger.warning("environment %r close failed after an error: %s: %s", name, type(exc).__name__, exc)
             raise
-        await _acall(name, "close", run.env.close())
+        await _acall(name, "close", env.close())
         reward = None if self.settings.tool_reward == "none" else float(sum(run.step_rewards))
         return self._output(run, trajectory, reward, {
             "environment": name, "step_rewards": list(run.step_rewards), "step_infos": list(run.step_infos)})
@@ -187,7 +187,9 @@ class EnvAgentLoop(ToolAgentLoop):
         return AgentState.INTERACTING, None
 
     async def _interact(self, run: _Run, trajectory: Any) -> AgentState:
-        assert isinstance(run, _EnvRun) and run.env is not None and run.parsed is not None
+        assert isinstance(run, _EnvRun)
+        assert run.env is not None
+        assert run.parsed is not None
         parsed, ids = run.parsed, run.call_ids
         text, content, reasoning = run.turn_text
         turn = AssistantTurn(
