@@ -69,13 +69,20 @@ def _calculator_env() -> type:
     from agentloop_tools.builtin.calculator import CalculatorError, evaluate_expression, format_number
 
     class CalculatorEnv(Environment):
-        """Answers ``calculator`` calls (errors as text); the first turn without calls ends it."""
+        """Answers ``calculator`` calls (errors as text); the first turn without calls gets a
+        user turn asking to check, the second ends it."""
+
+        def __init__(self) -> None:
+            self.answers = 0
 
         def tool_schemas(self):
             return [calculator.tool_schema.model_dump(exclude_none=True)]
 
         async def step(self, turn):
             if not (turn.tool_calls or turn.tool_call_errors):
+                self.answers += 1
+                if self.answers == 1:
+                    return StepResult([{"role": "user", "content": "Check your answer."}], 0.0, False, {})
                 return StepResult([], float("5" in turn.content), True, {})
             out = []
             for call, call_id in zip(turn.tool_calls, turn.tool_call_ids, strict=True):
@@ -106,7 +113,14 @@ def env_config() -> dict[str, Any]:
 
 
 def env_agent(server: Any, tokenizer: Any = None) -> Any:
-    """``env_agent`` running a calculator environment (tool calls answered by the environment)."""
+    """``env_agent`` running a calculator environment (tool calls answered by the environment, a
+    first answer by a user turn), with arguments that make its calculator fail (the suite's
+    ``tool_error`` turn)."""
     from agentloop_tools.env_agent import EnvAgentLoop
 
-    return EnvAgentLoop(server, tokenizer or load_tiny_tokenizer(), env_config())
+    class CalculatorEnvLoop(EnvAgentLoop):
+        def conformance_profile(self) -> dict[str, Any]:
+            return {**super().conformance_profile(), "interaction": True,
+                    "failing_arguments": {"calculator": {"expression": "1 / 0"}}}
+
+    return CalculatorEnvLoop(server, tokenizer or load_tiny_tokenizer(), env_config())
