@@ -84,3 +84,19 @@ def test_env_on_hf_server_keeps_the_engine_tokens(random_model_path, tokenizer):
     masked = [t for t, m in zip(out.response_ids, out.response_mask, strict=True) if not m]
     assert any(hint in tokenizer.decode(masked) for hint in ("Higher.", "Lower.", "Reply with one whole number"))
     assert len(out.response_logprobs) == len(out.response_ids)
+
+
+def test_the_env_agent_section_reaches_the_loop_config(tmp_path):
+    from agentloop_trainer.config import load_config
+    from agentloop_trainer.rollout.rollouts import rollout_config
+
+    base = ["actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=40"]
+    cfg = load_config([*base, "actor_rollout_ref.rollout.agent.loops.env_agent.environment=number_guess",
+                       "actor_rollout_ref.rollout.agent.loops.env_agent.environment_kwargs.max_guesses=3"])
+    settings = dict(rollout_config(cfg).agent_loop_configs)["env_agent"]
+    assert settings.environment == "number_guess"
+    assert dict(settings.environment_kwargs) == {"max_guesses": 3}
+    assert settings.max_tool_response_tokens == 40  # the tool loops' keys reach env_agent too
+    cfg = load_config([*base, "actor_rollout_ref.rollout.agent.loops.env_agent.enviroment=number_guess"])
+    with pytest.raises(ValueError, match=r"env_agent config has unknown keys 'enviroment' \(did you mean 'environment'\?\)"):
+        rollout_config(cfg)
