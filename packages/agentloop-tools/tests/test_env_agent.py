@@ -159,6 +159,7 @@ async def test_tool_calls_are_parsed_for_the_environment_and_answered_by_id(toke
     assert [m["tool_call_id"] for m in tools] == [*first.tool_call_ids, *first.error_call_ids]
     assert out.reward_score == 1.0
     assert out.metrics["parse_errors"] == 1
+    assert out.metrics["tool_calls"] == 1
 
 
 async def test_reasoning_is_split_off_before_the_environment_reads_the_turn(tokenizer):

@@ -202,6 +202,7 @@ class EnvAgentLoop(ToolAgentLoop):
             result = await _acall(run.env_name, "step", run.env.step(turn))
         run.counters["env_step_s"] += time.perf_counter() - start
         run.counters["env_steps"] += 1
+        run.counters["tool_calls"] += len(parsed.calls)  # what the environment was handed (as tool_agent counts)
         messages, reward, done, info = self._read_step(run, result)
         run.step_rewards.append(reward)
         run.step_infos.append({"turn": turn.index, "reward": reward, "done": done, "info": info})
