@@ -253,6 +253,14 @@ DEFECTS = {"mask_one_on_tool_tokens": _MaskOneOnToolTokens, "mask_zero_on_a_gene
 def _broken(loop: str, defect: str) -> Any:
     from loop_factories import _config
 
+    if loop == "env_agent":
+        from loop_factories import env_config
+
+        from agentloop_tools.env_agent import EnvAgentLoop
+        # The environment's tool results go through tool_agent's _append too.
+        mixin = _ToolAgentDroppingToolResults if defect == "dropped_tool_result" else DEFECTS[defect]
+        cls = type(f"Broken_{loop}_{defect}", (mixin, EnvAgentLoop), {})
+        return lambda server: cls(server, load_tiny_tokenizer(), env_config())
     if loop == "tool_agent":
         from agentloop_tools import ToolAgentLoop as base
         mixin = _ToolAgentDroppingToolResults if defect == "dropped_tool_result" else DEFECTS[defect]
@@ -264,8 +272,9 @@ def _broken(loop: str, defect: str) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    """``broken_impls:<loop>__<defect>`` (``tool_agent__budget_overflow``) is that broken copy's factory."""
+    """``broken_impls:<loop>__<defect>`` (``tool_agent__budget_overflow``, ``env_agent__...``) is that broken
+    copy's factory."""
     loop, sep, defect = name.partition("__")
-    if sep and loop in ("tool_agent", "react_agent") and (defect in DEFECTS or defect == "dropped_tool_result"):
+    if sep and loop in ("tool_agent", "react_agent", "env_agent") and (defect in DEFECTS or defect == "dropped_tool_result"):
         return _broken(loop, defect)
     raise AttributeError(name)

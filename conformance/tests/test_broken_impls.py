@@ -87,7 +87,20 @@ def test_a_broken_tool_loop_is_caught_in_no_code_mode(tmp_path, loop, defect):
     assert "TestAgentLoop::test_turn_kinds_exercised" in passed
 
 
-@pytest.mark.parametrize("loop", ["tool_agent", "react_agent", "tool_agent_with_user"])
+@pytest.mark.parametrize("defect", ["mask_one_on_tool_tokens", "dropped_tool_result", "reencoded_responses"])
+def test_a_broken_env_loop_is_caught_in_no_code_mode(tmp_path, defect):
+    """Broken copies of env_agent (its environment answering calculator calls): each fails the
+    check naming its defect, and nothing unrelated."""
+    pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+    check, consequences = BROKEN_LOOPS[defect]
+    failed, passed = failed_checks(tmp_path, f"--agentloop-loop=broken_impls:env_agent__{defect}", "-k",
+                                   "TestAgentLoop and not real")
+    assert f"TestAgentLoop::{check}[scripted]" in failed, failed
+    assert names(failed) <= {check, *consequences}, failed
+    assert "TestAgentLoop::test_turn_kinds_exercised" in passed
+
+
+@pytest.mark.parametrize("loop", ["tool_agent", "react_agent", "tool_agent_with_user", "env_agent"])
 def test_the_unbroken_tool_loops_pass_in_no_code_mode(tmp_path, loop):
     pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
     if loop == "react_agent":

@@ -65,6 +65,18 @@ class TestToolAgentWithGivenRepliesConformance(_CallsTheCalculator):
         return lambda server: tools.ToolAgentLoop(server, tokenizer, config)
 
 
+class TestEnvAgentConformance(_OnTheTinyEngine):
+    """env_agent with an environment that answers the calculator's calls: the suite scripts the
+    tool turns from the environment's schemas (EnvAgentLoop.conformance_profile)."""
+
+    @pytest.fixture
+    def agent_loop_factory(self):
+        pytest.importorskip("agentloop_tools", reason="needs pip install agentloop-tools")
+        from loop_factories import env_agent
+
+        return env_agent
+
+
 class TestReactAgentConformance(_OnTheTinyEngine):
     @pytest.fixture
     def agent_loop_factory(self):

@@ -98,6 +98,9 @@ class _Run:
     """Which limits stopped its turns (turn cap, response budget, context)."""
     starts_in_reasoning: bool = False
     """Whether the turn being generated begins inside reasoning (the prompt opened it)."""
+    turn_text: tuple[str, str, str | None] = ("", "", None)
+    """The last turn as the parsers read it: ``(text, content, reasoning)`` (content is the
+    text, reasoning None, without a reasoning parser)."""
 
     def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
         """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the
@@ -140,10 +143,17 @@ class ToolAgentLoop(AgentLoopBase):
     def __init__(self, server: Any, tokenizer: Any, config: ToolAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        from agentloop_core.tokenization import ChatRenderer
-
         self.settings: ToolAgentConfig
         self.tools = resolve_tools(self.settings)
+        self._init_parsers()
+        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.settings)
+        schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
+        self.renderer = self._make_renderer(schemas)
+        if schemas:
+            check_template_renders_tools(self.renderer, sorted(self.tools))
+
+    def _init_parsers(self) -> None:
+        """The tool parser, the reasoning parser (checked against it) and the stop token ids."""
         self.parser = get_tool_parser(self.settings.tool_parser)
         self.reasoning_parser: ReasoningParser | None = None
         if self.settings.reasoning_parser is not None:
@@ -153,17 +163,18 @@ class ToolAgentLoop(AgentLoopBase):
                     f"reasoning_parser {self.settings.reasoning_parser!r} reads special tokens that tool_parser "
                     f"{self.settings.tool_parser!r} has decoded away; use the tool parser of the same family "
                     "(multi_turn.tool_parser: gpt_oss)")
-        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.settings)
-        schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
-        self.renderer = ChatRenderer(
-            tokenizer, tools=schemas or None,
+        self.stop_token_ids = stop_token_ids(self.tokenizer, self.parser.stop_tokens)
+
+    def _make_renderer(self, schemas: list[dict[str, Any]]) -> Any:
+        """The chat renderer of this loop's trajectories, with ``schemas`` as ``tools=``."""
+        from agentloop_core.tokenization import ChatRenderer
+
+        return ChatRenderer(
+            self.tokenizer, tools=schemas or None,
             use_inference_chat_template=self.settings.use_inference_chat_template,
             apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
             delta_strategy=self.settings.delta_strategy,
         )
-        self.stop_token_ids = stop_token_ids(tokenizer, self.parser.stop_tokens)
-        if schemas:
-            check_template_renders_tools(self.renderer, sorted(self.tools))
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
         """Roll out one trajectory; see the class docstring for the row keys.
@@ -174,19 +185,10 @@ class ToolAgentLoop(AgentLoopBase):
                 longer than ``prompt_length``.
             ToolKwargsError: a tool cannot take the row's ``tools_kwargs``.
         """
-        from agentloop_core.tokenization import Trajectory
-
         messages = row_messages(row, "tool_agent")
         tools_kwargs = row_tools_kwargs(row, self.tools)
-        base = SamplingParams.from_mapping(sampling_params)
-        per_turn_cap = base.max_tokens if not isinstance(sampling_params, Mapping) or "max_tokens" in sampling_params else None
-        base = base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + self.stop_token_ids)))
-
-        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.settings.sanity_check)
-        limit = self.settings.prompt_length
-        if limit is not None and len(trajectory.prompt_ids) > limit:
-            raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
-                             f"prompt_length={limit}; raise prompt_length or filter long prompts")
+        base, per_turn_cap = self._sampling(sampling_params)
+        trajectory = self._new_trajectory(messages)
         interaction_kwargs = dict(row.get("interaction_kwargs") or {})
         run = _Run(request_id=str(row.get("request_id") or uuid.uuid4().hex),
                    interaction=select_interaction(self.interactions, interaction_kwargs))
@@ -200,11 +202,37 @@ class ToolAgentLoop(AgentLoopBase):
             reward = await self._reward(run)
         finally:
             await self._release(run)
+        return self._output(run, trajectory, reward, {"turn_scores": list(run.turn_scores),
+                                                      "tool_rewards": list(run.tool_rewards)})
+
+    def _sampling(self, sampling_params: Mapping[str, Any] | SamplingParams) -> tuple[SamplingParams, int | None]:
+        """The sampling of every turn (the tool parser's stop tokens added) and the per-turn cap
+        (None: a mapping without ``max_tokens``, each turn may use what is left of the budget)."""
+        base = SamplingParams.from_mapping(sampling_params)
+        per_turn_cap = base.max_tokens if not isinstance(sampling_params, Mapping) or "max_tokens" in sampling_params else None
+        return base.replace(stop_token_ids=tuple(dict.fromkeys(base.stop_token_ids + self.stop_token_ids))), per_turn_cap
+
+    def _new_trajectory(self, messages: Any) -> Any:
+        """The trajectory of ``messages`` rendered as the prompt.
+
+        Raises:
+            ValueError: the prompt is longer than ``prompt_length``.
+        """
+        from agentloop_core.tokenization import Trajectory
+
+        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.settings.sanity_check)
+        limit = self.settings.prompt_length
+        if limit is not None and len(trajectory.prompt_ids) > limit:
+            raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
+                             f"prompt_length={limit}; raise prompt_length or filter long prompts")
+        return trajectory
+
+    def _output(self, run: _Run, trajectory: Any, reward: float | None, extra: dict[str, Any]) -> AgentLoopOutput:
+        """The trajectory as an output with the run's metrics and ``extra`` over the common fields."""
         metrics = {**run.counters, **run.stops.metrics(), "assistant_turns": run.assistant_turns,
                    "user_turns": run.user_turns, "turns": run.assistant_turns + run.user_turns}
-        extra = {"turn_scores": list(run.turn_scores), "tool_rewards": list(run.tool_rewards),
-                 "messages": list(trajectory.messages), "termination_reason": run.termination,
-                 "request_id": run.request_id, "reported_metrics": list(run.reported)}
+        extra = {"messages": list(trajectory.messages), "termination_reason": run.termination,
+                 "request_id": run.request_id, "reported_metrics": list(run.reported), **extra}
         return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
                                     sanity_check=self.settings.sanity_check)
 
@@ -268,6 +296,10 @@ class ToolAgentLoop(AgentLoopBase):
         if cfg.max_assistant_turns is not None and run.assistant_turns >= cfg.max_assistant_turns:
             run.termination = "max_assistant_turns"
             return AgentState.TERMINATED, None
+        return self._next_state(run, trajectory, parsed)
+
+    def _next_state(self, run: _Run, trajectory: Any, parsed: ParseResult) -> tuple[AgentState, ParseResult | None]:
+        """Where a turn that may go on leads: its calls run, else the interaction, else the end."""
         if parsed.attempted:
             self._attach_calls(run, trajectory, parsed)
             return AgentState.PROCESSING_TOOLS, parsed
@@ -279,9 +311,11 @@ class ToolAgentLoop(AgentLoopBase):
     def _parse_turn(self, run: _Run, text: str) -> ParseResult:
         """The turn's calls: from its content when a reasoning parser splits it (counting the
         calls drafted in the reasoning), else from all of it."""
+        run.turn_text = (text, text, None)
         if self.reasoning_parser is None:
             return self.parser.parse(text, self.tools)
         split = self.reasoning_parser.split(text, in_reasoning=run.starts_in_reasoning)
+        run.turn_text = (text, split.content, split.reasoning if split.has_reasoning else None)
         drafted = 0
         if split.has_reasoning:
             run.counters["reasoning_turns"] += 1

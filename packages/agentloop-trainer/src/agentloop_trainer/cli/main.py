@@ -171,6 +171,19 @@ def _data_calculator_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_env(args: argparse.Namespace) -> int:
+    from agentloop_trainer.data import write_parquet_rows
+    from agentloop_trainer.task.environments import ENVIRONMENT_ROWS
+
+    make = ENVIRONMENT_ROWS[args.environment]
+    out = Path(args.out)
+    write_parquet_rows(make(args.n_train, args.seed, "train"), out / "train.parquet")
+    write_parquet_rows(make(args.n_val, args.seed + 1_000_003, "test"), out / "val.parquet")
+    print(f"{args.n_train} train and {args.n_val} held-out {args.environment} rows (agent_name env_agent) in "
+          f"{out.resolve()}/train.parquet and val.parquet")
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     from agentloop_trainer.cli.evaluate import evaluate_checkpoint
     from agentloop_trainer.config.loading import load_config
@@ -319,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--answer-format", default="#### {answer}",
                       help="final answer text with {answer} (default '#### {answer}'; e.g. 'The answer is {answer}.')")
     calc.set_defaults(func=_data_calculator_sft)
+
+    env = data_sub.add_parser("env", help="rows of a shipped environment (env_agent loop): train/val parquet")
+    env.add_argument("environment", choices=["number_guess", "calculator"], help="the environment")
+    env.add_argument("--out", required=True, help="output folder (train.parquet, val.parquet)")
+    env.add_argument("--n-train", type=int, default=256, help="training rows (default 256)")
+    env.add_argument("--n-val", type=int, default=32, help="held-out rows (default 32)")
+    env.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    env.set_defaults(func=_data_env)
 
     sft = sub.add_parser("sft", help="supervised fine-tuning of model.path (or the tiny model) on sft.train_files "
                                      "into <run>/sft/hf; key=value overrides")
