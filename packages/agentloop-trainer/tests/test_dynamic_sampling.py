@@ -156,8 +156,10 @@ def test_the_draw_limit_stops_the_run_or_trains_what_was_kept():
     _, rows, batch, metrics = _sample("algorithm.filter_groups.max_num_gen_batches=2",
                                       "algorithm.filter_groups.on_limit=train_kept", log=said.append)
     assert [r["index"] for r in rows] == [1, 1]
-    assert metrics["filter_groups/groups_kept"] == 1.0 and metrics["filter_groups/gen_batches"] == 2.0
-    assert len(said) == 1 and said[0].startswith("WARNING: step 7: 2 prompt batches")
+    assert metrics["filter_groups/groups_kept"] == 1.0
+    assert metrics["filter_groups/gen_batches"] == 2.0
+    assert len(said) == 1
+    assert said[0].startswith("WARNING: step 7: 2 prompt batches")
     # Enough batches: the limit is not hit.
     assert _sample("algorithm.filter_groups.max_num_gen_batches=3")[3]["filter_groups/groups_kept"] == 2.0
 
@@ -186,7 +188,9 @@ def test_discarding_a_group_frees_its_room_in_the_staleness_buffer():
     group = buffer.start(0)
     assert not buffer.can_start(0), "room for one open group at max_staleness 0"
     buffer.discard(group)
-    assert buffer.can_start(0) and buffer.open_groups == [] and buffer.started == 1
+    assert buffer.can_start(0)
+    assert buffer.open_groups == []
+    assert buffer.started == 1
     finished = buffer.start(0)
     buffer.finish(finished, "payload")
     with pytest.raises(ValueError, match="not an open, unfinished group"):
