@@ -164,6 +164,21 @@ def test_the_draw_limit_stops_the_run_or_trains_what_was_kept():
     assert _sample("algorithm.filter_groups.max_num_gen_batches=3")[3]["filter_groups/groups_kept"] == 2.0
 
 
+def test_without_a_limit_a_long_draw_is_reported_every_ten_batches():
+    """Prompts 0-19 all solved in every sample, 20-21 split: batch 11 is the first that keeps
+    anything, so the step warns once, after batch 10."""
+    fleet = _ScriptedFleet({**{i: [1.0, 1.0] for i in range(20)}, 20: [0.0, 1.0], 21: [1.0, 0.0]})
+    said: list[str] = []
+    sampler = _sampler("algorithm.filter_groups.enable=true", "data.train_batch_size=2")
+    rows, _, metrics = sampler.sample(fleet, DataIterator(_records(22), 2, seed=0, shuffle=False), 2, step=0,
+                                      log=said.append)
+    assert metrics["filter_groups/gen_batches"] == 11.0
+    assert [r["index"] for r in rows] == [20, 20, 21, 21]
+    assert said == ["WARNING: step 0: 10 prompt batches so far kept 0 of the 2 groups a step trains; 20 of 20 had "
+                    "the same acc in every sample. algorithm.filter_groups.max_num_gen_batches=0 draws until the "
+                    "step is full: set a limit to stop"]
+
+
 def test_failed_samples_count_as_no_measurement_in_the_draws():
     fleet = _ScriptedFleet(TABLE)
     real = fleet.generate_outputs

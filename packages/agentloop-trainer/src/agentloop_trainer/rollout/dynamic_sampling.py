@@ -38,6 +38,10 @@ PENALTY_KEY = "reward/overlong_penalty"
 """The per-sample metric holding a shaped trajectory's over-long penalty (on its last segment)."""
 
 
+UNLIMITED_NOTICE_EVERY = 10
+"""Without a ``max_num_gen_batches`` limit, warn after every this many prompt batches of one step."""
+
+
 def overlong_penalty(length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:
     """DAPO's soft over-long punishment of one response: 0 up to ``max_response_length -
     buffer_len`` tokens, then falling linearly to ``-penalty_factor`` at ``max_response_length``
@@ -247,6 +251,10 @@ class DynamicSampler:
                                        "train_kept to train on the groups kept")
                 log(f"WARNING: {msg}; training on those {kept} (algorithm.filter_groups.on_limit=train_kept)")
                 break
+            if batches and not self.max_num_gen_batches and batches % UNLIMITED_NOTICE_EVERY == 0:
+                log(f"WARNING: step {step}: {batches} prompt batches so far kept {kept} of the {self.batch_groups} "
+                    f"groups a step trains; {dropped} of {generated} had the same {self.metric} in every sample. "
+                    "algorithm.filter_groups.max_num_gen_batches=0 draws until the step is full: set a limit to stop")
             batches += 1
             rows = make_rows(data.next_batch(), n, step=step, tag="train" if batches == 1 else f"train-gen{batches}")
             outputs = fleet.generate_outputs(rows, step=step)
