@@ -15,6 +15,10 @@ path serves a wrapper in this process and one inside the shared Ray client actor
 rollout workers' calls pass). It is the wrapper's only controller, so it keeps its own copy of
 the policy version and of whether a push is under way instead of asking for them.
 
+With dynamic sampling or over-long shaping on (:mod:`agentloop_trainer.rollout.dynamic_sampling`),
+a finished group is shaped and judged before it enters the buffer; a dropped group is discarded
+from it at once, so its room goes to a new group and no staleness is counted for it.
+
 The importance correction needs nothing extra: a resumed generation's log-probs are each
 token's own engine log-prob, so ``rollout_log_probs`` (and ``actor.tis_cap``) already compare
 the trained policy with the policy that sampled each token.
@@ -84,7 +88,8 @@ class AsyncDriver:
         self._producer: asyncio.Task | None = None
         self._changed: asyncio.Event | None = None
         self._error: BaseException | None = None
-        self._kept = self._dropped = self._dropped_failed = 0  # groups that entered / were dropped from the buffer since the last take
+        # Since the last take: groups that entered the buffer, were dropped, were dropped with every sample failed.
+        self._kept = self._dropped = self._dropped_failed = 0
         self.filter_counts: dict[str, float] = {}
         """The last step's ``filter_groups/*`` counts: groups finished since the step before
         (``groups_generated``), those dropped as all-equal and those that entered the buffer."""
