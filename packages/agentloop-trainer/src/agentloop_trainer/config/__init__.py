@@ -43,6 +43,7 @@ from agentloop_trainer.config.checks import (
     TRAINER_MODES,
     validate,
 )
+from agentloop_trainer.config.dapo import FilterGroupsSection, OverlongBufferSection, RewardModelSection
 from agentloop_trainer.config.errors import ConfigError
 from agentloop_trainer.config.loading import FREE_FORM, load_config, to_yaml
 from agentloop_trainer.config.nodes import (
@@ -74,13 +75,16 @@ __all__ = [
     "CustomRewardFunctionSection",
     "DataSection",
     "FREE_FORM",
+    "FilterGroupsSection",
     "ModelSection",
     "MultiTurnSection",
+    "OverlongBufferSection",
     "REWARD_SOURCES",
     "ROLLOUT_DTYPES",
     "RaySection",
     "RefFSDPSection",
     "RefSection",
+    "RewardModelSection",
     "RewardSection",
     "RolloutSection",
     "SFTSection",

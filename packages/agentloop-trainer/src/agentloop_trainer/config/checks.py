@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin, uses_ray
@@ -113,6 +114,7 @@ def validate(cfg: TrainConfig) -> None:
     _validate_sampling(cfg)
     _validate_mode(cfg)
     _validate_loggers(cfg)
+    _validate_dapo(cfg)
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
 
 
@@ -197,3 +199,33 @@ def _validate_mode(cfg: TrainConfig) -> None:
         if not ok:
             raise ConfigError(f"config {key} must be {expected} with trainer.mode={tc.mode}; "
                               "or use trainer.mode=sync for this setup")
+
+
+def _validate_dapo(cfg: TrainConfig) -> None:
+    """Dynamic sampling (``algorithm.filter_groups``) and over-long shaping
+    (``reward_model.overlong_buffer``)."""
+    from agentloop_trainer.config.dapo import FILTER_METRICS, ON_LIMIT
+
+    fg, ob = cfg.algorithm.filter_groups, cfg.reward_model.overlong_buffer
+    limit = cfg.data.max_response_length
+    checks = [
+        ("algorithm.filter_groups.metric", fg.metric in FILTER_METRICS,
+         f"one of {FILTER_METRICS} (a per-trajectory quantity agentloop defines), got {fg.metric!r}"),
+        ("algorithm.filter_groups.max_num_gen_batches", fg.max_num_gen_batches >= 0,
+         f">= 0 (0: no limit), got {fg.max_num_gen_batches}"),
+        ("algorithm.filter_groups.on_limit", fg.on_limit in ON_LIMIT, f"one of {ON_LIMIT}, got {fg.on_limit!r}"),
+        ("algorithm.filter_groups.on_limit", not fg.enable or fg.on_limit == "error" or cfg.trainer.mode == "sync",
+         f"error with trainer.mode={cfg.trainer.mode} (a step there trains data.train_batch_size groups from "
+         "the buffer); train_kept is for trainer.mode=sync"),
+        ("actor_rollout_ref.rollout.n", not fg.enable or cfg.actor_rollout_ref.rollout.n >= 2,
+         f"at least 2 with algorithm.filter_groups.enable=true (a group of one sample never has a spread), "
+         f"got {cfg.actor_rollout_ref.rollout.n}"),
+        ("reward_model.overlong_buffer.len", not ob.enable or 1 <= ob.len < limit,
+         f"between 1 and data.max_response_length - 1 ({limit - 1}) with reward_model.overlong_buffer.enable=true, "
+         f"got {ob.len}"),
+        ("reward_model.overlong_buffer.penalty_factor", math.isfinite(ob.penalty_factor) and ob.penalty_factor >= 0,
+         f"a finite number >= 0, got {ob.penalty_factor}"),
+    ]
+    for key, ok, expected in checks:
+        if not ok:
+            raise ConfigError(f"config {key} must be {expected}")

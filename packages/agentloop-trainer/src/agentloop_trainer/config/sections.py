@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_trainer.config.actor_rollout_ref import ActorRolloutRefSection
+from agentloop_trainer.config.dapo import FilterGroupsSection, RewardModelSection
 
 
 @dataclass
@@ -149,6 +150,8 @@ class AlgorithmSection:
 
     adv_estimator: str = "grpo"
     """grpo (mean/std per group) | dr_grpo (mean only)."""
+    filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
+    """Dynamic sampling (DAPO): drop groups whose samples all score the same."""
 
 
 @dataclass
@@ -291,5 +294,6 @@ class TrainConfig:
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     custom_reward_function: CustomRewardFunctionSection = field(default_factory=CustomRewardFunctionSection)
     reward: RewardSection = field(default_factory=RewardSection)
+    reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     ray: RaySection = field(default_factory=RaySection)

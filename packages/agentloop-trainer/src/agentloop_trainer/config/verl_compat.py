@@ -62,7 +62,7 @@ NO_EFFECT_PREFIXES: tuple[str, ...] = (
     "reward_model.enable", "reward_model.reward_manager", "reward_model.launch_reward_fn_async",
     "trainer.balance_batch", "trainer.project_name_suffix", "trainer.val_only", "trainer.max_actor_ckpt_to_keep",
     "trainer.max_critic_ckpt_to_keep", "trainer.resume_mode", "trainer.del_local_ckpt_after_load", "ray_init.",
-    "trainer.total_epochs",
+    "trainer.total_epochs", "reward_model.overlong_buffer.log",
 )
 """Keys accepted and ignored: memory/speed knobs (agentloop sizes these itself), logging and
 layout settings with an agentloop counterpart, or things agentloop always does."""
@@ -74,6 +74,7 @@ REASONS: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.param_dtype": "the policy's dtype is model.dtype",
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "the policy's dtype is model.dtype",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "log-prob passes follow actor.use_dynamic_bsz",
+    "reward_model.overlong_buffer.log": "the over-long metrics (reward/overlong_*) are always logged",
 }
 """Why a key is ignored, where the generic reason would mislead."""
 

@@ -362,6 +362,25 @@ class RolloutFleet:
         attach_rewards(batch)
         return batch
 
+    def generate_outputs(self, rows: Sequence[Mapping[str, Any]], step: int | None = None) -> list[Any]:
+        """Roll out training ``rows`` into their ``AgentLoopOutput`` records (each with its
+        ``trajectory_index`` into ``rows``), for a caller that looks at whole groups before
+        batching them (:mod:`agentloop_trainer.rollout.dynamic_sampling`): then
+        :meth:`batch_from_outputs`."""
+        return self.loop.run_until_complete(self.manager.agenerate_outputs(rows, step=step))
+
+    def batch_from_outputs(self, outputs: Sequence[Any]) -> Any:
+        """Pad outputs into a ``RolloutBatch`` as :meth:`generate` does (the run's prompt and
+        response widths), with rewards (0 for failed samples)."""
+        from agentloop_core.batch import RolloutBatch
+
+        config = self.rollout_config
+        batch = RolloutBatch.from_outputs(
+            outputs, prompt_length=config.prompt_length, response_length=config.response_length,
+            pad_token_id=config.pad_token_id, tokenizer=self.tokenizer, truncate=config.truncate)
+        attach_rewards(batch)
+        return batch
+
     def busy_seconds(self) -> float | None:
         """Wall seconds so far with at least one engine call in flight: measured where every
         call passes (a wrapper in this process, or on Ray the shared client actor); None for

@@ -130,6 +130,18 @@ class StalenessBuffer:
             raise ValueError(f"group {group.index} already finished")
         group.payload, group.finished = payload, True
 
+    def discard(self, group: Group) -> None:
+        """Drop a started group without training it (dynamic sampling: all its samples scored
+        the same). It leaves the open groups, so its room goes to a new group; its staleness is
+        never counted.
+
+        Raises:
+            ValueError: when ``group`` was not started here, was already taken, or finished.
+        """
+        if self._open.get(group.index) is not group or group.finished:
+            raise ValueError(f"group {group.index} is not an open, unfinished group of this buffer")
+        del self._open[group.index]
+
     def restore(self, started: int, groups: list[tuple[int, int]]) -> list[Group]:
         """Reopen, in a fresh buffer, the groups a checkpoint saved as open (``--resume``).
 

@@ -15,6 +15,10 @@ path serves a wrapper in this process and one inside the shared Ray client actor
 rollout workers' calls pass). It is the wrapper's only controller, so it keeps its own copy of
 the policy version and of whether a push is under way instead of asking for them.
 
+With dynamic sampling or over-long shaping on (:mod:`agentloop_trainer.rollout.dynamic_sampling`),
+a finished group is shaped and judged before it enters the buffer; a dropped group is discarded
+from it at once, so its room goes to a new group and no staleness is counted for it.
+
 The importance correction needs nothing extra: a resumed generation's log-probs are each
 token's own engine log-prob, so ``rollout_log_probs`` (and ``actor.tis_cap``) already compare
 the trained policy with the policy that sampled each token.
@@ -36,12 +40,12 @@ fresher: the staleness metrics still count from the version the group first star
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from agentloop_trainer.rollout.rollouts import attach_rewards, make_rows
+from agentloop_trainer.rollout.dynamic_sampling import join_groups
+from agentloop_trainer.rollout.rollouts import make_rows
 from agentloop_trainer.stages.async_buffer import Group, StalenessBuffer, staleness_metrics
 
 if TYPE_CHECKING:
@@ -84,6 +88,11 @@ class AsyncDriver:
         self._producer: asyncio.Task | None = None
         self._changed: asyncio.Event | None = None
         self._error: BaseException | None = None
+        # Since the last take: groups that entered the buffer, were dropped, were dropped with every sample failed.
+        self._kept = self._dropped = self._dropped_failed = 0
+        self.filter_counts: dict[str, float] = {}
+        """The last step's ``filter_groups/*`` counts: groups finished since the step before
+        (``groups_generated``), those dropped as all-equal and those that entered the buffer."""
 
     # -- producer -------------------------------------------------------------------------
 
@@ -142,7 +151,17 @@ class AsyncDriver:
                 ledgers = await self.control.pop_ledger_many(ids)
             for _, versions in ledgers:
                 group.token_versions.update(v - self.base_step for v in versions)
-            self.buffer.finish(group, (rows, outputs))
+            sampler = self.trainer.sampler
+            if sampler.active and not sampler.judge(rows, outputs)[rows[0]["group_id"]]:
+                # Dropped as it enters the buffer: its room goes to a new group, and its prompt
+                # is used up (a checkpoint does not replay it).
+                self.buffer.discard(group)
+                self._group_records.pop(group.index, None)
+                self._dropped += 1
+                self._dropped_failed += all(o.failed for o in outputs)
+            else:
+                self.buffer.finish(group, (rows, outputs))
+                self._kept += 1
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError):
                 self._error = exc
@@ -153,32 +172,40 @@ class AsyncDriver:
     # -- consumer -------------------------------------------------------------------------
 
     async def _next_batch(self) -> tuple[list[dict], Any, list[Group]]:
-        from agentloop_core.batch import RolloutBatch
-
         await self._start()
         assert self._changed is not None
         while not self.buffer.ready():
             if self._error is not None:
                 raise RuntimeError(f"an asynchronous rollout group failed: {self._error!r}") from self._error
+            self._check_draw_limit()
             self._changed.clear()
             await self._changed.wait()
         groups = self.buffer.take()
+        self.filter_counts = {"filter_groups/groups_generated": float(self._kept + self._dropped),
+                              "filter_groups/groups_dropped": float(self._dropped),
+                              "filter_groups/groups_kept": float(self._kept)}
+        self._kept = self._dropped = self._dropped_failed = 0
         self.trained_groups[self.trainer.step + 1] = [(g.index, self._group_records.pop(g.index)) for g in groups]
         self._changed.set()  # room for more groups
-        rows: list[dict] = []
-        outputs: list[Any] = []
-        for g in groups:
-            g_rows, g_outputs = g.payload
-            offset = len(rows)
-            rows.extend(g_rows)
-            outputs.extend(dataclasses.replace(o, trajectory_index=offset + (o.trajectory_index or 0))
-                           for o in g_outputs)
-        config = self.fleet.rollout_config
-        batch = RolloutBatch.from_outputs(
-            outputs, prompt_length=config.prompt_length, response_length=config.response_length,
-            pad_token_id=config.pad_token_id, tokenizer=self.fleet.tokenizer, truncate=config.truncate)
-        attach_rewards(batch)
-        return rows, batch, groups
+        rows, outputs = join_groups([g.payload for g in groups])
+        return rows, self.fleet.batch_from_outputs(outputs), groups
+
+    def _check_draw_limit(self) -> None:
+        """``algorithm.filter_groups.max_num_gen_batches`` here: the groups finished since the last
+        step's batch may number at most that many batches' worth while the buffer holds too few
+        to train."""
+        sampler = self.trainer.sampler
+        drawn, limit = self._kept + self._dropped, sampler.max_num_gen_batches * sampler.batch_groups
+        if not self._kept and self._dropped_failed >= sampler.batch_groups:
+            raise RuntimeError(f"step {self.trainer.step}: every sample of the last {self._dropped_failed} groups "
+                               "failed, so there is nothing to train on; see the trajectories' errors")
+        if sampler.filtering and limit and drawn >= limit and self.buffer.depth < sampler.batch_groups:
+            raise RuntimeError(
+                f"step {self.trainer.step}: {drawn} groups finished since the last step ({sampler.max_num_gen_batches} "
+                f"batches of {sampler.batch_groups}, algorithm.filter_groups.max_num_gen_batches) and {self._dropped} "
+                f"were all equal in {sampler.metric}, leaving {self.buffer.depth} to train of the {sampler.batch_groups} "
+                "a step needs. The prompts may be too easy or too hard for the policy: raise max_num_gen_batches "
+                "(0: no limit)")
 
     async def _push_weights(self, version: int) -> None:
         from agentloop_trainer.update.weights import iter_policy_weights
@@ -241,6 +268,7 @@ class AsyncDriver:
             "async/buffer_depth": float(self.buffer.depth),
             "async/groups_in_flight": float(self.buffer.in_flight),
             "async/interrupted_calls": float(state.stats["interrupted_calls"]),
+            **(self.filter_counts if trainer.sampler.filtering else {}),
             **{f"async/tokens_version_{v + self.base_step}": float(n) for v, n in sorted(tokens.items())},
         })
         if trainer.step >= trainer.cfg.trainer.total_steps:

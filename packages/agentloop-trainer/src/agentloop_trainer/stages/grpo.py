@@ -14,6 +14,7 @@ import numpy as np
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.iterator import DataIterator
 from agentloop_trainer.rollout.diagnostics import RolloutWatch
+from agentloop_trainer.rollout.dynamic_sampling import DynamicSampler, overlong_metrics
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
 from agentloop_trainer.update.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
 from agentloop_trainer.update.advantages import trajectory_advantages
@@ -100,6 +101,8 @@ class GRPOTrainer:
         self.watch = RolloutWatch(cfg, tokenizer, log, active=self.rank == 0)
         """Warns about all-zero rewards and turns cut by the cap (rank 0)."""
         self.history: list[dict[str, Any]] = []
+        self.sampler = DynamicSampler(cfg)
+        """Over-long shaping and dynamic sampling (``reward_model.overlong_buffer``, ``algorithm.filter_groups``)."""
         # trainer.mode=one_step_off|async: the steps come from the asynchronous driver.
         self.async_driver = None
         if self.fleet is not None and cfg.trainer.mode != "sync":
@@ -143,10 +146,13 @@ class GRPOTrainer:
         t0 = time.perf_counter()
         rows = batch = None
         busy_start = self.fleet.busy_seconds() if self.fleet is not None else None
+        sampling: dict[str, float] = {}
         if self.fleet is not None:
-            records = self.data.next_batch()
-            rows = make_rows(records, self.n, step=self.step)
-            batch = self.fleet.generate(rows, step=self.step)
+            if self.sampler.active:
+                rows, batch, sampling = self.sampler.sample(self.fleet, self.data, self.n, self.step, self.log)
+            else:
+                rows = make_rows(self.data.next_batch(), self.n, step=self.step)
+                batch = self.fleet.generate(rows, step=self.step)
             if batch.failed.all():
                 from agentloop_trainer.rollout.diagnostics import batch_errors, failure_breakdown
 
@@ -172,8 +178,8 @@ class GRPOTrainer:
             sleeping.wake_up()
         self.sync_weights()
         t_sync = time.perf_counter() - t2
-        return self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept,
-                                  busy_start=busy_start)
+        return {**self._step_metrics(rows, batch, learned, t0=t0, t_gen=t_gen, t_sync=t_sync, slept=slept,
+                                     busy_start=busy_start), **sampling}
 
     def _learn(self, rows: Sequence[dict], batch: Any) -> dict[str, Any]:
         """Advantages and the PPO-clip update on a rolled-out batch (every rank)."""
@@ -226,6 +232,7 @@ class GRPOTrainer:
             "timing_s/step": time.perf_counter() - t0,
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
             **self.last_sync, **_memory_metrics(self.device),
+            **(overlong_metrics(batch) if self.sampler.shaping else {}),
         })
         self.watch.after_step(rows, batch, rewards, self.step, getattr(self.fleet, "scorer", None))
         if self.rank == 0:
