@@ -214,8 +214,11 @@ def test_scorer_combines_or_fails_the_sample(scripted):
     assert out.metrics["judge/calls"] == 1.0
     assert out.extra_fields["judge_reply"] == "Score: 5"
     sent = judge.requests[0]["body"]["messages"][0]["content"]
-    assert "What is 2+2?" in sent and "The answer is 4. #### 4" in sent and "Reference answer:\n4" in sent
-    assert "add" in add.describe("gsm8k") or "+ 0.5 x the judge's score" in add.describe("gsm8k")
+    assert "What is 2+2?" in sent
+    assert "The answer is 4. #### 4" in sent
+    assert "Reference answer:\n4" in sent
+    assert add.describe("gsm8k").startswith("built-in scorer gsm8k")
+    assert add.describe("gsm8k").endswith(f"+ 0.5 x the judge's score ({judge.url})")
 
     down = scripted((503, "down", 0.0))
     failing = RewardScorer(judge=_settings(down.url, "reward.judge.retries=1"))
