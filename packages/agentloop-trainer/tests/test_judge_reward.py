@@ -21,11 +21,12 @@ from agentloop_trainer.reward.scoring import RewardScorer
 
 class ScriptedJudge:
     """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 that answers each request with
-    the next scripted ``(status, reply text, delay_s)`` (the last one repeats), recording the
-    requests and the most requests it had in flight at once."""
+    the next scripted ``(status, reply text, delay_s)`` (the last one repeats; with ``cycle`` the
+    script does), recording the requests and the most requests it had in flight at once."""
 
-    def __init__(self, script: list[tuple[int, str, float]]) -> None:
+    def __init__(self, script: list[tuple[int, str, float]], cycle: bool = False) -> None:
         self.script, self.requests, self.in_flight, self.max_in_flight = list(script), [], 0, 0
+        self.cycle = cycle
         self.lock = threading.Lock()
         judge = self
 
@@ -34,6 +35,8 @@ class ScriptedJudge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with judge.lock:
                     judge.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                    if judge.cycle:
+                        judge.script.append(judge.script[0])
                     status, text, delay = judge.script.pop(0) if len(judge.script) > 1 else judge.script[0]
                     judge.in_flight += 1
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
@@ -69,8 +72,8 @@ class ScriptedJudge:
 def scripted():
     judges: list[ScriptedJudge] = []
 
-    def start(*script: tuple[int, str, float]) -> ScriptedJudge:
-        judges.append(ScriptedJudge(list(script)))
+    def start(*script: tuple[int, str, float], cycle: bool = False) -> ScriptedJudge:
+        judges.append(ScriptedJudge(list(script), cycle=cycle))
         return judges[-1]
 
     yield start
@@ -259,3 +262,29 @@ def test_step_metrics_sum_the_cost_over_trajectories_failed_ones_too():
     metrics = judge_step_metrics(batch)
     assert metrics == {"judge/calls": 4.0, "judge/failed_calls": 3.0, "judge/prompt_tokens": 40.0,
                        "judge/completion_tokens": 8.0, "judge/seconds": 2.0, "judge/failures": 1.0}
+
+
+@pytest.mark.slow
+def test_failed_judgements_fail_their_samples_in_a_grpo_step(scripted, random_model_path, tmp_path):
+    """Every other judge call fails with a 500 (no retries, no failure_score): those samples are
+    failed with the reason and left out of the update, the others train on the judge's 0.8, and
+    the step's cost counts both."""
+    from agentloop_trainer.cli import main
+
+    judge = scripted((200, "Score: 8", 0.0), (500, "judge overloaded", 0.0), cycle=True)
+    out = tmp_path / "out"
+    assert main([
+        "train", f"model.path={random_model_path}", "trainer.total_steps=1", "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=8",
+        "data.max_response_length=24", "data.train_size=32", "data.val_size=2", "trainer.val_before_train=false",
+        "trainer.test_freq=0", "trainer.save_freq=0", "trainer.progress_bar=false", f"trainer.output_dir={out}",
+        "trainer.experiment_name=half", "trainer.log_trajectories_per_step=4", "reward.judge.enable=true",
+        f"reward.judge.url={judge.url}", "reward.judge.retries=0", "reward.judge.max_concurrency=1",
+    ]) == 0
+    steps = [json.loads(line) for line in (out / "half" / "metrics.jsonl").read_text().splitlines()]
+    step = next(m for m in steps if "actor/pg_loss" in m)
+    assert len(judge.requests) == 4 + 2  # the step's, then the 2 held-out prompts after RL
+    assert step["rollout/num_failed"] == 2
+    assert (step["judge/calls"], step["judge/failures"], step["judge/failed_calls"]) == (4.0, 2.0, 2.0)
+    # The judged samples' score (replace, weight 1); the failed ones have no reward.
+    assert step["rollout/reward/mean"] == pytest.approx(0.8)
