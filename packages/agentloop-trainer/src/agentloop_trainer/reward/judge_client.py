@@ -36,7 +36,7 @@ class JudgeCost:
     completion_tokens: int = 0
     """Reply tokens, likewise."""
     seconds: float = 0.0
-    """Wall time of the requests."""
+    """Wall time of the requests (not of waiting for a ``max_concurrency`` slot)."""
     failures: int = 0
     """1 when the judgement failed after every retry."""
 
@@ -104,12 +104,15 @@ class JudgeClient:
             if attempt:
                 await asyncio.sleep(min(0.2 * 2 ** (attempt - 1), 2.0))
             reply = None
-            start = time.perf_counter()
             try:
                 async with self._limit():
                     cost.calls += 1
-                    reply, prompt_tokens, completion_tokens = await asyncio.wait_for(
-                        self._call(prompt, tokenizer), s.timeout_s)
+                    start = time.perf_counter()  # the call's time, not the wait for a slot
+                    try:
+                        reply, prompt_tokens, completion_tokens = await asyncio.wait_for(
+                            self._call(prompt, tokenizer), s.timeout_s)
+                    finally:
+                        cost.seconds += time.perf_counter() - start
                 cost.prompt_tokens += prompt_tokens
                 cost.completion_tokens += completion_tokens
                 score = s.parse_score(reply)
@@ -118,9 +121,7 @@ class JudgeClient:
             except Exception as exc:  # noqa: BLE001 - any failure is retried, then reported
                 reason = f"{type(exc).__name__}: {exc}" if reply is None else f"{exc}; the judge replied {reply[:300]!r}"
             else:
-                cost.seconds += time.perf_counter() - start
                 return Verdict(score=score, reply=reply, cost=cost)
-            cost.seconds += time.perf_counter() - start
             cost.failed_calls += 1
         cost.failures = 1
         where = "the policy engine" if s.url == POLICY else s.url
