@@ -115,7 +115,23 @@ def validate(cfg: TrainConfig) -> None:
     _validate_mode(cfg)
     _validate_loggers(cfg)
     _validate_dapo(cfg)
+    _validate_judge(cfg)
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
+
+
+def _validate_judge(cfg: TrainConfig) -> None:
+    """``reward.judge`` (:meth:`~agentloop_trainer.reward.judge.JudgeSettings.from_section`), and
+    that ``url=policy`` has the policy engine in the trainer's process."""
+    from agentloop_trainer.reward.judge import POLICY, JudgeSettings
+
+    try:
+        settings = JudgeSettings.from_section(cfg.reward.judge)
+    except ValueError as exc:
+        raise ConfigError(f"config {exc}") from None
+    if settings is not None and settings.url == POLICY and uses_ray(cfg):
+        raise ConfigError("config reward.judge.url=policy needs the inprocess rollout backend (the judge calls the "
+                          "engine from the rollout workers of the trainer's process); on Ray serve a judge "
+                          "(`agentloop serve CHECKPOINT --port 8001`) and set reward.judge.url=http://HOST:8001/v1")
 
 
 def _validate_sampling(cfg: TrainConfig) -> None:

@@ -168,6 +168,55 @@ class CustomRewardFunctionSection:
 
 
 @dataclass
+class JudgeSection:
+    """A model-judged reward (``reward.judge``): a model reads each finished trajectory through a
+    prompt template and its reply's score becomes (part of) the reward; see
+    :mod:`agentloop_trainer.reward.judge`."""
+
+    enable: bool = False
+    """Score every trajectory with the judge."""
+    url: str | None = None
+    """The judge: an OpenAI-compatible base URL (``http://127.0.0.1:8001/v1``, e.g. an
+    ``agentloop serve``), or ``policy``: the policy's own rollout engine (in-process backends)."""
+    model: str | None = None
+    """The ``model`` of each chat request; null: none sent (the server's default model)."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the judge's API key (never the key itself)."""
+    prompt: str | None = None
+    """The judge's user message: a template with ``{question}``, ``{prompt}``, ``{response}``,
+    ``{ground_truth}``, ``{data_source}`` (literal braces doubled), or the path of a file holding
+    one; null: a built-in 0-10 grading prompt that asks for ``Score: N``."""
+    parser: str = "regex"
+    """regex: the last match of ``pattern``'s one group | json: the value at ``json_path`` of the
+    last JSON object in the reply."""
+    pattern: str = r"[Ss]core\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
+    """The score regex (one capturing group), for ``parser=regex``."""
+    json_path: str = "score"
+    """Dotted key of the score in the reply's JSON object, for ``parser=json``."""
+    score_range: list[float] | None = field(default_factory=lambda: [0.0, 10.0])
+    """``[low, high]``: the parsed score mapped linearly onto [0, 1] (a score outside is a failed
+    judgement); null: the raw score."""
+    temperature: float = 0.0
+    """Judge sampling temperature (0: greedy, the same verdict for the same trajectory)."""
+    max_tokens: int = 64
+    """Most tokens the judge may reply with."""
+    timeout_s: float = 60.0
+    """Seconds one judge call may take."""
+    retries: int = 2
+    """Further attempts after a failed call (timeout, HTTP error, no parseable score)."""
+    max_concurrency: int = 8
+    """Judge calls in flight at once (per rollout worker); trajectories are judged as they finish."""
+    combine: str = "replace"
+    """replace: the reward is ``weight`` x the judge's score | add: the rule or custom reward
+    (``reward.source``) plus ``weight`` x the judge's score."""
+    weight: float = 1.0
+    """Factor on the judge's score."""
+    failure_score: float | None = None
+    """null: a judgement that fails after the retries fails its sample, with the reason; a
+    number: that judge score instead (counted in ``judge/failures`` all the same)."""
+
+
+@dataclass
 class RewardSection:
     """How a trajectory's reward is put together."""
 
@@ -184,6 +233,8 @@ class RewardSection:
     form, ``#### N`` or ``\\boxed{}``) | flexible (also "the answer is N", "answer: N",
     ``\\boxed{N}`` and the final number; the latest answer wins; commas, ``$`` and units ignored).
     Instruct models rarely write ``#### N`` unprompted: ``reward.answer_format.gsm8k=flexible``."""
+    judge: JudgeSection = field(default_factory=JudgeSection)
+    """A model-judged reward (off by default)."""
 
 
 @dataclass

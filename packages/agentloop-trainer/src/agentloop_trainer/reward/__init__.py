@@ -4,6 +4,8 @@ own reward.
 - :mod:`~agentloop_trainer.reward.rule`: the final ``#### N`` answer against the ground truth.
 - :mod:`~agentloop_trainer.reward.answers`: the answer an instruct model wrote, in its own forms.
 - :mod:`~agentloop_trainer.reward.scoring`: :class:`RewardScorer`, per ``reward.source``.
+- :mod:`~agentloop_trainer.reward.judge`: a model-judged reward's settings, template and parser
+  (``reward.judge``); :mod:`~agentloop_trainer.reward.judge_client`: its calls and their cost.
 """
 
 from agentloop_trainer.reward.answers import (
@@ -19,6 +21,8 @@ from agentloop_trainer.reward.answers import (
     normalize_math_answer,
     truth_text,
 )
+from agentloop_trainer.reward.judge import DEFAULT_PROMPT, PLACEHOLDERS, JudgeError, JudgeSettings
+from agentloop_trainer.reward.judge_client import JudgeClient, JudgeCost, judge_step_metrics
 from agentloop_trainer.reward.rule import answer_reward, extract_answer
 from agentloop_trainer.reward.scoring import (
     ANSWER_FORMATS,
@@ -35,9 +39,15 @@ __all__ = [
     "ANSWER_FORMATS",
     "ANSWER_FORMS",
     "BUILTIN_SCORERS",
+    "DEFAULT_PROMPT",
     "FoundAnswer",
+    "JudgeClient",
+    "JudgeCost",
+    "JudgeError",
+    "JudgeSettings",
     "MAX_SCAN_CHARS",
     "MAX_STATEMENT_CHARS",
+    "PLACEHOLDERS",
     "RewardScorer",
     "answer_format_for",
     "answer_reward",
@@ -48,6 +58,7 @@ __all__ = [
     "extract_answer",
     "find_answer",
     "flexible_reward",
+    "judge_step_metrics",
     "leading_number",
     "load_reward_function",
     "normalize_math_answer",

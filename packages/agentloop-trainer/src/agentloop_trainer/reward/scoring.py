@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.reward.answers import boxed_reward, flexible_reward
+from agentloop_trainer.reward.judge import JudgeSettings, prompt_values, render_prompt
 from agentloop_trainer.reward.rule import answer_reward
 
 
@@ -164,10 +165,17 @@ class RewardScorer:
     answer_format: dict[str, str] = field(default_factory=lambda: {"default": "strict"})
     """``reward.answer_format``: how the built-in scorers read answers, per data_source
     (see :data:`ANSWER_FORMATS`)."""
+    judge: JudgeSettings | None = None
+    """``reward.judge``: a model-judged score replacing the reward, or added to it; None: no judge."""
 
     def __post_init__(self) -> None:
+        from agentloop_trainer.reward.judge_client import JudgeClient
+
         check_answer_format(self.answer_format)
         self._fn: Callable[..., Any] | None = None
+        self.judge_client = JudgeClient(self.judge) if self.judge is not None else None
+        """Sends the judge's calls (None without a judge); ``url=policy`` needs its
+        ``policy_server`` bound in this process."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_fn"}
@@ -186,6 +194,15 @@ class RewardScorer:
 
     def describe(self, data_source: str | None) -> str:
         """Which reward a row of ``data_source`` gets, for the run log."""
+        if self.judge is not None:
+            where = "the policy engine" if self.judge.url == "policy" else self.judge.url
+            judged = f"{self.judge.weight:g} x the judge's score ({where})"
+            if self.judge.combine == "replace":
+                return judged
+            return f"{self._describe_rule(data_source)} + {judged}"
+        return self._describe_rule(data_source)
+
+    def _describe_rule(self, data_source: str | None) -> str:
         fn = self.function_for(data_source) if self.source != "loop" else None
         what = f"{self.path}:{self.name}" if self.path else (self._describe_builtin(data_source, fn) if fn else None)
         if self.source == "loop" or (self.source == "auto" and what is None):
@@ -198,6 +215,50 @@ class RewardScorer:
                 f"reward.answer_format {fmt} ({_ACCEPTS.get(fn, fn.__name__)})")
 
     async def __call__(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
+        if self.judge is None:
+            await self._rule(output, row, tokenizer)
+        elif self.judge.combine == "replace":
+            await self._judged(output, row, tokenizer, 0.0)
+        else:
+            await self._rule(output, row, tokenizer)
+            await self._judged(output, row, tokenizer, float(output.reward_score))
+
+    @staticmethod
+    def _solution(output: Any, tokenizer: Any) -> str:
+        generated = [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m == 1]
+        return tokenizer.decode(generated, skip_special_tokens=True)
+
+    async def _judged(self, output: Any, row: Mapping[str, Any], tokenizer: Any, base: float) -> None:
+        """``base`` plus the judge's weighted score; a judgement that fails marks the sample failed
+        with the reason (or, with ``failure_score``, scores that), its cost counted either way."""
+        from agentloop_trainer.reward.judge_client import JudgeFailed
+
+        judge, client = self.judge, self.judge_client
+        assert judge is not None, "only called with a judge"
+        assert client is not None, "made with the judge"
+        ground_truth = (row.get("reward_model") or {}).get("ground_truth", row.get("ground_truth"))
+        values = prompt_values(row.get("raw_prompt"), self._solution(output, tokenizer), ground_truth,
+                               row.get("data_source"))
+        try:
+            verdict = await client.judge(render_prompt(judge.prompt, values), tokenizer)
+        except JudgeFailed as exc:
+            output.metrics.update(exc.cost.metrics())
+            if judge.failure_score is None:
+                # Failed, not zero: the trainer leaves the sample out (rollout/num_failed), the
+                # reason in its error; the worker keeps these metrics, so the cost still counts.
+                output.metrics["failed"] = True
+                output.metrics["error"] = f"JudgeError: {exc}"
+                output.reward_score = 0.0
+                return
+            score = judge.failure_score
+        else:
+            output.metrics.update(verdict.cost.metrics())
+            output.extra_fields["judge_reply"] = verdict.reply
+            score = verdict.score
+        output.metrics["reward/judge"] = score
+        output.reward_score = base + judge.weight * score
+
+    async def _rule(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
         # Here, not at the top: ``import agentloop_trainer`` (which re-exports this room) stays
         # free of agentloop_core, hence of numpy.
         from agentloop_core.stops import CONTEXT, RESPONSE_BUDGET, TURN_CAP
@@ -216,8 +277,7 @@ class RewardScorer:
                                  f"({sorted(BUILTIN_SCORERS)}), or give the tools a calc_reward")
             output.metrics["reward/loop"] = float(loop_reward)
             return
-        generated = [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m == 1]
-        solution = tokenizer.decode(generated, skip_special_tokens=True)
+        solution = self._solution(output, tokenizer)
         ground_truth = (row.get("reward_model") or {}).get("ground_truth", row.get("ground_truth"))
         extra_info = dict(row.get("extra_info") or {})
         extra_info.setdefault("num_turns", output.num_turns)

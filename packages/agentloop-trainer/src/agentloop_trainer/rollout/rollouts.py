@@ -90,6 +90,7 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
     from agentloop_core.protocol import SamplingParams
     from agentloop_core.settings import RolloutConfig
     from agentloop_trainer.config.accessors import custom_chat_template
+    from agentloop_trainer.reward.judge import JudgeSettings
     from agentloop_trainer.reward.scoring import RewardScorer
 
     r = cfg.actor_rollout_ref.rollout
@@ -139,7 +140,8 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         val_sampling_params=val_sampling,
         reward_fn=RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
                                reward_kwargs=dict(crf.reward_kwargs or {}),
-                               answer_format=dict(cfg.reward.answer_format)),
+                               answer_format=dict(cfg.reward.answer_format),
+                               judge=JudgeSettings.from_section(cfg.reward.judge)),
     )
     return record.with_loop_configs(per_loop, also=[record.default_agent_loop] if record.default_agent_loop else [])
 
@@ -295,6 +297,11 @@ class RolloutFleet:
             # Times the engine's work for each step's rollout/engine_idle_fraction. On Ray the
             # calls come from the workers' processes: the shared client actor times them.
             self.server = BusyTimeServer(self.server)
+        judge = self.scorer.judge_client
+        if judge is not None and judge.settings.url == "policy":
+            # Through the wrappers, so weight updates pause judge calls as they pause rollouts.
+            # The in-process workers share this scorer (url=policy is refused on Ray at load).
+            judge.policy_server = self.server
         try:
             if uses_ray(cfg):
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path),
@@ -417,6 +424,7 @@ class RolloutFleet:
         the run's tools and reward, and ``rollout.val_kwargs`` sampling."""
         import time
 
+        from agentloop_trainer.reward.judge_client import judge_step_metrics
         from agentloop_trainer.rollout.diagnostics import batch_errors
 
         start = time.perf_counter()
@@ -437,7 +445,7 @@ class RolloutFleet:
             seconds=time.perf_counter() - start,
             num_failed=int(batch.num_failed),
             errors=batch_errors(batch),
-            metrics=dict(batch.metrics),
+            metrics={**batch.metrics, **judge_step_metrics(batch)},
             rollout=(rows, batch),
         )
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.iterator import DataIterator
+from agentloop_trainer.reward.judge_client import judge_step_metrics
 from agentloop_trainer.rollout.diagnostics import RolloutWatch
 from agentloop_trainer.rollout.dynamic_sampling import DynamicSampler, overlong_metrics
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
@@ -252,8 +253,9 @@ class GRPOTrainer:
         if busy_start is not None and busy_end is not None:
             metrics["rollout/engine_idle_fraction"] = idle_fraction(busy_end - busy_start, time.perf_counter() - t0)
         # The rollout's own batch metrics too: per-loop timings, tool counters and what tools
-        # report (agent_loop/...), failures and worker losses on the Ray backend.
-        return {**batch.metrics, **metrics}
+        # report (agent_loop/...), failures and worker losses on the Ray backend; and what the
+        # judge cost (judge/..., summed over the step's trajectories).
+        return {**batch.metrics, **judge_step_metrics(batch), **metrics}
 
     # -- checkpoints ----------------------------------------------------------------------------
 

@@ -1,0 +1,252 @@
+"""A model-judged reward's settings, prompt template and score parser (``reward.judge``).
+
+The judge reads one finished trajectory at a time: the row's prompt, the text the policy
+generated and the ground truth go into the prompt template, the judge model replies, and the
+parser takes the score out of the reply. The calls themselves (an OpenAI-compatible server or
+the policy's own engine, with retries and a concurrency limit) are
+:mod:`agentloop_trainer.reward.judge_client`; how the score joins the rule reward is
+:class:`agentloop_trainer.reward.scoring.RewardScorer`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLICY = "policy"
+"""``reward.judge.url`` value that makes the policy's own rollout engine the judge."""
+PARSERS = ("regex", "json")
+"""Values of ``reward.judge.parser``."""
+COMBINE = ("replace", "add")
+"""Values of ``reward.judge.combine``."""
+PLACEHOLDERS = ("question", "prompt", "response", "ground_truth", "data_source")
+"""What a prompt template may name: the row's last user message, its whole prompt (one
+``role: text`` line per message), the policy's generated text, the row's ground truth and its
+data_source."""
+
+DEFAULT_PROMPT = """You are grading an answer to a question.
+
+Question:
+{question}
+
+Reference answer:
+{ground_truth}
+
+Answer to grade:
+{response}
+
+How correct is the answer, from 0 (wrong) to 10 (fully correct)? End your reply with the line \
+"Score: N"."""
+"""The prompt ``reward.judge.prompt=null`` uses (pairs with the default pattern and 0-10 range)."""
+
+
+class JudgeError(RuntimeError):
+    """A judgement that failed after its retries; the message says why (the last attempt's
+    error, and what the judge replied when it replied)."""
+
+
+def _key(name: str) -> str:
+    return f"reward.judge.{name}"
+
+
+def check_template(template: str, where: str = "reward.judge.prompt") -> None:
+    """Raises ValueError naming ``where`` when ``template`` names a field other than
+    :data:`PLACEHOLDERS`, has an attribute or index in one, or has unbalanced braces."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc} (write a literal brace as {{{{ or }}}})") from None
+    bad = sorted({f for f in fields if f not in PLACEHOLDERS})
+    if bad:
+        raise ValueError(f"{where} names {bad}; a template may use {{{'}, {'.join(PLACEHOLDERS)}}} "
+                         "(write a literal brace as {{ or }})")
+
+
+def render_prompt(template: str, values: Mapping[str, str]) -> str:
+    """``template`` with its placeholders filled from ``values`` (every name in
+    :data:`PLACEHOLDERS` must be there)."""
+    return template.format_map({name: values[name] for name in PLACEHOLDERS})
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return "" if content is None else str(content)
+
+
+def prompt_values(messages: Sequence[Mapping[str, Any]] | None, response: str, ground_truth: Any,
+                  data_source: str | None) -> dict[str, str]:
+    """The template's values for one trajectory: ``messages`` is the row's prompt (raw chat)."""
+    messages = list(messages or [])
+    users = [m for m in messages if m.get("role") == "user"]
+    return {
+        "question": _content_text(users[-1].get("content")) if users else "",
+        "prompt": "\n".join(f"{m.get('role')}: {_content_text(m.get('content'))}" for m in messages),
+        "response": response,
+        "ground_truth": "" if ground_truth is None else str(ground_truth),
+        "data_source": "" if data_source is None else str(data_source),
+    }
+
+
+def _last_json_object(text: str) -> Any:
+    """The last top-level JSON object in ``text`` (objects nested in it are part of it), or None."""
+    decoder = json.JSONDecoder()
+    found, at = None, text.find("{")
+    while at != -1:
+        try:
+            found, end = decoder.raw_decode(text, at)
+        except ValueError:
+            end = at + 1
+        at = text.find("{", end)
+    return found
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    """The ``reward.judge`` section, checked and resolved (the prompt file read, the regex
+    compiled on use); what the rollout workers get, so it pickles."""
+
+    url: str
+    """An OpenAI-compatible base URL (ending in ``/v1``), or :data:`POLICY`."""
+    model: str | None = None
+    """The ``model`` field of each request; None: none sent."""
+    api_key_env: str | None = None
+    """Environment variable with the API key."""
+    prompt: str = DEFAULT_PROMPT
+    """The template text."""
+    parser: str = "regex"
+    """One of :data:`PARSERS`."""
+    pattern: str = r"[Ss]core\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
+    """Score regex with one group."""
+    json_path: str = "score"
+    """Dotted key of the score in the reply's last JSON object."""
+    score_range: tuple[float, float] | None = (0.0, 10.0)
+    """``(low, high)`` mapped onto [0, 1]; None: the raw score."""
+    temperature: float = 0.0
+    """Sampling temperature."""
+    max_tokens: int = 64
+    """Reply token limit."""
+    timeout_s: float = 60.0
+    """Seconds per call."""
+    retries: int = 2
+    """Further attempts after a failed one."""
+    max_concurrency: int = 8
+    """Calls in flight at once (per rollout worker process)."""
+    combine: str = "replace"
+    """One of :data:`COMBINE`."""
+    weight: float = 1.0
+    """Factor on the judge's score."""
+    failure_score: float | None = None
+    """None: a failed judgement fails the sample; else the judge score it gets instead."""
+
+    @classmethod
+    def from_section(cls, section: Any) -> JudgeSettings | None:
+        """The settings of a ``reward.judge`` section (None when it is not enabled).
+
+        Raises:
+            ValueError: naming the ``reward.judge`` key that is wrong and what it must be.
+        """
+        if not section.enable:
+            return None
+        if not section.url:
+            raise ValueError(f"{_key('url')} must be set with {_key('enable')}=true: an OpenAI-compatible base "
+                             "URL such as http://127.0.0.1:8001/v1 (e.g. `agentloop serve CHECKPOINT --port 8001`), "
+                             f"or {POLICY} to judge with the policy's own engine")
+        url = str(section.url)
+        if url != POLICY and not re.match(r"https?://", url):
+            raise ValueError(f"{_key('url')} must be an http(s) URL or {POLICY!r}, got {url!r}")
+        if section.api_key_env and not os.environ.get(str(section.api_key_env)):
+            raise ValueError(f"{_key('api_key_env')} names {section.api_key_env!r}, which is not set in the "
+                             "environment; export it with the judge's API key (the key never goes in the config)")
+        prompt = DEFAULT_PROMPT if section.prompt is None else str(section.prompt)
+        if section.prompt is not None and "{" not in prompt and "\n" not in prompt:
+            path = Path(prompt).expanduser()
+            if not path.is_file():
+                raise ValueError(f"{_key('prompt')} {prompt!r} is neither a template (it has no {{response}} or "
+                                 "other placeholder) nor an existing file")
+            prompt = path.read_text(encoding="utf-8")
+        check_template(prompt)
+        if "{response}" not in prompt:
+            raise ValueError(f"{_key('prompt')} never shows the judge the trajectory: put {{response}} in it")
+        if section.parser not in PARSERS:
+            raise ValueError(f"{_key('parser')} must be one of {PARSERS}, got {section.parser!r}")
+        if section.parser == "regex":
+            try:
+                groups = re.compile(str(section.pattern)).groups
+            except re.error as exc:
+                raise ValueError(f"{_key('pattern')} {section.pattern!r} is not a regex: {exc}") from None
+            if groups != 1:
+                raise ValueError(f"{_key('pattern')} must have exactly one capturing group (the score), "
+                                 f"{section.pattern!r} has {groups}; make the others non-capturing: (?:...)")
+        elif not str(section.json_path).strip("."):
+            raise ValueError(f"{_key('json_path')} must name the score's key, e.g. score or verdict.score")
+        score_range = None
+        if section.score_range is not None:
+            values = [float(v) for v in section.score_range]
+            if len(values) != 2 or not all(math.isfinite(v) for v in values) or values[0] >= values[1]:
+                raise ValueError(f"{_key('score_range')} must be [low, high] with low < high, or null for the "
+                                 f"raw score; got {list(section.score_range)}")
+            score_range = (values[0], values[1])
+        checks = [
+            ("temperature", math.isfinite(section.temperature) and section.temperature >= 0, ">= 0"),
+            ("max_tokens", section.max_tokens >= 1, "at least 1"),
+            ("timeout_s", section.timeout_s > 0, "> 0"),
+            ("retries", section.retries >= 0, ">= 0"),
+            ("max_concurrency", section.max_concurrency >= 1, "at least 1"),
+            ("combine", section.combine in COMBINE, f"one of {COMBINE}"),
+            ("weight", math.isfinite(section.weight), "a finite number"),
+            ("failure_score", section.failure_score is None or math.isfinite(section.failure_score),
+             "null (fail the sample) or a finite number"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"{_key(name)} must be {expected}, got {getattr(section, name)!r}")
+        return cls(url=url, model=section.model, api_key_env=section.api_key_env, prompt=prompt,
+                   parser=section.parser, pattern=str(section.pattern), json_path=str(section.json_path),
+                   score_range=score_range, temperature=float(section.temperature), max_tokens=int(section.max_tokens),
+                   timeout_s=float(section.timeout_s), retries=int(section.retries),
+                   max_concurrency=int(section.max_concurrency), combine=section.combine,
+                   weight=float(section.weight),
+                   failure_score=None if section.failure_score is None else float(section.failure_score))
+
+    def parse_score(self, reply: str) -> float:
+        """The score in the judge's ``reply``, mapped by :attr:`score_range`.
+
+        Raises:
+            ValueError: no score in the reply, it is not a finite number, or it is outside the range.
+        """
+        if self.parser == "regex":
+            matches = re.findall(self.pattern, reply)
+            if not matches:
+                raise ValueError(f"no match of reward.judge.pattern {self.pattern!r}")
+            raw: Any = matches[-1]
+        else:
+            value = _last_json_object(reply)
+            for part in self.json_path.strip(".").split("."):
+                if not isinstance(value, Mapping) or part not in value:
+                    raise ValueError(f"no JSON object with reward.judge.json_path {self.json_path!r}")
+                value = value[part]
+            raw = value
+        try:
+            if isinstance(raw, bool):
+                raise ValueError
+            score = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"the score {raw!r} is not a number") from None
+        if not math.isfinite(score):
+            raise ValueError(f"the score {raw!r} is not finite")
+        if self.score_range is None:
+            return score
+        low, high = self.score_range
+        if not low <= score <= high:
+            raise ValueError(f"the score {score:g} is outside reward.judge.score_range [{low:g}, {high:g}]")
+        return (score - low) / (high - low)
