@@ -56,7 +56,7 @@ def test_a_bool_key_takes_true_or_false_only(value, tmp_path):
         load_config([], in_file)
 
 
-@pytest.mark.parametrize("value, expected", [("true", True), ("False", False), ("yes", True), ("off", False)])
+@pytest.mark.parametrize(("value", "expected"), [("true", True), ("False", False), ("yes", True), ("off", False)])
 def test_a_bool_key_takes_the_yaml_words(value, expected):
     cfg = load_config([f"actor_rollout_ref.rollout.val_kwargs.do_sample={value}"])
     assert cfg.actor_rollout_ref.rollout.val_kwargs.do_sample is expected
