@@ -25,7 +25,7 @@ RUN_LANGS = ("bash", "sh", "python")
 _FENCE = re.compile(r"^(?P<indent>[ ]*)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ ]*$",
                     re.MULTILINE | re.DOTALL)
 _MARKER = re.compile(r"<!--\s*snippet:\s*(?P<kind>[\w-]+)\s*(?P<arg>.*?)\s*-->\s*$")
-_TRAIN = re.compile(r"^(?P<cmd>[ \t]*agentloop train\b[^#\n]*?)(?P<comment>[ \t]+#.*)?$", re.MULTILINE)
+_TRAIN = re.compile(r"^(?P<cmd>[ \t]*agentloop (?:train|eval)\b[^#\n]*?)(?P<comment>[ \t]+#.*)?$", re.MULTILINE)
 
 
 class SnippetMarkerError(ValueError):
