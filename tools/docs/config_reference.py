@@ -24,15 +24,17 @@ _ROLE = re.compile(r":(?:class|func|data|mod|meth|attr|obj):`~?([^`]+)`")
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string literal after each field), by name."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    """The attribute docstrings of a dataclass (the string literal after each field), by name,
+    its bases' included (a subclass's own win)."""
     docs: dict[str, str] = {}
-    for stmt, nxt in zip(body, [*body[1:], None], strict=True):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)):
-            docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, nxt in zip(body, [*body[1:], None], strict=True):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
 
