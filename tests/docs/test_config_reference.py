@@ -27,7 +27,7 @@ def _leaf_defaults() -> dict[str, object]:
             if isinstance(child, DictConfig) and not (path + ".").startswith(FREE_FORM):
                 walk(child, path + ".")
             else:
-                out[path] = OmegaConf.to_container(child) if isinstance(child, DictConfig) else child._value()
+                out[path] = OmegaConf.to_container(child) if isinstance(child, DictConfig) else node[key]
     walk(OmegaConf.structured(TrainConfig), "")
     return out
 

@@ -12,11 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from snippets import Snippet, page_snippets
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-PAGES = sorted(DOCS.rglob("*.md"))
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+PAGES = [*sorted(DOCS.rglob("*.md")), REPO / "README.md"]
+"""The site's pages and the root README (its examples are the site's, shortened)."""
 SNIPPETS = [s for page in PAGES for s in page_snippets(page)]
 TIMEOUT_S = 420
 """Longest a block may run (the longest here, a short training run, takes ~40 s on 2 cores)."""
