@@ -119,8 +119,8 @@ def _verl_tables() -> str:
     from agentloop_trainer.config import verl_compat
 
     lines = ["## verl keys accepted without effect", "",
-             "Read from a verl config and ignored, with a one-line notice (a key equal to one of these, "
-             "or under one ending in `.`):", ""]
+             "Read from a verl config and ignored, with a one-line notice: every key that starts with one "
+             "of these:", ""]
     for prefix in sorted(verl_compat.NO_EFFECT_PREFIXES):
         why = verl_compat.REASONS.get(prefix)
         lines.append(f"- `{prefix}`" + (f": {why}" if why else ""))
