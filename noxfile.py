@@ -8,6 +8,7 @@
     nox -s real_model                  # a real pretrained checkpoint (SmolLM2-135M) end to end
     nox -s gpu                         # CUDA-only tests (vLLM/SGLang/HFServer on GPU)
     nox -s bench                       # benchmarks; print tables, write bench/results/*.json
+    nox -s docs                        # the documentation site (strict, offline) and its snippets run
 """
 
 from __future__ import annotations
@@ -307,6 +308,22 @@ def vllm(session: nox.Session) -> None:
     _pytest(session, "tests/real_model/test_vllm_real.py", "-q", "-p", "no:cacheprovider",
                 "--durations=0", *session.posargs,
                 env={"AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
+
+
+@nox.session(tags=["ci"])
+def docs(session: nox.Session) -> None:
+    """The documentation site: `mkdocs build --strict` (offline, every warning an error; the config
+    reference and API pages generated from the code), then every command and Python snippet on its
+    pages run or skipped with its reason (tests/docs, ~4 min on 2 cores). `mkdocs serve` to read it."""
+    session.install(TORCH)
+    session.install("-r", "tools/docs/requirements.txt", "-e", "packages/agentloop-core",
+                    "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
+                    "-e", "packages/agentloop-trainer", "-e", "packages/agentloop-langgraph[agents]",
+                    "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24", TORCH)
+    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run("mkdocs", "build", "--strict", "--clean", env={"NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"})
+    session.run("python", "-m", "pytest", "tests/docs", "-q", "-rs", "-p", "no:cacheprovider", "--durations=10",
+                *session.posargs, env=TEST_ENV)
 
 
 @nox.session(tags=["ci"])

@@ -129,7 +129,7 @@ class ChatModel(BaseChatModel):
     this trajectory) starts a new segment (``on_history_rewrite="segment"``) or raises
     :class:`~agentloop_langgraph.messages.HistoryRewrittenError` (``"error"``).
 
-    Args:
+    Attributes:
         server: An ``AsyncServer`` (an engine or ``LLMServerClient``).
         tokenizer: The model's Hugging Face tokenizer, with its chat template.
         sampling_params: Sampling parameters for every turn (see ``SamplingParams``).
