@@ -14,7 +14,7 @@ import config_reference  # noqa: E402
 
 def _leaf_defaults() -> dict[str, object]:
     """Every leaf key of the defaults, as `agentloop train --show-config` has them (OmegaConf)."""
-    from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, ListConfig, OmegaConf
 
     from agentloop_trainer.config import FREE_FORM, TrainConfig
 
@@ -27,7 +27,7 @@ def _leaf_defaults() -> dict[str, object]:
             if isinstance(child, DictConfig) and not (path + ".").startswith(FREE_FORM):
                 walk(child, path + ".")
             else:
-                out[path] = OmegaConf.to_container(child) if isinstance(child, DictConfig) else node[key]
+                out[path] = OmegaConf.to_container(child) if isinstance(child, (DictConfig, ListConfig)) else node[key]
     walk(OmegaConf.structured(TrainConfig), "")
     return out
 

@@ -119,9 +119,9 @@ def _verl_tables() -> str:
     from agentloop_trainer.config import verl_compat
 
     lines = ["## verl keys accepted without effect", "",
-             "Read from a verl config and ignored, with a one-line notice: every key that starts with one "
-             "of these:", ""]
-    for prefix in sorted(verl_compat.NO_EFFECT_PREFIXES):
+             "Read from a verl config and ignored, with a one-line notice: each key below, and every key "
+             "under a section ending in `.`:", ""]
+    for prefix in sorted(verl_compat.NO_EFFECT):
         why = verl_compat.REASONS.get(prefix)
         lines.append(f"- `{prefix}`" + (f": {why}" if why else ""))
     lines += ["", "## verl keys accepted at one value", "",

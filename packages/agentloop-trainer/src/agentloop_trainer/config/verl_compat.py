@@ -40,9 +40,10 @@ SPLIT: dict[str, tuple[str, ...]] = {
 }
 """verl key -> several agentloop keys that all take its value."""
 
-NO_EFFECT_PREFIXES: tuple[str, ...] = (
+NO_EFFECT: tuple[str, ...] = (
     "actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.ref.", "actor_rollout_ref.actor.checkpoint.",
-    "actor_rollout_ref.actor.optim.lr_warmup", "actor_rollout_ref.actor.optim.warmup_style",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps",
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.lr_warmup_init", "actor_rollout_ref.actor.optim.warmup_style",
     "actor_rollout_ref.actor.optim.min_lr_ratio", "actor_rollout_ref.actor.optim.total_training_steps",
     "critic.", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.log_val_generations",
     "data.return_raw_chat", "data.truncation", "data.prompt_key", "data.reward_fn_key", "data.tokenizer",
@@ -65,7 +66,17 @@ NO_EFFECT_PREFIXES: tuple[str, ...] = (
     "trainer.total_epochs", "reward_model.overlong_buffer.log",
 )
 """Keys accepted and ignored: memory/speed knobs (agentloop sizes these itself), logging and
-layout settings with an agentloop counterpart, or things agentloop always does."""
+layout settings with an agentloop counterpart, or things agentloop always does. An entry that
+ends with ``.`` is a whole verl section (every key under it); any other entry is one exact key,
+so a misspelt key (``ppo_micro_batch_size_per_gpuu``) is an unknown-key error, not ignored."""
+
+
+def is_no_effect(key: str) -> bool:
+    """Whether ``key`` is one of :data:`NO_EFFECT` (exactly, or under one of its sections)."""
+    return key in _NO_EFFECT_KEYS or key.startswith(_NO_EFFECT_SECTIONS)
+
+_NO_EFFECT_SECTIONS = tuple(k for k in NO_EFFECT if k.endswith("."))
+_NO_EFFECT_KEYS = frozenset(k for k in NO_EFFECT if not k.endswith("."))
 
 REASONS: dict[str, str] = {
     "trainer.total_epochs": "the run length is trainer.total_training_steps / trainer.total_steps",
@@ -114,7 +125,7 @@ def translate(flat: dict[str, Any], valid: set[str], notice: Callable[[str], Non
             if value not in allowed:
                 raise ValueError(f"{key}={value!r} is not supported: {why}")
             notice(f"verl key {key}={value!r} matches agentloop's behaviour; ignored")
-        elif key.startswith(NO_EFFECT_PREFIXES):
+        elif is_no_effect(key):
             why = REASONS.get(key, "agentloop sizes memory and speed itself, or always behaves this way")
             notice(f"verl key {key} ignored ({why})")
         else:
