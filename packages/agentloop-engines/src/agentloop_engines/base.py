@@ -11,6 +11,7 @@ served.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -105,8 +106,10 @@ class AsyncServerBase(abc.ABC):
             ValueError: on an invalid request, at the first step of the iteration.
         """
         sp = self.validate_request(prompt_ids, sampling_params)
-        async for delta in self._generate_stream(request_id, list(prompt_ids), sp):
-            yield delta
+        # aclosing: closing this stream must close the adapter's at once (it stops the request).
+        async with contextlib.aclosing(self._generate_stream(request_id, list(prompt_ids), sp)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     def validate_request(
         self,

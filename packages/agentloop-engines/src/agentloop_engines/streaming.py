@@ -50,8 +50,9 @@ async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
     has one, else one delta holding what ``generate`` returned."""
     stream = getattr(server, "generate_stream", None)
     if callable(stream):
-        async for delta in stream(request_id, prompt_ids, sampling_params):
-            yield delta
+        async with contextlib.aclosing(stream(request_id, prompt_ids, sampling_params)) as deltas:
+            async for delta in deltas:
+                yield delta
         return
     out = await server.generate(request_id, prompt_ids, sampling_params)
     yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)

@@ -237,8 +237,9 @@ class HFServer(AsyncServerBase):
 
             return self._run(request_id, prompt_ids, sp, on_token=on_token)
 
-        async for delta in queued_stream(run):
-            yield delta
+        async with contextlib.aclosing(queued_stream(run)) as deltas:
+            async for delta in deltas:
+                yield delta
 
     async def _run(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
                    on_token: Callable[[int, float], object] | None = None) -> TokenOutput:
