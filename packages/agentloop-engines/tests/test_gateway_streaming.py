@@ -109,7 +109,8 @@ def test_streamed_completion_holds_back_a_stop_string(engine):
     free = asyncio.run(engine.generate("free", engine.tokenizer.encode(prompt), GREEDY))
     text = engine.tokenizer.decode(free.token_ids, skip_special_tokens=True)
     stop = text[len(text) // 2: len(text) // 2 + 3]
-    assert stop.strip() and stop in text
+    assert stop.strip()
+    assert stop in text
     gateway = Gateway(engine, engine.tokenizer)
     with GatewayThread(gateway) as t:
         c = _client(t.base_url)

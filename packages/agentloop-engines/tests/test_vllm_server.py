@@ -221,6 +221,7 @@ async def test_closing_a_stream_aborts_the_request(server):
     """A consumer that stops reading (a client that went away) aborts the vLLM request."""
     stream = server.generate_stream("gone", PROMPTS[1], {"max_tokens": 400, "ignore_eos": True})
     first = await anext(stream)
-    assert first.token_ids and first.output is None
+    assert first.token_ids
+    assert first.output is None
     await stream.aclose()
     assert "gone" not in server._rids

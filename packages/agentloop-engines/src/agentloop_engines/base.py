@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 
 from agentloop_core.protocol import (
@@ -87,7 +87,7 @@ class AsyncServerBase(abc.ABC):
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
-    ) -> AsyncIterator[TokenDelta]:
+    ) -> AsyncGenerator[TokenDelta, None]:
         """Generate like :meth:`generate`, yielding the tokens as they are decoded.
 
         The ids of the deltas, joined, are exactly the ids of the last delta's ``output`` (the
@@ -150,7 +150,7 @@ class AsyncServerBase(abc.ABC):
         """
 
     async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncIterator[TokenDelta]:
+                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
         """Stream one validated request. The default yields :meth:`_generate`'s whole result as
         one delta, which keeps engines that cannot stream correct; adapters that can override it."""
         out = await self._generate(request_id, prompt_ids, sp)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,14 +45,19 @@ class TokenDelta:
 
 
 async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
-                        sampling_params: Mapping[str, Any] | SamplingParams | None) -> AsyncIterator[TokenDelta]:
+                        sampling_params: Mapping[str, Any] | SamplingParams | None) -> AsyncGenerator[TokenDelta, None]:
     """The token stream of one request on any ``AsyncServer``: its ``generate_stream`` when it
     has one, else one delta holding what ``generate`` returned."""
     stream = getattr(server, "generate_stream", None)
     if callable(stream):
-        async with contextlib.aclosing(stream(request_id, prompt_ids, sampling_params)) as deltas:
+        deltas: Any = stream(request_id, prompt_ids, sampling_params)
+        try:
             async for delta in deltas:
                 yield delta
+        finally:
+            close = getattr(deltas, "aclose", None)  # at once: closing the stream stops the request
+            if close is not None:
+                await close()
         return
     out = await server.generate(request_id, prompt_ids, sampling_params)
     yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
@@ -61,7 +66,7 @@ async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
 _END = object()
 
 
-async def queued_stream(run: Callable[[OnTokens], Awaitable[TokenOutput]]) -> AsyncIterator[TokenDelta]:
+async def queued_stream(run: Callable[[OnTokens], Awaitable[TokenOutput]]) -> AsyncGenerator[TokenDelta, None]:
     """Stream a request that reports its tokens through a callback.
 
     ``run(on_tokens)`` generates the request, calling ``on_tokens`` on the event loop as tokens

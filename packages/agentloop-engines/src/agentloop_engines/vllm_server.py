@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -212,7 +212,7 @@ class VLLMServer(AsyncServerBase):
         return self._token_output(final, sp)
 
     async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncIterator[TokenDelta]:
+                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
         # vLLM's outputs are cumulative (its default RequestOutputKind), so each delta is the
         # new end of the ids, and the last output is exactly what _generate returns.
         final, sent = None, 0
@@ -234,7 +234,7 @@ class VLLMServer(AsyncServerBase):
         out = self._token_output(final, sp)
         yield TokenDelta(out.token_ids[sent:], None if out.log_probs is None else out.log_probs[sent:], out)
 
-    async def _outputs(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> AsyncIterator[Any]:
+    async def _outputs(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> AsyncGenerator[Any, None]:
         """vLLM's cumulative outputs of one request, as the engine steps."""
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
 

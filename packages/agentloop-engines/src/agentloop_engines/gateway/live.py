@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS
@@ -113,7 +113,7 @@ async def stream_completion(gateway: Gateway, body: Mapping[str, Any], *, sessio
     return chunks()
 
 
-async def _first(deltas: AsyncIterator[TokenDelta]) -> TokenDelta:
+async def _first(deltas: AsyncGenerator[TokenDelta, None]) -> TokenDelta:
     try:
         return await anext(deltas)
     except BaseException:
@@ -121,7 +121,7 @@ async def _first(deltas: AsyncIterator[TokenDelta]) -> TokenDelta:
         raise
 
 
-async def _chain(first: TokenDelta, rest: AsyncIterator[TokenDelta]) -> AsyncIterator[TokenDelta]:
+async def _chain(first: TokenDelta, rest: AsyncGenerator[TokenDelta, None]) -> AsyncGenerator[TokenDelta, None]:
     yield first
     if first.output is None:
         async for delta in rest:
@@ -129,7 +129,7 @@ async def _chain(first: TokenDelta, rest: AsyncIterator[TokenDelta]) -> AsyncIte
 
 
 async def _server_stream(gateway: Gateway, request_id: str, prompt_ids: list[int],
-                         params: dict[str, Any]) -> AsyncIterator[TokenDelta]:
+                         params: dict[str, Any]) -> AsyncGenerator[TokenDelta, None]:
     """The engine's token stream, run on the server's own loop when it has one (``server_loop``)."""
     loop = gateway.server_loop
     if loop is None or loop is asyncio.get_running_loop():

@@ -18,7 +18,7 @@ import collections
 import contextlib
 import functools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -226,7 +226,7 @@ class HFServer(AsyncServerBase):
         return await self._run(request_id, prompt_ids, sp)
 
     async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncIterator[TokenDelta]:
+                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
         # Each sampled token is handed to the loop by the decode thread; the batch itself runs
         # exactly as for a request answered whole.
         loop = asyncio.get_running_loop()
