@@ -111,7 +111,7 @@ def main() -> None:
     print(table(["model", "tokens", "whole answer s", "stream: first chunk s", "stream: last chunk s",
                  "content chunks", "tokens decoded, client gone after 6 events"], rows,
                 title="gateway streaming, HFServer on CPU, openai client over loopback (medians)"))
-    write_result("streaming", {"what": __doc__.split("\n\n")[1], "results": results, "load_average": load_average(),
+    write_result("streaming", {"what": " ".join(__doc__.split("\n\n")[1:3]).replace("\n", " "), "results": results, "load_average": load_average(),
                                "versions": versions("torch", "transformers", "openai")})
 
 
