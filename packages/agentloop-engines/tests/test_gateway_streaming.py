@@ -222,3 +222,26 @@ def test_streamed_reasoning_is_sent_as_reasoning_content(engine):
     assert got["content"] == whole.choices[0].message.content == "The answer is 7."
     assert len(got["pieces"]) > 1
     assert "think>" not in got["content"] + got["reasoning"]
+
+
+def test_a_wrapper_that_forwards_attributes_streams_through_its_own_generate(engine):
+    """A ``TransparentServerWrapper`` forwards ``generate_stream`` to its engine by attribute;
+    the stream must still go through the wrapper's ``generate`` (what it adds would be lost)."""
+    from agentloop_core.server_wrapper import TransparentServerWrapper
+    from agentloop_engines.streaming import stream_tokens
+
+    class Counting(TransparentServerWrapper):
+        calls = 0
+
+        async def generate(self, request_id, prompt_ids, sampling_params=None):
+            Counting.calls += 1
+            return await self.server.generate(request_id, prompt_ids, sampling_params)
+
+    async def run():
+        return [d async for d in stream_tokens(Counting(engine), "w", [5, 6, 7], {"max_tokens": 4})]
+
+    deltas = asyncio.run(run())
+    assert Counting.calls == 1
+    assert len(deltas) == 1
+    assert deltas[0].output is not None
+    assert deltas[0].token_ids == deltas[0].output.token_ids

@@ -92,7 +92,9 @@ class AsyncServerBase(abc.ABC):
 
         The ids of the deltas, joined, are exactly the ids of the last delta's ``output`` (the
         :class:`~agentloop_core.protocol.TokenOutput` :meth:`generate` would return); see
-        :mod:`agentloop_engines.streaming`. Closing the stream early stops the request.
+        :mod:`agentloop_engines.streaming`. Closing the stream early stops the request. An
+        adapter that overrides :meth:`generate` itself (not :meth:`_generate`) must override
+        this too, or the two would differ.
 
         Args:
             request_id: As in :meth:`generate`.

@@ -46,10 +46,16 @@ class TokenDelta:
 
 async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
                         sampling_params: Mapping[str, Any] | SamplingParams | None) -> AsyncGenerator[TokenDelta, None]:
-    """The token stream of one request on any ``AsyncServer``: its ``generate_stream`` when it
-    has one, else one delta holding what ``generate`` returned."""
-    stream = getattr(server, "generate_stream", None)
-    if callable(stream):
+    """The token stream of one request on any ``AsyncServer``: its ``generate_stream`` when its
+    class defines one, else one delta holding what ``generate`` returned.
+
+    The class, not the instance: a wrapper that forwards unknown attributes to its engine
+    (core's ``TransparentServerWrapper``) would otherwise hand out the engine's stream and skip
+    what the wrapper's own ``generate`` adds (a seed, partial-rollout bookkeeping, counters).
+    """
+    stream = getattr(server, "generate_stream", None) if callable(getattr(type(server), "generate_stream", None)) \
+        else None
+    if stream is not None:
         deltas: Any = stream(request_id, prompt_ids, sampling_params)
         try:
             async for delta in deltas:
