@@ -301,3 +301,27 @@ def test_prompt_limits_bound_each_list_and_the_nesting_depth():
     with pytest.raises(PromptLimitError, match="max_stop_strings"):
         parse_completion_request({"prompt": "hi", "stop": ["a", "b", "c"]}, limits)
     parse_chat_request({"messages": USER, "tools": [tool] * 2, "stop": ["a", "b"]}, limits)
+
+
+def test_stream_text_never_splits_a_character_nor_sends_a_stop_prefix():
+    """Fed one token at a time, StreamText sends no half character (U+FFFD) and nothing of a
+    stop string, and its pieces join into the text before the stop."""
+    from agentloop_core.testing import load_tiny_tokenizer
+    from agentloop_engines.gateway.stream_text import StreamText, held_suffix
+
+    tok = load_tiny_tokenizer()
+    text = "Prix: 12€, naïve 日本語 🙂 done. STOP here"
+    ids = tok.encode(text, add_special_tokens=False)
+
+    def decode(i):
+        return tok.decode(list(i), skip_special_tokens=True)
+
+    assert any("\ufffd" in decode(ids[:n]) for n in range(1, len(ids))), "the text no longer splits a character"
+    stream = StreamText(decode, ["STOP"])
+    pieces = [d["content"] for n in range(len(ids)) for d in stream.feed(ids[n:n + 1])]
+    assert "".join(pieces) == text[: text.index("STOP")]
+    assert not any("\ufffd" in p or "S" in p for p in pieces)
+    assert len(pieces) > 5
+    assert held_suffix("abc ST", ["STOP"]) == 2
+    assert held_suffix("abc", ["STOP"]) == 0
+    assert held_suffix("<tool_c", ["<tool_call>", "</think>"]) == 7

@@ -203,3 +203,25 @@ async def test_partial_rollout_resumes_across_a_weight_update(server, tiny_path)
         assert out.token_ids[k:] != plain.token_ids[k:]
     finally:
         await server.update_weights(original.items())
+
+
+async def test_stream_joins_into_generate_token_for_token(server):
+    """``generate_stream`` yields vLLM's steps as they come (several deltas, not one) whose ids
+    and log-probs, joined, are exactly ``generate``'s for the same greedy request."""
+    params = {**GREEDY, "max_tokens": 24, "logprobs": True}
+    whole = await server.generate("whole", PROMPTS[2], params)
+    deltas = [d async for d in server.generate_stream("streamed", PROMPTS[2], params)]
+    assert [t for d in deltas for t in d.token_ids] == whole.token_ids == deltas[-1].output.token_ids
+    assert [lp for d in deltas for lp in d.log_probs] == pytest.approx(whole.log_probs, abs=1e-4)
+    assert deltas[-1].output.stop_reason == "length"
+    assert len(deltas) >= len(whole.token_ids) // 4, [len(d.token_ids) for d in deltas]
+
+
+async def test_closing_a_stream_aborts_the_request(server):
+    """A consumer that stops reading (a client that went away) aborts the vLLM request."""
+    stream = server.generate_stream("gone", PROMPTS[1], {"max_tokens": 400, "ignore_eos": True})
+    first = await anext(stream)
+    assert first.token_ids
+    assert first.output is None
+    await stream.aclose()
+    assert "gone" not in server._rids

@@ -23,6 +23,7 @@ from agentloop_engines.hosting import (
 )
 from agentloop_engines.http_server import ServerThread, create_app, serve
 from agentloop_engines.routing import StickyLeastInFlightPolicy
+from agentloop_engines.streaming import TokenDelta
 from agentloop_engines.tiny_model import build_tiny_model
 
 if TYPE_CHECKING:  # resolved lazily at run time, by __getattr__ below
@@ -36,7 +37,7 @@ __version__ = _distribution_version("agentloop-engines")
 
 __all__ = [
     "__version__",
-    "AsyncServerBase", "HFServer", "build_tiny_model",
+    "AsyncServerBase", "HFServer", "TokenDelta", "build_tiny_model",
     "ClientStats", "LLMServerClient", "NoHealthyReplicaError", "RequestTimeoutError", "StickyLeastInFlightPolicy",
     "RemoteClient", "ServerActor", "client_actor", "local_client", "start_replicas",
     "ServerThread", "create_app", "serve", "RemoteServer", "SGLangServer", "VLLMServer",

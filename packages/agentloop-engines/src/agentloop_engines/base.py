@@ -11,7 +11,8 @@ served.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from typing import Any
 
 from agentloop_core.protocol import (
@@ -21,6 +22,7 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 from agentloop_core.request_checks import validate_request
+from agentloop_engines.streaming import TokenDelta
 
 
 class AsyncServerBase(abc.ABC):
@@ -80,6 +82,37 @@ class AsyncServerBase(abc.ABC):
         sp = self.validate_request(prompt_ids, sampling_params)
         return await self._generate(request_id, list(prompt_ids), sp)
 
+    async def generate_stream(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+    ) -> AsyncGenerator[TokenDelta, None]:
+        """Generate like :meth:`generate`, yielding the tokens as they are decoded.
+
+        The ids of the deltas, joined, are exactly the ids of the last delta's ``output`` (the
+        :class:`~agentloop_core.protocol.TokenOutput` :meth:`generate` would return); see
+        :mod:`agentloop_engines.streaming`. Closing the stream early stops the request. An
+        adapter that overrides :meth:`generate` itself (not :meth:`_generate`) must override
+        this too, or the two would differ.
+
+        Args:
+            request_id: As in :meth:`generate`.
+            prompt_ids: As in :meth:`generate`.
+            sampling_params: As in :meth:`generate`.
+
+        Yields:
+            :class:`~agentloop_engines.streaming.TokenDelta`\\ s; the last carries ``output``.
+
+        Raises:
+            ValueError: on an invalid request, at the first step of the iteration.
+        """
+        sp = self.validate_request(prompt_ids, sampling_params)
+        # aclosing: closing this stream must close the adapter's at once (it stops the request).
+        async with contextlib.aclosing(self._generate_stream(request_id, list(prompt_ids), sp)) as deltas:
+            async for delta in deltas:
+                yield delta
+
     def validate_request(
         self,
         prompt_ids: Sequence[int],
@@ -117,6 +150,13 @@ class AsyncServerBase(abc.ABC):
         Returns:
             The engine's output, following the stop semantics in the class docstring.
         """
+
+    async def _generate_stream(self, request_id: str, prompt_ids: list[int],
+                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
+        """Stream one validated request. The default yields :meth:`_generate`'s whole result as
+        one delta, which keeps engines that cannot stream correct; adapters that can override it."""
+        out = await self._generate(request_id, prompt_ids, sp)
+        yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
 
     async def abort(self, request_id: str) -> None:  # noqa: B027 - documented default
         """Stop the in-flight requests of ``request_id``.

@@ -14,8 +14,9 @@ engine core runs in a separate process.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -28,12 +29,20 @@ from agentloop_core.protocol import (
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.plugins import VLLM_ENGINE
+from agentloop_engines.streaming import TokenDelta
 from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
 
 __all__ = ["FUSED_GROUPS", "VLLMServer", "incomplete_fused_groups"]
 
 FUSED_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Checkpoint modules vLLM fuses into one parameter (``qkv_proj``, ``gate_up_proj``)."""
+
+
+def _sampled_log_probs(steps: Any, ids: list[int]) -> list[float]:
+    """The log-prob of each sampled id from vLLM's per-step log-prob dicts (``logprobs=0``)."""
+    if steps is None or len(steps) != len(ids):
+        raise RuntimeError("vLLM returned no log-prob for some sampled tokens although logprobs=0")
+    return [float(step[tok].logprob) for step, tok in zip(steps, ids, strict=True)]
 
 
 def incomplete_fused_groups(names: Iterable[str]) -> list[str]:
@@ -196,32 +205,61 @@ class VLLMServer(AsyncServerBase):
         )
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+        final = None
+        async with contextlib.aclosing(self._outputs(request_id, prompt_ids, sp)) as outputs:
+            async for output in outputs:
+                final = output
+        return self._token_output(final, sp)
+
+    async def _generate_stream(self, request_id: str, prompt_ids: list[int],
+                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
+        # vLLM's outputs are cumulative (its default RequestOutputKind), so each delta is the
+        # new end of the ids, and the last output is exactly what _generate returns.
+        final, sent = None, 0
+        async with contextlib.aclosing(self._outputs(request_id, prompt_ids, sp)) as outputs:
+            async for output in outputs:
+                final = output
+                if not output.outputs:
+                    continue
+                completion = output.outputs[0]
+                ids = [int(t) for t in completion.token_ids[sent:]]
+                if not ids:
+                    continue
+                log_probs = None
+                if sp.logprobs:
+                    steps = completion.logprobs
+                    log_probs = _sampled_log_probs(None if steps is None else steps[sent:], ids)
+                sent += len(ids)
+                yield TokenDelta(ids, log_probs)
+        out = self._token_output(final, sp)
+        yield TokenDelta(out.token_ids[sent:], None if out.log_probs is None else out.log_probs[sent:], out)
+
+    async def _outputs(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> AsyncGenerator[Any, None]:
+        """vLLM's cumulative outputs of one request, as the engine steps."""
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
 
         # vLLM request ids must be unique among live requests; a trajectory may have several.
         rid = f"{request_id}#{next(self._seq)}"
         self._rids.setdefault(request_id, set()).add(rid)
-        final = None
         try:
             async for output in self.engine.generate(
                 prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)),
                 sampling_params=self._vllm_params(sp),
                 request_id=rid,
             ):
-                final = output
+                yield output
         finally:
             self._rids[request_id].discard(rid)
             if not self._rids[request_id]:
                 del self._rids[request_id]
+
+    @staticmethod
+    def _token_output(final: Any, sp: SamplingParams) -> TokenOutput:
         if final is None or not final.outputs:
             return TokenOutput(token_ids=[], log_probs=[] if sp.logprobs else None, stop_reason="aborted")
         completion = final.outputs[0]
         ids = [int(t) for t in completion.token_ids]
-        log_probs = None
-        if sp.logprobs:
-            if completion.logprobs is None or len(completion.logprobs) != len(ids):
-                raise RuntimeError("vLLM returned no log-prob for some sampled tokens although logprobs=0")
-            log_probs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, ids, strict=True)]
+        log_probs = _sampled_log_probs(completion.logprobs, ids) if sp.logprobs else None
         reason = completion.finish_reason
         if not final.finished or reason == "abort":
             stop_reason = "aborted"

@@ -17,6 +17,7 @@ from agentloop_engines.gateway.app import (
     session_base_path,
 )
 from agentloop_engines.gateway.core import Gateway
+from agentloop_engines.gateway.live import stream_chat_completion, stream_completion
 from agentloop_engines.gateway.openai_response import GatewayResponse
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.gateway.recorder import (
@@ -51,4 +52,6 @@ __all__ = [
     "find_stop",
     "serve_gateway",
     "session_base_path",
+    "stream_chat_completion",
+    "stream_completion",
 ]

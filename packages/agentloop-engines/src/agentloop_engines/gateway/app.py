@@ -34,8 +34,10 @@ replica is left, or with ``Retry-After`` over ``max_in_flight`` (see
 :class:`~agentloop_engines.http_common.ServerLimits` and
 :class:`~agentloop_engines.gateway.prompt_limits.PromptLimits`).
 
-A streamed request (``stream: true``) is generated whole, then sent as server-sent events, so
-an error still arrives as a plain JSON error before any event.
+A streamed request (``stream: true``) is sent as server-sent events while the engine decodes it
+(see :mod:`~agentloop_engines.gateway.live`); the first event waits for the engine's first
+tokens, so an error still arrives as a plain JSON error before any event. A client that
+disconnects mid-stream stops the generation.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the endpoints' annotations.
@@ -46,7 +48,8 @@ from urllib.parse import quote
 
 from agentloop_engines.control import is_chat_path, new_control_key
 from agentloop_engines.gateway.core import Gateway
-from agentloop_engines.gateway.openai_response import GatewayResponse, sse
+from agentloop_engines.gateway.live import stream_chat_completion, stream_completion
+from agentloop_engines.gateway.openai_response import sse_live
 from agentloop_engines.gateway.prompt_limits import PromptLimitError
 from agentloop_engines.gateway.recorder import (
     SessionCallLimitError,
@@ -146,11 +149,18 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
 
         app.add_exception_handler(exc_type, handler)
 
-    def reply(response: GatewayResponse) -> Any:
-        if not response.stream:
-            return response.body
-        return StreamingResponse(sse(iter(response.chunks())), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+    def live(chunks: Any) -> Any:
+        return StreamingResponse(sse_live(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def answer_chat(body: dict[str, Any], sid: str | None, skey: str | None) -> Any:
+        if body.get("stream") is True:
+            return live(await stream_chat_completion(gateway, body, session_id=sid, session_key=skey))
+        return (await gateway.chat_completion(body, session_id=sid, session_key=skey)).body
+
+    async def answer_completion(body: dict[str, Any], sid: str | None, skey: str | None) -> Any:
+        if body.get("stream") is True:
+            return live(await stream_completion(gateway, body, session_id=sid, session_key=skey))
+        return (await gateway.completion(body, session_id=sid, session_key=skey)).body
 
     header = fastapi.Header(default=None, alias=SESSION_HEADER)
     key_header = fastapi.Header(default=None, alias=SESSION_KEY_HEADER)
@@ -159,22 +169,18 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
     # Two functions per endpoint: on the plain paths a session_id parameter would otherwise
     # become a query parameter, a third, undocumented way to name a session.
     async def chat(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
-        session_id, session_key = plain_session(None, session, key)
-        return reply(await gateway.chat_completion(body, session_id=session_id, session_key=session_key))
+        return await answer_chat(body, *plain_session(None, session, key))
 
     async def session_chat(session_id: str, session_key: str, body: dict[str, Any], session: str | None = header,
                            key: str | None = key_header) -> Any:
-        sid, skey = _session((session_id, session_key), session, key)
-        return reply(await gateway.chat_completion(body, session_id=sid, session_key=skey))
+        return await answer_chat(body, *_session((session_id, session_key), session, key))
 
     async def completions(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
-        session_id, session_key = plain_session(None, session, key)
-        return reply(await gateway.completion(body, session_id=session_id, session_key=session_key))
+        return await answer_completion(body, *plain_session(None, session, key))
 
     async def session_completions(session_id: str, session_key: str, body: dict[str, Any],
                                   session: str | None = header, key: str | None = key_header) -> Any:
-        sid, skey = _session((session_id, session_key), session, key)
-        return reply(await gateway.completion(body, session_id=sid, session_key=skey))
+        return await answer_completion(body, *_session((session_id, session_key), session, key))
 
     async def models() -> dict[str, Any]:
         return gateway.models()

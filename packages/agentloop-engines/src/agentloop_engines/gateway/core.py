@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_core.parsers import ToolParser, get_tool_parser
+from agentloop_core.parsers import ParseResult, ToolParser, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, ReasoningSplit, get_reasoning_parser
 from agentloop_core.tokenization import renders_tools
@@ -290,6 +290,13 @@ class Gateway:
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
             SessionNotFoundError: with ``session_key``, when it is not the key of an open session.
         """
+        req, prompt_ids, plan = await self._prepare_chat(body, session_id, session_key)
+        gen = await self._generate("chatcmpl", prompt_ids, req, session_id, session_key)
+        return await self._chat_response(body, req, gen, plan, session_id)
+
+    async def _prepare_chat(self, body: Mapping[str, Any], session_id: str | None,
+                            session_key: str | None) -> tuple[ChatRequest, list[int], Any]:
+        """The checked request, its prompt ids and (in a session) its continuation plan."""
         self._authorize(session_id, session_key)
         self.prompt_limits.check_lists(body)
         req = await self._off_loop(parse_chat_request, body, self.prompt_limits)
@@ -305,7 +312,11 @@ class Gateway:
             plan = await self._off_loop(self._planner.plan, req, session_id)
             prompt_ids = plan.prompt_ids
         self.prompt_limits.check_tokens(len(prompt_ids))
-        gen = await self._generate("chatcmpl", prompt_ids, req, session_id, session_key)
+        return req, prompt_ids, plan
+
+    async def _chat_response(self, body: Mapping[str, Any], req: ChatRequest, gen: _Generation, plan: Any,
+                             session_id: str | None) -> GatewayResponse:
+        """The ``chat.completion`` of a finished generation, recorded in its session."""
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = _FINISH[gen.stop_reason]
         choice: dict[str, Any] = {"index": 0, "message": message}
@@ -353,6 +364,12 @@ class Gateway:
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
             SessionNotFoundError: with ``session_key``, when it is not the key of an open session.
         """
+        req, prompt_ids = await self._prepare_completion(body, session_id, session_key)
+        gen = await self._generate("cmpl", prompt_ids, req, session_id, session_key)
+        return await self._completion_response(body, req, gen, session_id)
+
+    async def _prepare_completion(self, body: Mapping[str, Any], session_id: str | None,
+                                  session_key: str | None) -> tuple[CompletionRequest, list[int]]:
         self._authorize(session_id, session_key)
         self.prompt_limits.check_lists(body)
         req = await self._off_loop(parse_completion_request, body, self.prompt_limits)
@@ -362,7 +379,10 @@ class Gateway:
         else:
             prompt_ids = list(req.prompt)
         self.prompt_limits.check_tokens(len(prompt_ids))
-        gen = await self._generate("cmpl", prompt_ids, req, session_id, session_key)
+        return req, prompt_ids
+
+    async def _completion_response(self, body: Mapping[str, Any], req: CompletionRequest, gen: _Generation,
+                                   session_id: str | None) -> GatewayResponse:
         logprobs = None
         if req.logprobs is not None and gen.log_probs is not None:
             tokens = await self._off_loop(self._token_texts, gen.token_ids)
@@ -407,6 +427,13 @@ class Gateway:
 
     async def _generate(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
                         session_id: str | None, session_key: str | None = None) -> _Generation:
+        request_id, params = await self._engine_request(prefix, prompt_ids, req, session_id, session_key)
+        out = await self._call_server(request_id, prompt_ids, params)
+        return await self._generation(out, prompt_ids, req)
+
+    async def _engine_request(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
+                              session_id: str | None, session_key: str | None) -> tuple[str, dict[str, Any]]:
+        """The engine request id and sampling parameters of a call (admitted in its session)."""
         overrides: dict[str, Any] = {}
         if session_id is not None:
             check_session_id(session_id)
@@ -429,8 +456,11 @@ class Gateway:
         stop_ids = await self._off_loop(single_token_stop_ids, self.tokenizer, req.stop) if req.stop else []
         if stop_ids:
             params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or ()), *stop_ids]))
-        request_id = session_id or f"{prefix}-{uuid.uuid4().hex}"
-        out = await self._call_server(request_id, prompt_ids, params)
+        return session_id or f"{prefix}-{uuid.uuid4().hex}", params
+
+    async def _generation(self, out: TokenOutput, prompt_ids: list[int],
+                          req: ChatRequest | CompletionRequest) -> _Generation:
+        """The engine's output cut at the first stop string, with its text."""
         ids = list(out.token_ids)
         log_probs = None if out.log_probs is None else list(out.log_probs)
         stop_reason = out.stop_reason
@@ -498,13 +528,18 @@ class Gateway:
         text = split.content if split is not None else self._parser_text(gen, self.parser.needs_special_tokens)
         tools = {t["function"]["name"]: t for t in req.tools}
         parsed = self.parser.parse(text, tools)
-        # Ids unique within the conversation: the turn is the number of assistant messages so far + 1.
-        turn = 1 + sum(m.get("role") == "assistant" for m in req.messages)
-        calls = [{"id": call.model_id or self.parser.make_call_id(turn, i, call), "type": "function",
-                  "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
-                 for i, call in enumerate(parsed.calls)]
+        calls = self._format_calls(parsed, req)
         errors = [{"raw": e.raw, "reason": e.reason, "kind": e.kind, "name": e.name} for e in parsed.errors]
         return calls, errors, parsed.content
+
+    def _format_calls(self, parsed: ParseResult, req: ChatRequest) -> list[dict[str, Any]]:
+        """Parsed calls as OpenAI ``tool_calls``."""
+        assert self.parser is not None
+        # Ids unique within the conversation: the turn is the number of assistant messages so far + 1.
+        turn = 1 + sum(m.get("role") == "assistant" for m in req.messages)
+        return [{"id": call.model_id or self.parser.make_call_id(turn, i, call), "type": "function",
+                 "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+                for i, call in enumerate(parsed.calls)]
 
     def _body(self, prefix: str, obj: str, req: ChatRequest | CompletionRequest, choice: dict[str, Any],
               gen: _Generation) -> dict[str, Any]:

@@ -1,22 +1,25 @@
 """OpenAI response bodies and the server-sent event chunks that stream them.
 
-The engine returns a whole generation at once, so a streamed answer is the finished response
-cut into the chunks the OpenAI SDK assembles (role, content, one tool call at a time, the finish
-reason, usage) followed by ``data: [DONE]``. The exact tokens ride along as extension fields:
-top-level ``prompt_token_ids``, and ``token_ids`` / ``token_logprobs`` in the choice (in the
-last chunk when streaming).
+Over HTTP a streamed answer is sent as it is generated (:mod:`~agentloop_engines.gateway.live`);
+:meth:`GatewayResponse.chunks` cuts a finished response into the same chunks the OpenAI SDK
+assembles (role, content, one tool call at a time, the finish reason, usage), for in-process
+callers. Either is followed by ``data: [DONE]``. The exact tokens ride along as extension
+fields: top-level ``prompt_token_ids``, and ``token_ids`` / ``token_logprobs`` in the choice (in
+the last chunk when streaming).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agentloop_engines.gateway.recorder import RecordedCall
 
-__all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "sse"]
+__all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "final_chunks", "sse", "sse_live", "stream_head"]
 
 _EXTENSIONS = ("token_ids", "token_logprobs", "tool_call_errors")
 
@@ -26,7 +29,15 @@ def _chunk(body: Mapping[str, Any], obj: str, choice: dict[str, Any]) -> dict[st
             "choices": [{"index": 0, **choice}]}
 
 
-def _last(body: Mapping[str, Any], obj: str, choice: dict[str, Any], include_usage: bool) -> Iterator[dict]:
+def stream_head(prefix: str, obj: str, model: str) -> dict[str, Any]:
+    """The fields every chunk of one live stream shares (``id``, ``object``, ``created``,
+    ``model``), before its response body exists."""
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": model}
+
+
+def final_chunks(body: Mapping[str, Any], obj: str, choice: dict[str, Any], include_usage: bool) -> Iterator[dict]:
+    """The finish chunk of ``body`` (``choice`` plus its finish reason and the token-id
+    extension fields) and, with ``include_usage``, the usage chunk."""
     full = body["choices"][0]
     last = _chunk(body, obj, {**choice, "finish_reason": full["finish_reason"],
                               **{k: full[k] for k in _EXTENSIONS if k in full}})
@@ -59,7 +70,7 @@ def chat_chunks(body: Mapping[str, Any], include_usage: bool = False) -> Iterato
             "function": {"name": function["name"], "arguments": ""}}]}, "finish_reason": None})
         yield _chunk(body, obj, {"delta": {"tool_calls": [{
             "index": i, "function": {"arguments": function["arguments"]}}]}, "finish_reason": None})
-    yield from _last(body, obj, {"delta": {}, "logprobs": None}, include_usage)
+    yield from final_chunks(body, obj, {"delta": {}, "logprobs": None}, include_usage)
 
 
 def completion_chunks(body: Mapping[str, Any], include_usage: bool = False) -> Iterator[dict[str, Any]]:
@@ -68,12 +79,19 @@ def completion_chunks(body: Mapping[str, Any], include_usage: bool = False) -> I
     choice = body["choices"][0]
     if choice["text"]:
         yield _chunk(body, obj, {"text": choice["text"], "logprobs": choice.get("logprobs"), "finish_reason": None})
-    yield from _last(body, obj, {"text": "", "logprobs": None}, include_usage)
+    yield from final_chunks(body, obj, {"text": "", "logprobs": None}, include_usage)
 
 
 def sse(chunks: Iterator[Mapping[str, Any]]) -> Iterator[bytes]:
     """Server-sent events: one ``data:`` line per chunk, then ``data: [DONE]``."""
     for chunk in chunks:
+        yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+async def sse_live(chunks: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[bytes]:
+    """:func:`sse` of chunks produced while the answer is generated."""
+    async for chunk in chunks:
         yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
 

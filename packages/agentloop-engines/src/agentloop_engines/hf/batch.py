@@ -49,6 +49,9 @@ class Row:
     """Set by ``abort``; the decode loop checks it every step."""
     done: bool = False
     """True once ``on_done`` has been called."""
+    on_token: Callable[[int, float], object] | None = None
+    """A streamed request's callback (from the worker thread) with each token as it is sampled;
+    None for a request answered whole, which then costs nothing extra."""
 
     def fail(self, exc: BaseException) -> None:
         if not self.done:
@@ -187,6 +190,8 @@ class DecodeBatch:
             r.token_ids.append(tok)
             r.log_probs.append(lp_list[j])
             stats["generated_tokens"] += 1
+            if r.on_token is not None:
+                r.on_token(tok, lp_list[j])
             if tok in r.stop_ids:
                 r.finish("stop")
             elif len(r.token_ids) >= r.sp.max_tokens:

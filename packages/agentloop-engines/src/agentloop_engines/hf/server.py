@@ -18,7 +18,7 @@ import collections
 import contextlib
 import functools
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +28,7 @@ from agentloop_core.engine_registry import EngineConfig
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.plugins import HF_ENGINE
+from agentloop_engines.streaming import OnTokens, TokenDelta, queued_stream
 from agentloop_engines.weight_check import WeightSpec, check_weight_update, dtype_kind
 
 try:
@@ -222,6 +223,26 @@ class HFServer(AsyncServerBase):
     # ---- generation --------------------------------------------------------------------
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+        return await self._run(request_id, prompt_ids, sp)
+
+    async def _generate_stream(self, request_id: str, prompt_ids: list[int],
+                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
+        # Each sampled token is handed to the loop by the decode thread; the batch itself runs
+        # exactly as for a request answered whole.
+        loop = asyncio.get_running_loop()
+
+        def run(on_tokens: OnTokens) -> Awaitable[TokenOutput]:
+            def on_token(tok: int, lp: float) -> None:
+                loop.call_soon_threadsafe(on_tokens, [tok], [lp] if sp.logprobs else None)
+
+            return self._run(request_id, prompt_ids, sp, on_token=on_token)
+
+        async with contextlib.aclosing(queued_stream(run)) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def _run(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                   on_token: Callable[[int, float], object] | None = None) -> TokenOutput:
         self._ensure_scheduler()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[TokenOutput] = loop.create_future()
@@ -240,6 +261,7 @@ class HFServer(AsyncServerBase):
             stop_ids=frozenset(stop_ids),
             on_done=lambda out: loop.call_soon_threadsafe(_resolve, fut, out),
             on_error=lambda exc: loop.call_soon_threadsafe(_fail, fut, exc),
+            on_token=on_token,
         )
         self._pending.append(row)
         self._by_id[request_id].add(row)
