@@ -155,7 +155,8 @@ class RolloutCorrectionSection:
     a sequence by the product of its ratios; a trajectory split into segments is one sequence)."""
     rollout_is_threshold: Any = 2.0
     """A cap on the weight (truncated IS), or ``"lower_upper"`` (e.g. ``"0.5_2.0"``: IcePop, a
-    weight outside the bounds becomes 0)."""
+    weight outside the bounds becomes 0). Write both bounds with a decimal point: YAML reads
+    ``0.5_2`` as the number 0.52."""
     rollout_rs: str | None = None
     """null | rejection options, comma-separated, all must pass: token_k1, token_k2, token_k3,
     seq_sum_k1/k2/k3, seq_mean_k1/k2/k3 (seq_mean_k1: geometric mean), seq_max_k2/k3. A
