@@ -103,6 +103,9 @@ def test_every_segment_row_reaches_the_policy_gradient(random_model_path):
     assert padded.response_mask[3].sum() == 0
     assert padded.seq_weights[3] == 0
     assert pb.padded(3) is pb
+    # Rollout correction's sequences are trajectories: the two segments share one number.
+    assert pb.trajectory_ids == [0, 0, 1]
+    torch.testing.assert_close(padded.sequence_index(), torch.tensor([0, 0, 1, 2]))
 
 
 SUMMARISING = "test_trainer_summarising"

@@ -28,6 +28,16 @@ class ActorFSDPSection:
 
 
 @dataclass
+class PolicyLossSection:
+    """Which policy loss (verl: ``actor.policy_loss``)."""
+
+    loss_mode: str = "vanilla"
+    """vanilla (PPO-clip on each token's ratio) | gspo (on its sequence's length-normalised ratio;
+    use GSPO's small clip ranges, e.g. ``clip_ratio_low=0.0003 clip_ratio_high=0.0004``, and
+    ``loss_agg_mode=seq-mean-token-mean``, the paper's objective and what verl always uses for gspo)."""
+
+
+@dataclass
 class ActorSection:
     """GRPO actor (verl: ``actor_rollout_ref.actor``)."""
 
@@ -50,7 +60,11 @@ class ActorSection:
     kl_loss_coef: float = 0.001
     """Weight of the KL term."""
     tis_cap: float | None = 2.0
-    """Cap of the rollout-vs-trainer importance weight; null disables the correction."""
+    """Cap of the rollout-vs-trainer importance weight per token; null disables it. The same as
+    ``algorithm.rollout_correction.rollout_is=token`` with ``rollout_is_threshold`` = this cap; set
+    it null to use ``rollout_is`` (token or sequence)."""
+    policy_loss: PolicyLossSection = field(default_factory=lambda: PolicyLossSection())
+    """The policy loss (``loss_mode``)."""
     ppo_epochs: int = 1
     """Passes over each batch."""
     ppo_mini_batch_size: int | None = None

@@ -32,7 +32,7 @@ def validate(cfg: TrainConfig) -> None:
     from agentloop_engines.hosting import PLACEMENT_STRATEGIES
     from agentloop_trainer.reward.scoring import ANSWER_FORMATS
     from agentloop_trainer.update.advantages import ADV_ESTIMATORS
-    from agentloop_trainer.update.losses import LOSS_AGG_MODES
+    from agentloop_trainer.update.losses import LOSS_AGG_MODES, POLICY_LOSS_MODES
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     try:
@@ -45,7 +45,11 @@ def validate(cfg: TrainConfig) -> None:
         ("algorithm.adv_estimator", cfg.algorithm.adv_estimator in ADV_ESTIMATORS, f"one of {ADV_ESTIMATORS}"),
         ("actor_rollout_ref.actor.loss_agg_mode", cfg.actor_rollout_ref.actor.loss_agg_mode in LOSS_AGG_MODES,
          f"one of {LOSS_AGG_MODES}"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", a.policy_loss.loss_mode in POLICY_LOSS_MODES,
+         f"one of {POLICY_LOSS_MODES}"),
         ("actor_rollout_ref.rollout.n", cfg.actor_rollout_ref.rollout.n >= 1, "at least 1 (2+ for GRPO)"),
+        ("actor_rollout_ref.rollout.n", cfg.algorithm.adv_estimator != "rloo" or r.n >= 2,
+         "at least 2 with algorithm.adv_estimator=rloo (a sample's baseline is the mean of its group's others)"),
         ("data.train_batch_size", cfg.data.train_batch_size >= 1, "at least 1"),
         ("trainer.total_steps", cfg.trainer.total_steps >= 0, ">= 0"),
         ("trainer.log_trajectories_per_step", cfg.trainer.log_trajectories_per_step >= 0, ">= 0"),
@@ -112,6 +116,7 @@ def validate(cfg: TrainConfig) -> None:
         if not ok:
             raise ConfigError(f"config {key} must be {expected}")
     _validate_sampling(cfg)
+    _validate_rollout_correction(cfg)
     _validate_mode(cfg)
     _validate_loggers(cfg)
     _validate_dapo(cfg)
@@ -181,6 +186,34 @@ def _validate_loggers(cfg: TrainConfig) -> None:
             raise ConfigError(f"config {why}, but its package is not installed: {hint}")
     if tc.wandb_mode is not None and tc.wandb_mode not in WANDB_MODES:
         raise ConfigError(f"config trainer.wandb_mode must be null or one of {WANDB_MODES}, got {tc.wandb_mode!r}")
+
+
+def _validate_rollout_correction(cfg: TrainConfig) -> None:
+    """``algorithm.rollout_correction``: levels, options and thresholds parse, and it does not
+    contradict ``actor.tis_cap`` (two importance weights on one loss)."""
+    from agentloop_trainer.update.rollout_correction import (
+        ROLLOUT_IS_LEVELS,
+        parse_is_threshold,
+        parse_rs_options,
+        parse_rs_thresholds,
+    )
+
+    rc, tis_cap = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.tis_cap
+    prefix = "config algorithm.rollout_correction."
+    if rc.rollout_is is not None and rc.rollout_is not in ROLLOUT_IS_LEVELS:
+        raise ConfigError(f"{prefix}rollout_is must be null or one of {ROLLOUT_IS_LEVELS}, got {rc.rollout_is!r}")
+    if rc.rollout_is is not None and tis_cap is not None:
+        raise ConfigError(
+            f"{prefix}rollout_is={rc.rollout_is} and actor_rollout_ref.actor.tis_cap={tis_cap} both weight the loss "
+            "by the rollout-vs-trainer ratio; set actor_rollout_ref.actor.tis_cap=null to use rollout_is "
+            f"(rollout_is=token rollout_is_threshold={tis_cap} is what tis_cap={tis_cap} does), or unset rollout_is")
+    try:
+        if rc.rollout_is is not None:
+            parse_is_threshold(rc.rollout_is_threshold)
+        if rc.rollout_rs is not None:
+            parse_rs_thresholds(parse_rs_options(str(rc.rollout_rs)), rc.rollout_rs_threshold)
+    except ValueError as exc:
+        raise ConfigError(f"config {exc}") from None
 
 
 def _validate_mode(cfg: TrainConfig) -> None:

@@ -145,13 +145,40 @@ class SFTSection:
 
 
 @dataclass
+class RolloutCorrectionSection:
+    """Importance weights and rejection for the engine-vs-trainer log-prob gap (verl:
+    ``algorithm.rollout_correction``; see :mod:`agentloop_trainer.update.rollout_correction`).
+    ``actor.tis_cap`` is the same correction as ``rollout_is=token`` with a cap: set one of the
+    two (``actor.tis_cap=null`` with ``rollout_is``)."""
+
+    rollout_is: str | None = None
+    """null (no weights) | token (each token by its ratio old/rollout) | sequence (every token of
+    a sequence by the product of its ratios; a trajectory split into segments is one sequence)."""
+    rollout_is_threshold: Any = 2.0
+    """A cap on the weight (truncated IS), or ``"lower_upper"`` (e.g. ``"0.5_2.0"``: IcePop, a
+    weight outside the bounds becomes 0). Write both bounds with a decimal point: YAML reads
+    ``0.5_2`` as the number 0.52."""
+    rollout_rs: str | None = None
+    """null | rejection options, comma-separated, all must pass: token_k1, token_k2, token_k3,
+    seq_sum_k1/k2/k3, seq_mean_k1/k2/k3 (seq_mean_k1: geometric mean), seq_max_k2/k3. A
+    rejected token or sequence leaves the loss and its normaliser."""
+    rollout_rs_threshold: Any = None
+    """Bounds of ``rollout_rs``, one for all options or one per option (comma-separated): k1 takes
+    ratio bounds ``"lower_upper"`` on pi_rollout/pi_old (``u`` alone: ``1/u`` to ``u``), k2 and k3
+    an upper bound on the divergence."""
+
+
+@dataclass
 class AlgorithmSection:
-    """Advantage estimation (verl: ``algorithm``)."""
+    """Advantage estimation and rollout correction (verl: ``algorithm``)."""
 
     adv_estimator: str = "grpo"
-    """grpo (mean/std per group) | dr_grpo (mean only)."""
+    """grpo (mean/std per group) | dr_grpo (mean only) | rloo (each reward minus the mean of
+    the group's other rewards; needs rollout.n >= 2)."""
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     """Dynamic sampling (DAPO): drop groups whose samples all score the same."""
+    rollout_correction: RolloutCorrectionSection = field(default_factory=RolloutCorrectionSection)
+    """Importance weights / rejection for the rollout-vs-trainer mismatch (beside ``actor.tis_cap``)."""
 
 
 @dataclass

@@ -97,6 +97,11 @@ ONLY_VALUE: dict[str, tuple[tuple[Any, ...], str]] = {
     "algorithm.norm_adv_by_std_in_grpo": ((True,), "use algorithm.adv_estimator=dr_grpo for mean-only advantages"),
     "trainer.critic_warmup": ((0,), "GRPO has no critic"),
     "actor_rollout_ref.rollout.multi_turn.enable": ((True,), "agentloop's loops are multi-turn"),
+    "algorithm.rollout_correction.bypass_mode": (
+        (False,), "agentloop recomputes the old log-probs (decoupled mode); the correction weighs old against rollout"),
+    "algorithm.rollout_correction.loss_type": (("ppo_clip",), "the policy loss is PPO-clip (bypass_mode is off)"),
+    "algorithm.rollout_correction.rollout_is_batch_normalize": ((False,), "the weights are used as computed"),
+    "algorithm.rollout_correction.debug_rollout_actor_probs": ((False,), "a bypass-mode diagnostic; no bypass mode"),
 }
 """Keys accepted at the values that match agentloop, with why other values are not."""
 

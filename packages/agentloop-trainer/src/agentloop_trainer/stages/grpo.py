@@ -24,15 +24,19 @@ from agentloop_trainer.view.metrics import idle_fraction, plot_reward_curve
 
 def actor_config(cfg: TrainConfig) -> ActorConfig:
     """The :class:`ActorConfig` of a :class:`~agentloop_trainer.config.sections.TrainConfig`."""
-    from agentloop_trainer.config.actor_rollout_ref import ActorFSDPSection
+    from agentloop_trainer.config.actor_rollout_ref import ActorFSDPSection, PolicyLossSection
     from agentloop_trainer.config.nodes import plain_dict
+    from agentloop_trainer.config.sections import RolloutCorrectionSection
 
     section = plain_dict(cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor")
     fsdp = plain_dict(section["fsdp_config"], "actor_rollout_ref.actor.fsdp_config")
     section["fsdp_config"] = ActorFSDPSection(**fsdp)
+    section["policy_loss"] = PolicyLossSection(**plain_dict(section["policy_loss"], "actor_rollout_ref.actor.policy_loss"))
+    correction = plain_dict(cfg.algorithm.rollout_correction, "algorithm.rollout_correction")
     r = cfg.actor_rollout_ref.rollout
     return ActorConfig(**section, temperature=r.temperature, rollout_n=r.n, compute_dtype=cfg.model.dtype,
-                       share_prefix_with_grad=not cfg.model.enable_gradient_checkpointing)
+                       share_prefix_with_grad=not cfg.model.enable_gradient_checkpointing,
+                       rollout_correction=RolloutCorrectionSection(**correction))
 
 
 class GRPOTrainer:

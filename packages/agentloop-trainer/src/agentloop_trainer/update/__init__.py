@@ -1,8 +1,10 @@
 """The update: what changes the policy's weights, and how they leave the trainer.
 
-- :mod:`~agentloop_trainer.update.advantages`: GRPO advantages (``algorithm.adv_estimator``).
-- :mod:`~agentloop_trainer.update.losses`: the PPO-clip loss, its aggregation, KL, the
-  importance-weight correction (change the loss here).
+- :mod:`~agentloop_trainer.update.advantages`: GRPO / Dr. GRPO / RLOO advantages (``algorithm.adv_estimator``).
+- :mod:`~agentloop_trainer.update.losses`: the PPO-clip loss (token or GSPO sequence ratio), its
+  aggregation, KL, the per-token importance weight (change the loss here).
+- :mod:`~agentloop_trainer.update.rollout_correction`: token / sequence importance weights and
+  rejection masks (``algorithm.rollout_correction``).
 - :mod:`~agentloop_trainer.update.actor`: :class:`GRPOActor`, log-probs of a batch and the
   optimizer steps over its micro-batches.
 - :mod:`~agentloop_trainer.update.forward`: per-token log-probs, a shared prompt prefix computed once.
@@ -25,6 +27,7 @@ from agentloop_trainer.update.advantages import (
     ADV_ESTIMATORS,
     compute_advantages,
     group_advantages,
+    leave_one_out_advantages,
     trajectory_advantages,
 )
 from agentloop_trainer.update.forward import (
@@ -48,8 +51,10 @@ from agentloop_trainer.update.fsdp import (
 )
 from agentloop_trainer.update.losses import (
     LOSS_AGG_MODES,
+    POLICY_LOSS_MODES,
     LossAggMode,
     aggregate_loss,
+    gspo_log_ratio,
     kl_k3,
     masked_mean,
     ppo_clip_loss,
@@ -57,6 +62,12 @@ from agentloop_trainer.update.losses import (
     truncated_importance_weight,
 )
 from agentloop_trainer.update.ray_ranks import RankFailedError, RayRankActor, spawn_ray
+from agentloop_trainer.update.rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_RS_OPTIONS,
+    Correction,
+    rollout_correction,
+)
 from agentloop_trainer.update.weights import (
     DEFAULT_BUCKET_BYTES,
     base_model_config,
@@ -71,12 +82,16 @@ from agentloop_trainer.update.weights import (
 __all__ = [
     "ADV_ESTIMATORS",
     "ActorConfig",
+    "Correction",
     "DEFAULT_BUCKET_BYTES",
     "GRPOActor",
     "LOSS_AGG_MODES",
     "LossAggMode",
     "MIN_SHARED_PREFIX",
+    "POLICY_LOSS_MODES",
     "PolicyBatch",
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_RS_OPTIONS",
     "RankFailedError",
     "RayRankActor",
     "aggregate_loss",
@@ -88,12 +103,14 @@ __all__ = [
     "full_model_state",
     "full_train_state",
     "group_advantages",
+    "gspo_log_ratio",
     "hf_name",
     "init_process_group",
     "is_sharded",
     "iter_policy_weights",
     "kl_k3",
     "layer_group",
+    "leave_one_out_advantages",
     "load_full_train_state",
     "load_reference",
     "masked_mean",
@@ -104,6 +121,7 @@ __all__ = [
     "prompt_groups",
     "prompt_shared_log_probs",
     "response_log_probs",
+    "rollout_correction",
     "sequence_log_probs",
     "sequence_weights",
     "shard_policy",

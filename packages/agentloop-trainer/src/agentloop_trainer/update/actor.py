@@ -7,10 +7,11 @@ sharding changes where parameters live, not what the loss is.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_trainer.config.actor_rollout_ref import ActorSection
+from agentloop_trainer.config.sections import RolloutCorrectionSection
 from agentloop_trainer.update.forward import prompt_groups, prompt_shared_log_probs, sequence_log_probs
 from agentloop_trainer.update.losses import (
     kl_k3,
@@ -19,6 +20,7 @@ from agentloop_trainer.update.losses import (
     sequence_weights,
     truncated_importance_weight,
 )
+from agentloop_trainer.update.rollout_correction import rollout_correction
 
 
 @dataclass
@@ -39,6 +41,15 @@ class ActorConfig(ActorSection):
     share_prefix_with_grad: bool = True
     """Compute the rows' common prefix once in the gradient pass; off with gradient checkpointing
     (a checkpointed layer cannot keep the prefix's key/value cache)."""
+    rollout_correction: RolloutCorrectionSection = field(default_factory=RolloutCorrectionSection)
+    """``algorithm.rollout_correction``: importance weights and rejection against the engine's
+    log-probs (instead of ``tis_cap``'s per-token weight, or with it for rejection only)."""
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """Whether ``rollout_correction`` weights or masks anything."""
+        rc = self.rollout_correction
+        return rc.rollout_is is not None or rc.rollout_rs is not None
 
     def mini_batch_samples(self, batch_samples: int) -> int:
         """Rows per optimizer step for a batch of ``batch_samples`` rows:
@@ -65,6 +76,8 @@ class PolicyBatch:
     """``[B]`` fraction of its trajectory's generated tokens each row holds
     (:func:`~agentloop_trainer.update.losses.sequence_weights`), for the ``seq-mean`` loss modes;
     None when every trajectory is one row (each row with tokens is then a whole sequence)."""
+    trajectory_ids: list[int] | None = None
+    """The trajectory of each row, where some trajectory spans several rows; None: one row each."""
 
     def padded(self, multiple: int) -> PolicyBatch:
         """This batch with empty rows (no tokens, mask 0) appended up to a multiple of
@@ -86,7 +99,17 @@ class PolicyBatch:
             response_mask=grow(self.response_mask, (extra, R)),
             rollout_log_probs=grow(self.rollout_log_probs, (extra, R)),
             seq_weights=grow(self.seq_weights, (extra,)),
+            trajectory_ids=None if self.trajectory_ids is None else
+            self.trajectory_ids + [max(self.trajectory_ids, default=-1) + 1 + k for k in range(extra)],
         )
+
+    def sequence_index(self) -> Any:
+        """``[B]`` long: the sequence (trajectory) number of each row, numbered from 0."""
+        import torch
+
+        ids = self.trajectory_ids if self.trajectory_ids is not None else range(len(self.sequences))
+        number: dict[int, int] = {}
+        return torch.tensor([number.setdefault(t, len(number)) for t in ids], dtype=torch.long)
 
 
 def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
@@ -110,11 +133,12 @@ def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
     rollout = None
     if batch.rollout_log_probs is not None:
         rollout = torch.from_numpy(np.ascontiguousarray(batch.rollout_log_probs)).float()
-    weights = None
+    weights, ids = None, None
     trajectories = np.asarray(batch.trajectory_index)
     if np.unique(trajectories).size < len(trajectories):
-        weights = sequence_weights(mask, trajectories.tolist())
-    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights)
+        ids = [int(t) for t in trajectories.tolist()]
+        weights = sequence_weights(mask, ids)
+    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights, ids)
 
 
 def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
@@ -215,6 +239,9 @@ class GRPOActor:
         self.adapter_reference = ref_model is None and config.use_kl_loss and hasattr(model, "disable_adapter")
         if config.use_kl_loss and ref_model is None and not self.adapter_reference:
             raise ValueError("use_kl_loss=True needs a reference model; pass ref_model= or set use_kl_loss=False")
+        if config.tis_cap is not None and config.rollout_correction.rollout_is is not None:
+            raise ValueError("tis_cap and rollout_correction.rollout_is both weight the loss; set tis_cap=None to use "
+                             "rollout_is (rollout_is='token' with rollout_is_threshold=cap is tis_cap's weight)")
         self.model = model
         self.config = config
         self.ref_model = ref_model
@@ -348,7 +375,8 @@ class GRPOActor:
         Returns:
             Mean metrics over the optimizer steps: ``actor/pg_loss``, ``actor/grad_norm``,
             ``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/kl_loss``, ``actor/tis_weight_mean``,
-            ``actor/micro_batches``.
+            ``actor/micro_batches``; with ``rollout_correction`` its ``rollout_corr/...`` metrics
+            (once per batch: weights and rejections are computed before the first step).
         """
         import torch
 
@@ -370,6 +398,21 @@ class GRPOActor:
         mask = pb.response_mask.to(device)
         rollout_lp = pb.rollout_log_probs.to(device) if pb.rollout_log_probs is not None else None
         seq_weights = pb.seq_weights.to(device) if pb.seq_weights is not None else None
+        is_weights, corr_metrics = None, {}
+        if cfg.corrects_rollout:
+            if rollout_lp is None:
+                raise ValueError("algorithm.rollout_correction needs the engine's log-probs of the batch "
+                                 "(pb.rollout_log_probs); this engine returned none")
+            if old_log_probs is None:  # the correction needs the whole batch's old log-probs up front
+                old_log_probs = self.compute_log_probs(pb).to(device)
+            rc = cfg.rollout_correction
+            corr = rollout_correction(old_log_probs, rollout_lp, mask, rollout_is=rc.rollout_is,
+                                      rollout_is_threshold=rc.rollout_is_threshold, rollout_rs=rc.rollout_rs,
+                                      rollout_rs_threshold=rc.rollout_rs_threshold,
+                                      sequence_index=pb.sequence_index().to(device))
+            mask, is_weights, corr_metrics = corr.mask.to(mask.dtype), corr.weights, corr.metrics
+            if pb.trajectory_ids is not None:  # a rejected token no longer counts in its trajectory's share
+                seq_weights = sequence_weights(mask, pb.trajectory_ids).to(device)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.model.train()
         history: list[dict[str, float]] = []
@@ -390,7 +433,7 @@ class GRPOActor:
                         (logp.sum() * 0.0).backward()
                         continue
                     old = logp.detach() if old_log_probs is None else old_log_probs[rows]
-                    weight = None
+                    weight = None if is_weights is None else is_weights[rows]
                     if cfg.tis_cap is not None and rollout_lp is not None:
                         weight = truncated_importance_weight(old, rollout_lp[rows], cfg.tis_cap)
                     loss, metrics = ppo_clip_loss(
@@ -398,8 +441,9 @@ class GRPOActor:
                         clip_ratio_low=cfg.clip_ratio_low, clip_ratio_high=cfg.clip_ratio_high,
                         loss_agg_mode=cfg.loss_agg_mode, importance_weight=weight,
                         seq_weight=seq_weights[rows] if seq_weights is not None else None,
+                        loss_mode=cfg.policy_loss.loss_mode,
                     )
-                    if weight is not None:
+                    if weight is not None and is_weights is None:
                         metrics["actor/tis_weight_mean"] = float(masked_mean(weight, mask[rows]))
                     if rollout_lp is not None:
                         gap = torch.maximum(gap, ((old - rollout_lp[rows]).abs() * mask[rows]).max().double().cpu())
@@ -439,4 +483,4 @@ class GRPOActor:
         keys_all = {k for m in history for k in m}
         means = {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in sorted(keys_all)}
         means["actor/num_updates"] = float(len(history))
-        return means
+        return {**means, **corr_metrics}

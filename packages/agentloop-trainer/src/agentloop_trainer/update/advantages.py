@@ -1,4 +1,5 @@
-"""GRPO advantages: each reward against its group's (a prompt's samples), computed once per
+"""Group advantages: each reward against its group's (a prompt's samples): GRPO (mean and
+std), Dr. GRPO (mean only), RLOO (the mean of the other samples); computed once per
 trajectory and broadcast to its rows when a loop split the trajectory into segments
 (see ``agentloop_core.segments``; :func:`trajectory_advantages`).
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-ADV_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo")
+ADV_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
 """Values of ``algorithm.adv_estimator``."""
 
 
@@ -49,6 +50,34 @@ def group_advantages(rewards: Any, group_ids: Sequence[Any], *, norm_by_std: boo
     return adv
 
 
+def leave_one_out_advantages(rewards: Any, group_ids: Sequence[Any]) -> Any:
+    """RLOO advantages: each reward minus the mean of the *other* rewards of its group,
+    ``r_i - (sum_j r_j - r_i) / (n - 1)`` (equal to ``n / (n - 1) * (r_i - mean)``).
+
+    Args:
+        rewards: ``[B]`` scalar rewards.
+        group_ids: ``B`` hashable ids; samples of one prompt share an id.
+
+    Returns:
+        ``[B]`` advantages (float32). A group of one sample gets 0: it has no other samples
+        (``rollout.n=1`` is refused at config load with ``adv_estimator=rloo``).
+
+    Raises:
+        ValueError: when ``group_ids`` and ``rewards`` differ in length.
+    """
+    import torch
+
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if len(group_ids) != rewards.shape[0]:
+        raise ValueError(f"group_ids has {len(group_ids)} entries but rewards has {rewards.shape[0]}")
+    number: dict[Any, int] = {}
+    inverse = torch.tensor([number.setdefault(g, len(number)) for g in group_ids], dtype=torch.long)
+    sums = torch.zeros(len(number)).index_add_(0, inverse, rewards)[inverse]
+    counts = torch.zeros(len(number)).index_add_(0, inverse, torch.ones_like(rewards))[inverse]
+    others = (sums - rewards) / (counts - 1).clamp(min=1.0)
+    return torch.where(counts > 1, rewards - others, torch.zeros_like(rewards))
+
+
 def trajectory_advantages(
     estimator: str, rewards: Any, group_ids: Sequence[Any], trajectory_ids: Sequence[Any]
 ) -> Any:
@@ -56,7 +85,7 @@ def trajectory_advantages(
     each of its trajectories once, not each segment) and broadcast to every row of it.
 
     Args:
-        estimator: ``grpo`` or ``dr_grpo``.
+        estimator: ``grpo``, ``dr_grpo`` or ``rloo``.
         rewards: ``[B]`` per-row rewards; the rows of one trajectory hold its reward.
         group_ids: ``B`` per-row group ids (the prompt's); equal within a trajectory.
         trajectory_ids: ``B`` per-row trajectory ids.
@@ -88,11 +117,13 @@ def trajectory_advantages(
 
 
 def compute_advantages(estimator: str, rewards: Any, group_ids: Sequence[Any]) -> Any:
-    """Advantages by estimator name (``grpo`` or ``dr_grpo``).
+    """Advantages by estimator name (``grpo``, ``dr_grpo`` or ``rloo``).
 
     Raises:
         ValueError: on an unknown estimator, listing the valid ones.
     """
     if estimator not in ADV_ESTIMATORS:
         raise ValueError(f"unknown adv_estimator {estimator!r}; valid: {', '.join(ADV_ESTIMATORS)}")
+    if estimator == "rloo":
+        return leave_one_out_advantages(rewards, group_ids)
     return group_advantages(rewards, group_ids, norm_by_std=estimator == "grpo")

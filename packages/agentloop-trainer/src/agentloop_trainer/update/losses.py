@@ -1,5 +1,5 @@
-"""GRPO losses: the PPO-clip policy loss over ``response_mask``, its aggregation modes, the k3 KL
-estimator, and the truncated importance weight that corrects for the gap between the engine's
+"""GRPO losses: the PPO-clip policy loss over ``response_mask`` (token ratios, or GSPO's sequence
+ratio), its aggregation modes, the k3 KL estimator, and the truncated importance weight that corrects for the gap between the engine's
 (rollout) log-probs and the trainer's.
 
 Every function takes torch tensors shaped ``[B]`` (per row) or ``[B, R]`` (per response
@@ -19,6 +19,9 @@ from typing import Any, Literal
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 """Values of ``actor_rollout_ref.actor.loss_agg_mode``."""
+POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
+"""Values of ``actor_rollout_ref.actor.policy_loss.loss_mode`` (verl's names): ``vanilla`` is
+PPO-clip on each token's ratio, ``gspo`` on its sequence's (:func:`gspo_log_ratio`)."""
 
 
 def masked_mean(values: Any, mask: Any) -> Any:
@@ -109,6 +112,23 @@ def truncated_importance_weight(old_log_probs: Any, rollout_log_probs: Any, cap:
     return torch.exp(torch.clamp(old_log_probs - rollout_log_probs, max=20.0)).clamp(max=cap).detach()
 
 
+def gspo_log_ratio(log_probs: Any, old_log_probs: Any, response_mask: Any) -> Any:
+    """``[B, R]`` log of GSPO's per-token ratio ``s_i,t = sg[s_i] * pi(y_t) / sg[pi(y_t)]``.
+
+    ``s_i = exp(mean over row i's masked tokens of (logp - old))`` is the sequence's
+    length-normalised importance ratio (GSPO, arXiv 2507.18071); every token of the row gets
+    its value, so clipping keeps or drops a whole sequence. The stop-gradient construction
+    makes the value ``s_i`` while each token's gradient is ``s_i * grad log pi(y_t)``: the
+    gradient of ``s_i`` itself, spread over the tokens. Clamped at 10 (``s_i <= e^10``).
+    """
+    import torch
+
+    mask = response_mask.to(log_probs.dtype)
+    token = torch.clamp(log_probs - old_log_probs, -20.0, 20.0) * mask
+    per_seq = token.sum(-1) / mask.sum(-1).clamp(min=1.0)
+    return torch.clamp(log_probs - log_probs.detach() + per_seq.detach().unsqueeze(-1), max=10.0)
+
+
 def ppo_clip_loss(
     log_probs: Any,
     old_log_probs: Any,
@@ -120,6 +140,7 @@ def ppo_clip_loss(
     loss_agg_mode: str = "token-mean",
     importance_weight: Any = None,
     seq_weight: Any = None,
+    loss_mode: str = "vanilla",
 ) -> tuple[Any, dict[str, float]]:
     """PPO clipped surrogate loss over generated tokens.
 
@@ -135,17 +156,29 @@ def ppo_clip_loss(
             :func:`truncated_importance_weight`).
         seq_weight: Optional ``[B]`` fraction of a sequence each row is, for the ``seq-mean``
             modes (see :func:`aggregate_loss`).
+        loss_mode: ``vanilla`` (each token's ratio) or ``gspo`` (its row's sequence ratio,
+            :func:`gspo_log_ratio`; GSPO's clip ranges are small, ~3e-4 / 4e-4). The loss is
+            aggregated by ``loss_agg_mode`` either way: ``seq-mean-token-mean`` is the GSPO
+            paper's objective (each sequence once), ``token-mean`` weights a sequence by its
+            tokens.
 
     Returns:
-        The scalar loss and metrics (``actor/pg_clipfrac``, ``actor/ppo_kl``, ``actor/ratio_mean``).
+        The scalar loss and metrics (``actor/pg_clipfrac``: the fraction of tokens whose
+        term is clipped, with ``gspo`` that of whole sequences weighted by their tokens;
+        ``actor/ppo_kl``, ``actor/ratio_mean``).
+
+    Raises:
+        ValueError: on an unknown ``loss_mode``.
     """
     import torch
 
+    if loss_mode not in POLICY_LOSS_MODES:
+        raise ValueError(f"unknown policy_loss.loss_mode {loss_mode!r}; valid: {', '.join(POLICY_LOSS_MODES)}")
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_probs)
     mask = response_mask.to(log_probs.dtype)
     log_ratio = torch.clamp(log_probs - old_log_probs, -20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(gspo_log_ratio(log_probs, old_log_probs, mask) if loss_mode == "gspo" else log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     per_token = torch.maximum(unclipped, clipped)
