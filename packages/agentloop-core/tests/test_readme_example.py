@@ -12,7 +12,9 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 
 @pytest.mark.skipif(not README.exists(), reason="the root README is not beside this package (installed alone)")
 async def test_readme_custom_loop_example_runs():
-    code = re.search(r"```python\n(from agentloop_core import .*?)```", README.read_text(), re.S).group(1)
+    match = re.search(r"```python\n((?:import [^\n]*\n\n?)*from agentloop_core import .*?)```", README.read_text(), re.S)
+    assert match, "the README's contract example (a python block importing from agentloop_core) is gone"
+    code = match.group(1)
     namespace: dict = {}
     exec(compile(code.replace('@register("my_agent")', '@register("readme_my_agent")'), str(README), "exec"), namespace)
     tok = load_tiny_tokenizer()
