@@ -115,7 +115,8 @@ def test_an_openai_client_that_disconnects_stops_the_decode_on_the_replica(repli
         stream = _client(t.base_url).chat.completions.create(
             model="tiny", messages=QUESTION, max_tokens=asked, temperature=0.0, stream=True,
             extra_body={"ignore_eos": True})
-        seen = [next(iter(stream)) for _ in range(4)]
+        chunks = iter(stream)
+        seen = [next(chunks) for _ in range(4)]
         stream.close()
         deadline = time.monotonic() + 60
         while (any(e._by_id for e in engines) or any(client.in_flight)) and time.monotonic() < deadline:
