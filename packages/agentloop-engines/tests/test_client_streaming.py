@@ -31,6 +31,8 @@ from agentloop_engines.base import AsyncServerBase  # noqa: E402
 from agentloop_engines.client import LLMServerClient, RequestTimeoutError  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.http_client import RemoteServerError, ReplicaBusyError  # noqa: E402
+from agentloop_engines.http_common import ServerLimits  # noqa: E402
 from agentloop_engines.http_server import ServerThread  # noqa: E402
 from agentloop_engines.streaming import TokenDelta  # noqa: E402
 
@@ -169,7 +171,36 @@ async def test_a_streamed_generate_needs_the_api_key_and_is_validated(replicas):
         await keyless.close()
 
 
-# ---- failures mid-stream (scripted in-process streams) --------------------------------------
+async def test_a_replica_restarted_since_a_push_is_not_streamed_from(replicas, old_weights):
+    """An engine server that restarted (from its checkpoint) after a weight push shows a new
+    instance in the headers of its streamed answer: the stream is closed before its first
+    delta is handed on, the replica becomes stale, and the request is served elsewhere."""
+    (engine0, thread0), (_, thread1) = replicas
+    remotes = [RemoteServer(t.url, api_key=KEY, control_key=t.control_key) for t in (thread0, thread1)]
+    try:
+        client = LLMServerClient(remotes)
+        first = [d async for d in client.generate_stream("x", [5, 6, 7], GREEDY)]
+        assert first[-1].output.extra["replica"] == 0
+        await client.update_weights(old_weights.items())
+        port = int(thread0.url.rsplit(":", 1)[1].split("/")[0])
+        thread0.__exit__(None, None, None)
+        with ServerThread(engine0, port=port, api_key=KEY, control_key=thread0.control_key) as restarted:
+            assert restarted.url == thread0.url
+            again = [d async for d in client.generate_stream("x", [5, 6, 7], GREEDY)]  # sticky to replica 0
+            assert again[-1].output.extra["replica"] == 1
+            assert [t for d in again for t in d.token_ids] == again[-1].output.token_ids
+            assert client.stats["stale"] == [True, False]
+            assert client.in_flight == [0, 0]
+            deadline = time.monotonic() + 30
+            while engine0._by_id and time.monotonic() < deadline:  # the discarded stream was closed there
+                await asyncio.sleep(0.02)
+            assert not engine0._by_id
+    finally:
+        for r in remotes:
+            await r.close()
+
+
+# ---- failures mid-stream (scripted streams) -------------------------------------------------
 
 
 class Script(AsyncServerBase):
@@ -194,6 +225,33 @@ class Script(AsyncServerBase):
             yield TokenDelta([2], None, TokenOutput(token_ids=[1, 2], log_probs=None, stop_reason="length"))
         finally:
             self.closed += 1
+
+
+async def test_remote_stream_errors_are_mapped_as_generates_are():
+    """Over HTTP: 503 with Retry-After at the in-flight limit is ReplicaBusyError (before any
+    delta); an engine failure after the first record is a RemoteServerError in the stream."""
+    stalled = Script("stall")
+    with ServerThread(stalled, limits=ServerLimits(max_in_flight=1)) as t, \
+            ServerThread(Script("fail")) as failing_thread:
+        remote, failing = RemoteServer(t.url), RemoteServer(failing_thread.url)
+        try:
+            holder = remote.generate_stream("held", [3], {"max_tokens": 2})
+            assert (await anext(holder)).token_ids == [1]
+            with pytest.raises(ReplicaBusyError):
+                await anext(remote.generate_stream("second", [3], {"max_tokens": 2}))
+            await holder.aclose()
+            got = []
+            with pytest.raises(RemoteServerError, match="mid-stream"):
+                async for delta in failing.generate_stream("r", [3], {"max_tokens": 2}):
+                    got.append(delta.token_ids)
+            assert got == [[1]]
+        finally:
+            await remote.close()
+            await failing.close()
+        deadline = time.monotonic() + 30
+        while stalled.closed < 1 and time.monotonic() < deadline:  # the held stream, closed by its client
+            await asyncio.sleep(0.02)
+        assert stalled.closed == 1  # only the held stream reached the engine; the 503 was the guard
 
 
 async def test_a_failure_after_the_first_delta_is_not_retried():
