@@ -53,6 +53,11 @@ def replicas(model_path):
         yield made
 
 
+async def _collect(stream, into: list[list[int]]) -> None:
+    async for delta in stream:
+        into.append(delta.token_ids)
+
+
 def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
 
@@ -159,14 +164,15 @@ async def test_a_streamed_generate_needs_the_api_key_and_is_validated(replicas):
         assert wrong.status_code == 401
         bad = await http.post("/generate", json={**body, "sampling_params": {"max_tokns": 3}},
                               headers={"Authorization": f"Bearer {KEY}"})
-        assert bad.status_code == 400 and "max_tokns" in bad.json()["error"]["message"]
-        not_bool = await http.post("/generate", json={**body, "stream": "yes"}, headers={"Authorization": f"Bearer {KEY}"})
+        assert bad.status_code == 400
+        assert "max_tokns" in bad.json()["error"]["message"]
+        not_bool = await http.post("/generate", json={**body, "stream": "yes"},
+                                   headers={"Authorization": f"Bearer {KEY}"})
         assert not_bool.status_code == 400
     keyless = RemoteServer(url)
     try:
         with pytest.raises(PermissionError, match="401"):
-            async for _ in keyless.generate_stream("r", [1, 2], GREEDY):
-                pass
+            await _collect(keyless.generate_stream("r", [1, 2], GREEDY), [])
     finally:
         await keyless.close()
 
@@ -192,7 +198,7 @@ async def test_a_replica_restarted_since_a_push_is_not_streamed_from(replicas, o
             assert client.stats["stale"] == [True, False]
             assert client.in_flight == [0, 0]
             deadline = time.monotonic() + 30
-            while engine0._by_id and time.monotonic() < deadline:  # the discarded stream was closed there
+            while engine0._by_id and time.monotonic() < deadline:  # noqa: ASYNC110 - another thread's engine; no event to wait on
                 await asyncio.sleep(0.02)
             assert not engine0._by_id
     finally:
@@ -240,16 +246,15 @@ async def test_remote_stream_errors_are_mapped_as_generates_are():
             with pytest.raises(ReplicaBusyError):
                 await anext(remote.generate_stream("second", [3], {"max_tokens": 2}))
             await holder.aclose()
-            got = []
+            got: list[list[int]] = []
             with pytest.raises(RemoteServerError, match="mid-stream"):
-                async for delta in failing.generate_stream("r", [3], {"max_tokens": 2}):
-                    got.append(delta.token_ids)
+                await _collect(failing.generate_stream("r", [3], {"max_tokens": 2}), got)
             assert got == [[1]]
         finally:
             await remote.close()
             await failing.close()
         deadline = time.monotonic() + 30
-        while stalled.closed < 1 and time.monotonic() < deadline:  # the held stream, closed by its client
+        while stalled.closed < 1 and time.monotonic() < deadline:  # noqa: ASYNC110 - another thread's engine
             await asyncio.sleep(0.02)
         assert stalled.closed == 1  # only the held stream reached the engine; the 503 was the guard
 
@@ -259,14 +264,14 @@ async def test_a_failure_after_the_first_delta_is_not_retried():
     re-sent to the other replica, and the dead replica leaves rotation."""
     failing, other = Script("fail"), Script()
     client = LLMServerClient([failing, other])
-    got = []
+    got: list[list[int]] = []
     with pytest.raises(ConnectionError, match="mid-stream"):
-        async for delta in client.generate_stream("r", [3], {"max_tokens": 2}):
-            got.append(delta.token_ids)
+        await _collect(client.generate_stream("r", [3], {"max_tokens": 2}), got)
     assert got == [[1]]
     stats = client.stats
     assert (stats["retries"], stats["failed"], stats["completed"]) == (0, 1, 0)
-    assert client.healthy_replicas == [1] and client.in_flight == [0, 0]
+    assert client.healthy_replicas == [1]
+    assert client.in_flight == [0, 0]
     assert other.closed == 0
 
 
@@ -274,12 +279,12 @@ async def test_a_stall_between_deltas_past_request_timeout_aborts_and_raises():
     stalled = Script("stall")
     client = LLMServerClient([stalled, Script()], request_timeout_s=0.2)
     with pytest.raises(RequestTimeoutError, match="after streaming 1"):
-        async for _ in client.generate_stream("r", [3], {"max_tokens": 2}):
-            pass
+        await _collect(client.generate_stream("r", [3], {"max_tokens": 2}), [])
     await client.close()
     assert stalled.closed == 1  # its stream was closed: the request stopped there
     assert client.in_flight == [0, 0]
-    assert client.stats["retries"] == 0 and client.stats["timeouts"] == 1
+    assert client.stats["retries"] == 0
+    assert client.stats["timeouts"] == 1
 
 
 async def test_closing_a_routed_stream_closes_the_replicas_and_frees_its_slot():
@@ -289,5 +294,7 @@ async def test_closing_a_routed_stream_closes_the_replicas_and_frees_its_slot():
     assert (await anext(stream)).token_ids == [1]
     assert client.in_flight == [1]
     await stream.aclose()
-    assert engine.closed == 1 and client.in_flight == [0]
-    assert client.stats["completed"] == 0 and client.stats["failed"] == 0
+    assert engine.closed == 1
+    assert client.in_flight == [0]
+    assert client.stats["completed"] == 0
+    assert client.stats["failed"] == 0

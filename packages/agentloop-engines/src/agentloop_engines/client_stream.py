@@ -114,8 +114,7 @@ async def routed_stream(client: LLMServerClient, request_id: str, prompt_ids: li
     except RequestTimeoutError:
         client.client_stats.timeouts += 1
         client.client_stats.failed += 1
-        client._spawn(client._quiet_abort(replica, request_id))
-        raise
+        raise  # the stream was closed by the timeout, which stopped the request on the replica
     except Exception as exc:
         client.client_stats.failed += 1
         if (is_replica_failure(exc) or isinstance(exc, client.retry_on)) and not is_own_timeout(exc):

@@ -7,7 +7,7 @@ that run elsewhere (other hosts, or servers a trainer did not start)::
                               RemoteServer("http://gpu-1:8000", api_key=key, control_key=control)])
 
 It speaks the endpoints of :mod:`agentloop_engines.http_server`: ``generate`` with the
-``api_key``, and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
+``api_key`` (and ``generate_stream``, its streamed form: :mod:`agentloop_engines.http_stream`), and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
 the ``control_key`` (see :mod:`agentloop_engines.control`). It raises what an in-process
 engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 and 403 -> ``PermissionError``,
 501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`RemoteServerError`.
