@@ -118,6 +118,9 @@ async def read_ndjson_deltas(lines: AsyncIterator[str], what: str, *, on_instanc
             record = json.loads(line)
         except ValueError as exc:
             raise incomplete(f"{what}: a streamed line is not JSON ({exc}): {line[:200]!r}") from exc
+        if not isinstance(record, dict) or not isinstance(record.get("token_ids", record.get("error")), (list, dict)):
+            raise incomplete(f"{what}: a streamed line is not a delta record: {line[:200]!r}; is it an agentloop "
+                             "engine server of a matching version?")
         if "error" in record:
             raise on_error(record)
         ids = list(record["token_ids"])
