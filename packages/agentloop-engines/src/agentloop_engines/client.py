@@ -17,6 +17,9 @@ Weight pushes reach every replica, out of rotation too; one that misses a push (
 busy past ``busy_wait_s``) is *stale* (see :mod:`agentloop_engines.weight_ledger`): out of
 rotation and never probed until a later push reaches it, so nothing is served on old weights.
 
+``generate_stream`` routes a streamed request the same way, failing over only until its first
+delta (see :mod:`agentloop_engines.client_stream`).
+
 Replicas are either in-process ``AsyncServer`` objects or Ray actor handles of
 :class:`~agentloop_engines.hosting.ServerActor`; the client itself runs wherever it is
 constructed. To share one client (and so one global view of the load) between many workers,
