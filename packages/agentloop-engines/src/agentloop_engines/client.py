@@ -17,6 +17,9 @@ Weight pushes reach every replica, out of rotation too; one that misses a push (
 busy past ``busy_wait_s``) is *stale* (see :mod:`agentloop_engines.weight_ledger`): out of
 rotation and never probed until a later push reaches it, so nothing is served on old weights.
 
+``generate_stream`` routes a streamed request the same way, failing over only until its first
+delta (see :mod:`agentloop_engines.client_stream`).
+
 Replicas are either in-process ``AsyncServer`` objects or Ray actor handles of
 :class:`~agentloop_engines.hosting.ServerActor`; the client itself runs wherever it is
 constructed. To share one client (and so one global view of the load) between many workers,
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -38,16 +41,19 @@ from agentloop_core.protocol import (
     ServerCapabilities,
     TokenOutput,
 )
+from agentloop_engines.client_stream import routed_stream
 from agentloop_engines.http_client import ReplicaBusyError
 from agentloop_engines.replica_calls import (
     MIN_BUSY_WAIT_S,
     Attempts,
     Replica,
+    ReplicaCall,
     is_miss,
     is_own_timeout,
     is_replica_failure,
 )
 from agentloop_engines.routing import NoHealthyReplicaError, RequestTimeoutError, StickyLeastInFlightPolicy
+from agentloop_engines.streaming import TokenDelta
 from agentloop_engines.weight_ledger import WeightLedger
 
 logger = logging.getLogger(__name__)
@@ -220,20 +226,37 @@ class LLMServerClient:
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
-        return await self._routed(request_id, "generate", request_id, prompt_ids, sp,
-                                 prompt_tokens=len(prompt_ids))
+        return await self._routed(request_id, ReplicaCall("generate", (request_id, prompt_ids, sp)),
+                                  prompt_tokens=len(prompt_ids))
 
-    async def _routed(self, request_id: str, method: str, *args: Any,
-                      prompt_tokens: int | None = None) -> Any:
+    def generate_stream(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+    ) -> AsyncGenerator[TokenDelta, None]:
+        """Generate like :meth:`generate`, yielding the replica's tokens as it decodes them.
+
+        Routed as :meth:`generate` is; failover and retries happen only until the first delta
+        arrives, ``request_timeout_s`` limits the wait for the first delta and then each gap
+        between deltas, and closing the stream aborts the request on its replica (see
+        :mod:`agentloop_engines.client_stream`).
+
+        Raises:
+            As :meth:`generate`, before the first delta; after it, the replica's error as is
+            (the tokens already yielded cannot be taken back, so nothing is retried).
+        """
+        return routed_stream(self, request_id, list(prompt_ids), SamplingParams.from_mapping(sampling_params))
+
+    async def _routed(self, request_id: str, call: ReplicaCall, *, prompt_tokens: int | None = None) -> Any:
         attempt = Attempts(request_id)
         try:
-            return await self._route(attempt, method, args, prompt_tokens)
+            return await self._route(attempt, call, prompt_tokens)
         finally:
             for index, token in attempt.suspects:
                 self.policy.clear_suspicion(index, token)
 
-    async def _route(self, attempt: Attempts, method: str, args: tuple[Any, ...],
-                     prompt_tokens: int | None) -> Any:
+    async def _route(self, attempt: Attempts, call: ReplicaCall, prompt_tokens: int | None) -> Any:
         request_id = attempt.request_id
         busy_deadline = asyncio.get_running_loop().time() + self.busy_wait_s
         while True:
@@ -250,12 +273,14 @@ class LLMServerClient:
             was_probe = not self.policy.healthy[index]
             completed_before = self.policy.completed[index]
             self.policy.acquire(index)
+            held = False  # a stream keeps its in-flight slot until it ends (the caller releases it)
             try:
-                coro = replica.call(method, *args)
+                coro = call.run(replica)
                 if self.request_timeout_s is None:
                     result = await coro
                 else:
                     result = await asyncio.wait_for(coro, self.request_timeout_s)
+                held = call.holds
             except ReplicaBusyError as exc:
                 # Backpressure: alive and serving others. Not a failure; try elsewhere or later.
                 self.client_stats.busy += 1
@@ -281,10 +306,16 @@ class LLMServerClient:
                 self.client_stats.retries += 1
                 continue
             finally:
-                self.policy.release(index)
-            if isinstance(result, TokenOutput) and self._restarted(index, result.extra.get("engine_instance")):
+                if not held:
+                    self.policy.release(index)
+            if self._restarted(index, call.instance(replica, result)):
                 # Served, but by an engine that restarted from its checkpoint since the last push:
                 # old weights. It is stale now; the request goes elsewhere.
+                if held:
+                    try:
+                        await call.discard(result)
+                    finally:
+                        self.policy.release(index)
                 attempt.tried.append(index)
                 attempt.only_timeouts = False
                 attempt.failures.append(f"replica {index} restarted and lost the pushed weights (held out until a "
@@ -296,7 +327,8 @@ class LLMServerClient:
                 self.client_stats.retries += 1
                 continue
             self.policy.record_success(index)
-            self.client_stats.completed += 1
+            if not held:  # a stream counts once it has ended
+                self.client_stats.completed += 1
             self._convict_suspects(attempt, index)
             if isinstance(result, TokenOutput):
                 result = dataclasses.replace(result, extra={**result.extra, "replica": index})

@@ -7,7 +7,7 @@ that run elsewhere (other hosts, or servers a trainer did not start)::
                               RemoteServer("http://gpu-1:8000", api_key=key, control_key=control)])
 
 It speaks the endpoints of :mod:`agentloop_engines.http_server`: ``generate`` with the
-``api_key``, and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
+``api_key`` (and ``generate_stream``, its streamed form: :mod:`agentloop_engines.http_stream`), and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
 the ``control_key`` (see :mod:`agentloop_engines.control`). It raises what an in-process
 engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 and 403 -> ``PermissionError``,
 501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`RemoteServerError`.
@@ -25,8 +25,9 @@ Needs the ``[server]`` extra (httpx); ``update_weights`` also needs torch and sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from typing import Any
@@ -37,6 +38,8 @@ from agentloop_core.protocol import (
     ServerCapabilities,
     TokenOutput,
 )
+from agentloop_engines.http_stream import INSTANCE_HEADER, read_ndjson_deltas
+from agentloop_engines.streaming import TokenDelta
 
 __all__ = ["RemoteServer", "RemoteServerError", "ReplicaBusyError", "ReplicaUnavailableError", "serialize_weights"]
 
@@ -228,16 +231,56 @@ class RemoteServer:
             PermissionError: a missing or wrong ``api_key``.
             ReplicaUnavailableError: the server cannot be reached or is unavailable.
         """
-        if isinstance(sampling_params, SamplingParams):
-            params = sampling_params.as_dict()
-        else:
-            params = dict(sampling_params or {})
-        body = {"request_id": request_id, "prompt_ids": [_token_id(t) for t in prompt_ids],
-                "sampling_params": params}
-        out = await self._request("POST", "/generate", json=body)
+        out = await self._request("POST", "/generate", json=_generate_body(request_id, prompt_ids, sampling_params))
         extra = self._note_instance(out)
         return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"],
                            extra=extra)
+
+    async def generate_stream(self, request_id: str, prompt_ids: list[int],
+                              sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                              ) -> AsyncGenerator[TokenDelta, None]:
+        """Generate on the remote server, yielding its tokens as it decodes them (a streamed
+        ``POST /generate``, see :mod:`agentloop_engines.http_stream`).
+
+        The ids of the deltas, joined, are checked to be exactly the last delta's ``output``
+        ids. ``timeout_s`` limits the wait for each record (the first one, then each gap).
+        Closing the stream early closes its connection, which stops the request on the server.
+
+        Raises:
+            ValueError, PermissionError, ReplicaUnavailableError, ReplicaBusyError, TimeoutError:
+                as :meth:`generate` raises them; before the first delta when the server refused
+                the request, later when the engine failed or the connection dropped mid-stream
+                (``ReplicaUnavailableError``).
+        """
+        what = f"POST {self.base_url}/generate"
+        body = {**_generate_body(request_id, prompt_ids, sampling_params), "stream": True}
+        try:
+            async with self._client().stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    self._checked(response, what)
+                instance = response.headers.get(INSTANCE_HEADER)
+                if instance:
+                    self.engine_instance = instance  # known before the first delta: a restart shows at once
+                deltas = read_ndjson_deltas(response.aiter_lines(), what, on_instance=self._note_instance,
+                                            on_error=lambda record: self._stream_error(record, what),
+                                            incomplete=ReplicaUnavailableError)
+                async with contextlib.aclosing(deltas):
+                    async for delta in deltas:
+                        yield delta
+        except self._httpx.TransportError as exc:
+            raise self._transport_error(exc, what) from exc
+
+    def _stream_error(self, record: Mapping[str, Any], what: str) -> Exception:
+        error = record.get("error")
+        if not isinstance(error, dict):
+            error = {}
+        message, code = f"{what}: {error.get('message')}", error.get("code")
+        if code == "invalid_request":
+            return ValueError(message)
+        if code == "not_supported":
+            return CapabilityNotSupportedError(message)
+        return RemoteServerError(f"{message} (the engine failed mid-stream)")
 
     async def abort(self, request_id: str) -> None:
         """Stop the remote server's in-flight requests of ``request_id``."""
@@ -360,6 +403,12 @@ class RemoteServer:
             raise ReplicaUnavailableError(f"{what}: HTTP {status}: {message}")
         hint = "; is it an agentloop engine server of a matching version?" if status == 404 else ""
         raise RemoteServerError(f"{what}: HTTP {status}: {message}{hint}")
+
+
+def _generate_body(request_id: str, prompt_ids: list[int],
+                   sampling_params: Mapping[str, Any] | SamplingParams | None) -> dict[str, Any]:
+    params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params or {})
+    return {"request_id": request_id, "prompt_ids": [_token_id(t) for t in prompt_ids], "sampling_params": params}
 
 
 def _retry_after_s(value: str | None) -> float | None:

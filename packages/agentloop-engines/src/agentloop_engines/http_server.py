@@ -3,7 +3,9 @@
 Endpoints (JSON):
 
 * ``POST /generate`` ``{request_id, prompt_ids, sampling_params}`` ->
-  ``{token_ids, log_probs, stop_reason}``: the token-in, token-out call agent loops train on;
+  ``{token_ids, log_probs, stop_reason, instance}``: the token-in, token-out call agent loops
+  train on; with ``"stream": true`` the answer is newline-delimited JSON, one record per
+  decoded delta and a last one carrying that same answer (see :mod:`agentloop_engines.http_stream`);
 * control routes, which need the ``control_key`` (``Authorization: Bearer <control key>``; the
   chat ``api_key`` never opens them; without a control key they answer 403, see
   :mod:`agentloop_engines.control`): ``POST /abort`` ``{request_id}``; ``POST /update_weights``:
@@ -60,6 +62,7 @@ from agentloop_engines.http_common import (
     uvicorn_config,
     warn_if_exposed,
 )
+from agentloop_engines.http_stream import INSTANCE_HEADER, NDJSON, ndjson_deltas
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +115,8 @@ def create_app(server: Any, *, api_key: str | None = None,
     """
     fastapi, _ = require_server_extra()
     from fastapi import Request  # importable now; a class, so it can annotate the handler
-    from pydantic import BaseModel, ConfigDict, Field, StrictInt
+    from fastapi.responses import StreamingResponse
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
     if max_weights_bytes <= 0:
         raise ValueError(f"max_weights_bytes must be positive, got {max_weights_bytes}")
@@ -126,6 +130,7 @@ def create_app(server: Any, *, api_key: str | None = None,
         request_id: str = Field(min_length=1)
         prompt_ids: list[StrictInt]  # "5", true and 5.0 are not token ids (lax int would take them)
         sampling_params: dict[str, Any] = Field(default_factory=dict)
+        stream: StrictBool = False
 
     class AbortRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -147,7 +152,11 @@ def create_app(server: Any, *, api_key: str | None = None,
                 "vocab_size": getattr(server, "vocab_size", None)}
 
     @app.post("/generate")
-    async def generate(req: GenerateRequest) -> dict[str, Any]:
+    async def generate(req: GenerateRequest) -> Any:
+        if req.stream:
+            # The first delta is awaited before the 200: a refused request gets its own status.
+            lines = await ndjson_deltas(server, req.request_id, req.prompt_ids, req.sampling_params, instance)
+            return StreamingResponse(lines, media_type=NDJSON, headers={"Cache-Control": "no-cache", INSTANCE_HEADER: instance})
         out = await server.generate(req.request_id, req.prompt_ids, req.sampling_params)
         return {"token_ids": list(out.token_ids),
                 "log_probs": None if out.log_probs is None else list(out.log_probs),

@@ -10,10 +10,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop_core.protocol import ServerCapabilities
+from agentloop_core.protocol import ServerCapabilities, TokenOutput
 from agentloop_engines.http_client import ReplicaBusyError
 
-__all__ = ["MIN_BUSY_WAIT_S", "Attempts", "Replica", "is_miss", "is_own_timeout", "is_replica_failure"]
+__all__ = ["MIN_BUSY_WAIT_S", "Attempts", "Replica", "ReplicaCall", "is_miss", "is_own_timeout", "is_replica_failure"]
 
 _RAY_FAILURE_NAMES = ("RayActorError", "WorkerCrashedError", "NodeDiedError", "OwnerDiedError")
 
@@ -85,6 +85,34 @@ class Replica:
         if self.is_actor:
             return await getattr(self.target, method).remote(*args)
         return await getattr(self.target, method)(*args)
+
+
+class ReplicaCall:
+    """What one attempt of a routed request does on the replica chosen for it: call ``method``.
+
+    The client routes, times out, fails over and checks for a restarted engine around
+    :meth:`run`; a subclass that opens a stream (:mod:`agentloop_engines.client_stream`)
+    :attr:`holds` the replica's in-flight slot past it.
+    """
+
+    holds = False
+    """Whether the result keeps using the replica after :meth:`run` returns (a stream): the
+    client then leaves its in-flight slot held, and the result's owner releases it."""
+
+    def __init__(self, method: str, args: tuple[Any, ...]) -> None:
+        self.method = method
+        self.args = args
+
+    async def run(self, replica: Replica) -> Any:
+        """Make the call on ``replica``; what it returns is the attempt's result."""
+        return await replica.call(self.method, *self.args)
+
+    def instance(self, replica: Replica, result: Any) -> Any:
+        """The engine instance (lifetime id) the result came from, or None when unknown."""
+        return result.extra.get("engine_instance") if isinstance(result, TokenOutput) else None
+
+    async def discard(self, result: Any) -> None:
+        """Drop a result the client will not hand out (served by a restarted engine)."""
 
 
 MIN_BUSY_WAIT_S = 0.05
