@@ -318,7 +318,7 @@ def docs(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-r", "tools/docs/requirements.txt", "-e", "packages/agentloop-core",
                     "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
-                    "-e", "packages/agentloop-trainer", "-e", "packages/agentloop-langgraph[agents]",
+                    "-e", "packages/agentloop-trainer[tensorboard]", "-e", "packages/agentloop-langgraph[agents]",
                     "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24", TORCH)
     session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("mkdocs", "build", "--strict", "--clean", env={"NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"})

@@ -164,6 +164,14 @@ def test_the_draw_limit_stops_the_run_or_trains_what_was_kept():
     assert _sample("algorithm.filter_groups.max_num_gen_batches=3")[3]["filter_groups/groups_kept"] == 2.0
 
 
+def test_train_kept_with_no_group_kept_says_there_is_nothing_to_train_on():
+    fleet = _ScriptedFleet({i: [0.0, 0.0] for i in range(8)})
+    sampler = _sampler("algorithm.filter_groups.enable=true", "data.train_batch_size=2",
+                       "algorithm.filter_groups.max_num_gen_batches=2", "algorithm.filter_groups.on_limit=train_kept")
+    with pytest.raises(RuntimeError, match=r"kept 0 groups .*nothing to train on \(even with on_limit=train_kept\)"):
+        sampler.sample(fleet, DataIterator(_records(8), 2, seed=0, shuffle=False), 2, step=0, log=print)
+
+
 def test_without_a_limit_a_long_draw_is_reported_every_ten_batches():
     """Prompts 0-19 all solved in every sample, 20-21 split: batch 11 is the first that keeps
     anything, so the step warns once, after batch 10."""

@@ -242,9 +242,8 @@ class LLMServerClient:
         between deltas, and closing the stream aborts the request on its replica (see
         :mod:`agentloop_engines.client_stream`).
 
-        Raises:
-            As :meth:`generate`, before the first delta; after it, the replica's error as is
-            (the tokens already yielded cannot be taken back, so nothing is retried).
+        Before the first delta it raises what :meth:`generate` raises; after it, the replica's
+        error as is (the tokens already yielded cannot be taken back, so nothing is retried).
         """
         return routed_stream(self, request_id, list(prompt_ids), SamplingParams.from_mapping(sampling_params))
 

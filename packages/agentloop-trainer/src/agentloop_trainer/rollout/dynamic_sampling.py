@@ -245,7 +245,11 @@ class DynamicSampler:
                        f"{self.max_num_gen_batches}) kept {kept} groups whose {self.metric} differs of the "
                        f"{self.batch_groups} a step trains (data.train_batch_size); {dropped} of {generated} were "
                        "all equal")
-                if self.on_limit != "train_kept" or not kept:
+                if not kept:
+                    raise RuntimeError(msg + ". With no group kept there is nothing to train on (even with "
+                                       "on_limit=train_kept): the prompts may be too easy or too hard for the "
+                                       "policy; raise max_num_gen_batches (0: no limit) or change the data")
+                if self.on_limit != "train_kept":
                     raise RuntimeError(msg + ". The prompts may be too easy or too hard for the policy: raise "
                                        "max_num_gen_batches (0: no limit), or set algorithm.filter_groups.on_limit="
                                        "train_kept to train on the groups kept")
