@@ -43,6 +43,7 @@ def full_checks(monkeypatch) -> list[str]:
 
 
 def _turn(renderer: ChatRenderer, text: str, *, ended: bool = True) -> TokenOutput:
+    assert renderer.eos_token_id is not None
     ids = renderer.encode(text) + ([renderer.eos_token_id] if ended else [])
     return TokenOutput(ids, [-0.5] * len(ids), stop_reason="stop" if ended else "length")
 
@@ -142,7 +143,7 @@ def test_real_templates_check_turn_by_turn_as_the_full_reencode(name, full_check
     renderer = ChatRenderer(tiny_tokenizer_for_template(SHARED_TEMPLATES / f"{name}.jinja"))
     traj = Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}], sanity_check="strict")
     for text, follow_up in (("It is 42.", "Sure?"), ("Yes, 42.", "Thanks."), ("You are welcome.", None)):
-        traj.append_generated(TokenOutput(renderer.encode(text) + [renderer.eos_token_id]))
+        traj.append_generated(_turn(renderer, text))
         if follow_up:
             traj.append_messages([{"role": "user", "content": follow_up}])
     report = traj.sanity_check("strict")
