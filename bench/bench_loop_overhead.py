@@ -12,7 +12,8 @@ tool dispatch, output assembly. One process pinned to one core, ``OMP_NUM_THREAD
   ``verl_driver.py``); tool = a verl ``BaseTool`` that evaluates the same expression.
 
 Run: ``python bench/bench_loop_overhead.py`` (writes ``bench/results/loop_overhead.json``).
-``--profile`` adds one cProfile run of our side only (after the timed rounds, so it does not
+``--full-check`` adds a row with the check as it was before #35 (one re-encode of the whole
+trajectory, ``Trajectory._full_check``) next to the turn-by-turn one. ``--profile`` adds one cProfile run of our side only (after the timed rounds, so it does not
 slow them), prints the top functions by cumulative and by own time and stores the top entries
 under ``profile_ours`` in the result file.
 """
@@ -53,10 +54,11 @@ def prompts(n: int) -> list[list[dict]]:
     return [[{"role": "user", "content": f"What is ({i % 7 + 2} + 5) * 3? Use the calculator."}] for i in range(n)]
 
 
-async def run_ours(n: int, repeats: int, profiler=None, sanity_check: str = "strict") -> dict:
+async def run_ours(n: int, repeats: int, profiler=None, sanity_check: str = "strict", full_check: bool = False) -> dict:
     from agentloop_core import AgentLoopWorker
     from agentloop_core.testing import ScriptedServer
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
+    from agentloop_core.tokenization import Trajectory
     from agentloop_tools import calculator
 
     tok = load_tiny_tokenizer()
@@ -70,9 +72,15 @@ async def run_ours(n: int, repeats: int, profiler=None, sanity_check: str = "str
         profiling = profiler is not None and bool(walls)  # never the warm-up run
         if profiling:
             profiler.enable()
-        start = time.perf_counter()
-        outs = await worker.generate_sequences(rows)
-        walls.append(time.perf_counter() - start)
+        turn_by_turn = Trajectory._unchanged_since_rendered
+        if full_check:  # the check before #35: every trajectory takes the full re-encode
+            Trajectory._unchanged_since_rendered = lambda self, built: False
+        try:
+            start = time.perf_counter()
+            outs = await worker.generate_sequences(rows)
+            walls.append(time.perf_counter() - start)
+        finally:
+            Trajectory._unchanged_since_rendered = turn_by_turn
         if profiling:
             profiler.disable()
         calls = [o.metrics.get("tool_calls") for o in outs]
@@ -127,6 +135,8 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-verl", action="store_true")
+    parser.add_argument("--full-check", action="store_true",
+                        help="also time ours with the full re-encode check (before #35)")
     parser.add_argument("--profile", action="store_true",
                         help="also cProfile one run of our loop; top entries go to profile_ours")
     parser.add_argument("--profile-top", type=int, default=25)
@@ -138,6 +148,9 @@ def main() -> None:
     # ids it trains on; ours does by default (sanity_check=strict).
     ours_unchecked = "ours, sanity_check=disable (no re-tokenization check, as verl)"
     walls: dict[str, list[float]] = {"ours (agentloop tool_agent)": [], ours_unchecked: []}
+    ours_full = "ours, full re-encode check (before #35)"
+    if args.full_check:
+        walls[ours_full] = []
     verl_note = "skipped: --skip-verl" if args.skip_verl else None
     verl_run = None
     if not args.skip_verl:
@@ -152,6 +165,8 @@ def main() -> None:
     for _ in range(args.repeats):
         walls["ours (agentloop tool_agent)"] += asyncio.run(run_ours(args.trajectories, 1))["walls_s"]
         walls[ours_unchecked] += asyncio.run(run_ours(args.trajectories, 1, sanity_check="disable"))["walls_s"]
+        if args.full_check:
+            walls[ours_full] += asyncio.run(run_ours(args.trajectories, 1, full_check=True))["walls_s"]
         if verl_run is not None:
             try:
                 walls["verl 0.9.1 ToolAgentLoop"] += asyncio.run(verl_run(args.trajectories, 1, summarize))["walls_s"]
@@ -171,8 +186,9 @@ def main() -> None:
     payload = {"description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
                "pinned_cpu": cpu, "versions": versions("transformers", "verl"), "results": results,
                "verl_note": verl_note, "table_markdown": text}
-    if len(results) == 3:
-        ours, unchecked, verl = results.values()
+    if "verl 0.9.1 ToolAgentLoop" in results:
+        ours, unchecked, verl = (results[k] for k in ("ours (agentloop tool_agent)", ours_unchecked,
+                                                      "verl 0.9.1 ToolAgentLoop"))
         payload["ours_over_verl_throughput"] = ours["trajectories_per_s"] / verl["trajectories_per_s"]
         payload["ours_over_verl_cost_per_tool_turn"] = ours["ms_per_tool_turn"] / verl["ms_per_tool_turn"]
         payload["unchecked_over_verl_cost_per_tool_turn"] = unchecked["ms_per_tool_turn"] / verl["ms_per_tool_turn"]

@@ -4,6 +4,7 @@ A fresh clone has no ../shared: the class then skips, saying so."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ import pytest
 from agentloop_conformance.tokenization import TokenizationConformanceTests
 from agentloop_core.testing import tiny_tokenizer_for_template
 
-SHARED_TEMPLATES = Path(__file__).resolve().parents[3] / "shared" / "data" / "chat_templates"
+# AGENTLOOP_CHAT_TEMPLATES points at the folder from a checkout that is not beside ../shared.
+SHARED_TEMPLATES = Path(os.environ.get("AGENTLOOP_CHAT_TEMPLATES")
+                        or Path(__file__).resolve().parents[3] / "shared" / "data" / "chat_templates")
 TEMPLATES = sorted(SHARED_TEMPLATES.glob("*.jinja"))
 
 

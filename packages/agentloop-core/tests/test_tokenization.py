@@ -48,7 +48,9 @@ TOOLS = [
 ]
 
 
-SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
+# AGENTLOOP_CHAT_TEMPLATES points at the folder from a checkout that is not beside ../shared.
+SHARED_TEMPLATES = Path(os.environ.get("AGENTLOOP_CHAT_TEMPLATES")
+                        or Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates")
 
 
 def _tokenizer_params() -> list:

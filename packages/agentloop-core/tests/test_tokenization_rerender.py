@@ -4,6 +4,7 @@ as what the template puts after that turn, never by raising mid-rollout."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,9 @@ from agentloop_core.protocol import TokenOutput
 from agentloop_core.testing import load_tiny_tokenizer
 from agentloop_core.tokenization import ChatRenderer, Trajectory
 
-SHARED_QWEN3 = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates" / \
+# AGENTLOOP_CHAT_TEMPLATES points at the folder from a checkout that is not beside ../shared.
+SHARED_QWEN3 = Path(os.environ.get("AGENTLOOP_CHAT_TEMPLATES")
+                    or Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates") / \
     "Qwen-Qwen3-0.6B.jinja"
 
 # ChatML where an assistant turn that is not followed by a user message gets a "[open]" tag:

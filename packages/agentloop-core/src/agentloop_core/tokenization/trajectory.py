@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
+from agentloop_core.tokenization.incremental import canonical_by_turn, snapshot, turn_encoder
 from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckReport, check_mode, compare
 from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
@@ -32,6 +33,8 @@ class _Piece:
     """How many ids of prompt_ids + response_ids this piece covers."""
     ended: bool = True
     """Generated pieces: whether the engine ended the turn on a stop token."""
+    ids: tuple[int, ...] = ()
+    """The ids this piece appended, as appended (the check compares the trajectory's ids with them)."""
 
 
 class Trajectory:
@@ -86,7 +89,11 @@ class Trajectory:
         """Engine log-prob per response id (0.0 on mask 0); None until an engine returns some."""
         self.num_generations = 0
         """How many generate outputs were appended."""
-        self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids))]
+        self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids), ids=tuple(self.prompt_ids))]
+        self._snapshots: list[str | None] = [snapshot(m) for m in self.messages]
+        """Each message as JSON when it was appended: the check's proof that it is unchanged."""
+        self._call_snapshots: dict[int, str | None] = {}
+        self._settings = self._settings_snapshot()
         self._generated_messages: list[int] = []
         self._tool_calls: dict[int, list[dict]] = {}
         self._preview: tuple[tuple, DeltaResult] | None = None
@@ -135,8 +142,9 @@ class Trajectory:
         content = text[: -len(stop_text)] if stop_text and text.endswith(stop_text) else text
         message = {"role": "assistant", "content": content}
         self.messages.append(message)
+        self._snapshots.append(snapshot(message))
         self._generated_messages.append(len(self.messages) - 1)
-        self._pieces.append(_Piece("generated", text, len(ids), ended))
+        self._pieces.append(_Piece("generated", text, len(ids), ended, tuple(ids)))
         self._last_ended_with_eos = ended
         self._preview = None
         self.num_generations += 1
@@ -156,7 +164,8 @@ class Trajectory:
         """
         if not self._generated_messages:
             raise ValueError("attach_tool_calls needs a generated turn to attach the calls to")
-        self._tool_calls[self._generated_messages[-1]] = [dict(call) for call in tool_calls]
+        calls = self._tool_calls[self._generated_messages[-1]] = [dict(call) for call in tool_calls]
+        self._call_snapshots[self._generated_messages[-1]] = snapshot(calls)
         self._preview = None
 
     def _history_with_calls(self, end: int) -> list[dict]:
@@ -191,9 +200,10 @@ class Trajectory:
             self._pieces.pop()
         if self._pieces[-1].kind == "prompt":
             self.messages.extend(new)
+            self._snapshots.extend(snapshot(m) for m in new)
             text = self._render_prompt(self.messages)
             self.prompt_ids = self.renderer.encode(text)
-            self._pieces = [_Piece("prompt", text, len(self.prompt_ids))]
+            self._pieces = [_Piece("prompt", text, len(self.prompt_ids), ids=tuple(self.prompt_ids))]
             return list(self.prompt_ids)
         delta = self._delta_after_last_turn(new)
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
@@ -204,7 +214,8 @@ class Trajectory:
             del self.response_logprobs[keep:]
             self.response_logprobs.extend([0.0] * len(delta.ids))
         self.messages.extend(new)
-        self._pieces.append(_Piece("appended", delta.text, len(delta.ids)))
+        self._snapshots.extend(snapshot(m) for m in new)
+        self._pieces.append(_Piece("appended", delta.text, len(delta.ids), ids=tuple(delta.ids)))
         return list(delta.ids)
 
     def preview_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -322,6 +333,49 @@ class Trajectory:
                 text = text[: -len(glue)]
         return text
 
+    def _settings_snapshot(self) -> tuple:
+        """What every render reads besides the messages."""
+        r = self.renderer
+        return (snapshot([r.tools, r.apply_chat_template_kwargs]), id(r.chat_template or getattr(r.processor, "chat_template", None)),
+                r.use_inference_chat_template)
+
+    def _unchanged_since_rendered(self, built: list[int]) -> bool:
+        """Whether the engine view's reference is the built text by construction: every delta
+        was rendered over the whole history, and no message, attached call, renderer setting
+        or id changed since it was appended."""
+        if not self._history_deltas or self.renderer.use_inference_chat_template:
+            return False
+        if self._settings_snapshot() != self._settings or None in self._settings:
+            return False
+        if len(self._snapshots) != len(self.messages) or any(
+                was is None or was != snapshot(m) for was, m in zip(self._snapshots, self.messages, strict=True)):
+            return False
+        if any(self._call_snapshots.get(i) is None or self._call_snapshots[i] != snapshot(calls)
+               for i, calls in self._tool_calls.items()):
+            return False
+        at = 0
+        for p in self._pieces:
+            if p.n_ids != len(p.ids) or tuple(built[at : at + p.n_ids]) != p.ids:
+                return False
+            at += p.n_ids
+        return at == len(built)
+
+    def _turn_by_turn_check(self, mode: SanityCheckMode) -> SanityCheckReport:
+        """The engine-view check of an unchanged trajectory (see
+        :mod:`agentloop_core.tokenization.incremental`): it passes by construction; only
+        ``canonical`` is computed, turn by turn where the tokenizer allows it."""
+        built, renderer = self.context_ids, self.renderer
+        encode = turn_encoder(renderer.tokenizer)
+        canonical = None if encode is None else canonical_by_turn(
+            self._pieces, encode, renderer._special_pattern, renderer.special_ids)
+        if canonical is None:
+            canonical = renderer.encode("".join(p.text for p in self._pieces)) == built
+        if canonical:
+            return SanityCheckReport(ok=True, mode=mode, canonical=True)
+        return SanityCheckReport(ok=True, mode=mode, canonical=False, reason=(
+            "generated ids are a non-canonical tokenization of their text; engine view: each generation's "
+            "context as the template renders it"))
+
     def sanity_check(self, mode: SanityCheckMode = "strict") -> SanityCheckReport:
         """Compare the built ids with a re-tokenization of the rendered conversation.
 
@@ -330,6 +384,14 @@ class Trajectory:
         history). Generated ids are compared verbatim against their place in the text: a
         non-canonical tokenization sampled by the engine is not a delta error, and is reported
         as ``canonical=False``. Everything else must match the re-tokenized reference.
+
+        In the engine view, a trajectory whose deltas were rendered over the whole history
+        (the default with a check) and of which nothing changed since is checked turn by turn
+        instead: its reference is its own text by construction, so only whether its ids are
+        the canonical encoding is computed, each generated turn encoded once with the text
+        around it (:mod:`agentloop_core.tokenization.incremental`). Anything else (a changed
+        message or setting, edited ids, short deltas, the inference view) takes the full
+        re-encode below, with the same verdicts.
 
         Args:
             mode: ``strict`` (any difference fails), ``ignore_strippable`` (a difference in
@@ -341,6 +403,12 @@ class Trajectory:
         check_mode(mode)
         if mode == "disable":
             return SanityCheckReport(ok=True, mode=mode, reason="sanity check disabled")
+        if self._unchanged_since_rendered(self.context_ids):
+            return self._turn_by_turn_check(mode)
+        return self._full_check(mode)
+
+    def _full_check(self, mode: SanityCheckMode) -> SanityCheckReport:
+        """The check by one re-encode of the whole reference text (see :meth:`sanity_check`)."""
         built = self.context_ids
         try:
             ref_text, note = self._reference_text()

@@ -1,0 +1,135 @@
+"""The engine-view sanity check without re-encoding the whole trajectory.
+
+In the engine view every mask-0 piece of a trajectory (the prompt, each delta) is the encoding
+of its own template render, made when it was appended; the check's reference text is those
+same renders joined with the generated texts. So when nothing changed since (the messages, the
+attached calls, the renderer's settings, the ids), the reference equals the built text by
+construction and only one question is left: whether the built ids are also the canonical
+encoding of the joined text (``SanityCheckReport.canonical``). A fast tokenizer answers that
+piece by piece: it matches added tokens before it normalizes and pre-tokenizes, so the text
+between two special tokens is encoded on its own. Each generated turn is then encoded once
+together with the text around it up to the nearest special token on either side (the
+generation prompt's ``assistant\\n``, the glue after a turn cut without EOS), which is where a
+BPE merge across a piece boundary would show; nothing else is encoded again.
+
+Where that does not hold (a slow tokenizer, a special token that strips the whitespace next to
+it, a pre-tokenizer that treats the first piece of text differently, two generated pieces in a
+row, a piece without a special token to cut at) the caller falls back to the full re-encode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+_SPLITS: dict[int, tuple[Any, bool]] = {}
+"""Per tokenizer backend (kept alive with its verdict, so its id is not reused)."""
+
+
+class PieceLike(Protocol):
+    """A trajectory piece as the check reads it (``Trajectory``'s own pieces)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def ids(self) -> Sequence[int]: ...
+
+
+def turn_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | None:
+    """An encoder of a list of texts (in one call to the fast backend, no offsets) that gives
+    what ``tokenizer.encode(text, add_special_tokens=False)`` gives each, when ``tokenizer``
+    encodes the text between special tokens on its own; None when it may not.
+
+    That holds for a fast tokenizer that encodes with transformers' stock methods (no subclass
+    or wrapper rewriting ids), whose special tokens strip no whitespace next to them, and whose
+    normalizer and pre-tokenizer add no prefix space to the first piece of text (Metaspace,
+    Prepend, ``add_prefix_space``).
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not getattr(tokenizer, "is_fast", False) or backend is None:
+        return None
+    known = _SPLITS.get(id(backend))
+    if known is None or known[0] is not backend:
+        known = _SPLITS[id(backend)] = (backend, _backend_splits(tokenizer, backend))
+    cls = type(tokenizer)
+    stock = all(getattr(getattr(cls, name, None), "__module__", "").startswith("transformers.tokenization_utils")
+                for name in ("encode", "_encode_plus"))
+    if not known[1] or not stock or getattr(tokenizer, "split_special_tokens", False):
+        return None
+    fast = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+    return lambda texts: [list(e.ids) for e in fast(texts, add_special_tokens=False)]
+
+
+def _backend_splits(tokenizer: Any, backend: Any) -> bool:
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    if any(getattr(t, "special", False) and (getattr(t, "lstrip", False) or getattr(t, "rstrip", False))
+           for t in decoder.values()):
+        return False
+    try:
+        spec = json.loads(backend.to_str())
+    except (AttributeError, TypeError, ValueError):
+        return False
+    text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+    return not any(word in text for word in ('"Metaspace"', '"Prepend"', '"add_prefix_space": true'))
+
+
+def snapshot(value: Any) -> str | None:
+    """``value`` as JSON (dict order kept), to tell later whether it changed; None when it is
+    not JSON (images), which nothing can be compared by."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+
+
+def canonical_by_turn(pieces: Sequence[PieceLike], encode: Callable[[list[str]], list[list[int]]],
+                      special_pattern: Any,
+                      special_ids: frozenset[int]) -> bool | None:
+    """Whether the joined ids of ``pieces`` are the canonical encoding of their joined text,
+    encoding each generated piece once (``encode`` takes a list of texts) with its neighbours' text up to their nearest special
+    token; None when some piece has no such cut (the caller encodes the whole text).
+
+    Assumes ``encode`` from :func:`turn_encoder` and mask-0 pieces whose ids encode their text.
+    """
+    if special_pattern is None:
+        return None
+    texts, expected = [], []
+    for i, piece in enumerate(pieces):
+        if piece.kind != "generated":
+            continue
+        before = pieces[i - 1]
+        last = None if before.kind == "generated" else _last_special(before, special_pattern, special_ids)
+        if last is None:
+            return None
+        tail_text, tail_ids = last
+        head_text, head_ids = "", ()
+        if i + 1 < len(pieces) and not (piece.ids and piece.ids[-1] in special_ids):
+            after = pieces[i + 1]
+            first = None if after.kind == "generated" else _first_special(after, special_pattern, special_ids)
+            if first is None:
+                return None
+            head_text, head_ids = first
+        texts.append(tail_text + piece.text + head_text)
+        expected.append([*tail_ids, *piece.ids, *head_ids])
+    return not texts or encode(texts) == expected
+
+
+def _last_special(piece: PieceLike, pattern: Any, special_ids: frozenset[int]) -> tuple[str, Sequence[int]] | None:
+    """The text and ids of ``piece`` after its last special token (None without one)."""
+    at = next((j for j in range(len(piece.ids) - 1, -1, -1) if piece.ids[j] in special_ids), None)
+    ends = [m.end() for m in pattern.finditer(piece.text)]
+    if at is None or not ends:
+        return None
+    return piece.text[ends[-1]:], piece.ids[at + 1:]
+
+
+def _first_special(piece: PieceLike, pattern: Any, special_ids: frozenset[int]) -> tuple[str, Sequence[int]] | None:
+    """The text and ids of ``piece`` before its first special token (None without one)."""
+    at = next((j for j, t in enumerate(piece.ids) if t in special_ids), None)
+    found = pattern.search(piece.text)
+    if at is None or found is None:
+        return None
+    return piece.text[: found.start()], piece.ids[:at]
