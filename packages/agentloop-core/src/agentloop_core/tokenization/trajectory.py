@@ -164,8 +164,11 @@ class Trajectory:
         """
         if not self._generated_messages:
             raise ValueError("attach_tool_calls needs a generated turn to attach the calls to")
-        calls = self._tool_calls[self._generated_messages[-1]] = [dict(call) for call in tool_calls]
-        self._call_snapshots[self._generated_messages[-1]] = snapshot(calls)
+        turn = self._generated_messages[-1]
+        calls = self._tool_calls[turn] = [dict(call) for call in tool_calls]
+        # Calls attached once a later delta was already rendered without them: the check cannot
+        # take that delta as built from these inputs, so it renders it again (the full check).
+        self._call_snapshots[turn] = snapshot(calls) if turn == len(self.messages) - 1 else None
         self._preview = None
 
     def _history_with_calls(self, end: int) -> list[dict]:
