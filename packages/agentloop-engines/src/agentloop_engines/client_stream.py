@@ -29,17 +29,36 @@ import contextlib
 import dataclasses
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from agentloop_core.protocol import SamplingParams
 from agentloop_engines.replica_calls import Replica, ReplicaCall, is_own_timeout, is_replica_failure
-from agentloop_engines.routing import RequestTimeoutError
+from agentloop_engines.routing import RequestTimeoutError, StickyLeastInFlightPolicy
 from agentloop_engines.streaming import TokenDelta, stream_tokens
 
-if TYPE_CHECKING:
-    from agentloop_engines.client import LLMServerClient
-
 __all__ = ["routed_stream"]
+
+
+class _StreamCounts(Protocol):
+    completed: int
+    failed: int
+    timeouts: int
+
+
+class RoutingClient(Protocol):
+    """What a routed stream needs of :class:`~agentloop_engines.client.LLMServerClient` (typed
+    here so that this module does not import the client that imports it)."""
+
+    policy: StickyLeastInFlightPolicy
+    request_timeout_s: float | None
+    retry_on: tuple[type[BaseException], ...]
+
+    @property
+    def client_stats(self) -> _StreamCounts: ...
+
+    async def _routed(self, request_id: str, call: ReplicaCall, *, prompt_tokens: int | None = None) -> Any: ...
+
+    def _on_replica_failure(self, replica: Replica, request_id: str, exc: BaseException) -> Any: ...
 
 
 @dataclass
@@ -87,7 +106,7 @@ async def _one_delta(delta: TokenDelta) -> AsyncGenerator[TokenDelta, None]:
     yield delta
 
 
-async def routed_stream(client: LLMServerClient, request_id: str, prompt_ids: list[int],
+async def routed_stream(client: RoutingClient, request_id: str, prompt_ids: list[int],
                         sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
     """The token stream of one request routed by ``client`` (see the module docstring)."""
     opened: _Opened = await client._routed(request_id, _OpenStream(request_id, prompt_ids, sp),
