@@ -56,6 +56,7 @@ def test_without_max_tokens_a_turn_may_use_the_whole_response_length():
     ("max_concurrent_samples", 0, "max_concurrent_samples must be a positive integer or None, got 0"),
     ("turns_per_loop_iteration", True, "turns_per_loop_iteration must be a positive integer or None, got True"),
     ("sampling_seed", "7", "sampling_seed must be an integer or None, got '7'"),
+    ("hold_full_gc", "false", "hold_full_gc must be true or false, got 'false'"),
     ("response_length", 0, "response_length must be a positive integer or None, got 0"),
     ("sanity_check", "loose", "sanity_check must be one of"),
     ("pad_token_id", -1, "pad_token_id must be a token id"),

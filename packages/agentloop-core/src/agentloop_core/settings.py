@@ -104,6 +104,10 @@ class RolloutConfig:
     turns_per_loop_iteration: int | None = DEFAULT_TURNS_PER_LOOP_ITERATION
     """At most this many samples start, and this many turns go on after their ``generate``
     returned, per event-loop iteration (``TurnPacer``); None: no pacing."""
+    hold_full_gc: bool = True
+    """While a batch is in flight, freeze the objects that existed before it and hold off
+    Python's full garbage collections (young ones still run), so none pauses every loop of the
+    process; released when the last batch returns (``agentloop_core.runtime.gc_hold``)."""
     sampling_seed: int | None = None
     """Every ``generate`` call without its own ``seed`` gets one derived from this, the sample's
     key and the call index (``agentloop_core.runtime.seeding``; trainer: ``trainer.seed``);
@@ -140,6 +144,8 @@ class RolloutConfig:
         pad = self.pad_token_id
         if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 0):
             raise ValueError(f"pad_token_id must be a token id (an integer >= 0) or None, got {pad!r}")
+        if not isinstance(self.hold_full_gc, bool):
+            raise ValueError(f"hold_full_gc must be true or false, got {self.hold_full_gc!r}")
         if not isinstance(self.truncate, bool):
             raise ValueError(f"truncate must be true or false, got {self.truncate!r}")
         if self.sanity_check not in SANITY_CHECK_MODES:

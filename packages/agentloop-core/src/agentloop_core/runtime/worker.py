@@ -14,6 +14,7 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import AsyncServer, SamplingParams, TokenOutput
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import resolve_agent_names
+from agentloop_core.runtime.gc_hold import GC_HOLD
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
 from agentloop_core.segments import trajectory_reward, trajectory_view
 from agentloop_core.server_wrapper import TransparentServerWrapper
@@ -248,7 +249,8 @@ class AgentLoopWorker:
             return segments
 
         try:
-            parts = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
+            with GC_HOLD.holding(self.config.hold_full_gc):
+                parts = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
         finally:
             self.tracer.flush()
         return [output for part in parts for output in part]

@@ -156,6 +156,10 @@ class AgentSection:
     """Most samples started, and most turns resumed after their engine call, per event-loop
     iteration of a rollout worker: keeps the loop responsive (timers, tool timeouts) with
     thousands of trajectories in flight; null: no pacing."""
+    hold_full_gc: bool = True
+    """While a rollout batch is in flight, freeze what existed before it and hold off Python's
+    full garbage collections (young ones still run): with thousands of trajectories each full
+    collection paused every loop for 0.2-0.7 s; false: Python's own schedule."""
     loops: dict[str, Any] = field(default_factory=dict)
     """Per-loop settings merged over the common ones, e.g. ``loops.react_agent.graph_factory``;
     ``loops.<name>._target_`` registers a loop class by import path. Unknown keys are errors."""

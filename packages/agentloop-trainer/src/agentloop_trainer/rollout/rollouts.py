@@ -135,6 +135,7 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         custom_chat_template=custom_chat_template(cfg),
         sample_timeout_s=r.sample_timeout_s,
         turns_per_loop_iteration=r.agent.turns_per_loop_iteration,
+        hold_full_gc=r.agent.hold_full_gc,
         sampling_seed=seed,
         sampling_params=train,
         val_sampling_params=val_sampling,
