@@ -22,7 +22,14 @@ Tokens/s = completion (response) tokens processed per second of step time, after
 Ours and TRL run in alternating rounds (``--rounds``, fresh model and warm-up each) and their
 steps are pooled, so a load swing on the shared machine hits both sides alike.
 
-Run: ``python bench/bench_trainer.py`` (writes ``bench/results/trainer.json``).
+With ``--model PATH`` (a real checkpoint with its tokenizer, e.g. the folder ``agentloop model
+fetch smollm2-135m-instruct`` prints) every run uses that model instead, and the update-only rows
+also report the achieved FLOP/s (8 x parameters x tokens per update: the no-grad old-policy
+forward and the forward + backward, attention left out) against this machine's measured fp32
+matmul peak on one thread (2048 x 2048).
+
+Run: ``python bench/bench_trainer.py`` (writes ``bench/results/trainer.json``; with ``--model``,
+``bench/results/trainer_real.json``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,35 @@ MAX_NEW = 32
 STEPS = 5
 ROUNDS = 2
 GOAL_VS_TRL = 1.3
+MODEL_PATH: str | None = None
+"""A real checkpoint's folder (``--model``); None: the built-in tiny model."""
+
+
+def model_and_tokenizer() -> tuple[str, object]:
+    """The model folder and its tokenizer: ``MODEL_PATH``'s, or the built-in tiny pair."""
+    if MODEL_PATH:
+        from transformers import AutoTokenizer
+
+        return MODEL_PATH, AutoTokenizer.from_pretrained(MODEL_PATH)
+    from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
+    from agentloop_engines import build_tiny_model
+
+    return str(build_tiny_model()), load_tiny_tokenizer()
+
+
+def matmul_peak_gflops(size: int = 2048, reps: int = 5) -> float:
+    """fp32 ``torch.mm`` of two ``size`` x ``size`` matrices on the current torch threads: the
+    best of ``reps``, in GFLOP/s."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
 
 
 def questions() -> list[list[dict]]:
@@ -60,12 +96,10 @@ async def ours_full_steps() -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
-    from agentloop_engines import HFServer, build_tiny_model
+    from agentloop_engines import HFServer
     from agentloop_trainer.update import ActorConfig, GRPOActor, PolicyBatch, group_advantages
 
-    path = str(build_tiny_model())
-    tok = load_tiny_tokenizer()
+    path, tok = model_and_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     server = HFServer(path, tok, max_batch_size=PROMPTS * GROUP)
     actor = GRPOActor(model, ActorConfig(lr=1e-4))
@@ -144,16 +178,25 @@ def _fsdp_rank(rank: int, model_path: str) -> list[float]:
 def ours_update_only() -> dict:
     from transformers import AutoModelForCausalLM
 
-    from agentloop_engines import build_tiny_model
     from agentloop_trainer.update import spawn
 
-    path = str(build_tiny_model())
+    path, _ = model_and_tokenizer()
     tokens = PROMPTS * GROUP * MAX_NEW
-    single = _update_steps(AutoModelForCausalLM.from_pretrained(path))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    params = sum(p.numel() for p in model.parameters())
+    # Every position of every sequence goes through the old-policy forward (2 FLOPs per
+    # parameter) and the update's forward + backward (6).
+    flops = 8 * params * PROMPTS * GROUP * (40 + MAX_NEW)
+    single = _update_steps(model)
+    del model
     sharded = spawn(_fsdp_rank, 2, path)
-    return {"tokens_per_update": tokens,
-            "1 process": {"step_s": single, "tokens_per_s": tokens * len(single) / sum(single)},
-            "2 FSDP2 ranks (gloo)": {"step_s": sharded, "tokens_per_s": tokens * len(sharded) / sum(sharded)}}
+
+    def row(times: list[float]) -> dict:
+        step = sum(times) / len(times)
+        return {"step_s": times, "tokens_per_s": tokens / step, "gflops_per_s": flops / step / 1e9}
+
+    return {"tokens_per_update": tokens, "parameters": params, "flops_per_update": flops,
+            "1 process": row(single), "2 FSDP2 ranks (gloo)": row(sharded)}
 
 
 def trl_steps() -> dict:
@@ -162,12 +205,9 @@ def trl_steps() -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
-    from agentloop_engines import build_tiny_model
-
     torch.set_num_threads(1)
-    tok = load_tiny_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained(str(build_tiny_model()), dtype=torch.float32)
+    path, tok = model_and_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
     def reward(completions, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -216,9 +256,10 @@ def _pooled(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    global STEPS
+    global STEPS, MODEL_PATH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--model", help="a real checkpoint's folder (default: the built-in tiny model)")
     parser.add_argument("--skip-fsdp", action="store_true")
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per run, after one warm-up")
     parser.add_argument("--no-write", action="store_true", help="print the table, keep results/trainer.json")
@@ -226,9 +267,12 @@ def main() -> None:
                         help="alternate ours and TRL this many times (load on a shared machine drifts)")
     args = parser.parse_args()
     STEPS = args.steps
+    MODEL_PATH = args.model
     import torch
 
     torch.set_num_threads(1)
+    peak = matmul_peak_gflops()
+    print(f"fp32 matmul peak, 1 thread: {peak:.1f} GFLOP/s", flush=True)
     load_start = load_average()
     results, notes = {}, {}
     full, trl = [], []
@@ -250,6 +294,10 @@ def main() -> None:
             upd = ours_update_only()
             results["ours update only, 1 process"] = upd["1 process"]
             results["ours update only, 2 FSDP2 ranks"] = upd["2 FSDP2 ranks (gloo)"]
+            share = upd["1 process"]["gflops_per_s"] / peak
+            notes["flops"] = (f"update only, 1 process: {upd['1 process']['gflops_per_s']:.1f} GFLOP/s = "
+                              f"{100 * share:.0f}% of the {peak:.1f} GFLOP/s fp32 matmul peak (1 thread; "
+                              f"{upd['parameters'] / 1e6:.1f}M parameters, 8 x params x tokens per update)")
         except Exception as exc:  # noqa: BLE001 - record why, keep the other numbers
             notes["fsdp"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1200:]}"
     if trl:
@@ -260,15 +308,17 @@ def main() -> None:
         print(notes["goal"])
     rows = [(name, round(r["tokens_per_s"]), round(statistics.median(r["step_s"]), 3)) for name, r in results.items()]
     for key, note in notes.items():
-        if key != "goal":
+        if key not in ("goal", "flops"):
             rows.append((key, "n/a", note.splitlines()[0][:80]))
         print(f"{key}: {note}")
     text = table(["run", "tokens/s", "median step s"], rows,
                  title=f"GRPO step throughput (single-turn), {PROMPTS} prompts x {GROUP} samples, "
-                       f"<= {MAX_NEW} new tokens, tiny model, 1 thread per process")
+                       f"<= {MAX_NEW} new tokens, {MODEL_PATH or 'tiny model'}, 1 thread per process")
     if args.no_write:
         return
-    write_result("trainer", {"description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
+    write_result("trainer_real" if MODEL_PATH else "trainer", {
+                             "description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
+                             "model": MODEL_PATH or "tiny", "matmul_peak_gflops_1_thread": peak,
                              "versions": versions("torch", "transformers", "trl"), "results": results,
                              "notes": notes, "table_markdown": text})
 
