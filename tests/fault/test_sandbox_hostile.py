@@ -184,7 +184,11 @@ def test_as_root_by_default_the_code_is_unprivileged_and_cannot_reach_the_traine
     assert "sk-hostile" not in res.stdout, res.stdout
     assert "WROTE" not in res.stdout, res.stdout
     assert leaked == [], res.stdout
-    assert "write denied PermissionError" in res.stdout, res.stdout
+    # The working directory is refused by permission where the sandbox can see it; a checkout
+    # under a folder the sandbox masks (/tmp, /dev/shm, /var/tmp) is not there at all.
+    masked = any(Path.cwd().is_relative_to(m) for m in ("/tmp", "/dev/shm", "/var/tmp"))
+    expected = "write denied FileNotFoundError" if masked else "write denied PermissionError"
+    assert expected in res.stdout, res.stdout
     assert "AGENTLOOP_FAKE_API_KEY" not in res.stdout
 
 
