@@ -436,7 +436,8 @@ def bench(session: nox.Session) -> None:
     when it exists."""
     session.install(TORCH)
     session.install("verl==0.9.1", "trl==1.16.0", "jmespath", "cachetools", "uvicorn", "fastapi", TORCH)
-    _install_all(session, "ray>=2.40,<3", "pytest>=8", "peft>=0.13")
+    # gguf: the real-checkpoint benchmarks fetch SmolLM2 (a GGUF file) when given no folder.
+    _install_all(session, "ray>=2.40,<3", "pytest>=8", "peft>=0.13", "gguf>=0.10")
     session.run("python", "-m", "pytest", "bench/tests", "-q", "-p", "no:cacheprovider")
     vllm_python = ROOT / ".nox" / "vllm" / "bin" / "python"
     extra = ["--vllm-python", str(vllm_python)] if vllm_python.exists() else []

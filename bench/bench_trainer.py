@@ -22,8 +22,8 @@ Tokens/s = completion (response) tokens processed per second of step time, after
 Ours and TRL run in alternating rounds (``--rounds``, fresh model and warm-up each) and their
 steps are pooled, so a load swing on the shared machine hits both sides alike.
 
-With ``--model PATH`` (a real checkpoint with its tokenizer, e.g. the folder ``agentloop model
-fetch smollm2-135m-instruct`` prints) every run uses that model instead, and the update-only rows
+With ``--model PATH`` (a real checkpoint's folder with its tokenizer, or a name ``agentloop model
+fetch`` knows, e.g. ``smollm2-135m-instruct``) every run uses that model instead, and the update-only rows
 also report the achieved FLOP/s (8 x parameters x tokens per update: the no-grad old-policy
 forward and the forward + backward, attention left out) against this machine's measured fp32
 matmul peak on one thread (2048 x 2048).
@@ -259,7 +259,8 @@ def main() -> None:
     global STEPS, MODEL_PATH
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--model", help="a real checkpoint's folder (default: the built-in tiny model)")
+    parser.add_argument("--model", help="a real checkpoint's folder, or a name `agentloop model fetch` knows "
+                                        "(smollm2-135m-instruct); default: the built-in tiny model")
     parser.add_argument("--skip-fsdp", action="store_true")
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per run, after one warm-up")
     parser.add_argument("--no-write", action="store_true", help="print the table, keep results/trainer.json")
@@ -268,6 +269,10 @@ def main() -> None:
     args = parser.parse_args()
     STEPS = args.steps
     MODEL_PATH = args.model
+    if MODEL_PATH and not Path(MODEL_PATH).is_dir():  # a name `agentloop model fetch` knows
+        from agentloop_trainer.pretrained import fetch_model
+
+        MODEL_PATH = str(fetch_model(MODEL_PATH))
     import torch
 
     torch.set_num_threads(1)
