@@ -194,6 +194,33 @@ def test_convert_reproduces_the_source_model(tiny, tmp_path, cache):
     assert not cache.exists(), "convert with --out must not write into the cache"
 
 
+def test_special_tokens_come_from_the_gguf_when_transformers_reads_them_wrong(tiny, tmp_path, monkeypatch):
+    """transformers 5.10 read SmolLM2's eos as <|im_start|> (its bos): the folder must hold the
+    GGUF's own ids whatever the installed reader says."""
+    from transformers import AutoTokenizer
+
+    path, _source, _bpe = tiny
+    real = AutoTokenizer.from_pretrained
+
+    def misreading(*args, **kwargs):
+        tokenizer = real(*args, **kwargs)
+        if kwargs.get("gguf_file"):
+            tokenizer.eos_token = "<|im_start|>"
+            tokenizer.pad_token = None
+        return tokenizer
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", misreading)
+    lines: list[str] = []
+    out = convert_gguf(path, tmp_path / "hf", log=lines.append)
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", real)
+    folder_tokenizer = AutoTokenizer.from_pretrained(out)
+    assert folder_tokenizer.eos_token == "<|im_end|>"
+    assert folder_tokenizer.pad_token == "<|endoftext|>"
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == folder_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert any("eos token: the GGUF says '<|im_end|>'" in line for line in lines), lines
+
+
 def test_untied_output_weights_convert_too(tmp_path):
     path = tmp_path / "untied.gguf"
     source, bpe = write_tiny_gguf(path, tie=False, seed=1)

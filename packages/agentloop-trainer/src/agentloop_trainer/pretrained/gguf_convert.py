@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 GGUF_INSTALL_HINT = 'pip install "agentloop-trainer[gguf]"'
-FORMAT_VERSION = 1
-"""Bumped when the folder's layout changes, so older cached conversions are rebuilt."""
+FORMAT_VERSION = 2
+"""Bumped when the folder's layout changes, so older cached conversions are rebuilt (2: special
+token ids from the GGUF's metadata; some transformers versions read SmolLM2's eos as its bos)."""
 PROVENANCE_NAME = "provenance.json"
 LICENSE_NAME = "LICENSE"
 COMPLETE_MARKER = ".complete"
@@ -93,6 +94,12 @@ class GGUFFacts:
     """How many tensors are stored in each type (``{"Q4_1": 210, "F32": 61}``)."""
     eot_token_id: int | None
     """``tokenizer.ggml.eot_token_id``: an end-of-turn token generation should also stop at."""
+    bos_token_id: int | None = None
+    """``tokenizer.ggml.bos_token_id``."""
+    eos_token_id: int | None = None
+    """``tokenizer.ggml.eos_token_id``: what llama.cpp stops at."""
+    pad_token_id: int | None = None
+    """``tokenizer.ggml.padding_token_id``."""
 
 
 def _scalar(gguf: Any, reader: Any, key: str) -> Any:
@@ -122,6 +129,9 @@ def read_gguf_facts(path: str | Path) -> GGUFFacts:
         file_type=file_type_name,
         tensor_types=dict(Counter(t.tensor_type.name for t in reader.tensors)),
         eot_token_id=_scalar(gguf, reader, "tokenizer.ggml.eot_token_id"),
+        bos_token_id=_scalar(gguf, reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_scalar(gguf, reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_scalar(gguf, reader, "tokenizer.ggml.padding_token_id"),
     )
 
 
@@ -241,6 +251,27 @@ def _unquantized_copy(source: Any) -> Any:
     return model.eval()
 
 
+def align_special_tokens(tokenizer: Any, facts: GGUFFacts, log: Log) -> None:
+    """Make the tokenizer's bos/eos/pad the GGUF's own (its metadata is what llama.cpp runs with).
+
+    transformers' GGUF reader does not always agree: 5.10 gave SmolLM2-135M-Instruct's
+    ``<|im_start|>`` (id 1) as its eos where the file says ``<|im_end|>`` (id 2), and a model
+    whose eos is its turn opener never stops where its template ends a turn.
+
+    Raises:
+        ConversionError: an id the GGUF names is not in the tokenizer's vocabulary.
+    """
+    for name, wanted in (("bos", facts.bos_token_id), ("eos", facts.eos_token_id), ("pad", facts.pad_token_id)):
+        if wanted is None or getattr(tokenizer, f"{name}_token_id") == wanted:
+            continue
+        token = tokenizer.convert_ids_to_tokens(wanted)
+        if token is None or tokenizer.convert_tokens_to_ids(token) != wanted:
+            raise ConversionError(f"the GGUF's {name} token id {wanted} is not in its own vocabulary")
+        log(f"{name} token: the GGUF says {token!r} (id {wanted}); transformers read "
+            f"{getattr(tokenizer, f'{name}_token')!r}: using the GGUF's")
+        setattr(tokenizer, f"{name}_token", token)
+
+
 def _special_token_ids(tokenizer: Any, facts: GGUFFacts) -> dict[str, Any]:
     """bos/eos/pad for config.json and generation_config.json, from the tokenizer."""
     eos = tokenizer.eos_token_id
@@ -272,6 +303,7 @@ def _convert_into(tmp: Path, path: Path, sha256: str, license_file: str | Path |
         raise ConversionError(f"transformers {transformers.__version__} cannot load {path.name} "
                               f"(architecture {facts.architecture!r}): {exc}") from exc
     source.eval()
+    align_special_tokens(tokenizer, facts, log)
     seconds["load"] = time.perf_counter() - started
     parameters = sum(p.numel() for p in source.parameters())
     log(f"loaded {type(source).__name__} ({parameters / 1e6:.1f}M parameters) in {seconds['load']:.1f} s; saving")
