@@ -44,7 +44,8 @@ def turn_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | Non
     encodes the text between special tokens on its own; None when it may not.
 
     That holds for a fast tokenizer that encodes with transformers' stock methods (no subclass
-    or wrapper rewriting ids), whose special tokens strip no whitespace next to them, and whose
+    or wrapper rewriting ids), whose special tokens strip no whitespace next to them, match
+    anywhere (not ``single_word``) and before normalization (not ``normalized``), and whose
     normalizer and pre-tokenizer add no prefix space to the first piece of text (Metaspace,
     Prepend, ``add_prefix_space``).
     """
@@ -65,7 +66,9 @@ def turn_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | Non
 
 def _backend_splits(tokenizer: Any, backend: Any) -> bool:
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    if any(getattr(t, "special", False) and (getattr(t, "lstrip", False) or getattr(t, "rstrip", False))
+    # A special token that strips whitespace next to it, matches only as a whole word, or is
+    # matched after normalization is not a clean cut between two independently encoded texts.
+    if any(getattr(t, "special", False) and any(getattr(t, flag, False) for flag in ("lstrip", "rstrip", "single_word", "normalized"))
            for t in decoder.values()):
         return False
     try:

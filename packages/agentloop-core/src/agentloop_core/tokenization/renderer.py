@@ -17,6 +17,7 @@ from agentloop_core.tokenization.opaque import (
     roles,
     turn_marker,
 )
+from agentloop_core.tokenization.piecewise import piecewise_encoder
 from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
 from agentloop_core.tokenization.template_probes import probes_for, run_probes, special_tokens
 
@@ -131,6 +132,7 @@ class ChatRenderer:
         self.special_tokens, self.special_ids = special_tokens(self.tokenizer)
         """The tokenizer's special tokens (text, longest first) and their ids: the tokens that can
         close a turn."""
+        self._piecewise = piecewise_encoder(self.tokenizer, self.special_tokens)
         self._template_key = (
             type(self.processor).__name__, chat_template or getattr(self.processor, "chat_template", None),
             json.dumps(self.tools, sort_keys=True, default=str),
@@ -177,7 +179,10 @@ class ChatRenderer:
         return text
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text``, with no BOS/EOS added (templates write their own)."""
+        """Token ids of ``text``, with no BOS/EOS added (templates write their own); by pieces
+        between special tokens where the tokenizer allows it (:mod:`.piecewise`)."""
+        if self._piecewise is not None:
+            return self._piecewise.encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
