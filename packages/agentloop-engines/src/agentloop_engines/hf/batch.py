@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from agentloop_core.protocol import SamplingParams, StopReason, TokenOutput
+from agentloop_engines.hf.growing_cache import grow_in_place
 from agentloop_engines.hf.sampling import RowSampling, sample_rows
 
 
@@ -142,6 +143,7 @@ class DecodeBatch:
             _count(stats, len(prompts), prefill_tokens=int(mask[:, prefix:].sum()) + prefix)
             stats["shared_prefix_tokens"] += prefix * (len(prompts) - 1)
             cache, logits = _cache_of(out), out.logits[:, -1]
+            grow_in_place(cache)  # decode steps write into spare room instead of copying the cache
             if len(prompts) < len(live):
                 stats["repeated_prompt_tokens"] += sum(len(r.prompt_ids) for r in live) - sum(map(len, prompts))
                 owners = torch.tensor(owner, device=mask.device)
@@ -228,7 +230,7 @@ class DecodeBatch:
     def can_merge(self) -> bool:
         """Whether :meth:`merge` knows this cache layout (plain full-attention DynamicCache)."""
         layers = getattr(self.cache, "layers", None)
-        return bool(layers) and all(type(layer).__name__ == "DynamicLayer" for layer in layers)
+        return bool(layers) and all(type(layer).__name__ in ("DynamicLayer", "GrowingLayer") for layer in layers)
 
     def merge(self, other: DecodeBatch) -> DecodeBatch:
         """Append ``other``'s rows, left-padding the shorter KV cache with masked slots."""
