@@ -121,11 +121,13 @@ def decode_steps(model_dir: str, threads: int, rows: tuple[int, ...] = (16, 32, 
     from agentloop_core.protocol import SamplingParams
     from agentloop_engines.hf.attention import use_grouped_decode_attention
     from agentloop_engines.hf.batch import DecodeBatch, Row
+    from agentloop_engines.hf.packed_linear import pack_linears
     from agentloop_engines.hf.sampling import RowSampling
 
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    use_grouped_decode_attention(model)
+    use_grouped_decode_attention(model)  # as HFServer sets the model up
+    pack_linears(model, max(rows))
     params = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight
     tied = model.get_output_embeddings() is not None and model.get_output_embeddings().weight is embed

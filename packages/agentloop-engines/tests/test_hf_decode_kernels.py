@@ -67,9 +67,12 @@ async def test_grouped_attention_and_growing_cache_give_transformers_tokens(mode
     fast = HFServer(model_path, max_batch_size=32)
     plain = HFServer(model_path, max_batch_size=32, grouped_attention=False, packed_linear=False)
     try:
-        assert fast.grouped_attention and fast.model.config._attn_implementation != "sdpa"
-        assert not plain.grouped_attention and plain.model.config._attn_implementation == "sdpa"
-        assert fast.packed_linears > 0 and plain.packed_linears == 0
+        assert fast.grouped_attention
+        assert fast.model.config._attn_implementation != "sdpa"
+        assert not plain.grouped_attention
+        assert plain.model.config._attn_implementation == "sdpa"
+        assert fast.packed_linears > 0
+        assert plain.packed_linears == 0
         ours, theirs = await _generate_all(fast), await _generate_all(plain)
     finally:
         await fast.close()
@@ -97,7 +100,8 @@ def test_the_growing_cache_writes_in_place_and_holds_what_cat_would(model_path):
             v = torch.randn_like(k)
             got_k, got_v = layer.update(k, v)
             reference[0] = (torch.cat([reference[0][0], k], dim=-2), torch.cat([reference[0][1], v], dim=-2))
-            assert torch.equal(got_k, reference[0][0]) and torch.equal(got_v, reference[0][1])
+            assert torch.equal(got_k, reference[0][0])
+            assert torch.equal(got_v, reference[0][1])
             pointers.add(layer.__dict__["_k"].buffer.data_ptr())
             assert layer.get_seq_length() == 4 + step + 1
         assert len(pointers) <= 2, "each step must write into the buffer, not allocate a new cache"
@@ -107,7 +111,8 @@ def test_the_growing_cache_writes_in_place_and_holds_what_cat_would(model_path):
         got_k, _ = layer.update(k, torch.randn_like(k))
         assert torch.equal(got_k, torch.cat([reference[0][0][[0, 2]], k], dim=-2))
         layer.crop(5 - layer.get_seq_length())  # negative: drop that many (every 5.x reads it so)
-        assert layer.get_seq_length() == 5 and torch.equal(layer.keys, got_k[:, :, :5])
+        assert layer.get_seq_length() == 5
+        assert torch.equal(layer.keys, got_k[:, :, :5])
 
 
 def test_only_plain_initialised_layers_are_turned():
@@ -120,7 +125,8 @@ def test_only_plain_initialised_layers_are_turned():
         layers = [DynamicLayer(), Other()]
 
     assert grow_in_place(Cache()) == 0  # the plain one is not initialised yet, the other is not plain
-    assert type(Cache.layers[0]) is DynamicLayer and type(Cache.layers[1]) is Other
+    assert type(Cache.layers[0]) is DynamicLayer
+    assert type(Cache.layers[1]) is Other
 
 
 def test_packed_linears_follow_every_weight_change():
@@ -151,7 +157,8 @@ def test_packed_linears_follow_every_weight_change():
     same()
     # With autograd on, the layers run as loaded and gradients flow.
     model(x.requires_grad_()).sum().backward()
-    assert model[0].weight.grad is not None and x.grad is not None
+    assert model[0].weight.grad is not None
+    assert x.grad is not None
 
 
 def test_models_off_the_cpu_or_in_another_dtype_are_left_alone():
