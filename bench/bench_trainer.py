@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import time
@@ -44,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import load_average, matmul_peak_gflops, table, versions, write_result  # noqa: E402
+from _common import load_average, matmul_peaks_gflops, table, versions, write_result  # noqa: E402
 
 PROMPTS = 8
 GROUP = 4
@@ -54,6 +55,8 @@ ROUNDS = 2
 GOAL_VS_TRL = 1.3
 MODEL_PATH: str | None = None
 """A real checkpoint's folder (``--model``); None: the built-in tiny model."""
+CPU_MATMUL = os.environ.get("AGENTLOOP_BENCH_CPU_MATMUL", "onednn")
+"""Our side's ``model.cpu_matmul`` (``--cpu-matmul``; in the environment for the FSDP2 ranks)."""
 
 
 def model_and_tokenizer() -> tuple[str, object]:
@@ -85,7 +88,10 @@ async def ours_full_steps() -> dict:
     from agentloop_trainer.update import ActorConfig, GRPOActor, PolicyBatch, group_advantages
 
     path, tok = model_and_tokenizer()
+    from agentloop_trainer.policy.model import use_cpu_matmul
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    use_cpu_matmul(model, CPU_MATMUL, "cpu")  # as build_trainer does with model.cpu_matmul
     server = HFServer(path, tok, max_batch_size=PROMPTS * GROUP)
     actor = GRPOActor(model, ActorConfig(lr=1e-4))
     prompts = [tok.apply_chat_template(q, add_generation_prompt=True, tokenize=False) for q in questions()]
@@ -155,9 +161,12 @@ def _update_steps(model) -> list[float]:
 def _fsdp_rank(rank: int, model_path: str) -> list[float]:
     from transformers import AutoModelForCausalLM
 
+    from agentloop_trainer.policy.model import use_cpu_matmul
     from agentloop_trainer.update import shard_policy
 
-    return _update_steps(shard_policy(AutoModelForCausalLM.from_pretrained(model_path)))
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    use_cpu_matmul(model, CPU_MATMUL, "cpu")  # as build_trainer does with model.cpu_matmul
+    return _update_steps(shard_policy(model))
 
 
 def ours_update_only() -> dict:
@@ -167,7 +176,10 @@ def ours_update_only() -> dict:
 
     path, _ = model_and_tokenizer()
     tokens = PROMPTS * GROUP * MAX_NEW
+    from agentloop_trainer.policy.model import use_cpu_matmul
+
     model = AutoModelForCausalLM.from_pretrained(path)
+    use_cpu_matmul(model, CPU_MATMUL, "cpu")  # as build_trainer does with model.cpu_matmul
     params = sum(p.numel() for p in model.parameters())
     # Every position of every sequence goes through the old-policy forward (2 FLOPs per
     # parameter) and the update's forward + backward (6).
@@ -241,18 +253,21 @@ def _pooled(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    global STEPS, MODEL_PATH
+    global STEPS, MODEL_PATH, CPU_MATMUL
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--model", help="a real checkpoint's folder, or a name `agentloop model fetch` knows "
                                         "(smollm2-135m-instruct); default: the built-in tiny model")
     parser.add_argument("--skip-fsdp", action="store_true")
+    parser.add_argument("--cpu-matmul", choices=["onednn", "torch"], default=CPU_MATMUL,
+                        help="our side's model.cpu_matmul (torch: MKL's sgemm, as before #35)")
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per run, after one warm-up")
     parser.add_argument("--no-write", action="store_true", help="print the table, keep results/trainer.json")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help="alternate ours and TRL this many times (load on a shared machine drifts)")
     args = parser.parse_args()
     STEPS = args.steps
+    CPU_MATMUL = os.environ["AGENTLOOP_BENCH_CPU_MATMUL"] = args.cpu_matmul
     MODEL_PATH = args.model
     if MODEL_PATH and not Path(MODEL_PATH).is_dir():  # a name `agentloop model fetch` knows
         from agentloop_trainer.pretrained import fetch_model
@@ -261,8 +276,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    peak = matmul_peak_gflops()
-    print(f"fp32 matmul peak, 1 thread: {peak:.1f} GFLOP/s", flush=True)
+    peaks = matmul_peaks_gflops()
+    peak = max(peaks.values())
+    print(f"fp32 matmul peak, 1 thread: {peak:.1f} GFLOP/s ({peaks})", flush=True)
     load_start = load_average()
     results, notes = {}, {}
     full, trl = [], []
@@ -286,7 +302,8 @@ def main() -> None:
             results["ours update only, 2 FSDP2 ranks"] = upd["2 FSDP2 ranks (gloo)"]
             share = upd["1 process"]["gflops_per_s"] / peak
             notes["flops"] = (f"update only, 1 process: {upd['1 process']['gflops_per_s']:.1f} GFLOP/s = "
-                              f"{100 * share:.0f}% of the {peak:.1f} GFLOP/s fp32 matmul peak (1 thread; "
+                              f"{100 * share:.0f}% of the {peak:.1f} GFLOP/s fp32 matmul peak (1 thread, the larger of "
+                              f"torch.mm and oneDNN; model.cpu_matmul={CPU_MATMUL}; "
                               f"{upd['parameters'] / 1e6:.1f}M parameters, 8 x params x tokens per update)")
         except Exception as exc:  # noqa: BLE001 - record why, keep the other numbers
             notes["fsdp"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1200:]}"
@@ -309,6 +326,7 @@ def main() -> None:
     write_result("trainer_real" if MODEL_PATH else "trainer", {
                              "description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
                              "model": MODEL_PATH or "tiny", "matmul_peak_gflops_1_thread": peak,
+                             "matmul_peaks_gflops_1_thread": peaks, "cpu_matmul": CPU_MATMUL,
                              "versions": versions("torch", "transformers", "trl"), "results": results,
                              "notes": notes, "table_markdown": text})
 

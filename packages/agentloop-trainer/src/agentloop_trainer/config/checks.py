@@ -19,6 +19,9 @@ TRAIN_DTYPES = ("float32", "bfloat16")
 ROLLOUT_DTYPES = ("float32", "bfloat16", "float16", "auto")
 """Values of ``actor_rollout_ref.rollout.dtype`` (besides null)."""
 
+CPU_MATMULS = ("onednn", "torch")
+"""Values of ``model.cpu_matmul`` (:mod:`agentloop_trainer.policy.onednn_linear`)."""
+
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
 
@@ -95,6 +98,7 @@ def validate(cfg: TrainConfig) -> None:
         ("model.dtype", cfg.model.dtype in TRAIN_DTYPES,
          f"one of {TRAIN_DTYPES} (float16 needs loss scaling, which agentloop does not do: use bfloat16)"),
         ("model.lora_rank", cfg.model.lora_rank >= 0, ">= 0 (0: train every weight)"),
+        ("model.cpu_matmul", cfg.model.cpu_matmul in CPU_MATMULS, f"one of {CPU_MATMULS}"),
         ("trainer.hf_max_shard_megabytes", cfg.trainer.hf_max_shard_megabytes >= 1, "at least 1"),
         ("model.lora_alpha", cfg.model.lora_alpha > 0, "> 0"),
         ("sft.batch_size", cfg.sft.batch_size >= 1, "at least 1"),

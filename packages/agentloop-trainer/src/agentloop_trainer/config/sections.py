@@ -62,6 +62,11 @@ class ModelSection:
     gathers bfloat16 parameters; one process computes under autocast)."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
+    cpu_matmul: str = "onednn"
+    """Who multiplies the policy's float32 linear layers on the CPU (forward and backward):
+    ``onednn`` (``agentloop_trainer.policy.onednn_linear``; over twice MKL's speed on AMD CPUs,
+    gradients equal to ~1e-6 relative) or ``torch`` (torch's own, MKL's sgemm in the CPU
+    wheels). Other devices and dtypes always use torch's own."""
     lora_rank: int = 0
     """LoRA rank (peft); 0: train every weight. With LoRA only the adapters train, engines get
     merged weights, and the KL reference is the base model with the adapter disabled."""

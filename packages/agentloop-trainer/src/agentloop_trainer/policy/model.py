@@ -89,6 +89,16 @@ def apply_lora(model: Any, rank: int, alpha: int, target_modules: Any = "all-lin
                          f"its linear modules are {linear}, or use all-linear") from None
 
 
+def use_cpu_matmul(model: Any, cpu_matmul: str, device: str) -> int:
+    """``model.cpu_matmul``: with ``onednn`` on a CPU run, the policy's linear layers multiply
+    on oneDNN (:mod:`agentloop_trainer.policy.onednn_linear`); returns how many layers."""
+    if cpu_matmul != "onednn" or not str(device).startswith("cpu"):
+        return 0
+    from agentloop_trainer.policy.onednn_linear import use_onednn_linears
+
+    return use_onednn_linears(model)
+
+
 def enable_gradient_checkpointing(model: Any) -> None:
     """Recompute each decoder layer's activations in the backward pass (non-reentrant, so
     frozen embeddings under LoRA still pass gradients)."""

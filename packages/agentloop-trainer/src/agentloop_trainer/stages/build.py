@@ -59,7 +59,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
 
     from agentloop_trainer.config.accessors import offload_enabled, reference_offloaded
     from agentloop_trainer.data.records import load_records
-    from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing
+    from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing, use_cpu_matmul
     from agentloop_trainer.stages.grpo import GRPOTrainer
 
     seed_everything(cfg.trainer.seed)
@@ -72,6 +72,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
         enable_gradient_checkpointing(model)
     if m.lora_rank > 0:
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
+    use_cpu_matmul(model, m.cpu_matmul, device)
     offload, ref_offload = offload_enabled(cfg), reference_offloaded(cfg)
     owns_group = False
     if world_size == 1 and (offload or ref_offload):

@@ -76,7 +76,7 @@ def load_sft_model(cfg: TrainConfig, tokenizer: Any) -> Any:
     the GRPO actor has: gradient checkpointing, LoRA; on ``trainer.device``."""
     import torch
 
-    from agentloop_trainer.policy.model import apply_lora, build_tiny_policy, enable_gradient_checkpointing
+    from agentloop_trainer.policy.model import apply_lora, build_tiny_policy, enable_gradient_checkpointing, use_cpu_matmul
 
     m = cfg.model
     if m.path:
@@ -89,6 +89,7 @@ def load_sft_model(cfg: TrainConfig, tokenizer: Any) -> Any:
         enable_gradient_checkpointing(model)
     if m.lora_rank > 0:
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
+    use_cpu_matmul(model, m.cpu_matmul, cfg.trainer.device)
     # pyright's ignore: PreTrainedModel.to is typed without binding self (see policy.model).
     return model.to(cfg.trainer.device)  # pyright: ignore[reportArgumentType]
 
