@@ -24,8 +24,11 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+_ONEDNN: Any = torch.ops.mkldnn
+"""torch's oneDNN operators (typed loosely: their stubs are generated at runtime)."""
 
-def _packed_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+
+def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
             or weight.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
@@ -33,9 +36,9 @@ def _packed_forward(self: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     packed = self.__dict__.get("_agentloop_packed")
     key = (weight.data_ptr(), weight._version)
     if packed is None or packed[0] != key:
-        packed = self.__dict__["_agentloop_packed"] = (key, torch.ops.mkldnn._reorder_linear_weight(
+        packed = self.__dict__["_agentloop_packed"] = (key, _ONEDNN._reorder_linear_weight(
             weight.detach(), self.__dict__.get("_agentloop_rows", 64)))
-    return torch.ops.mkldnn._linear_pointwise(x, packed[1], self.bias, "none", [], "")
+    return _ONEDNN._linear_pointwise(x, packed[1], self.bias, "none", [], "")
 
 
 def _works() -> bool:
@@ -44,7 +47,7 @@ def _works() -> bool:
         if not torch.backends.mkldnn.is_available():
             return False
         x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
-        got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 4), b, "none", [], "")
+        got = _ONEDNN._linear_pointwise(x, _ONEDNN._reorder_linear_weight(w, 4), b, "none", [], "")
         return bool(torch.allclose(got, torch.nn.functional.linear(x, w, b), atol=1e-4))
     except (AttributeError, RuntimeError, TypeError) as exc:
         logger.info("oneDNN linear unavailable (%s: %s); linear layers run as loaded", type(exc).__name__, exc)

@@ -76,7 +76,12 @@ def load_sft_model(cfg: TrainConfig, tokenizer: Any) -> Any:
     the GRPO actor has: gradient checkpointing, LoRA; on ``trainer.device``."""
     import torch
 
-    from agentloop_trainer.policy.model import apply_lora, build_tiny_policy, enable_gradient_checkpointing, use_cpu_matmul
+    from agentloop_trainer.policy.model import (
+        apply_lora,
+        build_tiny_policy,
+        enable_gradient_checkpointing,
+        use_cpu_matmul,
+    )
 
     m = cfg.model
     if m.path:
