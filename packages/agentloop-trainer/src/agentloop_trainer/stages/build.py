@@ -95,6 +95,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
         from agentloop_trainer.update.fsdp import load_reference
 
         ref = load_reference(model_path, device, m.dtype, ref_offload)
+        use_cpu_matmul(ref, m.cpu_matmul, device)  # as the policy: equal weights give a KL of exactly 0
     engine_model = None
     if rank == 0 and needs_engine_copy(cfg):
         engine_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
