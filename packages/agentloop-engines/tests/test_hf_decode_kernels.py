@@ -6,6 +6,7 @@ change)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
@@ -155,6 +156,9 @@ def test_packed_linears_follow_every_weight_change():
     reference[2].weight.data.copy_(torch.ones(8, 32))
     repack(model)
     same()
+    copied = copy.deepcopy(model)  # a served model copied (the trainer's export does): no oneDNN tensors in it
+    with torch.inference_mode():
+        torch.testing.assert_close(copied(x), reference(x), atol=1e-5, rtol=1e-5)
     # With autograd on, the layers run as loaded and gradients flow.
     model(x.requires_grad_()).sum().backward()
     assert model[0].weight.grad is not None

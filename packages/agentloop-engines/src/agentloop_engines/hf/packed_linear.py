@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -27,16 +28,20 @@ logger = logging.getLogger(__name__)
 _ONEDNN: Any = torch.ops.mkldnn
 """torch's oneDNN operators (typed loosely: their stubs are generated at runtime)."""
 
+# Per layer: (weight storage, version) -> its packed weight. Kept off the module, so a copy or a
+# pickle of the model (deepcopy, torch.save) never meets oneDNN's opaque tensors.
+_PACKED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
+
 
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     weight = self.weight
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32
             or weight.device.type != "cpu" or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return torch.nn.functional.linear(x, weight, self.bias)
-    packed = self.__dict__.get("_agentloop_packed")
+    packed = _PACKED.get(self)
     key = (weight.data_ptr(), weight._version)
     if packed is None or packed[0] != key:
-        packed = self.__dict__["_agentloop_packed"] = (key, _ONEDNN._reorder_linear_weight(
+        packed = _PACKED[self] = (key, _ONEDNN._reorder_linear_weight(
             weight.detach(), self.__dict__.get("_agentloop_rows", 64)))
     return _ONEDNN._linear_pointwise(x, packed[1], self.bias, "none", [], "")
 
@@ -72,7 +77,7 @@ def pack_linears(model: Any, rows_hint: int = 64) -> int:
         return 0
     for module in linears:
         module.__dict__["_agentloop_rows"] = max(1, int(rows_hint))
-        module.__dict__.pop("_agentloop_packed", None)
+        _PACKED.pop(module, None)
         module.forward = types.MethodType(_packed_forward, module)
     return len(linears)
 
@@ -81,4 +86,4 @@ def repack(model: Any) -> None:
     """Drop the packed copies of ``model``'s switched layers (each is packed again at its next
     call): after writing weights through ``.data``, which the automatic check cannot see."""
     for module in model.modules():
-        module.__dict__.pop("_agentloop_packed", None)
+        _PACKED.pop(module, None)
