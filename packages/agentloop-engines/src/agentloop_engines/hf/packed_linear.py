@@ -16,6 +16,7 @@ device or dtype, autograd on, a torch without oneDNN) runs the layer as before.
 
 from __future__ import annotations
 
+import functools
 import logging
 import types
 import weakref
@@ -43,19 +44,26 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if packed is None or packed[0] != key:
         packed = _PACKED[self] = (key, _ONEDNN._reorder_linear_weight(
             weight.detach(), self.__dict__.get("_agentloop_rows", 64)))
-    return _ONEDNN._linear_pointwise(x, packed[1], self.bias, "none", [], "")
+    return onednn_linear(x, packed[1], self.bias)
 
 
-def _works() -> bool:
-    """Whether this torch runs a packed oneDNN linear and gets what ``linear`` gets."""
+def onednn_linear(x: torch.Tensor, weight: Any, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` by oneDNN (``weight`` plain or packed by ``_reorder_linear_weight``)."""
+    return _ONEDNN._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@functools.cache
+def onednn_linear_works() -> bool:
+    """Whether this torch runs oneDNN's linear, plain and packed, and gets what ``linear`` gets."""
     try:
         if not torch.backends.mkldnn.is_available():
             return False
         x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
-        got = _ONEDNN._linear_pointwise(x, _ONEDNN._reorder_linear_weight(w, 4), b, "none", [], "")
-        return bool(torch.allclose(got, torch.nn.functional.linear(x, w, b), atol=1e-4))
+        want = torch.nn.functional.linear(x, w, b)
+        return all(bool(torch.allclose(onednn_linear(x, weight, b), want, atol=1e-4))
+                   for weight in (w, _ONEDNN._reorder_linear_weight(w, 4)))
     except (AttributeError, RuntimeError, TypeError) as exc:
-        logger.info("oneDNN linear unavailable (%s: %s); linear layers run as loaded", type(exc).__name__, exc)
+        logger.info("oneDNN linear unavailable (%s: %s); linear layers run on torch's own", type(exc).__name__, exc)
         return False
 
 
@@ -73,7 +81,7 @@ def pack_linears(model: Any, rows_hint: int = 64) -> int:
     """
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear
                and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
-    if not linears or not _works():
+    if not linears or not onednn_linear_works():
         return 0
     for module in linears:
         module.__dict__["_agentloop_rows"] = max(1, int(rows_hint))

@@ -15,18 +15,14 @@ forward.
 
 from __future__ import annotations
 
-import functools
-import logging
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
+from agentloop_engines.hf.packed_linear import onednn_linear as _mm
+from agentloop_engines.hf.packed_linear import onednn_linear_works as onednn_works
 
-def _mm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` by oneDNN."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-
+__all__ = ["OneDNNLinear", "onednn_works", "use_onednn_linears"]
 
 class _Function(torch.autograd.Function):
     @staticmethod
@@ -63,19 +59,6 @@ class OneDNNLinear(torch.nn.Linear):
                                         or (bias is not None and bias.requires_grad)):
             return _Function.apply(input, weight, bias)
         return _mm(input, weight, bias)
-
-
-@functools.cache
-def onednn_works() -> bool:
-    """Whether this torch runs oneDNN's linear and gets what ``linear`` gets."""
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
-        return bool(torch.allclose(_mm(x, w, b), torch.nn.functional.linear(x, w, b), atol=1e-4))
-    except (AttributeError, RuntimeError, TypeError) as exc:
-        logger.info("oneDNN linear unavailable (%s: %s); linear layers run on torch's own", type(exc).__name__, exc)
-        return False
 
 
 def use_onednn_linears(model: Any) -> int:
