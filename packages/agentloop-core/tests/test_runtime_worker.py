@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import pytest
 
 import agentloop_core.testing.loops  # noqa: F401  registers test_chat
+from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
-from agentloop_core.registry import UnknownAgentLoopError
-from agentloop_core.runtime import AgentLoopWorker
+from agentloop_core.registry import UnknownAgentLoopError, register
+from agentloop_core.runtime import AgentLoopWorker, turn_slot
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_path
 from agentloop_core.testing.loops import TEST_CHAT_AGENT
 
@@ -275,7 +277,7 @@ def test_a_loop_path_that_does_not_import_names_the_key(tokenizer):
 
 async def test_turn_pacer_lets_at_most_k_through_per_iteration_in_arrival_order():
     """Counted in event-loop iterations (a callback that re-schedules itself), not seconds."""
-    from agentloop_core.runtime.worker import TurnPacer
+    from agentloop_core.runtime.pacing import TurnPacer
 
     pacer = TurnPacer(3)
     iteration = 0
@@ -320,7 +322,7 @@ async def test_paced_and_unpaced_workers_return_the_same_outputs(tokenizer):
 
 
 async def test_paced_server_forwards_the_server_api():
-    from agentloop_core.runtime.worker import PacedServer, TurnPacer
+    from agentloop_core.runtime.pacing import PacedServer, TurnPacer
 
     inner = ScriptedServer()
     paced = PacedServer(inner, TurnPacer(2))
@@ -330,3 +332,57 @@ async def test_paced_server_forwards_the_server_api():
     assert out.token_ids
     assert inner.calls[-1].request_id == "r"
     await paced.abort("r")  # forwarded, not swallowed by __getattr__
+
+
+class _Iterations:
+    """Counts event-loop iterations: a callback that re-schedules itself."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.stopped = False
+        asyncio.get_running_loop().call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.count += 1
+        if not self.stopped:
+            asyncio.get_running_loop().call_soon(self._tick)
+
+
+@register("test_turn_slot")
+class _WaitThenWorkLoop(AgentLoopBase):
+    """Waits for a gate every sample shares (as tool calls that all end at once), then for its
+    turn slot; records the iteration its work ran in."""
+
+    async def run(self, sampling_params, **row):
+        await row["gate"].wait()
+        await turn_slot()
+        row["ran_in"].append(row["clock"].count)
+        return AgentLoopOutput(prompt_ids=[1], response_ids=[2], response_mask=[1])
+
+
+@pytest.mark.parametrize("pace", [2, None])
+async def test_turn_slot_paces_work_after_a_wait_that_ends_for_every_sample_at_once(tokenizer, pace):
+    clock, gate, ran_in = _Iterations(), asyncio.Event(), []
+    rows = [{"agent_name": "test_turn_slot", "gate": gate, "ran_in": ran_in, "clock": clock} for _ in range(12)]
+    worker = AgentLoopWorker(ScriptedServer(), tokenizer, {"turns_per_loop_iteration": pace})
+    batch = asyncio.create_task(worker.generate_sequences(rows))
+    for _ in range(20):  # every sample starts (paced too) and waits at the gate
+        await asyncio.sleep(0)
+    gate.set()
+    outputs = await asyncio.wait_for(batch, HANG_S)
+    clock.stopped = True
+    assert len(ran_in) == 12
+    assert not any(o.failed for o in outputs)
+    per_iteration = collections.Counter(ran_in)
+    if pace is None:
+        assert len(per_iteration) == 1, f"unpaced: every sample's work runs in one iteration, got {per_iteration}"
+    else:
+        assert max(per_iteration.values()) <= 2, per_iteration
+        assert len(per_iteration) >= 6, per_iteration
+
+
+async def test_turn_slot_outside_a_worker_returns_at_once():
+    clock = _Iterations()
+    await turn_slot()
+    assert clock.count == 0, "no pacer: turn_slot must not wait for an iteration"
+    clock.stopped = True

@@ -498,3 +498,60 @@ def test_a_template_that_needs_tools_is_accepted_when_the_loop_has_them():
         assert "tool calculator" in loop.renderer.render_text([{"role": "user", "content": "hi"}], add_generation_prompt=True)
     finally:
         tok.chat_template = saved
+
+
+class GateTool(BaseTool):
+    """Waits for a gate every trajectory shares, so every call ends in one event-loop iteration."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        super().__init__({}, schema("gate", text="string"))
+        self.gate = gate
+        self.waiting = 0
+
+    async def execute(self, instance_id, parameters):
+        self.waiting += 1
+        await self.gate.wait()
+        return ToolResponse(text="open"), 0.0, {}
+
+
+@pytest.mark.parametrize("pace", [2, None])
+async def test_tool_results_that_end_together_go_on_a_few_per_loop_iteration(tokenizer, pace):
+    """The turn after a tool call (render, encode, the next generate) waits for the worker's
+    turn slot, as the turn after a generate does: a burst of tool results never runs as one
+    long event-loop iteration."""
+    from agentloop_core.runtime import AgentLoopWorker
+
+    iterations, next_turn_at = [0], []
+
+    def tick() -> None:
+        iterations[0] += 1
+        if len(next_turn_at) < 12:
+            asyncio.get_running_loop().call_soon(tick)
+
+    def turns(request_id: str, prompt_ids: list[int], index: int) -> str:
+        if index == 1:
+            next_turn_at.append(iterations[0])
+        return call("gate", text="x") if index == 0 else "#### 1"
+
+    gate = asyncio.Event()
+    tool = GateTool(gate)
+    worker = AgentLoopWorker(scripted(tokenizer, turns), tokenizer, {
+        "default_agent_loop": "tool_agent", "tools": {"gate": tool}, "response_length": 2048,
+        "turns_per_loop_iteration": pace})
+    batch = asyncio.create_task(worker.generate_sequences(
+        [{"raw_prompt": PROMPT, "request_id": f"r{i}"} for i in range(12)]))
+    for _ in range(1000):  # every trajectory starts (paced) and waits in the tool
+        if tool.waiting == 12:
+            break
+        await asyncio.sleep(0)
+    asyncio.get_running_loop().call_soon(tick)
+    gate.set()
+    outs = await asyncio.wait_for(batch, 60)
+    assert not any(o.failed for o in outs)
+    assert len(next_turn_at) == 12
+    per_iteration = {it: next_turn_at.count(it) for it in next_turn_at}
+    if pace is None:
+        assert len(per_iteration) == 1, per_iteration
+    else:
+        assert max(per_iteration.values()) <= 2, per_iteration
+        assert len(per_iteration) >= 6, per_iteration

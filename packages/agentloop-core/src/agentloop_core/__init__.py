@@ -24,7 +24,7 @@ from agentloop_core.registry import (
     register,
     registered_names,
 )
-from agentloop_core.runtime import AgentLoopManager, AgentLoopWorker, SampleTimeoutError
+from agentloop_core.runtime import AgentLoopManager, AgentLoopWorker, SampleTimeoutError, turn_slot
 from agentloop_core.segments import SegmentBuilder
 from agentloop_core.settings import RolloutConfig
 from agentloop_core.single_turn import SingleTurnAgentLoop
@@ -79,5 +79,6 @@ __all__ = [
     "register",
     "registered_names",
     "trace_context",
+    "turn_slot",
 ]
 

@@ -103,7 +103,9 @@ class RolloutConfig:
     """Cap on samples in flight per worker; None: all at once."""
     turns_per_loop_iteration: int | None = DEFAULT_TURNS_PER_LOOP_ITERATION
     """At most this many samples start, and this many turns go on after their ``generate``
-    returned, per event-loop iteration (``TurnPacer``); None: no pacing."""
+    returned (or after a wait a loop ends with ``turn_slot()``: the tool loop's tool calls and
+    interaction turns, a LangGraph agent's model calls), per event-loop iteration
+    (``agentloop_core.runtime.pacing``); None: no pacing."""
     hold_full_gc: bool = True
     """While a batch is in flight, freeze the objects that existed before it and hold off
     Python's full garbage collections (young ones still run), so none pauses every loop of the

@@ -34,6 +34,7 @@ from langchain_core.runnables.config import ensure_config
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.runtime.pacing import turn_slot
 from agentloop_langgraph.messages import (
     METADATA_KEY,
     REWRITE_FIX,
@@ -277,6 +278,9 @@ class ChatModel(BaseChatModel):
         if kwargs:
             raise ValueError(f"ChatModel got unsupported call arguments {sorted(kwargs)}; set sampling "
                              "options in ChatModel(sampling_params=...)")
+        # The graph's own work (its tools) just ended a wait: render and encode in this
+        # sample's turn slot, as the tool loop does after its tool calls.
+        await turn_slot()
         request_id = self._resolve_request_id()
         tools_key = json.dumps(tools, sort_keys=True)
         session = self._sessions.get(request_id)

@@ -42,6 +42,7 @@ from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, get_reasoning_parser
 from agentloop_core.registry import register
+from agentloop_core.runtime.pacing import turn_slot
 from agentloop_core.stops import StopCounter
 from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction, select_interaction
@@ -368,6 +369,7 @@ class ToolAgentLoop(AgentLoopBase):
             done, text, score, metrics = await run.interaction.generate_response(
                 run.interaction_id, list(trajectory.messages))
         run.counters["interaction_s"] += time.perf_counter() - start
+        await turn_slot()
         run.add_metrics("interaction", run.user_turns, metrics)
         run.turn_scores.append(float(score))
         if done:
@@ -397,6 +399,7 @@ class ToolAgentLoop(AgentLoopBase):
         start = time.perf_counter()
         results = await asyncio.gather(*(self._call_tool(run, call) for call in parsed.calls[:limit]))
         run.counters["tool_calls_s"] += time.perf_counter() - start
+        await turn_slot()  # tool calls end in bursts (a thread pool's whole switch interval at once)
         messages = []
         for call, text in zip(parsed.calls[:limit], results, strict=True):
             messages.append(self._tool_message(run, call.name, next(ids), text))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import time
@@ -11,13 +10,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentloop_core.output import AgentLoopOutput
-from agentloop_core.protocol import AsyncServer, SamplingParams, TokenOutput
+from agentloop_core.protocol import AsyncServer, SamplingParams
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.gc_hold import GC_HOLD
+from agentloop_core.runtime.pacing import PacedServer, TurnPacer, use_pacer
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
 from agentloop_core.segments import trajectory_reward, trajectory_view
-from agentloop_core.server_wrapper import TransparentServerWrapper
 from agentloop_core.settings import RolloutConfig
 from agentloop_core.tracing import Tracer, make_tracer, trace_context
 
@@ -26,77 +25,6 @@ logger = logging.getLogger(__name__)
 
 class SampleTimeoutError(TimeoutError):
     """A sample ran longer than ``sample_timeout_s``."""
-
-
-class TurnPacer:
-    """Lets at most ``per_iteration`` waiters through per event-loop iteration, first come
-    first served.
-
-    Why: when thousands of trajectories share one event loop and their turns' CPU work
-    (rendering, tokenization, parsing, the final output) is more than one core can keep up
-    with, every turn whose engine call has returned becomes runnable in the same iteration,
-    and asyncio runs them all before it looks at its timers again. One iteration then takes
-    seconds (thousands of turns x ~1 ms), and every timer in the process (tool timeouts,
-    Ray heartbeats, HTTP keep-alives, a ``sample_timeout_s``) fires that late. Releasing a
-    bounded number of turns per iteration keeps iterations short; the same turns run in the
-    same order (FIFO), so the results do not change and a saturated loop does as much work,
-    only the wait moves from asyncio's ready queue into this one. A loop that is not
-    saturated pays a few extra iterations per turn (~5% CPU in ``bench/bench_scale.py``).
-
-    Must be built and used on one running event loop.
-    """
-
-    def __init__(self, per_iteration: int) -> None:
-        self.per_iteration = per_iteration
-        self._loop = asyncio.get_running_loop()
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._passed = 0  # let through since the last tick
-        self._tick_pending = False
-
-    async def wait(self) -> None:
-        """Return at once while this iteration has room and nobody is queued, else wait for
-        a later iteration."""
-        if not self._waiters and self._passed < self.per_iteration:
-            self._passed += 1
-            self._schedule_tick()
-            return
-        future = self._loop.create_future()
-        self._waiters.append(future)
-        self._schedule_tick()
-        await future
-
-    def _schedule_tick(self) -> None:
-        if not self._tick_pending:
-            self._tick_pending = True
-            self._loop.call_soon(self._tick)
-
-    def _tick(self) -> None:
-        self._tick_pending = False
-        self._passed = 0
-        while self._waiters and self._passed < self.per_iteration:
-            future = self._waiters.popleft()
-            if not future.done():  # a waiter cancelled by a timeout takes no slot
-                future.set_result(None)
-                self._passed += 1
-        if self._passed:
-            self._schedule_tick()
-
-
-class PacedServer(TransparentServerWrapper):
-    """Forwards to ``server``; once a ``generate`` call has returned, the calling loop waits
-    for the :class:`TurnPacer` before it goes on with the turn. Everything else (``abort``,
-    ``capabilities``, ``tokenizer``, ...) is the wrapped server's."""
-
-    def __init__(self, server: Any, pacer: TurnPacer) -> None:
-        super().__init__(server)
-        self.pacer = pacer
-
-    async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
-        """``generate`` on the wrapped server, then wait for this turn's slot."""
-        out = await self.server.generate(request_id, prompt_ids, sampling_params)
-        await self.pacer.wait()
-        return out
 
 
 class AgentLoopWorker:
@@ -217,6 +145,7 @@ class AgentLoopWorker:
             rid = row.get("request_id")
             seed_key = f"step={step}/validate={validate}/" + (f"request={rid}" if rid else f"sample={index}")
             start = time.perf_counter()
+            use_pacer(pacer)  # this sample's task only (gather runs each in its own context)
             with trace_context(**tags), sample_seed_scope(seed_key):
                 try:
                     if semaphore is not None:

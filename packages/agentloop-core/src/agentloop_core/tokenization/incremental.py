@@ -19,6 +19,7 @@ row, a piece without a special token to cut at) the caller falls back to the ful
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -79,13 +80,15 @@ def _backend_splits(tokenizer: Any, backend: Any) -> bool:
     return not any(word in text for word in ('"Metaspace"', '"Prepend"', '"add_prefix_space": true'))
 
 
-def snapshot(value: Any) -> str | None:
-    """``value`` as JSON (dict order kept), to tell later whether it changed; None when it is
-    not JSON (images), which nothing can be compared by."""
+def snapshot(value: Any) -> bytes | None:
+    """A 128-bit BLAKE2 digest of ``value`` as JSON (dict order kept), to tell later whether it
+    changed without holding a copy of it; None when it is not JSON (images), which nothing can
+    be compared by."""
     try:
-        return json.dumps(value, ensure_ascii=False)
+        encoded = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         return None
+    return hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def canonical_by_turn(pieces: Sequence[PieceLike], encode: Callable[[list[str]], list[list[int]]],

@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
@@ -33,8 +34,28 @@ class _Piece:
     """How many ids of prompt_ids + response_ids this piece covers."""
     ended: bool = True
     """Generated pieces: whether the engine ended the turn on a stop token."""
-    ids: tuple[int, ...] = ()
-    """The ids this piece appended, as appended (the check compares the trajectory's ids with them)."""
+    digest: bytes | tuple[int, ...] = ()
+    """A digest of the ids this piece appended, as appended (:func:`ids_digest`): the check
+    compares the trajectory's ids with it. A digest, not a copy, so a trajectory in flight
+    holds its ids once."""
+
+
+class _PieceIds(NamedTuple):
+    """A piece with its ids, as :func:`canonical_by_turn` reads it."""
+
+    kind: str
+    text: str
+    ids: Sequence[int]
+
+
+def ids_digest(ids: Sequence[int]) -> bytes | tuple[int, ...]:
+    """A 128-bit BLAKE2 digest of ``ids`` (as 64-bit integers); the ids themselves as a tuple
+    where they are not all such integers."""
+    try:
+        packed = array("q", ids).tobytes()
+    except (TypeError, OverflowError):
+        return tuple(ids)
+    return hashlib.blake2b(packed, digest_size=16).digest()
 
 
 class Trajectory:
@@ -89,10 +110,10 @@ class Trajectory:
         """Engine log-prob per response id (0.0 on mask 0); None until an engine returns some."""
         self.num_generations = 0
         """How many generate outputs were appended."""
-        self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids), ids=tuple(self.prompt_ids))]
-        self._snapshots: list[str | None] = [snapshot(m) for m in self.messages]
-        """Each message as JSON when it was appended: the check's proof that it is unchanged."""
-        self._call_snapshots: dict[int, str | None] = {}
+        self._pieces: list[_Piece] = [_Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
+        self._snapshots: list[bytes | None] = [snapshot(m) for m in self.messages]
+        """A digest of each message as JSON when it was appended: the check's proof that it is unchanged."""
+        self._call_snapshots: dict[int, bytes | None] = {}
         self._settings = self._settings_snapshot()
         self._generated_messages: list[int] = []
         self._tool_calls: dict[int, list[dict]] = {}
@@ -144,7 +165,7 @@ class Trajectory:
         self.messages.append(message)
         self._snapshots.append(snapshot(message))
         self._generated_messages.append(len(self.messages) - 1)
-        self._pieces.append(_Piece("generated", text, len(ids), ended, tuple(ids)))
+        self._pieces.append(_Piece("generated", text, len(ids), ended, ids_digest(ids)))
         self._last_ended_with_eos = ended
         self._preview = None
         self.num_generations += 1
@@ -206,7 +227,7 @@ class Trajectory:
             self._snapshots.extend(snapshot(m) for m in new)
             text = self._render_prompt(self.messages)
             self.prompt_ids = self.renderer.encode(text)
-            self._pieces = [_Piece("prompt", text, len(self.prompt_ids), ids=tuple(self.prompt_ids))]
+            self._pieces = [_Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
             return list(self.prompt_ids)
         delta = self._delta_after_last_turn(new)
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
@@ -218,7 +239,7 @@ class Trajectory:
             self.response_logprobs.extend([0.0] * len(delta.ids))
         self.messages.extend(new)
         self._snapshots.extend(snapshot(m) for m in new)
-        self._pieces.append(_Piece("appended", delta.text, len(delta.ids), ids=tuple(delta.ids)))
+        self._pieces.append(_Piece("appended", delta.text, len(delta.ids), digest=ids_digest(delta.ids)))
         return list(delta.ids)
 
     def preview_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
@@ -358,7 +379,7 @@ class Trajectory:
             return False
         at = 0
         for p in self._pieces:
-            if p.n_ids != len(p.ids) or tuple(built[at : at + p.n_ids]) != p.ids:
+            if p.digest != ids_digest(built[at : at + p.n_ids]):
                 return False
             at += p.n_ids
         return at == len(built)
@@ -369,8 +390,12 @@ class Trajectory:
         ``canonical`` is computed, turn by turn where the tokenizer allows it."""
         built, renderer = self.context_ids, self.renderer
         encode = turn_encoder(renderer.tokenizer)
+        pieces, at = [], 0
+        for p in self._pieces:  # the ids are the built ones: _unchanged_since_rendered said so
+            pieces.append(_PieceIds(p.kind, p.text, built[at : at + p.n_ids]))
+            at += p.n_ids
         canonical = None if encode is None else canonical_by_turn(
-            self._pieces, encode, renderer._special_pattern, renderer.special_ids)
+            pieces, encode, renderer._special_pattern, renderer.special_ids)
         if canonical is None:
             canonical = renderer.encode("".join(p.text for p in self._pieces)) == built
         if canonical:

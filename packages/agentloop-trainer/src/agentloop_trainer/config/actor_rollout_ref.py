@@ -153,9 +153,9 @@ class AgentSection:
     agent_loop_modules: list[str] = field(default_factory=list)
     """Modules to import so their ``@register`` loops exist (also on Ray workers)."""
     turns_per_loop_iteration: int | None = 4
-    """Most samples started, and most turns resumed after their engine call, per event-loop
-    iteration of a rollout worker: keeps the loop responsive (timers, tool timeouts) with
-    thousands of trajectories in flight; null: no pacing."""
+    """Most samples started, and most turns resumed after their engine call or their tool calls
+    (``agentloop_core.turn_slot``), per event-loop iteration of a rollout worker: keeps the loop
+    responsive (timers, tool timeouts) with thousands of trajectories in flight; null: no pacing."""
     hold_full_gc: bool = True
     """While a rollout batch is in flight, freeze what existed before it and hold off Python's
     full garbage collections (young ones still run): with thousands of trajectories each full
