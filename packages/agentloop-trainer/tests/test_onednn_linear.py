@@ -75,6 +75,17 @@ def test_state_dict_copies_and_other_dtypes_are_a_linear_layers():
     assert half(x.bfloat16()).dtype == torch.bfloat16
 
 
+def test_under_autocast_the_product_is_autocasts():
+    """Mixed precision (model.dtype=bfloat16 on one process) computes under torch.autocast: the
+    layer must give autocast's bfloat16 result, not a float32 product autocast never sees."""
+    ours, theirs = _pair()
+    x = torch.randn(3, 7, 24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ya, yb = ours(x), theirs(x)
+    assert ya.dtype == yb.dtype == torch.bfloat16
+    assert torch.equal(ya, yb)
+
+
 def test_the_config_key_is_checked():
     from agentloop_trainer.config import ConfigError, load_config
 
