@@ -23,8 +23,7 @@ from __future__ import annotations
 import collections
 import contextvars
 import hashlib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,14 +58,24 @@ def derive_seed(sampling_seed: int, key: str, call_index: int) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
-@contextmanager
-def sample_seed_scope(key: str) -> Iterator[None]:
-    """Run the block (this asyncio task and the tasks it starts) as the sample ``key``."""
-    token = _SAMPLE.set(_SampleSeedState(str(key)))
-    try:
-        yield
-    finally:
-        _SAMPLE.reset(token)
+class sample_seed_scope:  # noqa: N801 - used as a function: ``with sample_seed_scope(key):``
+    """Run the block (this asyncio task and the tasks it starts) as the sample ``key``.
+
+    A small class rather than a generator: a worker holds one open per sample in flight."""
+
+    __slots__ = ("_key", "_token")
+
+    def __init__(self, key: str) -> None:
+        self._key = str(key)
+        self._token: contextvars.Token[_SampleSeedState | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _SAMPLE.set(_SampleSeedState(self._key))
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            _SAMPLE.reset(self._token)
+            self._token = None
 
 
 class SeededServer(TransparentServerWrapper):
