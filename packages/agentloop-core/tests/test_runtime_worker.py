@@ -386,3 +386,18 @@ async def test_turn_slot_outside_a_worker_returns_at_once():
     await turn_slot()
     assert clock.count == 0, "no pacer: turn_slot must not wait for an iteration"
     clock.stopped = True
+
+
+async def test_turn_slot_in_another_threads_event_loop_does_not_wait_for_this_ones_pacer():
+    """A context copied into a thread that runs its own event loop (a sync tool doing
+    asyncio.run) carries the pacer; turn_slot there must not touch this loop's pacer."""
+    import contextvars
+
+    from agentloop_core.runtime.pacing import TurnPacer, use_pacer
+
+    use_pacer(TurnPacer(0))  # lets nobody through: any wait on it would hang or fail
+    try:
+        context = contextvars.copy_context()
+        await asyncio.wait_for(asyncio.to_thread(context.run, asyncio.run, turn_slot()), HANG_S)
+    finally:
+        use_pacer(None)  # the test's context may be shared with later tests

@@ -43,7 +43,8 @@ class TurnPacer:
 
     def __init__(self, per_iteration: int) -> None:
         self.per_iteration = per_iteration
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
+        """The event loop it paces."""
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._passed = 0  # let through since the last tick
         self._tick_pending = False
@@ -55,7 +56,7 @@ class TurnPacer:
             self._passed += 1
             self._schedule_tick()
             return
-        future = self._loop.create_future()
+        future = self.loop.create_future()
         self._waiters.append(future)
         self._schedule_tick()
         await future
@@ -63,7 +64,7 @@ class TurnPacer:
     def _schedule_tick(self) -> None:
         if not self._tick_pending:
             self._tick_pending = True
-            self._loop.call_soon(self._tick)
+            self.loop.call_soon(self._tick)
 
     def _tick(self) -> None:
         self._tick_pending = False
@@ -113,5 +114,7 @@ async def turn_slot() -> None:
     Pacing never changes what a sample does, only when: waiters go through first come first
     served, a few per event-loop iteration."""
     pacer = _PACER.get()
-    if pacer is not None:
+    # A context copied into another thread's event loop (a sync tool that runs its own loop)
+    # carries the pacer along; it paces only the loop it was built on.
+    if pacer is not None and pacer.loop is asyncio.get_running_loop():
         await pacer.wait()
