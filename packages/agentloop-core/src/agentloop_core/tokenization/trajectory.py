@@ -289,12 +289,11 @@ class Trajectory:
         to the same text, which is what the sanity check compares against anyway.
         """
         renderer = self.renderer
-        try:
-            encoded = json.dumps([inputs, renderer.tools, renderer.apply_chat_template_kwargs], ensure_ascii=False)
-        except (TypeError, ValueError):  # not JSON (images, circular): nothing to compare by
+        digest = snapshot([inputs, renderer.tools, renderer.apply_chat_template_kwargs])
+        if digest is None:  # not JSON (images, circular): nothing to compare by
             return render()
         template = renderer.chat_template or getattr(renderer.processor, "chat_template", None)
-        key = (hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest(), template)
+        key = (digest, template)
         try:
             text = self._rendered.get(key)
         except TypeError:  # a template that is not a string (a dict of named templates)
