@@ -293,13 +293,13 @@ def test_stalled_and_trickled_bodies_are_cut_off(tokenizer, which):
 
 
 def test_silent_and_slow_request_heads_are_disconnected(tokenizer):
-    """A connection that sends nothing, or sends its request head a line at a time, is closed
-    ``header_timeout_s`` after it connected (uvicorn's keep-alive timer stops at the first byte,
-    so without this it would be held forever). Debug: check ``uvicorn_config`` passes the
-    header-deadline protocol class as ``http=``."""
+    """A connection that sends nothing is closed ``first_byte_timeout_s`` after it connected, and
+    one that sends its request head a line at a time ``header_timeout_s`` after its first byte
+    (uvicorn's keep-alive timer stops at the first byte, so without these both would be held
+    forever). Debug: check ``uvicorn_config`` passes the header-deadline protocol class as ``http=``."""
     from agentloop_engines.http_common import ServerLimits
 
-    with both_servers(tokenizer, limits=ServerLimits(header_timeout_s=1.0)) as (_, urls):
+    with both_servers(tokenizer, limits=ServerLimits(header_timeout_s=1.0, first_byte_timeout_s=1.0)) as (_, urls):
         for url in urls.values():
             host, port = url.removeprefix("http://").split(":")
             silent = socket.create_connection((host, int(port)), timeout=HANG_S)
@@ -319,6 +319,91 @@ def test_silent_and_slow_request_heads_are_disconnected(tokenizer):
                 with sock, suppress(ConnectionResetError):
                     assert read_response(sock) == b""
             assert httpx.get(url + "/health", timeout=HANG_S).status_code == 200
+
+
+def test_a_client_slow_to_start_its_request_is_still_answered(tokenizer):
+    """The head's clock starts at its first byte: a client that connects, or finishes a request,
+    and only writes its next request after longer than ``header_timeout_s`` (a process starved
+    of CPU with hundreds of requests to send) is answered, not reset under a request already on
+    its way. A head that then trickles is still cut ``header_timeout_s`` after its first byte.
+    Debug: ``HeaderDeadlineProtocol`` must arm ``header_timeout_s`` in ``data_received``, not
+    in ``connection_made`` or ``on_response_complete``."""
+    from agentloop_engines.http_common import ServerLimits
+
+    limits = ServerLimits(header_timeout_s=0.5, first_byte_timeout_s=HANG_S, keep_alive_timeout_s=int(HANG_S))
+    body = b'{"request_id": "late", "prompt_ids": [1, 2], "sampling_params": {"max_tokens": 2}}'
+    request = (b"POST /generate HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer " + KEY.encode()
+               + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    with both_servers(tokenizer, limits=limits) as (_, urls):
+        host, port = urls["engine"].removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=HANG_S) as sock:
+            for _ in range(2):  # on a fresh connection, then on the same kept-alive one
+                time.sleep(1.5)  # three header deadlines of silence
+                sock.sendall(request)
+                response = read_response(sock)
+                assert response.startswith(b"HTTP/1.1 200"), response[:300]
+                assert b'"token_ids"' in response, response[:300]
+            time.sleep(1.5)
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: test\r\n")
+            started = time.monotonic()
+            with suppress(ConnectionResetError):
+                assert read_response(sock) == b"", "a head left incomplete was answered"
+            assert time.monotonic() - started < HANG_S / 2, "the incomplete head was held past header_timeout_s"
+
+
+def test_a_request_already_sent_is_not_closed_by_the_keep_alive_timer():
+    """The keep-alive timer firing while the next request already waits in the kernel (written
+    as the timer fired, not yet read by a busy event loop) leaves the connection open and the
+    request is answered; uvicorn's own handler closes it under the request, which the client
+    sees as a reset. Debug: ``HeaderDeadlineProtocol.timeout_keep_alive_handler`` must ask
+    ``_bytes_waiting`` (FIONREAD) before closing."""
+    from agentloop_engines.http_common import ServerLimits, uvicorn_config
+    from uvicorn.server import ServerState
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    request = b"GET /x HTTP/1.1\r\nHost: test\r\n\r\n"
+
+    async def read_one(sock: socket.socket) -> bytes:
+        data = b""
+        while not data.endswith(b"ok"):
+            chunk = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(sock, 65536), HANG_S)
+            if not chunk:
+                return data
+            data += chunk
+        return data
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        config = uvicorn_config(app, "127.0.0.1", 0, ServerLimits(), log_level="warning")
+        config.load()
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            client = socket.create_connection(listener.getsockname())
+            accepted, _ = listener.accept()
+        protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+        transport, _ = await loop.connect_accepted_socket(lambda: protocol, accepted)
+        client.setblocking(False)
+        try:
+            await loop.sock_sendall(client, request)
+            assert (await read_one(client)).startswith(b"HTTP/1.1 200")
+            transport.pause_reading()  # the event loop is busy elsewhere
+            await loop.sock_sendall(client, request)
+            await asyncio.sleep(0.1)
+            protocol.timeout_keep_alive_handler()  # ... when the keep-alive timer fires
+            assert not transport.is_closing(), "the connection was closed under a request already sent"
+            transport.resume_reading()
+            assert (await read_one(client)).startswith(b"HTTP/1.1 200")
+            protocol.timeout_keep_alive_handler()  # nothing waiting now: an idle connection is closed
+            assert transport.is_closing()
+        finally:
+            client.close()
+            transport.close()
+
+    asyncio.run(main())
 
 
 # ---- 5. a concurrency limit --------------------------------------------------------------------------

@@ -193,6 +193,22 @@ def test_limits_reject_bad_settings_by_name():
         PromptLimits(template_variables=("enable_thinking", "tools"))
 
 
+def test_default_keep_alive_outlasts_the_clients_idle_expiry():
+    """The server keeps an idle connection longer than httpx (so the openai client and
+    ``RemoteServer``) keeps it in its pool, so the client always drops it first and never sends
+    a request onto a connection the server is closing (a reset, not a retryable refusal); and a
+    new connection's first byte gets no shorter than that."""
+    from agentloop_engines.http_common import ServerLimits
+
+    limits, client = ServerLimits(), httpx.Limits()
+    assert client.keepalive_expiry is not None
+    assert limits.keep_alive_timeout_s >= 4 * client.keepalive_expiry, (limits.keep_alive_timeout_s, client)
+    assert limits.first_byte_timeout_s >= limits.keep_alive_timeout_s
+    assert limits.header_timeout_s < limits.first_byte_timeout_s
+    with pytest.raises(ValueError, match="first_byte_timeout_s"):
+        ServerLimits(first_byte_timeout_s=0)
+
+
 def test_an_oversized_request_head_is_400(server, http):
     # Over max_header_bytes (64 KiB) and over one 256 KiB read, so h11 sees it incomplete.
     try:

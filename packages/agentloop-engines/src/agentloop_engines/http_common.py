@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,14 +72,25 @@ class ServerLimits:
     weights_body_timeout_s: float = 900.0
     """The same for the engine server's ``/update_weights`` (gigabytes: 16 GiB at 20 MB/s)."""
     header_timeout_s: float = 10.0
-    """Seconds a connection has to send a request's headers, on connect and after each response;
-    slower is disconnected (uvicorn only times connections that send nothing at all)."""
+    """Seconds from the first byte of a request head to its last; slower is disconnected (a head
+    sent a line at a time, slowloris). The clock starts at that first byte, not at connect or at
+    the last response, so a client that is slow to start (a starved process, a pooled connection
+    it opened early) loses nothing; silence is ``first_byte_timeout_s``'s and
+    ``keep_alive_timeout_s``'s to bound."""
+    first_byte_timeout_s: float = 60.0
+    """Seconds a new connection may send nothing at all before it is closed (uvicorn times only
+    idle keep-alive connections, so without it a silent connection would be held forever)."""
     write_timeout_s: float = 30.0
     """Seconds a connection's answer may go unread (the client reads nothing while the server's
     send buffers are full); past it the connection is aborted, which frees its in-flight slot
     and the buffered answer. A client must keep reading, not just stay connected."""
-    keep_alive_timeout_s: int = 5
-    """Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``)."""
+    keep_alive_timeout_s: int = 60
+    """Seconds an idle keep-alive connection stays open (uvicorn's ``timeout_keep_alive``).
+    Longer than clients' own idle expiry (httpx, so the openai client and the trainer's
+    ``RemoteServer``: 5 s) on purpose: the client drops an idle connection first, instead of
+    sending a request onto one the server is closing at that moment, which it would see as a
+    reset. uvicorn's own default, 5 s, equals httpx's, and a client whose process is busy
+    (its idle clock starts when it has read the answer, after the server's) loses that race."""
     max_connections: int | None = None
     """Open connections at most (uvicorn's ``limit_concurrency``): past it uvicorn answers every
     request 503, ``/health`` included, so it must exceed ``max_in_flight``. None: twice
@@ -92,7 +104,7 @@ class ServerLimits:
         if self.max_connections is None:
             object.__setattr__(self, "max_connections", max(2048, 2 * self.max_in_flight))
         for name in ("max_in_flight", "body_timeout_s", "weights_body_timeout_s", "header_timeout_s",
-                     "write_timeout_s", "keep_alive_timeout_s", "max_connections", "max_header_bytes"):
+                     "first_byte_timeout_s", "write_timeout_s", "keep_alive_timeout_s", "max_connections", "max_header_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"ServerLimits.{name} must be positive, got {value!r}")
@@ -122,46 +134,92 @@ def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, log_lev
     """uvicorn's ``Config`` for ``app`` with ``limits``' connection settings."""
     _, uvicorn = require_server_extra()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          http=_header_deadline_protocol(limits.header_timeout_s, limits.write_timeout_s),
+                          http=_header_deadline_protocol(limits.header_timeout_s, limits.first_byte_timeout_s,
+                                                        limits.write_timeout_s),
                           timeout_keep_alive=limits.keep_alive_timeout_s, limit_concurrency=limits.max_connections,
                           h11_max_incomplete_event_size=limits.max_header_bytes)
 
 
-def _header_deadline_protocol(timeout_s: float, write_timeout_s: float) -> type:
-    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head
-    ``timeout_s`` after it connected or after its last response, and aborting one that has not
-    read its answer for ``write_timeout_s`` (:func:`~agentloop_engines.http_watch.write_deadline_protocol`).
+def _header_deadline_protocol(timeout_s: float, first_byte_timeout_s: float, write_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with two clocks on a request head, and the write deadline of
+    :func:`~agentloop_engines.http_watch.write_deadline_protocol` (``write_timeout_s``).
 
-    uvicorn's keep-alive timer stops at the first byte a connection sends, so a client that
-    sends a request head a byte at a time (slowloris) would hold its connection forever; the
-    body is the :class:`RequestGuard`'s to time. A new request cycle means the head arrived.
+    - A head must be whole ``timeout_s`` after its first byte arrived: uvicorn's keep-alive timer
+      stops at the first byte, so a client sending a head a byte at a time (slowloris) would
+      otherwise hold its connection forever. The body is the :class:`RequestGuard`'s to time.
+    - A new connection that sends nothing is closed after ``first_byte_timeout_s`` (between
+      requests, uvicorn's keep-alive timer bounds silence).
+    - Neither silence timer closes a connection whose next bytes already wait in the kernel
+      (a request written as the timer fired, not yet read by a busy event loop): closing it
+      would reset a request on its way, the keep-alive race every client whose idle expiry is
+      close to the server's (httpx: 5 s, as uvicorn's) can hit.
+
+    The head's clock never runs before the client has sent anything: a connection opened by a
+    client that is then slow to write (a process starved of CPU with hundreds of requests to
+    send) would otherwise be closed under a request already on its way, which that client sees
+    as a reset. A new request cycle means the head arrived.
     """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class HeaderDeadlineProtocol(write_deadline_protocol(H11Protocol, write_timeout_s)):
         _deadline_generation = 0
+        _head_clock_running = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            self._arm_header_deadline()
+            self._arm_deadline(first_byte_timeout_s, silence=True)
+
+        def timeout_keep_alive_handler(self) -> None:
+            if not _bytes_waiting(self.transport):
+                super().timeout_keep_alive_handler()
+            # else data_received comes next and stops the keep-alive timer (it runs once)
+
+        def data_received(self, data: bytes) -> None:
+            if not self._head_clock_running and self._between_requests():
+                self._head_clock_running = True  # this is the first byte of the next head
+                self._arm_deadline(timeout_s)
+            super().data_received(data)
 
         def on_response_complete(self) -> None:
+            self._head_clock_running = False
+            self._deadline_generation += 1  # whatever was armed was for the request just answered
             super().on_response_complete()
-            self._arm_header_deadline()
+            if self._between_requests() and self.conn.trailing_data[0]:
+                # Part of the next (pipelined) head is already buffered: its clock starts now.
+                self._head_clock_running = True
+                self._arm_deadline(timeout_s)
 
-        def _arm_header_deadline(self) -> None:
+        def _between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm_deadline(self, seconds: float, silence: bool = False) -> None:
             self._deadline_generation += 1
             generation, cycle = self._deadline_generation, self.cycle
 
             def expire() -> None:
-                waiting = cycle is None or cycle.response_complete  # no request since the timer started
-                if (generation == self._deadline_generation and self.cycle is cycle and waiting
-                        and not self.transport.is_closing()):
+                if (generation == self._deadline_generation and self.cycle is cycle and self._between_requests()
+                        and not self.transport.is_closing()
+                        and not (silence and _bytes_waiting(self.transport))):
                     self.transport.close()
 
-            self.loop.call_later(timeout_s, expire)
+            self.loop.call_later(seconds, expire)
 
     return HeaderDeadlineProtocol
+
+
+def _bytes_waiting(transport: Any) -> bool:
+    """Whether the kernel holds bytes of ``transport``'s socket not yet read (FIONREAD); False
+    where that cannot be asked (no socket, a platform without the ioctl)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        import fcntl
+        import termios
+
+        count = array("i", [0])
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return False
+    return count[0] > 0
 
 
 class RequestGuard:
