@@ -20,6 +20,8 @@ PieceKind = Literal["prompt", "generated", "appended"]
 
 @dataclass
 class Piece:
+    """One stretch of a trajectory's ids: what it stands for, and a digest of the ids as appended."""
+
     kind: PieceKind
     """prompt: the first render; generated: one generate call's ids; appended: glue + new
     messages + generation prompt."""
@@ -59,8 +61,8 @@ def note_for(renderer: ChatRenderer) -> str:
 
 
 class TrajectoryCheck:
-    """The renders a trajectory reuses and its sanity check; :class:`Trajectory` builds the
-    state read here (its pieces, message and setting snapshots, attached calls)."""
+    """The renders a trajectory reuses and its sanity check; :class:`~agentloop_core.tokenization.trajectory.Trajectory`
+    builds the state read here (its pieces, message and setting snapshots, attached calls)."""
 
     renderer: ChatRenderer
     messages: list[dict]
