@@ -357,8 +357,9 @@ def test_a_request_already_sent_is_not_closed_by_the_keep_alive_timer():
     request is answered; uvicorn's own handler closes it under the request, which the client
     sees as a reset. Debug: ``HeaderDeadlineProtocol.timeout_keep_alive_handler`` must ask
     ``_bytes_waiting`` (FIONREAD) before closing."""
-    from agentloop_engines.http_common import ServerLimits, uvicorn_config
     from uvicorn.server import ServerState
+
+    from agentloop_engines.http_common import ServerLimits, uvicorn_config
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
