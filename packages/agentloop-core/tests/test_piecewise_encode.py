@@ -136,3 +136,26 @@ def test_the_memory_is_bounded(monkeypatch):
         assert encoder.encode(text) == tok.encode(text, add_special_tokens=False)
         assert len(encoder._pieces) <= 8
     assert all(len(piece) <= 50 for piece in encoder._pieces)
+
+
+def test_a_full_memory_keeps_the_pieces_a_text_was_found_to_have(monkeypatch):
+    """The memory fills up on a text that has both a remembered piece (the system prompt every
+    prompt repeats) and new ones: starting afresh must not lose the remembered piece that text
+    is built from. It did (a KeyError from ``encode`` some 8192 new pieces into the main job's
+    SFT warm-up). Debug: ``PiecewiseEncoder.encode`` must replace its memory when full, not
+    empty the dict it is reading."""
+    monkeypatch.setattr(piecewise, "MAX_PIECES", 4)
+    tok = load_tiny_tokenizer()
+    calls: list[list[str]] = []
+
+    def encode_many(texts: list[str]) -> list[list[int]]:
+        calls.append(texts)
+        return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+    encoder = PiecewiseEncoder(tok, ("<|im_start|>", "<|im_end|>"), encode_many)
+    system = "<|im_start|>system\nSolve it, then answer as #### N.<|im_end|>\n"
+    for i in range(30):
+        text = f"{system}<|im_start|>user\nquestion {i}<|im_end|>\n<|im_start|>assistant\n"
+        assert encoder.encode(text) == tok.encode(text, add_special_tokens=False), i
+        assert len(encoder._pieces) <= 4
+    assert sum(len(c) for c in calls) < 30 * 4, "no piece was ever remembered"

@@ -28,7 +28,7 @@ from agentloop_core.tokenization.incremental import turn_encoder
 logger = logging.getLogger(__name__)
 
 MAX_PIECES = 8192
-"""Pieces remembered per tokenizer; the memory is emptied when it is full (hot pieces, the
+"""Pieces remembered per tokenizer; the memory starts afresh when it is full (hot pieces, the
 system prompt and the glue, come back at their next use)."""
 MAX_PIECE_CHARS = 1 << 16
 """Pieces longer than this are encoded every time and not remembered."""
@@ -57,15 +57,18 @@ class PiecewiseEncoder:
         if not self.enabled:
             return self._whole(text)
         parts = self._split.split(text)
+        # The memory is never emptied in place, only replaced by a new one when full, so the
+        # pieces this call found in it stay there while it builds its ids (another thread's
+        # call, or this one's, may replace it meanwhile).
         pieces, special = self._pieces, self._special_ids
-        missing = [p for i, p in enumerate(parts) if i % 2 == 0 and p and p not in pieces]
+        missing = list(dict.fromkeys(p for i, p in enumerate(parts) if i % 2 == 0 and p and p not in pieces))
         if missing:
-            encoded = self._encode_many(missing)
+            found = dict(zip(missing, map(tuple, self._encode_many(missing)), strict=True))
             with self._lock:
-                if len(pieces) + len(missing) > MAX_PIECES:
-                    pieces.clear()
-                found = dict(zip(missing, map(tuple, encoded), strict=True))
-                pieces.update((k, v) for k, v in found.items() if len(k) <= MAX_PIECE_CHARS)
+                memory = self._pieces
+                if len(memory) + len(missing) > MAX_PIECES:
+                    memory = self._pieces = {}
+                memory.update((k, v) for k, v in found.items() if len(k) <= MAX_PIECE_CHARS)
         else:
             found = {}
         out: list[int] = []
