@@ -20,14 +20,13 @@ import json
 import logging
 import threading
 import time
-from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
 from agentloop_engines.control import check_control_key
-from agentloop_engines.http_watch import serve_until_gone, write_deadline_protocol
+from agentloop_engines.http_watch import header_deadline_protocol, serve_until_gone
 
 logger = logging.getLogger(__name__)
 
@@ -134,92 +133,10 @@ def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, log_lev
     """uvicorn's ``Config`` for ``app`` with ``limits``' connection settings."""
     _, uvicorn = require_server_extra()
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          http=_header_deadline_protocol(limits.header_timeout_s, limits.first_byte_timeout_s,
+                          http=header_deadline_protocol(limits.header_timeout_s, limits.first_byte_timeout_s,
                                                         limits.write_timeout_s),
                           timeout_keep_alive=limits.keep_alive_timeout_s, limit_concurrency=limits.max_connections,
                           h11_max_incomplete_event_size=limits.max_header_bytes)
-
-
-def _header_deadline_protocol(timeout_s: float, first_byte_timeout_s: float, write_timeout_s: float) -> type:
-    """uvicorn's h11 protocol with two clocks on a request head, and the write deadline of
-    :func:`~agentloop_engines.http_watch.write_deadline_protocol` (``write_timeout_s``).
-
-    - A head must be whole ``timeout_s`` after its first byte arrived: uvicorn's keep-alive timer
-      stops at the first byte, so a client sending a head a byte at a time (slowloris) would
-      otherwise hold its connection forever. The body is the :class:`RequestGuard`'s to time.
-    - A new connection that sends nothing is closed after ``first_byte_timeout_s`` (between
-      requests, uvicorn's keep-alive timer bounds silence).
-    - Neither silence timer closes a connection whose next bytes already wait in the kernel
-      (a request written as the timer fired, not yet read by a busy event loop): closing it
-      would reset a request on its way, the keep-alive race every client whose idle expiry is
-      close to the server's (httpx: 5 s, as uvicorn's) can hit.
-
-    The head's clock never runs before the client has sent anything: a connection opened by a
-    client that is then slow to write (a process starved of CPU with hundreds of requests to
-    send) would otherwise be closed under a request already on its way, which that client sees
-    as a reset. A new request cycle means the head arrived.
-    """
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class HeaderDeadlineProtocol(write_deadline_protocol(H11Protocol, write_timeout_s)):
-        _deadline_generation = 0
-        _head_clock_running = False
-
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._arm_deadline(first_byte_timeout_s, silence=True)
-
-        def timeout_keep_alive_handler(self) -> None:
-            if not _bytes_waiting(self.transport):
-                super().timeout_keep_alive_handler()
-            # else data_received comes next and stops the keep-alive timer (it runs once)
-
-        def data_received(self, data: bytes) -> None:
-            if not self._head_clock_running and self._between_requests():
-                self._head_clock_running = True  # this is the first byte of the next head
-                self._arm_deadline(timeout_s)
-            super().data_received(data)
-
-        def on_response_complete(self) -> None:
-            self._head_clock_running = False
-            self._deadline_generation += 1  # whatever was armed was for the request just answered
-            super().on_response_complete()
-            if self._between_requests() and self.conn.trailing_data[0]:
-                # Part of the next (pipelined) head is already buffered: its clock starts now.
-                self._head_clock_running = True
-                self._arm_deadline(timeout_s)
-
-        def _between_requests(self) -> bool:
-            return self.cycle is None or self.cycle.response_complete
-
-        def _arm_deadline(self, seconds: float, silence: bool = False) -> None:
-            self._deadline_generation += 1
-            generation, cycle = self._deadline_generation, self.cycle
-
-            def expire() -> None:
-                if (generation == self._deadline_generation and self.cycle is cycle and self._between_requests()
-                        and not self.transport.is_closing()
-                        and not (silence and _bytes_waiting(self.transport))):
-                    self.transport.close()
-
-            self.loop.call_later(seconds, expire)
-
-    return HeaderDeadlineProtocol
-
-
-def _bytes_waiting(transport: Any) -> bool:
-    """Whether the kernel holds bytes of ``transport``'s socket not yet read (FIONREAD); False
-    where that cannot be asked (no socket, a platform without the ioctl)."""
-    sock = transport.get_extra_info("socket")
-    try:
-        import fcntl
-        import termios
-
-        count = array("i", [0])
-        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
-    except (ImportError, AttributeError, OSError, ValueError):
-        return False
-    return count[0] > 0
 
 
 class RequestGuard:

@@ -1,6 +1,6 @@
 """What the HTTP servers do about clients that stop reading their answer or go away mid-request.
 
-Both are used by :mod:`agentloop_engines.http_common` (so by the engine server and the gateway):
+All are used by :mod:`agentloop_engines.http_common` (so by the engine server and the gateway):
 
 * :func:`write_deadline_protocol`: uvicorn's protocol, aborting a connection whose answer has
   not been read for ``write_timeout_s``. The transport pauses writing once the kernel's buffers
@@ -8,6 +8,9 @@ Both are used by :mod:`agentloop_engines.http_common` (so by the engine server a
   then waits to send its next chunk, holding its in-flight slot; an answer sent whole sits in
   the transport's buffer, holding the connection (and the memory) after the request ended. A
   plain ``close`` would wait for that buffer to drain, which never happens, so it is ``abort``.
+* :func:`header_deadline_protocol`: the same, also timing a request head from its first byte
+  (slowloris) and a new connection's silence, and never closing a connection for silence
+  while its next request waits in the kernel.
 * :func:`serve_until_gone`: runs the app for one admitted request and cancels it when the
   client disconnects before its answer is complete, so a generation nobody waits for stops
   (cancelling ``generate`` is how every engine is told: HFServer stops decoding that row) and
@@ -19,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["serve_until_gone", "write_deadline_protocol"]
+__all__ = ["header_deadline_protocol", "serve_until_gone", "write_deadline_protocol"]
 
 
 def write_deadline_protocol(base: Any, timeout_s: float) -> type:
@@ -112,3 +116,86 @@ async def _until_disconnect(receive: Any) -> None:
     # is complete; anything else (a spurious empty body message) is skipped.
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def header_deadline_protocol(timeout_s: float, first_byte_timeout_s: float, write_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with two clocks on a request head, and the write deadline of
+    :func:`write_deadline_protocol` (``write_timeout_s``).
+
+    - A head must be whole ``timeout_s`` after its first byte arrived: uvicorn's keep-alive timer
+      stops at the first byte, so a client sending a head a byte at a time (slowloris) would
+      otherwise hold its connection forever. The body is timed by
+      :class:`~agentloop_engines.http_common.RequestGuard`.
+    - A new connection that sends nothing is closed after ``first_byte_timeout_s`` (between
+      requests, uvicorn's keep-alive timer bounds silence).
+    - Neither silence timer closes a connection whose next bytes already wait in the kernel
+      (a request written as the timer fired, not yet read by a busy event loop): closing it
+      would reset a request on its way, the keep-alive race every client whose idle expiry is
+      close to the server's (httpx: 5 s, as uvicorn's) can hit.
+
+    The head's clock never runs before the client has sent anything: a connection opened by a
+    client that is then slow to write (a process starved of CPU with hundreds of requests to
+    send) would otherwise be closed under a request already on its way, which that client sees
+    as a reset. A new request cycle means the head arrived.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderDeadlineProtocol(write_deadline_protocol(H11Protocol, write_timeout_s)):
+        _deadline_generation = 0
+        _head_clock_running = False
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_deadline(first_byte_timeout_s, silence=True)
+
+        def timeout_keep_alive_handler(self) -> None:
+            if not _bytes_waiting(self.transport):
+                super().timeout_keep_alive_handler()
+            # else data_received comes next and stops the keep-alive timer (it runs once)
+
+        def data_received(self, data: bytes) -> None:
+            if not self._head_clock_running and self._between_requests():
+                self._head_clock_running = True  # this is the first byte of the next head
+                self._arm_deadline(timeout_s)
+            super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            self._head_clock_running = False
+            self._deadline_generation += 1  # whatever was armed was for the request just answered
+            super().on_response_complete()
+            if self._between_requests() and self.conn.trailing_data[0]:
+                # Part of the next (pipelined) head is already buffered: its clock starts now.
+                self._head_clock_running = True
+                self._arm_deadline(timeout_s)
+
+        def _between_requests(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _arm_deadline(self, seconds: float, silence: bool = False) -> None:
+            self._deadline_generation += 1
+            generation, cycle = self._deadline_generation, self.cycle
+
+            def expire() -> None:
+                if (generation == self._deadline_generation and self.cycle is cycle and self._between_requests()
+                        and not self.transport.is_closing()
+                        and not (silence and _bytes_waiting(self.transport))):
+                    self.transport.close()
+
+            self.loop.call_later(seconds, expire)
+
+    return HeaderDeadlineProtocol
+
+
+def _bytes_waiting(transport: Any) -> bool:
+    """Whether the kernel holds bytes of ``transport``'s socket not yet read (FIONREAD); False
+    where that cannot be asked (no socket, a platform without the ioctl)."""
+    sock = transport.get_extra_info("socket")
+    try:
+        import fcntl
+        import termios
+
+        count = array("i", [0])
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return False
+    return count[0] > 0
