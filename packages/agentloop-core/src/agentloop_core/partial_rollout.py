@@ -154,8 +154,10 @@ class PartialRolloutServer(TransparentServerWrapper):
         return self._pausing
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
-        """``generate`` that survives weight updates; see the module docstring.
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                       **multi_modal: Any) -> TokenOutput:
+        """``generate`` that survives weight updates; see the module docstring (a resumed
+        request carries the same ``multi_modal_data``: its images precede every generated token).
 
         Returns:
             Every token of the generation, one log-prob each (None when not asked for), the
@@ -192,7 +194,7 @@ class PartialRolloutServer(TransparentServerWrapper):
                 call.in_engine = True
                 self._busy.enter()
                 try:
-                    out = await self.server.generate(request_id, list(prompt_ids) + tokens, part_sp)
+                    out = await self.server.generate(request_id, list(prompt_ids) + tokens, part_sp, **multi_modal)
                 finally:
                     call.in_engine = False
                     self._busy.leave()

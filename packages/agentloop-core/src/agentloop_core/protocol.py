@@ -62,6 +62,10 @@ class ServerCapabilities:
     """``update_weights(named_tensors)`` loads new weights in place."""
     prefix_cache: bool = False
     """Requests sharing a prompt prefix reuse its KV cache."""
+    vision: bool = False
+    """``generate`` takes ``multi_modal_data={"image": [ImageItem, ...]}`` beside prompt ids
+    whose image tokens are already expanded (see :mod:`agentloop_core.vision`). An engine
+    class declares that it can; an instance serving a text-only model reports False."""
 
     def as_dict(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -231,6 +235,11 @@ class AsyncServer(Protocol):
         sampling_params: Mapping[str, Any] | SamplingParams,
     ) -> TokenOutput:
         """Generate a continuation of ``prompt_ids``.
+
+        An engine with the ``vision`` capability also takes the keyword argument
+        ``multi_modal_data={"image": [ImageItem, ...]}``: the images whose (already expanded)
+        tokens the prompt holds, in order. Loops pass it only for a prompt with images
+        (:func:`agentloop_core.vision.multi_modal_kwargs`), so text-only engines never see it.
 
         Args:
             request_id: Identifies the trajectory; requests sharing it may be routed to the

@@ -31,9 +31,10 @@ class ServerWrapper:
         return self.server.capabilities
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
-        """See ``AsyncServer.generate``."""
-        return await self.server.generate(request_id, prompt_ids, sampling_params)
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                       **multi_modal: Any) -> TokenOutput:
+        """See ``AsyncServer.generate`` (``multi_modal_data``, when given, passed on)."""
+        return await self.server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
 
     async def abort(self, request_id: str) -> None:
         """See ``AsyncServer.abort``."""
@@ -107,11 +108,12 @@ class BusyTimeServer(TransparentServerWrapper):
         self.clock = BusyClock()
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                       **multi_modal: Any) -> TokenOutput:
         """See ``AsyncServer.generate`` (timed)."""
         self.clock.enter()
         try:
-            return await self.server.generate(request_id, prompt_ids, sampling_params)
+            return await self.server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
         finally:
             self.clock.leave()
 

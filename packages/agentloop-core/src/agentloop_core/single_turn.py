@@ -13,6 +13,8 @@ from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_core.stops import StopCounter
 from agentloop_core.tokenization import ChatRenderer, Trajectory
+from agentloop_core.vision.content import messages_with_row_images, multi_modal_kwargs
+from agentloop_core.vision.processor import VisionProcessor
 
 
 @register("single_turn_agent")
@@ -43,12 +45,16 @@ class SingleTurnAgentLoop(AgentLoopBase):
                 "single_turn_agent needs row['raw_prompt'] as a non-empty list of chat messages, "
                 f"got {type(messages).__name__}"
             )
+        vision = self.processor if isinstance(self.processor, VisionProcessor) else None
         renderer = ChatRenderer(
-            self.processor if self.processor is not None else self.tokenizer,
+            self.processor if self.processor is not None and vision is None else self.tokenizer,
+            vision=vision,
             chat_template=self.config.get("chat_template"),
             use_inference_chat_template=bool(self.config.get("use_inference_chat_template", False)),
             apply_chat_template_kwargs=self.config.get("apply_chat_template_kwargs"),
         )
+        if row.get("images") is not None:  # verl's rows: <image> markers and an images column
+            messages = messages_with_row_images(messages, row["images"], where="row")
         traj = Trajectory(renderer, messages)
         prompt_length = self.config.get("prompt_length")
         if prompt_length is not None and len(traj.prompt_ids) > prompt_length:
@@ -69,7 +75,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
         request_id = row.get("request_id") or uuid.uuid4().hex
         start = time.perf_counter()
         with self.tracer.span("generate", request_id=request_id, prompt_tokens=len(traj.prompt_ids)) as span:
-            out = await self.server.generate(request_id, traj.context_ids, params)
+            out = await self.server.generate(request_id, traj.context_ids, params, **multi_modal_kwargs(traj.image_items))
             span["response_tokens"] = len(out.token_ids)
             span["stop_reason"] = out.stop_reason
         generate_s = time.perf_counter() - start

@@ -22,6 +22,8 @@ from agentloop_core.protocol import (
     TokenOutput,
 )
 from agentloop_core.request_checks import validate_request
+from agentloop_core.vision.content import images_of
+from agentloop_core.vision.processor import ImageItem
 from agentloop_engines.streaming import TokenDelta
 
 
@@ -64,6 +66,8 @@ class AsyncServerBase(abc.ABC):
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        *,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> TokenOutput:
         """Generate a continuation of ``prompt_ids``.
 
@@ -71,22 +75,40 @@ class AsyncServerBase(abc.ABC):
             request_id: Identifies the request (and its trajectory); ``abort`` targets it.
             prompt_ids: The full prompt as token ids.
             sampling_params: A mapping or :class:`SamplingParams`; unknown keys are errors.
+            multi_modal_data: ``{"image": [ImageItem, ...]}``, the images whose expanded tokens
+                ``prompt_ids`` holds, in order (engines with ``capabilities.vision``).
 
         Returns:
             The generated ids (a stop token that ended generation included), one log-prob per
             id when ``logprobs`` was asked for, and the stop reason.
 
         Raises:
-            ValueError: on an invalid prompt or sampling parameters (see :meth:`validate_request`).
+            ValueError: on an invalid prompt or sampling parameters (see :meth:`validate_request`),
+                or malformed ``multi_modal_data``.
+            CapabilityNotSupportedError: images sent to an engine without the ``vision`` capability.
         """
         sp = self.validate_request(prompt_ids, sampling_params)
+        images = self._images(multi_modal_data)
+        if images:
+            generate: Any = self._generate  # a vision adapter's takes images= (see _generate)
+            return await generate(request_id, list(prompt_ids), sp, images=images)
         return await self._generate(request_id, list(prompt_ids), sp)
+
+    def _images(self, multi_modal_data: Mapping[str, Any] | None) -> tuple[ImageItem, ...]:
+        images = images_of(multi_modal_data, engine=type(self).__name__)
+        if images and not self.capabilities.vision:
+            raise CapabilityNotSupportedError(
+                f"{type(self).__name__} serving {self.model_name!r} has no vision capability: it cannot take images. "
+                "Serve a vision-language checkpoint on an engine that declares vision (hf, vllm, sglang)")
+        return images
 
     async def generate_stream(
         self,
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        *,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> AsyncGenerator[TokenDelta, None]:
         """Generate like :meth:`generate`, yielding the tokens as they are decoded.
 
@@ -100,6 +122,7 @@ class AsyncServerBase(abc.ABC):
             request_id: As in :meth:`generate`.
             prompt_ids: As in :meth:`generate`.
             sampling_params: As in :meth:`generate`.
+            multi_modal_data: As in :meth:`generate`.
 
         Yields:
             :class:`~agentloop_engines.streaming.TokenDelta`\\ s; the last carries ``output``.
@@ -108,8 +131,12 @@ class AsyncServerBase(abc.ABC):
             ValueError: on an invalid request, at the first step of the iteration.
         """
         sp = self.validate_request(prompt_ids, sampling_params)
+        images = self._images(multi_modal_data)
+        open_stream: Any = self._generate_stream  # a vision adapter's takes images= (see _generate)
+        stream = (open_stream(request_id, list(prompt_ids), sp, images=images) if images
+                  else self._generate_stream(request_id, list(prompt_ids), sp))
         # aclosing: closing this stream must close the adapter's at once (it stops the request).
-        async with contextlib.aclosing(self._generate_stream(request_id, list(prompt_ids), sp)) as deltas:
+        async with contextlib.aclosing(stream) as deltas:
             async for delta in deltas:
                 yield delta
 
@@ -142,6 +169,9 @@ class AsyncServerBase(abc.ABC):
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
         """Run one validated request.
 
+        An adapter whose instance declares ``capabilities.vision`` also takes
+        ``images: tuple[ImageItem, ...]`` (non-empty, checked), for a prompt with images.
+
         Args:
             request_id: The caller's request id (``abort`` targets it).
             prompt_ids: Valid, non-empty prompt ids that fit in the context.
@@ -152,10 +182,11 @@ class AsyncServerBase(abc.ABC):
         """
 
     async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
+                               sp: SamplingParams, **images: Any) -> AsyncGenerator[TokenDelta, None]:
         """Stream one validated request. The default yields :meth:`_generate`'s whole result as
         one delta, which keeps engines that cannot stream correct; adapters that can override it."""
-        out = await self._generate(request_id, prompt_ids, sp)
+        generate: Any = self._generate
+        out = await generate(request_id, prompt_ids, sp, **images)
         yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
 
     async def abort(self, request_id: str) -> None:  # noqa: B027 - documented default

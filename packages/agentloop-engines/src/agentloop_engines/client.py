@@ -41,6 +41,7 @@ from agentloop_core.protocol import (
     ServerCapabilities,
     TokenOutput,
 )
+from agentloop_core.vision.content import images_of
 from agentloop_engines.client_stream import routed_stream
 from agentloop_engines.http_client import ReplicaBusyError
 from agentloop_engines.replica_calls import (
@@ -205,6 +206,8 @@ class LLMServerClient:
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        *,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> TokenOutput:
         """Generate on one replica, chosen by the routing policy, failing over when it dies.
 
@@ -213,6 +216,8 @@ class LLMServerClient:
             prompt_ids: The full prompt as token ids.
             sampling_params: A mapping or :class:`SamplingParams` (validated here first, so a
                 typo fails before any replica is touched).
+            multi_modal_data: The prompt's images (``{"image": [ImageItem, ...]}``), passed to
+                the replica; every replica must declare ``capabilities.vision``.
 
         Returns:
             The replica's output; ``extra["replica"]`` names the replica index that served it.
@@ -226,7 +231,11 @@ class LLMServerClient:
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
-        return await self._routed(request_id, ReplicaCall("generate", (request_id, prompt_ids, sp)),
+        kwargs: dict[str, Any] = {}
+        if images_of(multi_modal_data):
+            self._require("vision")
+            kwargs["multi_modal_data"] = multi_modal_data
+        return await self._routed(request_id, ReplicaCall("generate", (request_id, prompt_ids, sp), kwargs),
                                   prompt_tokens=len(prompt_ids))
 
     def generate_stream(

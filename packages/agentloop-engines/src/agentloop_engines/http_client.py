@@ -198,8 +198,9 @@ class RemoteServer:
         if not isinstance(caps, dict):
             raise RemoteServerError(f"{self.base_url}/health has no capabilities; is it an agentloop engine "
                                     "server (agentloop_engines.http_server)?")
-        # Flags a newer server adds are ignored; ones it lacks keep their defaults.
-        known = {f.name for f in fields(ServerCapabilities)}
+        # Flags a newer server adds are ignored; ones it lacks keep their defaults. Images do not
+        # travel over /generate (yet), so this client never declares vision, whatever it serves.
+        known = {f.name for f in fields(ServerCapabilities)} - {"vision"}
         return {"capabilities": ServerCapabilities(**{k: bool(v) for k, v in caps.items() if k in known}),
                 "max_model_len": body.get("max_model_len"), "vocab_size": body.get("vocab_size")}
 

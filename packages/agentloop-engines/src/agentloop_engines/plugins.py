@@ -21,7 +21,8 @@ HF_ENGINE = EnginePlugin(
     install='pip install "agentloop-engines[hf]"',
     capabilities=EngineCapabilities(
         # sleep is True only on CUDA (an instance narrows it); on CPU sleep/wake_up still work.
-        server=ServerCapabilities(logprobs=True, sleep=True, weight_update=True),
+        # vision: with a vision-language checkpoint (an instance serving a text model narrows it).
+        server=ServerCapabilities(logprobs=True, sleep=True, weight_update=True, vision=True),
         partial_rollout=True,
         seeded_sampling=True,
         policy_copy=True,

@@ -81,10 +81,10 @@ class Replica:
             )
         self.capabilities = caps
 
-    async def call(self, method: str, *args: Any) -> Any:
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self.is_actor:
-            return await getattr(self.target, method).remote(*args)
-        return await getattr(self.target, method)(*args)
+            return await getattr(self.target, method).remote(*args, **kwargs)
+        return await getattr(self.target, method)(*args, **kwargs)
 
 
 class ReplicaCall:
@@ -99,13 +99,14 @@ class ReplicaCall:
     """Whether the result keeps using the replica after :meth:`run` returns (a stream): the
     client then leaves its in-flight slot held, and the result's owner releases it."""
 
-    def __init__(self, method: str, args: tuple[Any, ...]) -> None:
+    def __init__(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> None:
         self.method = method
         self.args = args
+        self.kwargs = kwargs or {}
 
     async def run(self, replica: Replica) -> Any:
         """Make the call on ``replica``; what it returns is the attempt's result."""
-        return await replica.call(self.method, *self.args)
+        return await replica.call(self.method, *self.args, **self.kwargs)
 
     def instance(self, replica: Replica, result: Any) -> Any:
         """The engine instance (lifetime id) the result came from, or None when unknown."""

@@ -88,9 +88,10 @@ class PacedServer(TransparentServerWrapper):
         self.pacer = pacer
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                       **multi_modal: Any) -> TokenOutput:
         """``generate`` on the wrapped server, then wait for this turn's slot."""
-        out = await self.server.generate(request_id, prompt_ids, sampling_params)
+        out = await self.server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
         await self.pacer.wait()
         return out
 

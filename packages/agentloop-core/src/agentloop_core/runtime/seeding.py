@@ -115,9 +115,11 @@ class SeededServer(TransparentServerWrapper):
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        **multi_modal: Any,
     ) -> TokenOutput:
-        """``generate`` on the wrapped server with a derived ``seed`` when none is given."""
+        """``generate`` on the wrapped server with a derived ``seed`` when none is given
+        (``multi_modal_data``, when given, passed on)."""
         sp = SamplingParams.from_mapping(sampling_params)
         if sp.seed is None:
             sp = sp.replace(seed=self.seed_for(request_id))
-        return await self.server.generate(request_id, prompt_ids, sp)
+        return await self.server.generate(request_id, prompt_ids, sp, **multi_modal)

@@ -19,6 +19,7 @@ from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
 from agentloop_core.segments import trajectory_reward, trajectory_view
 from agentloop_core.settings import RolloutConfig
 from agentloop_core.tracing import Tracer, make_tracer, trace_context
+from agentloop_core.vision.processor import load_vision_processor
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,9 @@ class AgentLoopWorker:
             is built with ``config.loop_config(name, cls)``, made once per loop name.
         tracer: A :class:`~agentloop_core.tracing.Tracer`, or a config for
             :func:`~agentloop_core.tracing.make_tracer`. None: no tracing.
-        processor: A multimodal processor, when the model has one.
+        processor: The model's :class:`~agentloop_core.vision.VisionProcessor`, when it has
+            one. None with a tokenizer path: loaded from that folder with the tokenizer
+            (:func:`~agentloop_core.vision.load_vision_processor`; None for a text model).
     """
 
     def __init__(
@@ -83,6 +86,8 @@ class AgentLoopWorker:
 
             tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
             self._tokenizer = set_chat_template(tokenizer, self.config.custom_chat_template)
+            if self.processor is None:
+                self.processor = load_vision_processor(self._tokenizer_path, self._tokenizer)
         return self._tokenizer
 
     def sampling_params(self, validate: bool = False) -> SamplingParams:

@@ -14,9 +14,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
+from agentloop_core.protocol import (
+    CapabilityNotSupportedError,
+    SamplingParams,
+    ServerCapabilities,
+    TokenOutput,
+)
 from agentloop_core.request_checks import validate_request
 from agentloop_core.testing.tiny_tokenizer import VOCAB_SIZE as TINY_VOCAB_SIZE
+from agentloop_core.vision.content import images_of
 
 Script = Callable[[str, list[int], int], Sequence[int]]
 """(request_id, prompt_ids, call_index_for_this_request) -> token ids to return."""
@@ -30,6 +36,8 @@ class ScriptedCall:
     prompt_ids: list[int]
     sampling_params: SamplingParams
     output: TokenOutput
+    images: tuple = ()
+    """The ``multi_modal_data`` images the call carried (ImageItems, in order)."""
 
 
 class ScriptedServer:
@@ -50,6 +58,8 @@ class ScriptedServer:
         eos_token_id: Appended to scripted replies when ``append_eos`` and they lack it; ends
             pseudo-random generation when drawn.
         latency_s: Simulated engine time per call.
+        vision: Declare the ``vision`` capability and take ``multi_modal_data`` (recorded in
+            :attr:`calls`), standing in for an engine serving a vision-language model.
     """
 
     capabilities = ServerCapabilities(logprobs=True)
@@ -63,8 +73,11 @@ class ScriptedServer:
         eos_token_id: int | None = None,
         append_eos: bool = False,
         latency_s: float = 0.0,
+        vision: bool = False,
     ) -> None:
         self._script = script
+        if vision:  # stands in for an engine serving a vision-language model: takes images
+            self.capabilities = ServerCapabilities(logprobs=True, vision=True)
         self._next = 0
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -108,8 +121,14 @@ class ScriptedServer:
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        *,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> TokenOutput:
         sp = self.validate_request(prompt_ids, sampling_params)
+        images = images_of(multi_modal_data, engine="ScriptedServer")
+        if images and not self.capabilities.vision:
+            raise CapabilityNotSupportedError("ScriptedServer has no vision capability: it cannot take images; build "
+                                              "it with vision=True to stand in for a vision-language model")
         prompt_ids = list(map(int, prompt_ids))  # a copy: the caller may reuse its list
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
@@ -133,7 +152,7 @@ class ScriptedServer:
             reason = "aborted"
         log_probs = [-0.01 * (1 + (t % 97)) for t in out_ids] if sp.logprobs else None
         out = TokenOutput(token_ids=out_ids, log_probs=log_probs, stop_reason=reason)
-        self.calls.append(ScriptedCall(request_id, prompt_ids, sp, out))
+        self.calls.append(ScriptedCall(request_id, prompt_ids, sp, out, images))
         return out
 
     async def abort(self, request_id: str) -> None:

@@ -20,6 +20,8 @@ from agentloop_core.tokenization.opaque import (
 from agentloop_core.tokenization.piecewise import piecewise_encoder
 from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
 from agentloop_core.tokenization.template_probes import probes_for, run_probes, special_tokens
+from agentloop_core.vision.images import ImageError
+from agentloop_core.vision.processor import ImageItem, VisionProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +91,10 @@ class ChatRenderer:
             ``history`` for good. A template whose output depends on turns further back than
             the last assistant turn in a way the first deltas do not show is still caught by
             the trajectory's sanity check; set ``history`` for it.
+        vision: The model's :class:`~agentloop_core.vision.VisionProcessor` (None: a text-only
+            model). Each image placeholder the template renders is expanded to the image's
+            tokens (:meth:`expand_images`) before encoding, so image tokens are rendered ids
+            like any other mask-0 id.
 
     Raises:
         ChatTemplateError: when the template fails to render a minimal conversation with these
@@ -107,8 +113,11 @@ class ChatRenderer:
         use_inference_chat_template: bool = False,
         apply_chat_template_kwargs: Mapping[str, Any] | None = None,
         delta_strategy: DeltaStrategy = "auto",
+        vision: VisionProcessor | None = None,
     ) -> None:
         self.processor = tokenizer
+        self.vision = vision
+        """The model's vision processor, or None for a text-only model."""
         inner = getattr(tokenizer, "tokenizer", None)
         # Processors render with their own apply_chat_template but tokenize with .tokenizer.
         self.tokenizer = inner if inner is not None and hasattr(inner, "encode") else tokenizer
@@ -189,9 +198,29 @@ class ChatRenderer:
         """Text of ``ids`` with special tokens kept, so it can be rendered back verbatim."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def render_prompt(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Ids of ``messages`` rendered with the generation prompt: the first ``generate`` input."""
-        return self.encode(self.render_text(messages, add_generation_prompt=True))
+    def render_prompt(self, messages: Sequence[Mapping[str, Any]], images: Sequence[ImageItem] = ()) -> list[int]:
+        """Ids of ``messages`` rendered with the generation prompt: the first ``generate`` input.
+
+        Args:
+            messages: Chat messages; image parts in the kept form (see :mod:`agentloop_core.vision`).
+            images: The images of those parts, in order.
+        """
+        return self.encode(self.expand_images(self.render_text(messages, add_generation_prompt=True), images))
+
+    def expand_images(self, text: str, images: Sequence[ImageItem], *, where: str = "rendered text") -> str:
+        """``text`` with each image placeholder expanded to its image's tokens (a text-only
+        renderer returns it unchanged, and refuses images).
+
+        Raises:
+            ImageError: images for a renderer without a vision processor, or a text whose
+                placeholders do not pair up with ``images``.
+        """
+        if self.vision is None:
+            if images:
+                raise ImageError("images were given to a renderer without a vision processor; build the "
+                                 "ChatRenderer with vision=load_vision_processor(model_folder, tokenizer)")
+            return text
+        return self.vision.expand(text, images, where=where)
 
     # -- delta -----------------------------------------------------------------------------
 
@@ -223,6 +252,7 @@ class ChatRenderer:
         *,
         assistant_ended_with_eos: bool = True,
         strategy: DeltaStrategy | None = None,
+        images: Sequence[ImageItem] = (),
     ) -> DeltaResult:
         """Like :meth:`delta_ids`, also returning the text.
 
@@ -232,9 +262,11 @@ class ChatRenderer:
             assistant_ended_with_eos: Whether the last generated turn ended on a stop token
                 (:meth:`ended_turn`).
             strategy: Overrides the renderer's ``delta_strategy`` for this call.
+            images: The images of ``new_messages``' image parts, in order.
         """
         text = self.delta_text(history, new_messages, assistant_ended_with_eos=assistant_ended_with_eos,
                                strategy=strategy)
+        text = self.expand_images(text, images, where="delta")
         return DeltaResult(self.encode(text), text)
 
     def delta_text(

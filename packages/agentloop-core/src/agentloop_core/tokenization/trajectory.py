@@ -14,6 +14,9 @@ from agentloop_core.tokenization.incremental import snapshot
 from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, check_mode
 from agentloop_core.tokenization.trajectory_check import Piece, TrajectoryCheck, ids_digest
+from agentloop_core.vision.content import ConversationImages, has_images
+from agentloop_core.vision.images import ImageLimits
+from agentloop_core.vision.processor import ImageItem
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +44,27 @@ class Trajectory(TrajectoryCheck):
             renders them, so the check reuses them instead of rendering each a second time
             (the ids are the same: ``auto`` uses the short render only where it agrees with
             this one). None or ``disable``: deltas follow the renderer's ``delta_strategy``.
+        image_limits: Pixel, byte and per-trajectory limits on images (prompt and appended
+            messages together); None: the defaults.
+
+    Images: an image part of a prompt or appended message (any form
+    :mod:`agentloop_core.vision.content` reads) is decoded and processed once, when it enters,
+    and kept in :attr:`messages` as ``{"type": "image", "image": digest}``; the renderer's
+    :class:`~agentloop_core.vision.VisionProcessor` expands its placeholder to the image's
+    tokens (mask 0), and :attr:`image_items` lists the images in order. The delta method and
+    the sanity check treat those tokens as any other rendered ids.
     """
 
     def __init__(self, renderer: ChatRenderer, messages: Sequence[Mapping[str, Any]], *,
-                 sanity_check: SanityCheckMode | None = None) -> None:
+                 sanity_check: SanityCheckMode | None = None, image_limits: ImageLimits | None = None) -> None:
         if not messages:
             raise ValueError("a trajectory needs at least one prompt message")
         if sanity_check is not None:
             check_mode(sanity_check)
         self.renderer = renderer
-        self.messages: list[dict] = [_check_message(m, i) for i, m in enumerate(messages)]
+        self.images = ConversationImages(renderer.vision, image_limits)
+        """The images of this conversation, each decoded and processed once."""
+        self.messages: list[dict] = self._take_images([_check_message(m, i) for i, m in enumerate(messages)], "prompt message")
         """Text history; assistant content is the decoded generated text, verbatim."""
         self._rendered: dict[tuple[bytes, Any], str] = {}
         """Texts of the prompt and history-delta renders made so far, by a digest of everything
@@ -84,6 +98,23 @@ class Trajectory(TrajectoryCheck):
     def context_ids(self) -> list[int]:
         """prompt_ids + response_ids: the next ``generate`` input."""
         return self.prompt_ids + self.response_ids
+
+    @property
+    def image_items(self) -> list[ImageItem]:
+        """The images of the conversation in the order their tokens appear (the prompt's, then
+        each appended message's): what ``generate`` needs beside :attr:`context_ids`."""
+        return self.images.in_messages(self.messages) if self.images.items else []
+
+    def _take_images(self, messages: list[dict], where: str, *, count: bool = True) -> list[dict]:
+        if not has_images(messages):
+            return messages
+        return self.images.take(messages, where=where, count=count)
+
+    def _expand(self, text: str, messages: Sequence[Mapping[str, Any]], where: str) -> str:
+        """A render of ``messages`` with its image placeholders expanded to their images' tokens."""
+        if self.renderer.vision is None:
+            return text
+        return self.renderer.expand_images(text, self.images.in_messages(messages), where=where)
 
     # -- building --------------------------------------------------------------------------
 
@@ -178,7 +209,7 @@ class Trajectory(TrajectoryCheck):
             ValueError: for an assistant message or a message without a role.
             TokenizationMismatchError: when the template cannot be split into turns.
         """
-        new = _check_new_messages(messages)
+        new = self._take_images(_check_new_messages(messages), "appended message")
         # Drop the mask-0 tail after the last generated piece; it is rendered again below.
         while self._pieces and self._pieces[-1].kind == "appended":
             self._pieces.pop()
@@ -210,9 +241,10 @@ class Trajectory(TrajectoryCheck):
         Raises:
             ValueError, TokenizationMismatchError: as :meth:`append_messages`.
         """
-        new = _check_new_messages(messages)
+        new = self._take_images(_check_new_messages(messages), "appended message", count=False)
         if not self._generated_messages:
-            return self.renderer.render_prompt([*self.messages, *new])
+            every = [*self.messages, *new]
+            return self.renderer.render_prompt(every, self.images.in_messages(every) if self.images.items else ())
         return list(self._delta_after_last_turn(new).ids)
 
     def _delta_after_last_turn(self, new: list[dict]) -> DeltaResult:
@@ -227,11 +259,12 @@ class Trajectory(TrajectoryCheck):
         if self._history_deltas:
             text = self._render_once(
                 ("delta", history, following, ended),
-                lambda: self.renderer.delta_text(history, following, assistant_ended_with_eos=ended,
-                                                 strategy="history"))
+                lambda: self._expand(self.renderer.delta_text(history, following, assistant_ended_with_eos=ended,
+                                                              strategy="history"), following, "delta"))
             delta = DeltaResult(self.renderer.encode(text), text)
         else:
-            delta = self.renderer.delta(history, following, assistant_ended_with_eos=ended)
+            items = self.images.in_messages(following) if self.images.items else ()
+            delta = self.renderer.delta(history, following, assistant_ended_with_eos=ended, images=items)
         self._preview = (key, delta)
         return delta
 
@@ -278,11 +311,13 @@ class Trajectory(TrajectoryCheck):
                 )
         elif report.first_mismatch is not None:
             out_metrics["tokenization_mismatch_ignored"] = 1
+        items = self.image_items
         return AgentLoopOutput(
             prompt_ids=list(self.prompt_ids),
             response_ids=list(self.response_ids),
             response_mask=list(self.response_mask),
             response_logprobs=None if self.response_logprobs is None else list(self.response_logprobs),
+            multi_modal_data={"image": items} if items else None,
             reward_score=reward_score,
             num_turns=len(self.messages),
             metrics=out_metrics,

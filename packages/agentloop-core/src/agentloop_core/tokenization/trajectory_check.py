@@ -83,6 +83,9 @@ class TrajectoryCheck:
     def _history_with_calls(self, end: int) -> list[dict]:  # pragma: no cover - Trajectory's
         raise NotImplementedError
 
+    def _expand(self, text: str, messages: Sequence[dict], where: str) -> str:  # pragma: no cover - Trajectory's
+        raise NotImplementedError
+
     # -- renders the check reuses ------------------------------------------------------------
 
     def _render_once(self, inputs: tuple, render: Callable[[], str]) -> str:
@@ -112,8 +115,8 @@ class TrajectoryCheck:
 
     def _render_prompt(self, messages: list[dict]) -> str:
         """``messages`` rendered with the generation prompt (kept for the check)."""
-        return self._render_once(("prompt", messages),
-                                 lambda: self.renderer.render_text(messages, add_generation_prompt=True))
+        return self._render_once(("prompt", messages), lambda: self._expand(
+            self.renderer.render_text(messages, add_generation_prompt=True), messages, "prompt"))
 
     # -- the sanity check ----------------------------------------------------------------------
 
@@ -148,15 +151,16 @@ class TrajectoryCheck:
                 history, ended = self._history_with_calls(index + 1), pieces[k].ended
                 text += self._render_once(
                     ("delta", history, following, ended),
-                    lambda h=history, f=following, e=ended: self.renderer.delta_text(
-                        h, f, assistant_ended_with_eos=e, strategy="history"))
+                    lambda h=history, f=following, e=ended: self._expand(self.renderer.delta_text(
+                        h, f, assistant_ended_with_eos=e, strategy="history"), f, "delta"))
         return text
 
     def _inference_text(self) -> str:
         """The inference view: the template over all messages, generated contents as decoded
         text, as an inference server renders a conversation it is sent."""
         pending = self._pieces[-1].kind != "generated"
-        text = self.renderer.render_text(self.messages, add_generation_prompt=pending)
+        text = self._expand(self.renderer.render_text(self.messages, add_generation_prompt=pending), self.messages,
+                            "the whole conversation")
         if not pending:
             # The trajectory ends right after the generated ids; the template's glue after
             # them was never appended.

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 
 from agentloop_core.protocol import SamplingParams, StopReason, TokenOutput
+from agentloop_core.vision.processor import ImageItem
 from agentloop_engines.hf.growing_cache import grow_in_place
 from agentloop_engines.hf.sampling import RowSampling, sample_rows
+from agentloop_engines.hf.vision import prefill_inputs
 
 
 @dataclass(eq=False)
@@ -53,6 +55,8 @@ class Row:
     on_token: Callable[[int, float], object] | None = None
     """A streamed request's callback (from the worker thread) with each token as it is sampled;
     None for a request answered whole, which then costs nothing extra."""
+    images: tuple[ImageItem, ...] = ()
+    """The images whose tokens the prompt holds, in order (prefilled by :meth:`DecodeBatch.prefill_images`)."""
 
     def fail(self, exc: BaseException) -> None:
         if not self.done:
@@ -150,6 +154,32 @@ class DecodeBatch:
                 cache.batch_select_indices(owners)
                 mask, logits = mask[owners], logits[owners]
             batch = cls(live, cache, mask, mask.sum(-1), torch.empty(0))
+            return batch._sample(logits, stats)
+
+    @classmethod
+    def prefill_images(cls, model: Any, row: Row, *, token_id: int, device: torch.device,
+                       stats: dict[str, int]) -> DecodeBatch | None:
+        """Prefill one row whose prompt holds images (its vision features, and 3-D positions for an
+        M-RoPE model; :mod:`agentloop_engines.hf.vision`) and sample its first token. The batch
+        it returns merges with any other.
+
+        Returns:
+            The row's batch, or None when it already finished.
+        """
+        if row.aborted:
+            row.finish("aborted")
+        if row.done:
+            return None
+        with torch.inference_mode():
+            kwargs, next_position = prefill_inputs(model, row.prompt_ids, row.images, token_id, device)
+            out = model(**kwargs, use_cache=True, logits_to_keep=1)
+            _count(stats, 1, prefill_tokens=len(row.prompt_ids))
+            cache, logits = _cache_of(out), out.logits[:, -1]
+            grow_in_place(cache)
+            # The row's next position is past its highest (M-RoPE: below its length); a decode
+            # step's 2-D position is the same on all three axes, as the model's own decode makes it.
+            batch = cls([row], cache, kwargs["attention_mask"], torch.tensor([next_position], device=device),
+                        torch.empty(0))
             return batch._sample(logits, stats)
 
     def step(self, model: Any, stats: dict[str, int]) -> DecodeBatch | None:

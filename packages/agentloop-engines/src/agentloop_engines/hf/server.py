@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from agentloop_core.engine_registry import EngineConfig
 from agentloop_core.protocol import SamplingParams, TokenOutput
+from agentloop_core.vision.processor import ImageItem
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.plugins import HF_ENGINE
 from agentloop_engines.streaming import OnTokens, TokenDelta, queued_stream
@@ -41,6 +42,7 @@ from agentloop_engines.hf.attention import use_grouped_decode_attention
 from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.packed_linear import pack_linears
 from agentloop_engines.hf.sampling import RowSampling
+from agentloop_engines.hf.vision import image_token_id, load_model
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed")}
@@ -128,7 +130,7 @@ class HFServer(AsyncServerBase):
         self.model: Any
         if isinstance(model_path_or_model, (str, Path)):
             path = str(model_path_or_model)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype or torch.float32)
+            self.model = load_model(path, torch_dtype or torch.float32)
             if tokenizer is None:
                 tokenizer = path
             self.model_name = path
@@ -146,7 +148,9 @@ class HFServer(AsyncServerBase):
         self.packed_linears = pack_linears(self.model, max_batch_size) if packed_linear else 0
         """How many linear layers run through oneDNN with packed weights (0: none)."""
 
-        config = self.model.config
+        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        self.image_token_id = image_token_id(self.model)
+        """The image placeholder's id of a vision-language model (None: text only)."""
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
         limit = getattr(config, "max_position_embeddings", None)
         if max_model_len is None:
@@ -163,8 +167,9 @@ class HFServer(AsyncServerBase):
         self.pad_id = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        # Declared per instance: sleep frees memory only on CUDA.
-        self.capabilities = replace(type(self).capabilities, sleep=self.device.type == "cuda")
+        # Declared per instance: sleep frees memory only on CUDA; images need a vision model.
+        self.capabilities = replace(type(self).capabilities, sleep=self.device.type == "cuda",
+                                    vision=self.image_token_id is not None)
         self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
         self._seeds = random.Random(seed)
@@ -206,7 +211,8 @@ class HFServer(AsyncServerBase):
     def _eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
         gen_cfg = getattr(self.model, "generation_config", None)
-        for source in (getattr(gen_cfg, "eos_token_id", None), getattr(self.model.config, "eos_token_id", None)):
+        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        for source in (getattr(gen_cfg, "eos_token_id", None), getattr(config, "eos_token_id", None)):
             if source is not None:
                 ids.extend([source] if isinstance(source, int) else list(source))
         if self.tokenizer is not None and getattr(self.tokenizer, "eos_token_id", None) is not None:
@@ -237,11 +243,12 @@ class HFServer(AsyncServerBase):
 
     # ---- generation --------------------------------------------------------------------
 
-    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
-        return await self._run(request_id, prompt_ids, sp)
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                        images: tuple[ImageItem, ...] = ()) -> TokenOutput:
+        return await self._run(request_id, prompt_ids, sp, images=images)
 
     async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
+                               sp: SamplingParams, images: tuple[ImageItem, ...] = ()) -> AsyncGenerator[TokenDelta, None]:
         # Each sampled token is handed to the loop by the decode thread; the batch itself runs
         # exactly as for a request answered whole.
         loop = asyncio.get_running_loop()
@@ -250,14 +257,15 @@ class HFServer(AsyncServerBase):
             def on_token(tok: int, lp: float) -> None:
                 loop.call_soon_threadsafe(on_tokens, [tok], [lp] if sp.logprobs else None)
 
-            return self._run(request_id, prompt_ids, sp, on_token=on_token)
+            return self._run(request_id, prompt_ids, sp, on_token=on_token, images=images)
 
         async with contextlib.aclosing(queued_stream(run)) as deltas:
             async for delta in deltas:
                 yield delta
 
     async def _run(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
-                   on_token: Callable[[int, float], object] | None = None) -> TokenOutput:
+                   on_token: Callable[[int, float], object] | None = None,
+                   images: tuple[ImageItem, ...] = ()) -> TokenOutput:
         self._ensure_scheduler()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[TokenOutput] = loop.create_future()
@@ -277,6 +285,7 @@ class HFServer(AsyncServerBase):
             on_done=lambda out: loop.call_soon_threadsafe(_resolve, fut, out),
             on_error=lambda exc: loop.call_soon_threadsafe(_fail, fut, exc),
             on_token=on_token,
+            images=images,
         )
         self._pending.append(row)
         self._by_id[request_id].add(row)
@@ -333,9 +342,7 @@ class HFServer(AsyncServerBase):
         self.stats["batches"] += 1
         self.batch_sizes.append(len(new))
         try:
-            fresh = await self._in_engine_thread(
-                DecodeBatch.prefill, self.model, new, pad_id=self.pad_id, device=self.device, stats=self.stats
-            )
+            fresh = await self._in_engine_thread(self._prefill, new)
         except Exception as exc:  # noqa: BLE001 - delivered to the callers of this prefill
             for row in new:
                 row.fail(exc)
@@ -350,6 +357,27 @@ class HFServer(AsyncServerBase):
             running.abort_all(exc)
             fresh.abort_all(exc)
             return None
+
+    def _prefill(self, rows: list[Row]) -> DecodeBatch | None:
+        """Prefill new rows: text prompts together, each prompt with images on its own (a
+        failure there fails that row alone); one batch of all that are still generating."""
+        text = [r for r in rows if not r.images]
+        batches = [DecodeBatch.prefill(self.model, text, pad_id=self.pad_id, device=self.device, stats=self.stats)
+                   if text else None]
+        for row in rows:
+            if not row.images:
+                continue
+            try:
+                assert self.image_token_id is not None  # _images() refused images for a text model
+                batches.append(DecodeBatch.prefill_images(self.model, row, token_id=self.image_token_id,
+                                                          device=self.device, stats=self.stats))
+            except Exception as exc:  # noqa: BLE001 - delivered to this row's caller
+                row.fail(exc)
+        merged: DecodeBatch | None = None
+        for batch in batches:
+            if batch is not None:
+                merged = batch if merged is None else merged.merge(batch)
+        return merged
 
     def _decode(self, batch: DecodeBatch) -> DecodeBatch | None:
         # Several steps per thread hop, but hand control back as soon as requests are waiting.

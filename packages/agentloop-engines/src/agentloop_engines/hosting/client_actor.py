@@ -193,11 +193,12 @@ class RemoteClient:
         return cls(actor, caps, partial_rollout=partial)
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
-        """See :meth:`LLMServerClient.generate`."""
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                       **multi_modal: Any) -> TokenOutput:
+        """See :meth:`LLMServerClient.generate` (``multi_modal_data`` travels pickled with the call)."""
         # Validate here too: the error then points at the caller's line, not a Ray traceback.
         sp = SamplingParams.from_mapping(sampling_params)
-        return await self.actor.generate.remote(request_id, list(prompt_ids), sp)
+        return await self.actor.generate.remote(request_id, list(prompt_ids), sp, **multi_modal)
 
     async def abort(self, request_id: str) -> None:
         """See :meth:`LLMServerClient.abort`."""

@@ -21,6 +21,7 @@ from agentloop_trainer.update.losses import (
     truncated_importance_weight,
 )
 from agentloop_trainer.update.rollout_correction import rollout_correction
+from agentloop_trainer.update.vision_forward import multimodal_log_probs
 
 
 @dataclass
@@ -78,6 +79,9 @@ class PolicyBatch:
     None when every trajectory is one row (each row with tokens is then a whole sequence)."""
     trajectory_ids: list[int] | None = None
     """The trajectory of each row, where some trajectory spans several rows; None: one row each."""
+    images: list[tuple[Any, ...]] | None = None
+    """Per row, the images its tokens hold (``ImageItem``\\ s in order, from the rollout's
+    ``multi_modal_data``); None when no row has any."""
 
     def padded(self, multiple: int) -> PolicyBatch:
         """This batch with empty rows (no tokens, mask 0) appended up to a multiple of
@@ -101,6 +105,7 @@ class PolicyBatch:
             seq_weights=grow(self.seq_weights, (extra,)),
             trajectory_ids=None if self.trajectory_ids is None else
             self.trajectory_ids + [max(self.trajectory_ids, default=-1) + 1 + k for k in range(extra)],
+            images=None if self.images is None else self.images + [() for _ in range(extra)],
         )
 
     def sequence_index(self) -> Any:
@@ -138,7 +143,9 @@ def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
     if np.unique(trajectories).size < len(trajectories):
         ids = [int(t) for t in trajectories.tolist()]
         weights = sequence_weights(mask, ids)
-    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights, ids)
+    images = [tuple((data or {}).get("image") or ()) for data in (batch.multi_modal_data or [None] * len(batch))]
+    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights, ids,
+                       images=images if any(images) else None)
 
 
 def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
@@ -168,7 +175,12 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
     # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
     seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
     first = min((pb.prompt_lengths[r] for r in rows if pb.prompt_lengths[r] > 0), default=1)
-    if groups is not None:
+    if pb.images is not None and any(pb.images[r] for r in rows):
+        # Rows with images: one forward with their pixel values (no shared prefix: the image
+        # tokens' embeddings come from the vision tower, not the embedding table).
+        images = [pb.images[r] if len(pb.sequences[r]) >= 2 else () for r in rows]
+        logp = multimodal_log_probs(model, seqs, images, temperature=temperature, device=device)
+    elif groups is not None:
         logp = prompt_shared_log_probs(model, seqs, [pb.prompt_lengths[r] for r in rows], groups,
                                        temperature=temperature, device=device)
     else:

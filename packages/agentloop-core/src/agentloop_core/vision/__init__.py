@@ -1,0 +1,45 @@
+"""Images in trajectories: decoding with limits, a model family's processor, content parts.
+
+See :mod:`.images` (decoding and limits), :mod:`.processor` (what a model family does to an
+image, and its plug-in registry) and :mod:`.content` (image parts in chat messages).
+"""
+
+from agentloop_core.vision.content import (
+    IMAGE_MARKER,
+    ConversationImages,
+    has_images,
+    image_refs,
+    images_of,
+    messages_with_row_images,
+    multi_modal_kwargs,
+)
+from agentloop_core.vision.images import ImageError, ImageLimits, decode_image
+from agentloop_core.vision.processor import (
+    ImageItem,
+    QwenVLProcessor,
+    VisionProcessor,
+    image_digest,
+    load_vision_processor,
+    register_vision_family,
+    vision_families,
+)
+
+__all__ = [
+    "IMAGE_MARKER",
+    "ConversationImages",
+    "ImageError",
+    "ImageItem",
+    "ImageLimits",
+    "QwenVLProcessor",
+    "VisionProcessor",
+    "decode_image",
+    "has_images",
+    "image_digest",
+    "image_refs",
+    "images_of",
+    "load_vision_processor",
+    "messages_with_row_images",
+    "multi_modal_kwargs",
+    "register_vision_family",
+    "vision_families",
+]

@@ -1,0 +1,142 @@
+"""A tiny randomly initialised Qwen2-VL model (vision tower included) with a processor assembled
+here, for tests and demos of the vision path.
+
+The folder is an ordinary Hugging Face checkpoint of model type ``qwen2_vl``: the tiny
+tokenizer plus Qwen2-VL's vision special tokens (``<|vision_start|>``, ``<|image_pad|>``,
+``<|vision_end|>``, ``<|video_pad|>``), a chat template that renders image parts and tools
+(:file:`agentloop_core/testing/chat_template_vision.jinja`), ``preprocessor_config.json`` for
+Qwen2-VL's image processor (its PIL backend: torchvision is never needed), and the model's
+weights. ``load_vision_processor(folder, tokenizer)`` and :func:`load_vision_model` load it as
+they load any real Qwen-VL folder. Built on this machine (nothing is downloaded) in seconds and
+cached under ``agentloop_core.cache.cache_dir()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from agentloop_core.cache import build_once, cache_dir
+from agentloop_core.testing.tiny_tokenizer import tiny_tokenizer_path
+from agentloop_core.testing.tiny_vision import (
+    MAX_PIXELS,
+    MIN_PIXELS,
+    VISION_TOKENS,
+    add_vision_tokens,
+    tiny_image_processor,
+)
+
+TINY_VLM_VERSION = "v1"
+
+_DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "hidden_size": 128,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 512,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.02,
+    "vision_depth": 2,
+    "vision_embed_dim": 64,
+    "vision_heads": 4,
+    "min_pixels": MIN_PIXELS,
+    "max_pixels": MAX_PIXELS,
+}
+
+
+def _build(out_dir: Path, spec: dict[str, Any]) -> None:
+    import torch
+    import transformers
+
+    tokenizer = add_vision_tokens(transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_path())))
+    tokenizer.save_pretrained(str(out_dir))
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    pad_id = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)
+    head_dim = spec["hidden_size"] // spec["num_heads"]
+    # M-RoPE splits each head's rotary half into temporal/height/width sections.
+    half = head_dim // 2
+    sections = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
+    config = transformers.Qwen2VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": spec["hidden_size"],
+            "intermediate_size": spec["intermediate_size"],
+            "num_hidden_layers": spec["num_layers"],
+            "num_attention_heads": spec["num_heads"],
+            "num_key_value_heads": spec["num_kv_heads"],
+            "max_position_embeddings": spec["max_position_embeddings"],
+            "initializer_range": spec["initializer_range"],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
+            "bos_token_id": None,
+            "eos_token_id": eos_id,
+            "pad_token_id": pad_id,
+        },
+        vision_config={
+            "depth": spec["vision_depth"],
+            "embed_dim": spec["vision_embed_dim"],
+            "hidden_size": spec["hidden_size"],
+            "num_heads": spec["vision_heads"],
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "initializer_range": spec["initializer_range"],
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        model = transformers.Qwen2VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(str(out_dir))
+    image_processor = tiny_image_processor(spec["min_pixels"], spec["max_pixels"])
+    settings = image_processor.to_dict()
+    settings["min_pixels"], settings["max_pixels"] = spec["min_pixels"], spec["max_pixels"]
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(settings, indent=2, default=int))
+    (out_dir / "agentloop_tiny_vlm.json").write_text(json.dumps({"version": TINY_VLM_VERSION, **spec}))
+
+
+def build_tiny_vlm(path: Path | str | None = None, **overrides: Any) -> Path:
+    """Build (once) a tiny random Qwen2-VL checkpoint with its processor and return its folder.
+
+    Args:
+        path: Where to build it. None: ``cache_dir()/tiny-qwen2-vl-<version>`` for the default
+            shape, with a short hash of the overrides appended for any other.
+        **overrides: Any of ``seed``, ``hidden_size``, ``num_layers``, ``num_heads``,
+            ``num_kv_heads``, ``intermediate_size``, ``max_position_embeddings``,
+            ``initializer_range``, ``vision_depth``, ``vision_embed_dim``, ``vision_heads``,
+            ``min_pixels``, ``max_pixels`` (the image processor's resize bounds).
+
+    Raises:
+        ValueError: an unknown override, or head counts that do not divide.
+        ImportError: without torch/transformers (``pip install "agentloop-engines[hf]"``).
+    """
+    unknown = set(overrides) - set(_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown tiny VLM setting(s) {sorted(unknown)}; known: {sorted(_DEFAULTS)}")
+    spec = {**_DEFAULTS, **overrides}
+    if spec["hidden_size"] % spec["num_heads"] or spec["num_heads"] % spec["num_kv_heads"]:
+        raise ValueError("num_heads must divide hidden_size and num_kv_heads must divide num_heads")
+    if spec["vision_embed_dim"] % spec["vision_heads"]:
+        raise ValueError("vision_heads must divide vision_embed_dim")
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError('the tiny VLM needs torch and transformers: pip install "agentloop-engines[hf]"') from exc
+    if path is None:
+        name = f"tiny-qwen2-vl-{TINY_VLM_VERSION}"
+        if spec != _DEFAULTS:
+            name += "-" + hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
+        path = cache_dir() / name
+    return build_once(Path(path), lambda out: _build(out, spec))
