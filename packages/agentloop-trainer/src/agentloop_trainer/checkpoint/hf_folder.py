@@ -86,6 +86,25 @@ def write_hf_folder(model: Any, tokenizer: Any, out: str | Path, max_shard_bytes
     (generation or GenerationConfig.from_model_config(config)).save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    _copy_processor_files(config, out)
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+"""A vision-language checkpoint's processor settings, which no weight or tokenizer file holds."""
+
+
+def _copy_processor_files(config: Any, out: Path) -> None:
+    """Carry the image processor's settings from the folder the policy was loaded from
+    (``config._name_or_path``) into the exported folder, so it loads as the same
+    vision-language model (``load_vision_processor``, vLLM) with the same image tokens."""
+    import shutil
+
+    source = getattr(config, "_name_or_path", None)
+    if not source or not Path(source).is_dir() or Path(source).resolve() == out.resolve():
+        return
+    for name in PROCESSOR_FILES:
+        if (Path(source) / name).is_file() and not (out / name).exists():
+            shutil.copy2(Path(source) / name, out / name)
 
 
 def final_hf_folder(model: Any, tokenizer: Any, run_dir: str | Path, step: int, max_shard_bytes: int,

@@ -40,6 +40,13 @@ class DataSection:
     """Token budget of a response (generated + tool tokens)."""
     shuffle: bool = True
     """Shuffle training rows each epoch."""
+    image_key: str = "images"
+    """The column holding each row's images (verl's multimodal rows: encoded bytes or paths, as
+    ``{"bytes": ..., "path": ...}`` cells); each ``<image>`` marker in the prompt's text takes
+    the next one. Rows may also hold image content parts in the prompt itself."""
+    return_multi_modal_inputs: bool = True
+    """verl's key, accepted for its configs: the rollout's processed images (pixel values and
+    grids, computed once per image) always travel with the batch to the update."""
 
 
 @dataclass

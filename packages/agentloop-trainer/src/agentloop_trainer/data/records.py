@@ -25,8 +25,10 @@ def load_records(cfg: TrainConfig, tokenizer: Any = None, log: Any = None,
         from agentloop_trainer.rollout.rollouts import tool_schemas
 
         need_truth = cfg.reward.source != "loop"
-        train = read_parquet_files(cfg.data.train_files, "data.train_files", need_ground_truth=need_truth)
-        test = read_parquet_files(cfg.data.val_files, "data.val_files", need_ground_truth=need_truth)
+        train = read_parquet_files(cfg.data.train_files, "data.train_files", need_ground_truth=need_truth,
+                                   image_key=cfg.data.image_key)
+        test = read_parquet_files(cfg.data.val_files, "data.val_files", need_ground_truth=need_truth,
+                                  image_key=cfg.data.image_key)
         if tokenizer is not None:
             schemas = tool_schemas(cfg)
             out = []

@@ -7,6 +7,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.vision.content import messages_with_row_images
+
+_IMAGE_PARTS = frozenset({"image", "image_url", "input_image"})
+
 
 def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write rows to a parquet file."""
@@ -18,13 +22,24 @@ def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
-def normalize_content(content: Any, where: str) -> str:
+def normalize_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}``
-    parts (OpenAI's list form) joined in order.
+    parts (OpenAI's list form) joined in order. A list that holds image parts (``image``,
+    ``image_url``, ``input_image``) is kept as parts (absent fields dropped), for the loop's
+    vision processor.
 
     Raises:
-        ValueError: a part that is not text (images need a multimodal loop), naming ``where``.
+        ValueError: a part that is neither text nor an image, naming ``where``.
     """
+    if isinstance(content, (list, tuple)) and any(isinstance(p, Mapping) and p.get("type") in _IMAGE_PARTS
+                                                  for p in content):
+        parts = []
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            if kind not in _IMAGE_PARTS and (kind != "text" or not isinstance(part.get("text"), str)):
+                raise ValueError(f"{where} content part {k} is {kind!r}; text and image parts are supported")
+            parts.append({key: v for key, v in dict(part).items() if v is not None})
+        return parts
     if isinstance(content, str):
         return content
     if content is None:
@@ -44,9 +59,19 @@ def normalize_content(content: Any, where: str) -> str:
     raise ValueError(f"{where} content must be a string or a list of text parts, got {type(content).__name__}")
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]], where: str = "prompt") -> list[dict[str, Any]]:
-    """Chat messages with text content, keys whose value is None dropped (parquet fills absent
-    struct fields with None, which chat templates would render)."""
+def normalize_messages(messages: Sequence[Mapping[str, Any]], where: str = "prompt",
+                       images: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+    """Chat messages with text content (or text and image parts), keys whose value is None
+    dropped (parquet fills absent struct fields with None, which chat templates would render).
+
+    Args:
+        messages: The row's prompt.
+        where: What it is, for errors.
+        images: The row's images column (verl's layout): each ``<image>`` marker in the text
+            becomes an image part holding the next image (decoded later, once, by the loop).
+    """
+    if images is not None and len(images):
+        messages = messages_with_row_images(messages, list(images), where=where)
     out = []
     for k, m in enumerate(messages):
         msg = {key: v for key, v in dict(m).items() if v is not None}
@@ -85,7 +110,8 @@ def check_row(row: Any, need_ground_truth: bool = True) -> str | None:
     return None
 
 
-def read_parquet_files(paths: Any, key: str, need_ground_truth: bool = True) -> list[dict[str, Any]]:
+def read_parquet_files(paths: Any, key: str, need_ground_truth: bool = True,
+                       image_key: str = "images") -> list[dict[str, Any]]:
     """Rows of one parquet file or a list of them (verl's ``data.train_files`` forms), in order.
 
     Raises:
@@ -98,12 +124,13 @@ def read_parquet_files(paths: Any, key: str, need_ground_truth: bool = True) -> 
         raise ValueError(f"{key} is an empty list; give one parquet file or a list of them")
     rows: list[dict[str, Any]] = []
     for path in paths:
-        rows.extend(read_parquet_rows(path, need_ground_truth=need_ground_truth))
+        rows.extend(read_parquet_rows(path, need_ground_truth=need_ground_truth, image_key=image_key))
     return rows
 
 
-def read_parquet_rows(path: str | Path, need_ground_truth: bool = True) -> list[dict[str, Any]]:
-    """Rows of a parquet dataset as plain Python dicts and lists, every row checked.
+def read_parquet_rows(path: str | Path, need_ground_truth: bool = True, image_key: str = "images") -> list[dict[str, Any]]:
+    """Rows of a parquet dataset as plain Python dicts and lists, every row checked. A row's
+    ``image_key`` column (verl's multimodal rows) moves into its prompt as image parts.
 
     Raises:
         FileNotFoundError: naming the path.
@@ -129,7 +156,7 @@ def read_parquet_rows(path: str | Path, need_ground_truth: bool = True) -> list[
         raise ValueError(f"{path}: {len(bad)} of {len(rows)} rows are malformed: {listed}{more}")
     for i, row in enumerate(rows):
         # Text parts joined, absent struct fields (None) dropped: what the chat template renders.
-        row["prompt"] = normalize_messages(row["prompt"], f"{path} row {i} prompt")
+        row["prompt"] = normalize_messages(row["prompt"], f"{path} row {i} prompt", images=row.pop(image_key, None))
     return rows
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from agentloop_core.vision.processor import load_vision_processor
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.rows import normalize_messages
 from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
@@ -310,8 +311,10 @@ class RolloutFleet:
                                                 num_workers=r.agent.num_workers, backend="ray",
                                                 placement=cfg.ray.worker_placement)
             else:
+                # Ray workers load the vision processor with the tokenizer, from the folder.
+                processor = load_vision_processor(str(cfg.model.tokenizer_path or model_path), tokenizer)
                 self.manager = AgentLoopManager(self.server, tokenizer, self.rollout_config,
-                                                num_workers=r.agent.num_workers)
+                                                num_workers=r.agent.num_workers, processor=processor)
         except BaseException:
             self._stop_engines()
             self.loop.close()

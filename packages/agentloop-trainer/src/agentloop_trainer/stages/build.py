@@ -55,8 +55,8 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
         stats: Receives the data loading counts (dropped overlong prompts).
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from agentloop_engines.hf.vision import load_model
     from agentloop_trainer.config.accessors import offload_enabled, reference_offloaded
     from agentloop_trainer.data.records import load_records
     from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing, use_cpu_matmul
@@ -67,7 +67,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     m = cfg.model
     tokenizer = tokenizer if tokenizer is not None else load_policy_tokenizer(cfg, model_path)
     # Master weights are float32 whatever model.dtype says: the optimizer steps them.
-    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    model = load_model(str(model_path), torch.float32)
     if m.enable_gradient_checkpointing:
         enable_gradient_checkpointing(model)
     if m.lora_rank > 0:
@@ -98,7 +98,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
         use_cpu_matmul(ref, m.cpu_matmul, device)  # as the policy: equal weights give a KL of exactly 0
     engine_model = None
     if rank == 0 and needs_engine_copy(cfg):
-        engine_model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+        engine_model = load_model(str(model_path), torch.float32)
     train, test = load_records(cfg, tokenizer, log if rank == 0 else None, stats)
     trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
                           model_path=model_path, ref_model=ref)

@@ -94,9 +94,10 @@ def load_reference(model_path: str | Path, device: str = "cpu", dtype: str = "fl
     """The frozen reference policy for the KL loss, sharded like the policy (each rank holds a
     shard; a forward pass all-gathers layer by layer, so every rank must run the same number)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    ref = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32)
+    from agentloop_engines.hf.vision import load_model
+
+    ref = load_model(str(model_path), torch.float32)
     ref = ref.eval().requires_grad_(False)
     # pyright's ignore: PreTrainedModel.to is typed without binding self (see policy.model).
     return shard_policy(ref if offload else ref.to(device), device, dtype, offload)  # pyright: ignore[reportArgumentType]

@@ -85,9 +85,9 @@ def load_sft_model(cfg: TrainConfig, tokenizer: Any) -> Any:
 
     m = cfg.model
     if m.path:
-        from transformers import AutoModelForCausalLM
+        from agentloop_engines.hf.vision import load_model
 
-        model = AutoModelForCausalLM.from_pretrained(str(m.path), dtype=torch.float32)
+        model = load_model(str(m.path), torch.float32)
     else:
         model = build_tiny_policy(tokenizer, seed=cfg.sft.seed)
     if m.enable_gradient_checkpointing:
