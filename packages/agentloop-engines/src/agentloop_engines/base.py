@@ -132,8 +132,7 @@ class AsyncServerBase(abc.ABC):
         """
         sp = self.validate_request(prompt_ids, sampling_params)
         images = self._images(multi_modal_data)
-        open_stream: Any = self._generate_stream  # a vision adapter's takes images= (see _generate)
-        stream = (open_stream(request_id, list(prompt_ids), sp, images=images) if images
+        stream = (self._generate_stream(request_id, list(prompt_ids), sp, images=images) if images
                   else self._generate_stream(request_id, list(prompt_ids), sp))
         # aclosing: closing this stream must close the adapter's at once (it stops the request).
         async with contextlib.aclosing(stream) as deltas:
@@ -181,12 +180,14 @@ class AsyncServerBase(abc.ABC):
             The engine's output, following the stop semantics in the class docstring.
         """
 
-    async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams, **images: Any) -> AsyncGenerator[TokenDelta, None]:
+    async def _generate_stream(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                               images: tuple[ImageItem, ...] = ()) -> AsyncGenerator[TokenDelta, None]:
         """Stream one validated request. The default yields :meth:`_generate`'s whole result as
-        one delta, which keeps engines that cannot stream correct; adapters that can override it."""
+        one delta, which keeps engines that cannot stream correct; adapters that can override it.
+        ``images`` is non-empty only for an adapter that declares ``vision`` (see :meth:`_generate`)."""
         generate: Any = self._generate
-        out = await generate(request_id, prompt_ids, sp, **images)
+        out = await (generate(request_id, prompt_ids, sp, images=images) if images
+                     else self._generate(request_id, prompt_ids, sp))
         yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
 
     async def abort(self, request_id: str) -> None:  # noqa: B027 - documented default

@@ -86,7 +86,7 @@ class AgentLoopWorker:
 
             tokenizer = AutoTokenizer.from_pretrained(self._tokenizer_path)
             self._tokenizer = set_chat_template(tokenizer, self.config.custom_chat_template)
-            if self.processor is None:
+            if self.processor is None and self._tokenizer_path is not None:
                 self.processor = load_vision_processor(self._tokenizer_path, self._tokenizer)
         return self._tokenizer
 

@@ -1,0 +1,153 @@
+"""Benchmark: the cost of images in a rollout, against a text-only rollout of the same token count.
+
+Two measurements on the tiny Qwen2-VL (``agentloop_engines.tiny_vlm``), 224x224 images (64
+image tokens each after the 2x2 merge):
+
+* **Per turn, the processor path**: a trajectory appends a tool result holding one new image
+  (PNG bytes, as a tool returns them: decode, the image processor, the placeholder expanded,
+  the delta rendered and encoded) against a tool result of text with the same number of
+  tokens. Median over turns of ``append_messages``; and the split of an image's cost (decode,
+  image processor) measured on its own.
+* **Rollout on HFServer**: 16 trajectories, each a prompt holding one image and a question,
+  greedy 32 new tokens, against 16 text prompts of the same token count: wall time and
+  generated tokens/s for the batch (the vision tower runs once per image at prefill).
+
+Run: ``python bench/bench_vision.py`` (writes ``bench/results/vision.json``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import load_average, machine, table, versions, write_result  # noqa: E402
+
+TURNS = 16
+ROWS = 16
+NEW_TOKENS = 32
+SIDE = 224
+
+
+def _png(seed: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    pixels = (np.random.RandomState(seed).rand(SIDE, SIDE, 3) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def per_turn(tokenizer, processor) -> dict[str, float]:
+    from agentloop_core.protocol import TokenOutput
+    from agentloop_core.tokenization import ChatRenderer, Trajectory
+    from agentloop_core.vision import decode_image
+
+    renderer = ChatRenderer(tokenizer, vision=processor)
+    image_tokens = processor.process(decode_image(_png(0))).num_tokens
+    filler = " ".join(["tool"] * image_tokens)  # about one token per word in the tiny tokenizer
+    call = tokenizer.encode('<tool_call>\n{"name": "look", "arguments": {}}\n</tool_call><|im_end|>',
+                            add_special_tokens=False)
+    pngs = [_png(1 + k) for k in range(TURNS)]
+    times: dict[str, list[float]] = {"image": [], "text": []}
+    sizes: dict[str, int] = {}
+    for kind in ("image", "text"):
+        for repeat in range(2):  # the first pass warms the template and piece caches
+            t = Trajectory(renderer, [{"role": "user", "content": "Look at the pictures."}], sanity_check="strict")
+            for k in range(TURNS):
+                t.append_generated(TokenOutput(call, [0.0] * len(call)))
+                content = ([{"type": "image", "image": pngs[k]}] if kind == "image"
+                           else [{"type": "text", "text": filler}])
+                start = time.perf_counter()
+                ids = t.append_messages([{"role": "tool", "name": "look", "content": content}])
+                if repeat:
+                    times[kind].append(time.perf_counter() - start)
+                    sizes[kind] = len(ids)
+            t.to_output(sanity_check="strict")
+    decode, process = [], []
+    for png in pngs:
+        start = time.perf_counter()
+        image = decode_image(png)
+        decode.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        processor.process(image)
+        process.append(time.perf_counter() - start)
+    return {"image_ms": 1e3 * statistics.median(times["image"]), "text_ms": 1e3 * statistics.median(times["text"]),
+            "image_delta_tokens": sizes["image"], "text_delta_tokens": sizes["text"],
+            "decode_ms": 1e3 * statistics.median(decode), "process_ms": 1e3 * statistics.median(process)}
+
+
+def rollout(path: Path, tokenizer, processor) -> dict[str, dict[str, float]]:
+    from agentloop_core.tokenization import ChatRenderer, Trajectory
+    from agentloop_core.vision import multi_modal_kwargs
+    from agentloop_engines.hf.server import HFServer
+
+    server = HFServer(path, max_batch_size=ROWS)
+    renderer = ChatRenderer(tokenizer, vision=processor)
+    question = "What is in the picture?"
+    with_images = [Trajectory(renderer, [{"role": "user", "content": [
+        {"type": "image", "image": _png(100 + k)}, {"type": "text", "text": question}]}]) for k in range(ROWS)]
+    n_image = len(with_images[0].prompt_ids)
+    # Distinct text prompts (a repeated prompt would be prefilled once), each padded with words
+    # to the image prompt's token count.
+    text_rows = []
+    for k in range(ROWS):
+        words = f"picture {k}:"
+        candidate = Trajectory(renderer, [{"role": "user", "content": words + " " + question}])
+        while len(candidate.prompt_ids) < n_image:
+            words += " picture"
+            candidate = Trajectory(renderer, [{"role": "user", "content": words + " " + question}])
+        text_rows.append(candidate)
+    out: dict[str, dict[str, float]] = {}
+
+    async def run(rows: list) -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*[server.generate(f"r{k}", t.prompt_ids, {"max_tokens": NEW_TOKENS, "temperature": 0,
+                                                                       "ignore_eos": True},
+                                               **multi_modal_kwargs(t.image_items)) for k, t in enumerate(rows)])
+        return time.perf_counter() - start
+
+    for name, rows in (("image", with_images), ("text", text_rows)):
+        asyncio.run(run(rows[:2]))  # warm-up
+        walls = [asyncio.run(run(rows)) for _ in range(3)]
+        wall = statistics.median(walls)
+        out[name] = {"prompt_tokens": len(rows[0].prompt_ids), "wall_s": wall, "tokens_per_s": ROWS * NEW_TOKENS / wall}
+    return out
+
+
+def main() -> None:
+    import transformers
+
+    from agentloop_core.vision import load_vision_processor
+    from agentloop_engines.tiny_vlm import build_tiny_vlm
+
+    path = build_tiny_vlm()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    processor = load_vision_processor(path, tokenizer)
+    load = load_average()
+    turn = per_turn(tokenizer, processor)
+    print(table(["tool result", "delta tokens", "append_messages (median ms)"],
+                [["one 224x224 image (PNG bytes)", turn["image_delta_tokens"], f"{turn['image_ms']:.2f}"],
+                 ["text, same token count", turn["text_delta_tokens"], f"{turn['text_ms']:.2f}"],
+                 ["  of the image: decode", "", f"{turn['decode_ms']:.2f}"],
+                 ["  of the image: image processor", "", f"{turn['process_ms']:.2f}"]],
+                title=f"Per tool turn, {TURNS} turns (load {load})"))
+    roll = rollout(path, tokenizer, processor)
+    print(table(["prompts", "prompt tokens", "wall (s)", "generated tok/s"],
+                [[f"{ROWS} x one image + question", roll["image"]["prompt_tokens"], f"{roll['image']['wall_s']:.3f}",
+                  f"{roll['image']['tokens_per_s']:.0f}"],
+                 [f"{ROWS} x distinct text, same length", roll["text"]["prompt_tokens"], f"{roll['text']['wall_s']:.3f}",
+                  f"{roll['text']['tokens_per_s']:.0f}"]],
+                title=f"HFServer rollout, greedy {NEW_TOKENS} new tokens each"))
+    write_result("vision", {"per_turn": turn, "rollout": roll, "machine": machine(), "load_average": load,
+                            "versions": versions("torch", "transformers", "PIL")})
+
+
+if __name__ == "__main__":
+    main()
