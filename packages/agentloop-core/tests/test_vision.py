@@ -85,7 +85,7 @@ def test_palette_alpha_and_grey_images_become_rgb():
 def test_a_decompression_bomb_is_refused_from_its_header_before_any_pixel_is_decoded():
     data = _bomb_png(40_000, 40_000)
     assert len(data) < 200
-    with pytest.raises(ImageError, match=r"1600000000 pixels.*limit|limit.*max_pixels.*1600000000"):
+    with pytest.raises(ImageError, match=r"more pixels than the limit of 16777216 \(max_image_pixels\).*1600000000"):
         decode_image(data, where="tool 'zoom' result")
     # Under Pillow's own guard, over ours: refused by the header check, the size named.
     with pytest.raises(ImageError, match=r"5000x5000 = 25000000 pixels is over the limit of 16777216"):
@@ -95,8 +95,8 @@ def test_a_decompression_bomb_is_refused_from_its_header_before_any_pixel_is_dec
 @pytest.mark.parametrize(("source", "limits", "match"), [
     (b"not an image at all", None, "not a readable image"),
     (_png(Image.new("RGB", (64, 64)))[:60], None, "corrupt|not a readable image"),
-    (b"x" * 2048, ImageLimits(max_bytes=1024), "2048 bytes is over the limit of 1024 .*max_bytes"),
-    ("https://example.com/cat.png", None, "remote image URLs are refused.*allow_remote_urls"),
+    (b"x" * 2048, ImageLimits(max_bytes=1024), "2048 bytes is over the limit of 1024 \\(max_image_bytes\\)"),
+    ("https://example.com/cat.png", None, "remote image URLs are refused.*allow remote image URLs"),
     ("/etc/hostname", ImageLimits(allow_paths=False), "file path is not accepted here"),
     ("data:text/plain;base64,aGVsbG8=", None, "only image/\\* is an image"),
     ("data:image/png;base64,***", None, "base64 is invalid"),
@@ -117,10 +117,11 @@ def test_a_large_image_under_the_pixel_limit_but_over_it_for_a_stricter_setting(
         decode_image(picture, ImageLimits(max_pixels=9_999))
 
 
-@pytest.mark.parametrize("key", ["max_pixels", "max_bytes", "max_images"])
-def test_limits_must_be_positive_integers(key):
-    with pytest.raises(ValueError, match=f"multi_modal.{key} must be a positive integer"):
-        ImageLimits(**{key: 0})
+@pytest.mark.parametrize(("field", "key"), [("max_pixels", "max_image_pixels"), ("max_bytes", "max_image_bytes"),
+                                          ("max_images", "max_images")])
+def test_limits_must_be_positive_integers_and_name_their_config_key(field, key):
+    with pytest.raises(ValueError, match=f"^{key} must be a positive integer"):
+        ImageLimits(**{field: 0})
 
 
 # -- content parts --------------------------------------------------------------------------
@@ -156,6 +157,7 @@ def test_conversation_images_decode_each_source_once_and_count_every_part(tiny):
     assert images.count == 3
     with pytest.raises(ImageError, match="more than 3 images in one trajectory .*max_images"):
         images.take([{"role": "tool", "content": [ref]}])
+    assert images.count == 3  # a refused call leaves the count as it was
     with pytest.raises(ImageError, match="video parts are not supported"):
         images.take([{"role": "user", "content": [{"type": "video", "video": "x"}]}])
     with pytest.raises(ImageError, match="never took"):
@@ -265,6 +267,15 @@ def test_a_text_only_renderer_refuses_images_with_the_fix(tiny):
     renderer = ChatRenderer(tokenizer)
     with pytest.raises(ImageError, match="text-only model"):
         Trajectory(renderer, [{"role": "user", "content": [{"type": "image", "image": _picture(8, 8)}]}])
+
+
+def test_a_preview_counts_its_own_images_against_the_limit(tiny):
+    _, processor = tiny
+    images = ConversationImages(processor, ImageLimits(max_images=2))
+    two_more = [{"role": "tool", "content": [{"type": "image", "image": _picture(56, 56, k)} for k in range(3)]}]
+    with pytest.raises(ImageError, match="more than 2 images"):
+        images.take(two_more, count=False)
+    assert images.count == 0
 
 
 def test_a_preview_then_append_decodes_once_and_counts_once(tiny):

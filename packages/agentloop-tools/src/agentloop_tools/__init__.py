@@ -16,7 +16,13 @@ from agentloop_core.parsers import (
 )
 from agentloop_tools.agent_loop import AgentState, ToolAgentLoop
 from agentloop_tools.base import BaseTool, ToolKwargsError
-from agentloop_tools.builtin import Gsm8kTool, PythonSandboxTool, calculator, evaluate_expression
+from agentloop_tools.builtin import (
+    Gsm8kTool,
+    ImageZoomInTool,
+    PythonSandboxTool,
+    calculator,
+    evaluate_expression,
+)
 from agentloop_tools.function_tool import FunctionTool, function_tool
 from agentloop_tools.interaction import (
     BaseInteraction,
@@ -47,6 +53,7 @@ __all__ = [
     "FunctionTool",
     "Gsm8kInteraction",
     "Gsm8kTool",
+    "ImageZoomInTool",
     "OpenAIFunctionToolSchema",
     "ParseResult",
     "PythonSandboxTool",

@@ -16,11 +16,17 @@ With a reasoning parser (``reasoning_parser``), the tool parser reads only a tur
 calls the model drafts inside its reasoning are counted, not run (``tool_calls_in_reasoning``
 runs them too). The split chooses what runs; the trajectory keeps every generated token.
 
-Anything a tool does wrong (raises, hangs, returns junk, gets bad arguments, does not exist)
-becomes an error message the model reads on its next turn and a counter in ``metrics``; it
-never ends the trajectory with an exception. A misconfigured row is different: ``tools_kwargs``
-that a tool cannot take (:class:`~agentloop_tools.base.ToolKwargsError`), or naming a tool or an
-interaction the loop does not have, fails the sample with the error.
+Images a tool returns join its tool message as image parts (images first, then the text),
+enter the trajectory once and go to every later ``generate`` in ``multi_modal_data``; see
+:mod:`agentloop_tools.tool_media` for the limits and what is refused (videos; any image for a
+text-only model).
+
+Anything a tool does wrong (raises, hangs, returns junk or an image over a limit, gets bad
+arguments, does not exist) becomes an error message the model reads on its next turn and a
+counter in ``metrics``; it never ends the trajectory with an exception. A misconfigured row is
+different: ``tools_kwargs`` that a tool cannot take
+(:class:`~agentloop_tools.base.ToolKwargsError`), or naming a tool or an interaction the loop
+does not have, fails the sample with the error.
 """
 
 from __future__ import annotations
@@ -29,11 +35,9 @@ import asyncio
 import enum
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from agentloop_core.loop import AgentLoopBase
@@ -43,21 +47,18 @@ from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, get_reasoning_parser
 from agentloop_core.registry import register
 from agentloop_core.runtime.pacing import turn_slot
-from agentloop_core.stops import StopCounter
+from agentloop_core.vision import ImageError, ImageLimits, messages_with_row_images, multi_modal_kwargs
 from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction, select_interaction
 from agentloop_tools.loop_config import ToolAgentConfig, resolve_interactions, resolve_tools
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
 from agentloop_tools.rows import row_messages, row_tools_kwargs
+from agentloop_tools.run_state import REASONING_COUNTERS, ToolRun
 from agentloop_tools.schema import ToolResponse
+from agentloop_tools.tool_media import MediaScreen, check_processor, strip_images, tool_limits
 from agentloop_tools.truncation import cut_tool_response
 
 logger = logging.getLogger(__name__)
-
-REASONING_COUNTERS = ("reasoning_turns", "reasoning_chars", "reasoning_unclosed", "tool_calls_in_reasoning",
-                      "tool_calls_in_reasoning_ignored")
-"""Metrics of a loop with a reasoning parser: turns with reasoning, its characters, turns that
-ended inside it, calls (usable or not) written inside it, and those of them not run."""
 
 
 class AgentState(enum.Enum):
@@ -70,59 +71,6 @@ class AgentState(enum.Enum):
     TERMINATED = "terminated"
 
 
-@dataclass
-class _Run:
-    """Per-trajectory bookkeeping."""
-
-    request_id: str
-    interaction: BaseInteraction | None = None
-    """The interaction this row picked (see ``select_interaction``), or None."""
-    interaction_id: str | None = None
-    instances: dict[str, str] = field(default_factory=dict)
-    create_errors: dict[str, str] = field(default_factory=dict)
-    assistant_turns: int = 0
-    user_turns: int = 0
-    tool_rewards: list[float] = field(default_factory=list)
-    turn_scores: list[float] = field(default_factory=list)
-    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("tool_calls", "tool_errors", "parse_errors", "tool_calls_over_limit", "tool_media_dropped", "dropped_message_tokens",
-         "tool_responses_truncated_length", "tool_responses_truncated_tokens",
-         "generate_s", "tool_calls_s", "interaction_s"), 0))
-    termination: str = ""
-    ended_with_eos: bool = True
-    """Whether the last generated turn ended on a stop token (``ChatRenderer.ended_turn``)."""
-    call_ids: list[str] = field(default_factory=list)
-    """Ids of the last turn's calls: its usable calls, then the calls the parser could not use."""
-    reported: list[dict[str, Any]] = field(default_factory=list)
-    """Every metrics dict a tool call or the interaction returned, as returned."""
-    stops: StopCounter = field(default_factory=StopCounter)
-    """Which limits stopped its turns (turn cap, response budget, context)."""
-    starts_in_reasoning: bool = False
-    """Whether the turn being generated begins inside reasoning (the prompt opened it)."""
-    turn_text: tuple[str, str, str | None] = ("", "", None)
-    """The last turn as the parsers read it: ``(text, content, reasoning)`` (content is the
-    text, reasoning None, without a reasoning parser)."""
-
-    def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
-        """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the
-        trajectory into ``counters["<source>/<key>"]``; the whole dict, numbers or not, goes
-        to ``extra_fields["reported_metrics"]``."""
-        if metrics is None:
-            return
-        if not isinstance(metrics, Mapping):
-            self.counters["invalid_metrics"] = self.counters.get("invalid_metrics", 0) + 1
-            logger.warning("%s returned metrics of type %s; metrics must be a dict (kept as text)",
-                           source, type(metrics).__name__)
-            metrics = {"invalid": repr(metrics)[:200]}
-        if not metrics:
-            return
-        self.reported.append({"source": source, "turn": turn, "metrics": dict(metrics)})
-        for key, value in metrics.items():
-            if isinstance(value, (bool, int, float)) and math.isfinite(value):
-                name = f"{source}/{key}"
-                self.counters[name] = self.counters.get(name, 0) + float(value)
-
-
 @register("tool_agent")
 class ToolAgentLoop(AgentLoopBase):
     """Generates, runs the tools the model calls, feeds results back, repeats.
@@ -131,11 +79,15 @@ class ToolAgentLoop(AgentLoopBase):
     ``tool_config_path`` / ``function_tool_path``, see :func:`resolve_tools`) and interactions
     (``interaction`` or ``interaction_config_path``, see :func:`resolve_interactions`) included.
 
-    Row keys: ``raw_prompt`` (chat messages), ``tools_kwargs`` (per tool name: ``create_kwargs``
+    Row keys: ``raw_prompt`` (chat messages; image parts, or verl's ``<image>`` markers with an
+    ``images`` column), ``tools_kwargs`` (per tool name: ``create_kwargs``
     go to ``create``, ``execute_kwargs`` / ``calc_reward_kwargs`` / ``release_kwargs`` to those
     methods, see :mod:`agentloop_tools.base`), ``interaction_kwargs`` (passed whole to
     ``Interaction.start``; its ``name`` picks the interaction when several are configured),
     ``request_id`` (optional; one id for all turns keeps them on one replica's prefix cache).
+
+    ``processor``: the model's :class:`~agentloop_core.vision.VisionProcessor` (None: a
+    text-only model); prompts may then hold image parts, and tools may return images.
     """
 
     config_class: ClassVar[type] = ToolAgentConfig
@@ -147,6 +99,7 @@ class ToolAgentLoop(AgentLoopBase):
         self.settings: ToolAgentConfig
         self.tools = resolve_tools(self.settings)
         self._init_parsers()
+        self._init_vision()
         self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.settings)
         schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
         self.renderer = self._make_renderer(schemas)
@@ -166,6 +119,13 @@ class ToolAgentLoop(AgentLoopBase):
                     "(multi_turn.tool_parser: gpt_oss)")
         self.stop_token_ids = stop_token_ids(self.tokenizer, self.parser.stop_tokens)
 
+    def _init_vision(self) -> None:
+        """The vision processor (checked) and the image limits of this loop's trajectories."""
+        self.vision = check_processor(self.processor, self.settings.LOOP_NAME)
+        cfg = self.settings
+        self.image_limits = ImageLimits(max_pixels=cfg.max_image_pixels, max_bytes=cfg.max_image_bytes,
+                                        max_images=cfg.max_images)
+
     def _make_renderer(self, schemas: list[dict[str, Any]]) -> Any:
         """The chat renderer of this loop's trajectories, with ``schemas`` as ``tools=``."""
         from agentloop_core.tokenization import ChatRenderer
@@ -174,7 +134,7 @@ class ToolAgentLoop(AgentLoopBase):
             self.tokenizer, tools=schemas or None,
             use_inference_chat_template=self.settings.use_inference_chat_template,
             apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
-            delta_strategy=self.settings.delta_strategy,
+            delta_strategy=self.settings.delta_strategy, vision=self.vision,
         )
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
@@ -187,12 +147,14 @@ class ToolAgentLoop(AgentLoopBase):
             ToolKwargsError: a tool cannot take the row's ``tools_kwargs``.
         """
         messages = row_messages(row, "tool_agent")
+        if row.get("images") is not None:  # verl's rows: <image> markers and an images column
+            messages = messages_with_row_images(list(messages), row["images"], where="row")
         tools_kwargs = row_tools_kwargs(row, self.tools)
         base, per_turn_cap = self._sampling(sampling_params)
         trajectory = self._new_trajectory(messages)
         interaction_kwargs = dict(row.get("interaction_kwargs") or {})
-        run = _Run(request_id=str(row.get("request_id") or uuid.uuid4().hex),
-                   interaction=select_interaction(self.interactions, interaction_kwargs))
+        run = ToolRun(request_id=str(row.get("request_id") or uuid.uuid4().hex),
+                      interaction=select_interaction(self.interactions, interaction_kwargs))
         if self.reasoning_parser is not None:
             run.counters.update(dict.fromkeys(REASONING_COUNTERS, 0))
         try:
@@ -221,14 +183,15 @@ class ToolAgentLoop(AgentLoopBase):
         """
         from agentloop_core.tokenization import Trajectory
 
-        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.settings.sanity_check)
+        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.settings.sanity_check,
+                                image_limits=self.image_limits)
         limit = self.settings.prompt_length
         if limit is not None and len(trajectory.prompt_ids) > limit:
             raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
                              f"prompt_length={limit}; raise prompt_length or filter long prompts")
         return trajectory
 
-    def _output(self, run: _Run, trajectory: Any, reward: float | None, extra: dict[str, Any]) -> AgentLoopOutput:
+    def _output(self, run: ToolRun, trajectory: Any, reward: float | None, extra: dict[str, Any]) -> AgentLoopOutput:
         """The trajectory as an output with the run's metrics and ``extra`` over the common fields."""
         metrics = {**run.counters, **run.stops.metrics(), "assistant_turns": run.assistant_turns,
                    "user_turns": run.user_turns, "turns": run.assistant_turns + run.user_turns}
@@ -237,7 +200,7 @@ class ToolAgentLoop(AgentLoopBase):
         return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
                                     sanity_check=self.settings.sanity_check)
 
-    async def _loop(self, run: _Run, trajectory: Any, base: SamplingParams, per_turn_cap: int | None) -> None:
+    async def _loop(self, run: ToolRun, trajectory: Any, base: SamplingParams, per_turn_cap: int | None) -> None:
         cfg = self.settings
         state = AgentState.GENERATING
         parsed: ParseResult | None = None
@@ -253,8 +216,10 @@ class ToolAgentLoop(AgentLoopBase):
                     run.starts_in_reasoning = self.reasoning_parser.starts_in_reasoning(tail)
                 start = time.perf_counter()
                 with self.tracer.span("generate", turn=run.assistant_turns, request_id=run.request_id):
+                    # Text-only prompts add no keyword, so text-only engines are called as before.
                     out: TokenOutput = await self.server.generate(
-                        run.request_id, trajectory.context_ids, base.replace(max_tokens=max_tokens))
+                        run.request_id, trajectory.context_ids, base.replace(max_tokens=max_tokens),
+                        **multi_modal_kwargs(trajectory.image_items))
                 run.counters["generate_s"] += time.perf_counter() - start
                 run.stops.add(out.stop_reason, len(out.token_ids), max_tokens, per_turn_cap)
                 trajectory.append_generated(out)
@@ -263,14 +228,14 @@ class ToolAgentLoop(AgentLoopBase):
                 state, parsed = self._after_generate(run, trajectory, out)
             elif state is AgentState.PROCESSING_TOOLS:
                 assert parsed is not None
-                tool_messages = await self._run_tools(run, parsed)
+                tool_messages = await self._run_tools(run, parsed, trajectory)
                 state = self._append(run, trajectory, tool_messages)
             elif state is AgentState.INTERACTING:
                 state = await self._interact(run, trajectory)
         if run.termination == "response_length" or len(trajectory.response_ids) >= cfg.response_length:
             run.stops.response_budget = True
 
-    def _after_generate(self, run: _Run, trajectory: Any, out: TokenOutput) -> tuple[AgentState, ParseResult | None]:
+    def _after_generate(self, run: ToolRun, trajectory: Any, out: TokenOutput) -> tuple[AgentState, ParseResult | None]:
         cfg = self.settings
         if out.stop_reason == "aborted":
             run.termination = "aborted"
@@ -299,7 +264,7 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED, None
         return self._next_state(run, trajectory, parsed)
 
-    def _next_state(self, run: _Run, trajectory: Any, parsed: ParseResult) -> tuple[AgentState, ParseResult | None]:
+    def _next_state(self, run: ToolRun, trajectory: Any, parsed: ParseResult) -> tuple[AgentState, ParseResult | None]:
         """Where a turn that may go on leads: its calls run, else the interaction, else the end."""
         if parsed.attempted:
             self._attach_calls(run, trajectory, parsed)
@@ -309,7 +274,7 @@ class ToolAgentLoop(AgentLoopBase):
         run.termination = "no_tool_call"
         return AgentState.TERMINATED, None
 
-    def _parse_turn(self, run: _Run, text: str) -> ParseResult:
+    def _parse_turn(self, run: ToolRun, text: str) -> ParseResult:
         """The turn's calls: from its content when a reasoning parser splits it (counting the
         calls drafted in the reasoning), else from all of it."""
         run.turn_text = (text, text, None)
@@ -331,7 +296,7 @@ class ToolAgentLoop(AgentLoopBase):
         run.counters["tool_calls_in_reasoning_ignored"] += drafted
         return self.parser.parse(split.content, self.tools)
 
-    def _attach_calls(self, run: _Run, trajectory: Any, parsed: ParseResult) -> None:
+    def _attach_calls(self, run: ToolRun, trajectory: Any, parsed: ParseResult) -> None:
         """Give every call of the turn (usable or not; each gets a tool message) its id, and
         attach the calls to the turn in OpenAI form, so templates that render a tool result
         only after the call it answers (gpt-oss, Mistral) can render the tool messages."""
@@ -346,9 +311,19 @@ class ToolAgentLoop(AgentLoopBase):
                  for call_id, function in zip(run.call_ids, functions, strict=True)]
         trajectory.attach_tool_calls(calls)
 
-    def _append(self, run: _Run, trajectory: Any, new_messages: list[dict[str, Any]]) -> AgentState:
+    def _append(self, run: ToolRun, trajectory: Any, new_messages: list[dict[str, Any]]) -> AgentState:
         """Append tool or user messages unless they would leave no room to generate."""
-        delta = trajectory.preview_messages(new_messages)  # append_messages reuses it
+        try:
+            delta = trajectory.preview_messages(new_messages)  # append_messages reuses it
+        except (ImageError, ValueError) as exc:
+            # The screen passed the images but the model's processor refused one (an extreme
+            # aspect ratio): the turn goes on with the images replaced by error text.
+            new_messages, count = strip_images(new_messages, str(exc)[:300])
+            if not count:
+                raise
+            run.counters["tool_images"] -= count
+            run.counters["tool_images_refused"] += count
+            delta = trajectory.preview_messages(new_messages)
         if len(trajectory.response_ids) + len(delta) >= self.settings.response_length:
             # Truncating the delta would cut the template mid-turn; dropping it ends cleanly.
             run.termination = "response_length"
@@ -357,7 +332,7 @@ class ToolAgentLoop(AgentLoopBase):
         trajectory.append_messages(new_messages)
         return AgentState.GENERATING
 
-    async def _interact(self, run: _Run, trajectory: Any) -> AgentState:
+    async def _interact(self, run: ToolRun, trajectory: Any) -> AgentState:
         assert run.interaction is not None
         assert run.interaction_id is not None
         limit = self.settings.max_user_turns
@@ -380,7 +355,7 @@ class ToolAgentLoop(AgentLoopBase):
 
     # --- tools ---------------------------------------------------------------------------------
 
-    async def _create_instances(self, run: _Run, tools_kwargs: dict[str, Any]) -> None:
+    async def _create_instances(self, run: ToolRun, tools_kwargs: dict[str, Any]) -> None:
         misconfigured: list[ToolKwargsError] = []
         for name, result in (await create_instances(self.tools, tools_kwargs)).items():
             if isinstance(result, ToolKwargsError):
@@ -393,16 +368,17 @@ class ToolAgentLoop(AgentLoopBase):
         if misconfigured:  # run() releases the instances that were created
             raise misconfigured[0]
 
-    async def _run_tools(self, run: _Run, parsed: ParseResult) -> list[dict[str, Any]]:
+    async def _run_tools(self, run: ToolRun, parsed: ParseResult, trajectory: Any) -> list[dict[str, Any]]:
         limit = self.settings.max_parallel_calls
+        screen = MediaScreen(self.vision, tool_limits(self.image_limits), trajectory.images.count, run.counters)
         ids = iter(run.call_ids)  # one per call, then one per error (see _attach_calls)
         start = time.perf_counter()
         results = await asyncio.gather(*(self._call_tool(run, call) for call in parsed.calls[:limit]))
         run.counters["tool_calls_s"] += time.perf_counter() - start
         await turn_slot()  # tool calls end in bursts (a thread pool's whole switch interval at once)
         messages = []
-        for call, text in zip(parsed.calls[:limit], results, strict=True):
-            messages.append(self._tool_message(run, call.name, next(ids), text))
+        for call, response in zip(parsed.calls[:limit], results, strict=True):
+            messages.append(self._tool_message(run, call.name, next(ids), response, screen))
         for call in parsed.calls[limit:]:
             run.counters["tool_errors"] += 1
             run.counters["tool_calls_over_limit"] += 1
@@ -413,17 +389,26 @@ class ToolAgentLoop(AgentLoopBase):
             messages.append(self._tool_message(run, error.name or "", next(ids), f"Error: {error.reason}"))
         return messages
 
-    def _tool_message(self, run: _Run, name: str, call_id: str, text: str) -> dict[str, Any]:
+    def _tool_message(self, run: ToolRun, name: str, call_id: str, response: ToolResponse | str,
+                      screen: MediaScreen | None = None) -> dict[str, Any]:
+        """The tool message answering one call: the response's text cut to the limits (the
+        images are never cut), its images screened into parts before the text."""
+        if isinstance(response, str):
+            response = ToolResponse(text=response)
         cfg = self.settings
-        cut = cut_tool_response(text, cfg.tool_response_truncate_side, max_length=cfg.max_tool_response_length,
-                                max_tokens=cfg.max_tool_response_tokens, tokenizer=self.tokenizer)
+        cut = cut_tool_response(response.text or "", cfg.tool_response_truncate_side,
+                                max_length=cfg.max_tool_response_length, max_tokens=cfg.max_tool_response_tokens,
+                                tokenizer=self.tokenizer)
         # Which limit cut it, so a run can see whether its tools' output is being lost.
         run.counters["tool_responses_truncated_length"] += cut.by_length
         run.counters["tool_responses_truncated_tokens"] += cut.by_tokens
-        return {"role": "tool", "name": name, "tool_call_id": call_id, "content": cut.text}
+        content: Any = cut.text
+        if screen is not None and (response.image or response.video):
+            content = screen.tool_content(name, cut.text, response.image, response.video)
+        return {"role": "tool", "name": name, "tool_call_id": call_id, "content": content}
 
-    async def _call_tool(self, run: _Run, call: ToolCall) -> str:
-        """Run one call; every failure becomes error text for the model."""
+    async def _call_tool(self, run: ToolRun, call: ToolCall) -> ToolResponse | str:
+        """Run one call: its response, or error text for the model (every failure)."""
         tool = self.tools.get(call.name)
         run.counters["tool_calls"] += 1
         if tool is None or call.name not in run.instances:
@@ -454,14 +439,9 @@ class ToolAgentLoop(AgentLoopBase):
         except (TypeError, ValueError):
             run.counters["tool_errors"] += 1
             run.tool_rewards.append(0.0)
-        text = response.text or ""
-        if response.image or response.video:
-            # This loop renders text only; say so instead of silently losing the media.
-            run.counters["tool_media_dropped"] += len(response.image or []) + len(response.video or [])
-            text += "\n[the tool returned images or videos, which this loop cannot show]"
-        return text
+        return response
 
-    async def _reward(self, run: _Run) -> float | None:
+    async def _reward(self, run: ToolRun) -> float | None:
         if self.settings.tool_reward == "none":
             return None
         total = sum(run.tool_rewards)
@@ -476,7 +456,7 @@ class ToolAgentLoop(AgentLoopBase):
                 total += float(await run.interaction.calculate_score(run.interaction_id))
         return total
 
-    async def _release(self, run: _Run) -> None:
+    async def _release(self, run: ToolRun) -> None:
         for name, iid in run.instances.items():
             try:
                 await self.tools[name].run_release(iid)

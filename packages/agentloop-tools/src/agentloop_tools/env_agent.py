@@ -7,7 +7,12 @@ interaction: the same generation, stop tokens, limits (``max_assistant_turns``,
 message the environment returns), reasoning split (``reasoning_parser``,
 ``tool_calls_in_reasoning``) and delta tokenization, so the trajectory and its masks are built
 exactly as ``tool_agent`` builds them: generated tokens as the engine returned them (mask 1),
-the environment's messages rendered by the chat template as a delta (mask 0).
+the environment's messages rendered by the chat template as a delta (mask 0). Image parts of
+the environment's messages (any form :mod:`agentloop_core.vision.content` reads) enter the
+conversation as a tool's images do: screened by :class:`~agentloop_tools.tool_media.MediaScreen`
+(a refused image or a video becomes a text part with the error, in its place; file paths are
+accepted, as in the prompt), then in ``multi_modal_data`` of every later ``generate``. The
+limits cut each text part, never an image.
 
 Per trajectory: the environment is built with ``environment_kwargs``, reset with the row, its
 :meth:`~agentloop_core.environment.Environment.tool_schemas` rendered into the prompt, stepped
@@ -41,9 +46,11 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.parsers import ParseResult
 from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
-from agentloop_tools.agent_loop import REASONING_COUNTERS, AgentState, ToolAgentLoop, _Run
+from agentloop_tools.agent_loop import AgentState, ToolAgentLoop
 from agentloop_tools.loop_config import ToolLoopConfig, loop_setting
 from agentloop_tools.per_tokenizer import check_template_renders_tools
+from agentloop_tools.run_state import REASONING_COUNTERS, ToolRun
+from agentloop_tools.tool_media import MediaScreen
 from agentloop_tools.truncation import cut_tool_response
 
 __all__ = ["EnvAgentConfig", "EnvAgentLoop", "row_environment"]
@@ -91,8 +98,8 @@ def _known() -> str:
 
 
 @dataclass
-class _EnvRun(_Run):
-    """Per-trajectory bookkeeping of ``env_agent``: ``_Run``'s, plus the environment's."""
+class _EnvRun(ToolRun):
+    """Per-trajectory bookkeeping of ``env_agent``: ``ToolRun``'s, plus the environment's."""
 
     env: Environment | None = None
     env_name: str = ""
@@ -124,6 +131,7 @@ class EnvAgentLoop(ToolAgentLoop):
         self.tools: dict[str, Any] = {}
         self.interactions = {}
         self._init_parsers()
+        self._init_vision()
 
     def conformance_profile(self) -> dict[str, Any]:
         """For the conformance suite (``agentloop_conformance.turns``): the tools of the
@@ -171,13 +179,13 @@ class EnvAgentLoop(ToolAgentLoop):
         return self._output(run, trajectory, reward, {
             "environment": name, "step_rewards": list(run.step_rewards), "step_infos": list(run.step_infos)})
 
-    def _after_generate(self, run: _Run, trajectory: Any, out: Any) -> tuple[AgentState, ParseResult | None]:
+    def _after_generate(self, run: ToolRun, trajectory: Any, out: Any) -> tuple[AgentState, ParseResult | None]:
         assert isinstance(run, _EnvRun)
         run.last_token_ids = tuple(out.token_ids)
         run.last_stop_reason = out.stop_reason
         return super()._after_generate(run, trajectory, out)
 
-    def _next_state(self, run: _Run, trajectory: Any, parsed: ParseResult) -> tuple[AgentState, ParseResult | None]:
+    def _next_state(self, run: ToolRun, trajectory: Any, parsed: ParseResult) -> tuple[AgentState, ParseResult | None]:
         """Every turn that may go on is stepped (the INTERACTING state is the environment's)."""
         assert isinstance(run, _EnvRun)
         run.call_ids = []
@@ -186,7 +194,7 @@ class EnvAgentLoop(ToolAgentLoop):
         run.parsed = parsed
         return AgentState.INTERACTING, None
 
-    async def _interact(self, run: _Run, trajectory: Any) -> AgentState:
+    async def _interact(self, run: ToolRun, trajectory: Any) -> AgentState:
         assert isinstance(run, _EnvRun)
         assert run.env is not None
         assert run.parsed is not None
@@ -214,7 +222,10 @@ class EnvAgentLoop(ToolAgentLoop):
             raise EnvironmentError(f"environment {run.env_name!r} step returned no messages and done=False; "
                                    "return the feedback the model should read next, or done=True")
         run.user_turns += sum(m.get("role") == "user" for m in messages)
-        return self._append(run, trajectory, [self._cut(run, m) for m in messages])
+        screen = MediaScreen(self.vision, self.image_limits, trajectory.images.count, run.counters)
+        where = f"environment {run.env_name!r} step {turn.index} message"
+        return self._append(run, trajectory, [screen.message(m, f"{where} {i}", lambda text: self._cut(run, text))
+                                              for i, m in enumerate(messages)])
 
     def _read_step(self, run: _EnvRun, result: Any) -> tuple[list[dict[str, Any]], float, bool, dict[str, Any]]:
         name = run.env_name
@@ -233,17 +244,15 @@ class EnvAgentLoop(ToolAgentLoop):
                                    "it must be a dict")
         return _messages(name, "step", messages or []), reward, bool(done), dict(info or {})
 
-    def _cut(self, run: _Run, message: dict[str, Any]) -> dict[str, Any]:
-        """The message with its text content cut to the loop's tool-response limits."""
-        content = message.get("content")
-        if not isinstance(content, str):
-            return message
+    def _cut(self, run: ToolRun, text: str) -> str:
+        """A message's text (its string content, or one text part) cut to the loop's
+        tool-response limits."""
         cfg = self.settings
-        cut = cut_tool_response(content, cfg.tool_response_truncate_side, max_length=cfg.max_tool_response_length,
+        cut = cut_tool_response(text, cfg.tool_response_truncate_side, max_length=cfg.max_tool_response_length,
                                 max_tokens=cfg.max_tool_response_tokens, tokenizer=self.tokenizer)
         run.counters["tool_responses_truncated_length"] += cut.by_length
         run.counters["tool_responses_truncated_tokens"] += cut.by_tokens
-        return {**message, "content": cut.text}
+        return cut.text
 
 
 def _call(name: str, method: str, fn: Any) -> Any:

@@ -22,6 +22,7 @@ import functools
 import inspect
 import json
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
@@ -40,7 +41,9 @@ def normalize_tool_result(result: Any, *, tool_name: str = "?") -> tuple[ToolRes
     """Turn whatever a function tool returned into ``(ToolResponse, reward, metrics)``.
 
     Accepted: ``str``; ``dict``/``list`` (JSON-encoded); numbers and bools (``str()``); None
-    (empty text); :class:`ToolResponse`; and tuples ``(response, reward)`` or
+    (empty text); :class:`ToolResponse`; a PIL image or a non-empty list of PIL images (an
+    image response without text); ``(text, image)`` / ``(text, [images])``, a pair whose
+    second item is a PIL image or a list of them; and tuples ``(response, reward)`` or
     ``(response, reward, metrics)`` where ``response`` is any of the former.
 
     Raises:
@@ -48,6 +51,8 @@ def normalize_tool_result(result: Any, *, tool_name: str = "?") -> tuple[ToolRes
     """
     reward: float = 0.0
     metrics: dict[str, Any] = {}
+    if _text_and_images(result):
+        return _to_response(result, tool_name), reward, metrics
     if isinstance(result, tuple):
         if len(result) not in (2, 3):
             raise TypeError(
@@ -68,9 +73,41 @@ def normalize_tool_result(result: Any, *, tool_name: str = "?") -> tuple[ToolRes
     return _to_response(result, tool_name), reward, metrics
 
 
+def _is_image(value: Any) -> bool:
+    # PIL is not imported here: a value can only be a PIL image when PIL was imported already.
+    pil = sys.modules.get("PIL.Image")
+    return pil is not None and isinstance(value, pil.Image)
+
+
+def _images(value: Any) -> list[Any] | None:
+    """``value`` as a list of PIL images when it is one or a non-empty list of them, else None."""
+    if _is_image(value):
+        return [value]
+    if isinstance(value, list) and value and all(_is_image(v) for v in value):
+        return list(value)
+    return None
+
+
+def _text_and_images(result: Any) -> bool:
+    """Whether ``result`` is a ``(text, image(s))`` pair (not ``(response, reward)``)."""
+    return isinstance(result, tuple) and len(result) == 2 and _images(result[1]) is not None
+
+
 def _to_response(result: Any, tool_name: str) -> ToolResponse:
     if isinstance(result, ToolResponse):
         return result
+    images = _images(result)
+    if images is not None:
+        return ToolResponse(image=images)
+    if _text_and_images(result):
+        text = result[0]
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"function tool {tool_name!r} returned ({type(text).__name__}, image); the first item "
+                            "of a (text, image) pair must be a str or None")
+        return ToolResponse(text=text, image=_images(result[1]))
+    if isinstance(result, list) and any(_is_image(v) for v in result):
+        raise TypeError(f"function tool {tool_name!r} returned a list mixing images with other values; return a list "
+                        "of PIL images only, or (text, [images]), or ToolResponse(text=..., image=[...])")
     if isinstance(result, str):
         return ToolResponse(text=result)
     if result is None:
@@ -83,8 +120,8 @@ def _to_response(result: Any, tool_name: str) -> ToolResponse:
         except (TypeError, ValueError) as exc:
             raise TypeError(f"function tool {tool_name!r} returned a value that is not JSON-serialisable: {exc}") from exc
     raise TypeError(
-        f"function tool {tool_name!r} returned {type(result).__name__}; return str, dict, list, "
-        "ToolResponse, or a tuple (response, reward[, metrics])"
+        f"function tool {tool_name!r} returned {type(result).__name__}; return str, dict, list, a PIL image "
+        "(or a list of them), (text, image), ToolResponse, or a tuple (response, reward[, metrics])"
     )
 
 

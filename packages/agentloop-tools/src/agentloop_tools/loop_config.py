@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
 from agentloop_core.settings import check_loop_config_keys, loop_config_keys
+from agentloop_core.vision import ImageLimits
 from agentloop_tools.base import BaseTool
 from agentloop_tools.interaction import BaseInteraction, load_interaction_config, load_interactions
 from agentloop_tools.truncation import TruncateSide
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 _Config = TypeVar("_Config", bound="ToolLoopConfig")
+_IMAGE_DEFAULTS = ImageLimits()
 
 
 def loop_setting(default: Any = dataclasses.MISSING, *, positive: bool = False, mapping: bool = False) -> Any:
@@ -199,6 +201,14 @@ class ToolLoopConfig:
     delta_strategy: Literal["auto", "history", "short"] = "auto"
     """How tool results and user turns are tokenized after a generated turn; see
     ``ChatRenderer(delta_strategy=)``. ``auto`` costs the same at turn 100 as at turn 1."""
+    max_images: int = loop_setting(_IMAGE_DEFAULTS.max_images, positive=True)
+    """Most images in one trajectory, the prompt's and those tools return together; a tool image
+    past it is refused with error text for the model (``tool_images_refused``)."""
+    max_image_pixels: int = loop_setting(_IMAGE_DEFAULTS.max_pixels, positive=True)
+    """Most pixels (width x height) one image may declare, checked on its header before any
+    pixel is decoded (a decompression bomb is refused for the cost of its header)."""
+    max_image_bytes: int = loop_setting(_IMAGE_DEFAULTS.max_bytes, positive=True)
+    """Most encoded bytes of one image."""
     tools: Any = None
     """The loop's tools: a dict name -> ``BaseTool`` or a list of them; None: loaded from
     ``tool_config_path`` / ``function_tool_path`` (see :func:`resolve_tools`)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import functools
 import json
 import logging
@@ -225,6 +226,30 @@ def _scrub(text: str, server: MCPServerConfig) -> str:
     return text
 
 
+def _image(item: Any, texts: list[str]) -> Any:
+    """An MCP image content item as a lazily opened PIL image (the header only is read, so the
+    loop's pixel limit still refuses a decompression bomb before it is decoded); its bytes when
+    PIL cannot open them, so the loop refuses it with the reason; or a note in ``texts``."""
+    # mcp >= 2 names it mime_type; reading mimeType there warns.
+    mime = getattr(item, "mime_type", None) or getattr(item, "mimeType", None) or "image"
+    try:
+        data = base64.b64decode(item.data, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        texts.append(f"[image ({mime}) omitted: the server sent invalid base64]")
+        return None
+    try:
+        import io
+
+        from PIL import Image
+    except ImportError:
+        texts.append(f"[image ({mime}) omitted: pip install pillow to pass images to the model]")
+        return None
+    try:
+        return Image.open(io.BytesIO(data))
+    except Exception:  # noqa: BLE001 - unreadable or a bomb PIL refuses: the loop names why
+        return data
+
+
 def _to_tool_response(content: list[Any], structured: Any, is_error: bool) -> ToolResponse:
     texts: list[str] = []
     images: list[Any] = []
@@ -233,15 +258,7 @@ def _to_tool_response(content: list[Any], structured: Any, is_error: bool) -> To
         if kind == "text":
             texts.append(item.text)
         elif kind == "image":
-            try:
-                import io
-
-                from PIL import Image
-
-                images.append(Image.open(io.BytesIO(base64.b64decode(item.data))))
-            except ImportError:
-                mime = getattr(item, "mimeType", None) or getattr(item, "mime_type", "image")
-                texts.append(f"[image ({mime}) omitted: pip install pillow to pass images to the model]")
+            images.append(_image(item, texts))
         else:
             # Resources, audio...: show them as JSON rather than drop them.
             texts.append(json.dumps(item.model_dump(mode="json", exclude_none=True), ensure_ascii=False))
@@ -250,7 +267,7 @@ def _to_tool_response(content: list[Any], structured: Any, is_error: bool) -> To
     text = "\n".join(texts)
     if is_error and not text.lower().startswith("error"):
         text = f"Error: {text}"
-    return ToolResponse(text=text, image=images or None)
+    return ToolResponse(text=text, image=[i for i in images if i is not None] or None)
 
 
 class MCPTool(BaseTool):

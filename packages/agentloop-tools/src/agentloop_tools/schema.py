@@ -25,9 +25,10 @@ class ToolResponse:
     text: str | None = None
     """Text shown to the model (already JSON-encoded when the tool returned structured data)."""
     image: list | None = None
-    """Images for multi-modal models (PIL images or anything the processor accepts)."""
+    """Images shown to a vision-language model, in order: PIL images, encoded bytes,
+    ``{"bytes": ...}`` cells or ``data:image/...`` URLs (see :mod:`agentloop_tools.tool_media`)."""
     video: list | None = None
-    """Videos for multi-modal models."""
+    """Videos: not supported; the loops refuse them with error text for the model."""
 
     def __post_init__(self) -> None:
         if self.text is not None and not isinstance(self.text, str):

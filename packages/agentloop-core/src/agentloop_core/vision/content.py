@@ -104,6 +104,9 @@ class ConversationImages:
                 :func:`decode_image` refuses.
         """
         out = []
+        # Counted over the whole call and committed at its end: a refused image leaves the
+        # count as it was, and a preview's images count against the limit among themselves.
+        taken = self.count
         for i, message in enumerate(messages):
             parts = _parts(message)
             if not any(_is_image(p) or _is_video(p) for p in parts):
@@ -115,32 +118,36 @@ class ConversationImages:
                 if _is_video(part):
                     raise ImageError(f"{label}: video parts are not supported; send frames as image parts "
                                      "({'type': 'image', ...} or {'type': 'image_url', ...})")
-                kept.append(self._take_part(part, label, count) if _is_image(part) else part)
+                if _is_image(part):
+                    taken += 1
+                    kept.append(self._take_part(part, label, taken))
+                else:
+                    kept.append(part)
             out.append({**message, "content": kept})
+        if count:
+            self.count = taken
         return out
 
-    def _take_part(self, part: Mapping[str, Any], where: str, count: bool) -> dict:
+    def _take_part(self, part: Mapping[str, Any], where: str, taken: int) -> dict:
         if self.processor is None:
             raise ImageError(f"{where}: an image was given to a text-only model; use a vision-language model "
-                             "(a checkpoint with a vision processor, e.g. agentloop model tiny-vlm) or drop the image")
-        if self.count + 1 > self.limits.max_images:
+                             "(a checkpoint with a vision processor, e.g. agentloop_engines.tiny_vlm.build_tiny_vlm()) "
+                             "or drop the image")
+        if taken > self.limits.max_images:
             raise ImageError(f"{where}: more than {self.limits.max_images} images in one trajectory "
-                             "(multi_modal.max_images)")
+                             "(max_images)")
         source = _source(part)
         if source is None:
             raise ImageError(f"{where}: an image part with no image (keys: {sorted(map(str, part))})")
         known = self._sources.get(id(source))
         if isinstance(source, str) and source.startswith(_REF_PREFIX) and source in self.items:
-            digest = source  # a part this conversation already took
-        elif known is not None and known[0] is source:
-            digest = known[1]
-        else:
-            item = self.processor.process(decode_image(source, self.limits, where=where))
-            digest = self.items.setdefault(item.digest, item).digest
-            if not isinstance(source, str):
-                self._sources[id(source)] = (source, digest)
-        if count:
-            self.count += 1
+            return {"type": "image", "image": source}  # a part this conversation already took
+        if known is not None and known[0] is source:
+            return {"type": "image", "image": known[1]}
+        item = self.processor.process(decode_image(source, self.limits, where=where))
+        digest = self.items.setdefault(item.digest, item).digest
+        if not isinstance(source, str):
+            self._sources[id(source)] = (source, digest)
         return {"type": "image", "image": digest}
 
     def in_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[ImageItem]:

@@ -29,8 +29,9 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True)
 class ImageLimits:
-    """Where images are refused. Each limit is a setting of the rollout
-    (``actor_rollout_ref.rollout.multi_modal.*``) and of the gateway."""
+    """Where images are refused. The rollout's tool loops read the limits from their config
+    (``multi_turn.max_image_pixels``, ``max_image_bytes``, ``max_images``) and the gateway from
+    options of the same names; messages name those keys."""
 
     max_pixels: int = 16_777_216
     """Most pixels (width x height) an image may declare; checked on the header, before decoding
@@ -47,10 +48,11 @@ class ImageLimits:
     is a way out of the sandbox, and the machines that train rarely reach the internet."""
 
     def __post_init__(self) -> None:
-        for key in ("max_pixels", "max_bytes", "max_images"):
-            value = getattr(self, key)
+        for field, key in (("max_pixels", "max_image_pixels"), ("max_bytes", "max_image_bytes"),
+                           ("max_images", "max_images")):
+            value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"multi_modal.{key} must be a positive integer, got {value!r}")
+                raise ValueError(f"{key} must be a positive integer, got {value!r}")
 
 
 def require_pillow() -> Any:
@@ -88,13 +90,13 @@ def decode_image(source: Any, limits: ImageLimits | None = None, *, where: str =
         data = _encoded_bytes(source, limits, where)
         if len(data) > limits.max_bytes:
             raise ImageError(f"{where}: {len(data)} bytes is over the limit of {limits.max_bytes} "
-                             "(multi_modal.max_bytes); send a smaller or more compressed image")
+                             "(max_image_bytes); send a smaller or more compressed image")
         try:
             image = Image.open(io.BytesIO(data))  # reads the header only
         except Image.DecompressionBombError as exc:
             # Pillow's own guard (twice its MAX_IMAGE_PIXELS) fires on the header too.
             raise ImageError(f"{where}: the image declares more pixels than the limit of {limits.max_pixels} "
-                             f"(multi_modal.max_pixels): {exc}") from None
+                             f"(max_image_pixels): {exc}") from None
         except Exception as exc:  # noqa: BLE001 - every decoder error means the same to the caller
             raise ImageError(f"{where}: not a readable image ({type(exc).__name__}: {exc})") from None
         _check_pixels(image.size, limits, where)
@@ -113,7 +115,7 @@ def _check_pixels(size: tuple[int, int], limits: ImageLimits, where: str) -> Non
         raise ImageError(f"{where}: an image of {width}x{height} pixels has no pixels")
     if width * height > limits.max_pixels:
         raise ImageError(f"{where}: {width}x{height} = {width * height} pixels is over the limit of "
-                         f"{limits.max_pixels} (multi_modal.max_pixels); resize it first")
+                         f"{limits.max_pixels} (max_image_pixels); resize it first")
 
 
 def _encoded_bytes(source: Any, limits: ImageLimits, where: str) -> bytes:
@@ -145,7 +147,7 @@ def _from_string(text: str, limits: ImageLimits, where: str) -> bytes:
         # base64 is 4/3 of the bytes: refuse before decoding what would be over the limit.
         if len(payload) * 3 // 4 > limits.max_bytes + 3:
             raise ImageError(f"{where}: {len(payload) * 3 // 4} bytes is over the limit of {limits.max_bytes} "
-                             "(multi_modal.max_bytes); send a smaller or more compressed image")
+                             "(max_image_bytes); send a smaller or more compressed image")
         try:
             return base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -154,7 +156,7 @@ def _from_string(text: str, limits: ImageLimits, where: str) -> bytes:
     if lowered.startswith(("http://", "https://")):
         if not limits.allow_remote_urls:
             raise ImageError(f"{where}: remote image URLs are refused ({text[:60]!r}); send the image as a data "
-                             "URL or bytes, or set multi_modal.allow_remote_urls=true where the machine may fetch")
+                             "URL or bytes, or allow remote image URLs where the machine may fetch them")
         return _fetch(text, limits, where)
     if not limits.allow_paths:
         raise ImageError(f"{where}: a file path is not accepted here; send the image as a data URL or bytes")
@@ -165,7 +167,7 @@ def _from_string(text: str, limits: ImageLimits, where: str) -> bytes:
         raise ImageError(f"{where}: cannot read image file {str(path)!r} ({exc.strerror or exc})") from None
     if size > limits.max_bytes:
         raise ImageError(f"{where}: {str(path)!r} has {size} bytes, over the limit of {limits.max_bytes} "
-                         "(multi_modal.max_bytes)")
+                         "(max_image_bytes)")
     return path.read_bytes()
 
 
@@ -178,5 +180,5 @@ def _fetch(url: str, limits: ImageLimits, where: str) -> bytes:
     except OSError as exc:
         raise ImageError(f"{where}: fetching {url[:80]!r} failed ({exc})") from None
     if len(data) > limits.max_bytes:
-        raise ImageError(f"{where}: {url[:80]!r} is over the limit of {limits.max_bytes} bytes (multi_modal.max_bytes)")
+        raise ImageError(f"{where}: {url[:80]!r} is over the limit of {limits.max_bytes} bytes (max_image_bytes)")
     return data

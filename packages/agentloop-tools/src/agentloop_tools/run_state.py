@@ -1,0 +1,78 @@
+"""Per-trajectory bookkeeping of the tool loops (``tool_agent``, ``env_agent``): the counters
+that become a trajectory's ``metrics``, and what a turn left for the next one."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentloop_core.stops import StopCounter
+from agentloop_tools.interaction import BaseInteraction
+from agentloop_tools.tool_media import MEDIA_COUNTERS
+
+__all__ = ["REASONING_COUNTERS", "ToolRun"]
+
+logger = logging.getLogger("agentloop_tools.agent_loop")  # the loop's logger: warnings keep their source
+
+REASONING_COUNTERS = ("reasoning_turns", "reasoning_chars", "reasoning_unclosed", "tool_calls_in_reasoning",
+                      "tool_calls_in_reasoning_ignored")
+"""Metrics of a loop with a reasoning parser: turns with reasoning, its characters, turns that
+ended inside it, calls (usable or not) written inside it, and those of them not run."""
+
+
+@dataclass
+class ToolRun:
+    """Per-trajectory bookkeeping of ``tool_agent`` (and of the loops built on it)."""
+
+    request_id: str
+    interaction: BaseInteraction | None = None
+    """The interaction this row picked (see ``select_interaction``), or None."""
+    interaction_id: str | None = None
+    instances: dict[str, str] = field(default_factory=dict)
+    create_errors: dict[str, str] = field(default_factory=dict)
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_rewards: list[float] = field(default_factory=list)
+    turn_scores: list[float] = field(default_factory=list)
+    counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("tool_calls", "tool_errors", "parse_errors", "tool_calls_over_limit", *MEDIA_COUNTERS, "dropped_message_tokens",
+         "tool_responses_truncated_length", "tool_responses_truncated_tokens",
+         "generate_s", "tool_calls_s", "interaction_s"), 0))
+    """The trajectory's counters (``metrics``): calls, errors, tool images (``MEDIA_COUNTERS``),
+    truncations, timings; tools' and the interaction's numbers are added by :meth:`add_metrics`."""
+    termination: str = ""
+    ended_with_eos: bool = True
+    """Whether the last generated turn ended on a stop token (``ChatRenderer.ended_turn``)."""
+    call_ids: list[str] = field(default_factory=list)
+    """Ids of the last turn's calls: its usable calls, then the calls the parser could not use."""
+    reported: list[dict[str, Any]] = field(default_factory=list)
+    """Every metrics dict a tool call or the interaction returned, as returned."""
+    stops: StopCounter = field(default_factory=StopCounter)
+    """Which limits stopped its turns (turn cap, response budget, context)."""
+    starts_in_reasoning: bool = False
+    """Whether the turn being generated begins inside reasoning (the prompt opened it)."""
+    turn_text: tuple[str, str, str | None] = ("", "", None)
+    """The last turn as the parsers read it: ``(text, content, reasoning)`` (content is the
+    text, reasoning None, without a reasoning parser)."""
+
+    def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
+        """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the
+        trajectory into ``counters["<source>/<key>"]``; the whole dict, numbers or not, goes
+        to ``extra_fields["reported_metrics"]``."""
+        if metrics is None:
+            return
+        if not isinstance(metrics, Mapping):
+            self.counters["invalid_metrics"] = self.counters.get("invalid_metrics", 0) + 1
+            logger.warning("%s returned metrics of type %s; metrics must be a dict (kept as text)",
+                           source, type(metrics).__name__)
+            metrics = {"invalid": repr(metrics)[:200]}
+        if not metrics:
+            return
+        self.reported.append({"source": source, "turn": turn, "metrics": dict(metrics)})
+        for key, value in metrics.items():
+            if isinstance(value, (bool, int, float)) and math.isfinite(value):
+                name = f"{source}/{key}"
+                self.counters[name] = self.counters.get(name, 0) + float(value)
