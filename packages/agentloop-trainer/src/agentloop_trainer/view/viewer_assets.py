@@ -35,6 +35,12 @@ table{border-collapse:collapse}
 .tok.glue{background:#eeeeee;color:#9e9e9e}
 .tok.prompt{background:#f3e5f5;color:#4a148c}
 .tok.bad{background:#ffcdd2;color:#b71c1c;font-weight:bold}
+.tok.img{background:#e0f2f1;color:#00695c;border-bottom-color:#00897b;font:11px sans-serif}
+.thumb{display:inline-block;vertical-align:top;margin:4px 8px 2px 0}
+.thumb img{display:block;max-width:128px;max-height:128px;border:1px solid #b0bec5;background:#fff}
+.thumb figcaption{font-size:11px;color:#546e7a}
+.thumb .no-thumb{display:inline-block;padding:8px;border:1px dashed #b0bec5;color:#777;font-size:11px}
+.images-unplaced h4{margin:6px 0 2px}
 .tok:hover{outline:1px solid #000}
 #problems{padding:4px 12px;background:#ffebee;color:#b71c1c}
 #problems ul{margin:2px 0;max-height:12em;overflow:auto}

@@ -5,16 +5,20 @@ A trajectories file is shared (attached to an issue, sent by a colleague), so it
 not trusted: a value of the wrong type (a string token id, a list as a segment index, a mask of
 ``"yes"``) is neither rendered as markup nor dropped: it is kept as a :class:`BadValue`, which the
 page shows marked with a warning sign, and listed in the page's banner of problems. Strings of
-every field are escaped by the renderer (:func:`html_text`), whatever their type here.
+every field are escaped by the renderer (:func:`~agentloop_trainer.view.trajectory_html.html_text`),
+whatever their type here; images (thumbnails included) are checked by
+:func:`~agentloop_trainer.view.images.check_images`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from agentloop_trainer.view.images import check_images
+from agentloop_trainer.view.values import BadValue, bad_value, is_int, is_number
 
 TRAJECTORY_DIR = "trajectories"
 """Where the trainer writes its per-step samples inside a run folder."""
@@ -22,50 +26,10 @@ TRAJECTORY_DIR = "trajectories"
 MAX_TOKEN_ID = 2**32 - 1
 """Largest id taken for a token (tokenizers index their vocabulary with 32-bit ids)."""
 
-_SHOWN_CHARS = 120  # of a bad value, in the page
-
 _INT_FIELDS = ("trajectory_index", "segment_index", "rollout_n", "step")
 _NUMBER_FIELDS = ("reward", "advantage")
 _ID_LISTS = ("prompt_ids", "response_ids", "expected_ids", "actual_ids")
 _TEXT_LISTS = ("prompt_tokens", "response_tokens", "expected_tokens", "actual_tokens")
-
-
-@dataclass(frozen=True)
-class BadValue:
-    """A value of a record that is not what agentloop writes there, kept to be shown marked."""
-
-    raw: str
-    """The value as JSON, cut to a length fit for the page (escaped when rendered)."""
-    why: str
-    """What was expected, e.g. ``not an integer token id``."""
-
-    def __str__(self) -> str:
-        return f"\u26a0 {self.raw}"
-
-
-def _bad(value: Any, why: str) -> BadValue:
-    try:
-        raw = json.dumps(value, default=str, ensure_ascii=False)
-    except (ValueError, RecursionError):
-        raw = repr(type(value))
-    if len(raw) > _SHOWN_CHARS:
-        raw = raw[:_SHOWN_CHARS] + "\u2026"
-    return BadValue(raw, why)
-
-
-def is_int(value: Any) -> bool:
-    """An integer and not a bool (JSON ``true`` is no index)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def as_int(value: Any, default: int = 0) -> int:
-    """``value`` where it is an integer, else ``default`` (for sorting and data attributes)."""
-    return value if is_int(value) else default
-
 
 class _Checker:
     def __init__(self, index: int) -> None:
@@ -83,11 +47,11 @@ class _Checker:
                 record[field] = []
             return
         if not isinstance(value, list):
-            self.note(field, _bad(value, "not a list of token ids; shown as empty"))
+            self.note(field, bad_value(value, "not a list of token ids; shown as empty"))
             record[field] = []
             return
         record[field] = [v if is_int(v) and 0 <= v <= MAX_TOKEN_ID
-                         else self.note(f"{field}[{k}]", _bad(v, "not an integer token id"))
+                         else self.note(f"{field}[{k}]", bad_value(v, "not an integer token id"))
                          for k, v in enumerate(value)]
 
     def texts(self, record: dict[str, Any], field: str) -> None:
@@ -95,10 +59,10 @@ class _Checker:
         if value is None:
             return
         if not isinstance(value, list):
-            self.note(field, _bad(value, "not a list of token texts; ids shown instead"))
+            self.note(field, bad_value(value, "not a list of token texts; ids shown instead"))
             record[field] = None
             return
-        record[field] = [v if v is None or isinstance(v, str) else self.note(f"{field}[{k}]", _bad(v, "not a text"))
+        record[field] = [v if v is None or isinstance(v, str) else self.note(f"{field}[{k}]", bad_value(v, "not a text"))
                          for k, v in enumerate(value)]
 
     def mask(self, record: dict[str, Any]) -> None:
@@ -108,10 +72,10 @@ class _Checker:
             record["response_mask"] = [0] * n
             return
         if not isinstance(value, list):
-            self.note("response_mask", _bad(value, "not a list of 0/1"))
+            self.note("response_mask", bad_value(value, "not a list of 0/1"))
             value = []
         mask = [int(v) if isinstance(v, bool) or (is_int(v) and v in (0, 1))
-                else self.note(f"response_mask[{k}]", _bad(v, "not 0 or 1")) for k, v in enumerate(value)]
+                else self.note(f"response_mask[{k}]", bad_value(v, "not 0 or 1")) for k, v in enumerate(value)]
         if len(mask) != n:
             self.problems.append(f"record {self.index}, response_mask: {len(mask)} entries for {n} response "
                                  "ids; the tokens without one are marked")
@@ -123,12 +87,12 @@ class _Checker:
         if value is None:
             return
         if not isinstance(value, list):
-            self.note("rollout_log_probs", _bad(value, "not a list of numbers"))
+            self.note("rollout_log_probs", bad_value(value, "not a list of numbers"))
             record["rollout_log_probs"] = None
             return
         record["rollout_log_probs"] = [
             float(v) if is_number(v) else None if v is None
-            else self.note(f"rollout_log_probs[{k}]", _bad(v, "not a number")) for k, v in enumerate(value)]
+            else self.note(f"rollout_log_probs[{k}]", bad_value(v, "not a number")) for k, v in enumerate(value)]
 
 
 def check_records(records: Sequence[Any]) -> tuple[list[dict[str, Any]], list[str]]:
@@ -139,27 +103,28 @@ def check_records(records: Sequence[Any]) -> tuple[list[dict[str, Any]], list[st
     for i, original in enumerate(records):
         check = _Checker(i)
         if not isinstance(original, Mapping):
-            check.note("(record)", _bad(original, "not a JSON object; shown as an empty record"))
+            check.note("(record)", bad_value(original, "not a JSON object; shown as an empty record"))
             original = {}
         record = dict(original)
         for field in _INT_FIELDS:
             value = record.get(field)
             if value is not None and not is_int(value):
-                record[field] = check.note(field, _bad(value, "not an integer"))
+                record[field] = check.note(field, bad_value(value, "not an integer"))
         for field in _NUMBER_FIELDS:
             value = record.get(field)
             if value is not None and not is_number(value):
-                record[field] = check.note(field, _bad(value, "not a number"))
+                record[field] = check.note(field, bad_value(value, "not a number"))
         for field in _ID_LISTS:
             check.ids(record, field, optional=field in ("expected_ids", "actual_ids"))
         for field in _TEXT_LISTS:
             check.texts(record, field)
         check.mask(record)
         check.log_probs(record)
+        check_images(record, check.note)
         for field, kind in (("metrics", Mapping), ("messages", list)):
             value = record.get(field)
             if value is not None and not isinstance(value, kind):
-                check.note(field, _bad(value, f"not a JSON {'object' if kind is Mapping else 'list'}"))
+                check.note(field, bad_value(value, f"not a JSON {'object' if kind is Mapping else 'list'}"))
                 record[field] = {} if kind is Mapping else [value]
         out.append(record)
         problems += check.problems
