@@ -24,6 +24,13 @@ what the agent asks for is overridden. ``response_length`` is the budget of each
 call's ``max_tokens`` is capped to what is left of it, and a call with nothing left is refused
 (HTTP 400). An agent that then stops with an error ends the trajectory as a length limit ends
 any loop's: its calls are trained on, and ``metrics["response_budget_spent"]`` is 1.
+
+With a vision-language model the agent may send images (``image_url`` parts holding data URLs,
+in user messages and tool results; see :mod:`agentloop_engines.gateway.images`): the loop's
+vision processor renders them, and each segment's ``multi_modal_data`` holds its images in the
+order of their tokens. ``max_images``, ``max_image_pixels`` and ``max_image_bytes`` bound them,
+and ``allow_remote_image_urls`` lets the gateway fetch ``http(s)`` URLs (off by default); an agent
+resends its images on every call, so ``max_request_bytes`` (8 MiB) may need raising too.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agentloop_core.imports import import_object
@@ -47,6 +54,8 @@ from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_core.segments import SegmentBuilder
+from agentloop_core.vision import ImageLimits, VisionProcessor
+from agentloop_engines.http_common import DEFAULT_MAX_REQUEST_BYTES
 from agentloop_engines.sync_agents import (
     DEFAULT_SYNC_AGENT_THREADS,
     SyncAgentPoolFullError,
@@ -55,6 +64,9 @@ from agentloop_engines.sync_agents import (
 )
 
 logger = logging.getLogger(__name__)
+
+_IMAGE_OPTIONS = ("max_images", "max_image_pixels", "max_image_bytes", "allow_remote_image_urls")
+"""This loop's image keys: the :class:`~agentloop_engines.gateway.Gateway` options of the same names."""
 
 @dataclass(frozen=True)
 class HTTPAgentConfig:
@@ -81,6 +93,22 @@ class HTTPAgentConfig:
     """Threads that run a synchronous agent, one per running sample (async agents need none);
     more samples than this wait for a thread. Agents that ran past ``timeout_s`` keep theirs
     until they return; with every thread held so, samples fail naming this key."""
+    max_images: int = ImageLimits.max_images
+    """Most images the agent may send in one conversation (its requests' ``image_url`` parts)."""
+    max_image_pixels: int = ImageLimits.max_pixels
+    """Most pixels one image may declare (checked on its header, before decoding)."""
+    max_image_bytes: int = ImageLimits.max_bytes
+    """Most encoded bytes of one image."""
+    allow_remote_image_urls: bool = False
+    """Whether the gateway fetches ``http(s)`` image URLs the agent sends (off: data URLs only)."""
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    """Largest request body the gateway reads (413 past it). An agent resends its whole
+    conversation, images included, on every call: raise it for agents that send many images."""
+
+    @property
+    def image_options(self) -> dict[str, Any]:
+        """The gateway's image options (it never accepts file paths from an agent)."""
+        return {key: getattr(self, key) for key in _IMAGE_OPTIONS}
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> HTTPAgentConfig:
@@ -107,11 +135,20 @@ class HTTPAgentConfig:
             raise ValueError(f"http_agent: max_calls must be >= 1, got {max_calls}")
         timeout = config.get("timeout_s", 600.0)
         threads = check_threads(config.get("max_sync_agent_threads", DEFAULT_SYNC_AGENT_THREADS))
+        remote = config.get("allow_remote_image_urls", False)
+        if not isinstance(remote, bool):
+            raise ValueError(f"http_agent: allow_remote_image_urls must be true or false, got {remote!r}")
+        images = {key: config.get(key, getattr(cls, key)) for key in _IMAGE_OPTIONS[:3]}
+        body = config.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
+        for key, value in (*images.items(), ("max_request_bytes", body)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"http_agent: {key} must be a positive integer, got {value!r}")
         return cls(agent=agent, max_sync_agent_threads=threads, tool_parser=config.get("tool_parser", "hermes"),
                    chat_template=config.get("chat_template"),
                    chat_template_kwargs=config.get("chat_template_kwargs"),
                    timeout_s=None if timeout is None else float(timeout), max_calls=max_calls,
-                   api_key=config.get("api_key"), response_length=config.get("response_length"))
+                   api_key=config.get("api_key"), response_length=config.get("response_length"),
+                   allow_remote_image_urls=remote, max_request_bytes=body, **images)
 
 
 # One gateway (and its HTTP thread) per event loop, engine, tokenizer and gateway options: loops
@@ -120,19 +157,23 @@ _GATEWAYS: dict[tuple, Any] = {}
 _GATEWAYS_LOCK = threading.Lock()
 
 
-def _gateway_for(server: Any, tokenizer: Any, cfg: HTTPAgentConfig, loop: asyncio.AbstractEventLoop) -> Any:
+def _gateway_for(server: Any, tokenizer: Any, vision: Any, cfg: HTTPAgentConfig,
+                 loop: asyncio.AbstractEventLoop) -> Any:
     from agentloop_engines.gateway import Gateway, GatewayThread, SessionRecorder
 
-    key = (id(loop), id(server), id(tokenizer), cfg.tool_parser, cfg.chat_template, cfg.api_key, cfg.max_calls,
-           repr(sorted((cfg.chat_template_kwargs or {}).items())))
+    key = (id(loop), id(server), id(tokenizer), id(vision), cfg.tool_parser, cfg.chat_template, cfg.api_key,
+           cfg.max_calls, repr(sorted((cfg.chat_template_kwargs or {}).items())), repr(cfg.image_options),
+           cfg.max_request_bytes)
     with _GATEWAYS_LOCK:
         for stale in [k for k, (thread, owner) in _GATEWAYS.items() if owner.is_closed()]:
             _GATEWAYS.pop(stale)[0].__exit__(None, None, None)
         if key not in _GATEWAYS:
             gateway = Gateway(server, tokenizer, chat_template=cfg.chat_template, tool_parser=cfg.tool_parser,
                               chat_template_kwargs=cfg.chat_template_kwargs, server_loop=loop,
-                              recorder=SessionRecorder(max_calls_per_session=cfg.max_calls))
-            _GATEWAYS[key] = (GatewayThread(gateway, api_key=cfg.api_key).__enter__(), loop)
+                              recorder=SessionRecorder(max_calls_per_session=cfg.max_calls), vision=vision,
+                              **cfg.image_options)
+            thread = GatewayThread(gateway, api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes)
+            _GATEWAYS[key] = (thread.__enter__(), loop)
         return _GATEWAYS[key][0]
 
 
@@ -174,7 +215,7 @@ class HTTPAgentLoop(AgentLoopBase):
             TimeoutError: past ``timeout_s``.
         """
         cfg = self.settings
-        thread = _gateway_for(self.server, self.processor or self.tokenizer, cfg, asyncio.get_running_loop())
+        thread = _gateway_for(self.server, *self._tokenizer_and_vision(), cfg, asyncio.get_running_loop())
         session_id = session_id_for(row.get("index"))
         thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
                                                                                         cfg.response_length),
@@ -198,12 +239,28 @@ class HTTPAgentLoop(AgentLoopBase):
                 f"http_agent: the agent made no model call through its base_url (session {session_id}); it must "
                 "send its requests to the base_url it is given (openai.OpenAI(base_url=base_url, ...))")
         reward, metrics = _interpret(result)
-        builder = SegmentBuilder.from_calls(calls)
+        builder = SegmentBuilder()
+        # A segment's images are those of its last call: each call's prompt extends the one before.
+        images: dict[int, tuple[Any, ...]] = {}
+        for call in calls:
+            images[builder.add_call(call.prompt_ids, call.token_ids, call.log_probs, call.stop_reason)] = call.images
         generated = sum(len(call.token_ids) for call in calls)
         metrics = {**metrics, "http_calls": len(calls), "agent_s": agent_s, "generated_tokens": generated,
                    "segments": builder.num_segments, "response_budget_spent": int(budget_spent)}
-        return builder.outputs(reward_score=reward, num_turns=len(calls), metrics=metrics,
-                               extra_fields={"session_id": session_id, "row_index": row.get("index")})
+        outputs = builder.outputs(reward_score=reward, num_turns=len(calls), metrics=metrics,
+                                  extra_fields={"session_id": session_id, "row_index": row.get("index")})
+        return [replace(out, multi_modal_data={"image": list(images[k])}) if images[k] else out
+                for k, out in enumerate(outputs)]
+
+    def _tokenizer_and_vision(self) -> tuple[Any, Any]:
+        """What the gateway renders with: the tokenizer, and the loop's vision processor (or
+        ``"auto"``: the gateway loads it from the tokenizer's folder). A Hugging Face processor
+        given as ``processor`` renders itself, as before vision processors existed."""
+        if isinstance(self.processor, VisionProcessor):
+            return self.tokenizer, self.processor
+        if self.processor is not None and hasattr(self.processor, "apply_chat_template"):
+            return self.processor, "auto"
+        return self.tokenizer, "auto"
 
     async def _call_agent(self, base_url: str, row: Mapping[str, Any]) -> Any:
         cfg = self.settings

@@ -95,7 +95,8 @@ def create_app(server: Any, *, api_key: str | None = None,
             (``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/sessions/...``)
             this app serves, so one port serves both ``/generate`` and black-box agents. None:
             the same ``/v1`` endpoints from a gateway over ``server`` and ``server.tokenizer``,
-            without sessions; a server without a tokenizer answers them with 501.
+            without sessions (images with the vision processor of the tokenizer's checkpoint
+            folder and the default image limits); a server without a tokenizer answers them with 501.
         limits: In-flight limit and body deadlines (see
             :class:`~agentloop_engines.http_common.ServerLimits`); None: the defaults.
         prompt_limits: What a ``/v1`` request may make the gateway built without ``gateway=``

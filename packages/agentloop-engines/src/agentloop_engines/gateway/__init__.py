@@ -17,6 +17,7 @@ from agentloop_engines.gateway.app import (
     session_base_path,
 )
 from agentloop_engines.gateway.core import Gateway
+from agentloop_engines.gateway.images import GatewayImages
 from agentloop_engines.gateway.live import stream_chat_completion, stream_completion
 from agentloop_engines.gateway.openai_response import GatewayResponse
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
@@ -35,6 +36,7 @@ __all__ = [
     "SESSION_HEADER",
     "SESSION_KEY_HEADER",
     "Gateway",
+    "GatewayImages",
     "GatewayResponse",
     "GatewayThread",
     "PromptLimitError",

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentloop_core.protocol import StopReason, TokenOutput
-from agentloop_core.tokenization import ChatRenderer, Trajectory
+from agentloop_core.tokenization import ChatRenderer, Trajectory, renders_tools
 from agentloop_core.tokenization.template_errors import raised_by_template
 from agentloop_engines.gateway.continuation import (
     ChatState,
@@ -26,6 +26,7 @@ from agentloop_engines.gateway.continuation import (
     normalize_message,
     renderer_key,
 )
+from agentloop_engines.gateway.images import GatewayImages, count_images
 from agentloop_engines.gateway.openai_request import ChatRequest
 from agentloop_engines.gateway.recorder import SessionRecorder
 
@@ -33,9 +34,10 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ChatPlanner"]
 
-RenderWhole = Callable[[Sequence[Mapping[str, Any]], "list[dict[str, Any]] | None", Mapping[str, Any]], list[int]]
-"""``(messages, tools, chat_template_kwargs) -> prompt ids``: the gateway's whole render, whose
-errors are the ones a client should see."""
+RenderWhole = Callable[..., list[int]]
+"""``(messages, tools, chat_template_kwargs, images=()) -> prompt ids``: the gateway's whole
+render (image parts in core's kept form, ``images`` theirs), whose errors are the ones a client
+should see."""
 
 
 class ChatPlanner:
@@ -48,12 +50,15 @@ class ChatPlanner:
             not a copy).
         recorder: Where the sessions' chat states are kept.
         render_whole: The gateway's render of a whole request (see :data:`RenderWhole`).
+        images: The gateway's images (vision processor, limits, decoded images).
         max_renderers: Most delta renderers kept (one per tools and template variables).
     """
 
     def __init__(self, processor: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, Any],
-                 recorder: SessionRecorder, render_whole: RenderWhole, *, max_renderers: int = 64) -> None:
+                 recorder: SessionRecorder, render_whole: RenderWhole, images: GatewayImages, *,
+                 max_renderers: int = 64) -> None:
         self.processor = processor
+        self.images = images
         self.chat_template = chat_template
         self.chat_template_kwargs = chat_template_kwargs
         self.recorder = recorder
@@ -80,7 +85,8 @@ class ChatPlanner:
                 return self._renderers[key]
         try:
             renderer: ChatRenderer | None = ChatRenderer(
-                self.processor, tools=tools, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs)
+                self.processor, tools=tools, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs,
+                vision=self.images.vision)
         except Exception as exc:
             if not (isinstance(exc, ValueError) or raised_by_template(exc)):
                 raise
@@ -95,39 +101,82 @@ class ChatPlanner:
                 self._renderers.popitem(last=False)
         return renderer
 
+    def check_renders_tools(self, chat_template_kwargs: Mapping[str, Any]) -> None:
+        """Refuse ``tools`` the chat template would drop without a word (the model would answer
+        as if it had none); decided once per template and variables (core caches it)."""
+        if self.chat_template is None and not getattr(self.processor, "chat_template", None):
+            return  # the gateway's render says there is no chat template at all
+        kwargs = {**self.chat_template_kwargs, **chat_template_kwargs}
+        if not renders_tools(self.processor, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs):
+            raise ValueError(
+                "this server's chat template ignores tools= (a prompt renders the same with and without them), so "
+                "the model would never see the tools; start it with a tool-aware template: `agentloop serve "
+                "CHECKPOINT --chat-template chatml-hermes` (a built-in, or a Jinja file's path), or "
+                "Gateway(..., chat_template=agentloop_core.tokenization.resolve_chat_template('chatml-hermes')); "
+                "or send the request without tools")
+
     def plan(self, req: ChatRequest, session_id: str) -> ContinuationPlan:
-        """The prompt of a session chat call: the previous chat call continued when the request
-        only appends messages to it, else the whole request rendered."""
+        """The prompt of a session chat call (and its images): the previous chat call continued
+        when the request only appends messages to it, else the whole request rendered.
+
+        Raises:
+            ValueError: images the gateway cannot serve (see :meth:`GatewayImages.admit`), or
+                the render's own errors.
+            ImageError: a refused, corrupt or oversized image.
+        """
         kwargs = {**self.chat_template_kwargs, **req.chat_template_kwargs}
         key = renderer_key(req.tools, kwargs)
+        if req.num_images:
+            self.images.admit(req.messages)
         with self._lock:
             state = self.recorder.chat_state(session_id)
             new = extension(state, key, req.messages) if isinstance(state, ChatState) else None
             if new is not None:
                 assert state is not None
                 assert state.trajectory is not None
-                try:
-                    delta = state.trajectory.preview_messages(new)
-                except Exception as exc:
-                    if not (isinstance(exc, ValueError) or raised_by_template(exc)):
-                        raise
-                    logger.info("session %r: the template's delta for the new messages failed (%s: %s); "
-                                "rendering the whole request", session_id, type(exc).__name__, exc)
-                else:
-                    return ContinuationPlan(state.trajectory.context_ids + delta, key, base=state,
-                                            new_messages=new, had_previous=True)
-        trajectory = None
+                plan = self._continue(state, key, new, len(req.messages) - len(new), session_id)
+                if plan is not None:
+                    return plan
+        trajectory, images = None, ()
         renderer = self._renderer(key, req.tools, kwargs)
+        # Decoded outside the render's try: a bad image is the client's error, never a template's.
+        messages = self.images.sources(req.messages, session_id) if req.num_images else req.messages
         if renderer is not None:
             try:
-                trajectory = Trajectory(renderer, req.messages)
+                trajectory = Trajectory(renderer, messages, image_limits=self.images.limits)
             except Exception as exc:
                 if not raised_by_template(exc):
                     raise
                 trajectory = None  # render_whole raises the gateway's error for it
-        prompt_ids = (list(trajectory.prompt_ids) if trajectory is not None
-                      else self.render_whole(req.messages, req.tools, req.chat_template_kwargs))
-        return ContinuationPlan(prompt_ids, key, trajectory=trajectory, had_previous=state is not None)
+        if trajectory is not None:
+            prompt_ids, images = list(trajectory.prompt_ids), tuple(trajectory.image_items)
+        elif req.num_images:
+            refs, images = self.images.take(req.messages, session_id)
+            prompt_ids = self.render_whole(refs, req.tools, req.chat_template_kwargs, images=images)
+        else:
+            prompt_ids = self.render_whole(req.messages, req.tools, req.chat_template_kwargs)
+        return ContinuationPlan(prompt_ids, key, trajectory=trajectory, had_previous=state is not None, images=images)
+
+    def _continue(self, state: ChatState, key: tuple[str, str], new: list[dict[str, Any]], first: int,
+                  session_id: str) -> ContinuationPlan | None:
+        """The plan that continues ``state``'s call with ``new`` messages (their images decoded
+        and taken into its trajectory, not yet counted); None when the template's delta fails."""
+        trajectory = state.trajectory
+        assert trajectory is not None
+        if count_images(new):
+            new = trajectory.images.take(self.images.sources(new, session_id, first=first), where="message",
+                                         count=False)
+        try:
+            delta = trajectory.preview_messages(new)
+        except Exception as exc:
+            if not (isinstance(exc, ValueError) or raised_by_template(exc)):
+                raise
+            logger.info("session %r: the template's delta for the new messages failed (%s: %s); "
+                        "rendering the whole request", session_id, type(exc).__name__, exc)
+            return None
+        images = tuple(trajectory.image_items) + tuple(trajectory.images.in_messages(new))
+        return ContinuationPlan(trajectory.context_ids + delta, key, base=state, new_messages=new,
+                                had_previous=True, images=images)
 
     def advance(self, session_id: str, plan: ContinuationPlan, req: ChatRequest, prompt_ids: Sequence[int],
                 token_ids: Sequence[int], stop_reason: StopReason, message: Mapping[str, Any]) -> None:

@@ -18,6 +18,11 @@ the generated ids + the template's delta for the new messages (and the generatio
 rewrote its history, sent another reply than the one returned, changed ``tools`` or
 ``chat_template_kwargs``) is rendered whole, as a call outside a session is, and the session
 continues from that call.
+
+Images take part like any other content: a resent image compares by a digest of its URL, the
+image tokens of earlier turns are in the previous call's ids already, and the delta expands only
+the new messages' images, so a conversation with images continues (and records as one segment)
+as a text one does; the call's images are the trajectory's, in the order of their tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.tokenization import Trajectory
+from agentloop_core.vision import ImageItem
+from agentloop_engines.gateway.images import digested
 
 __all__ = ["ChatState", "ContinuationPlan", "extension", "normalize_message", "renderer_key"]
 
@@ -60,7 +67,8 @@ def normalize_message(message: Mapping[str, Any]) -> str:
     Assistant messages compare by content (None is ``""``) and tool calls (id, function name,
     arguments as parsed JSON): what the engine generated and the ids the gateway gave its calls.
     Other messages compare by every key that has a value, except keys SDKs add to messages they
-    send back (``refusal``, ``audio``, ``annotations``, ``function_call``).
+    send back (``refusal``, ``audio``, ``annotations``, ``function_call``); an image by a digest
+    of its URL, so the state a session keeps holds no image payload.
     """
     role = message.get("role")
     if role == "assistant":
@@ -74,6 +82,8 @@ def normalize_message(message: Mapping[str, Any]) -> str:
                           sort_keys=True, default=str)
     kept = {k: v for k, v in message.items() if v is not None and k not in _IGNORED_KEYS}
     kept["content"] = message.get("content") or ""
+    if isinstance(kept["content"], list):
+        kept = digested([kept])[0]
     return json.dumps(kept, sort_keys=True, default=str)
 
 
@@ -108,6 +118,8 @@ class ContinuationPlan:
     cannot be split into turns."""
     had_previous: bool = False
     """The session had a chat call before this one."""
+    images: tuple[ImageItem, ...] = ()
+    """The images of ``prompt_ids``, in the order of their tokens."""
 
     @property
     def extends_previous(self) -> bool:

@@ -3,8 +3,10 @@
 The gateway renders chat messages with the tokenizer's chat template, calls
 ``server.generate(request_id, prompt_ids, sampling_params)``, decodes, honours text ``stop``
 strings by cutting the generated ids (see :mod:`~agentloop_engines.gateway.stop`), and parses
-tool calls with one of core's tool-call parsers. Calls made in a session are recorded with their
-exact ids (:mod:`~agentloop_engines.gateway.recorder`), and use the session id as the engine
+tool calls with one of core's tool-call parsers; image parts go through the model's vision
+processor (:mod:`~agentloop_engines.gateway.images`) and to ``generate`` as ``multi_modal_data``.
+Calls made in a session are recorded with their exact ids
+(:mod:`~agentloop_engines.gateway.recorder`), and use the session id as the engine
 ``request_id``: the sticky-session key of ``LLMServerClient``, so a trajectory's calls stay on
 one replica and reuse its prefix cache, and ``abort(session_id)`` stops the session's calls.
 A session chat call that only appends messages to the previous one continues its ids exactly
@@ -36,9 +38,10 @@ from typing import Any
 from agentloop_core.parsers import ParseResult, ToolParser, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, ReasoningSplit, get_reasoning_parser
-from agentloop_core.tokenization import renders_tools
 from agentloop_core.tokenization.template_errors import raised_by_template
+from agentloop_core.vision import ImageItem, ImageLimits, VisionProcessor, multi_modal_kwargs
 from agentloop_engines.gateway.chat_planner import ChatPlanner
+from agentloop_engines.gateway.images import GatewayImages, recorded_request
 from agentloop_engines.gateway.openai_request import (
     ChatRequest,
     CompletionRequest,
@@ -46,7 +49,7 @@ from agentloop_engines.gateway.openai_request import (
     parse_completion_request,
 )
 from agentloop_engines.gateway.openai_response import GatewayResponse
-from agentloop_engines.gateway.prompt_limits import PromptLimits
+from agentloop_engines.gateway.prompt_limits import PromptLimits, context_length
 from agentloop_engines.gateway.recorder import (
     RecordedCall,
     SessionBudgetError,
@@ -73,6 +76,7 @@ class _Generation:
     stop: str | None
     dropped: int
     extra: dict[str, Any]
+    images: tuple[ImageItem, ...] = ()
 
 
 class Gateway:
@@ -116,6 +120,13 @@ class Gateway:
             synchronous client called on it, deadlocks: run such agents in a thread).
         prompt_limits: What one request may make the gateway render and tokenize (messages,
             characters, tokens, template variables); None: :class:`PromptLimits`' defaults.
+        vision: The model's :class:`~agentloop_core.vision.VisionProcessor` for image parts (see
+            :mod:`~agentloop_engines.gateway.images`); ``"auto"``: loaded from the checkpoint
+            folder of the tokenizer (or of the server's ``model_name``); None: text only.
+        max_images, max_image_pixels, max_image_bytes: Most images in one request, pixels one
+            image may declare, encoded bytes of one image (:class:`~agentloop_core.vision.ImageLimits`).
+        allow_remote_image_urls: Fetch ``http(s)`` image URLs; off: data URLs only. File paths
+            are always refused.
 
     Raises:
         UnknownToolParserError: for an unknown parser name (the message lists the known ones).
@@ -140,6 +151,11 @@ class Gateway:
         recorder: SessionRecorder | None = None,
         server_loop: asyncio.AbstractEventLoop | None = None,
         prompt_limits: PromptLimits | None = None,
+        vision: VisionProcessor | str | None = "auto",
+        max_images: int = ImageLimits.max_images,
+        max_image_pixels: int = ImageLimits.max_pixels,
+        max_image_bytes: int = ImageLimits.max_bytes,
+        allow_remote_image_urls: bool = False,
     ) -> None:
         if not callable(getattr(server, "generate", None)):
             raise TypeError(f"{type(server).__name__} has no generate(); pass an AsyncServer")
@@ -175,15 +191,19 @@ class Gateway:
         # tokenizer at once (a fast tokenizer whose settings one call changes while another
         # encodes panics with "Already borrowed").
         self._render_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-render")
-        self.max_model_len = _max_model_len(server)
+        self.max_model_len = context_length(server)
         capabilities = getattr(server, "capabilities", None)
         self._logprobs = bool(getattr(capabilities, "logprobs", True))
         special = getattr(self.tokenizer, "all_special_ids", None) or ()
         self._special_ids = frozenset(int(i) for i in special)
         parser_stops = self.parser.stop_tokens if self.parser is not None else ()
         self._parser_stop_ids = frozenset(single_token_stop_ids(self.tokenizer, parser_stops))
+        limits = ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes, max_images=max_images,
+                             allow_paths=False, allow_remote_urls=allow_remote_image_urls)
+        self.images = GatewayImages(vision, limits, tokenizer, server)
+        """The vision processor (``images.vision``), image limits and decoded images of sessions."""
         self._planner = ChatPlanner(self.processor, chat_template, self.chat_template_kwargs, self.recorder,
-                                    self.render, max_renderers=_MAX_RENDERERS)
+                                    self.render, self.images, max_renderers=_MAX_RENDERERS)
 
     def __repr__(self) -> str:
         return f"Gateway({type(self.server).__name__}, model={self.model_name!r})"
@@ -228,6 +248,7 @@ class Gateway:
                 self.server_loop.call_soon_threadsafe(forget, session_id)
             else:
                 forget(session_id)
+        self.images.forget(session_id)
         return calls
 
     # ---- endpoints -----------------------------------------------------------------------
@@ -238,8 +259,9 @@ class Gateway:
                                             "owned_by": "agentloop"}]}
 
     def render(self, messages: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None = None,
-               chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
-        """Prompt ids of ``messages`` (and ``tools``) with the generation prompt.
+               chat_template_kwargs: Mapping[str, Any] | None = None, images: Sequence[ImageItem] = ()) -> list[int]:
+        """Prompt ids of ``messages`` (and ``tools``) with the generation prompt; ``images`` are
+        those of the image parts (core's kept form), each placeholder expanded to its tokens.
 
         Raises:
             ValueError: when the chat template refuses or fails on the messages.
@@ -258,7 +280,8 @@ class Gateway:
             raise ValueError(f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from exc
         if not isinstance(text, str):  # some processors return a one-element batch
             text = text[0]
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(self.images.expand(text, images) if images else text,
+                                          add_special_tokens=False))
 
     async def chat_completion(self, body: Mapping[str, Any], *, session_id: str | None = None,
                               session_key: str | None = None) -> GatewayResponse:
@@ -290,13 +313,14 @@ class Gateway:
             SessionCallLimitError: when the session holds ``max_calls_per_session`` calls.
             SessionNotFoundError: with ``session_key``, when it is not the key of an open session.
         """
-        req, prompt_ids, plan = await self._prepare_chat(body, session_id, session_key)
-        gen = await self._generate("chatcmpl", prompt_ids, req, session_id, session_key)
+        req, prompt_ids, plan, images = await self._prepare_chat(body, session_id, session_key)
+        gen = await self._generate("chatcmpl", prompt_ids, req, session_id, session_key, images)
         return await self._chat_response(body, req, gen, plan, session_id)
 
     async def _prepare_chat(self, body: Mapping[str, Any], session_id: str | None,
-                            session_key: str | None) -> tuple[ChatRequest, list[int], Any]:
-        """The checked request, its prompt ids and (in a session) its continuation plan."""
+                            session_key: str | None) -> tuple[ChatRequest, list[int], Any, tuple[ImageItem, ...]]:
+        """The checked request, its prompt ids, (in a session) its continuation plan, and the
+        images of its prompt."""
         self._authorize(session_id, session_key)
         self.prompt_limits.check_lists(body)
         req = await self._off_loop(parse_chat_request, body, self.prompt_limits)
@@ -304,15 +328,17 @@ class Gateway:
             raise ValueError("this gateway has no tool parser, so tool calls could not be returned; start it "
                              "with Gateway(..., tool_parser='hermes') (or the model's format)")
         if req.tools:
-            await self._off_loop(self._check_renders_tools, req.chat_template_kwargs)
-        plan = None
-        if session_id is None:
+            await self._off_loop(self._planner.check_renders_tools, req.chat_template_kwargs)
+        plan, images = None, ()
+        if session_id is None and req.num_images:
+            prompt_ids, images = await self._off_loop(self.images.render_request, self.render, req)
+        elif session_id is None:
             prompt_ids = await self._off_loop(self.render, req.messages, req.tools, req.chat_template_kwargs)
         else:
             plan = await self._off_loop(self._planner.plan, req, session_id)
-            prompt_ids = plan.prompt_ids
+            prompt_ids, images = plan.prompt_ids, plan.images
         self.prompt_limits.check_tokens(len(prompt_ids))
-        return req, prompt_ids, plan
+        return req, prompt_ids, plan, images
 
     async def _chat_response(self, body: Mapping[str, Any], req: ChatRequest, gen: _Generation, plan: Any,
                              session_id: str | None) -> GatewayResponse:
@@ -397,20 +423,6 @@ class Gateway:
         response = self._body("cmpl", "text_completion", req, choice, gen)
         return self._finish("completions", body, response, gen, req, session_id)
 
-    def _check_renders_tools(self, chat_template_kwargs: Mapping[str, Any]) -> None:
-        """Refuse ``tools`` the chat template would drop without a word (the model would answer
-        as if it had none); decided once per template and variables (core caches it)."""
-        if self.chat_template is None and not getattr(self.processor, "chat_template", None):
-            return  # self.render says there is no chat template at all
-        kwargs = {**self.chat_template_kwargs, **chat_template_kwargs}
-        if not renders_tools(self.processor, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs):
-            raise ValueError(
-                "this server's chat template ignores tools= (a prompt renders the same with and without them), so "
-                "the model would never see the tools; start it with a tool-aware template: `agentloop serve "
-                "CHECKPOINT --chat-template chatml-hermes` (a built-in, or a Jinja file's path), or "
-                "Gateway(..., chat_template=agentloop_core.tokenization.resolve_chat_template('chatml-hermes')); "
-                "or send the request without tools")
-
     # ---- internals -----------------------------------------------------------------------
 
     async def _off_loop(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -426,10 +438,11 @@ class Gateway:
             self.recorder.authorize(check_session_id(session_id), session_key)
 
     async def _generate(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
-                        session_id: str | None, session_key: str | None = None) -> _Generation:
+                        session_id: str | None, session_key: str | None = None,
+                        images: Sequence[ImageItem] = ()) -> _Generation:
         request_id, params = await self._engine_request(prefix, prompt_ids, req, session_id, session_key)
-        out = await self._call_server(request_id, prompt_ids, params)
-        return await self._generation(out, prompt_ids, req)
+        out = await self._call_server(request_id, prompt_ids, params, images)
+        return await self._generation(out, prompt_ids, req, images)
 
     async def _engine_request(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
                               session_id: str | None, session_key: str | None) -> tuple[str, dict[str, Any]]:
@@ -458,8 +471,8 @@ class Gateway:
             params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or ()), *stop_ids]))
         return session_id or f"{prefix}-{uuid.uuid4().hex}", params
 
-    async def _generation(self, out: TokenOutput, prompt_ids: list[int],
-                          req: ChatRequest | CompletionRequest) -> _Generation:
+    async def _generation(self, out: TokenOutput, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
+                          images: Sequence[ImageItem] = ()) -> _Generation:
         """The engine's output cut at the first stop string, with its text."""
         ids = list(out.token_ids)
         log_probs = None if out.log_probs is None else list(out.log_probs)
@@ -474,14 +487,15 @@ class Gateway:
                 stop_reason = "stop"
         return _Generation(prompt_ids=list(prompt_ids), token_ids=ids, log_probs=log_probs, stop_reason=stop_reason,
                            text=text, stop=None if match is None else match.stop, dropped=dropped,
-                           extra=dict(out.extra))
+                           extra=dict(out.extra), images=tuple(images))
 
-    async def _call_server(self, request_id: str, prompt_ids: list[int], params: dict[str, Any]) -> TokenOutput:
+    async def _call_server(self, request_id: str, prompt_ids: list[int], params: dict[str, Any],
+                           images: Sequence[ImageItem] = ()) -> TokenOutput:
+        call = self.server.generate(request_id, prompt_ids, params, **multi_modal_kwargs(images))
         loop = self.server_loop
         if loop is None or loop is asyncio.get_running_loop():
-            return await self.server.generate(request_id, prompt_ids, params)
-        future = asyncio.run_coroutine_threadsafe(self.server.generate(request_id, prompt_ids, params), loop)
-        return await asyncio.wrap_future(future)
+            return await call
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
 
     def _cut_at_stop(self, ids: Sequence[int], stops: Sequence[str]) -> tuple[StopMatch | None, str]:
         """The first stop string's match in the generated ids (None without one) and the text
@@ -558,22 +572,8 @@ class Gateway:
             call = self.recorder.record(session_id, RecordedCall(
                 index=0, endpoint=endpoint, prompt_ids=gen.prompt_ids, token_ids=gen.token_ids,
                 log_probs=gen.log_probs, stop_reason=gen.stop_reason,  # type: ignore[arg-type]
-                finish_reason=response["choices"][0]["finish_reason"], request=dict(request), response=response,
-                dropped_after_stop=gen.dropped, extra={**gen.extra, **(extra or {})}, created=time.time()))
+                finish_reason=response["choices"][0]["finish_reason"], request=recorded_request(request),
+                response=response, dropped_after_stop=gen.dropped, extra={**gen.extra, **(extra or {})},
+                created=time.time(), images=gen.images))
         return GatewayResponse(body=response, stream=req.stream, include_usage=req.include_usage, call=call)
 
-
-def _max_model_len(server: Any) -> int | None:
-    """The server's context length; for an ``LLMServerClient``, the smallest of its replicas'."""
-    servers = getattr(server, "servers", None)
-    targets = list(servers) if isinstance(servers, list) and servers else [server]
-    lengths = []
-    for target in targets:
-        try:
-            value = getattr(target, "max_model_len", None)
-        except Exception:  # noqa: BLE001 - a remote server not reachable yet: use SamplingParams' default
-            return None
-        if not isinstance(value, int) or isinstance(value, bool):
-            return None
-        lengths.append(value)
-    return min(lengths)

@@ -11,6 +11,9 @@ and continued exactly as a non-streamed one: the exact ids are the engine's fina
 the text sent), the finish chunk with the token-id extension fields, and the usage chunk when
 ``stream_options.include_usage``.
 
+A prompt with images streams from the engine's ``generate_stream`` when it takes
+``multi_modal_data`` (every engine adapter's does), else as one delta from ``generate``.
+
 A client that disconnects cancels the iteration (:func:`~agentloop_engines.http_watch.serve_until_gone`),
 which closes the engine stream and so stops its decoding; nothing is recorded for that call.
 """
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+import inspect
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS
+from agentloop_core.vision import ImageItem, multi_modal_kwargs
 from agentloop_engines.gateway.openai_response import final_chunks, stream_head
 from agentloop_engines.gateway.stream_text import StreamText
 from agentloop_engines.streaming import TokenDelta, stream_tokens
@@ -40,7 +45,7 @@ async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, s
     """The ``chat.completion.chunk`` objects of a streamed ``/v1/chat/completions`` body, sent
     as generated; arguments and errors as in :meth:`Gateway.chat_completion` (raised here,
     before the first chunk)."""
-    req, prompt_ids, plan = await gateway._prepare_chat(body, session_id, session_key)
+    req, prompt_ids, plan, images = await gateway._prepare_chat(body, session_id, session_key)
     request_id, params = await gateway._engine_request("chatcmpl", prompt_ids, req, session_id, session_key)
     tools_parsed = req.parse_tool_calls and gateway.parser is not None
     in_reasoning = False
@@ -52,7 +57,7 @@ async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, s
                       parser=gateway.parser if tools_parsed else None,
                       tools={t["function"]["name"]: t for t in req.tools or ()},
                       format_calls=lambda parsed: gateway._format_calls(parsed, req))
-    deltas = _server_stream(gateway, request_id, prompt_ids, params)
+    deltas = _server_stream(gateway, request_id, prompt_ids, params, images)
     first = await _first(deltas)
     head = stream_head("chatcmpl", "chat.completion.chunk", req.model or gateway.model_name)
 
@@ -66,7 +71,7 @@ async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, s
                     yield {**head, "choices": [{"index": 0, "delta": piece, "logprobs": None, "finish_reason": None}]}
                 output = delta.output
         assert output is not None, "an engine stream ended without its output"
-        gen = await gateway._generation(output, prompt_ids, req)
+        gen = await gateway._generation(output, prompt_ids, req, images)
         response = await gateway._chat_response(body, req, gen, plan, session_id)
         response.body["id"] = head["id"]  # one id for the stream and the recorded response
         choice = response.body["choices"][0]
@@ -128,12 +133,43 @@ async def _chain(first: TokenDelta, rest: AsyncGenerator[TokenDelta, None]) -> A
             yield delta
 
 
-async def _server_stream(gateway: Gateway, request_id: str, prompt_ids: list[int],
-                         params: dict[str, Any]) -> AsyncGenerator[TokenDelta, None]:
+async def _image_stream(server: Any, request_id: str, prompt_ids: list[int], params: dict[str, Any],
+                        images: Sequence[ImageItem]) -> AsyncGenerator[TokenDelta, None]:
+    """:func:`stream_tokens` for a prompt with images: the engine's ``generate_stream`` when it
+    takes ``multi_modal_data`` (an engine adapter's does), else one delta from ``generate``."""
+    kwargs = multi_modal_kwargs(images)
+    stream = getattr(server, "generate_stream", None) if callable(getattr(type(server), "generate_stream", None)) \
+        else None
+    if stream is not None and _takes_multi_modal(stream):
+        async with contextlib.aclosing(stream(request_id, prompt_ids, params, **kwargs)) as deltas:
+            async for delta in deltas:
+                yield delta
+        return
+    out = await server.generate(request_id, prompt_ids, params, **kwargs)
+    yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
+
+
+def _takes_multi_modal(fn: Any) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "multi_modal_data" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def _open_stream(gateway: Gateway, request_id: str, prompt_ids: list[int], params: dict[str, Any],
+                 images: Sequence[ImageItem]) -> AsyncGenerator[TokenDelta, None]:
+    if images:
+        return _image_stream(gateway.server, request_id, prompt_ids, params, images)
+    return stream_tokens(gateway.server, request_id, prompt_ids, params)
+
+
+async def _server_stream(gateway: Gateway, request_id: str, prompt_ids: list[int], params: dict[str, Any],
+                         images: Sequence[ImageItem] = ()) -> AsyncGenerator[TokenDelta, None]:
     """The engine's token stream, run on the server's own loop when it has one (``server_loop``)."""
     loop = gateway.server_loop
     if loop is None or loop is asyncio.get_running_loop():
-        async with contextlib.aclosing(stream_tokens(gateway.server, request_id, prompt_ids, params)) as deltas:
+        async with contextlib.aclosing(_open_stream(gateway, request_id, prompt_ids, params, images)) as deltas:
             async for delta in deltas:
                 yield delta
         return
@@ -142,7 +178,7 @@ async def _server_stream(gateway: Gateway, request_id: str, prompt_ids: list[int
 
     async def pump() -> None:
         try:
-            async with contextlib.aclosing(stream_tokens(gateway.server, request_id, prompt_ids, params)) as deltas:
+            async with contextlib.aclosing(_open_stream(gateway, request_id, prompt_ids, params, images)) as deltas:
                 async for delta in deltas:
                     here.call_soon_threadsafe(queue.put_nowait, delta)
         except Exception as exc:  # noqa: BLE001 - raised on the gateway's loop, below

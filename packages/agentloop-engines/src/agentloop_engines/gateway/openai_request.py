@@ -3,7 +3,8 @@
 Every key of a request is in one of three groups, so nothing is silently dropped that would
 change what is generated:
 
-* honoured: ``messages``/``prompt``, ``model``, ``max_tokens``/``max_completion_tokens``,
+* honoured: ``messages``/``prompt`` (text and, in user and tool messages, ``image_url`` parts:
+  see :mod:`~agentloop_engines.gateway.images`), ``model``, ``max_tokens``/``max_completion_tokens``,
   ``temperature``, ``top_p``, ``seed``, ``stop``, ``stream``, ``stream_options``, ``tools``,
   ``tool_choice`` (``auto``/``none``), ``logprobs``, and the extensions ``top_k``,
   ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs`` (only the template variables the
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, brief_repr
+from agentloop_engines.gateway.images import content_parts, count_images
 from agentloop_engines.gateway.prompt_limits import PromptLimits
 from agentloop_engines.gateway.stop import normalize_stop
 
@@ -62,7 +64,7 @@ _NEUTRAL: dict[str, tuple[Callable[[Any], bool], str, str]] = {
     "logit_bias": (lambda v: isinstance(v, Mapping) and not v, "{}", _WHY_SAMPLING),
     "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}',
                         "structured output needs constrained decoding, which the gateway does not do"),
-    "modalities": (lambda v: v == ["text"], '["text"]', "the gateway serves text only"),
+    "modalities": (lambda v: v == ["text"], '["text"]', "the gateway answers with text only"),
     "best_of": (lambda v: _number(v, 1), "1", "send separate requests"),
     "echo": (lambda v: v is False, "false", "the prompt is returned as prompt_token_ids instead"),
     "suffix": (lambda v: v == "", '""', "the gateway does not fill in the middle"),
@@ -98,7 +100,8 @@ class ChatRequest(_Common):
     """A checked ``/v1/chat/completions`` body."""
 
     messages: list[dict[str, Any]] = field(default_factory=list)
-    """Messages ready for a chat template: text content, JSON-decoded tool call arguments."""
+    """Messages ready for a chat template: text content (or text and ``image_url`` parts, which the
+    gateway decodes before rendering), JSON-decoded tool call arguments."""
     tools: list[dict[str, Any]] | None = None
     """OpenAI tool schemas, or None."""
     parse_tool_calls: bool = False
@@ -107,6 +110,8 @@ class ChatRequest(_Common):
     """Return OpenAI-shaped ``logprobs`` in the choice."""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra template variables."""
+    num_images: int = 0
+    """Image parts in ``messages`` (``{"type": "image_url", "image_url": {"url"}}``)."""
 
 
 @dataclass(frozen=True)
@@ -194,9 +199,11 @@ def parse_chat_request(body: Any, limits: PromptLimits | None = None) -> ChatReq
     logprobs = body.get("logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise ValueError(f"'logprobs' must be true or false for chat completions, got {_brief(logprobs)}")
+    parsed = [_template_message(m, i, limits) for i, m in enumerate(messages)]
     return ChatRequest(
         **_common(body),
-        messages=[_template_message(m, i, limits) for i, m in enumerate(messages)],
+        messages=parsed,
+        num_images=count_images(parsed),
         tools=tools,
         parse_tool_calls=tools is not None and tool_choice != "none",
         logprobs=bool(logprobs),
@@ -235,20 +242,18 @@ def parse_completion_request(body: Any, limits: PromptLimits | None = None) -> C
     return CompletionRequest(**_common(body), prompt=prompt, logprobs=logprobs, add_special_tokens=add_special)
 
 
-def _text(content: Any, where: str) -> str:
+def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
+    """Text, or with image parts the text and image parts in order (see :func:`content_parts`)."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
-        for part in content:
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
-                raise ValueError(f"{where} has a {kind!r} content part; the gateway serves text only")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise ValueError(f"{where}.content must be text, null or a list of text parts, got {type(content).__name__}")
+        parts = content_parts(content, where, role)
+        # Text parts alone are joined, as before images were accepted, so text prompts do not change.
+        return parts if parts is not None else "\n".join(part["text"] for part in content)
+    raise ValueError(f"{where}.content must be text, null or a list of text and image parts, got "
+                     f"{type(content).__name__}")
 
 
 def _template_message(message: Any, index: int, limits: PromptLimits) -> dict[str, Any]:
@@ -259,7 +264,7 @@ def _template_message(message: Any, index: int, limits: PromptLimits) -> dict[st
     out = {k: v for k, v in message.items() if v is not None}
     if out["role"] == "developer":  # OpenAI's newer name for system; chat templates know system
         out["role"] = "system"
-    out["content"] = _text(message.get("content"), where)
+    out["content"] = _content(message.get("content"), where, out["role"])
     calls = message.get("tool_calls")
     if calls:
         if not isinstance(calls, list):

@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop_engines.gateway.images import sized_messages
+
 __all__ = ["DEFAULT_TEMPLATE_VARIABLES", "MAX_TEMPLATE_VALUE_CHARS", "PromptLimitError", "PromptLimits",
-           "json_size"]
+           "context_length", "json_size"]
 
 DEFAULT_TEMPLATE_VARIABLES = ("enable_thinking", "reasoning_effort", "thinking")
 """Template variables a request may set by default: the switches models document for callers
@@ -58,7 +60,8 @@ class PromptLimits:
     """Most messages in one chat request (an agent's whole context, with room to spare)."""
     max_prompt_chars: int = 1_000_000
     """Most characters in what one request makes the server render and tokenize: the JSON size
-    (quotes and escapes aside) of its messages, tools, template variables and stop strings, or
+    (quotes and escapes aside) of its messages (image URLs excepted: they are decoded, not
+    rendered, within the gateway's image limits), tools, template variables and stop strings, or
     a completion's text prompt and stop strings; about 250k tokens, which bounds the render and
     tokenizer time."""
     max_prompt_tokens: int = 262_144
@@ -104,7 +107,9 @@ class PromptLimits:
             raise ValueError(f"'chat_template' in the request: {_CONFIGURE_TEMPLATE}")
         self.check_lists(body)
         self.check_template_kwargs(body.get("chat_template_kwargs"))
-        rendered = (body.get("messages"), body.get("tools"), body.get("chat_template_kwargs"), body.get("stop"))
+        # An image's URL is never rendered: its own limits bound it (gateway.images), not these.
+        rendered = (sized_messages(body.get("messages")), body.get("tools"), body.get("chat_template_kwargs"),
+                    body.get("stop"))
         self.check_chars(self.json_size(rendered))
 
     def check_completion_body(self, body: Any) -> None:
@@ -262,3 +267,19 @@ def json_size(value: Any, max_depth: int | None = None, depth: int = 0) -> int:
         else:
             total += len(str(item))
     return total
+
+
+def context_length(server: Any) -> int | None:
+    """The server's context length; for an ``LLMServerClient``, the smallest of its replicas'."""
+    servers = getattr(server, "servers", None)
+    targets = list(servers) if isinstance(servers, list) and servers else [server]
+    lengths = []
+    for target in targets:
+        try:
+            value = getattr(target, "max_model_len", None)
+        except Exception:  # noqa: BLE001 - a remote server not reachable yet: use SamplingParams' default
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        lengths.append(value)
+    return min(lengths)

@@ -79,7 +79,8 @@ class RecordedCall:
     finish_reason: str
     """What the response said: ``stop``, ``length``, ``tool_calls`` or ``abort``."""
     request: dict[str, Any]
-    """The request body as received (messages, tools, sampling), for debugging."""
+    """The request body as received (messages, tools, sampling), for debugging; each image URL
+    replaced by its digest and length (the images themselves are :attr:`images`)."""
     response: dict[str, Any]
     """The response body (non-streaming form, streamed calls included), for debugging."""
     dropped_after_stop: int = 0
@@ -92,10 +93,17 @@ class RecordedCall:
     unless its re-encoded history happens to match)."""
     created: float = 0.0
     """Unix time the call finished."""
+    images: tuple[Any, ...] = ()
+    """The :class:`~agentloop_core.vision.ImageItem` s of ``prompt_ids``, in the order of their
+    tokens (what ``generate`` was given as ``multi_modal_data``); empty for a text prompt."""
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``GET /sessions/<id>`` returns per call)."""
-        return asdict(self)
+        """A JSON-ready dict (what ``GET /sessions/<id>`` returns per call); each image as its
+        digest, size and token count."""
+        out = asdict(replace(self, images=()))
+        out["images"] = [{"digest": item.digest, "size": list(getattr(item.image, "size", ())),
+                          "num_tokens": item.num_tokens} for item in self.images]
+        return out
 
 
 class SessionNotFoundError(KeyError):
