@@ -151,3 +151,23 @@ def test_a_text_model_folder_has_no_vision_processor_and_an_unknown_vision_type_
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "new_vlm", "vision_config": {}}))
     with pytest.raises(ValueError, match="no vision family handles it; known: .*qwen2_vl"):
         load_vision_processor(tmp_path, None)
+
+
+def test_the_routing_client_generates_and_streams_with_images(server, renderer):
+    from agentloop_engines.client import LLMServerClient
+
+    t = Trajectory(renderer, [{"role": "user", "content": [{"type": "image", "image": _picture(84, 56, 7)},
+                                                           {"type": "text", "text": "Describe."}]}])
+    client = LLMServerClient([server])
+    params = {"max_tokens": 6, "temperature": 0}
+
+    async def run():
+        whole = await client.generate("c1", t.context_ids, params, **multi_modal_kwargs(t.image_items))
+        ids = []
+        async for delta in client.generate_stream("c2", t.context_ids, params, **multi_modal_kwargs(t.image_items)):
+            ids += delta.token_ids
+        direct = await server.generate("c3", t.context_ids, params, **multi_modal_kwargs(t.image_items))
+        return whole, ids, direct
+
+    whole, streamed, direct = asyncio.run(run())
+    assert whole.token_ids == streamed == direct.token_ids

@@ -243,8 +243,11 @@ class LLMServerClient:
         request_id: str,
         prompt_ids: list[int],
         sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+        *,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> AsyncGenerator[TokenDelta, None]:
-        """Generate like :meth:`generate`, yielding the replica's tokens as it decodes them.
+        """Generate like :meth:`generate`, yielding the replica's tokens as it decodes them
+        (``multi_modal_data`` as in :meth:`generate`).
 
         Routed as :meth:`generate` is; failover and retries happen only until the first delta
         arrives, ``request_timeout_s`` limits the wait for the first delta and then each gap
@@ -254,7 +257,11 @@ class LLMServerClient:
         Before the first delta it raises what :meth:`generate` raises; after it, the replica's
         error as is (the tokens already yielded cannot be taken back, so nothing is retried).
         """
-        return routed_stream(self, request_id, list(prompt_ids), SamplingParams.from_mapping(sampling_params))
+        kwargs: dict[str, Any] = {}
+        if images_of(multi_modal_data):
+            self._require("vision")
+            kwargs["multi_modal_data"] = multi_modal_data
+        return routed_stream(self, request_id, list(prompt_ids), SamplingParams.from_mapping(sampling_params), kwargs)
 
     async def _routed(self, request_id: str, call: ReplicaCall, *, prompt_tokens: int | None = None) -> Any:
         attempt = Attempts(request_id)

@@ -75,16 +75,17 @@ class _OpenStream(ReplicaCall):
 
     holds = True
 
-    def __init__(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> None:
-        super().__init__("generate", (request_id, prompt_ids, sp))
+    def __init__(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                 kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__("generate", (request_id, prompt_ids, sp), kwargs)
 
     async def run(self, replica: Replica) -> _Opened:
         if replica.is_actor:
-            out = await replica.call("generate", *self.args)
+            out = await replica.call("generate", *self.args, **self.kwargs)
             deltas = _one_delta(TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs),
                                            out))
         else:
-            deltas = stream_tokens(replica.target, *self.args)
+            deltas = stream_tokens(replica.target, *self.args, **self.kwargs)
         try:
             first = await anext(deltas)
         except BaseException:
@@ -107,9 +108,10 @@ async def _one_delta(delta: TokenDelta) -> AsyncGenerator[TokenDelta, None]:
 
 
 async def routed_stream(client: RoutingClient, request_id: str, prompt_ids: list[int],
-                        sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
-    """The token stream of one request routed by ``client`` (see the module docstring)."""
-    opened: _Opened = await client._routed(request_id, _OpenStream(request_id, prompt_ids, sp),
+                        sp: SamplingParams, kwargs: dict[str, Any] | None = None) -> AsyncGenerator[TokenDelta, None]:
+    """The token stream of one request routed by ``client`` (see the module docstring);
+    ``kwargs`` (``multi_modal_data``) go with every attempt."""
+    opened: _Opened = await client._routed(request_id, _OpenStream(request_id, prompt_ids, sp, kwargs),
                                            prompt_tokens=len(prompt_ids))
     replica, index = opened.replica, opened.replica.index
     sent: list[int] = []

@@ -45,9 +45,11 @@ class TokenDelta:
 
 
 async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
-                        sampling_params: Mapping[str, Any] | SamplingParams | None) -> AsyncGenerator[TokenDelta, None]:
+                        sampling_params: Mapping[str, Any] | SamplingParams | None,
+                        **multi_modal: Any) -> AsyncGenerator[TokenDelta, None]:
     """The token stream of one request on any ``AsyncServer``: its ``generate_stream`` when its
-    class defines one, else one delta holding what ``generate`` returned.
+    class defines one, else one delta holding what ``generate`` returned. ``multi_modal_data``,
+    when given, goes to either (only a vision engine is given one).
 
     The class, not the instance: a wrapper that forwards unknown attributes to its engine
     (core's ``TransparentServerWrapper``) would otherwise hand out the engine's stream and skip
@@ -56,7 +58,7 @@ async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
     stream = getattr(server, "generate_stream", None) if callable(getattr(type(server), "generate_stream", None)) \
         else None
     if stream is not None:
-        deltas: Any = stream(request_id, prompt_ids, sampling_params)
+        deltas: Any = stream(request_id, prompt_ids, sampling_params, **multi_modal)
         try:
             async for delta in deltas:
                 yield delta
@@ -65,7 +67,7 @@ async def stream_tokens(server: Any, request_id: str, prompt_ids: list[int],
             if close is not None:
                 await close()
         return
-    out = await server.generate(request_id, prompt_ids, sampling_params)
+    out = await server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
     yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
 
 

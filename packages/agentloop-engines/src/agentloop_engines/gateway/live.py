@@ -11,8 +11,7 @@ and continued exactly as a non-streamed one: the exact ids are the engine's fina
 the text sent), the finish chunk with the token-id extension fields, and the usage chunk when
 ``stream_options.include_usage``.
 
-A prompt with images streams from the engine's ``generate_stream`` when it takes
-``multi_modal_data`` (every engine adapter's does), else as one delta from ``generate``.
+A prompt with images streams the same way, its images passed as ``multi_modal_data``.
 
 A client that disconnects cancels the iteration (:func:`~agentloop_engines.http_watch.serve_until_gone`),
 which closes the engine stream and so stops its decoding; nothing is recorded for that call.
@@ -22,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -133,35 +131,9 @@ async def _chain(first: TokenDelta, rest: AsyncGenerator[TokenDelta, None]) -> A
             yield delta
 
 
-async def _image_stream(server: Any, request_id: str, prompt_ids: list[int], params: dict[str, Any],
-                        images: Sequence[ImageItem]) -> AsyncGenerator[TokenDelta, None]:
-    """:func:`stream_tokens` for a prompt with images: the engine's ``generate_stream`` when it
-    takes ``multi_modal_data`` (an engine adapter's does), else one delta from ``generate``."""
-    kwargs = multi_modal_kwargs(images)
-    stream = getattr(server, "generate_stream", None) if callable(getattr(type(server), "generate_stream", None)) \
-        else None
-    if stream is not None and _takes_multi_modal(stream):
-        async with contextlib.aclosing(stream(request_id, prompt_ids, params, **kwargs)) as deltas:
-            async for delta in deltas:
-                yield delta
-        return
-    out = await server.generate(request_id, prompt_ids, params, **kwargs)
-    yield TokenDelta(list(out.token_ids), None if out.log_probs is None else list(out.log_probs), out)
-
-
-def _takes_multi_modal(fn: Any) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "multi_modal_data" or p.kind is p.VAR_KEYWORD for p in parameters)
-
-
 def _open_stream(gateway: Gateway, request_id: str, prompt_ids: list[int], params: dict[str, Any],
                  images: Sequence[ImageItem]) -> AsyncGenerator[TokenDelta, None]:
-    if images:
-        return _image_stream(gateway.server, request_id, prompt_ids, params, images)
-    return stream_tokens(gateway.server, request_id, prompt_ids, params)
+    return stream_tokens(gateway.server, request_id, prompt_ids, params, **multi_modal_kwargs(images))
 
 
 async def _server_stream(gateway: Gateway, request_id: str, prompt_ids: list[int], params: dict[str, Any],
