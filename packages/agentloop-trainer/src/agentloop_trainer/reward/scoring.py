@@ -35,8 +35,17 @@ def _flexible(data_source: str, solution_str: str, ground_truth: Any, extra_info
     return flexible_reward(solution_str, ground_truth, truncated=truncated)
 
 
+def _word(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+    """1.0 when the word after the last ``####`` is the ground truth (case and a trailing full
+    stop aside): the answer of a task whose answers are names, not numbers."""
+    if "####" not in solution_str:
+        return 0.0
+    said = solution_str.rsplit("####", 1)[1].split()
+    return float(bool(said) and said[0].rstrip(".").lower() == str(ground_truth).strip().lower())
+
+
 BUILTIN_SCORERS: dict[str, Callable[..., float]] = {
-    "openai/gsm8k": _gsm8k, "gsm8k": _gsm8k, "agentloop/calculator": _gsm8k,
+    "openai/gsm8k": _gsm8k, "gsm8k": _gsm8k, "agentloop/calculator": _gsm8k, "agentloop/cards": _word,
     "lighteval/MATH": _math, "DigitalLearningGmbH/MATH-lighteval": _math, "HuggingFaceH4/MATH-500": _math,
     "math": _math, "math_dapo": _math, "aime": _math, "numina_math": _math,
 }

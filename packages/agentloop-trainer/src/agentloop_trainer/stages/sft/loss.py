@@ -30,9 +30,15 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: 
     import torch
 
     from agentloop_trainer.update.forward import sequence_log_probs
+    from agentloop_trainer.update.vision_forward import multimodal_log_probs
 
     first = min((e.loss_mask.index(1) for e in examples if 1 in e.loss_mask), default=1)
-    logp = sequence_log_probs(model, [e.input_ids for e in examples], first_scored=first, share_prefix=share_prefix)
+    if any(e.images for e in examples):
+        # Image tokens take the vision tower's embeddings: one forward with the pixel values.
+        logp = multimodal_log_probs(model, [e.input_ids for e in examples], [e.images for e in examples])
+    else:
+        logp = sequence_log_probs(model, [e.input_ids for e in examples], first_scored=first,
+                                  share_prefix=share_prefix)
     n = logp.shape[1] + 1
     weight = torch.zeros((len(examples), n), dtype=logp.dtype, device=logp.device)
     for row, e in enumerate(examples):

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.vision.processor import load_vision_processor
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.stages.sft.loss import cosine_lr, eval_loss, make_optimizer, sft_step
 from agentloop_trainer.stages.sft.tokenize import SFTTokenizer, TokenizedConversation
@@ -38,7 +39,9 @@ def sft_tokenizer(cfg: TrainConfig, tokenizer: Any) -> SFTTokenizer:
     from agentloop_tools.per_tokenizer import stop_token_ids
 
     parser = get_tool_parser(cfg.actor_rollout_ref.rollout.multi_turn.tool_parser)
-    return SFTTokenizer(tokenizer, stop_token_ids(tokenizer, parser.stop_tokens))
+    folder = cfg.model.tokenizer_path or cfg.model.path
+    vision = load_vision_processor(folder, tokenizer) if folder else None
+    return SFTTokenizer(tokenizer, stop_token_ids(tokenizer, parser.stop_tokens), vision=vision)
 
 
 def tokenize_examples(sft: SFTTokenizer, examples: list, max_length: int, filter_overlong: bool,

@@ -33,6 +33,8 @@ class TokenizedConversation:
     """All token ids, prompt included."""
     loss_mask: list[int]
     """1 on assistant-generated tokens (trained), 0 elsewhere."""
+    images: tuple[Any, ...] = ()
+    """The conversation's images (``ImageItem``\\ s, processed once) in the order of their tokens."""
 
     @property
     def trained_tokens(self) -> int:
@@ -65,11 +67,14 @@ class SFTTokenizer:
         stop_token_ids: Ids an engine stops on besides EOS and the template's end-of-turn token
             (the tool parser's stop tokens, ``<|eot_id|>``...).
         apply_chat_template_kwargs: Template variables, as the rollout passes them.
+        vision: The model's :class:`~agentloop_core.vision.VisionProcessor` (None: text only):
+            image parts of the conversations become image tokens, as in the rollout.
     """
 
     def __init__(self, tokenizer: Any, stop_token_ids: Iterable[int] = (),
-                 apply_chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+                 apply_chat_template_kwargs: Mapping[str, Any] | None = None, vision: Any = None) -> None:
         self.tokenizer = tokenizer
+        self.vision = vision
         self.extra_stop_ids = tuple(int(i) for i in stop_token_ids)
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
         self._renderers: dict[tuple[str, str], Any] = {}
@@ -84,7 +89,8 @@ class SFTTokenizer:
         renderer = self._renderers.get(key)
         if renderer is None:
             renderer = self._renderers[key] = ChatRenderer(
-                self.tokenizer, tools=tools or None, apply_chat_template_kwargs=self.apply_chat_template_kwargs)
+                self.tokenizer, tools=tools or None, apply_chat_template_kwargs=self.apply_chat_template_kwargs,
+                vision=self.vision)
         return renderer
 
     def _key(self, tools: list[dict] | None) -> tuple[str, str]:
@@ -157,7 +163,7 @@ class SFTTokenizer:
             self._checked.add(shape)
         prompt = list(trajectory.prompt_ids)
         return TokenizedConversation(prompt + list(trajectory.response_ids),
-                                     [0] * len(prompt) + list(trajectory.response_mask))
+                                     [0] * len(prompt) + list(trajectory.response_mask), tuple(trajectory.image_items))
 
     def _turn_ids(self, renderer: Any, messages: list[dict], i: int, stops: frozenset[int]) -> list[int]:
         """The ids an engine generates for assistant message ``i``: the template's text for it
