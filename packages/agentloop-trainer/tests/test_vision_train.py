@@ -1,7 +1,8 @@
 """`agentloop train` on a vision-language model: verl's multimodal rows (``<image>`` markers and
 an ``images`` column of encoded bytes) through the rollout, the update's forward with the
 rollout's pixel values, weight sync into the engine, and an exported folder that keeps the
-image processor. Two GRPO steps on the tiny Qwen2-VL."""
+image processor. Two GRPO steps on the tiny Qwen2-VL, on one process and on two FSDP ranks,
+with prompts with and without an image in one batch."""
 
 from __future__ import annotations
 
@@ -31,10 +32,12 @@ def _png(level: int) -> bytes:
 
 @pytest.fixture
 def vision_task(tmp_path):
+    # Every other prompt has no image: a batch (and an FSDP rank's share of it) mixes both.
     rows = [{"data_source": "user/cards", "agent_name": "single_turn_agent",
              "prompt": [{"role": "system", "content": "Look at the card."},
-                        {"role": "user", "content": "<image>How bright is the card? Answer #### N."}],
-             "images": [{"bytes": _png(i % 10), "path": None}],
+                        {"role": "user", "content": ("<image>" if i % 2 == 0 else "") + "How bright is the card? "
+                                                    "Answer #### N."}],
+             "images": [{"bytes": _png(i % 10), "path": None}] if i % 2 == 0 else [],
              "reward_model": {"style": "rule", "ground_truth": str(i % 10)},
              "extra_info": {"index": i}} for i in range(6)]
     write_parquet_rows(rows[:4], tmp_path / "train.parquet")
@@ -44,7 +47,8 @@ def vision_task(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_grpo_steps_on_a_vision_language_model(vision_task, tmp_path):
+@pytest.mark.parametrize("fsdp_ranks", [1, 2])
+def test_two_grpo_steps_on_a_vision_language_model(vision_task, tmp_path, fsdp_ranks):
     from agentloop_core.vision import load_vision_processor
     from agentloop_engines.tiny_vlm import build_tiny_vlm
 
@@ -54,7 +58,8 @@ def test_two_grpo_steps_on_a_vision_language_model(vision_task, tmp_path):
             f"data.val_files={vision_task / 'val.parquet'}", f"custom_reward_function.path={vision_task / 'reward.py'}",
             "data.train_batch_size=2", "actor_rollout_ref.rollout.n=4", "data.max_response_length=12",
             "data.max_prompt_length=300", "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=2",
-            "trainer.progress_bar=false", f"trainer.output_dir={out}", "trainer.experiment_name=vision"]
+            "trainer.progress_bar=false", f"trainer.output_dir={out}", "trainer.experiment_name=vision",
+            f"trainer.fsdp_ranks={fsdp_ranks}"]
     assert main(["train", *args]) == 0
     run = out / "vision"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
