@@ -335,7 +335,7 @@ def vllm(session: nox.Session) -> None:
     session.env["VLLM_CACHE_ROOT"] = str(tmp / "vllm-cache")
     session.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
     _pytest(session, "packages/agentloop-engines/tests/test_vllm_server.py",
-                "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
+                "packages/agentloop-engines/tests/test_vllm_vision.py", "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
                 "packages/agentloop-trainer/tests/test_checkpoint_dcp.py::test_vllm_server_serves_the_exported_hf_folder",
                 "-q", "-p", "no:cacheprovider", *session.posargs)
     # The real checkpoint on vLLM (conformance, greedy and log-probs against HFServer and the

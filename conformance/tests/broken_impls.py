@@ -44,6 +44,19 @@ def ignores_stop_engine() -> EngineTarget:
     return _hf_target({"_generate": _generate})
 
 
+def ignores_images_engine() -> EngineTarget:
+    """Serves the tiny Qwen2-VL but drops ``multi_modal_data``: the image tokens run as text, so
+    every image is answered alike (and images that do not match the prompt go unnoticed)."""
+    from agentloop_engines.hf import HFServer
+    from agentloop_engines.tiny_vlm import build_tiny_vlm
+
+    async def _generate(self, request_id, prompt_ids, sp, images=()):
+        return await super(type(self), self)._generate(request_id, prompt_ids, sp)
+
+    cls = type("ImageBlindHFServer", (HFServer,), {"_generate": _generate})
+    return EngineTarget(cls(build_tiny_vlm(initializer_range=0.3), max_model_len=1024))
+
+
 class ReencodingLoop(AgentLoopBase):
     """Single turn, but decodes the generated ids and trains on their re-encoding."""
 

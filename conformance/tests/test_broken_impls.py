@@ -49,6 +49,20 @@ def test_ignored_stop_tokens_are_caught_by_the_stop_check(tmp_path):
     assert "TestEngine::test_max_tokens_respected[7]" in passed
 
 
+def test_an_engine_that_ignores_images_is_caught_by_the_vision_checks(tmp_path):
+    """The image-blind engine (its default vision prompts built from the checkpoint folder, as
+    for any engine in no-code mode) fails the check that images change the output; the only
+    other check it may fail is the mismatch refusal (it never looks at the images)."""
+    pytest.importorskip("torch", reason='needs pip install "agentloop-engines[hf]"')
+    failed, passed = failed_checks(tmp_path, "--agentloop-engine=broken_impls:ignores_images_engine", "-k",
+                                   "TestEngine and vision")
+    assert "TestEngine::test_vision_images_change_the_output" in failed, (failed, passed)
+    assert names(failed) <= {"test_vision_images_change_the_output",
+                             "test_vision_images_not_matching_the_prompt_are_a_value_error"}, failed
+    assert {"TestEngine::test_vision_video_is_a_value_error",
+            "TestEngine::test_vision_prompt_with_images_gives_valid_output"} <= passed, passed
+
+
 def test_a_loop_that_reencodes_text_is_caught_by_the_mask_check(tmp_path):
     failed, passed = failed_checks(tmp_path, "--agentloop-loop=broken_impls:reencoding_loop", "-k", "TestAgentLoop")
     assert "TestAgentLoop::test_mask_one_tokens_are_the_engine_output[scripted]" in failed

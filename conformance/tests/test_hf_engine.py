@@ -1,4 +1,5 @@
-"""The engine suite against HFServer on the tiny Qwen2 model."""
+"""The engine suite against HFServer on the tiny Qwen2 model, and its vision checks on the tiny
+Qwen2-VL."""
 
 from __future__ import annotations
 
@@ -7,7 +8,12 @@ import pytest
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("agentloop_engines", reason='needs pip install "agentloop-engines[hf]"')
 
-from agentloop_conformance import EngineConformanceTests, hf_named_weights, hf_reference_log_probs  # noqa: E402
+from agentloop_conformance import (  # noqa: E402
+    EngineConformanceTests,
+    EngineVisionTests,
+    hf_named_weights,
+    hf_reference_log_probs,
+)
 
 
 class TestHFServerConformance(EngineConformanceTests):
@@ -27,3 +33,16 @@ class TestHFServerConformance(EngineConformanceTests):
     @pytest.fixture
     def named_weights(self, engine):
         return hf_named_weights(engine.model)
+
+
+class TestHFServerVisionConformance(EngineVisionTests):
+    """The vision checks on HFServer serving the tiny Qwen2-VL (its prompts from the suite's
+    default ``vision_prompt``: the checkpoint's own processor and chat template)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls):
+        from agentloop_engines.hf import HFServer
+        from agentloop_engines.tiny_vlm import build_tiny_vlm
+
+        return HFServer(build_tiny_vlm(initializer_range=0.3), max_model_len=1024)

@@ -14,8 +14,15 @@ from agentloop_conformance.engine import (
     EngineGenerationTests,
     EngineLogProbTests,
     EngineMemoryTests,
+    EngineVisionTests,
 )
 from agentloop_conformance.hooks import EngineTarget, hf_named_weights, hf_reference_log_probs
+from agentloop_conformance.vision_prompts import (
+    VisionPrompt,
+    default_vision_prompt,
+    noise_image,
+    vision_prompt_for,
+)
 
 __version__ = _distribution_version("agentloop-conformance")
 """The installed distribution's version: pyproject.toml is its one source."""
@@ -28,7 +35,12 @@ __all__ = [
     "EngineLogProbTests",
     "EngineMemoryTests",
     "EngineTarget",
+    "EngineVisionTests",
+    "VisionPrompt",
+    "default_vision_prompt",
     "guard_violations",
     "hf_named_weights",
     "hf_reference_log_probs",
+    "noise_image",
+    "vision_prompt_for",
 ]

@@ -8,6 +8,10 @@ returned by a no-code factory) supply them:
   T = 1 for greedy). Enables the log-prob accuracy check.
 * ``named_weights() -> Mapping[str, tensor]``: the engine's current weights by the names
   ``update_weights`` accepts. Enables the weight-update round trip.
+* ``vision_prompt(images, text) -> (prompt_ids, multi_modal_data)``: prompts with images rendered
+  with the model's own processor, for an engine that declares ``capabilities.vision``. Built by
+  default from the engine's tokenizer and checkpoint folder (see
+  :mod:`agentloop_conformance.vision_prompts`); enables the vision checks.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from agentloop_conformance.vision_prompts import VisionPrompt
 
 ReferenceLogProbs = Callable[[Sequence[int], Sequence[int], float], Sequence[float]]
 """(prompt_ids, token_ids, temperature) -> one reference log-prob per token in token_ids."""
@@ -32,6 +38,9 @@ class EngineTarget:
     """Reference log-probs hook (see the module docstring); None skips the accuracy check."""
     named_weights: NamedWeights | None = None
     """Current-weights hook; None skips the weight-update round trip."""
+    vision_prompt: VisionPrompt | None = None
+    """Prompts-with-images hook; None: the suite builds one from the engine's tokenizer and
+    checkpoint folder where it can (else the vision checks skip)."""
 
 
 def hf_reference_log_probs(model: Any) -> ReferenceLogProbs:

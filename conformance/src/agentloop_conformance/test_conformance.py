@@ -21,6 +21,7 @@ from agentloop_conformance.plugin import (
     make_loop_factory,
 )
 from agentloop_conformance.tokenization import TokenizationConformanceTests
+from agentloop_conformance.vision_prompts import default_vision_prompt
 
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
@@ -48,6 +49,10 @@ class TestEngine(EngineConformanceTests):
     @pytest.fixture
     def named_weights(self, engine_target: EngineTarget) -> Any:
         return engine_target.named_weights
+
+    @pytest.fixture
+    def vision_prompt(self, engine_target: EngineTarget) -> Any:
+        return engine_target.vision_prompt or default_vision_prompt(engine_target.engine)
 
 
 class TestTokenizer(TokenizationConformanceTests):

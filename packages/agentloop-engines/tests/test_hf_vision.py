@@ -171,3 +171,15 @@ def test_the_routing_client_generates_and_streams_with_images(server, renderer):
 
     whole, streamed, direct = asyncio.run(run())
     assert whole.token_ids == streamed == direct.token_ids
+
+
+def test_images_sent_in_another_order_than_their_tokens_are_refused(server, renderer):
+    """Two images of different sizes, sent swapped: the total of image tokens matches, each
+    run does not; the request fails alone instead of filling one image's tokens with the other."""
+    t = Trajectory(renderer, [{"role": "user", "content": [{"type": "image", "image": _picture(56, 56, 1)},
+                                                           {"type": "image", "image": _picture(112, 56, 2)}]}])
+    first, second = t.image_items
+    assert first.num_tokens != second.num_tokens
+    with pytest.raises(ValueError, match=r"in 2 run\(s\) of \[4, 8\] but its 2 image\(s\) fill \[8, 4\]"):
+        asyncio.run(server.generate("swap", t.context_ids, {"max_tokens": 2},
+                                    multi_modal_data={"image": [second, first]}))

@@ -36,7 +36,8 @@ VLLM_ENGINE = EnginePlugin(
     install='pip install "agentloop-engines[vllm]"',
     capabilities=EngineCapabilities(
         # sleep depends on the platform (an instance sets it); False is what every platform has.
-        server=ServerCapabilities(logprobs=True, sleep=False, weight_update=True, prefix_cache=True),
+        # vision: with a vision-language checkpoint (an instance serving a text model narrows it).
+        server=ServerCapabilities(logprobs=True, sleep=False, weight_update=True, prefix_cache=True, vision=True),
         partial_rollout=True,
         seeded_sampling=True,
         reserves_kv_cache=True,
@@ -51,7 +52,8 @@ SGLANG_ENGINE = EnginePlugin(
     install='pip install "agentloop-engines[sglang]"',
     capabilities=EngineCapabilities(
         # sleep only with the memory saver (EngineConfig.free_cache_engine): an instance sets it.
-        server=ServerCapabilities(weight_update=True, prefix_cache=True),
+        # vision: with a vision-language checkpoint (an instance serving a text model narrows it).
+        server=ServerCapabilities(weight_update=True, prefix_cache=True, vision=True),
         # Not yet verified that abort returns the partial tokens a resumed request continues
         # from: set it once test_real_sglang_partial_rollout_resumes_across_a_weight_update
         # (gpu-marked) passes.

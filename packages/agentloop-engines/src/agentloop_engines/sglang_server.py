@@ -1,11 +1,12 @@
 """``SGLangServer``: the token-level server API over an in-process ``sglang.Engine``.
 
 The adapter calls only this part of the engine's surface: ``async_generate(input_ids=...,
-sampling_params=..., return_logprob=True, rid=...)`` awaited on ``engine.loop``;
+sampling_params=..., return_logprob=True, rid=...)`` (and ``image_data=[...]`` for a prompt with
+images) awaited on ``engine.loop``;
 ``update_weights_from_tensor``, ``flush_cache``, ``release_memory_occupation`` and
 ``resume_memory_occupation`` (synchronous: they run ``engine.loop.run_until_complete``);
-``engine.tokenizer_manager`` (``context_len``, ``max_req_input_len``, ``model_config``,
-``abort_request``) and ``engine.server_args``.
+``engine.tokenizer_manager`` (``context_len``, ``max_req_input_len``, ``model_config`` with its
+``vocab_size``, ``is_multimodal`` and ``hf_config``, ``abort_request``) and ``engine.server_args``.
 
 Where SGLang departs from the agentloop contract, and what the adapter does about it:
 
@@ -33,6 +34,14 @@ Where SGLang departs from the agentloop contract, and what the adapter does abou
 * Sleep frees memory only with ``enable_memory_saver=True``: ``capabilities.sleep`` says so.
 * The loader skips unknown weight names with a log line: ``update_weights`` checks them against
   the checkpoint's safetensors headers and raises.
+* Images (a vision-language checkpoint: ``capabilities.vision``) go as ``image_data``, one per
+  run of image tokens in the (expanded) ``input_ids``, in order. SGLang's Qwen-VL processor
+  resizes each image twice: by its own rule (multiples of 28 within its own pixel bounds), then
+  within the checkpoint's; above the checkpoint's ``max_pixels`` that can end on another grid
+  than the prompt's (300 x 200 at 224 x 224 max: 12 x 20 patches, not 12 x 18). So each image
+  goes at the size the rendering processor resized it to (``image_grid_thw`` x patch), where
+  both resizes are the identity: the same token count and the same pixel values. A prompt whose
+  image tokens are not its images' is refused before SGLang sees it.
 
 Needs the ``[sglang]`` extra and a GPU; the adapter logic is tested here against a stand-in.
 """
@@ -57,6 +66,7 @@ from agentloop_core.protocol import (
     SamplingParams,
     TokenOutput,
 )
+from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.engine_loop import EngineLoopThread
@@ -97,6 +107,32 @@ def _checkpoint_specs(model_path: str) -> dict[str, WeightSpec] | None:
     return None if folder is None else checkpoint_weight_specs(folder)  # None: not cached here
 
 
+def _checkpoint_config(model_path: str | None) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` (empty when it cannot be read here)."""
+    import json
+
+    folder = local_checkpoint_folder(model_path) if model_path else None
+    try:
+        return json.loads((folder / "config.json").read_text()) if folder is not None else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _vision_of(model_config: Any, config: Mapping[str, Any], image_token_id: int | None) -> tuple[int | None, int | None]:
+    """``(image token id, vision patch size)`` of a vision-language model, from SGLang's model
+    config or else the checkpoint's ``config.json``; ``(None, None)`` for a text-only model."""
+    hf = getattr(model_config, "hf_config", None)
+    vision = getattr(hf, "vision_config", None) or config.get("vision_config")
+    if image_token_id is None and getattr(model_config, "is_multimodal", vision is not None):
+        image_token_id = next((t for t in (getattr(hf, "image_token_id", None), config.get("image_token_id"),
+                                           getattr(hf, "image_token_index", None), config.get("image_token_index"))
+                               if t is not None), None)
+    if image_token_id is None:
+        return None, None
+    patch = vision.get("patch_size") if isinstance(vision, Mapping) else getattr(vision, "patch_size", None)
+    return int(image_token_id), None if patch is None else int(patch)
+
+
 class SGLangServer(AsyncServerBase):
     """Serve an SGLang engine (GPU) behind ``AsyncServerBase``.
 
@@ -112,6 +148,9 @@ class SGLangServer(AsyncServerBase):
         eos_token_ids: Token ids that end generation; from the tokenizer when omitted.
         weight_names: Names ``update_weights`` accepts. None: the checkpoint's, read from the
             engine's model path (no check, with a warning, when it cannot be read).
+        image_token_id: The image placeholder's id of a vision-language model; from the engine's
+            model config (or the checkpoint's ``config.json``) when omitted. With one the
+            instance declares ``capabilities.vision``.
         enable_memory_saver: Build the engine with SGLang's memory saver, so ``sleep`` frees GPU
             memory (only when ``engine`` is None; it is fixed when an engine is created).
         flush_timeout_s: How long ``update_weights``/``sleep`` retry ``flush_cache`` while
@@ -126,6 +165,7 @@ class SGLangServer(AsyncServerBase):
         max_prompt_len: ``max_req_input_len - 1``: the longest prompt SGLang accepts.
         per_request_seed: Whether ``SamplingParams.seed`` is honoured (SGLang's
             ``enable_deterministic_inference``); when False, seeded sampling does not reproduce.
+        image_token_id: The image placeholder's id of a vision-language model (None: text only).
 
     Raises:
         ImportError: when ``engine`` is None and SGLang is not installed.
@@ -137,8 +177,8 @@ class SGLangServer(AsyncServerBase):
     def __init__(self, engine: Any | None = None, *, model_path: str | None = None, tokenizer: Any = None,
                  context_len: int | None = None, max_req_input_len: int | None = None,
                  vocab_size: int | None = None, eos_token_ids: Iterable[int] | None = None,
-                 weight_names: Iterable[str] | None = None, enable_memory_saver: bool = False,
-                 flush_timeout_s: float = 30.0, **engine_kwargs: Any) -> None:
+                 weight_names: Iterable[str] | None = None, image_token_id: int | None = None,
+                 enable_memory_saver: bool = False, flush_timeout_s: float = 30.0, **engine_kwargs: Any) -> None:
         if engine is None:
             if model_path is None:
                 raise ValueError("SGLangServer needs an engine or a model_path")
@@ -171,11 +211,14 @@ class SGLangServer(AsyncServerBase):
             eos_token_ids = [tokenizer.eos_token_id]
         self.eos_token_ids = tuple(int(t) for t in (eos_token_ids or ()))
         saver = bool(getattr(args, "enable_memory_saver", False))
-        self.capabilities = replace(type(self).capabilities, sleep=saver)
+        path = model_path or getattr(args, "model_path", None)
+        self.image_token_id, self._patch_size = _vision_of(
+            getattr(tm, "model_config", None), _checkpoint_config(str(path) if path else None), image_token_id)
+        # Declared per instance: sleep needs the memory saver, images a vision-language model.
+        self.capabilities = replace(type(self).capabilities, sleep=saver, vision=self.image_token_id is not None)
         self.per_request_seed = bool(getattr(args, "enable_deterministic_inference", False))
         specs: dict[str, WeightSpec] | None = None
         if weight_names is None:
-            path = model_path or getattr(args, "model_path", None)
             specs = _checkpoint_specs(str(path)) if path else None
             if specs is None:
                 logger.warning("SGLangServer cannot read the checkpoint's weights from %r; "
@@ -296,7 +339,35 @@ class SGLangServer(AsyncServerBase):
                            "enable_deterministic_inference=True; seeded sampling will not reproduce")
         return params
 
-    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+    def _image_data(self, prompt_ids: list[int], images: tuple[ImageItem, ...]) -> dict[str, Any]:
+        """``async_generate``'s image keyword: the images at the size the rendering processor
+        resized them to (see the module doc); nothing for a text prompt.
+
+        Raises:
+            ValueError: when the prompt's image tokens are not the images' expansions.
+        """
+        if not images:
+            return {}
+        assert self.image_token_id is not None  # AsyncServerBase refuses images without the capability
+        image_token_runs(prompt_ids, images, self.image_token_id)
+        return {"image_data": [self._as_processed(item) for item in images]}
+
+    def _as_processed(self, item: ImageItem) -> Any:
+        grid = item.features.get("image_grid_thw")
+        if grid is None or self._patch_size is None:
+            return item.image
+        size = (int(grid[0][2]) * self._patch_size, int(grid[0][1]) * self._patch_size)
+        if tuple(item.image.size) == size:
+            return item.image
+        from PIL import Image  # pyright: ignore[reportMissingImports] - images are PIL images: Pillow is here
+
+        # Bicubic: Qwen-VL's resample; the processor resized the image exactly so (pixel values
+        # of the resized image through the processor are the original's, bit for bit).
+        return item.image.resize(size, resample=Image.Resampling.BICUBIC)
+
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                        images: tuple[ImageItem, ...] = ()) -> TokenOutput:
+        image_data = self._image_data(prompt_ids, images)
         # SGLang rids must be unique among live requests; a trajectory's request_id may have
         # several requests in flight (n > 1 sampling), so suffix a counter and abort them all.
         rid = f"{request_id}#{next(self._seq)}"
@@ -309,7 +380,7 @@ class SGLangServer(AsyncServerBase):
             try:
                 out = await self._loop_thread.run(self.engine.async_generate(
                     input_ids=list(prompt_ids), sampling_params=self._engine_sampling_params(sp),
-                    return_logprob=True, rid=rid,
+                    return_logprob=True, rid=rid, **image_data,
                 ))
             finally:
                 self._inflight -= 1

