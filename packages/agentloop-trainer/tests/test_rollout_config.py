@@ -51,7 +51,7 @@ def test_the_walker_finds_what_it_must_reject():
 
 def test_the_example_configs_are_found():
     assert {p.name for p in TRAIN_CONFIGS} == {"calculator_grpo.yaml", "gsm8k_tool_agent.yaml",
-                                               "smollm2_calculator.yaml", "verl_gsm8k_multiturn.yaml"}
+                                               "smollm2_calculator.yaml", "tiny_vlm_cards.yaml", "verl_gsm8k_multiturn.yaml"}
 
 
 @pytest.mark.parametrize("config_file", [None, *TRAIN_CONFIGS], ids=lambda p: "defaults" if p is None else p.name)
