@@ -183,3 +183,36 @@ def test_images_sent_in_another_order_than_their_tokens_are_refused(server, rend
     with pytest.raises(ValueError, match=r"in 2 run\(s\) of \[4, 8\] but its 2 image\(s\) fill \[8, 4\]"):
         asyncio.run(server.generate("swap", t.context_ids, {"max_tokens": 2},
                                     multi_modal_data={"image": [second, first]}))
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_each_qwen_vl_generation_decodes_with_images_as_its_full_forward(family):
+    """Qwen2-VL, Qwen2.5-VL (windowed vision attention) and Qwen3-VL (16 px patches, interleaved
+    M-RoPE, deepstack): a multi-turn context with an image in the prompt and in a later user
+    turn, batched with a text row; the engine's log-probs equal the model's full forward."""
+    from agentloop_engines.tiny_vlm import build_tiny_vlm as build
+
+    path = build(family=family, initializer_range=INIT)
+    engine = HFServer(path)
+    processor = load_vision_processor(path, engine.tokenizer)
+    assert engine.capabilities.vision
+    assert processor is not None
+    r = ChatRenderer(engine.tokenizer, vision=processor)
+    t = Trajectory(r, [{"role": "user", "content": [{"type": "image", "image": _picture(100, 70, 3)},
+                                                    {"type": "text", "text": "What?"}]}])
+    text = Trajectory(r, [{"role": "user", "content": "No picture."}])
+
+    async def turn(traj, rid):
+        return await engine.generate(rid, traj.context_ids, {"max_tokens": 6, "temperature": 0},
+                                     **multi_modal_kwargs(traj.image_items))
+
+    async def both():
+        return await asyncio.gather(turn(t, "img"), turn(text, "txt"))
+
+    first, _ = asyncio.run(both())
+    t.append_generated(first)
+    t.append_messages([{"role": "user", "content": [{"type": "image", "image": _picture(60, 90, 4)}]}])
+    out, plain = asyncio.run(both())
+    for traj, result in ((t, out), (text, plain)):
+        ref = _full_forward_log_probs(engine.model, processor, traj.context_ids, traj.image_items, result.token_ids)
+        assert max(abs(a - b) for a, b in zip(ref, result.log_probs, strict=True)) < 1e-4, family

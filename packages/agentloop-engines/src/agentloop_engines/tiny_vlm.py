@@ -31,6 +31,7 @@ from agentloop_core.testing.tiny_vision import (
 TINY_VLM_VERSION = "v1"
 
 _DEFAULTS: dict[str, Any] = {
+    "family": "qwen2_vl",
     "seed": 0,
     "hidden_size": 128,
     "num_layers": 2,
@@ -47,6 +48,30 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+def _vision_config(spec: dict[str, Any]) -> tuple[str, str, dict[str, Any], int]:
+    """``(config class, model class, vision_config, patch size)`` of the family's tiny shape:
+    each family names its vision tower's widths its own way."""
+    family, width, heads, depth = spec["family"], spec["vision_embed_dim"], spec["vision_heads"], spec["vision_depth"]
+    common = {"depth": depth, "num_heads": heads, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "initializer_range": spec["initializer_range"]}
+    if family == "qwen2_vl":
+        return "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", {
+            **common, "embed_dim": width, "hidden_size": spec["hidden_size"], "mlp_ratio": 2, "patch_size": 14}, 14
+    if family == "qwen2_5_vl":
+        return "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", {
+            **common, "hidden_size": width, "intermediate_size": 2 * width, "out_hidden_size": spec["hidden_size"],
+            "patch_size": 14, "window_size": 56, "fullatt_block_indexes": [depth - 1]}, 14
+    if family == "qwen3_vl":
+        return "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", {
+            **common, "hidden_size": width, "intermediate_size": 2 * width, "out_hidden_size": spec["hidden_size"],
+            "patch_size": 16, "num_position_embeddings": 64, "deepstack_visual_indexes": [0]}, 16
+    raise ValueError(f"unknown tiny VLM family {family!r}; use one of {', '.join(FAMILIES)}")
+
+
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+"""The Qwen-VL generations :func:`build_tiny_vlm` builds."""
+
+
 def _build(out_dir: Path, spec: dict[str, Any]) -> None:
     import torch
     import transformers
@@ -60,7 +85,11 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
     # M-RoPE splits each head's rotary half into temporal/height/width sections.
     half = head_dim // 2
     sections = [half - 2 * (3 * half // 8), 3 * half // 8, 3 * half // 8]
-    config = transformers.Qwen2VLConfig(
+    config_class, model_class, vision_config, patch = _vision_config(spec)
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections}
+    if spec["family"] == "qwen3_vl":
+        rope["mrope_interleaved"] = True
+    config = getattr(transformers, config_class)(
         text_config={
             "vocab_size": len(tokenizer),
             "hidden_size": spec["hidden_size"],
@@ -70,22 +99,13 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
             "num_key_value_heads": spec["num_kv_heads"],
             "max_position_embeddings": spec["max_position_embeddings"],
             "initializer_range": spec["initializer_range"],
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": sections},
+            "rope_parameters": rope,
+            "head_dim": head_dim,
             "bos_token_id": None,
             "eos_token_id": eos_id,
             "pad_token_id": pad_id,
         },
-        vision_config={
-            "depth": spec["vision_depth"],
-            "embed_dim": spec["vision_embed_dim"],
-            "hidden_size": spec["hidden_size"],
-            "num_heads": spec["vision_heads"],
-            "mlp_ratio": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "initializer_range": spec["initializer_range"],
-        },
+        vision_config=vision_config,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -94,12 +114,12 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec["seed"])
-        model = transformers.Qwen2VLForConditionalGeneration(config)
+        model = getattr(transformers, model_class)(config)
     model.generation_config.eos_token_id = eos_id
     model.generation_config.pad_token_id = pad_id
     model.generation_config.bos_token_id = None
     model.save_pretrained(str(out_dir))
-    image_processor = tiny_image_processor(spec["min_pixels"], spec["max_pixels"])
+    image_processor = tiny_image_processor(spec["min_pixels"], spec["max_pixels"], patch_size=patch)
     settings = image_processor.to_dict()
     settings["min_pixels"], settings["max_pixels"] = spec["min_pixels"], spec["max_pixels"]
     (out_dir / "preprocessor_config.json").write_text(json.dumps(settings, indent=2, default=int))
@@ -107,12 +127,13 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
 
 
 def build_tiny_vlm(path: Path | str | None = None, **overrides: Any) -> Path:
-    """Build (once) a tiny random Qwen2-VL checkpoint with its processor and return its folder.
+    """Build (once) a tiny random Qwen-VL checkpoint with its processor and return its folder.
 
     Args:
         path: Where to build it. None: ``cache_dir()/tiny-qwen2-vl-<version>`` for the default
             shape, with a short hash of the overrides appended for any other.
-        **overrides: Any of ``seed``, ``hidden_size``, ``num_layers``, ``num_heads``,
+        **overrides: ``family`` (one of :data:`FAMILIES`: ``qwen2_vl``, the default;
+            ``qwen2_5_vl``; ``qwen3_vl``, whose patches are 16 px), and any of ``seed``, ``hidden_size``, ``num_layers``, ``num_heads``,
             ``num_kv_heads``, ``intermediate_size``, ``max_position_embeddings``,
             ``initializer_range``, ``vision_depth``, ``vision_embed_dim``, ``vision_heads``,
             ``min_pixels``, ``max_pixels`` (the image processor's resize bounds).

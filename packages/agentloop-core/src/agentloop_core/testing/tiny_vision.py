@@ -32,13 +32,14 @@ def add_vision_tokens(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def tiny_image_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS) -> Any:
-    """Qwen2-VL's image processor (its PIL backend: no torchvision) with patch 14, merge 2 and
-    images resized to between ``min_pixels`` and ``max_pixels``."""
+def tiny_image_processor(min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS, patch_size: int = 14) -> Any:
+    """Qwen2-VL's image processor (its PIL backend: no torchvision) with ``patch_size`` (14:
+    Qwen2-VL and Qwen2.5-VL; 16: Qwen3-VL), merge 2 and images resized to between
+    ``min_pixels`` and ``max_pixels``."""
     from transformers import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(size={"shortest_edge": min_pixels, "longest_edge": max_pixels},
-                                    patch_size=14, temporal_patch_size=2, merge_size=2)
+                                    patch_size=patch_size, temporal_patch_size=2, merge_size=2)
 
 
 def tiny_vision_processor(tokenizer: Any | None = None) -> tuple[Any, Any]:
