@@ -12,6 +12,11 @@ messages do not extend the trajectory. By default (``on_history_rewrite="segment
 trajectory then gets a new segment: a new ``Trajectory`` rendered from that call's messages,
 earlier AI messages included as ordinary mask-0 text, while every generated id stays in the
 segment it was generated in (see :mod:`agentloop_core.segments`).
+
+Images: with a vision processor (``vision=``), image blocks of user, tool and system messages
+(see :func:`~agentloop_langgraph.messages.content_parts`) are decoded within ``image_limits``,
+rendered through the processor (their tokens are mask 0) and passed to every later ``generate``
+call in ``multi_modal_data``; each segment keeps its own images, in token order.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.runtime.pacing import turn_slot
+from agentloop_core.vision import ImageLimits, multi_modal_kwargs
 from agentloop_langgraph.messages import (
     METADATA_KEY,
     REWRITE_FIX,
@@ -49,6 +55,7 @@ from agentloop_langgraph.messages import (
     to_chat_dict,
 )
 from agentloop_tools.per_tokenizer import stop_token_ids
+from agentloop_tools.tool_media import MEDIA_COUNTERS, MediaScreen, check_processor, tool_limits
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +101,13 @@ class TrajectorySession:
     :meth:`ChatModel.is_call_over_limit`)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises calls: two concurrent calls cannot both extend one trajectory."""
+    media: Any = None
+    """The :class:`~agentloop_tools.tool_media.MediaScreen` of the tool results since the last
+    model call (shared, so parallel calls count against ``max_images`` together); None until a
+    tool asks for it (:meth:`ChatModel.media_screen`)."""
+    media_counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(MEDIA_COUNTERS, 0))
+    """Images that tools returned: kept, refused, refused for a text-only model, videos refused
+    (:data:`~agentloop_tools.tool_media.MEDIA_COUNTERS`), all segments together."""
 
     @property
     def segments(self) -> list[Any]:
@@ -145,6 +159,10 @@ class ChatModel(BaseChatModel):
         max_parallel_calls: Most tool calls of one turn that may run, or None.
         on_history_rewrite: ``segment`` (start a new segment) or ``error`` (raise
             ``HistoryRewrittenError``) when a call does not extend the trajectory.
+        vision: The model's ``VisionProcessor`` (``load_vision_processor``), or None for a
+            text-only model (then an image in a message is a ``ValueError`` naming the fix).
+        image_limits: ``ImageLimits`` of each segment (pixels, bytes, images), or None for
+            the defaults.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -188,6 +206,12 @@ class ChatModel(BaseChatModel):
     raises :class:`~agentloop_langgraph.messages.HistoryRewrittenError`, so the trajectory is
     always one sequence."""
 
+    vision: Any = Field(default=None, exclude=True)
+    """The model's :class:`~agentloop_core.vision.VisionProcessor`; None: a text-only model."""
+    image_limits: Any = Field(default=None, exclude=True)
+    """:class:`~agentloop_core.vision.ImageLimits` of each segment's images (prompt and later
+    messages together); None: the defaults."""
+
     _sessions: dict[str, TrajectorySession] = PrivateAttr(default_factory=dict)
     _renderers: dict[str, Any] = PrivateAttr(default_factory=dict)
     _parser: Any = PrivateAttr(default=None)
@@ -204,6 +228,12 @@ class ChatModel(BaseChatModel):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"ChatModel {key} must be a positive integer or None, got {value!r}")
+        check_processor(self.vision, "ChatModel")
+        if self.image_limits is None:
+            self.image_limits = ImageLimits()
+        elif not isinstance(self.image_limits, ImageLimits):
+            raise TypeError(f"ChatModel image_limits must be an agentloop_core.vision.ImageLimits or None, got "
+                            f"{type(self.image_limits).__name__}")
 
     @property
     def _llm_type(self) -> str:
@@ -245,6 +275,20 @@ class ChatModel(BaseChatModel):
         turn, so it must be answered with an error instead of being run."""
         session = self.session(request_id)
         return session is not None and call_id in session.calls_over_limit
+
+    def media_screen(self, request_id: str | None = None) -> MediaScreen:
+        """The screen of the images that tools return to the trajectory before its next model
+        call: decoded within ``image_limits`` (no file paths), counted against ``max_images``
+        with the images the current segment holds and the others screened since its last call,
+        refused with text for the model when over a limit, unreadable, a video, or for a
+        text-only model. Counted in the session's ``media_counters``."""
+        limits = tool_limits(self.image_limits)
+        session = self.session(request_id)
+        if session is None:  # a tool ran before any model call: nothing to count against
+            return MediaScreen(self.vision, limits, 0, dict.fromkeys(MEDIA_COUNTERS, 0))
+        if session.media is None:
+            session.media = MediaScreen(self.vision, limits, session.trajectory.images.count, session.media_counters)
+        return session.media
 
     # -- generation ----------------------------------------------------------------------------
 
@@ -304,7 +348,7 @@ class ChatModel(BaseChatModel):
                 self.tokenizer, tools=tools or None,
                 use_inference_chat_template=self.use_inference_chat_template,
                 apply_chat_template_kwargs=dict(self.apply_chat_template_kwargs),
-                delta_strategy=self.delta_strategy)
+                delta_strategy=self.delta_strategy, vision=self.vision)
         return self._renderers[tools_key]
 
     def _start(self, request_id: str, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],
@@ -323,7 +367,7 @@ class ChatModel(BaseChatModel):
         if self.prompt_length is not None and len(trajectory.prompt_ids) > self.prompt_length:
             raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
                              f"prompt_length={self.prompt_length}; raise prompt_length or shorten the prompt")
-        session = TrajectorySession(request_id, trajectory, _recorded_prompt(trajectory), tools_key)
+        session = TrajectorySession(request_id, trajectory, _recorded_prompt(messages), tools_key)
         self._sessions[request_id] = session
         return session
 
@@ -334,7 +378,8 @@ class ChatModel(BaseChatModel):
         if isinstance(messages[-1], AIMessage):
             raise ValueError("ChatModel's last input message is an AI message; the model answers after a "
                              "user, tool or system message")
-        return Trajectory(self._renderer(tools, tools_key), [to_chat_dict(m) for m in messages])
+        return Trajectory(self._renderer(tools, tools_key), [to_chat_dict(m) for m in messages],
+                          image_limits=self.image_limits)
 
     def _extend(self, session: TrajectorySession, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],
                 tools_key: str) -> None:
@@ -363,6 +408,7 @@ class ChatModel(BaseChatModel):
                         f"({len(delta)} tokens) leave no room in response_length={self.response_length}")
             trajectory.append_messages(chats)
         session.recorded.extend(Recorded("appended", chat=c) for c in chats)
+        session.media = None  # the screened images are in the trajectory now
 
     def _start_segment(self, session: TrajectorySession, messages: Sequence[BaseMessage],
                        tools: list[dict[str, Any]], tools_key: str, reason: str) -> None:
@@ -384,7 +430,8 @@ class ChatModel(BaseChatModel):
         elif session.rewrites:
             session.rewrites[-1] = reason  # the empty segment is replaced, not closed
         session.trajectory = trajectory
-        session.recorded = _recorded_prompt(trajectory)
+        session.recorded = _recorded_prompt(messages)
+        session.media = None
         session.tools_key = tools_key
         session.ended_with_eos = True
 
@@ -407,7 +454,9 @@ class ChatModel(BaseChatModel):
             params = params.replace(max_tokens=min(cap, remaining))
         prompt_ids = list(trajectory.context_ids)
         start = time.perf_counter()
-        out: TokenOutput = await self.server.generate(session.request_id, prompt_ids, params)
+        # A text prompt adds no keyword, so text-only engines are called as before.
+        out: TokenOutput = await self.server.generate(session.request_id, prompt_ids, params,
+                                                      **multi_modal_kwargs(trajectory.image_items))
         session.generate_s += time.perf_counter() - start
         trajectory.append_generated(out)
         session.outputs.append(out)
@@ -450,8 +499,9 @@ class ChatModel(BaseChatModel):
         return AIMessage(content=content, tool_calls=tool_calls, invalid_tool_calls=invalid,
                          response_metadata=metadata)
 
-def _recorded_prompt(trajectory: Any) -> list[Recorded]:
-    return [Recorded("prompt", chat=m) for m in trajectory.messages]
+def _recorded_prompt(messages: Sequence[BaseMessage]) -> list[Recorded]:
+    # The chat dicts as the call gave them (the trajectory's own messages name images by digest).
+    return [Recorded("prompt", chat=to_chat_dict(m)) for m in messages]
 
 
 __all__ = ["REQUEST_ID_KEY", "ChatModel", "TrajectorySession"]

@@ -5,6 +5,11 @@ with the configured factory around a fresh :class:`ChatModel` (one request id pe
 runs it, and packages the model's recorded trajectory: generated ids with mask 1 and their
 log-probs, everything else with mask 0. Nothing is rebuilt from the graph's final messages.
 A graph that rewrites its history yields one output per segment (see ``on_history_rewrite``).
+
+With a vision processor (the loop's ``processor``), images in the prompt and those tools
+return are rendered through it and reach ``generate`` and the output's ``multi_modal_data``
+(each segment its own, in token order), within ``max_images`` / ``max_image_pixels`` /
+``max_image_bytes``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
+from agentloop_core.vision import ImageLimits, messages_with_row_images
 from agentloop_langgraph.chat_model import REQUEST_ID_KEY, ChatModel
 from agentloop_langgraph.graph import load_graph_factory
 from agentloop_langgraph.messages import HistoryRewrite, HistoryRewrittenError, RolloutLimitReachedError
@@ -27,6 +33,7 @@ from agentloop_langgraph.tools import AgentLoopTool, to_langchain_tool
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
 from agentloop_tools.loop_config import ToolLoopConfig, loop_setting, resolve_tools
 from agentloop_tools.rows import row_messages, row_tools_kwargs
+from agentloop_tools.tool_media import check_processor
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +77,8 @@ class ReactAgentLoop(AgentLoopBase):
     Config: a :class:`ReactAgentConfig` (or a mapping read into one), its tools (``tools`` /
     ``tool_config_path`` / ``function_tool_path``) as for ``tool_agent``.
 
-    Row keys: ``raw_prompt`` (chat messages, the graph's input ``{"messages": raw_prompt}``),
+    Row keys: ``raw_prompt`` (chat messages, the graph's input ``{"messages": raw_prompt}``;
+    image parts, or verl's ``<image>`` markers with an ``images`` column, need ``processor``),
     ``tools_kwargs`` (per tool name: ``create_kwargs`` go to ``create``, ``execute_kwargs`` /
     ``calc_reward_kwargs`` / ``release_kwargs`` to those methods, as in ``tool_agent``),
     ``request_id`` (optional). The loop has no interactions; a user turn is the graph's business.
@@ -83,6 +91,13 @@ class ReactAgentLoop(AgentLoopBase):
     ``metrics["history_rewritten"] = 1`` and the reason in ``metrics["error"]``. Row
     ``tools_kwargs`` that a tool cannot take raise :class:`~agentloop_tools.base.ToolKwargsError`
     (the worker records the sample as failed).
+
+    ``processor``: the model's :class:`~agentloop_core.vision.VisionProcessor` (None: a
+    text-only model). Images a tool returns join its ``ToolMessage`` (images first, then the
+    text); one over a limit, a video, or any image for a text-only model is refused with error
+    text the model reads and counted (``tool_images``, ``tool_images_refused``,
+    ``tool_images_no_vision``, ``tool_videos_refused``). An image in the prompt for a text-only
+    model is a ``ValueError`` naming the fix (the worker records the sample as failed).
     """
 
     config_class: ClassVar[type] = ReactAgentConfig
@@ -92,6 +107,9 @@ class ReactAgentLoop(AgentLoopBase):
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
         self.settings: ReactAgentConfig
+        self.vision = check_processor(self.processor, self.settings.LOOP_NAME)
+        self.image_limits = ImageLimits(max_pixels=self.settings.max_image_pixels,
+                                        max_bytes=self.settings.max_image_bytes, max_images=self.settings.max_images)
         self.tools: dict[str, BaseTool] = resolve_tools(self.settings)
         self.factory = load_graph_factory(self.settings.graph_factory)
         kwargs = dict(self.settings.graph_factory_kwargs)
@@ -108,7 +126,8 @@ class ReactAgentLoop(AgentLoopBase):
             request_id=request_id, response_length=cfg.response_length, prompt_length=cfg.prompt_length,
             max_assistant_turns=cfg.max_assistant_turns, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
             use_inference_chat_template=cfg.use_inference_chat_template, delta_strategy=cfg.delta_strategy,
-            max_parallel_calls=cfg.max_parallel_calls, on_history_rewrite=cfg.on_history_rewrite)
+            max_parallel_calls=cfg.max_parallel_calls, on_history_rewrite=cfg.on_history_rewrite,
+            vision=self.vision, image_limits=self.image_limits)
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams,
                   **row: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
@@ -124,6 +143,8 @@ class ReactAgentLoop(AgentLoopBase):
             Exception: whatever the graph raises besides history rewrites and rollout limits.
         """
         messages = row_messages(row, "react_agent")
+        if row.get("images") is not None:  # verl's rows: <image> markers and an images column
+            messages = messages_with_row_images(list(messages), row["images"], where="row")
         tools_kwargs = row_tools_kwargs(row, self.tools)
         request_id = str(row.get("request_id") or uuid.uuid4().hex)
         model = self.chat_model(sampling_params, request_id)
@@ -172,6 +193,7 @@ class ReactAgentLoop(AgentLoopBase):
             "tool_calls_over_limit": sum(a.calls_over_limit for a in adapters.values()),
             "tool_responses_truncated_length": sum(a.truncated_length for a in adapters.values()),
             "tool_responses_truncated_tokens": sum(a.truncated_tokens for a in adapters.values()),
+            **session.media_counters,
             "generate_s": session.generate_s, "graph_s": graph_s,
         }
         tool_rewards = [r for a in adapters.values() for r in a.rewards]
@@ -200,7 +222,8 @@ class ReactAgentLoop(AgentLoopBase):
                    "max_tool_response_tokens": cfg.max_tool_response_tokens, "tokenizer": self.tokenizer,
                    "tool_response_truncate_side": cfg.tool_response_truncate_side,
                    "max_parallel_calls": cfg.max_parallel_calls,
-                   "is_over_limit": lambda call_id: model.is_call_over_limit(call_id, request_id)}
+                   "is_over_limit": lambda call_id: model.is_call_over_limit(call_id, request_id),
+                   "media_screen": lambda: model.media_screen(request_id)}
         adapters: dict[str, AgentLoopTool] = {}
         misconfigured: list[ToolKwargsError] = []
         for name, result in (await create_instances(self.tools, tools_kwargs)).items():

@@ -66,28 +66,89 @@ class RolloutLimitReachedError(RuntimeError):
         self.reason = reason
 
 
-def content_text(message: BaseMessage) -> str:
-    """The text of a message's content (a string, or a list of text blocks).
+SUPPORTED_BLOCKS = (
+    "text blocks, and images as {'type': 'image_url', 'image_url': {'url': <data URL>}}, "
+    "{'type': 'image', 'base64': ..., 'mime_type': 'image/...'}, {'type': 'image', 'source_type': 'base64', "
+    "'data': ..., 'mime_type': ...} or {'type': 'image', 'image': <PIL image or bytes>}")
+"""The content blocks :class:`~agentloop_langgraph.ChatModel` renders, named in its errors."""
+
+_IMAGE_BLOCKS = frozenset({"image", "image_url", "input_image"})
+_REFUSED_BLOCKS = {
+    "audio": "audio", "input_audio": "audio", "file": "file", "input_file": "file",
+    "video": "video", "video_url": "video", "input_video": "video",
+}
+
+
+def _refused(message: BaseMessage, index: int, kind: str, why: str) -> ValueError:
+    return ValueError(f"{type(message).__name__} content[{index}] is a {kind!r} block: {why}. agentloop's ChatModel "
+                      f"renders {SUPPORTED_BLOCKS}; send videos as frames (images) and describe other media in text.")
+
+
+def _image_source(message: BaseMessage, index: int, block: dict[str, Any]) -> Any:
+    """What an image block carries, in a form :func:`agentloop_core.vision.decode_image` reads."""
+    if block.get("type") in ("image_url", "input_image"):
+        url = block.get("image_url")
+        url = url.get("url") if isinstance(url, dict) else url
+        if url is None:
+            raise _refused(message, index, block["type"], "it has no image_url")
+        return url
+    if block.get("image") is not None:  # Hugging Face / Qwen parts (and verl's rows)
+        return block["image"]
+    data = block.get("base64")
+    if data is None and block.get("source_type") == "base64":
+        data = block.get("data")
+    if data is not None:
+        return f"data:{block.get('mime_type') or 'image/png'};base64,{data}"
+    url = block.get("url")
+    if url is None and block.get("source_type") == "url":
+        url = block.get("data")
+    if url is not None:
+        return url
+    raise _refused(message, index, "image", "it names no image data (a provider file id cannot be read here)")
+
+
+def content_parts(message: BaseMessage) -> str | list[dict[str, Any]]:
+    """A message's content as chat-template content: its text, or (when it holds an image)
+    text parts and ``{"type": "image", "image": <source>}`` parts in order, which the
+    trajectory decodes and renders with the model's vision processor.
 
     Raises:
-        ValueError: for image/audio/file blocks, which this chat model cannot render yet.
+        ValueError: for audio, file and video blocks and blocks of unknown types, naming what
+            is supported.
     """
     content = message.content
     if isinstance(content, str):
         return content
-    parts: list[str] = []
-    for block in content:
+    parts: list[dict[str, Any]] = []
+    for i, block in enumerate(content):
         if isinstance(block, str):
-            parts.append(block)
-        elif isinstance(block, dict) and block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
+            parts.append({"type": "text", "text": block})
+            continue
+        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        if kind == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        elif kind in _IMAGE_BLOCKS:
+            parts.append({"type": "image", "image": _image_source(message, i, block)})
+        elif kind in _REFUSED_BLOCKS:
+            raise _refused(message, i, kind, f"{_REFUSED_BLOCKS[kind]} is not supported")
         else:
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise ValueError(
-                f"{type(message).__name__} has a {kind!r} content block; agentloop's ChatModel renders "
-                "text only. Send text content (or describe the media in text)."
-            )
-    return "".join(parts)
+            raise _refused(message, i, str(kind), "an unknown content block")
+    if not any(p["type"] == "image" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
+def content_text(message: BaseMessage) -> str:
+    """The text of a message's content (a string, or a list of text blocks).
+
+    Raises:
+        ValueError: for any other block (images included: use :func:`content_parts`).
+    """
+    content = content_parts(message)
+    if isinstance(content, str):
+        return content
+    raise ValueError(f"{type(message).__name__} holds an image; only user, tool and system messages may hold images "
+                     "(the model's own turns are text)")
 
 
 def to_chat_dict(message: BaseMessage) -> dict[str, Any]:
@@ -95,20 +156,15 @@ def to_chat_dict(message: BaseMessage) -> dict[str, Any]:
 
     Tool messages keep ``name`` and ``tool_call_id`` so templates that render them can; an
     assistant message from the prompt (a few-shot example) renders its ``tool_calls`` in the
-    OpenAI layout.
+    OpenAI layout. Images in user, tool and system messages become
+    ``{"type": "image", "image": <source>}`` parts (see :func:`content_parts`).
 
     Raises:
-        ValueError: for an unknown message type or non-text content.
+        ValueError: for an unknown message type, an audio/file/video block, or an image in an
+            AI message.
     """
-    text = content_text(message)
-    if isinstance(message, SystemMessage):
-        return {"role": "system", "content": text}
-    if isinstance(message, HumanMessage):
-        return {"role": "user", "content": text}
-    if isinstance(message, ToolMessage):
-        return {"role": "tool", "name": message.name or "", "tool_call_id": message.tool_call_id, "content": text}
     if isinstance(message, AIMessage):
-        out: dict[str, Any] = {"role": "assistant", "content": text}
+        out: dict[str, Any] = {"role": "assistant", "content": content_text(message)}
         if message.tool_calls:
             out["tool_calls"] = [
                 {"type": "function", "id": call.get("id") or "",
@@ -116,8 +172,15 @@ def to_chat_dict(message: BaseMessage) -> dict[str, Any]:
                 for call in message.tool_calls
             ]
         return out
+    content = content_parts(message)
+    if isinstance(message, SystemMessage):
+        return {"role": "system", "content": content}
+    if isinstance(message, HumanMessage):
+        return {"role": "user", "content": content}
+    if isinstance(message, ToolMessage):
+        return {"role": "tool", "name": message.name or "", "tool_call_id": message.tool_call_id, "content": content}
     if isinstance(message, ChatMessage):
-        return {"role": message.role, "content": text}
+        return {"role": message.role, "content": content}
     raise ValueError(
         f"cannot render a {type(message).__name__}; use System/Human/AI/Tool messages or ChatMessage"
     )
@@ -223,8 +286,10 @@ __all__ = [
     "HistoryRewrittenError",
     "Recorded",
     "RolloutLimitReachedError",
+    "SUPPORTED_BLOCKS",
     "calls_signature",
     "check_extension",
+    "content_parts",
     "content_text",
     "generation_info",
     "to_chat_dict",

@@ -6,11 +6,19 @@ every failure into a ``ToolMessage`` with ``status="error"`` (``handle_tool_erro
 tool is something the model should read about, not an exception that ends the graph. Calls go
 through ``BaseTool.run_execute``, so the row's ``execute_kwargs`` reach the tool as in the
 ``tool_agent`` loop.
+
+Images a tool returns join its ``ToolMessage`` as LangChain's standard image blocks
+(``{"type": "image", "base64": ..., "mime_type": "image/png"}``), images first, then one text
+block, as in the ``tool_agent`` loop; each is screened first (the trajectory's
+:meth:`ChatModel.media_screen <agentloop_langgraph.ChatModel.media_screen>`: limits,
+``max_images``, a text-only model, videos) and refused with error text the model reads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +27,10 @@ from langchain_core.tools import BaseTool as LangChainBaseTool
 from langchain_core.tools import ToolException
 from pydantic import ConfigDict, Field
 
+from agentloop_core.vision import ImageLimits
 from agentloop_tools.base import BaseTool
 from agentloop_tools.schema import ToolResponse
+from agentloop_tools.tool_media import MEDIA_COUNTERS, MediaScreen, tool_limits
 from agentloop_tools.truncation import TruncateSide, cut_tool_response
 
 
@@ -70,6 +80,9 @@ class AgentLoopTool(LangChainBaseTool):
     """How many responses ``max_tool_response_length`` cut."""
     truncated_tokens: int = 0
     """How many responses ``max_tool_response_tokens`` cut."""
+    media_screen: Callable[[], MediaScreen] | None = Field(default=None, exclude=True)
+    """Gives the screen of this call's images and videos (``ChatModel.media_screen`` of the
+    trajectory); None: every image is refused as for a text-only model (uncounted)."""
     handle_tool_error: bool = True
 
     async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
@@ -88,11 +101,11 @@ class AgentLoopTool(LangChainBaseTool):
                 tool_call_id=call_id, name=self.name, status="error")
         return await super().ainvoke(input, config, **kwargs)
 
-    def _run(self, *args: Any, **kwargs: Any) -> str:
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
             f"tool {self.name!r} is async only: run the graph with ainvoke/astream")
 
-    async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> str:
+    async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> str | list[dict[str, Any]]:
         self.calls += 1
         if self.unavailable is not None:
             self.errors += 1
@@ -118,15 +131,42 @@ class AgentLoopTool(LangChainBaseTool):
         except (TypeError, ValueError):
             self.errors += 1
             self.rewards.append(0.0)
-        text = response.text or ""
-        if response.image or response.video:
-            # The chat model renders text only; say so instead of silently losing the media.
-            text += "\n[the tool returned images or videos, which this loop cannot show]"
-        cut = cut_tool_response(text, self.tool_response_truncate_side, max_length=self.max_tool_response_length,
-                                max_tokens=self.max_tool_response_tokens, tokenizer=self.tokenizer)
+        cut = cut_tool_response(response.text or "", self.tool_response_truncate_side,
+                                max_length=self.max_tool_response_length, max_tokens=self.max_tool_response_tokens,
+                                tokenizer=self.tokenizer)
         self.truncated_length += cut.by_length
         self.truncated_tokens += cut.by_tokens
-        return cut.text
+        if not (response.image or response.video):
+            return cut.text
+        screen = self.media_screen() if self.media_screen is not None else MediaScreen(
+            None, tool_limits(ImageLimits()), 0, dict.fromkeys(MEDIA_COUNTERS, 0))
+        content = screen.tool_content(self.name, cut.text, response.image, response.video)
+        if isinstance(content, str):
+            return content
+        blocks = [_block(screen, part) for part in content]
+        if all(b["type"] == "text" for b in blocks):  # the processor refused every image
+            return "\n".join(b["text"] for b in blocks)
+        return blocks
+
+
+def _block(screen: MediaScreen, part: dict[str, Any]) -> dict[str, Any]:
+    """A part of ``MediaScreen.tool_content`` as a LangChain content block: a decoded image as
+    a standard base64 PNG block (lossless: it decodes to the same pixels), once the model's
+    processor has taken it; one the processor refuses (an extreme aspect ratio) as error text,
+    counted as refused, so it cannot fail the trajectory when the message is rendered."""
+    if part.get("type") != "image":
+        return part
+    image = part["image"]
+    try:
+        screen.processor.process(image)
+    except Exception as exc:  # noqa: BLE001 - any processor refusal means the same to the model
+        screen.taken -= 1
+        screen.counters["tool_images"] -= 1
+        screen.counters["tool_images_refused"] += 1
+        return {"type": "text", "text": f"Error: an image was not shown ({str(exc)[:300]})."}
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return {"type": "image", "base64": base64.b64encode(buffer.getvalue()).decode("ascii"), "mime_type": "image/png"}
 
 
 def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> AgentLoopTool:
@@ -137,7 +177,7 @@ def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> Agent
         instance_id: From ``await tool.create(...)``.
         **options: ``timeout_s``, ``max_tool_response_length``, ``max_tool_response_tokens`` and
             ``tokenizer``, ``tool_response_truncate_side``,
-            ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``.
+            ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``, ``media_screen``.
 
     Raises:
         TypeError: when ``tool`` is not an agentloop ``BaseTool``.
