@@ -156,9 +156,11 @@ def _block(screen: MediaScreen, part: dict[str, Any]) -> dict[str, Any]:
     counted as refused, so it cannot fail the trajectory when the message is rendered."""
     if part.get("type") != "image":
         return part
-    image = part["image"]
+    image, processor = part["image"], screen.processor
+    # An image part exists only when the screen has a processor (it refuses images without one).
+    assert processor is not None
     try:
-        screen.processor.process(image)
+        processor.process(image)
     except Exception as exc:  # noqa: BLE001 - any processor refusal means the same to the model
         screen.taken -= 1
         screen.counters["tool_images"] -= 1
