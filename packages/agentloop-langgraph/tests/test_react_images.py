@@ -22,9 +22,11 @@ from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
 from langgraph_helpers import hermes_call  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from agentloop_core.protocol import ServerCapabilities, TokenOutput  # noqa: E402
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
-from agentloop_core.vision import image_digest, images_of, load_vision_processor  # noqa: E402
+from agentloop_core.testing.vision_engines import ForcedTurns as ForcedCalls  # noqa: E402
+from agentloop_core.testing.vision_engines import VisionScriptedServer as VisionScripted  # noqa: E402
+from agentloop_core.testing.vision_engines import gradient_picture as picture  # noqa: E402
+from agentloop_core.vision import image_digest, load_vision_processor  # noqa: E402
 from agentloop_langgraph import ReactAgentLoop  # noqa: E402
 from agentloop_langgraph.messages import content_parts  # noqa: E402
 from agentloop_tools.base import BaseTool  # noqa: E402
@@ -44,13 +46,6 @@ def vlm():
     folder = tiny_vlm.build_tiny_vlm()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
     return folder, tokenizer, load_vision_processor(folder, tokenizer)
-
-
-def picture(size=(64, 48), seed: int = 0) -> Image.Image:
-    """An RGB image whose pixels differ everywhere (so two seeds give two digests)."""
-    w, h = size
-    return Image.frombytes("RGB", size, bytes((x * 7 + y * 13 + c * 50 + seed) % 256
-                                              for y in range(h) for x in range(w) for c in range(3)))
 
 
 def b64png(image: Image.Image) -> str:
@@ -80,51 +75,6 @@ class Returns(BaseTool):
         response = self.responses[min(self.count, len(self.responses) - 1)]
         self.count += 1
         return response, 0.0, {}
-
-
-class VisionScripted(ScriptedServer):
-    """A scripted engine that takes images as the real ones do: it checks that the prompt holds
-    exactly the image tokens of the images it is given, and records each call's images."""
-
-    capabilities = ServerCapabilities(logprobs=True, vision=True)
-
-    def __init__(self, tokenizer, turns: list[str], image_token_id: int) -> None:
-        def reply(request_id, prompt_ids, index):
-            return tokenizer.encode(turns[min(index, len(turns) - 1)], add_special_tokens=False)
-
-        super().__init__(reply, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, append_eos=True)
-        self.image_token_id = image_token_id
-        self.images: list[tuple] = []
-
-    async def generate(self, request_id, prompt_ids, sampling_params=None, *, multi_modal_data=None):
-        items = images_of(multi_modal_data)
-        found = sum(t == self.image_token_id for t in prompt_ids)
-        assert found == sum(item.num_tokens for item in items), "image tokens and images do not pair up"
-        self.images.append(items)
-        return await super().generate(request_id, prompt_ids, sampling_params)
-
-
-class ForcedCalls:
-    """The real engine, with the first turns' text forced: each call goes to the engine with the
-    exact prompt ids and images (one token decoded and dropped while forcing); later calls
-    return the engine's output unchanged."""
-
-    def __init__(self, server, tokenizer, forced: list[str]) -> None:
-        self.server = server
-        self.capabilities = server.capabilities
-        self.forced = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in forced]
-        self.calls: list[tuple[list[int], tuple, TokenOutput]] = []
-
-    async def generate(self, request_id, prompt_ids, sampling_params, **multi_modal):
-        images = images_of(multi_modal.get("multi_modal_data"))
-        if len(self.calls) < len(self.forced):
-            await self.server.generate(request_id, prompt_ids, sampling_params.replace(max_tokens=1), **multi_modal)
-            ids = self.forced[len(self.calls)]
-            out = TokenOutput(token_ids=ids, log_probs=[-1.0] * len(ids), stop_reason="stop")
-        else:
-            out = await self.server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
-        self.calls.append((list(prompt_ids), images, out))
-        return out
 
 
 def loop_of(server, tokenizer, processor, tools, **config) -> ReactAgentLoop:

@@ -21,9 +21,11 @@ tiny_vlm = pytest.importorskip("agentloop_engines.tiny_vlm", reason="agentloop-e
 from PIL import Image  # noqa: E402
 
 from agentloop_core.environment import AssistantTurn, Environment, StepResult, register_environment  # noqa: E402
-from agentloop_core.protocol import ServerCapabilities, TokenOutput  # noqa: E402
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
-from agentloop_core.vision import image_digest, images_of, load_vision_processor  # noqa: E402
+from agentloop_core.testing.vision_engines import ForcedTurns as ForcedCalls  # noqa: E402
+from agentloop_core.testing.vision_engines import VisionScriptedServer as VisionScripted  # noqa: E402
+from agentloop_core.testing.vision_engines import gradient_picture as picture  # noqa: E402
+from agentloop_core.vision import image_digest, load_vision_processor  # noqa: E402
 from agentloop_tools.agent_loop import ToolAgentLoop  # noqa: E402
 from agentloop_tools.base import BaseTool  # noqa: E402
 from agentloop_tools.builtin import ImageZoomInTool  # noqa: E402
@@ -46,13 +48,6 @@ def vlm():
     return folder, tokenizer, load_vision_processor(folder, tokenizer)
 
 
-def picture(size=(64, 48), seed: int = 0) -> Image.Image:
-    """An RGB image whose pixels differ everywhere (so crops of it differ)."""
-    w, h = size
-    return Image.frombytes("RGB", size, bytes((x * 7 + y * 13 + c * 50 + seed) % 256
-                                              for y in range(h) for x in range(w) for c in range(3)))
-
-
 def png(image: Image.Image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, "PNG")
@@ -65,28 +60,6 @@ def call(name: str, **arguments: Any) -> str:
 
 def prompt_with(image: Image.Image, text: str = "What is in the picture?") -> list[dict[str, Any]]:
     return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
-
-
-class VisionScripted(ScriptedServer):
-    """A scripted engine that takes images as the real ones do: it checks that the prompt holds
-    exactly the image tokens of the images it is given, and records each call's images."""
-
-    capabilities = ServerCapabilities(logprobs=True, vision=True)
-
-    def __init__(self, tokenizer, turns: list[str], image_token_id: int) -> None:
-        def reply(request_id, prompt_ids, index):
-            return tokenizer.encode(turns[min(index, len(turns) - 1)], add_special_tokens=False)
-
-        super().__init__(reply, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, append_eos=True)
-        self.image_token_id = image_token_id
-        self.images: list[tuple] = []
-
-    async def generate(self, request_id, prompt_ids, sampling_params=None, *, multi_modal_data=None):
-        items = images_of(multi_modal_data)
-        found = sum(t == self.image_token_id for t in prompt_ids)
-        assert found == sum(item.num_tokens for item in items), "image tokens and images do not pair up"
-        self.images.append(items)
-        return await super().generate(request_id, prompt_ids, sampling_params)
 
 
 class Returns(BaseTool):
@@ -109,34 +82,6 @@ def loop_of(server, tokenizer, processor, tools, **config) -> ToolAgentLoop:
     config.setdefault("response_length", 4096)
     return ToolAgentLoop(server, tokenizer, {"tools": {t.name: t for t in tools}, "sanity_check": "strict", **config},
                          processor=processor)
-
-
-class ForcedCalls:
-    """The real engine, with the first turns' text forced.
-
-    Every call goes to the engine with the trajectory's exact prompt ids and images (it pairs
-    each image's tokens with its features and runs the vision tower on them). For the first
-    ``len(forced)`` calls the engine decodes one token, which is dropped, and the forced text is
-    returned instead: a random model never writes a tool call. Later calls return the engine's
-    output unchanged.
-    """
-
-    def __init__(self, server, tokenizer, forced: list[str]) -> None:
-        self.server = server
-        self.capabilities = server.capabilities
-        self.forced = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id] for text in forced]
-        self.calls: list[tuple[list[int], tuple, TokenOutput]] = []
-
-    async def generate(self, request_id, prompt_ids, sampling_params, **multi_modal):
-        images = images_of(multi_modal.get("multi_modal_data"))
-        if len(self.calls) < len(self.forced):
-            await self.server.generate(request_id, prompt_ids, sampling_params.replace(max_tokens=1), **multi_modal)
-            ids = self.forced[len(self.calls)]
-            out = TokenOutput(token_ids=ids, log_probs=[-1.0] * len(ids), stop_reason="stop")
-        else:
-            out = await self.server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
-        self.calls.append((list(prompt_ids), images, out))
-        return out
 
 
 async def test_images_from_two_tools_on_the_real_engine_pass_the_strict_check(vlm):
