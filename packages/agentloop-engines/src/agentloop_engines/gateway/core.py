@@ -123,8 +123,9 @@ class Gateway:
         vision: The model's :class:`~agentloop_core.vision.VisionProcessor` for image parts (see
             :mod:`~agentloop_engines.gateway.images`); ``"auto"``: loaded from the checkpoint
             folder of the tokenizer (or of the server's ``model_name``); None: text only.
-        max_images, max_image_pixels, max_image_bytes: Most images in one request, pixels one
-            image may declare, encoded bytes of one image (:class:`~agentloop_core.vision.ImageLimits`).
+        max_images: Most images in one request (:class:`~agentloop_core.vision.ImageLimits`).
+        max_image_pixels: Most pixels one image may declare, checked on its header.
+        max_image_bytes: Most encoded bytes of one image.
         allow_remote_image_urls: Fetch ``http(s)`` image URLs; off: data URLs only. File paths
             are always refused.
 
