@@ -61,11 +61,7 @@ from dataclasses import replace
 from typing import Any
 
 from agentloop_core.engine_registry import EngineConfig
-from agentloop_core.protocol import (
-    CapabilityNotSupportedError,
-    SamplingParams,
-    TokenOutput,
-)
+from agentloop_core.protocol import CapabilityNotSupportedError, SamplingParams, TokenOutput
 from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
