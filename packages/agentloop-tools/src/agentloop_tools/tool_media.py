@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentloop_core.vision import ImageError, ImageLimits, VisionProcessor, decode_image
+from agentloop_core.vision.content import IMAGE_PART_TYPES, VIDEO_PART_TYPES, image_source
 
 __all__ = ["MEDIA_COUNTERS", "NO_VISION_FIX", "VIDEO_REFUSAL", "MediaScreen", "check_processor", "strip_images",
            "tool_limits"]
@@ -37,8 +38,6 @@ NO_VISION_FIX = ("this model reads text only (the loop has no vision processor):
                  "model so tools can show images, or have the tool describe the image in text")
 """What the model reads when a tool returns an image to a text-only model."""
 
-_IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})
-_VIDEO_TYPES = frozenset({"video", "video_url", "input_video"})
 
 
 def check_processor(processor: Any, loop_name: str) -> VisionProcessor | None:
@@ -149,23 +148,14 @@ class MediaScreen:
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind == "text" and isinstance(part.get("text"), str):
                 parts.append({**part, "text": cut(part["text"])})
-            elif kind in _VIDEO_TYPES:
+            elif kind in VIDEO_PART_TYPES:
                 parts.append({"type": "text", "text": self.videos(1, f"{where}, content[{j}]")})
-            elif kind in _IMAGE_TYPES:
-                image, note = self.image(_part_source(part), f"{where}, content[{j}]")
+            elif kind in IMAGE_PART_TYPES:
+                image, note = self.image(image_source(part), f"{where}, content[{j}]")
                 parts.append({"type": "text", "text": note} if image is None else {"type": "image", "image": image})
             else:
                 parts.append(part)
         return {**message, "content": parts}
-
-
-def _part_source(part: Mapping[str, Any]) -> Any:
-    """The payload of an image part in any accepted form (None: the part has none)."""
-    for key in ("image", "image_url", "url", "bytes", "path"):
-        value = part.get(key)
-        if value is not None:
-            return value.get("url") if isinstance(value, Mapping) and "url" in value else value
-    return None
 
 
 def strip_images(messages: Sequence[Mapping[str, Any]], reason: str) -> tuple[list[dict[str, Any]], int]:
@@ -180,7 +170,7 @@ def strip_images(messages: Sequence[Mapping[str, Any]], reason: str) -> tuple[li
             continue
         parts = []
         for part in content:
-            if isinstance(part, Mapping) and part.get("type") in _IMAGE_TYPES:
+            if isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES:
                 count += 1
                 parts.append({"type": "text", "text": f"Error: an image was not shown ({reason})."})
             else:

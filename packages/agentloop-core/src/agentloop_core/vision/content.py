@@ -21,9 +21,12 @@ from agentloop_core.vision.processor import ImageItem, VisionProcessor
 
 __all__ = [
     "IMAGE_MARKER",
+    "IMAGE_PART_TYPES",
+    "VIDEO_PART_TYPES",
     "ConversationImages",
     "has_images",
     "image_refs",
+    "image_source",
     "images_of",
     "messages_with_row_images",
     "multi_modal_kwargs",
@@ -33,8 +36,10 @@ IMAGE_MARKER = "<image>"
 """Where verl's preprocessing puts an image in a prompt's text (geo3k and the other VL recipes)."""
 VIDEO_MARKER = "<video>"
 
-_IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})
-_VIDEO_TYPES = frozenset({"video", "video_url", "input_video"})
+IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
+"""Content part types that hold an image (Hugging Face/Qwen, OpenAI chat, Responses API)."""
+VIDEO_PART_TYPES = frozenset({"video", "video_url", "input_video"})
+"""Content part types that hold a video (refused: send frames as images)."""
 _REF_PREFIX = "sha256:"
 
 
@@ -44,11 +49,11 @@ def _parts(message: Mapping[str, Any]) -> list[Any]:
 
 
 def _is_image(part: Any) -> bool:
-    return isinstance(part, Mapping) and part.get("type") in _IMAGE_TYPES
+    return isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES
 
 
 def _is_video(part: Any) -> bool:
-    return isinstance(part, Mapping) and part.get("type") in _VIDEO_TYPES
+    return isinstance(part, Mapping) and part.get("type") in VIDEO_PART_TYPES
 
 
 def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
@@ -64,7 +69,7 @@ def image_refs(messages: Sequence[Mapping[str, Any]]) -> Iterator[str]:
                 yield str(p.get("image"))
 
 
-def _source(part: Mapping[str, Any]) -> Any:
+def image_source(part: Mapping[str, Any]) -> Any:
     """What an image part carries: its payload in any of the forms users write."""
     for key in ("image", "image_url", "url", "bytes", "path"):
         value = part.get(key)
@@ -136,7 +141,7 @@ class ConversationImages:
         if taken > self.limits.max_images:
             raise ImageError(f"{where}: more than {self.limits.max_images} images in one trajectory "
                              "(max_images)")
-        source = _source(part)
+        source = image_source(part)
         if source is None:
             raise ImageError(f"{where}: an image part with no image (keys: {sorted(map(str, part))})")
         known = self._sources.get(id(source))

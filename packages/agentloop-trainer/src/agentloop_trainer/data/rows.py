@@ -7,9 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentloop_core.vision.content import messages_with_row_images
-
-_IMAGE_PARTS = frozenset({"image", "image_url", "input_image"})
+from agentloop_core.vision.content import IMAGE_PART_TYPES, messages_with_row_images
 
 
 def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -31,12 +29,12 @@ def normalize_content(content: Any, where: str) -> str | list[dict[str, Any]]:
     Raises:
         ValueError: a part that is neither text nor an image, naming ``where``.
     """
-    if isinstance(content, (list, tuple)) and any(isinstance(p, Mapping) and p.get("type") in _IMAGE_PARTS
+    if isinstance(content, (list, tuple)) and any(isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES
                                                   for p in content):
         parts = []
         for k, part in enumerate(content):
             kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            if kind not in _IMAGE_PARTS and (kind != "text" or not isinstance(part.get("text"), str)):
+            if kind not in IMAGE_PART_TYPES and (kind != "text" or not isinstance(part.get("text"), str)):
                 raise ValueError(f"{where} content part {k} is {kind!r}; text and image parts are supported")
             parts.append({key: v for key, v in dict(part).items() if v is not None})
         return parts
