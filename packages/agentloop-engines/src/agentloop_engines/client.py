@@ -231,10 +231,7 @@ class LLMServerClient:
         """
         sp = SamplingParams.from_mapping(sampling_params)
         prompt_ids = list(prompt_ids)
-        kwargs: dict[str, Any] = {}
-        if images_of(multi_modal_data):
-            self._require("vision")
-            kwargs["multi_modal_data"] = multi_modal_data
+        kwargs = self._multi_modal(multi_modal_data)
         return await self._routed(request_id, ReplicaCall("generate", (request_id, prompt_ids, sp), kwargs),
                                   prompt_tokens=len(prompt_ids))
 
@@ -257,11 +254,16 @@ class LLMServerClient:
         Before the first delta it raises what :meth:`generate` raises; after it, the replica's
         error as is (the tokens already yielded cannot be taken back, so nothing is retried).
         """
-        kwargs: dict[str, Any] = {}
-        if images_of(multi_modal_data):
-            self._require("vision")
-            kwargs["multi_modal_data"] = multi_modal_data
+        kwargs = self._multi_modal(multi_modal_data)
         return routed_stream(self, request_id, list(prompt_ids), SamplingParams.from_mapping(sampling_params), kwargs)
+
+    def _multi_modal(self, multi_modal_data: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The keyword arguments that carry a request's images to its replica (none for a text
+        prompt); images need every replica to declare ``vision``."""
+        if not images_of(multi_modal_data):
+            return {}
+        self._require("vision")
+        return {"multi_modal_data": multi_modal_data}
 
     async def _routed(self, request_id: str, call: ReplicaCall, *, prompt_tokens: int | None = None) -> Any:
         attempt = Attempts(request_id)

@@ -157,6 +157,28 @@ class DecodeBatch:
             return batch._sample(logits, stats)
 
     @classmethod
+    def prefill_all(cls, model: Any, rows: list[Row], *, pad_id: int, device: torch.device, stats: dict[str, int],
+                    image_token_id: int | None) -> DecodeBatch | None:
+        """Prefill new rows: text prompts together (:meth:`prefill`), each prompt with images on
+        its own (:meth:`prefill_images`; a failure there fails that row alone); one batch of all
+        that are still generating, or None."""
+        text = [r for r in rows if not r.images]
+        batches = [cls.prefill(model, text, pad_id=pad_id, device=device, stats=stats) if text else None]
+        for row in rows:
+            if not row.images:
+                continue
+            try:
+                assert image_token_id is not None  # the engine refused images for a text model
+                batches.append(cls.prefill_images(model, row, token_id=image_token_id, device=device, stats=stats))
+            except Exception as exc:  # noqa: BLE001 - delivered to this row's caller
+                row.fail(exc)
+        merged: DecodeBatch | None = None
+        for batch in batches:
+            if batch is not None:
+                merged = batch if merged is None else merged.merge(batch)
+        return merged
+
+    @classmethod
     def prefill_images(cls, model: Any, row: Row, *, token_id: int, device: torch.device,
                        stats: dict[str, int]) -> DecodeBatch | None:
         """Prefill one row whose prompt holds images (its vision features, and 3-D positions for an

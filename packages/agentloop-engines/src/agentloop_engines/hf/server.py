@@ -42,7 +42,7 @@ from agentloop_engines.hf.attention import use_grouped_decode_attention
 from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.packed_linear import pack_linears
 from agentloop_engines.hf.sampling import RowSampling
-from agentloop_engines.hf.vision import image_token_id, load_model
+from agentloop_engines.hf.vision import image_token_id, load_model, text_config
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed")}
@@ -148,7 +148,7 @@ class HFServer(AsyncServerBase):
         self.packed_linears = pack_linears(self.model, max_batch_size) if packed_linear else 0
         """How many linear layers run through oneDNN with packed weights (0: none)."""
 
-        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        config = text_config(self.model)
         self.image_token_id = image_token_id(self.model)
         """The image placeholder's id of a vision-language model (None: text only)."""
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
@@ -211,7 +211,7 @@ class HFServer(AsyncServerBase):
     def _eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
         gen_cfg = getattr(self.model, "generation_config", None)
-        config = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else self.model.config
+        config = text_config(self.model)
         for source in (getattr(gen_cfg, "eos_token_id", None), getattr(config, "eos_token_id", None)):
             if source is not None:
                 ids.extend([source] if isinstance(source, int) else list(source))
@@ -342,7 +342,9 @@ class HFServer(AsyncServerBase):
         self.stats["batches"] += 1
         self.batch_sizes.append(len(new))
         try:
-            fresh = await self._in_engine_thread(self._prefill, new)
+            fresh = await self._in_engine_thread(
+                DecodeBatch.prefill_all, self.model, new, pad_id=self.pad_id, device=self.device, stats=self.stats,
+                image_token_id=self.image_token_id)
         except Exception as exc:  # noqa: BLE001 - delivered to the callers of this prefill
             for row in new:
                 row.fail(exc)
@@ -357,27 +359,6 @@ class HFServer(AsyncServerBase):
             running.abort_all(exc)
             fresh.abort_all(exc)
             return None
-
-    def _prefill(self, rows: list[Row]) -> DecodeBatch | None:
-        """Prefill new rows: text prompts together, each prompt with images on its own (a
-        failure there fails that row alone); one batch of all that are still generating."""
-        text = [r for r in rows if not r.images]
-        batches = [DecodeBatch.prefill(self.model, text, pad_id=self.pad_id, device=self.device, stats=self.stats)
-                   if text else None]
-        for row in rows:
-            if not row.images:
-                continue
-            try:
-                assert self.image_token_id is not None  # _images() refused images for a text model
-                batches.append(DecodeBatch.prefill_images(self.model, row, token_id=self.image_token_id,
-                                                          device=self.device, stats=self.stats))
-            except Exception as exc:  # noqa: BLE001 - delivered to this row's caller
-                row.fail(exc)
-        merged: DecodeBatch | None = None
-        for batch in batches:
-            if batch is not None:
-                merged = batch if merged is None else merged.merge(batch)
-        return merged
 
     def _decode(self, batch: DecodeBatch) -> DecodeBatch | None:
         # Several steps per thread hop, but hand control back as soon as requests are waiting.

@@ -18,7 +18,7 @@ import torch
 
 from agentloop_core.vision.processor import ImageItem, image_token_runs
 
-__all__ = ["image_token_id", "load_model", "prefill_inputs"]
+__all__ = ["image_token_id", "load_model", "prefill_inputs", "text_config"]
 
 
 def load_model(path: str, dtype: torch.dtype) -> Any:
@@ -36,6 +36,13 @@ def load_model(path: str, dtype: torch.dtype) -> Any:
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
         return transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def text_config(model: Any) -> Any:
+    """The config of ``model``'s language model: its own for a causal LM, the text part of a
+    vision-language model's (where ``max_position_embeddings`` and ``eos_token_id`` live)."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def image_token_id(model: Any) -> int | None:
