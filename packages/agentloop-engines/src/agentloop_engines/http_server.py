@@ -49,7 +49,7 @@ from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
 from agentloop_engines.control import is_chat_path, new_control_key
-from agentloop_engines.gateway.app import add_gateway_routes
+from agentloop_engines.gateway.app import add_gateway_routes, gateway_error_shapes
 from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.http_common import (
@@ -143,7 +143,7 @@ def create_app(server: Any, *, api_key: str | None = None,
     # Names this server's lifetime in /generate and /update_weights answers: a client that sees
     # it change knows the engine restarted (from its checkpoint) and lost the weights it pushed.
     instance = uuid.uuid4().hex
-    install_error_handlers(app, {PromptLimitError: (413, "request_too_large")})
+    install_error_handlers(app, {PromptLimitError: (413, "request_too_large")}, error_shapes=gateway_error_shapes)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -203,7 +203,8 @@ def create_app(server: Any, *, api_key: str | None = None,
     # The guard refuses an empty api_key and a non-positive max_request_bytes.
     return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits,
                         per_path={_WEIGHTS_PATH: (max_weights_bytes, "max_weights_bytes", limits.weights_body_timeout_s)},
-                        control_key=control_key, is_chat=is_chat_path, one_at_a_time=(_WEIGHTS_PATH,))
+                        control_key=control_key, is_chat=is_chat_path, error_shapes=gateway_error_shapes,
+                        one_at_a_time=(_WEIGHTS_PATH,))
 
 
 def _sessionless_gateway(server: Any, prompt_limits: PromptLimits | None, tool_parser: str | None) -> Gateway | None:

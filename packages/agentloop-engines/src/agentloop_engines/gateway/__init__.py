@@ -1,6 +1,8 @@
-"""An OpenAI-compatible gateway over any token-level ``AsyncServer``, with per-session
-recording of the exact tokens, so black-box agents (the ``openai`` client, LangChain's
-``ChatOpenAI``) can be trained on what the engine generated.
+"""An OpenAI- and Anthropic-compatible gateway over any token-level ``AsyncServer``, with
+per-session recording of the exact tokens, so black-box agents (the ``openai`` and
+``anthropic`` clients, LangChain's ``ChatOpenAI``, agent SDKs) can be trained on what the engine
+generated. Chat completions, the Responses API (:func:`create_response`) and the Messages API
+(:func:`create_message`, :func:`count_tokens`) share one renderer and one recording.
 
 ``Gateway`` and ``SessionRecorder`` need nothing beyond core; ``create_gateway_app``,
 ``GatewayThread`` and ``serve_gateway`` need the ``[server]`` extra
@@ -19,6 +21,7 @@ from agentloop_engines.gateway.app import (
 from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.images import GatewayImages
 from agentloop_engines.gateway.live import stream_chat_completion, stream_completion
+from agentloop_engines.gateway.messages_api import count_tokens, create_message
 from agentloop_engines.gateway.openai_response import GatewayResponse
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.gateway.recorder import (
@@ -30,6 +33,7 @@ from agentloop_engines.gateway.recorder import (
     SessionRecorder,
     check_session_id,
 )
+from agentloop_engines.gateway.responses_api import create_response
 from agentloop_engines.gateway.stop import StopMatch, find_stop
 
 __all__ = [
@@ -50,7 +54,10 @@ __all__ = [
     "StopMatch",
     "add_gateway_routes",
     "check_session_id",
+    "count_tokens",
     "create_gateway_app",
+    "create_message",
+    "create_response",
     "find_stop",
     "serve_gateway",
     "session_base_path",

@@ -1,8 +1,13 @@
 """The gateway over HTTP: OpenAI endpoints, per-session base URLs, and an in-process thread.
 
-Endpoints (JSON). Chat routes need ``Authorization: Bearer <api_key>`` when the app has one:
+Endpoints (JSON). Chat routes need the ``api_key`` when the app has one, as
+``Authorization: Bearer <api_key>`` or ``x-api-key: <api_key>``:
 
 * ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``;
+* ``POST /v1/responses`` (OpenAI's Responses API, :mod:`~agentloop_engines.gateway.responses_api`),
+  ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API,
+  :mod:`~agentloop_engines.gateway.messages_api`): both translate to a chat request, so one
+  template, one session recording and the token-exact continuation serve all three APIs;
 * the same under a session's base URL, ``/sessions/<session_id>/<session key>/v1/...``: the
   call is recorded in that session. The session key is a secret made when the session is
   opened, so a session is reachable only by whoever got its URL (its trajectory's agent), not
@@ -23,7 +28,8 @@ an app without a control key answers them 403; see :mod:`agentloop_engines.contr
 
 ``GET /health``: liveness and the model name (no key needed).
 
-Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: 400 for bad input (the
+Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}`` (on the Messages routes,
+Anthropic's ``{"type": "error", "error": {"type", "message"}}``; see :func:`gateway_error_shapes`): 400 for bad input (the
 key or value named; template text or a template variable the server does not allow), 401
 without the key (from the headers, before the body is read), 403 for a control route without
 a control key configured, 404 for a session that is not open or a wrong session key (the same
@@ -35,21 +41,25 @@ replica is left, or with ``Retry-After`` over ``max_in_flight`` (see
 :class:`~agentloop_engines.gateway.prompt_limits.PromptLimits`).
 
 A streamed request (``stream: true``) is sent as server-sent events while the engine decodes it
-(see :mod:`~agentloop_engines.gateway.live`); the first event waits for the engine's first
+(see :mod:`~agentloop_engines.gateway.live`; the Responses and Messages APIs as their typed
+events, ``event: <type>`` lines, with no ``[DONE]``); the first event waits for the engine's first
 tokens, so an error still arrives as a plain JSON error before any event. A client that
 disconnects mid-stream stops the generation.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the endpoints' annotations.
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
 from agentloop_engines.control import is_chat_path, new_control_key
+from agentloop_engines.error_shapes import ErrorBody, anthropic_error, openai_error
 from agentloop_engines.gateway.core import Gateway
 from agentloop_engines.gateway.live import stream_chat_completion, stream_completion
-from agentloop_engines.gateway.openai_response import sse_live
+from agentloop_engines.gateway.messages_api import count_tokens, create_message
+from agentloop_engines.gateway.openai_response import sse_events, sse_live
 from agentloop_engines.gateway.prompt_limits import PromptLimitError
 from agentloop_engines.gateway.recorder import (
     SessionCallLimitError,
@@ -57,6 +67,7 @@ from agentloop_engines.gateway.recorder import (
     SessionNotFoundError,
     check_session_id,
 )
+from agentloop_engines.gateway.responses_api import create_response
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestGuard,
@@ -70,8 +81,8 @@ from agentloop_engines.http_common import (
 )
 from agentloop_engines.routing import NoHealthyReplicaError, RequestTimeoutError
 
-__all__ = ["SESSION_HEADER", "SESSION_KEY_HEADER", "GatewayThread", "add_gateway_routes", "create_gateway_app",
-           "serve_gateway", "session_base_path"]
+__all__ = ["ANTHROPIC_PATHS", "SESSION_HEADER", "SESSION_KEY_HEADER", "GatewayThread", "add_gateway_routes",
+           "create_gateway_app", "gateway_error_shapes", "serve_gateway", "session_base_path"]
 
 SESSION_HEADER = "X-Agentloop-Session"
 """Header naming the session of a call made on the plain ``/v1/...`` paths."""
@@ -86,6 +97,15 @@ ERRORS = {
     NoHealthyReplicaError: (503, "engine_unavailable"),
     RequestTimeoutError: (504, "engine_timeout"),
 }
+
+
+ANTHROPIC_PATHS = re.compile(r"(?:/sessions/[^/]+(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?")
+"""The routes of Anthropic's API, whose errors are in Anthropic's shape (full match)."""
+
+
+def gateway_error_shapes(path: str) -> ErrorBody:
+    """The error body of a gateway path: Anthropic's on its Messages routes, else OpenAI's."""
+    return anthropic_error if ANTHROPIC_PATHS.fullmatch(path) else openai_error
 
 
 def session_base_path(session_id: str, session_key: str) -> str:
@@ -145,12 +165,12 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
 
     for exc_type, (status, code) in ERRORS.items():
         async def handler(request: Any, exc: BaseException, status: int = status, code: str = code) -> Any:
-            return error_response(status, str(exc), code)
+            return error_response(status, str(exc), code, gateway_error_shapes(request.url.path))
 
         app.add_exception_handler(exc_type, handler)
 
-    def live(chunks: Any) -> Any:
-        return StreamingResponse(sse_live(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def live(chunks: Any, events: Any = sse_live) -> Any:
+        return StreamingResponse(events(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     async def answer_chat(body: dict[str, Any], sid: str | None, skey: str | None) -> Any:
         if body.get("stream") is True:
@@ -162,25 +182,33 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
             return live(await stream_completion(gateway, body, session_id=sid, session_key=skey))
         return (await gateway.completion(body, session_id=sid, session_key=skey)).body
 
+    async def answer_response(body: dict[str, Any], sid: str | None, skey: str | None) -> Any:
+        result = await create_response(gateway, body, session_id=sid, session_key=skey)
+        return result if isinstance(result, dict) else live(result, sse_events)
+
+    async def answer_message(body: dict[str, Any], sid: str | None, skey: str | None) -> Any:
+        result = await create_message(gateway, body, session_id=sid, session_key=skey)
+        return result if isinstance(result, dict) else live(result, sse_events)
+
+    async def answer_count(body: dict[str, Any], sid: str | None, skey: str | None) -> Any:
+        return await count_tokens(gateway, body, session_id=sid, session_key=skey)
+
     header = fastapi.Header(default=None, alias=SESSION_HEADER)
     key_header = fastapi.Header(default=None, alias=SESSION_KEY_HEADER)
     plain_session = _session if sessions else _no_session
 
-    # Two functions per endpoint: on the plain paths a session_id parameter would otherwise
-    # become a query parameter, a third, undocumented way to name a session.
-    async def chat(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
-        return await answer_chat(body, *plain_session(None, session, key))
+    # Two endpoints per route: on the plain paths a session_id parameter would otherwise become
+    # a query parameter, a third, undocumented way to name a session.
+    def plain(answer: Callable[..., Any]) -> Callable[..., Any]:
+        async def endpoint(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
+            return await answer(body, *plain_session(None, session, key))
+        return endpoint
 
-    async def session_chat(session_id: str, session_key: str, body: dict[str, Any], session: str | None = header,
+    def in_session(answer: Callable[..., Any]) -> Callable[..., Any]:
+        async def endpoint(session_id: str, session_key: str, body: dict[str, Any], session: str | None = header,
                            key: str | None = key_header) -> Any:
-        return await answer_chat(body, *_session((session_id, session_key), session, key))
-
-    async def completions(body: dict[str, Any], session: str | None = header, key: str | None = key_header) -> Any:
-        return await answer_completion(body, *plain_session(None, session, key))
-
-    async def session_completions(session_id: str, session_key: str, body: dict[str, Any],
-                                  session: str | None = header, key: str | None = key_header) -> Any:
-        return await answer_completion(body, *_session((session_id, session_key), session, key))
+            return await answer(body, *_session((session_id, session_key), session, key))
+        return endpoint
 
     async def models() -> dict[str, Any]:
         return gateway.models()
@@ -195,15 +223,19 @@ def add_gateway_routes(app: Any, gateway: Gateway, auth: Sequence[Any] = (), *, 
             "as returned by POST /sessions/<id> (control key) or GatewayThread.session_url; the id alone reaches "
             "no session")
 
-    # Plain and per-session endpoints differ in their path parameter, so the list holds either.
-    mounted: list[tuple[str, tuple[Callable[..., Any], ...]]] = [("", (chat, completions, models))]
+    posts = {"chat/completions": answer_chat, "completions": answer_completion, "responses": answer_response,
+             "messages": answer_message, "messages/count_tokens": answer_count}
+    for route, answer in posts.items():
+        app.add_api_route(f"/v1/{route}", plain(answer), methods=["POST"], dependencies=auth)
+        if sessions:
+            app.add_api_route(f"/sessions/{{session_id}}/{{session_key}}/v1/{route}", in_session(answer),
+                              methods=["POST"], dependencies=auth)
+            app.add_api_route(f"/sessions/{{session_id}}/v1/{route}", keyless, methods=["POST"], dependencies=auth)
+    app.add_api_route("/v1/models", models, methods=["GET"], dependencies=auth)
     if sessions:
-        mounted.append(("/sessions/{session_id}/{session_key}", (session_chat, session_completions, session_models)))
-        mounted.append(("/sessions/{session_id}", (keyless, keyless, keyless)))
-    for prefix, endpoints in mounted:
-        app.add_api_route(f"{prefix}/v1/chat/completions", endpoints[0], methods=["POST"], dependencies=auth)
-        app.add_api_route(f"{prefix}/v1/completions", endpoints[1], methods=["POST"], dependencies=auth)
-        app.add_api_route(f"{prefix}/v1/models", endpoints[2], methods=["GET"], dependencies=auth)
+        app.add_api_route("/sessions/{session_id}/{session_key}/v1/models", session_models, methods=["GET"],
+                          dependencies=auth)
+        app.add_api_route("/sessions/{session_id}/v1/models", keyless, methods=["GET"], dependencies=auth)
     if sessions:
         _add_session_routes(app, gateway, auth)
 
@@ -266,7 +298,7 @@ def create_gateway_app(gateway: Gateway, *, api_key: str | None = None,
     """
     fastapi, _ = require_server_extra()
     app = fastapi.FastAPI(title="agentloop gateway", docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(app)
+    install_error_handlers(app, error_shapes=gateway_error_shapes)
     add_gateway_routes(app, gateway)
 
     @app.get("/health")
@@ -275,7 +307,7 @@ def create_gateway_app(gateway: Gateway, *, api_key: str | None = None,
                 "engine": type(gateway.server).__name__}
 
     return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits or ServerLimits(),
-                        control_key=control_key, is_chat=is_chat_path)
+                        control_key=control_key, is_chat=is_chat_path, error_shapes=gateway_error_shapes)
 
 
 def serve_gateway(gateway: Gateway, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, *,

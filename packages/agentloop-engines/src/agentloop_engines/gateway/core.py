@@ -252,6 +252,13 @@ class Gateway:
         self.images.forget(session_id)
         return calls
 
+    def session_state(self, session_id: str) -> dict[str, Any]:
+        """A mutable dict that lives as long as the open session ``session_id`` (closed, expired
+        or evicted, it goes with it): what an API translator remembers between a session's calls,
+        such as the Responses API's stored responses for ``previous_response_id``. A session
+        that is not open gets a new empty dict, kept nowhere."""
+        return self.recorder.api_state(session_id)
+
     # ---- endpoints -----------------------------------------------------------------------
 
     def models(self) -> dict[str, Any]:
@@ -285,7 +292,7 @@ class Gateway:
                                           add_special_tokens=False))
 
     async def chat_completion(self, body: Mapping[str, Any], *, session_id: str | None = None,
-                              session_key: str | None = None) -> GatewayResponse:
+                              session_key: str | None = None, endpoint: str = "chat.completions") -> GatewayResponse:
         """Answer a ``/v1/chat/completions`` body.
 
         In a session, a request whose messages are the previous chat call's messages, the
@@ -300,6 +307,8 @@ class Gateway:
             session_id: Record the call in this session (and use it as the engine request id).
             session_key: The key the call carried (an HTTP client's); the session must then be
                 open and this its key. None: an in-process call, which opens the session if needed.
+            endpoint: The API the call came through, as recorded (``"responses"`` and
+                ``"messages"`` translate their bodies to chat bodies and call this).
 
         Returns:
             The ``chat.completion`` object (with ``prompt_token_ids``, ``token_ids`` and
@@ -316,7 +325,7 @@ class Gateway:
         """
         req, prompt_ids, plan, images = await self._prepare_chat(body, session_id, session_key)
         gen = await self._generate("chatcmpl", prompt_ids, req, session_id, session_key, images)
-        return await self._chat_response(body, req, gen, plan, session_id)
+        return await self._chat_response(body, req, gen, plan, session_id, endpoint)
 
     async def _prepare_chat(self, body: Mapping[str, Any], session_id: str | None,
                             session_key: str | None) -> tuple[ChatRequest, list[int], Any, tuple[ImageItem, ...]]:
@@ -342,7 +351,7 @@ class Gateway:
         return req, prompt_ids, plan, images
 
     async def _chat_response(self, body: Mapping[str, Any], req: ChatRequest, gen: _Generation, plan: Any,
-                             session_id: str | None) -> GatewayResponse:
+                             session_id: str | None, endpoint: str = "chat.completions") -> GatewayResponse:
         """The ``chat.completion`` of a finished generation, recorded in its session."""
         message: dict[str, Any] = {"role": "assistant", "content": gen.text}
         finish = _FINISH[gen.stop_reason]
@@ -372,9 +381,9 @@ class Gateway:
         choice["token_logprobs"] = gen.log_probs
         response = self._body("chatcmpl", "chat.completion", req, choice, gen)
         if plan is None:
-            return self._finish("chat.completions", body, response, gen, req, session_id)
+            return self._finish(endpoint, body, response, gen, req, session_id)
         assert session_id is not None
-        result = self._finish("chat.completions", body, response, gen, req, session_id,
+        result = self._finish(endpoint, body, response, gen, req, session_id,
                               extra={"extends_previous": plan.extends_previous})
         await self._off_loop(self._planner.advance, session_id, plan, req, gen.prompt_ids, gen.token_ids,
                              gen.stop_reason, message)

@@ -39,7 +39,8 @@ _END = object()
 
 
 async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, session_id: str | None = None,
-                                 session_key: str | None = None) -> AsyncIterator[dict[str, Any]]:
+                                 session_key: str | None = None,
+                                 endpoint: str = "chat.completions") -> AsyncIterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed ``/v1/chat/completions`` body, sent
     as generated; arguments and errors as in :meth:`Gateway.chat_completion` (raised here,
     before the first chunk)."""
@@ -70,7 +71,7 @@ async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, s
                 output = delta.output
         assert output is not None, "an engine stream ended without its output"
         gen = await gateway._generation(output, prompt_ids, req, images)
-        response = await gateway._chat_response(body, req, gen, plan, session_id)
+        response = await gateway._chat_response(body, req, gen, plan, session_id, endpoint)
         response.body["id"] = head["id"]  # one id for the stream and the recorded response
         choice = response.body["choices"][0]
         for piece in text.finish(choice["message"]):

@@ -19,7 +19,8 @@ from typing import Any
 
 from agentloop_engines.gateway.recorder import RecordedCall
 
-__all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "final_chunks", "sse", "sse_live", "stream_head"]
+__all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "final_chunks", "sse", "sse_events", "sse_live",
+           "stream_head"]
 
 _EXTENSIONS = ("token_ids", "token_logprobs", "tool_call_errors")
 
@@ -87,6 +88,15 @@ def sse(chunks: Iterator[Mapping[str, Any]]) -> Iterator[bytes]:
     for chunk in chunks:
         yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
+
+
+async def sse_events(events: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[bytes]:
+    """Server-sent events of typed events (the Responses and Messages APIs): an ``event:`` line
+    naming each event's ``type``, its ``data:`` line, and no ``[DONE]`` (these streams end with
+    their own last event)."""
+    async for event in events:
+        yield (b"event: " + str(event["type"]).encode() + b"\ndata: "
+               + json.dumps(event, ensure_ascii=False).encode() + b"\n\n")
 
 
 async def sse_live(chunks: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[bytes]:

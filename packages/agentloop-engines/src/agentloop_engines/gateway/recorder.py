@@ -132,6 +132,7 @@ class _Session:
     last_used: float = 0.0
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     chat_state: Any = None
+    api_state: dict[str, Any] = field(default_factory=dict)
     response_length: int | None = None
     segment_prompt_len: int = 0
     exhausted: bool = False
@@ -386,6 +387,14 @@ class SessionRecorder:
             session = self._sessions.get(session_id)
             if session is not None:
                 session.chat_state = state
+
+    def api_state(self, session_id: str) -> dict[str, Any]:
+        """A mutable dict that goes with the session (pop, expiry, eviction): what an API
+        translator keeps between its calls, such as the Responses API's stored responses. A
+        session that is not open gets a new empty dict, kept nowhere."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            return {} if session is None else session.api_state
 
     # ---- bounds --------------------------------------------------------------------------
 
