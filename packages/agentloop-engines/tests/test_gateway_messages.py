@@ -236,14 +236,14 @@ def test_what_claude_code_sends_is_accepted():
             "output_config": {"effort": "high"}, "thinking": {"type": "adaptive", "display": "updates"},
             "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
             "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
-            "tools": [{**TOOLS[0], "defer_loading": True}],
+            "tools": [{**TOOLS[0], "defer_loading": True, "strict": True}],
             "messages": [{"role": "user", "content": "hi"},
                          {"role": "system", "content": "# Environment\ncwd: /tmp"},
                          {"role": "user", "content": [{"type": "text", "text": "go"}]}]}
     req = to_chat_body(body, PromptLimits())
     assert [m["role"] for m in req.chat["messages"]] == ["system", "user", "system", "user"]
     assert req.chat["messages"][2]["content"] == "# Environment\ncwd: /tmp"
-    assert req.chat["tools"] == CHAT_TOOLS
+    assert req.chat["tools"] == [{"type": "function", "function": {**CHAT_TOOLS[0]["function"], "strict": True}}]
     assert req.thinking is True
 
 
@@ -259,7 +259,6 @@ def test_what_claude_code_sends_is_accepted():
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"}]}, "prefill"),
     ({"messages": [{"role": "tool", "content": "hi"}]}, "'role'"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
-    ({"tools": [{**TOOLS[0], "strict": True}]}, "strict"),
     ({"tools": TOOLS, "tool_choice": {"type": "any"}}, "'any'"),
     ({"tools": TOOLS, "tool_choice": {"type": "tool", "name": "calculator"}}, "'tool'"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config.format"),

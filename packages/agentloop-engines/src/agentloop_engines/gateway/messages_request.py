@@ -42,7 +42,7 @@ agent's messages are rendered as sent and an agent relying on the server to clea
 results keeps them; Claude Code sends it). Refused with a 400
 naming the key or block type: a missing ``model``, ``max_tokens`` or ``messages``; server tools
 (a tool with a ``type`` such as ``web_search_20250305``), ``container``, ``mcp_servers``,
-``output_config.format``, strict tools and ``tool_choice`` ``any`` or
+``output_config.format`` and ``tool_choice`` ``any`` or
 ``tool`` (they need constrained decoding); ``document`` and every other block type not listed
 above; a last assistant message (prefill: chat templates close every assistant turn they
 render); and any other key.
@@ -333,15 +333,14 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         unknown = sorted(str(k)[:80] for k in tool if k not in _TOOL_KEYS)
         if unknown:
             raise ValueError(f"{where} has unsupported key(s) {unknown[:10]}; a tool takes {sorted(_TOOL_KEYS)}")
-        if tool.get("strict"):
-            raise ValueError(f"{where}.strict=true needs constrained decoding, which the gateway does not do; leave "
-                             "it out")
         if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), Mapping):
             raise ValueError(f"{where} needs a 'name' string and an 'input_schema' object")
         function: dict[str, Any] = {"name": tool["name"]}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
         function["parameters"] = dict(tool["input_schema"])
+        if tool.get("strict") is not None:  # as chat and Responses tools carry it (no decoding is constrained)
+            function["strict"] = tool["strict"]
         out.append({"type": "function", "function": function})
     return out
 

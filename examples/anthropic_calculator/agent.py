@@ -1,0 +1,66 @@
+"""A tool-use loop written with the ``anthropic`` SDK, run by ``http_agent`` unchanged.
+
+``run(base_url, row)`` calls ``messages.create`` with a calculator tool, runs every ``tool_use``
+block and answers it with a ``tool_result``, until the model stops for another reason than
+``tool_use``. The gateway's Messages route records each call's exact token ids.
+
+The SDK appends ``/v1/messages`` to its base URL, so it gets the session URL without ``/v1``.
+
+    agentloop train --config examples/anthropic_calculator/config.yaml
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+
+from agentloop_tools.builtin.calculator import CalculatorError, evaluate_expression
+
+MAX_TURNS = 4
+"""Model calls one run may make."""
+
+CALCULATOR = {
+    "name": "calculator",
+    "description": "Evaluate an arithmetic expression such as (3 + 4) * 2.",
+    "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
+                     "required": ["expression"]},
+}
+
+
+def calculate(arguments: dict[str, Any]) -> str:
+    try:
+        return str(evaluate_expression(arguments.get("expression", "")))
+    except CalculatorError as exc:
+        return f"error: {exc}"
+
+
+def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
+    """One trajectory (synchronous: ``http_agent`` runs it on a thread of its own pool).
+
+    Returns metrics only (``finished``: the model ended its answer itself; ``tool_calls``), so the reward is the trainer's scorer of the row's ``data_source``.
+    """
+    # The gateway takes any key (x-api-key or bearer) and any model name; a retry would resend a
+    # call the gateway refused because the response budget is spent.
+    with anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0) as client:
+        return _tool_loop(client, row)
+
+
+def _tool_loop(client: anthropic.Anthropic, row: dict[str, Any]) -> dict[str, Any]:
+    system = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "system")
+    messages: list[dict[str, Any]] = [{"role": m["role"], "content": m["content"]}
+                                      for m in row["raw_prompt"] if m["role"] != "system"]
+    tool_calls = 0
+    for _ in range(MAX_TURNS):
+        # max_tokens is required by the API; the gateway caps it to the trainer's budget.
+        reply = client.messages.create(model="policy", max_tokens=1024, system=system, messages=messages,
+                                       tools=[CALCULATOR])
+        messages.append({"role": "assistant", "content": reply.content})
+        if reply.stop_reason != "tool_use":
+            # "max_tokens": the reply was cut at the trainer's max_tokens_per_turn.
+            return {"metrics": {"finished": int(reply.stop_reason == "end_turn"), "tool_calls": tool_calls}}
+        results = [{"type": "tool_result", "tool_use_id": block.id, "content": calculate(block.input)}
+                   for block in reply.content if block.type == "tool_use"]
+        tool_calls += len(results)
+        messages.append({"role": "user", "content": results})
+    return {"metrics": {"finished": 0, "tool_calls": tool_calls}}
