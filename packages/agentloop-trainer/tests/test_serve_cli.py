@@ -118,3 +118,56 @@ def test_serve_without_a_control_key_serves_no_control_route(random_model_path):
         out = proc.communicate(timeout=30)[0]
     assert "control routes" in out
     assert CONTROL not in out
+
+
+def test_serve_answers_the_responses_and_messages_apis(random_model_path):
+    """`agentloop serve` serves the stock clients' Responses and Messages calls, streamed and not,
+    with tool calls and their results in the history (several turns), in one recorded session:
+    the ids each answer carries are the ones recorded for training."""
+    anthropic = pytest.importorskip("anthropic")
+    proc, base = _serve(str(random_model_path), "--api-key-env", "MY_KEY", "--control-key-env", "MY_CONTROL",
+                        "actor_rollout_ref.rollout.max_model_len=1024")
+    schema = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+    try:
+        url = _open(base, "apis")
+        oa = openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0)
+        tools = [{"type": "function", "name": "calculator", "description": "Evaluate.", "parameters": schema}]
+        first = oa.responses.create(model="tiny", input="What is 3 + 4?", tools=tools, max_output_tokens=6)
+        assert first.status in ("completed", "incomplete")
+        history = [{"role": "user", "content": "What is 3 + 4?"},
+                   {"type": "function_call", "call_id": "call_1", "name": "calculator",
+                    "arguments": '{"expression": "3 + 4"}'},
+                   {"type": "function_call_output", "call_id": "call_1", "output": "7"}]
+        # The random model is cut at max_output_tokens: the stream ends with response.incomplete
+        # (which responses.stream().get_final_response() refuses, as with OpenAI's own API).
+        events = list(oa.responses.create(model="tiny", input=history, tools=tools, max_output_tokens=6, stream=True))
+        assert events[0].type == "response.created"
+        assert events[-1].type in ("response.completed", "response.incomplete")
+        streamed = events[-1].response
+        assert streamed.usage.output_tokens > 0
+        an = anthropic.Anthropic(base_url=url.removesuffix("/v1"), api_key="s3cret", max_retries=0)
+        atools = [{"name": "calculator", "description": "Evaluate.", "input_schema": schema}]
+        message = an.messages.create(model="tiny", max_tokens=6, tools=atools,
+                                     messages=[{"role": "user", "content": "What is 3 + 4?"}])
+        assert message.stop_reason in ("end_turn", "max_tokens", "tool_use")
+        turns = [{"role": "user", "content": "What is 3 + 4?"},
+                 {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "calculator",
+                                                    "input": {"expression": "3 + 4"}}]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "7"}]}]
+        with an.messages.stream(model="tiny", max_tokens=6, tools=atools, messages=turns) as events:
+            final = events.get_final_message()
+        assert final.usage.output_tokens > 0
+        recorded = httpx.delete(f"{base}/sessions/apis", headers=CONTROL_AUTH).json()["calls"]
+        assert [c["endpoint"] for c in recorded] == ["responses", "responses", "messages", "messages"]
+        assert recorded[0]["token_ids"] == first.model_extra["token_ids"]
+        assert recorded[1]["token_ids"] == streamed.model_extra["token_ids"]
+        assert recorded[2]["token_ids"] == message.model_extra["token_ids"]
+        assert [len(c["token_ids"]) for c in recorded] == [first.usage.output_tokens, streamed.usage.output_tokens,
+                                                           message.usage.output_tokens, final.usage.output_tokens]
+        for c in recorded:
+            assert len(c["log_probs"]) == len(c["token_ids"]) > 0
+        # The same history sent as Responses items and as Messages blocks: the same prompt.
+        assert recorded[1]["prompt_ids"] == recorded[3]["prompt_ids"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
