@@ -35,26 +35,38 @@ def calculate(arguments: dict[str, Any]) -> str:
         return f"error: {exc}"
 
 
-def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
+def run(base_url: str, row: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
     """One trajectory (synchronous: ``http_agent`` runs it on a thread of its own pool).
 
-    Returns metrics only (``finished``: the model ended its answer itself; ``tool_calls``), so the reward is the trainer's scorer of the row's ``data_source``.
+    Returns metrics only (``finished``: the model ended its answer itself; ``tool_calls``), so
+    the reward is the trainer's scorer of the row's ``data_source``. With ``stream`` each call
+    is streamed (``messages.stream``); the recorded ids are the same.
     """
     # The gateway takes any key (x-api-key or bearer) and any model name; a retry would resend a
     # call the gateway refused because the response budget is spent.
     with anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0) as client:
-        return _tool_loop(client, row)
+        return _tool_loop(client, row, stream)
 
 
-def _tool_loop(client: anthropic.Anthropic, row: dict[str, Any]) -> dict[str, Any]:
+def run_streamed(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run` with every call streamed (``agent: examples/anthropic_calculator/agent.py:run_streamed``)."""
+    return run(base_url, row, stream=True)
+
+
+def _tool_loop(client: anthropic.Anthropic, row: dict[str, Any], stream: bool) -> dict[str, Any]:
     system = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "system")
     messages: list[dict[str, Any]] = [{"role": m["role"], "content": m["content"]}
                                       for m in row["raw_prompt"] if m["role"] != "system"]
     tool_calls = 0
     for _ in range(MAX_TURNS):
         # max_tokens is required by the API; the gateway caps it to the trainer's budget.
-        reply = client.messages.create(model="policy", max_tokens=1024, system=system, messages=messages,
-                                       tools=[CALCULATOR])
+        request: dict[str, Any] = {"model": "policy", "max_tokens": 1024, "system": system, "messages": messages,
+                                   "tools": [CALCULATOR]}
+        if stream:
+            with client.messages.stream(**request) as events:
+                reply = events.get_final_message()
+        else:
+            reply = client.messages.create(**request)
         messages.append({"role": "assistant", "content": reply.content})
         if reply.stop_reason != "tool_use":
             # "max_tokens": the reply was cut at the trainer's max_tokens_per_turn.

@@ -45,11 +45,13 @@ def calculator(expression: str) -> str:
         return f"error: {exc}"
 
 
-async def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
+async def run(base_url: str, row: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
     """One trajectory: the row's system turn becomes the agent's instructions, the rest its input.
 
     Returns metrics only (``finished``: the agent gave a final answer; ``tool_calls``), so the
-    reward is the trainer's scorer of the row's ``data_source``.
+    reward is the trainer's scorer of the row's ``data_source``. With ``stream`` the agent runs
+    with ``Runner.run_streamed`` (every model call a streamed Responses call); the recorded ids
+    are the same.
     """
     system = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "system")
     conversation = [{"role": m["role"], "content": m["content"]} for m in row["raw_prompt"] if m["role"] != "system"]
@@ -59,7 +61,13 @@ async def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
         agent = Agent(name="calculator", instructions=system or None, tools=[calculator],
                       model=OpenAIResponsesModel(model="policy", openai_client=client))
         try:
-            result = await Runner.run(agent, conversation, max_turns=MAX_TURNS)
+            if stream:
+                streamed = Runner.run_streamed(agent, conversation, max_turns=MAX_TURNS)
+                async for _ in streamed.stream_events():
+                    pass
+                items = streamed.new_items
+            else:
+                items = (await Runner.run(agent, conversation, max_turns=MAX_TURNS)).new_items
         except (MaxTurnsExceeded, ModelBehaviorError) as exc:
             # ModelBehaviorError: a reply cut at max_output_tokens (the trainer's
             # max_tokens_per_turn) is a Responses status "incomplete", which the SDK refuses, as it
@@ -67,7 +75,12 @@ async def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
             # calls are trained on and the scorer gives the reward, rather than the sample failing.
             items = exc.run_data.new_items if exc.run_data is not None else []
             return {"metrics": {"finished": 0, "tool_calls": _tool_calls(items)}}
-    return {"metrics": {"finished": 1, "tool_calls": _tool_calls(result.new_items)}}
+    return {"metrics": {"finished": 1, "tool_calls": _tool_calls(items)}}
+
+
+async def run_streamed(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run` with ``Runner.run_streamed`` (``agent: examples/openai_agents_calculator/agent.py:run_streamed``)."""
+    return await run(base_url, row, stream=True)
 
 
 def _tool_calls(items: list[Any]) -> int:

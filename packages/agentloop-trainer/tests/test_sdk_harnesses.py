@@ -43,10 +43,15 @@ class Harness:
     """The folder under ``examples/`` whose ``agent.py:run`` is the agent."""
     endpoint: str
     """The API the gateway records for its calls."""
+    streams: bool = False
+    """The example also has ``run_streamed`` (each call streamed)."""
 
     @property
     def agent(self) -> str:
-        return f"{REPO / 'examples' / self.example / 'agent.py'}:run"
+        return self.entry("run")
+
+    def entry(self, name: str) -> str:
+        return f"{REPO / 'examples' / self.example / 'agent.py'}:{name}"
 
     def require(self) -> None:
         pytest.importorskip(self.module, reason=f"needs {self.module}: pip install {self.install}")
@@ -54,8 +59,9 @@ class Harness:
 
 HARNESSES = {
     "openai-agents": Harness("agents", '"agentloop-trainer[test]" (openai-agents)', "openai_agents_calculator",
-                             "responses"),
-    "anthropic": Harness("anthropic", '"agentloop-trainer[test]" (anthropic)', "anthropic_calculator", "messages"),
+                             "responses", streams=True),
+    "anthropic": Harness("anthropic", '"agentloop-trainer[test]" (anthropic)', "anthropic_calculator", "messages",
+                         streams=True),
     "pydantic-ai": Harness("pydantic_ai", '"agentloop-trainer[test]" (pydantic-ai-slim[openai])',
                            "pydantic_ai_calculator", "chat.completions"),
 }
@@ -117,16 +123,19 @@ ROW = {"index": 3, "raw_prompt": [
     {"role": "user", "content": "Ann has 6 bags with 7 apples each and eats none. How many apples?"}]}
 
 
-@pytest.mark.parametrize("sdk", list(HARNESSES))
-async def test_an_sdk_agent_trains_on_the_engine_tokens(sdk, tok, recorded):
+@pytest.mark.parametrize(("sdk", "entry"), [(sdk, entry) for sdk, h in HARNESSES.items()
+                                             for entry in ("run", "run_streamed")[: 1 + h.streams]])
+async def test_an_sdk_agent_trains_on_the_engine_tokens(sdk, entry, tok, recorded):
     """The SDK's agent calls the calculator twice (two hermes tool calls, each answered with a
     tool result) and then answers: three model calls, each extending the last, so one segment
     whose mask-1 runs are exactly the engine's generated ids per call, with its log-probs, and
-    whose mask-0 tokens hold both tool results as the chat template renders them."""
+    whose mask-0 tokens hold both tool results as the chat template renders them. Streamed
+    (``run_streamed``) or not, the recorded ids are the same."""
     harness = HARNESSES[sdk]
     harness.require()
     server = scripted(tok, [call_text("6*7"), call_text("42-0"), "#### 42"])
-    outputs = await HTTPAgentLoop(server, tok, {"agent": harness.agent}).run(SAMPLING, **ROW)
+    outputs = await HTTPAgentLoop(server, tok, {"agent": harness.entry(entry)}).run(SAMPLING, **ROW)
+    assert all(call.request.get("stream", False) is (entry == "run_streamed") for call in recorded)
 
     assert [call.endpoint for call in recorded] == [harness.endpoint] * 3
     assert [call.extra.get("extends_previous") for call in recorded[1:]] == [True, True], (

@@ -67,11 +67,13 @@ async def create_message(gateway: Gateway, body: Mapping[str, Any], *, session_i
             its first event.
     """
     req = await _checked(gateway, body, session_id, session_key, count=False)
+    # "stream" as the client asked: the chat call below is chosen by it, and the recording shows it.
+    chat = {**req.chat, "stream": req.stream}
     if req.stream:
-        chunks = await stream_chat_completion(gateway, req.chat, session_id=session_id, session_key=session_key,
+        chunks = await stream_chat_completion(gateway, chat, session_id=session_id, session_key=session_key,
                                               endpoint="messages")
         return _events(gateway, req, chunks, session_id)
-    response = await gateway.chat_completion(req.chat, session_id=session_id, session_key=session_key,
+    response = await gateway.chat_completion(chat, session_id=session_id, session_key=session_key,
                                              endpoint="messages")
     choice = response.body["choices"][0]
     stop = await _matched_stop(gateway, req, choice["finish_reason"], choice["token_ids"])

@@ -89,7 +89,9 @@ async def create_response(gateway: Gateway, body: Mapping[str, Any], *, session_
     _check_lengths(gateway, body)
     req = parse_responses_request(body)
     previous = _previous(gateway, req, session_id, session_key)
-    chat_body = {**req.chat, "messages": req.conversation(previous.conversation() if previous else [])}
+    # "stream" as the client asked: the chat call below is chosen by it, and the recording shows it.
+    chat_body = {**req.chat, "messages": req.conversation(previous.conversation() if previous else []),
+                 "stream": req.stream}
     response_id, created = new_id("resp"), int(time.time())
     model = req.chat.get("model") or gateway.model_name
     if req.stream:
