@@ -159,6 +159,7 @@ async def test_mask_holds_exactly_the_engine_tokens_across_three_tool_turns(toke
     assert out.metrics["turns"] == 4
     assert out.extra_fields["termination_reason"] == "no_tool_call"
     assert out.extra_fields["tool_rewards"] == [0.1, 0.1, 0.1]
+    assert out.extra_fields["turn_rewards"] == [0.1, 0.1, 0.1, 0.0]  # each call's reward on the turn that made it
     assert out.reward_score == pytest.approx(0.3)
     assert tool.live_instances == 0
 

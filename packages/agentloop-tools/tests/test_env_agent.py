@@ -132,6 +132,7 @@ async def test_three_steps_keep_exactly_the_engine_tokens_and_each_step_reward(t
     assert "next is 2" in feedback
     assert "next is 3" in feedback
     assert out.extra_fields["step_rewards"] == [0.5, 0.0, 0.5, 0.5]
+    assert out.extra_fields["turn_rewards"] == [0.5, 0.0, 0.5, 0.5]  # one per turn: the turn stepped
     assert out.reward_score == pytest.approx(1.5)
     assert out.extra_fields["termination_reason"] == "env_done"
     assert out.extra_fields["environment"] == "test_counter"

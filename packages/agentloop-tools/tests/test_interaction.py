@@ -54,6 +54,7 @@ async def test_interaction_asks_again_then_ends_on_the_right_answer(tokenizer):
     users = [m["content"] for m in out.extra_fields["messages"] if m["role"] == "user"]
     assert users == [PROMPT[0]["content"], "Wrong, try again."]
     assert out.extra_fields["turn_scores"] == [0.0, 1.0]
+    assert out.extra_fields["turn_rewards"] == [0.0, 1.0]  # each reply's score on the turn it answered
     assert out.extra_fields["termination_reason"] == "interaction"
     assert out.metrics["user_turns"] == 1
     assert out.metrics["assistant_turns"] == 2
@@ -96,6 +97,8 @@ async def test_interaction_from_class_path_with_a_tool(tokenizer):
     tool_rewards = out.extra_fields["tool_rewards"]
     calc = 1.0  # Gsm8kTool.calc_reward: best answer seen, correct
     assert out.reward_score == pytest.approx(sum(tool_rewards) + calc + 2.0)
+    # turn 0 made the call, turn 1 got the interaction's score
+    assert out.extra_fields["turn_rewards"] == pytest.approx([sum(tool_rewards), 2.0])
 
 
 def test_load_interaction_errors():

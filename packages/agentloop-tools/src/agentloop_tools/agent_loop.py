@@ -27,6 +27,16 @@ counter in ``metrics``; it never ends the trajectory with an exception. A miscon
 different: ``tools_kwargs`` that a tool cannot take
 (:class:`~agentloop_tools.base.ToolKwargsError`), or naming a tool or an interaction the loop
 does not have, fails the sample with the error.
+
+Rewards: ``reward_score`` is the tools' call rewards plus their ``calc_reward`` plus the
+interaction's ``calculate_score`` (``tool_reward="sum"``). ``extra_fields["turn_rewards"]`` splits
+the per-turn part over the assistant turns: each call's reward on the turn that made the call,
+and the interaction's score of its reply on the turn it answered (``turn_scores``, as verl keeps
+them). The trainer's per-turn credit (``algorithm.turn_credit``) reads them as parts of the final
+reward and puts the rest of it (``calc_reward``, ``calculate_score``, a reward function's score)
+on the last turn, so the turns' rewards always add up to the trajectory's; with the default
+``calculate_score`` (the last turn's score) that rest is the tools' ``calc_reward`` less the
+earlier turns' scores.
 """
 
 from __future__ import annotations
@@ -196,7 +206,8 @@ class ToolAgentLoop(AgentLoopBase):
         metrics = {**run.counters, **run.stops.metrics(), "assistant_turns": run.assistant_turns,
                    "user_turns": run.user_turns, "turns": run.assistant_turns + run.user_turns}
         extra = {"messages": list(trajectory.messages), "termination_reason": run.termination,
-                 "request_id": run.request_id, "reported_metrics": list(run.reported), **extra}
+                 "request_id": run.request_id, "reported_metrics": list(run.reported),
+                 "turn_rewards": run.turn_reward_list(), **extra}
         return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
                                     sanity_check=self.settings.sanity_check)
 
@@ -347,6 +358,7 @@ class ToolAgentLoop(AgentLoopBase):
         await turn_slot()
         run.add_metrics("interaction", run.user_turns, metrics)
         run.turn_scores.append(float(score))
+        run.credit_turn(float(score))
         if done:
             run.termination = "interaction"
             return AgentState.TERMINATED
@@ -439,6 +451,7 @@ class ToolAgentLoop(AgentLoopBase):
         except (TypeError, ValueError):
             run.counters["tool_errors"] += 1
             run.tool_rewards.append(0.0)
+        run.credit_turn(run.tool_rewards[-1])
         return response
 
     async def _reward(self, run: ToolRun) -> float | None:

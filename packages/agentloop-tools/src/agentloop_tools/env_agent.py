@@ -22,6 +22,8 @@ raises fails the sample with an :class:`~agentloop_core.environment.EnvironmentE
 
 Reward: ``reward_score`` is the sum of the step rewards (``extra_fields["step_rewards"]``, one
 per step); ``tool_reward="none"`` (the trainer's ``reward.source=function``) leaves it None.
+``extra_fields["turn_rewards"]`` holds them per assistant turn (the stepped turn's reward; 0.0
+for a last turn cut unstepped), for the trainer's per-turn credit (``algorithm.turn_credit``).
 The trajectory's tools are the environment's: ``tools`` / ``tool_config_path`` of the rollout
 config are not used by this loop.
 """
@@ -213,6 +215,7 @@ class EnvAgentLoop(ToolAgentLoop):
         run.counters["tool_calls"] += len(parsed.calls)  # what the environment was handed (as tool_agent counts)
         messages, reward, done, info = self._read_step(run, result)
         run.step_rewards.append(reward)
+        run.credit_turn(reward)
         run.step_infos.append({"turn": turn.index, "reward": reward, "done": done, "info": info})
         run.add_metrics("env", turn.index, info or None)
         if done:

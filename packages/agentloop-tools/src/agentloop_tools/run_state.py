@@ -37,6 +37,9 @@ class ToolRun:
     user_turns: int = 0
     tool_rewards: list[float] = field(default_factory=list)
     turn_scores: list[float] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    """Per assistant turn, the rewards earned by it that are part of ``reward_score`` (see
+    :meth:`credit_turn`); ``extra_fields["turn_rewards"]``, one entry per generated turn."""
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
         ("tool_calls", "tool_errors", "parse_errors", "tool_calls_over_limit", *MEDIA_COUNTERS, "dropped_message_tokens",
          "tool_responses_truncated_length", "tool_responses_truncated_tokens",
@@ -57,6 +60,19 @@ class ToolRun:
     turn_text: tuple[str, str, str | None] = ("", "", None)
     """The last turn as the parsers read it: ``(text, content, reasoning)`` (content is the
     text, reasoning None, without a reasoning parser)."""
+
+    def credit_turn(self, reward: float) -> None:
+        """Add ``reward`` to the turn generated last (a tool call's reward to the turn that made
+        the call, an environment step's or interaction reply's to the turn it answered)."""
+        turn = self.assistant_turns - 1
+        if turn < 0:
+            raise ValueError("credit_turn before any assistant turn was generated")
+        self.turn_rewards.extend([0.0] * (turn + 1 - len(self.turn_rewards)))
+        self.turn_rewards[turn] += float(reward)
+
+    def turn_reward_list(self) -> list[float]:
+        """:attr:`turn_rewards` with one entry per generated turn (0.0 for a turn nothing credited)."""
+        return self.turn_rewards + [0.0] * (self.assistant_turns - len(self.turn_rewards))
 
     def add_metrics(self, source: str, turn: int, metrics: Any) -> None:
         """Keep a tool's or the interaction's metrics: numbers (bools count 1/0) add up over the

@@ -36,6 +36,7 @@ def validate(cfg: TrainConfig) -> None:
     from agentloop_trainer.reward.scoring import ANSWER_FORMATS
     from agentloop_trainer.update.advantages import ADV_ESTIMATORS
     from agentloop_trainer.update.losses import LOSS_AGG_MODES, POLICY_LOSS_MODES
+    from agentloop_trainer.update.turn_credit import TURN_CREDIT_MODES
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
     try:
@@ -53,6 +54,13 @@ def validate(cfg: TrainConfig) -> None:
         ("actor_rollout_ref.rollout.n", cfg.actor_rollout_ref.rollout.n >= 1, "at least 1 (2+ for GRPO)"),
         ("actor_rollout_ref.rollout.n", cfg.algorithm.adv_estimator != "rloo" or r.n >= 2,
          "at least 2 with algorithm.adv_estimator=rloo (a sample's baseline is the mean of its group's others)"),
+        ("algorithm.turn_credit", cfg.algorithm.turn_credit in TURN_CREDIT_MODES, f"one of {TURN_CREDIT_MODES}"),
+        ("algorithm.turn_gamma", 0.0 <= cfg.algorithm.turn_gamma <= 1.0, "between 0 and 1 (the per-turn discount)"),
+        ("algorithm.step_group_weight", math.isfinite(cfg.algorithm.step_group_weight)
+         and cfg.algorithm.step_group_weight >= 0, "a finite number >= 0"),
+        ("actor_rollout_ref.rollout.n", cfg.algorithm.turn_credit == "trajectory" or r.n >= 2,
+         f"at least 2 with algorithm.turn_credit={cfg.algorithm.turn_credit} (each turn's baseline is the mean "
+         "over the group's other trajectories)"),
         ("data.train_batch_size", cfg.data.train_batch_size >= 1, "at least 1"),
         ("trainer.total_steps", cfg.trainer.total_steps >= 0, ">= 0"),
         ("trainer.log_trajectories_per_step", cfg.trainer.log_trajectories_per_step >= 0, ">= 0"),

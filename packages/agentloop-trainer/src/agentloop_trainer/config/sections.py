@@ -187,6 +187,22 @@ class AlgorithmSection:
     adv_estimator: str = "grpo"
     """grpo (mean/std per group) | dr_grpo (mean only) | rloo (each reward minus the mean of
     the group's other rewards; needs rollout.n >= 2)."""
+    turn_credit: str = "trajectory"
+    """How a multi-turn trajectory's credit is split over its turns (a turn: one run of model
+    tokens): trajectory (one advantage per trajectory, on every token) | discounted (turn t's
+    return G_t = r_t + turn_gamma * G_{t+1} minus the mean episode return of the group's other
+    trajectories) | turn_group (MT-GRPO: minus the mean return at turn t of the other
+    trajectories that reached it) | step_group (GiGPO: the trajectory advantage plus
+    step_group_weight x G_t minus the mean return of the other trajectories' turns that saw the
+    identical token prefix). Per-turn rewards come from the loop (``extra_fields["turn_rewards"]``:
+    env step rewards, tool rewards, interaction turn scores) or the reward function; the rest of
+    the reward goes to the last turn. Baselines are leave-one-out; adv_estimator=grpo divides by
+    the std. Needs rollout.n >= 2 unless trajectory. See docs/beyond-grpo.md."""
+    turn_gamma: float = 1.0
+    """Discount from one turn to the next in the per-turn returns (0 to 1; 1: every turn's return
+    is the reward still to come)."""
+    step_group_weight: float = 1.0
+    """w in step_group's A = A_trajectory + w x A_step (GiGPO uses 1); >= 0."""
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     """Dynamic sampling (DAPO): drop groups whose samples all score the same."""
     rollout_correction: RolloutCorrectionSection = field(default_factory=RolloutCorrectionSection)
@@ -201,7 +217,9 @@ class CustomRewardFunctionSection:
     """Python file defining the function; null: the built-in scorer of each row's ``data_source``."""
     name: str = "compute_score"
     """Function name; signature ``(data_source, solution_str, ground_truth, extra_info)``, sync
-    or async, returning a float or a dict with ``score`` (other numbers become metrics)."""
+    or async, returning a float or a dict with ``score`` (other numbers become metrics); or
+    per-turn scores for ``algorithm.turn_credit``: a list (one per turn; the score is their sum)
+    or a dict with ``turn_rewards`` and optionally ``score``."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the function."""
 

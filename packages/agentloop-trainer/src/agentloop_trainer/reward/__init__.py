@@ -33,6 +33,7 @@ from agentloop_trainer.reward.scoring import (
     check_answer_format,
     load_reward_function,
     split_score,
+    turn_rewards_of,
 )
 
 __all__ = [
@@ -64,4 +65,5 @@ __all__ = [
     "normalize_math_answer",
     "split_score",
     "truth_text",
+    "turn_rewards_of",
 ]

@@ -131,17 +131,49 @@ def load_reward_function(path: str | Path, name: str = "compute_score",
     return fn
 
 
-def split_score(result: Any, where: str) -> tuple[float, dict[str, float]]:
-    """A reward function's result as ``(score, extra numbers)``: a number, or a dict with
-    ``score`` whose other numeric values become metrics.
+def turn_rewards_of(result: Any, where: str) -> list[float] | None:
+    """The per-turn scores in a reward function's result, or None when it gave none.
+
+    A function may score each turn (each run of the model's tokens, in order; see
+    :mod:`agentloop_trainer.update.turns`) by returning a list of numbers, one per turn (the
+    score is their sum), or a dict with ``turn_rewards`` (a list) and optionally ``score``: the
+    trajectory's whole score, of which the per-turn scores are parts (the rest is credited to
+    the last turn; without ``score``, their sum). Only ``algorithm.turn_credit`` other than
+    ``trajectory`` reads them.
 
     Raises:
-        ValueError: naming the function when the result is neither, or not finite.
+        ValueError: naming the function when the list holds anything but finite numbers.
+    """
+    values = result.get("turn_rewards") if isinstance(result, Mapping) else result
+    if values is None or isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (list, tuple)):
+        if isinstance(result, Mapping) and values is not None:
+            raise ValueError(f"{where} returned turn_rewards {values!r:.200}; give a list of numbers, one per turn")
+        return None
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+        raise ValueError(f"{where} returned per-turn scores {values!r:.200}; each must be a finite number")
+    return [float(v) for v in values]
+
+
+def split_score(result: Any, where: str) -> tuple[float, dict[str, float]]:
+    """A reward function's result as ``(score, extra numbers)``: a number, a dict with
+    ``score`` whose other numeric values become metrics, or per-turn scores (a list, or a dict
+    with ``turn_rewards``; see :func:`turn_rewards_of`) whose sum is the score unless ``score``
+    says otherwise.
+
+    Raises:
+        ValueError: naming the function when the result is none of these, or not finite.
     """
     extras: dict[str, float] = {}
+    turns = turn_rewards_of(result, where)
+    if turns is not None and not (isinstance(result, Mapping) and "score" in result):
+        if isinstance(result, Mapping):
+            extras = {str(k): float(v) for k, v in result.items()
+                      if isinstance(v, (bool, int, float)) and math.isfinite(float(v))}
+        return math.fsum(turns), extras
     if isinstance(result, Mapping):
         if "score" not in result:
-            raise ValueError(f"{where} returned a dict without 'score' (keys: {sorted(result)})")
+            raise ValueError(f"{where} returned a dict without 'score' (keys: {sorted(result)}); return a number, "
+                             "a dict with 'score', or per-turn scores (a list, or a dict with 'turn_rewards')")
         extras = {str(k): float(v) for k, v in result.items()
                   if k != "score" and isinstance(v, (bool, int, float)) and math.isfinite(float(v))}
         result = result["score"]
@@ -265,6 +297,8 @@ class RewardScorer:
             output.extra_fields["judge_reply"] = verdict.reply
             score = verdict.score
         output.metrics["reward/judge"] = score
+        if judge.combine == "replace":  # the loop's per-turn rewards are no part of the judge's
+            _set_turn_rewards(output, None)
         output.reward_score = base + judge.weight * score
 
     async def _rule(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
@@ -306,7 +340,30 @@ class RewardScorer:
         output.metrics["reward/function"] = score
         for key, value in extras.items():
             output.metrics[f"reward/{key}"] = value
+        loop_turns = output.extra_fields.get("turn_rewards") or None
+        turns = turn_rewards_of(result, where)
         if self.source == "sum" and loop_reward is not None:
             output.metrics["reward/loop"] = float(loop_reward)
             score += float(loop_reward)
+            turns = _add_turn_rewards(loop_turns, turns, where)
+        # Per-turn rewards are parts of the final reward (agentloop_trainer.update.turns): the
+        # loop's go when its reward is not part of this one.
+        _set_turn_rewards(output, turns)
         output.reward_score = score
+
+
+def _add_turn_rewards(a: list[float] | None, b: list[float] | None, where: str) -> list[float] | None:
+    """The loop's and the function's per-turn rewards added turn by turn (``reward.source=sum``)."""
+    if a is None or b is None:
+        return a if b is None else b
+    if len(a) != len(b):
+        raise ValueError(f"{where} returned {len(b)} per-turn scores but the loop recorded {len(a)} turn rewards "
+                         "(reward.source=sum adds them turn by turn): return one score per turn")
+    return [float(x) + float(y) for x, y in zip(a, b, strict=True)]
+
+
+def _set_turn_rewards(output: Any, turns: list[float] | None) -> None:
+    if turns is None:
+        output.extra_fields.pop("turn_rewards", None)
+    else:
+        output.extra_fields["turn_rewards"] = list(turns)

@@ -18,7 +18,7 @@ from agentloop_trainer.rollout.diagnostics import RolloutWatch
 from agentloop_trainer.rollout.dynamic_sampling import DynamicSampler, overlong_metrics
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
 from agentloop_trainer.update.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
-from agentloop_trainer.update.advantages import trajectory_advantages
+from agentloop_trainer.update.turn_credit import CreditSettings, credit_advantages
 from agentloop_trainer.view.metrics import idle_fraction, plot_reward_curve
 
 
@@ -191,17 +191,18 @@ class GRPOTrainer:
         import torch
 
         # A batch row is one segment of a trajectory (usually the whole of it): the advantage is
-        # the trajectory's, computed over its prompt's group once per trajectory.
-        trajectories = batch.trajectory_index.tolist()
-        advantages = trajectory_advantages(self.cfg.algorithm.adv_estimator, torch.as_tensor(batch.rewards),
-                                           [rows[t]["group_id"] for t in trajectories], trajectories)
+        # the trajectory's ([B]), computed over its prompt's group once per trajectory, or with
+        # per-turn credit each turn's ([B, R]); see update/turn_credit.py.
+        groups = [rows[t]["group_id"] for t in batch.trajectory_index.tolist()]
+        advantages = credit_advantages(CreditSettings.from_config(self.cfg.algorithm), batch, groups)
         last = batch.last_segment_rows()
         rewards = torch.as_tensor(batch.rewards[last])  # one per trajectory
         pb = policy_batch_from_rollout(batch)
         if self.world_size > 1:
             # Segments make the row count vary; every rank must run the same number of rows.
             pb = pb.padded(self.world_size)
-            advantages = torch.cat([advantages, advantages.new_zeros(len(pb.sequences) - len(advantages))])
+            advantages = torch.cat([advantages, advantages.new_zeros((len(pb.sequences) - len(advantages),
+                                                                       *advantages.shape[1:]))])
         t1 = time.perf_counter()
         a = self.actor_cfg
         one_step = a.ppo_epochs == 1 and a.mini_batch_samples(len(pb.sequences)) >= len(pb.sequences)
@@ -248,7 +249,7 @@ class GRPOTrainer:
             )
 
             records = step_trajectory_records(batch, rows, self.tokenizer, self.cfg.trainer.log_trajectories_per_step,
-                                              self.step, advantages.tolist())
+                                              self.step, _row_advantages(advantages, mask).tolist())
             if records:
                 write_jsonl(records, step_trajectory_path(self.run_dir, self.step))
                 if self.metrics is not None:
@@ -421,6 +422,15 @@ def _memory_metrics(device: Any) -> dict[str, float]:
     import resource
 
     return {"perf/max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _row_advantages(advantages: Any, mask: Any) -> Any:
+    """``[B]`` one advantage per row for the trajectory records: the row's own, or with per-turn
+    credit (``[B, R]``) the mean over its generated tokens."""
+    if advantages.dim() == 1:
+        return advantages
+    mask = mask.to(advantages.dtype)
+    return (advantages * mask).sum(1) / mask.sum(1).clamp(min=1.0)
 
 
 def _groups_with_signal(rows: Sequence[dict], rewards: np.ndarray) -> float:

@@ -378,7 +378,8 @@ class GRPOActor:
 
         Args:
             pb: The batch.
-            advantages: ``[B]`` per-row advantages (a trajectory's, on each of its segments).
+            advantages: ``[B]`` per-row advantages (a trajectory's, on each of its segments), or
+                ``[B, R]`` per-token ones (each turn's: ``algorithm.turn_credit``).
             old_log_probs: ``[B, R]`` recomputed log-probs of the policy that generated it.
                 None (on-policy, one optimizer step per batch): the update's own forward pass,
                 detached, is the old policy, which saves a forward pass over the batch.
