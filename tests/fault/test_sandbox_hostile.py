@@ -145,7 +145,9 @@ def test_a_timed_out_run_leaves_no_process_behind_in_the_new_session():
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="checks the default when started as root; we run as a normal user")
-def test_as_root_by_default_the_code_is_unprivileged_and_cannot_reach_the_trainer(tmp_path, monkeypatch):
+@pytest.mark.parametrize("isolate_files", [True, False], ids=["own-file-view", "host-files"])
+def test_as_root_by_default_the_code_is_unprivileged_and_cannot_reach_the_trainer(tmp_path, monkeypatch,
+                                                                                  isolate_files):
     monkeypatch.setenv("AGENTLOOP_FAKE_API_KEY", "sk-hostile-0123456789")
     # Where a trainer writes checkpoints: its working directory (./runs) and a root-owned 0755
     # folder (under /tmp here, which the sandbox sees as its own private tmpfs).
@@ -169,7 +171,7 @@ def test_as_root_by_default_the_code_is_unprivileged_and_cannot_reach_the_traine
         "print('env', sorted(os.environ))\n"
     )
     try:
-        res = run(code)
+        res = run(code, isolate_files=isolate_files)
     finally:
         leaked = [t for t in targets if t.exists()]
         for t in leaked:
@@ -185,8 +187,9 @@ def test_as_root_by_default_the_code_is_unprivileged_and_cannot_reach_the_traine
     assert "WROTE" not in res.stdout, res.stdout
     assert leaked == [], res.stdout
     # The working directory is refused by permission where the sandbox can see it; a checkout
-    # under a folder the sandbox masks (/tmp, /dev/shm, /var/tmp) is not there at all.
-    masked = any(Path.cwd().is_relative_to(m) for m in ("/tmp", "/dev/shm", "/var/tmp"))
+    # under a folder the sandbox masks (/tmp, /dev/shm, /var/tmp), or any with the code's own
+    # file view (isolate_files), is not there at all.
+    masked = isolate_files or any(Path.cwd().is_relative_to(m) for m in ("/tmp", "/dev/shm", "/var/tmp"))
     expected = "write denied FileNotFoundError" if masked else "write denied PermissionError"
     assert expected in res.stdout, res.stdout
     assert "AGENTLOOP_FAKE_API_KEY" not in res.stdout

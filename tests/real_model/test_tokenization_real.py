@@ -1,10 +1,13 @@
-"""(a) Tokenization on the real tokenizer: the conformance suite on the tool-aware copy (every
-conversation) and on the checkpoint's own ChatML template, and a calculator trajectory built the
-way the ``tool_agent`` loop builds it, held to the strict sanity check.
+"""(a) Tokenization on the real tokenizers: the conformance suite on the tool-aware copy (every
+conversation) and on the checkpoint's own template, and a calculator trajectory built the way
+the ``tool_agent`` loop builds it, held to the strict sanity check; for SmolLM2 (a 49152-token
+byte-level BPE, ChatML + ``chatml-hermes``) and Gemma 3 (a 262144-token SentencePiece-style BPE
+with byte fallback, ``gemma-hermes``, which its fetched folder carries as its own).
 
-A failure here means delta tokenization does not reproduce a full re-tokenization with a
-49152-token BPE that the tiny tokenizer never exercised (its merges across ``\\n`` after
-``<|im_end|>``, its digit splitting): read the text around the first differing token.
+A failure here means delta tokenization does not reproduce a full re-tokenization with a real
+vocabulary that the tiny tokenizer never exercised (SmolLM2's merges across ``\\n`` after
+``<|im_end|>``, its digit splitting; Gemma's runs of spaces and newlines as single tokens): read
+the text around the first differing token.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from real_model_helpers import EOS, calculator_prompts, calculator_tools, report
+from real_model_helpers import calculator_prompts, calculator_tools, report
 
 from agentloop_conformance.tokenization import TokenizationConformanceTests
 from agentloop_core.protocol import TokenOutput
@@ -28,8 +31,8 @@ class TestToolAwareTokenizerConformance(TokenizationConformanceTests):
 
 
 class TestOwnTemplateConformance(TokenizationConformanceTests):
-    """The checkpoint's own template: plain ChatML that drops ``tools=``; the suite holds for it
-    too (tool messages render as ChatML turns of their role)."""
+    """The checkpoint's own template: SmolLM2's plain ChatML that drops ``tools=`` (tool messages
+    render as ChatML turns of their role), Gemma's fetched ``gemma-hermes``; the suite holds for both."""
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -44,7 +47,7 @@ def hermes_call(expression: str) -> str:
 
 
 @pytest.mark.parametrize(("expression", "result"), [("12 * 7 - 3", "81"), ("(4 + 5) / 2", "4.5")])
-def test_calculator_trajectory_strict(tool_tokenizer, expression, result):
+def test_calculator_trajectory_strict(tool_tokenizer, real_model, expression, result):
     """Two generated turns (a hermes call, then ``#### N``) around a tool result appended as a
     template delta: the strict check equals one tokenization of the whole conversation, the
     generated ids stay mask 1 in order, and the tool result is mask 0."""
@@ -52,7 +55,7 @@ def test_calculator_trajectory_strict(tool_tokenizer, expression, result):
     messages = calculator_prompts(1, seed=5)[0]
     traj = Trajectory(renderer, messages, sanity_check="strict")
     assert "<tools>" in renderer.decode(traj.prompt_ids), "the tool-aware template must render the schemas"
-    eos = tool_tokenizer.convert_tokens_to_ids(EOS)
+    eos = tool_tokenizer.convert_tokens_to_ids(real_model.end_of_turn)
     generated = []
     for text in (hermes_call(expression), f"#### {result}"):
         ids = tool_tokenizer.encode(text, add_special_tokens=False) + [eos]
@@ -77,12 +80,15 @@ def test_calculator_trajectory_strict(tool_tokenizer, expression, result):
     assert traj.context_ids == tool_tokenizer.encode(text.removesuffix("\n"), add_special_tokens=False)
 
 
-def test_core_tokenization_suite_on_the_real_tokenizer(model_dir, tool_tokenizer_dir, tmp_path):
+def test_core_tokenization_suite_on_the_real_tokenizer(model_dir, tool_tokenizer, tool_tokenizer_dir, tmp_path):
     """The core package's tokenization tests (delta vs full tokenization, hypothesis-generated
-    unicode/whitespace contents, tool turns) on the checkpoint's folder and on the tool-aware
-    copy, through their ``AGENTLOOP_TOKENIZER_DIRS`` hook, in a subprocess of their own.
+    unicode/whitespace contents, tool turns) and its built-in template tests (tools, calls and
+    results rendered; the multi-turn tool trajectory under the strict sanity check) on the
+    checkpoint's folder and on the tool-aware copy (Gemma's folder is its own tool-aware copy),
+    with each built-in whose turn markers the vocabulary has, through their
+    ``AGENTLOOP_TOKENIZER_DIRS`` hook, in a subprocess of their own.
 
-    This tokenizer's vocabulary lacks 21 of the 256 byte-level symbols (0xC0, 0xC1, 0xF1,
+    SmolLM2's vocabulary lacks 21 of the 256 byte-level symbols (0xC0, 0xC1, 0xF1,
     0xF2, 0xF5-0xFF and some control bytes), so a character whose UTF-8 uses one (planes 4-12,
     e.g. U+40000) encodes lossily ([218, 218, 218], decoding to three U+FFFD); hypothesis finds
     such characters, and the core test counts ids whose decoded text re-encodes differently as
@@ -94,12 +100,16 @@ def test_core_tokenization_suite_on_the_real_tokenizer(model_dir, tool_tokenizer
     import sys
     from pathlib import Path
 
-    suite = Path(__file__).resolve().parents[2] / "packages" / "agentloop-core" / "tests" / "test_tokenization.py"
-    if not suite.is_file():
-        pytest.skip(f"{suite} is not in this checkout (an installed package without its tests)")
-    folders = [Path(model_dir), Path(tool_tokenizer_dir)]
+    tests = Path(__file__).resolve().parents[2] / "packages" / "agentloop-core" / "tests"
+    suites = [tests / "test_tokenization.py", tests / "test_builtin_templates.py"]
+    if not all(suite.is_file() for suite in suites):
+        pytest.skip(f"{tests} is not in this checkout (an installed package without its tests)")
+    own = Path(model_dir) / "chat_template.jinja"
+    own_is_tool_aware = own.is_file() and own.read_text(encoding="utf-8") == tool_tokenizer.chat_template
+    folders = [Path(model_dir)] if own_is_tool_aware else [Path(model_dir), Path(tool_tokenizer_dir)]
     env = {**os.environ, "AGENTLOOP_TOKENIZER_DIRS": ":".join(map(str, folders))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider", "-rs", "-k", " or ".join(f.name for f in folders)],
+    proc = subprocess.run([sys.executable, "-m", "pytest", *map(str, suites), "-q", "-p", "no:cacheprovider", "-rs",
+                           "-k", " or ".join(f.name for f in folders)],
                           capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-2000:]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

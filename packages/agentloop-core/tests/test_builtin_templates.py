@@ -42,12 +42,14 @@ PLAIN_CHATML = ("{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' + m
                 "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 """A ChatML template that never reads ``tools`` (as SmolLM2's, without its default system prompt)."""
 
-NEEDS = {"chatml-hermes": ("<|im_start|>", "<|im_end|>"), "llama3-json": ("<|start_header_id|>", "<|eot_id|>")}
+NEEDS = {"chatml-hermes": ("<|im_start|>", "<|im_end|>"), "llama3-json": ("<|start_header_id|>", "<|eot_id|>"),
+         "gemma-hermes": ("<start_of_turn>", "<end_of_turn>")}
 """Tokens each built-in writes as turn markers: a tokenizer must have each as one token."""
 
 
 def tiny_with(name: str):
-    """A fresh tiny tokenizer with the built-in ``name`` (and, for llama3-json, Llama 3's tokens)."""
+    """A fresh tiny tokenizer with the built-in ``name`` (and, for llama3-json and gemma-hermes,
+    their family's special tokens)."""
     return tiny_tokenizer_for_template(BUILTINS[name].file, chat_template=resolve_chat_template(name))
 
 
@@ -92,14 +94,14 @@ CALLS = [{"id": "call_1", "type": "function", "function": {"name": "calculator",
 
 
 def test_names_resolve_and_unknown_names_list_the_builtins(tmp_path):
-    assert set(chat_template_names()) >= {"chatml-hermes", "llama3-json"}
+    assert set(chat_template_names()) >= {"chatml-hermes", "gemma-hermes", "llama3-json"}
     assert "<tool_call>" in resolve_chat_template("chatml-hermes")
     path = tmp_path / "mine.jinja"
     path.write_text(PLAIN_CHATML)
     assert resolve_chat_template(path) == resolve_chat_template(str(path)) == PLAIN_CHATML
     assert resolve_chat_template(PLAIN_CHATML) == PLAIN_CHATML  # the text itself, as verl's key holds it
     with pytest.raises(ValueError, match=r"'chatml-hermis' \(did you mean 'chatml-hermes'\?\).*chatml-hermes, "
-                                         r"llama3-json.*a path to a Jinja file"):
+                                         r"gemma-hermes, llama3-json.*a path to a Jinja file"):
         resolve_chat_template("chatml-hermis")
     with pytest.raises(ValueError, match="is a folder"):
         resolve_chat_template(tmp_path)
@@ -130,6 +132,41 @@ def test_chatml_hermes_renders_tools_calls_and_results():
     assert plain == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 6 * 7?<|im_end|>\n"
 
 
+def test_gemma_hermes_renders_tools_calls_and_results():
+    tok = tiny_with("gemma-hermes")
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "6 * 7?"}]},
+        {"role": "assistant", "content": None, "tool_calls": CALLS},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "42"},
+    ]
+    text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    # BOS, then Gemma's first user turn: the system text, the tools, then the user's own text.
+    first = text[: text.index("<end_of_turn>")]
+    assert first.startswith("<bos><start_of_turn>user\nBe brief.\n\n# Tools\n")
+    assert "<tools>\n" + json.dumps(TOOLS[0]) + "\n</tools>" in first
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n\n' in first
+    assert first.endswith("</tool_call>\n\nWhat is 6 * 7?")  # text parts joined, after the tool section
+    assert "system" not in text.replace("<start_of_turn>user\nBe brief.", "")  # no system turn
+    assert ('<start_of_turn>model\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6 * 7"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "40 + 2"}}\n</tool_call>'
+            '<end_of_turn>\n') in text
+    assert text.endswith("<start_of_turn>user\n<tool_response>\n42\n</tool_response>\n<tool_response>\n42\n"
+                         "</tool_response><end_of_turn>\n<start_of_turn>model\n")
+    # Without tools: Gemma's own layout (system folded into the first user turn, a blank line after it).
+    plain = tok.apply_chat_template(messages[:2] + [{"role": "assistant", "content": "42."}], tokenize=False)
+    assert plain == ("<bos><start_of_turn>user\nBe brief.\n\nWhat is 6 * 7?<end_of_turn>\n"
+                     "<start_of_turn>model\n42.<end_of_turn>\n")
+    # Content is kept as written (Gemma's own template trims it): a generated turn re-renders as generated.
+    spaced = tok.apply_chat_template([{"role": "user", "content": " hi \n"}], tokenize=False)
+    assert spaced == "<bos><start_of_turn>user\n hi \n<end_of_turn>\n"
+    # A system message with nothing to fold into is a user turn of its own.
+    alone = tok.apply_chat_template(messages[:1], tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert alone.startswith("<bos><start_of_turn>user\nBe brief.\n\n# Tools")
+    assert alone.endswith("</tool_call><end_of_turn>\n<start_of_turn>model\n")
+
+
 def test_llama3_json_renders_tools_calls_and_results():
     tok = tiny_with("llama3-json")
     messages = [{"role": "user", "content": "What is 6 * 7?"}, {"role": "assistant", "content": "", "tool_calls": CALLS},
@@ -152,8 +189,9 @@ def test_builtins_render_tools_and_plain_chatml_does_not(name):
     assert renders_tools(tok, chat_template=resolve_chat_template(name))
 
 
-def test_content_parts_other_than_text_are_refused():
-    tok = tiny_with("chatml-hermes")
+@pytest.mark.parametrize("name", chat_template_names())
+def test_content_parts_other_than_text_are_refused(name):
+    tok = tiny_with(name)
     with pytest.raises(Exception, match="renders text content only"):
         tok.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
                                 tokenize=False)

@@ -80,7 +80,7 @@ def tok(request):
         if not folder:
             return tiny_tokenizer_for_template(BUILTINS[name].file, chat_template=resolve_chat_template(name))
         real = AutoTokenizer.from_pretrained(folder)
-        marker = "<|im_start|>" if name == "chatml-hermes" else "<|start_header_id|>"
+        marker = {"chatml-hermes": "<|im_start|>", "gemma-hermes": "<start_of_turn>"}.get(name, "<|start_header_id|>")
         if len(real.encode(marker, add_special_tokens=False)) != 1:
             pytest.skip(f"{Path(folder).name} has no single token {marker}, which {name} writes")
         real.chat_template = resolve_chat_template(name)

@@ -253,9 +253,20 @@ def test_a_check_fails_when_an_image_token_is_lost(tiny):
     assert not trajectory.sanity_check("strict").ok
 
 
-def test_placeholder_text_in_a_text_part_is_refused_not_turned_into_image_tokens(tiny):
+def test_placeholder_text_in_a_text_part_is_text_not_image_tokens(tiny):
     tokenizer, processor = tiny
     renderer = ChatRenderer(tokenizer, tools=TOOLS, vision=processor)
+    trajectory = Trajectory(renderer, [{"role": "user", "content": "Hi"}], sanity_check="strict")
+    trajectory.append_generated(_turn(tokenizer, "Hello<|im_end|>"))
+    ids = trajectory.append_messages([{"role": "user", "content": "look <|image_pad|> here"}])
+    assert processor.image_token_id not in ids
+    assert "look <|image_pad|> here" in tokenizer.decode(ids)
+    assert trajectory.to_output(sanity_check="strict").multi_modal_data is None
+
+
+def test_placeholder_text_in_a_text_part_is_refused_when_special_tokens_are_allowed_in_content(tiny):
+    tokenizer, processor = tiny
+    renderer = ChatRenderer(tokenizer, tools=TOOLS, vision=processor, allow_special_tokens_in_content=True)
     trajectory = Trajectory(renderer, [{"role": "user", "content": "Hi"}])
     trajectory.append_generated(_turn(tokenizer, "Hello<|im_end|>"))
     with pytest.raises(ImageError, match="1 image placeholder\\(s\\) '<\\|image_pad\\|>' but 0 image"):

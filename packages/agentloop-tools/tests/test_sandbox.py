@@ -49,7 +49,9 @@ async def test_memory_hog_gets_memory_error():
 
 async def test_parent_env_vars_not_visible(monkeypatch):
     monkeypatch.setenv("AGENTLOOP_TEST_SECRET", "s3cr3t-value")
-    result = await run_python("import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())")
+    # isolate_files: false, so /proc is there to read: the scrubbed environment holds on its own.
+    result = await run_python("import os; print(sorted(os.environ)); print(open('/proc/self/environ').read())",
+                              SandboxLimits(isolate_files=False))
     assert "s3cr3t-value" not in result.stdout
     assert "AGENTLOOP_TEST_SECRET" not in result.stdout
     assert result.returncode == 0
@@ -90,7 +92,9 @@ async def test_no_leftover_processes():
 @pytest.mark.skipif(not shutil.which("python3", path="/usr/bin"), reason="needs /usr/bin/python3, executable by 'nobody'")
 async def test_process_limit_and_file_permissions_with_unprivileged_user():
     # As root RLIMIT_NPROC is ignored by the kernel; it applies once we drop to 'nobody'.
-    limits = SandboxLimits(user="nobody", python_executable="/usr/bin/python3", max_processes=8, timeout_s=5)
+    # isolate_files: false, so /root is there: file permissions hold on their own.
+    limits = SandboxLimits(user="nobody", python_executable="/usr/bin/python3", max_processes=8, timeout_s=5,
+                           isolate_files=False)
     code = (
         "import os\n"
         "n = 0\n"

@@ -2,6 +2,7 @@
 when a limit cannot be enforced, and which interpreter folders the private tmpfs would hide."""
 
 import os
+import sys
 
 import pytest
 
@@ -129,3 +130,16 @@ def test_the_installed_interpreter_needs_nothing_from_tmp_unless_it_lives_there(
     assert all(p.startswith(("/tmp/", "/var/tmp/", "/dev/shm/")) for p in hidden), hidden
     if not os.path.realpath(sys.prefix).startswith(("/tmp/", "/var/tmp/")):
         assert not any(os.path.realpath(sys.prefix).startswith(p) for p in hidden)
+
+
+def test_the_file_view_shows_the_interpreters_folders_and_never_a_whole_shared_one(tmp_path, monkeypatch):
+    from agentloop_tools.builtin import _sandbox_rootfs as rootfs
+
+    view = interpreter.file_view(sys.executable, False, rootfs.SYSTEM_DIRS)
+    real = os.path.realpath(sys.executable)
+    assert [b for b in view["binds"] if real.startswith(b + "/")], view  # the interpreter itself is shown
+    assert "/" not in view["binds"]
+    asked = (["/usr/bin", "/tmp"], [])  # an interpreter with /tmp on its sys.path (a .pth file)
+    monkeypatch.setitem(interpreter._asked, ("/fake/python", False), asked)
+    with pytest.raises(ValueError, match="isolate_files would have to show whole.*isolate_files: false"):
+        interpreter.file_view("/fake/python", False, rootfs.SYSTEM_DIRS)

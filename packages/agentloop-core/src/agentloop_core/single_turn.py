@@ -23,7 +23,8 @@ class SingleTurnAgentLoop(AgentLoopBase):
 
     Config keys: ``prompt_length`` (a longer prompt is an error), ``response_length`` (caps
     ``max_tokens``), ``sanity_check`` (``strict`` | ``ignore_strippable`` | ``disable``),
-    ``apply_chat_template_kwargs``, ``chat_template``, ``use_inference_chat_template``.
+    ``apply_chat_template_kwargs``, ``chat_template``, ``use_inference_chat_template``,
+    ``allow_special_tokens_in_content``.
     """
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
@@ -52,6 +53,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
             chat_template=self.config.get("chat_template"),
             use_inference_chat_template=bool(self.config.get("use_inference_chat_template", False)),
             apply_chat_template_kwargs=self.config.get("apply_chat_template_kwargs"),
+            allow_special_tokens_in_content=bool(self.config.get("allow_special_tokens_in_content", False)),
         )
         if row.get("images") is not None:  # verl's rows: <image> markers and an images column
             messages = messages_with_row_images(messages, row["images"], where="row")

@@ -101,6 +101,9 @@ class HTTPAgentConfig:
     """Most encoded bytes of one image."""
     allow_remote_image_urls: bool = False
     """Whether the gateway fetches ``http(s)`` image URLs the agent sends (off: data URLs only)."""
+    allow_special_tokens_in_content: bool = False
+    """Encode special-token strings in the agent's messages as the control tokens (vLLM's way);
+    off: as text (see ``Gateway(allow_special_tokens_in_content=)``)."""
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     """Largest request body the gateway reads (413 past it). An agent resends its whole
     conversation, images included, on every call: raise it for agents that send many images."""
@@ -138,6 +141,9 @@ class HTTPAgentConfig:
         remote = config.get("allow_remote_image_urls", False)
         if not isinstance(remote, bool):
             raise ValueError(f"http_agent: allow_remote_image_urls must be true or false, got {remote!r}")
+        special = config.get("allow_special_tokens_in_content", False)
+        if not isinstance(special, bool):
+            raise ValueError(f"http_agent: allow_special_tokens_in_content must be true or false, got {special!r}")
         images = {key: config.get(key, getattr(cls, key)) for key in _IMAGE_OPTIONS[:3]}
         body = config.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
         for key, value in (*images.items(), ("max_request_bytes", body)):
@@ -148,7 +154,8 @@ class HTTPAgentConfig:
                    chat_template_kwargs=config.get("chat_template_kwargs"),
                    timeout_s=None if timeout is None else float(timeout), max_calls=max_calls,
                    api_key=config.get("api_key"), response_length=config.get("response_length"),
-                   allow_remote_image_urls=remote, max_request_bytes=body, **images)
+                   allow_remote_image_urls=remote, max_request_bytes=body,
+                   allow_special_tokens_in_content=special, **images)
 
 
 # One gateway (and its HTTP thread) per event loop, engine, tokenizer and gateway options: loops
@@ -163,7 +170,7 @@ def _gateway_for(server: Any, tokenizer: Any, vision: Any, cfg: HTTPAgentConfig,
 
     key = (id(loop), id(server), id(tokenizer), id(vision), cfg.tool_parser, cfg.chat_template, cfg.api_key,
            cfg.max_calls, repr(sorted((cfg.chat_template_kwargs or {}).items())), repr(cfg.image_options),
-           cfg.max_request_bytes)
+           cfg.max_request_bytes, cfg.allow_special_tokens_in_content)
     with _GATEWAYS_LOCK:
         for stale in [k for k, (thread, owner) in _GATEWAYS.items() if owner.is_closed()]:
             _GATEWAYS.pop(stale)[0].__exit__(None, None, None)
@@ -171,6 +178,7 @@ def _gateway_for(server: Any, tokenizer: Any, vision: Any, cfg: HTTPAgentConfig,
             gateway = Gateway(server, tokenizer, chat_template=cfg.chat_template, tool_parser=cfg.tool_parser,
                               chat_template_kwargs=cfg.chat_template_kwargs, server_loop=loop,
                               recorder=SessionRecorder(max_calls_per_session=cfg.max_calls), vision=vision,
+                              allow_special_tokens_in_content=cfg.allow_special_tokens_in_content,
                               **cfg.image_options)
             thread = GatewayThread(gateway, api_key=cfg.api_key, max_request_bytes=cfg.max_request_bytes)
             _GATEWAYS[key] = (thread.__enter__(), loop)

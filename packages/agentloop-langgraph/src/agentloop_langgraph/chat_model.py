@@ -102,6 +102,7 @@ class ChatModel(BaseChatModel):
         apply_chat_template_kwargs: Extra chat template variables.
         use_inference_chat_template: See ``ChatRenderer``.
         delta_strategy: See ``ChatRenderer(delta_strategy=)``.
+        allow_special_tokens_in_content: See ``ChatRenderer(allow_special_tokens_in_content=)``.
         max_parallel_calls: Most tool calls of one turn that may run, or None.
         on_history_rewrite: ``segment`` (start a new segment) or ``error`` (raise
             ``HistoryRewrittenError``) when a call does not extend the trajectory.
@@ -140,6 +141,9 @@ class ChatModel(BaseChatModel):
     delta_strategy: Literal["auto", "history", "short"] = "auto"
     """How tool and user messages are tokenized after a generated turn; see
     ``ChatRenderer(delta_strategy=)``."""
+    allow_special_tokens_in_content: bool = False
+    """Encode special-token strings inside messages (tool results, user turns) as control tokens;
+    False: as text. See ``ChatRenderer(allow_special_tokens_in_content=)``."""
     max_parallel_calls: int | None = None
     """Most tool calls of one turn that may run; None: no limit. Later calls stay in the
     ``AIMessage`` (so the graph answers every call), and :meth:`is_call_over_limit` names them:
@@ -294,7 +298,8 @@ class ChatModel(BaseChatModel):
                 self.tokenizer, tools=tools or None,
                 use_inference_chat_template=self.use_inference_chat_template,
                 apply_chat_template_kwargs=dict(self.apply_chat_template_kwargs),
-                delta_strategy=self.delta_strategy, vision=self.vision)
+                delta_strategy=self.delta_strategy, vision=self.vision,
+                allow_special_tokens_in_content=self.allow_special_tokens_in_content)
         return self._renderers[tools_key]
 
     def _start(self, request_id: str, messages: Sequence[BaseMessage], tools: list[dict[str, Any]],

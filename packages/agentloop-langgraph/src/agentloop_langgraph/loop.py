@@ -126,6 +126,7 @@ class ReactAgentLoop(AgentLoopBase):
             request_id=request_id, response_length=cfg.response_length, prompt_length=cfg.prompt_length,
             max_assistant_turns=cfg.max_assistant_turns, apply_chat_template_kwargs=dict(cfg.apply_chat_template_kwargs),
             use_inference_chat_template=cfg.use_inference_chat_template, delta_strategy=cfg.delta_strategy,
+            allow_special_tokens_in_content=cfg.allow_special_tokens_in_content,
             max_parallel_calls=cfg.max_parallel_calls, on_history_rewrite=cfg.on_history_rewrite,
             vision=self.vision, image_limits=self.image_limits)
 

@@ -145,6 +145,7 @@ class ToolAgentLoop(AgentLoopBase):
             use_inference_chat_template=self.settings.use_inference_chat_template,
             apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
             delta_strategy=self.settings.delta_strategy, vision=self.vision,
+            allow_special_tokens_in_content=self.settings.allow_special_tokens_in_content,
         )
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:

@@ -17,20 +17,27 @@ YAML format (verl-compatible)::
           tool_selected_list: [search]                  # optional
         class_name: my_pkg.MyMCPTool                    # optional MCPTool subclass
 
+A ``class_name`` of verl's (``verl.tools.gsm8k_tool.Gsm8kTool``) is read as agentloop's tool, or
+is an error naming what to use (:mod:`agentloop_tools.verl_tools`).
+
 The function-tool file is imported by path; every module-level :class:`BaseTool` instance
 (``@function_tool`` functions, or tool objects) is collected.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from agentloop_core.imports import import_file, import_object
 from agentloop_tools.base import BaseTool
 
-__all__ = ["import_file", "import_object", "read_yaml_list", "load_function_tools", "load_tools", "load_tools_from_config"]
+__all__ = ["import_file", "import_object", "read_yaml_list", "load_function_tools", "load_tools", "load_tools_from_config",
+           "tool_config_entries"]
+
+logger = logging.getLogger(__name__)
 
 
 def read_yaml_list(path: str | Path, key: str, *, what: str, entries: str) -> tuple[Path, list[Any]]:
@@ -94,6 +101,35 @@ def load_function_tools(path: str | Path) -> dict[str, BaseTool]:
     return tools
 
 
+def tool_config_entries(tool_config_path: str | Path,
+                        notice: Callable[[str], None] = logger.info) -> list[tuple[str, dict[str, Any]]]:
+    """The entries of a YAML tool config, each with its place (``file: tools[i]``), verl's tool
+    classes read as ours (:mod:`agentloop_tools.verl_tools`); nothing is imported or contacted.
+
+    Args:
+        tool_config_path: The YAML file.
+        notice: Receives one line per verl class or ``config:`` key read as agentloop's.
+
+    Raises:
+        FileNotFoundError: No such file.
+        ValueError: Bad YAML, an entry that is not a mapping, or a verl class agentloop has no
+            counterpart for; one line naming the file and the entry.
+    """
+    from agentloop_tools.verl_tools import translate_tool_entry
+
+    file, entries = read_yaml_list(tool_config_path, "tools", what="tool config", entries="tool entries")
+    out = []
+    for i, entry in enumerate(entries):
+        key = f"{file}: tools[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{key}: each tool entry must be a mapping, got {type(entry).__name__}")
+        entry, notices = translate_tool_entry(entry, key)
+        for line in notices:
+            notice(line)
+        out.append((key, entry))
+    return out
+
+
 def load_tools_from_config(tool_config_path: str | Path) -> dict[str, BaseTool]:
     """Build the tools listed in a YAML tool config (see the module docstring).
 
@@ -101,13 +137,9 @@ def load_tools_from_config(tool_config_path: str | Path) -> dict[str, BaseTool]:
         FileNotFoundError: No such file.
         ValueError: Bad YAML or a bad entry; the message names the file and the key.
     """
-    file, entries = read_yaml_list(tool_config_path, "tools", what="tool config", entries="tool entries")
     tools: dict[str, BaseTool] = {}
     source: dict[str, str] = {}
-    for i, entry in enumerate(entries):
-        key = f"{file}: tools[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{key}: each tool entry must be a mapping, got {type(entry).__name__}")
+    for key, entry in tool_config_entries(tool_config_path, notice=logger.info):
         unknown = sorted(set(entry) - {"class_name", "config", "tool_schema", "mcp"})
         if unknown:
             raise ValueError(f"{key}: unknown keys {unknown}; known: class_name, config, tool_schema, mcp")
@@ -116,7 +148,7 @@ def load_tools_from_config(tool_config_path: str | Path) -> dict[str, BaseTool]:
         if kind == "native":
             built = _build_native(entry, config, key)
         elif kind == "mcp":
-            built = _build_mcp(entry, config, key, file.parent)
+            built = _build_mcp(entry, config, key, Path(tool_config_path).expanduser().resolve().parent)
         elif kind == "function":
             built = _build_function(entry, config, key)
         else:

@@ -201,6 +201,10 @@ class ToolLoopConfig:
     delta_strategy: Literal["auto", "history", "short"] = "auto"
     """How tool results and user turns are tokenized after a generated turn; see
     ``ChatRenderer(delta_strategy=)``. ``auto`` costs the same at turn 100 as at turn 1."""
+    allow_special_tokens_in_content: bool = False
+    """Encode special-token strings inside messages (tool results, observations, user turns,
+    the prompt) as the control tokens, as verl and vLLM do; False: as text, so outside text
+    cannot open a turn of its own. See ``ChatRenderer(allow_special_tokens_in_content=)``."""
     max_images: int = loop_setting(_IMAGE_DEFAULTS.max_images, positive=True)
     """Most images in one trajectory, the prompt's and those tools return together; a tool image
     past it is refused with error text for the model (``tool_images_refused``)."""

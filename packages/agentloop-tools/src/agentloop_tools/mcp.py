@@ -28,6 +28,7 @@ from typing import Any
 
 from agentloop_tools.base import BaseTool
 from agentloop_tools.mcp_config import MCPServerConfig, Secret, TokenBucket, parse_mcp_servers
+from agentloop_tools.mcp_limits import RESULT_TOO_LARGE, bounded_http_client_factory
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = [
@@ -78,10 +79,13 @@ class MCPToolset:
         headers = {k: v.get() for k, v in s.headers.items()}
         if s.auth_token is not None:
             headers["Authorization"] = f"Bearer {s.auth_token.get()}"
+        # Bounded where the bytes arrive, before the MCP client parses them (mcp_limits).
+        factory = None if s.max_result_bytes is None else bounded_http_client_factory(s.max_result_bytes, repr(s.name))
         if s.transport == "http":
-            transport = transports.StreamableHttpTransport(s.url, headers=headers or None)
+            transport = transports.StreamableHttpTransport(s.url, headers=headers or None, httpx_client_factory=factory,
+                                                           max_sse_event_size=s.max_result_bytes)
         elif s.transport == "sse":
-            transport = transports.SSETransport(s.url, headers=headers or None)
+            transport = transports.SSETransport(s.url, headers=headers or None, httpx_client_factory=factory)
         else:
             transport = transports.StdioTransport(
                 s.command, s.args, env={k: v.get() for k, v in s.env.items()} or None, cwd=s.cwd
@@ -179,7 +183,9 @@ class MCPToolset:
         fresh connection, then raised.
 
         Returns:
-            ``(response, metrics)`` with ``mcp_is_error`` and ``mcp_rate_wait_s`` metrics.
+            ``(response, metrics)`` with ``mcp_is_error`` and ``mcp_rate_wait_s`` metrics, and
+            ``mcp_result_too_large`` (1) when the result passed ``max_result_bytes`` and the
+            model reads an error naming the limit instead.
 
         Raises:
             ConnectionError: The server could not be reached.
@@ -197,6 +203,14 @@ class MCPToolset:
                 result = await client.call_tool(name, arguments, raise_on_error=False)
                 break
             except Exception as exc:
+                if RESULT_TOO_LARGE in str(exc):
+                    # Cut off where the bytes arrived: the connection is fine, the result is gone.
+                    logger.warning("MCP server %r: the result of %r %s (%s bytes); the model reads an error",
+                                   self.server.name, name, RESULT_TOO_LARGE, self.server.max_result_bytes)
+                    text = (f"Error: the result of {name!r} was larger than the {self.server.max_result_bytes:,} bytes "
+                            "allowed (max_result_bytes) and was dropped unread")
+                    return ToolResponse(text=text), {"mcp_is_error": True, "mcp_rate_wait_s": waited,
+                                                     "mcp_result_too_large": 1}
                 answered = _is_error_response(exc)
                 if not answered:
                     await self._drop(client)

@@ -94,7 +94,12 @@ class TokenBucket:
 _SERVER_KEYS = {
     "url", "transport", "headers", "auth_token", "command", "args", "env", "cwd",
     "rate_limit", "rate_burst", "connect_retries", "retry_backoff_s", "timeout_s", "tool_selected_list",
+    "max_result_bytes",
 }
+
+DEFAULT_MAX_RESULT_BYTES = 8 << 20
+"""Most bytes one message from an MCP server may take on the wire (8 MiB: room for a few
+screenshots as base64); more is dropped unread and the model reads an error naming the limit."""
 
 
 @dataclass
@@ -131,6 +136,10 @@ class MCPServerConfig:
     """Per-request timeout."""
     tool_selected_list: list[str] | None = None
     """Only expose these remote tools (None: all)."""
+    max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES
+    """Most bytes one message from the server may take, counted as they arrive, before anything
+    is parsed (:mod:`agentloop_tools.mcp_limits`); a larger result is dropped unread and the
+    model reads an error naming this key. None: no limit (the server is trusted)."""
 
     @property
     def display_url(self) -> str:
@@ -183,7 +192,18 @@ class MCPServerConfig:
             retry_backoff_s=float(raw.get("retry_backoff_s", 0.25)),
             timeout_s=None if raw.get("timeout_s", 60.0) is None else float(raw.get("timeout_s", 60.0)),
             tool_selected_list=None if raw.get("tool_selected_list") is None else list(raw["tool_selected_list"]),
+            max_result_bytes=_max_result_bytes(name, raw),
         )
+
+
+def _max_result_bytes(name: str, raw: Mapping[str, Any]) -> int | None:
+    value = raw.get("max_result_bytes", DEFAULT_MAX_RESULT_BYTES)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+        raise ValueError(f"mcpServers[{name!r}]: max_result_bytes must be an integer of at least 1024, or null for "
+                         f"no limit; got {value!r}")
+    return value
 
 
 def parse_mcp_servers(config: Mapping[str, Any] | str | Path) -> list[MCPServerConfig]:

@@ -230,7 +230,7 @@ class AgentLoopWorker:
     ) -> list[AgentLoopOutput]:
         if pacer is not None:  # building the loop and its first render are this sample's first turn
             await pacer.wait()
-        with self.tracer.span("agent_loop", agent_name=name):
+        with self.tracer.span("agent_loop", agent_name=name) as span:
             loop = cls(
                 server=server,
                 tokenizer=tokenizer,
@@ -252,6 +252,8 @@ class AgentLoopWorker:
                     raise SampleTimeoutError(
                         f"sample ran longer than sample_timeout_s={timeout}; raise it or set it to None"
                     ) from exc
+            if self.tracer.token2text:
+                _trace_text(span, output, tokenizer)
         if isinstance(output, AgentLoopOutput):
             return [output]
         if isinstance(output, (list, tuple)) and all(isinstance(o, AgentLoopOutput) for o in output):
@@ -268,3 +270,17 @@ class AgentLoopWorker:
             f"agent loop {name!r} returned {what}; run() must return an AgentLoopOutput or a list "
             "of them (the segments of one trajectory, see agentloop_core.segments)"
         )
+
+
+def _trace_text(span: dict[str, Any], output: Any, tokenizer: Any) -> None:
+    """The trajectory's prompt and response as text on its root span (``Tracer.token2text``);
+    a trajectory of several segments gets each segment's response."""
+    if isinstance(output, AgentLoopOutput):
+        segments = [output]
+    else:  # a malformed return is reported after the span closes
+        segments = [o for o in output if isinstance(o, AgentLoopOutput)] if isinstance(output, (list, tuple)) else []
+    if not segments:
+        return
+    span["prompt_text"] = tokenizer.decode(list(segments[0].prompt_ids), skip_special_tokens=False)
+    texts = [tokenizer.decode(list(o.response_ids), skip_special_tokens=False) for o in segments]
+    span["response_text"] = texts[0] if len(texts) == 1 else texts

@@ -106,6 +106,10 @@ _FAMILY_TOKENS: dict[str, dict[str, Any]] = {
     "mistralai-": {"bos_token": "<s>", "eos_token": "</s>", "additional_special_tokens": [
         "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
         "[/TOOL_RESULTS]"]},
+    # The built-in gemma-hermes template; as in Gemma's vocabulary, eos is <eos> and a turn ends
+    # with another special token, <end_of_turn>.
+    "gemma-": {"bos_token": "<bos>", "eos_token": "<eos>", "additional_special_tokens": [
+        "<start_of_turn>", "<end_of_turn>"]},
     # The built-in llama3-json template (agentloop_core/tokenization/templates/llama3-json.jinja).
     "llama3-": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "additional_special_tokens": [
         "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
@@ -115,9 +119,10 @@ _FAMILY_TOKENS: dict[str, dict[str, Any]] = {
 
 def tiny_tokenizer_for_template(template_file: Any, *, chat_template: str | None = None) -> Any:
     """A fresh copy of the tiny tokenizer with the chat template in ``template_file`` and, for
-    the harmony (gpt-oss), Mistral and Llama 3 families, the special tokens their templates write, so a
-    real template can be tested without its model's tokenizer. ``chat_template`` (a stand-in
-    template of the same family) replaces the file's text; the file need not exist then."""
+    the harmony (gpt-oss), Mistral, Llama 3 and Gemma families, the special tokens their
+    templates write, so a real template can be tested without its model's tokenizer.
+    ``chat_template`` (a stand-in template of the same family) replaces the file's text; the
+    file need not exist then."""
     from pathlib import Path
 
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer

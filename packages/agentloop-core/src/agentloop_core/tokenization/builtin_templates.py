@@ -1,6 +1,7 @@
 """Tool-aware chat templates shipped with agentloop, by name, for checkpoints whose own template
-ignores ``tools=`` (SmolLM2's plain ChatML, Llama 3.0's): the model would never see the tool
-schemas, so every tool-using trajectory would be wasted.
+ignores ``tools=`` (SmolLM2's plain ChatML, Llama 3.0's, Gemma's) or that have none (the GGUF of
+gemma-3-270m): the model would never see the tool schemas, so every tool-using trajectory would be
+wasted.
 
 A template is chosen by configuration (the trainer's ``model.custom_chat_template``,
 ``agentloop serve --chat-template``), never by model name: :func:`resolve_chat_template` takes a
@@ -53,6 +54,12 @@ BUILTINS: dict[str, BuiltinChatTemplate] = {
             "chatml-hermes", "chatml-hermes.jinja", "hermes",
             "ChatML turns; tools in the system turn inside <tools></tools>; calls as <tool_call> JSON blocks; "
             "results as <tool_response> blocks in a user turn",
+        ),
+        BuiltinChatTemplate(
+            "gemma-hermes", "gemma-hermes.jinja", "hermes",
+            "Gemma turns (<start_of_turn>user|model, <end_of_turn>) after BOS; system text and tools (inside "
+            "<tools></tools>) folded into the first user turn; calls as <tool_call> JSON blocks; results as "
+            "<tool_response> blocks in a user turn",
         ),
         BuiltinChatTemplate(
             "llama3-json", "llama3-json.jinja", "llama3_json",

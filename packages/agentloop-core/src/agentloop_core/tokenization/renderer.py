@@ -6,10 +6,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentloop_core.tokenization.content_marks import MARK, ContentMarks
 from agentloop_core.tokenization.opaque import (
     BASE_CONVERSATION,
     args_marker,
@@ -95,6 +96,14 @@ class ChatRenderer:
             model). Each image placeholder the template renders is expanded to the image's
             tokens (:meth:`expand_images`) before encoding, so image tokens are rendered ids
             like any other mask-0 id.
+        allow_special_tokens_in_content: False (default): a special token's string inside a
+            message (content, tool call arguments, names) or a tool schema is encoded as text,
+            never as the control token, so a tool result, observation or user turn cannot open
+            a turn of its own (:mod:`.content_marks`); the engine's generated ids are never
+            re-encoded either way, and text without such strings encodes exactly as with True.
+            True: the template's render is encoded whole, special-token strings from content
+            included (what verl and vLLM do), for data that writes control tokens into content
+            on purpose.
 
     Raises:
         ChatTemplateError: when the template fails to render a minimal conversation with these
@@ -114,6 +123,7 @@ class ChatRenderer:
         apply_chat_template_kwargs: Mapping[str, Any] | None = None,
         delta_strategy: DeltaStrategy = "auto",
         vision: VisionProcessor | None = None,
+        allow_special_tokens_in_content: bool = False,
     ) -> None:
         self.processor = tokenizer
         self.vision = vision
@@ -142,11 +152,18 @@ class ChatRenderer:
         """The tokenizer's special tokens (text, longest first) and their ids: the tokens that can
         close a turn."""
         self._piecewise = piecewise_encoder(self.tokenizer, self.special_tokens)
+        self.allow_special_tokens_in_content = allow_special_tokens_in_content
+        # The plain encoder is the piecewise one (or the tokenizer's), not a bound method: a
+        # renderer that its marks referred back to would be freed only by the cycle collector.
+        self._marks: ContentMarks | None = None if allow_special_tokens_in_content else ContentMarks(
+            self.tokenizer, self.special_tokens, self._piecewise.encode if self._piecewise is not None else None)
+        self._render_tools = self.tools if self._marks is None else self._marks.mark_value(self.tools)
         self._template_key = (
             type(self.processor).__name__, chat_template or getattr(self.processor, "chat_template", None),
             json.dumps(self.tools, sort_keys=True, default=str),
             json.dumps(self.apply_chat_template_kwargs, sort_keys=True, default=str),
             getattr(self.tokenizer, "bos_token", None), getattr(self.tokenizer, "eos_token", None),
+            allow_special_tokens_in_content,
         )
         # The probes' cache and why it is kept: agentloop_core.tokenization.template_probes.
         known = probes_for(self.processor)
@@ -165,19 +182,25 @@ class ChatRenderer:
 
     # -- rendering -------------------------------------------------------------------------
 
-    def render_text(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool) -> str:
+    def render_text(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool,
+                    generated: Collection[int] = ()) -> str:
         """The chat template applied to ``messages``.
 
         Args:
             messages: Chat messages (``role``, ``content``, optional ``tool_calls``...).
             add_generation_prompt: Append the header that opens the next assistant turn.
+            generated: Indices of assistant messages whose content is the engine's decoded
+                output; every other message's special-token strings are marked as text (unless
+                ``allow_special_tokens_in_content``).
 
         Returns:
-            The rendered text.
+            The rendered text, marked (:mod:`.content_marks`): encode it with :meth:`encode`;
+            :meth:`unmark` gives the text the model reads.
         """
+        marks = self._marks
         text = self.processor.apply_chat_template(
-            [dict(m) for m in messages],
-            tools=self.tools,
+            [dict(m) for m in messages] if marks is None else marks.mark_messages(messages, generated=generated),
+            tools=self._render_tools,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
             tokenize=False,
@@ -189,10 +212,20 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, with no BOS/EOS added (templates write their own); by pieces
-        between special tokens where the tokenizer allows it (:mod:`.piecewise`)."""
+        between special tokens where the tokenizer allows it (:mod:`.piecewise`). Marked content
+        (:meth:`render_text`) is encoded as text, never as special tokens."""
+        if self._marks is not None and MARK in text:
+            return self._marks.encode(text)
+        return self._encode_plain(text)
+
+    def _encode_plain(self, text: str) -> list[int]:
         if self._piecewise is not None:
             return self._piecewise.encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def unmark(self, text: str) -> str:
+        """A rendered text as the model reads it (every content mark back to its string)."""
+        return text if self._marks is None else self._marks.unmark(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept, so it can be rendered back verbatim."""

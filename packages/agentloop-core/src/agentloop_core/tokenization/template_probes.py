@@ -147,8 +147,11 @@ def _end_of_turn_token(renderer: ProbedRenderer, suffix: str) -> tuple[str | Non
     candidates: list[str] = []
     if getattr(tok, "eos_token", None):
         candidates.append(tok.eos_token)
-    # The turn may close with a special token other than eos_token (Llama 3's <|eot_id|>).
+    # The turn may close with a special token other than eos_token (Llama 3's <|eot_id|>), or with
+    # an added token marked special that all_special_tokens does not list (Gemma's <end_of_turn>):
+    # renderer.special_tokens holds both kinds, longest first.
     candidates += sorted(getattr(tok, "all_special_tokens", []) or [], key=len, reverse=True)
+    candidates += renderer.special_tokens
     for cand in candidates:
         if cand and suffix.startswith(cand):
             ids = renderer.encode(cand)

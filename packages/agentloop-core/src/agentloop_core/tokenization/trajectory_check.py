@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from agentloop_core.tokenization.content_marks import MARK
 from agentloop_core.tokenization.incremental import canonical_by_turn, snapshot, turn_encoder
 from agentloop_core.tokenization.renderer import ChatRenderer
 from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckReport, check_mode, compare
@@ -159,8 +160,9 @@ class TrajectoryCheck:
         """The inference view: the template over all messages, generated contents as decoded
         text, as an inference server renders a conversation it is sent."""
         pending = self._pieces[-1].kind != "generated"
-        text = self._expand(self.renderer.render_text(self.messages, add_generation_prompt=pending), self.messages,
-                            "the whole conversation")
+        text = self._expand(self.renderer.render_text(self.messages, add_generation_prompt=pending,
+                                                      generated=self._generated_messages),
+                            self.messages, "the whole conversation")
         if not pending:
             # The trajectory ends right after the generated ids; the template's glue after
             # them was never appended.
@@ -201,7 +203,8 @@ class TrajectoryCheck:
         :mod:`agentloop_core.tokenization.incremental`): it passes by construction; only
         ``canonical`` is computed, turn by turn where the tokenizer allows it."""
         built, renderer = self.context_ids, self.renderer
-        encode = turn_encoder(renderer.tokenizer)
+        by_turn = turn_encoder(renderer.tokenizer)
+        encode = None if by_turn is None else _reading_marks(by_turn, renderer)
         pieces, at = [], 0
         for p in self._pieces:  # the ids are the built ones: _unchanged_since_rendered said so
             pieces.append(PieceIds(p.kind, p.text, built[at : at + p.n_ids]))
@@ -277,3 +280,13 @@ class TrajectoryCheck:
             if expected == built:
                 note = "generated ids are a non-canonical tokenization of their text; " + note
         return compare(self.renderer, built, expected, mode=mode, canonical=canonical, note=note)
+
+
+def _reading_marks(encode: Callable[[list[str]], list[list[int]]],
+                   renderer: ChatRenderer) -> Callable[[list[str]], list[list[int]]]:
+    """``encode``, except that texts holding a content mark (a generated turn next to marked
+    content, in a template that writes no special token between them) go to the renderer,
+    which encodes marks as text."""
+    def both(texts: list[str]) -> list[list[int]]:
+        return [renderer.encode(t) for t in texts] if any(MARK in t for t in texts) else encode(texts)
+    return both

@@ -59,6 +59,10 @@ def error_text(exc: BaseException) -> str:
 class Tracer:
     """Base tracer: times spans and hands finished ones to :meth:`emit`."""
 
+    token2text: bool = False
+    """Whether the rollout worker puts each trajectory's prompt and response, decoded, on its
+    ``agent_loop`` span (verl's ``rollout.trace.token2text``)."""
+
     @contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[dict[str, Any]]:
         """Time a block. The yielded dict can be filled with more attributes inside the block."""

@@ -52,12 +52,15 @@ class ChatPlanner:
         render_whole: The gateway's render of a whole request (see :data:`RenderWhole`).
         images: The gateway's images (vision processor, limits, decoded images).
         max_renderers: Most delta renderers kept (one per tools and template variables).
+        allow_special_tokens_in_content: The gateway's setting of that name (see ``Gateway``),
+            given to every delta renderer.
     """
 
     def __init__(self, processor: Any, chat_template: str | None, chat_template_kwargs: Mapping[str, Any],
                  recorder: SessionRecorder, render_whole: RenderWhole, images: GatewayImages, *,
-                 max_renderers: int = 64) -> None:
+                 max_renderers: int = 64, allow_special_tokens_in_content: bool = False) -> None:
         self.processor = processor
+        self.allow_special_tokens_in_content = allow_special_tokens_in_content
         self.images = images
         self.chat_template = chat_template
         self.chat_template_kwargs = chat_template_kwargs
@@ -86,7 +89,7 @@ class ChatPlanner:
         try:
             renderer: ChatRenderer | None = ChatRenderer(
                 self.processor, tools=tools, chat_template=self.chat_template, apply_chat_template_kwargs=kwargs,
-                vision=self.images.vision)
+                vision=self.images.vision, allow_special_tokens_in_content=self.allow_special_tokens_in_content)
         except Exception as exc:
             if not (isinstance(exc, ValueError) or raised_by_template(exc)):
                 raise

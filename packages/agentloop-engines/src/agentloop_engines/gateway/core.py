@@ -38,6 +38,7 @@ from typing import Any
 from agentloop_core.parsers import ParseResult, ToolParser, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, ReasoningSplit, get_reasoning_parser
+from agentloop_core.tokenization.content_marks import content_marks
 from agentloop_core.tokenization.template_errors import raised_by_template
 from agentloop_core.vision import ImageItem, ImageLimits, VisionProcessor, multi_modal_kwargs
 from agentloop_engines.gateway.chat_planner import ChatPlanner
@@ -128,6 +129,13 @@ class Gateway:
         max_image_bytes: Most encoded bytes of one image.
         allow_remote_image_urls: Fetch ``http(s)`` image URLs; off: data URLs only. File paths
             are always refused.
+        allow_special_tokens_in_content: False (default): a special token's string in any
+            message a client sends (system, user, tool, and assistant messages: the gateway
+            continues the ids it generated itself, so an assistant message it renders from
+            text is the client's text) and in ``tools`` is encoded as text, never as the
+            control token, on every chat route (Chat Completions, Responses, Messages); see
+            :mod:`agentloop_core.tokenization.content_marks`. True: the render is encoded whole
+            (vLLM's behaviour). ``/v1/completions`` prompts are raw text either way.
 
     Raises:
         UnknownToolParserError: for an unknown parser name (the message lists the known ones).
@@ -157,6 +165,7 @@ class Gateway:
         max_image_pixels: int = ImageLimits.max_pixels,
         max_image_bytes: int = ImageLimits.max_bytes,
         allow_remote_image_urls: bool = False,
+        allow_special_tokens_in_content: bool = False,
     ) -> None:
         if not callable(getattr(server, "generate", None)):
             raise TypeError(f"{type(server).__name__} has no generate(); pass an AsyncServer")
@@ -170,6 +179,8 @@ class Gateway:
         # Processors render with their own apply_chat_template but tokenize with .tokenizer.
         self.tokenizer = inner if inner is not None and hasattr(inner, "encode") else tokenizer
         self.chat_template = chat_template
+        self.allow_special_tokens_in_content = allow_special_tokens_in_content
+        self._marks = None if allow_special_tokens_in_content else content_marks(self.tokenizer)
         self.parser = get_tool_parser(tool_parser) if isinstance(tool_parser, str) else tool_parser
         self.reasoning = (get_reasoning_parser(reasoning_parser) if isinstance(reasoning_parser, str)
                           else reasoning_parser)
@@ -204,7 +215,8 @@ class Gateway:
         self.images = GatewayImages(vision, limits, tokenizer, server)
         """The vision processor (``images.vision``), image limits and decoded images of sessions."""
         self._planner = ChatPlanner(self.processor, chat_template, self.chat_template_kwargs, self.recorder,
-                                    self.render, self.images, max_renderers=_MAX_RENDERERS)
+                                    self.render, self.images, max_renderers=_MAX_RENDERERS,
+                                    allow_special_tokens_in_content=allow_special_tokens_in_content)
 
     def __repr__(self) -> str:
         return f"Gateway({type(self.server).__name__}, model={self.model_name!r})"
@@ -278,9 +290,11 @@ class Gateway:
             raise ValueError(f"the tokenizer ({type(self.processor).__name__}) has no chat template, so this gateway "
                              "serves /v1/completions only; start it with Gateway(..., chat_template=...)")
         kwargs = {**self.chat_template_kwargs, **(chat_template_kwargs or {})}
+        marks = self._marks
         try:
             text = self.processor.apply_chat_template(
-                [dict(m) for m in messages], tools=tools, chat_template=self.chat_template,
+                [dict(m) for m in messages] if marks is None else marks.mark_messages(messages),
+                tools=tools if marks is None else marks.mark_value(tools), chat_template=self.chat_template,
                 add_generation_prompt=True, tokenize=False, **kwargs)
         except Exception as exc:
             if not raised_by_template(exc):
@@ -288,8 +302,8 @@ class Gateway:
             raise ValueError(f"the chat template cannot render these messages: {type(exc).__name__}: {exc}") from exc
         if not isinstance(text, str):  # some processors return a one-element batch
             text = text[0]
-        return list(self.tokenizer.encode(self.images.expand(text, images) if images else text,
-                                          add_special_tokens=False))
+        text = self.images.expand(text, images) if images else text
+        return marks.encode(text) if marks is not None else list(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def chat_completion(self, body: Mapping[str, Any], *, session_id: str | None = None,
                               session_key: str | None = None, endpoint: str = "chat.completions") -> GatewayResponse:

@@ -7,13 +7,18 @@ everywhere: an ImportError that prints the ``pip install`` line of the extra to 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import socket
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["connect_ray", "import_ray", "init_local_ray"]
+
+logger = logging.getLogger(__name__)
 
 
 def import_ray(purpose: str, *, extra: str = "agentloop-engines[ray]") -> Any:
@@ -46,6 +51,7 @@ def connect_ray(
     num_cpus: int | None = None,
     namespace: str | None = None,
     connect_timeout_s: float = 5.0,
+    listen_on_network: bool = False,
     **init_kwargs: Any,
 ) -> Any:
     """Join a Ray cluster, or start a local one, and return the ``ray`` module.
@@ -59,6 +65,8 @@ def connect_ray(
         namespace: Ray namespace, so named replicas are found across drivers.
         connect_timeout_s: How long to try a TCP connection to ``host:port`` before giving up
             (``ray.init`` itself retries an unreachable address for minutes).
+        listen_on_network: Let a local Ray listen on every address of this machine (see
+            :func:`init_local_ray`). Ignored when joining.
         **init_kwargs: Passed to ``ray.init``.
 
     Returns:
@@ -87,32 +95,70 @@ def connect_ray(
         kwargs["namespace"] = namespace
     if num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
-    return init_local_ray(temp_dir, **kwargs)
+    return init_local_ray(temp_dir, listen_on_network=listen_on_network, **kwargs)
 
 
 def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, object_store_mb: int = 256,
-                   **init_kwargs: Any) -> Any:
+                   listen_on_network: bool = False, **init_kwargs: Any) -> Any:
     """Start a local Ray cluster sized for a small machine (no dashboard, bounded object store,
     session files under ``temp_dir``, no auth token written to ``~/.ray``) and return ``ray``.
+
+    Every port of the cluster (GCS, raylet, object manager, runtime-env agent, the workers' and
+    the driver's gRPC servers) listens on 127.0.0.1 only. Its authentication is off, so a
+    cluster reachable from the network lets anyone who can reach the machine run code in it;
+    Ray's own default on Linux is every address.
+
+    Args:
+        temp_dir: Session folder of the cluster.
+        num_cpus: CPUs the cluster offers.
+        object_store_mb: Size of the object store.
+        listen_on_network: Listen on every address of this machine instead (Ray's default), for
+            other machines to join this one. Unauthenticated: only on a network you trust.
+        **init_kwargs: Passed to ``ray.init``.
 
     Raises:
         ImportError: without Ray.
     """
     ray = import_ray("A local Ray cluster")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if listen_on_network:
+        logger.warning("the local Ray cluster listens on every address of this machine (listen_on_network), "
+                       "RAY_AUTH_MODE=%s: unless that is a token, anyone who can reach this machine can run "
+                       "code in it", os.environ["RAY_AUTH_MODE"])
     kwargs = dict(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
                   _temp_dir=str(temp_dir), log_to_driver=False, **init_kwargs)
-    try:
-        ray.init(**kwargs)
-    except Exception as exc:
-        # Ray waits a hard-coded 30 s for its raylet; on a saturated 2-core machine that can run
-        # out once. A second failure is real and raises.
-        if "timed out during startup" not in str(exc):
-            raise
-        ray.shutdown()
-        ray.init(**kwargs)
+    with _ray_listens_on_network(ray, listen_on_network):
+        try:
+            ray.init(**kwargs)
+        except Exception as exc:
+            # Ray waits a hard-coded 30 s for its raylet; on a saturated 2-core machine that can run
+            # out once. A second failure is real and raises.
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+            ray.init(**kwargs)
     return ray
+
+
+@contextlib.contextmanager
+def _ray_listens_on_network(ray: Any, on: bool) -> Iterator[None]:
+    """Ray binds its servers to the node's address, which it takes to be 127.0.0.1 only where
+    its "cluster" switch is off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read once, when ``ray``
+    is imported: this process already has, so the module's constant is set too). The processes
+    ``ray.init`` starts read the variable themselves; both are restored once they run, so a
+    later ``ray.init(address=...)`` in this process finds its own address again."""
+    constants = ray._private.ray_constants
+    name = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved_flag = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
+    os.environ[name], constants.ENABLE_RAY_CLUSTER = ("1" if on else "0"), on
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
 
 
 def _host_port(address: str) -> tuple[str, int] | None:

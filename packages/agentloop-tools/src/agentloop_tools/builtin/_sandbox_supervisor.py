@@ -8,10 +8,12 @@ as ``uid``/``gid`` when those are set, so the code cannot signal or trace it. It
 
 1. makes itself a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process that daemonizes
    (double fork, ``setsid``) is re-parented here, not to init, so it stays findable;
-2. where it may, puts the code in a cgroup v2 of its own (ends with ``cgroup.kill``) and in a
-   mount namespace (as a normal user inside a user namespace of its own) with one size-limited
-   tmpfs behind ``/tmp``, ``/dev/shm`` and ``/var/tmp`` (freed by the kernel when the last
-   process of the run is gone);
+2. enters a network namespace and a mount namespace (as a normal user inside a user namespace
+   of its own) and lays out the code's own root folder on a size-limited tmpfs (freed by the
+   kernel when the last process of the run is gone), see ``_sandbox_rootfs``; where the kernel
+   refuses an isolation that was asked for, it reports that and starts nothing. Without
+   ``isolate_files``, the tmpfs goes behind ``/tmp``, ``/dev/shm`` and ``/var/tmp`` instead. It
+   puts the code in a cgroup v2 of its own (ends with ``cgroup.kill``) where it may;
 3. starts the code (new session, rlimits, ``no_new_privs``, uid drop), waits for it to exit, for
    the wall-clock limit, for the scratch limit (polled where there is no tmpfs) or for SIGTERM
    from the trainer (a cancelled call);
@@ -39,14 +41,7 @@ from types import ModuleType
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_NO_NEW_PRIVS = 38
-CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 0x1, 0x2, 0x4, 0x8, 0x20
-MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 0x400, 0x800, 0x1000, 0x4000, 0x40000, 0x200000
-# statvfs f_flag bits (ST_*) -> the mount flags a read-only remount must repeat: a mount copied
-# into a user namespace has them locked, and a remount that drops one is refused.
-_ST_TO_MS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
-             (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
 
 SHARED_TMP_DIRS = ("/tmp", "/dev/shm", "/var/tmp")
 """World-writable folders whose entries outlive a process; private (tmpfs) or swept per run."""
@@ -152,17 +147,17 @@ def kill_uid(uid: int, gid: int) -> None:
         os.waitpid(pid, 0)
 
 
-# ---- cgroups (in the file next to this one, loaded without the package when run as a script) --
+# ---- cgroups and the file view (in the files next to this one, loaded without the package when --
+# ---- run as a script) ---------------------------------------------------------------------------
 
 
-def _load_cgroup_module() -> ModuleType:
+def _load_sibling(name: str) -> ModuleType:
     if __package__:
-        from agentloop_tools.builtin import _sandbox_cgroup
+        import importlib
 
-        return _sandbox_cgroup
+        return importlib.import_module(f"{__package__}.{name}")
     import importlib.util
 
-    name = "_sandbox_cgroup"
     spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                                      f"{name}.py"))
     assert spec is not None, "the file sits next to this one"
@@ -173,25 +168,45 @@ def _load_cgroup_module() -> ModuleType:
     return module
 
 
-cgroups = _load_cgroup_module()
+cgroups = _load_sibling("_sandbox_cgroup")
+rootfs = _load_sibling("_sandbox_rootfs")
 RunCgroups = cgroups.RunCgroups
 
 
 # ---- scratch space -----------------------------------------------------------------------------
 
 
-def enter_user_namespace() -> bool:
+def enter_user_namespace() -> str | None:
     """As a normal user, enter a new user namespace that maps our uid and gid to themselves, so
-    that :func:`private_tmp` may mount a tmpfs. The code started later keeps its uid and gets no
-    capabilities (they are dropped at ``execve`` for a non-zero uid). Returns False where the
-    kernel or a security module refuses unprivileged user namespaces; nothing is changed then."""
+    that the mount and network namespaces below may be made. The code started later keeps its
+    uid and gets no capabilities (they are dropped at ``execve`` for a non-zero uid). Returns
+    None, or why the kernel or a security module refused (nothing is changed then)."""
     uid, gid = os.getuid(), os.getgid()
     if _libc().unshare(CLONE_NEWUSER) != 0:
-        return False
+        return (f"unshare(CLONE_NEWUSER) failed: {os.strerror(ctypes.get_errno())} (unprivileged user namespaces "
+                "are off: sysctl kernel.unprivileged_userns_clone / user.max_user_namespaces, or "
+                "kernel.apparmor_restrict_unprivileged_userns on Ubuntu 24.04+, or a container's seccomp profile)")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-    return True
+    return None
+
+
+def _private_mounts(libc: ctypes.CDLL) -> str | None:
+    """A mount namespace of this process's own whose mounts do not propagate back to the host's.
+    Returns None, or why the kernel refused (no CAP_SYS_ADMIN)."""
+    if libc.unshare(rootfs.CLONE_NEWNS) != 0:
+        return f"unshare(CLONE_NEWNS) failed: {os.strerror(ctypes.get_errno())}"
+    # Without private propagation the mounts below would appear in the trainer's namespace.
+    if libc.mount(b"none", b"/", None, rootfs.MS_REC | rootfs.MS_PRIVATE, None) != 0:
+        raise OSError(ctypes.get_errno(), "making / private in the sandbox mount namespace failed")
+    return None
+
+
+def _mount_scratch_tmpfs(libc: ctypes.CDLL, scratch: str, size_mb: int) -> None:
+    opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 256)},mode=0755".encode()
+    if libc.mount(b"agentloop-sandbox", scratch.encode(), b"tmpfs", rootfs.MS_NOSUID | rootfs.MS_NODEV, opts) != 0:
+        raise OSError(ctypes.get_errno(), f"mounting the sandbox tmpfs on {scratch} failed")
 
 
 def private_tmp(scratch: str, size_mb: int, name: str, uid: int | None, gid: int | None,
@@ -201,50 +216,26 @@ def private_tmp(scratch: str, size_mb: int, name: str, uid: int | None, gid: int
     back at its place, read-only. Returns the working directory inside it (``/tmp/<name>``),
     or None when the kernel refuses (no CAP_SYS_ADMIN); nothing is changed then."""
     libc = _libc()
-    if libc.unshare(CLONE_NEWNS) != 0:
+    if _private_mounts(libc) is not None:
         return None
-    # Without private propagation the mounts below would appear in the trainer's namespace.
-    if libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        raise OSError(ctypes.get_errno(), "making / private in the sandbox mount namespace failed")
     # Opened in this namespace (a bind's source must be one of its mounts) before the masks hide them.
     kept = [(path, os.open(path, os.O_PATH | os.O_CLOEXEC)) for path in keep]
-    opts = f"size={size_mb}m,nr_inodes={max(1024, size_mb * 256)},mode=0755".encode()
-    if libc.mount(b"agentloop-sandbox", scratch.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) != 0:
-        raise OSError(ctypes.get_errno(), f"mounting the sandbox tmpfs on {scratch} failed")
+    _mount_scratch_tmpfs(libc, scratch, size_mb)
     # /tmp last: the scratch mount point itself may be under it.
     for target in sorted((d for d in SHARED_TMP_DIRS if os.path.isdir(d)), key=lambda d: d == "/tmp"):
         source = os.path.join(scratch, target.strip("/").replace("/", "-"))
         os.mkdir(source)
         os.chmod(source, 0o1777)
-        if libc.mount(source.encode(), target.encode(), None, MS_BIND, None) != 0:
+        if libc.mount(source.encode(), target.encode(), None, rootfs.MS_BIND, None) != 0:
             raise OSError(ctypes.get_errno(), f"binding the sandbox tmpfs over {target} failed")
     for path, fd in kept:
-        _bind_read_only(libc, fd, path)
+        rootfs.bind_read_only(libc, fd, path)
         os.close(fd)
     workdir = os.path.join("/tmp", name)
     os.mkdir(workdir, 0o700)
     if uid is not None and gid is not None:  # set together
         os.chown(workdir, uid, gid)
     return workdir
-
-
-def _bind_read_only(libc: ctypes.CDLL, fd: int, path: str) -> None:
-    """Bind what ``fd`` (an ``O_PATH`` descriptor) points at onto ``path``, read-only, making the
-    mount point (a folder, or an empty file) and its parents in the tmpfs first."""
-    is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
-    os.makedirs(path if is_dir else os.path.dirname(path), mode=0o755, exist_ok=True)
-    if not is_dir:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-    target = path.encode()
-    if libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, MS_BIND | MS_REC, None) != 0:
-        raise OSError(ctypes.get_errno(), f"binding the interpreter's {path} back into the sandbox failed")
-    locked = os.statvfs(path).f_flag
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-    for st_flag, ms_flag in _ST_TO_MS:
-        if locked & st_flag:
-            flags |= ms_flag
-    if libc.mount(None, target, None, flags, None) != 0:
-        raise OSError(ctypes.get_errno(), f"making the interpreter's {path} read-only in the sandbox failed")
 
 
 def owned_entries(uid: int, dirs: Iterable[str] = SHARED_TMP_DIRS) -> list[str]:
@@ -289,7 +280,7 @@ def remove_entries(paths: Iterable[str]) -> None:
 # ---- the run -----------------------------------------------------------------------------------
 
 
-def _start(cfg: dict, workdir: str, env: dict[str, str], run_cgroups: RunCgroups) -> int:
+def _start(cfg: dict, workdir: str, env: dict[str, str], run_cgroups: RunCgroups, root: str | None) -> int:
     import resource
 
     uid, gid = cfg["uid"], cfg["gid"]
@@ -304,6 +295,8 @@ def _start(cfg: dict, workdir: str, env: dict[str, str], run_cgroups: RunCgroups
         os.close(cfg["status_fd"])
         run_cgroups.join()
         os.setsid()
+        if root is not None:
+            rootfs.enter_root(root)
         os.chdir(workdir)
         for which, value in limits:
             resource.setrlimit(which, (value, value))
@@ -346,6 +339,44 @@ def _kill_everything(cfg: dict, run_cgroups: RunCgroups, main: int, status: list
         time.sleep(0.01)
 
 
+def _isolate(cfg: dict) -> tuple[str, str | None, list[str], list[str], list[str]]:
+    """Enter the namespaces ``cfg`` asks for and lay out the code's files. Returns the working
+    directory (as the supervisor sees it), the root folder the code enters (None: the host's),
+    the folders whose size is polled, the isolation labels, and what could not be isolated and
+    why (the run must not start then)."""
+    uid, gid, scratch = cfg["uid"], cfg["gid"], cfg["scratch"]
+    isolation: list[str] = []
+    refused: list[str] = []
+    no_ns = None
+    if os.geteuid() != 0 and (cfg["private_tmp"] or cfg["isolate_files"] or cfg["isolate_network"]):
+        no_ns = enter_user_namespace()
+    if cfg["isolate_network"]:
+        why = no_ns or rootfs.enter_network_namespace()
+        if why:
+            refused.append(f"network ({why})")
+        else:
+            isolation.append("isolated-network")
+    libc = _libc()
+    if cfg["isolate_files"]:
+        why = no_ns or _private_mounts(libc)
+        if why:
+            refused.append(f"files ({why})")
+            return scratch, None, [], isolation, refused
+        if cfg["private_tmp"]:
+            _mount_scratch_tmpfs(libc, scratch, cfg["scratch_mb"])
+            isolation.append("private-tmpfs")
+        root, workdir = rootfs.build_root(scratch, cfg["name"], uid, gid, cfg["view"]["binds"], cfg["view"]["links"])
+        isolation.append("isolated-files")
+        watch = [] if cfg["private_tmp"] else [os.path.join(scratch, "files")]
+        return workdir, root, watch, isolation, refused
+    if cfg["private_tmp"] and no_ns is None:
+        inner = private_tmp(scratch, cfg["scratch_mb"], cfg["name"], uid, gid, cfg["keep_visible"])
+        if inner is not None:
+            isolation.append("private-tmpfs")
+            return inner, None, [], isolation, refused
+    return scratch, None, [scratch], isolation, refused
+
+
 def supervise(cfg: dict) -> dict:
     """Run the code under ``cfg`` (see :func:`agentloop_tools.builtin.sandbox.run_python`) and
     return the status it reports."""
@@ -356,27 +387,24 @@ def supervise(cfg: dict) -> dict:
         kill_uid(uid, gid)  # leftovers of a trainer that died mid-run with this uid
     with open(os.path.join(cfg["scratch"], "main.py"), encoding="utf-8") as f:
         code = f.read()
-    workdir = cfg["scratch"]
-    isolation = []
-    if cfg["private_tmp"] and (os.geteuid() == 0 or enter_user_namespace()):
-        inner = private_tmp(cfg["scratch"], cfg["scratch_mb"], cfg["name"], uid, gid, cfg["keep_visible"])
-        if inner is not None:
-            workdir = inner
-            isolation.append("private-tmpfs")
-            path = os.path.join(workdir, "main.py")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(code)
-            if uid is not None:
-                os.chown(path, uid, gid)
+    workdir, root, watch, isolation, refused = _isolate(cfg)
+    if refused or cfg.get("probe"):
+        return {"returncode": None, "reason": "isolation-refused", "isolation": isolation, "refused": refused}
+    if root is not None or "private-tmpfs" in isolation:  # a fresh folder, the host's scratch hidden
+        path = os.path.join(workdir, "main.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(code)
+        if uid is not None:
+            os.chown(path, uid, gid)
     run_cgroups = (cgroups.create(cfg["name"], cfg["run_memory_bytes"], cfg["max_processes"], cfg["cgroup_parent"])
                    if cfg["cgroup"] else RunCgroups(unenforced=["per-run cgroups are off"]))
     isolation += [label for label, on in (("cgroup", run_cgroups.kill_dir), ("cgroup-memory", run_cgroups.memory),
                                           ("cgroup-pids", run_cgroups.pids)) if on]
-    env = {**cfg["env"], "HOME": workdir, "TMPDIR": workdir}
-    main = _start(cfg, workdir, env, run_cgroups)
+    inside = workdir if root is None else os.path.join("/tmp", cfg["name"])  # where the code sees it
+    env = {**cfg["env"], "HOME": inside, "TMPDIR": inside}
+    main = _start(cfg, inside, env, run_cgroups, root)
     status: list[int | None] = [None]
     deadline = time.monotonic() + cfg["timeout_s"]
-    watch = [] if "private-tmpfs" in isolation else [workdir]
     reason = None
     while reason is None:
         _reap(main, status)
@@ -387,7 +415,7 @@ def supervise(cfg: dict) -> dict:
             reason = "timeout"
             break
         if watch:
-            shared = owned_entries(uid) if cfg["dedicated_uid"] and uid is not None else []
+            shared = owned_entries(uid) if cfg["dedicated_uid"] and uid is not None and root is None else []
             if usage_bytes(watch + shared) > cfg["scratch_mb"] * 2**20:
                 reason = "scratch"
                 break
@@ -398,7 +426,7 @@ def supervise(cfg: dict) -> dict:
     usage = {"memory_peak_bytes": run_cgroups.memory_peak_bytes(), "oom_kills": run_cgroups.oom_kills(),
              "pids_refused": run_cgroups.pids_refused(), "unenforced": run_cgroups.unenforced}
     run_cgroups.remove()
-    if cfg["dedicated_uid"] and uid is not None and "private-tmpfs" not in isolation:
+    if cfg["dedicated_uid"] and uid is not None and "private-tmpfs" not in isolation and root is None:
         remove_entries(owned_entries(uid))
     return {"returncode": status[0], "reason": reason, "isolation": isolation, "kill_rounds": rounds, **usage}
 

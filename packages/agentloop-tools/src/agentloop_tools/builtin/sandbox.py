@@ -15,10 +15,16 @@ code also gets a private, size-limited tmpfs behind ``/tmp``, ``/dev/shm`` and `
 (a mount namespace), freed with the run. As a normal user it runs as that user: a minimal
 environment, the same private tmpfs where unprivileged user namespaces are allowed (else a
 private scratch folder, ``TMPDIR`` and ``HOME`` pointing into it, whose size is polled), and
-rlimits. The table in the package README says what is and is not enforced in
-each case; in short, it is not a security boundary against a determined attacker (the network
-is not isolated, files readable by everyone stay readable). Use a container or VM (gVisor,
-Firecracker, nsjail) for untrusted code at scale.
+rlimits.
+
+The code is the policy under optimisation, an adversary that wants the run's answers: by
+default it runs in a network namespace of its own (``isolate_network``: no service on the host's
+loopback, no egress) and sees only its own folders and, read-only, the system's and the
+interpreter's (``isolate_files``: no data folder, ``/home``, ``/etc`` or ``/proc``), see
+:mod:`agentloop_tools.builtin._sandbox_rootfs`. A host that cannot make those namespaces gets a
+``RuntimeError`` naming the fix, never an unisolated run. The table in the package README says
+what is and is not enforced in each case; it is not a boundary against code run as root, nor a
+replacement for a container or VM (gVisor, Firecracker, nsjail) for untrusted code at scale.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import Any
 from agentloop_tools.base import BaseTool
 from agentloop_tools.builtin import _sandbox_cgroup as cgroups
 from agentloop_tools.builtin import _sandbox_interpreter as interpreter
+from agentloop_tools.builtin import _sandbox_rootfs as rootfs
 from agentloop_tools.builtin import _sandbox_supervisor as supervisor
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
@@ -98,6 +105,20 @@ class SandboxLimits:
     """Give the run a private tmpfs of ``max_scratch_mb`` behind /tmp, /dev/shm and /var/tmp (a mount
     namespace; as a normal user inside a user namespace, where the kernel allows one). Folders of
     the interpreter under them (a venv in /tmp) are bound back read-only."""
+    isolate_network: bool = True
+    """Run the code in a network namespace of its own (a loopback of its own, nothing else): it
+    reaches no service of the host (an engine server or gateway on 127.0.0.1, a database, a
+    dashboard, abstract unix sockets) and nothing outside (no DNS, no egress). Where the host
+    allows no such namespace every run fails with a ``RuntimeError`` naming the fix; ``false``
+    gives the code the host's network (only for code you trust)."""
+    isolate_files: bool = True
+    """Show the code only its working directory (in a fresh ``/tmp``), fresh ``/var/tmp`` and
+    ``/dev/shm``, a few devices, and, read-only, the system's programs and libraries (``/usr``,
+    ``/lib*``, ``/bin``, ``/sbin``) and the interpreter's folders: no ``/home``, ``/root``,
+    ``/etc``, ``/proc``, and none of the run's files, however readable (a dataset with its
+    answers). Needs a mount namespace, as for ``private_tmp``; where the host allows none every run
+    fails with a ``RuntimeError`` naming the fix. ``false``: the code sees the host's files as its
+    uid may."""
     cgroup_parent: str | None = None
     """A cgroup v2 folder to create each run's cgroup in (delegated to the trainer's uid, no
     processes of its own, ``memory`` and ``pids`` in its ``cgroup.subtree_control``). None: the
@@ -116,6 +137,9 @@ class SandboxLimits:
         if (not isinstance(lo_hi, tuple) or len(lo_hi) != 2 or not all(isinstance(u, int) for u in lo_hi)
                 or not 0 < lo_hi[0] <= lo_hi[1]):
             raise ValueError(f"sandbox uid_range must be [first, last] with 0 < first <= last, got {lo_hi!r}")
+        for name in ("isolate_network", "isolate_files", "private_tmp", "run_as_root", "allow_site_packages"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"sandbox {name} must be true or false, got {getattr(self, name)!r}")
         if self.run_as_root and self.user is not None:
             raise ValueError("sandbox: set either user (run as that user) or run_as_root (keep root), not both")
         parent = self.cgroup_parent
@@ -145,7 +169,7 @@ class SandboxResult:
     """True when the polled scratch-size check killed it (with a tmpfs the code gets ENOSPC instead)."""
     isolation: tuple[str, ...] = ()
     """Mechanisms the run had besides rlimits and the subreaper: ``dedicated-uid``, ``user``,
-    ``private-tmpfs``, ``cgroup`` (killed with ``cgroup.kill``), ``cgroup-memory``
+    ``isolated-network``, ``isolated-files``, ``private-tmpfs``, ``cgroup`` (killed with ``cgroup.kill``), ``cgroup-memory``
     (``run_memory_mb`` held), ``cgroup-pids`` (``max_processes`` held per run)."""
     memory_peak_bytes: int | None = None
     """Most memory the run's processes held at once, from its memory cgroup; None where unknown."""
@@ -292,6 +316,61 @@ def _read_status(fd: int) -> dict[str, Any] | None:
         return None
 
 
+def _refusal(refused: list[str]) -> str:
+    return (
+        "sandbox: this host does not let the sandbox isolate the code's " + "; ".join(refused) + ". Unisolated, "
+        "model-written code can reach every service on this machine's loopback (engine servers, gateways, "
+        "databases) and read every file readable by others (the run's data with its answers), so it was not run. "
+        "Fix: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 and "
+        "user.max_user_namespaces > 0; kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04+; in a "
+        "container, a seccomp profile that permits unshare), or run the trainer as root with CAP_SYS_ADMIN; or, "
+        "for code you trust, opt out in the tool's config with isolate_network: false / isolate_files: false"
+    )
+
+
+_probed: dict[tuple[bool, bool, bool], list[str]] = {}
+
+
+def check_isolation(limits: SandboxLimits) -> None:
+    """Start a supervisor that only enters the namespaces ``limits`` ask for, so that a host
+    that cannot give them fails when the tool is made, not at the first rollout. Cached.
+
+    Raises:
+        RuntimeError: The isolation cannot be had here, naming the fix.
+    """
+    key = (limits.isolate_network, limits.isolate_files, limits.private_tmp)
+    if not (limits.isolate_network or limits.isolate_files):
+        return
+    if key not in _probed:
+        scratch = tempfile.mkdtemp(prefix="agentloop-sandbox-probe-")
+        status_r, status_w = os.pipe()
+        try:
+            _write_text(os.path.join(scratch, "main.py"), "")
+            cfg = {"name": os.path.basename(scratch), "scratch": scratch, "uid": None, "gid": None,
+                   "dedicated_uid": False, "private_tmp": limits.private_tmp, "scratch_mb": 1,
+                   "isolate_network": limits.isolate_network, "isolate_files": limits.isolate_files,
+                   "view": {"binds": [], "links": []}, "keep_visible": [], "probe": True, "status_fd": status_w}
+            import subprocess
+
+            proc = subprocess.run([sys.executable, "-I", "-S", supervisor.__file__, json.dumps(cfg)],
+                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=60, pass_fds=(status_w,),
+                                  env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"})
+            os.close(status_w)
+            status_w = -1
+            status = _read_status(status_r)
+            if status is None:
+                raise RuntimeError(f"sandbox: the isolation probe exited with {proc.returncode}: "
+                                   f"{proc.stderr.decode(errors='replace')[-2000:]}")
+            _probed[key] = list(status.get("refused") or [])
+        finally:
+            for fd in (status_r, status_w):
+                if fd >= 0:
+                    os.close(fd)
+            _remove_tree(scratch)
+    if _probed[key]:
+        raise RuntimeError(_refusal(_probed[key]))
+
+
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run Python source in a fresh, limited subprocess and capture its output.
 
@@ -305,7 +384,9 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     Raises:
         ValueError: ``code`` is not a string, the sandbox user does not exist, or no interpreter
             can be run by the unprivileged uid.
-        RuntimeError: Every uid of ``uid_range`` is taken, or the supervisor could not start.
+        RuntimeError: Every uid of ``uid_range`` is taken, the supervisor could not start, or this
+            host cannot give the code the isolation ``limits`` ask for (``isolate_network``,
+            ``isolate_files``); the message names the fix.
     """
     if not isinstance(code, str):
         raise ValueError(f"code must be a string, got {type(code).__name__}")
@@ -327,10 +408,15 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     proc = None
     status_r = status_w = -1
     workdir = None
+    cfg_name = name  # the scratch folder's name once made; the sweep needs one either way
     try:
         python = interpreter.choose(limits.python_executable, dropped=uid is not None)
-        keep = (await asyncio.to_thread(interpreter.masked_paths, python, limits.allow_site_packages)
-                if limits.private_tmp else ())
+        keep: tuple[str, ...] = ()
+        view: dict[str, list] = {"binds": [], "links": []}
+        if limits.isolate_files:
+            view = await asyncio.to_thread(interpreter.file_view, python, limits.allow_site_packages, rootfs.SYSTEM_DIRS)
+        elif limits.private_tmp:
+            keep = await asyncio.to_thread(interpreter.masked_paths, python, limits.allow_site_packages)
         workdir = tempfile.mkdtemp(prefix=f"{name}-")
         cfg_name = os.path.basename(workdir)
         main_py = os.path.join(workdir, "main.py")
@@ -350,6 +436,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             "file_bytes": int(limits.max_file_mb * 2**20), "max_open_files": int(limits.max_open_files),
             "max_processes": int(limits.max_processes), "scratch_mb": int(limits.max_scratch_mb),
             "private_tmp": limits.private_tmp, "cgroup": True, "keep_visible": list(keep),
+            "isolate_network": limits.isolate_network, "isolate_files": limits.isolate_files, "view": view,
             "run_memory_bytes": int(limits.run_memory_mb * 2**20), "cgroup_parent": limits.cgroup_parent,
         }
         proc = await asyncio.create_subprocess_exec(
@@ -386,6 +473,8 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             with contextlib.suppress(asyncio.CancelledError):
                 await readers
         (stdout, out_cut), (stderr, err_cut) = out.text(), err.text()
+        if status["reason"] == "isolation-refused":
+            raise RuntimeError(_refusal(status.get("refused") or []))
         timed_out = status["reason"] == "timeout"
         if status["reason"] == "supervisor-killed":
             stderr = (stderr + "\n" if stderr else "") + "sandbox: the supervisor was killed; every process of the run was killed"
@@ -453,8 +542,12 @@ class PythonSandboxTool(BaseTool):
         if dropped and self.limits.user is not None:
             _resolve_user(self.limits.user)
         python = interpreter.choose(self.limits.python_executable, dropped=dropped)
-        if self.limits.private_tmp:  # fails here, naming the fix, if the tmpfs would hide it all
+        # Fail here, naming the fix, rather than at the first rollout.
+        if self.limits.isolate_files:
+            interpreter.file_view(python, self.limits.allow_site_packages, rootfs.SYSTEM_DIRS)
+        elif self.limits.private_tmp:  # the tmpfs would hide the interpreter itself
             interpreter.masked_paths(python, self.limits.allow_site_packages)
+        check_isolation(self.limits)
 
     def default_tool_schema(self) -> OpenAIFunctionToolSchema:
         return OpenAIFunctionToolSchema.model_validate(

@@ -14,13 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.console import console_safe, install_console_logging
 from agentloop_trainer.config.sections import TrainConfig
 
 
 def _log(message: str) -> None:
     from tqdm import tqdm
 
-    tqdm.write(message)
+    # Log lines quote model output and tool errors: escaped so a terminal never obeys them.
+    tqdm.write(console_safe(message))
 
 
 def run_dir_of(cfg: TrainConfig) -> Path:
@@ -96,7 +98,7 @@ def _fit(cfg: TrainConfig, model_path: Path, run_dir: Path, log: Any, stats: dic
 def _train(args: argparse.Namespace) -> int:
     from agentloop_trainer.checkpoint.common import CheckpointError
     from agentloop_trainer.config.errors import ConfigError
-    from agentloop_trainer.config.loading import load_config, to_yaml
+    from agentloop_trainer.config.loading import config_file_of, load_config, to_yaml
 
     overrides = list(args.overrides)
     if args.resume:
@@ -104,9 +106,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume_or_start:
         overrides.append("trainer.resume=auto")
     try:
-        cfg = load_config(overrides, args.config)
+        cfg = load_config(overrides, config_file_of(args.config, args.config_path, args.config_name))
     except ConfigError as exc:
-        print(f"agentloop train: {exc}", file=sys.stderr)
+        print(f"agentloop train: {console_safe(exc)}", file=sys.stderr)
         return 2
     if args.show_config:
         print(to_yaml(cfg))
@@ -114,7 +116,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         run_dir, summary = run_train(cfg)
     except CheckpointError as exc:
-        print(f"agentloop train: {exc}", file=sys.stderr)
+        print(f"agentloop train: {console_safe(exc)}", file=sys.stderr)
         return 2
     before = summary["eval_accuracy_before"]
     print(
@@ -133,12 +135,12 @@ def _data_gsm8k(args: argparse.Namespace) -> int:
     try:
         counts = convert_gsm8k(args.from_jsonl, args.out)
     except (RuntimeError, FileNotFoundError) as exc:
-        print(f"agentloop data gsm8k: {exc}", file=sys.stderr)
+        print(f"agentloop data gsm8k: {console_safe(exc)}", file=sys.stderr)
         return 2
     for split, (ok, bad) in counts.items():
         print(f"{split}: {ok} rows written, {len(bad)} malformed")
         for line, why in bad[:20]:
-            print(f"  line {line}: {why}")
+            print(f"  line {line}: {console_safe(why)}")
     print(f"parquet files in {Path(args.out).resolve()}")
     return 0
 
@@ -153,7 +155,7 @@ def _sft(args: argparse.Namespace) -> int:
         cfg = load_config([*args.overrides, *(["sft.resume=must"] if args.resume else [])], args.config)
         path, _ = run_sft(cfg, run_dir_of(cfg), _log)
     except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as exc:
-        print(f"agentloop sft: {exc}", file=sys.stderr)
+        print(f"agentloop sft: {console_safe(exc)}", file=sys.stderr)
         return 2
     print(f"fine-tuned model: {path.resolve()}")
     return 0
@@ -165,7 +167,7 @@ def _data_calculator_sft(args: argparse.Namespace) -> int:
     try:
         path = write_calculator_sft(args.out, args.n, args.seed, args.flip_prob, args.answer_format)
     except ValueError as exc:
-        print(f"agentloop data calculator-sft: {exc}", file=sys.stderr)
+        print(f"agentloop data calculator-sft: {console_safe(exc)}", file=sys.stderr)
         return 2
     print(f"{args.n} calculator demonstrations in {Path(path).resolve()}")
     return 0
@@ -213,7 +215,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     result = evaluate_checkpoint(cfg, args.checkpoint)
     if len(result.errors) < result.n:  # an accuracy of nothing but failures would read as a result
-        print(f"held-out accuracy {result.accuracy:.3f} (n={result.n}); per template: {result.per_template}")
+        print(console_safe(f"held-out accuracy {result.accuracy:.3f} (n={result.n}); per template: "
+                           f"{result.per_template}"))
     return report_failures(result.errors, result.n, "eval", print)
 
 
@@ -242,7 +245,7 @@ def _view(args: argparse.Namespace) -> int:
     try:
         out = write_view(args.path, args.out, tokenizer=tokenizer)
     except (FileNotFoundError, ValueError) as exc:
-        print(f"agentloop view: {exc}", file=sys.stderr)
+        print(f"agentloop view: {console_safe(exc)}", file=sys.stderr)
         return 2
     print(out.resolve())
     return 0
@@ -327,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="SFT warm-up (cached) + GRPO + held-out eval; key=value overrides")
     train.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.total_steps=20")
     train.add_argument("--config", help="YAML file merged over the defaults")
+    train.add_argument("--config-path", "-cp", help="verl's (Hydra's) form: the folder of --config-name")
+    train.add_argument("--config-name", "-cn", help="verl's (Hydra's) form: <config-path>/<name>.yaml is the config "
+                                                  "file; verl's base config ppo_trainer reads agentloop's defaults")
     resume = train.add_mutually_exclusive_group()
     resume.add_argument("--resume", action="store_true",
                         help="continue the run named by trainer.experiment_name; an error if it has no checkpoint")
@@ -427,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="longest prompt after rendering; longer gets 413 (default: 262144)")
     sv.add_argument("--chat-template", default=None, metavar="NAME|PATH",
                     help="chat template to render with instead of the checkpoint's: a built-in "
-                         "(chatml-hermes, llama3-json) or a Jinja file; needed for tools= when the checkpoint's "
+                         "(chatml-hermes, gemma-hermes, llama3-json) or a Jinja file; needed for tools= when the checkpoint's "
                          "template ignores them (default: model.custom_chat_template, else the checkpoint's)")
     sv.add_argument("--template-variable", action="append", default=[], metavar="NAME",
                     help="also let requests set this chat template variable in chat_template_kwargs (repeatable; "
@@ -442,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agentloop`` console script."""
+    install_console_logging()  # warnings that quote model or tool text are escaped on the console
     parser = build_parser()
     # key=value overrides may come before or after options; argparse stops collecting a
     # positional list at the first option, so gather the stragglers here.
@@ -456,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:  # a wrong key or value, found before the run started
-        print(f"agentloop {args.command}: {exc}", file=sys.stderr)
+        print(f"agentloop {args.command}: {console_safe(exc)}", file=sys.stderr)
         return 2
 
 

@@ -108,6 +108,10 @@ class MultiTurnSection:
     choice (the loop's own default is null): the built-in task needs two or three."""
     max_user_turns: int | None = _tool_loop_default("max_user_turns")
     """Most interaction (user) replies; null: until the interaction ends the conversation."""
+    allow_special_tokens_in_content: bool = _tool_loop_default("allow_special_tokens_in_content")
+    """Encode special-token strings (``<|im_start|>``...) inside tool results, observations and
+    user turns as control tokens, as verl and vLLM do; false (the default): as plain text, so
+    text from outside cannot forge turns. The model's own generated ids are never re-encoded."""
     max_parallel_calls: int = _tool_loop_default("max_parallel_calls")
     """Most tool calls run per turn; later calls get an error message."""
     max_tool_response_length: int | None = _tool_loop_default("max_tool_response_length")
@@ -182,6 +186,23 @@ class ValKwargsSection:
 
 
 @dataclass
+class TraceSection:
+    """Rollout tracing (verl's keys, verl: ``rollout.trace``): one trace per trajectory, with a
+    span for every generate, tool call and reward, tagged with step, sample_index and rollout_n."""
+
+    backend: str | None = None
+    """null: no tracing | mlflow: traces in the MLflow store of ``trainer.mlflow_tracking_uri``,
+    else ``$MLFLOW_TRACKING_URI``, else ``<run>/mlflow.db`` | jsonl: ``<run>/traces.jsonl``."""
+    token2text: bool = False
+    """Also store each trajectory's prompt and response as decoded text on its root span."""
+    max_samples_per_step_per_worker: int | None = None
+    """Trace at most this many prompts (each with all its ``rollout.n`` samples) per step, per
+    rollout worker on Ray, per trainer process in process; null: every trajectory."""
+    project_name: str | None = None
+    """MLflow experiment the traces go to; null: ``trainer.project_name`` (as in verl)."""
+
+
+@dataclass
 class RolloutSection:
     """Rollout (verl: ``actor_rollout_ref.rollout``)."""
 
@@ -249,6 +270,8 @@ class RolloutSection:
     """Multi-turn settings."""
     agent: AgentSection = field(default_factory=AgentSection)
     """Agent loops and workers."""
+    trace: TraceSection = field(default_factory=TraceSection)
+    """Rollout tracing."""
 
 
 @dataclass

@@ -25,6 +25,9 @@ CPU_MATMULS = ("onednn", "torch")
 TRAINER_MODES = ("sync", "one_step_off", "async")
 """Values of ``trainer.mode``."""
 
+TRACE_BACKENDS = (None, "mlflow", "jsonl")
+"""Values of ``actor_rollout_ref.rollout.trace.backend`` (verl's weave is not one)."""
+
 
 def validate(cfg: TrainConfig) -> None:
     """Range and choice checks that types cannot express.
@@ -71,6 +74,12 @@ def validate(cfg: TrainConfig) -> None:
         ("actor_rollout_ref.rollout.backend", cfg.actor_rollout_ref.rollout.backend in ("inprocess", "ray"),
          "inprocess or ray"),
         ("actor_rollout_ref.rollout.num_replicas", cfg.actor_rollout_ref.rollout.num_replicas >= 1, "at least 1"),
+        ("actor_rollout_ref.rollout.trace.backend", r.trace.backend in TRACE_BACKENDS,
+         f"null, {' or '.join(map(str, TRACE_BACKENDS[1:]))} (agentloop traces to MLflow or a JSONL file), "
+         f"got {r.trace.backend!r}"),
+        ("actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker",
+         r.trace.max_samples_per_step_per_worker is None or r.trace.max_samples_per_step_per_worker >= 0,
+         "null (every trajectory) or >= 0"),
         ("actor_rollout_ref.rollout.num_replicas",
          cfg.actor_rollout_ref.rollout.num_replicas == 1 or uses_ray(cfg),
          "1 with the inprocess backend (set actor_rollout_ref.rollout.backend=ray or ray.address for more)"),
@@ -196,6 +205,9 @@ def _validate_loggers(cfg: TrainConfig) -> None:
             why = "trainer.mlflow_tracking_uri is set" if name not in parse_logger_names(tc.logger) else (
                 f"trainer.logger lists {name}")
             raise ConfigError(f"config {why}, but its package is not installed: {hint}")
+    if cfg.actor_rollout_ref.rollout.trace.backend == "mlflow" and missing_package("mlflow"):
+        raise ConfigError("config actor_rollout_ref.rollout.trace.backend=mlflow, but its package is not installed: "
+                          f"{missing_package('mlflow')}")
     if tc.wandb_mode is not None and tc.wandb_mode not in WANDB_MODES:
         raise ConfigError(f"config trainer.wandb_mode must be null or one of {WANDB_MODES}, got {tc.wandb_mode!r}")
 

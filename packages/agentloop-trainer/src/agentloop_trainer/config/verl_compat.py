@@ -4,12 +4,27 @@ A config copied from verl should either mean the same thing here or fail with th
 key is renamed (:data:`RENAMED`), accepted because agentloop always behaves that way or the
 setting only tunes memory and speed (:data:`NO_EFFECT`), accepted only at the value that
 matches agentloop's behaviour (:data:`ONLY_VALUE`), or unknown (the usual did-you-mean error).
+A Hydra config file of verl's names verl's base config in its ``defaults:`` list
+(:data:`VERL_BASE_CONFIGS`); a tool config names verl's tool classes (:data:`VERL_TOOL_CLASSES`,
+kept with the tool loader in :mod:`agentloop_tools.verl_tools`).
+
+These tables are the one place the translation lives: the loader reads them, and the migration
+guide (``docs/migrate-from-verl.md``, written by ``tools/docs/verl_migration.py``) is generated
+from them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from agentloop_tools.verl_tools import VERL_TOOL_CLASSES, VerlTool
+
+__all__ = [
+    "HYDRA_SECTIONS", "NO_EFFECT", "ONLY_VALUE", "REASONS", "RENAMED", "SPLIT", "VERL_BASE_CONFIGS",
+    "VERL_TOOL_CLASSES", "Reading", "VerlTool", "is_no_effect", "read_key", "translate",
+]
 
 RENAMED: dict[str, str] = {
     "actor_rollout_ref.model.path": "model.path",
@@ -63,7 +78,7 @@ NO_EFFECT: tuple[str, ...] = (
     "reward_model.enable", "reward_model.reward_manager", "reward_model.launch_reward_fn_async",
     "trainer.balance_batch", "trainer.project_name_suffix", "trainer.val_only", "trainer.max_actor_ckpt_to_keep",
     "trainer.max_critic_ckpt_to_keep", "trainer.resume_mode", "trainer.del_local_ckpt_after_load", "ray_init.",
-    "trainer.total_epochs", "reward_model.overlong_buffer.log",
+    "trainer.total_epochs", "reward_model.overlong_buffer.log", "actor_rollout_ref.rollout.trace.experiment_name",
 )
 """Keys accepted and ignored: memory/speed knobs (agentloop sizes these itself), logging and
 layout settings with an agentloop counterpart, or things agentloop always does. An entry that
@@ -86,6 +101,8 @@ REASONS: dict[str, str] = {
     "actor_rollout_ref.actor.fsdp_config.model_dtype": "the policy's dtype is model.dtype",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": "log-prob passes follow actor.use_dynamic_bsz",
     "reward_model.overlong_buffer.log": "the over-long metrics (reward/overlong_*) are always logged",
+    "actor_rollout_ref.rollout.trace.experiment_name": "each trace is tagged with its step, sample_index and "
+                                                       "rollout_n, in the experiment trace.project_name",
 }
 """Why a key is ignored, where the generic reason would mislead."""
 
@@ -106,33 +123,82 @@ ONLY_VALUE: dict[str, tuple[tuple[Any, ...], str]] = {
 """Keys accepted at the values that match agentloop, with why other values are not."""
 
 
+VERL_BASE_CONFIGS: dict[str, str | None] = {
+    "ppo_trainer": None,
+    "ppo_megatron_trainer": "agentloop trains with FSDP2, not Megatron: name ppo_trainer and drop the megatron keys",
+}
+"""verl's base configs a Hydra ``defaults:`` list may name -> None where agentloop's defaults
+stand in for it (with a notice), else why not (an error)."""
+
+HYDRA_SECTIONS: dict[str, str] = {
+    "hydra": "Hydra's own settings (search path, run folder); agentloop reads the file directly",
+}
+"""Top-level sections of a verl config file that configure Hydra, not the run: ignored, with why."""
+
+DEFAULT_REASON = "agentloop sizes memory and speed itself, or always behaves this way"
+"""Why a :data:`NO_EFFECT` key is ignored, where :data:`REASONS` says nothing more specific."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How the loader reads one verl ``key=value``."""
+
+    kind: str
+    """same (the key is agentloop's too) | renamed | split | only_value (accepted, no effect) |
+    ignored | unknown (not verl's either: the loader's did-you-mean error)."""
+    keys: tuple[str, ...] = ()
+    """The agentloop keys it sets."""
+    why: str = ""
+    """Why it is ignored or accepted only at this value."""
+
+    def notice(self, key: str, value: Any) -> str | None:
+        """The one-line notice the loader prints for it (None for a key read as it is)."""
+        if self.kind in ("renamed", "split"):
+            return f"verl key {key} read as {' and '.join(self.keys)}"
+        if self.kind == "only_value":
+            return f"verl key {key}={value!r} matches agentloop's behaviour; ignored"
+        if self.kind == "ignored":
+            return f"verl key {key} ignored ({self.why})"
+        return None
+
+
+def read_key(key: str, value: Any, valid: set[str] | frozenset[str]) -> Reading:
+    """How ``key=value`` is read, ``valid`` being agentloop's own keys.
+
+    Raises:
+        ValueError: a key of :data:`ONLY_VALUE` has a value agentloop cannot honour.
+    """
+    if key in valid:
+        return Reading("same", (key,))
+    if key in RENAMED:
+        return Reading("renamed", (RENAMED[key],))
+    if key in SPLIT:
+        return Reading("split", SPLIT[key])
+    if key in ONLY_VALUE:
+        allowed, why = ONLY_VALUE[key]
+        if value not in allowed:
+            raise ValueError(f"{key}={value!r} is not supported: {why}")
+        return Reading("only_value", why=why)
+    if is_no_effect(key):
+        return Reading("ignored", why=REASONS.get(key, DEFAULT_REASON))
+    return Reading("unknown", (key,))
+
+
 def translate(flat: dict[str, Any], valid: set[str], notice: Callable[[str], None]) -> dict[str, Any]:
     """Rewrite verl spellings in ``flat`` (dotted key -> value) to agentloop's.
 
     Keys agentloop already knows pass through unchanged, so a key both tools spell the same way
-    (``data.train_batch_size``) needs no entry here.
+    (``data.train_batch_size``) needs no entry here; unknown keys pass through too, for the
+    loader's did-you-mean error.
 
     Raises:
         ValueError: a key of :data:`ONLY_VALUE` has a value agentloop cannot honour.
     """
     out: dict[str, Any] = {}
     for key, value in flat.items():
-        if key in valid:
-            out[key] = value
-        elif key in RENAMED:
-            notice(f"verl key {key} read as {RENAMED[key]}")
-            out[RENAMED[key]] = value
-        elif key in SPLIT:
-            notice(f"verl key {key} read as {' and '.join(SPLIT[key])}")
-            out.update(dict.fromkeys(SPLIT[key], value))
-        elif key in ONLY_VALUE:
-            allowed, why = ONLY_VALUE[key]
-            if value not in allowed:
-                raise ValueError(f"{key}={value!r} is not supported: {why}")
-            notice(f"verl key {key}={value!r} matches agentloop's behaviour; ignored")
-        elif is_no_effect(key):
-            why = REASONS.get(key, "agentloop sizes memory and speed itself, or always behaves this way")
-            notice(f"verl key {key} ignored ({why})")
-        else:
-            out[key] = value
+        reading = read_key(key, value, valid)
+        line = reading.notice(key, value)
+        if line is not None:
+            notice(line)
+        out.update(dict.fromkeys(reading.keys, value))
     return out

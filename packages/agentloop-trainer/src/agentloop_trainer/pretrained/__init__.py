@@ -14,7 +14,13 @@ from agentloop_trainer.pretrained.gguf_convert import (
     convert_gguf,
     read_gguf_facts,
 )
-from agentloop_trainer.pretrained.registry import KNOWN_MODELS, KnownModel, UnknownModelError, known_model
+from agentloop_trainer.pretrained.registry import (
+    KNOWN_MODELS,
+    GGUFPart,
+    KnownModel,
+    UnknownModelError,
+    known_model,
+)
 
 __all__ = [
     "GGUF_INSTALL_HINT",
@@ -23,6 +29,7 @@ __all__ = [
     "FetchError",
     "FolderCheck",
     "GGUFFacts",
+    "GGUFPart",
     "KnownModel",
     "UnknownModelError",
     "check_folder",

@@ -39,9 +39,12 @@ def run_model_command(args: argparse.Namespace) -> int:
     )
 
     if args.model_command == "list":
-        width = max(len(name) for name in KNOWN_MODELS)
-        for name, entry in sorted(KNOWN_MODELS.items()):
-            print(f"{name:<{width}}  {entry.license:<10}  {entry.description}")
+        rows = [("name", "kind", "licence", "chat template", "description")]
+        rows += [(name, e.kind, e.license, e.chat_template or "its own", e.description)
+                 for name, e in sorted(KNOWN_MODELS.items())]
+        widths = [max(len(row[i]) for row in rows) for i in range(4)]
+        for row in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
         return 0
     try:
         if args.model_command == "fetch":
@@ -49,7 +52,9 @@ def run_model_command(args: argparse.Namespace) -> int:
         else:
             folder = convert_gguf(args.gguf, args.out, license_file=args.license)
     except (UnknownModelError, ConversionError, FetchError, ImportError, FileNotFoundError) as exc:
-        print(f"agentloop model {args.model_command}: {exc}", file=sys.stderr)
+        from agentloop_core.console import console_safe
+
+        print(f"agentloop model {args.model_command}: {console_safe(exc)}", file=sys.stderr)
         return 2
     print(folder.resolve())
     return 0

@@ -25,6 +25,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.pretrained.gguf_check import (
+    ConversionError,
+    check_config_against_tensors,
+    check_gguf_layout,
+)
+
 GGUF_INSTALL_HINT = 'pip install "agentloop-trainer[gguf]"'
 FORMAT_VERSION = 2
 """Bumped when the folder's layout changes, so older cached conversions are rebuilt (2: special
@@ -36,13 +42,12 @@ COMPLETE_MARKER = ".complete"
 Log = Callable[[str], None]
 
 
-class ConversionError(RuntimeError):
-    """A GGUF that cannot be converted, a folder in the way, or a conversion that failed its check."""
-
-
 def log_to_stderr(message: str) -> None:
-    """Progress goes to stderr, so stdout's last line stays the folder path scripts capture."""
-    print(message, file=sys.stderr, flush=True)
+    """Progress goes to stderr, so stdout's last line stays the folder path scripts capture. It
+    quotes the file's metadata (names, tokens), escaped for the terminal."""
+    from agentloop_core.console import console_safe
+
+    print(console_safe(message), file=sys.stderr, flush=True)
 
 
 def require_gguf() -> Any:
@@ -113,8 +118,13 @@ def _scalar(gguf: Any, reader: Any, key: str) -> Any:
 
 
 def read_gguf_facts(path: str | Path) -> GGUFFacts:
-    """The metadata of the GGUF at ``path`` that the conversion reports and keeps."""
+    """The metadata of the GGUF at ``path`` that the conversion reports and keeps.
+
+    Raises:
+        ConversionError: the file's header does not fit the file (see :func:`check_gguf_layout`).
+    """
     gguf = require_gguf()
+    check_gguf_layout(path)  # the reader trusts every count in the header
     reader = gguf.GGUFReader(str(path))
     file_type = _scalar(gguf, reader, "general.file_type")
     try:
@@ -185,8 +195,10 @@ def convert_gguf(path: str | Path, out: str | Path | None = None, *, license_fil
     Raises:
         ImportError: The ``gguf`` package is missing (the message names the extra to install).
         FileNotFoundError: No file at ``path`` or ``license_file``.
-        ConversionError: transformers cannot read the file, ``out`` holds something else, or the
-            saved folder does not reproduce the GGUF model (nothing is left at ``out`` then).
+        ConversionError: the file's header or metadata does not fit its tensors (checked before
+            anything is allocated: :mod:`agentloop_trainer.pretrained.gguf_check`), transformers
+            cannot read the file, ``out`` holds something else, or the saved folder does not
+            reproduce the GGUF model (nothing is left at ``out`` then).
     """
     from agentloop_core.cache import build_once
 
@@ -196,6 +208,7 @@ def convert_gguf(path: str | Path, out: str | Path | None = None, *, license_fil
         raise FileNotFoundError(f"no GGUF file at {path}")
     if license_file is not None and not Path(license_file).is_file():
         raise FileNotFoundError(f"--license: no file at {license_file}")
+    check_gguf_layout(path)  # before anything reads a size from the header
     log(f"hashing {path.name} ({path.stat().st_size / 1e6:.1f} MB)")
     sha256 = sha256_file(path)
     target = Path(out) if out is not None else conversion_dir(sha256)
@@ -292,6 +305,10 @@ def _convert_into(tmp: Path, path: Path, sha256: str, license_file: str | Path |
     from agentloop_trainer.pretrained.check import LOGIT_TOLERANCE, check_folder
 
     facts = read_gguf_facts(path)
+    # transformers builds the model from the metadata's sizes before it reads a tensor.
+    _, expected = check_config_against_tensors(path, check_gguf_layout(path))
+    log(f"metadata checked against the tensors: {expected / 1e6:.1f}M parameters, "
+        f"{expected * 4 / 1e6:.1f} MB as float32")
     log(f"loading {path.name}: {facts.architecture}, {facts.file_type}, tensors {facts.tensor_types}; "
         f"dequantizing to float32")
     seconds: dict[str, float] = {}
@@ -299,7 +316,7 @@ def _convert_into(tmp: Path, path: Path, sha256: str, license_file: str | Path |
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         source = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    except (ValueError, KeyError, NotImplementedError) as exc:
+    except (ValueError, KeyError, NotImplementedError, RuntimeError) as exc:  # RuntimeError: a size mismatch
         raise ConversionError(f"transformers {transformers.__version__} cannot load {path.name} "
                               f"(architecture {facts.architecture!r}): {exc}") from exc
     source.eval()

@@ -209,17 +209,20 @@ def failure_breakdown(errors: Sequence[str], limit: int = 10, width: int = 200) 
 
 def report_failures(errors: Sequence[str], total: int, command: str, out: Callable[[str], None]) -> int:
     """Print how many of ``total`` samples failed and why; returns the exit code: 1 when every
-    sample failed (the numbers printed mean nothing), else 0."""
+    sample failed (the numbers printed mean nothing), else 0. Errors quote tool and model text,
+    so each line is :func:`~agentloop_core.console.console_safe`."""
+    from agentloop_core.console import console_safe
+
     if not errors:
         return 0
     if len(errors) >= total:
         out(f"agentloop {command}: all {total} samples failed; the errors:")
         for line in failure_breakdown(errors):
-            out(line)
+            out(console_safe(line))
         return 1
     out(f"agentloop {command}: {len(errors)} of {total} samples failed (scored 0); the errors:")
     for line in failure_breakdown(errors):
-        out(line)
+        out(console_safe(line))
     return 0
 
 

@@ -115,6 +115,7 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         "max_assistant_turns": mt.max_assistant_turns,
         "max_user_turns": mt.max_user_turns,
         "max_parallel_calls": mt.max_parallel_calls,
+        "allow_special_tokens_in_content": mt.allow_special_tokens_in_content,
         "max_tool_response_length": mt.max_tool_response_length,
         "max_tool_response_tokens": mt.max_tool_response_tokens,
         "tool_response_truncate_side": mt.tool_response_truncate_side,
@@ -241,10 +242,12 @@ class RolloutFleet:
             it after updates) instead of loading ``model_path`` again; used only by an engine
             whose plug-in declares ``capabilities.policy_copy``.
         name: Prefix of the Ray replica actors' names.
+        tracer: The rollout tracer (:func:`agentloop_trainer.rollout.tracing.rollout_tracer`); None:
+            no tracing.
     """
 
     def __init__(self, cfg: TrainConfig, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
-                 name: str = "agentloop") -> None:
+                 name: str = "agentloop", tracer: Any = None) -> None:
         from agentloop_core.runtime import AgentLoopManager
         from agentloop_trainer.config.accessors import uses_ray
         from agentloop_trainer.rollout.engines import build_engine, engine_config, remote_engines
@@ -309,12 +312,13 @@ class RolloutFleet:
                 self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path),
                                                 self.rollout_config,
                                                 num_workers=r.agent.num_workers, backend="ray",
-                                                placement=cfg.ray.worker_placement)
+                                                placement=cfg.ray.worker_placement, tracer=tracer)
             else:
                 # Ray workers load the vision processor with the tokenizer, from the folder.
                 processor = load_vision_processor(str(cfg.model.tokenizer_path or model_path), tokenizer)
                 self.manager = AgentLoopManager(self.server, tokenizer, self.rollout_config,
-                                                num_workers=r.agent.num_workers, processor=processor)
+                                                num_workers=r.agent.num_workers, processor=processor,
+                                                tracer=tracer)
         except BaseException:
             self._stop_engines()
             self.loop.close()

@@ -99,7 +99,10 @@ class GRPOTrainer:
             if model_path is None:
                 raise ValueError("GRPOTrainer needs the starting checkpoint the engine loads: pass model_path= or "
                                  "set model.path")
-            self.fleet = RolloutFleet(cfg, model_path, tokenizer, engine_model, name=f"agentloop-{self.run_dir.name}")
+            from agentloop_trainer.rollout.tracing import rollout_tracer
+
+            self.fleet = RolloutFleet(cfg, model_path, tokenizer, engine_model, name=f"agentloop-{self.run_dir.name}",
+                                      tracer=rollout_tracer(cfg, self.run_dir))
         self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.test_records = list(test_records)
         self.step = 0
