@@ -305,3 +305,30 @@ def test_content_parts_reads_each_langchain_form_and_keeps_text_only_content_a_s
     assert content_parts(HumanMessage(content=["a", {"type": "text", "text": "b"}])) == "ab"
     with pytest.raises(ValueError, match="provider file id"):
         content_parts(HumanMessage(content=[{"type": "image", "file_id": "file-1"}]))
+
+
+async def test_a_tool_image_is_processed_once(vlm):
+    """The tool adapter processes an image to screen it; the trajectory then takes that item
+    with the message's PNG block instead of decoding and processing the PNG again."""
+    _, tokenizer, processor = vlm
+    seen: list[str] = []
+    real_process = processor.process
+
+    def counting(image):
+        item = real_process(image)
+        seen.append(item.digest)
+        return item
+
+    first, second = picture((32, 32), seed=11), picture((40, 32), seed=12)
+    tool = Returns("snap", ToolResponse(text="one", image=[first]), ToolResponse(text="two", image=[second]))
+    server = VisionScripted(tokenizer, [hermes_call("snap"), hermes_call("snap"), "done"], processor.image_token_id)
+    processor.process = counting
+    try:
+        out = await loop_of(server, tokenizer, processor, [tool]).run(
+            SAMPLING, raw_prompt=[{"role": "user", "content": "Take two pictures."}])
+    finally:
+        del processor.process
+    assert not out.failed, out.metrics
+    assert [item.digest for item in out.multi_modal_data["image"]] == [image_digest(first), image_digest(second)]
+    assert seen == [image_digest(first), image_digest(second)]
+    assert out.metrics.get("tokenization_mismatch", 0) == 0

@@ -240,6 +240,14 @@ class ChatModel(BaseChatModel):
             session.media = MediaScreen(self.vision, limits, session.trajectory.images.count, session.media_counters)
         return session.media
 
+    def adopt_image(self, source: str, item: Any, request_id: str | None = None) -> None:
+        """Hand the trajectory an image a tool returned, already processed (``item``), under the
+        data URL its message block holds (``source``): the block is then neither decoded nor
+        processed again when the next call takes it. Nothing to do before the first call."""
+        session = self.session(request_id)
+        if session is not None:
+            session.trajectory.images.adopt(source, item)
+
     # -- generation ----------------------------------------------------------------------------
 
     async def ainvoke(self, input: Any, config: Any = None, *, stop: list[str] | None = None,

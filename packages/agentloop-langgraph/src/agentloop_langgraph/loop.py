@@ -224,7 +224,8 @@ class ReactAgentLoop(AgentLoopBase):
                    "tool_response_truncate_side": cfg.tool_response_truncate_side,
                    "max_parallel_calls": cfg.max_parallel_calls,
                    "is_over_limit": lambda call_id: model.is_call_over_limit(call_id, request_id),
-                   "media_screen": lambda: model.media_screen(request_id)}
+                   "media_screen": lambda: model.media_screen(request_id),
+                   "adopt_image": lambda source, item: model.adopt_image(source, item, request_id)}
         adapters: dict[str, AgentLoopTool] = {}
         misconfigured: list[ToolKwargsError] = []
         for name, result in (await create_instances(self.tools, tools_kwargs)).items():

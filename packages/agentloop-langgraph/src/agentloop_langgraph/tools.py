@@ -11,7 +11,9 @@ Images a tool returns join its ``ToolMessage`` as LangChain's standard image blo
 (``{"type": "image", "base64": ..., "mime_type": "image/png"}``), images first, then one text
 block, as in the ``tool_agent`` loop; each is screened first (the trajectory's
 :meth:`ChatModel.media_screen <agentloop_langgraph.ChatModel.media_screen>`: limits,
-``max_images``, a text-only model, videos) and refused with error text the model reads.
+``max_images``, a text-only model, videos) and refused with error text the model reads. The
+processed image goes to the trajectory with its block (``adopt_image``), so the PNG written
+into the message is neither decoded nor processed again when the next model call renders it.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ class AgentLoopTool(LangChainBaseTool):
     media_screen: Callable[[], MediaScreen] | None = Field(default=None, exclude=True)
     """Gives the screen of this call's images and videos (``ChatModel.media_screen`` of the
     trajectory); None: every image is refused as for a text-only model (uncounted)."""
+    adopt_image: Callable[[str, Any], None] | None = Field(default=None, exclude=True)
+    """Hands an image block's data URL and its processed
+    :class:`~agentloop_core.vision.ImageItem` to the trajectory (``ChatModel.adopt_image``),
+    which then reuses the item when the block enters; None: the block is processed again then."""
     handle_tool_error: bool = True
 
     async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
@@ -143,24 +149,27 @@ class AgentLoopTool(LangChainBaseTool):
         content = screen.tool_content(self.name, cut.text, response.image, response.video)
         if isinstance(content, str):
             return content
-        blocks = [_block(screen, part) for part in content]
+        blocks = [_block(screen, part, self.adopt_image) for part in content]
         if all(b["type"] == "text" for b in blocks):  # the processor refused every image
             return "\n".join(b["text"] for b in blocks)
         return blocks
 
 
-def _block(screen: MediaScreen, part: dict[str, Any]) -> dict[str, Any]:
+def _block(screen: MediaScreen, part: dict[str, Any],
+           adopt: Callable[[str, Any], None] | None = None) -> dict[str, Any]:
     """A part of ``MediaScreen.tool_content`` as a LangChain content block: a decoded image as
-    a standard base64 PNG block (lossless: it decodes to the same pixels), once the model's
-    processor has taken it; one the processor refuses (an extreme aspect ratio) as error text,
-    counted as refused, so it cannot fail the trajectory when the message is rendered."""
+    a standard base64 PNG block (lossless: it decodes to the same pixels, and the message stays
+    serialisable), once the model's processor has taken it (the processed item goes to
+    ``adopt`` with the block's data URL); one the processor refuses (an extreme aspect ratio)
+    as error text, counted as refused, so it cannot fail the trajectory when the message is
+    rendered."""
     if part.get("type") != "image":
         return part
     image, processor = part["image"], screen.processor
     # An image part exists only when the screen has a processor (it refuses images without one).
     assert processor is not None
     try:
-        processor.process(image)
+        item = processor.process(image)
     except Exception as exc:  # noqa: BLE001 - any processor refusal means the same to the model
         screen.taken -= 1
         screen.counters["tool_images"] -= 1
@@ -168,7 +177,10 @@ def _block(screen: MediaScreen, part: dict[str, Any]) -> dict[str, Any]:
         return {"type": "text", "text": f"Error: an image was not shown ({str(exc)[:300]})."}
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    return {"type": "image", "base64": base64.b64encode(buffer.getvalue()).decode("ascii"), "mime_type": "image/png"}
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    if adopt is not None:
+        adopt(f"data:image/png;base64,{data}", item)  # the source messages.content_parts gives this block
+    return {"type": "image", "base64": data, "mime_type": "image/png"}
 
 
 def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> AgentLoopTool:
@@ -179,7 +191,8 @@ def to_langchain_tool(tool: BaseTool, instance_id: str, **options: Any) -> Agent
         instance_id: From ``await tool.create(...)``.
         **options: ``timeout_s``, ``max_tool_response_length``, ``max_tool_response_tokens`` and
             ``tokenizer``, ``tool_response_truncate_side``,
-            ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``, ``media_screen``.
+            ``max_parallel_calls`` and ``is_over_limit``, ``unavailable``, ``media_screen``,
+            ``adopt_image``.
 
     Raises:
         TypeError: when ``tool`` is not an agentloop ``BaseTool``.

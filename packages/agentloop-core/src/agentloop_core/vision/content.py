@@ -97,6 +97,17 @@ class ConversationImages:
         self._sources: dict[int, tuple[Any, str]] = {}
         """Digest by source object (kept alive here, so its id stays its own): a part previewed
         and then appended, or the same object sent again, is decoded once."""
+        self._adopted: dict[str, str] = {}
+        """Digest by source text (a data URL) of images processed before they reached the
+        messages (:meth:`adopt`)."""
+
+    def adopt(self, source: str, item: ImageItem) -> None:
+        """Take ``item``, already processed by this conversation's processor, as what a later
+        image part whose source is exactly ``source`` (e.g. the data URL a tool's image was
+        written into, so the message stays plain JSON) holds: that part is then neither
+        decoded nor processed again. It still counts against ``max_images`` when it enters."""
+        self.items.setdefault(item.digest, item)
+        self._adopted[source] = item.digest
 
     def take(self, messages: Sequence[Mapping[str, Any]], *, where: str = "message", count: bool = True) -> list[dict]:
         """``messages`` (copied) with every image part decoded, processed and replaced by
@@ -149,6 +160,9 @@ class ConversationImages:
             return {"type": "image", "image": source}  # a part this conversation already took
         if known is not None and known[0] is source:
             return {"type": "image", "image": known[1]}
+        adopted = self._adopted.get(source) if isinstance(source, str) else None
+        if adopted is not None:
+            return {"type": "image", "image": adopted}
         item = self.processor.process(decode_image(source, self.limits, where=where))
         digest = self.items.setdefault(item.digest, item).digest
         if not isinstance(source, str):
