@@ -252,11 +252,10 @@ def test_delta_equals_full_tokenization(
     assert output.num_turns == len(traj.messages)
 
 
-def test_delta_ids_match_trajectory(tok, tool_support):
-    if not tool_support:
-        pytest.skip("this chat template does not render tools= / tool messages")
+def _check_delta_ids(tok) -> None:
     renderer = ChatRenderer(tok, tools=TOOLS)
     traj = Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}])
+    prompt_ids = list(traj.context_ids)
     ids, _ = engine_ids(renderer, traj.context_ids, tool_call_text("6*7"))
     traj.append_generated(TokenOutput(ids))
     new = [{"role": "tool", "content": "42"}]
@@ -266,9 +265,35 @@ def test_delta_ids_match_trajectory(tok, tool_support):
     text = renderer.decode(expected)
     assert "42" in text
     assert text.startswith(renderer.glue_after_assistant(True))
-    assert (
-        renderer.encode(renderer.render_text(traj.messages, add_generation_prompt=True)) == traj.context_ids
-    )
+    # For every template: the context is the prompt, the engine's ids, then the delta.
+    assert traj.context_ids == prompt_ids + ids + expected
+    assert traj.sanity_check("strict").ok
+    # One render of the whole conversation equals the trajectory only for a template that
+    # renders an assistant turn as it was generated after its generation prompt. One that
+    # rewrites history (QwQ's opens each generation with "<think>\n" and drops it from earlier
+    # turns; others drop earlier reasoning) renders each turn's context differently from the
+    # next turn's view of it: there the trajectory stays the engine's ids, as asserted above.
+    generation_prompt = renderer.render_text(traj.messages[:1], add_generation_prompt=True)
+    keeps_history = renderer.render_text(traj.messages[:2], add_generation_prompt=False).startswith(generation_prompt)
+    whole = renderer.encode(renderer.render_text(traj.messages, add_generation_prompt=True))
+    assert (whole == traj.context_ids) == keeps_history
+
+
+def test_delta_ids_match_trajectory(tok, tool_support):
+    if not tool_support:
+        pytest.skip("this chat template does not render tools= / tool messages")
+    _check_delta_ids(tok)
+
+
+def test_delta_ids_match_trajectory_when_the_template_rewrites_history():
+    """A QwQ-style template: the generation prompt opens a thinking block that the rendered
+    history does not hold (the one render of the whole conversation is not the trajectory)."""
+    template = resolve_chat_template("chatml-hermes")
+    opening = "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    assert opening in template
+    tok = tiny_tokenizer_for_template("qwq-style.jinja", chat_template=template.replace(
+        opening, "{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"))
+    _check_delta_ids(tok)
 
 
 def test_generation_without_eos_gets_full_turn_suffix(tok):
