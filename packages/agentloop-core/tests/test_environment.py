@@ -8,6 +8,7 @@ from importlib.metadata import EntryPoint
 import pytest
 
 from agentloop_core import environment as env_module
+from agentloop_core import plugins
 from agentloop_core.environment import (
     Environment,
     StepResult,
@@ -43,7 +44,8 @@ def test_a_name_taken_twice_or_a_non_environment_is_an_error():
 def test_entry_points_load_and_a_broken_one_is_named(monkeypatch):
     good = EntryPoint("core_test_ep", f"{__name__}:EntryEnv", env_module.ENTRY_POINT_GROUP)
     broken = EntryPoint("core_test_broken", "no_such_module_xyz:Env", env_module.ENTRY_POINT_GROUP)
-    monkeypatch.setattr(env_module, "entry_points", lambda group: [broken, good])
+    monkeypatch.setattr(plugins, "entry_points",
+                        lambda group: [broken, good] if group == env_module.ENTRY_POINT_GROUP else [])
     assert get_environment_class("core_test_ep") is EntryEnv
     with pytest.raises(UnknownEnvironmentError, match=r"'core_test_broken' is installed but broken: .*ModuleNotFoundError"):
         get_environment_class("core_test_broken")

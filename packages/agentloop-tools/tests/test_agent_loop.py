@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from agentloop_core.parsers import HermesToolParser, register_tool_parser
 from agentloop_core.registry import get_agent_loop_class
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_core.tracing import Tracer
@@ -21,7 +22,6 @@ from agentloop_tools.agent_loop import ToolAgentLoop
 from agentloop_tools.base import BaseTool, ToolKwargsError
 from agentloop_tools.builtin import calculator
 from agentloop_tools.loop_config import ToolAgentConfig, check_loop_config_keys
-from agentloop_tools.parsers import HermesToolParser, register_tool_parser
 from agentloop_tools.schema import ToolResponse
 from agentloop_tools.truncation import truncate_text
 

@@ -15,10 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
-from agentloop_tools.agent_loop import ToolAgentLoop
-from agentloop_tools.function_tool import function_tool
-from agentloop_tools.parsers import (
+from agentloop_core.parsers import (
     GptOssToolParser,
     HermesToolParser,
     Llama3JsonToolParser,
@@ -31,6 +28,9 @@ from agentloop_tools.parsers import (
     tool_parameters,
     tool_parser_names,
 )
+from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
+from agentloop_tools.agent_loop import ToolAgentLoop
+from agentloop_tools.function_tool import function_tool
 from agentloop_tools.per_tokenizer import stop_token_ids
 
 TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"

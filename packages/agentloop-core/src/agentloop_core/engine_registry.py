@@ -19,14 +19,13 @@ is imported only when the engine is built.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from agentloop_core.plugins import InvalidPluginError, PluginRegistry, UnknownPluginError
 from agentloop_core.protocol import AsyncServer, ServerCapabilities
 
 __all__ = [
@@ -171,11 +170,8 @@ class EngineFactory(Protocol):
         ...
 
 
-class UnknownEngineError(KeyError):
+class UnknownEngineError(UnknownPluginError):
     """No engine plug-in is installed under the requested name, or it failed to load."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
 
 
 class EngineImportError(ImportError):
@@ -245,10 +241,30 @@ class EnginePlugin:
         return f"engine {self.name!r} ({self.factory}): {type(exc).__name__}: {exc}{hint}"
 
 
-_REGISTRY: dict[str, EnginePlugin] = {}
-# Entry points that failed to load, by name: reported when someone asks for that name (or for
-# an unknown one), never allowed to break lookups of the engines that do load.
-_BROKEN: dict[str, str] = {}
+def _adopt(name: str, plugin: object) -> EnginePlugin:
+    if not isinstance(plugin, EnginePlugin):
+        raise InvalidPluginError(f"is not an agentloop_core.engine_registry.EnginePlugin (got {type(plugin).__name__}); "
+                                 "point it at the plug-in record")
+    if plugin.name != name:
+        raise InvalidPluginError(f"holds the plug-in named {plugin.name!r}; the entry-point name and "
+                                 "EnginePlugin.name must agree")
+    return plugin
+
+
+def _how_to_add(name: str) -> str:
+    del name
+    return ('agentloop\'s own are in agentloop-engines (pip install "agentloop-engines[hf]"); a package adds one '
+            f"with an entry point in the {ENTRY_POINT_GROUP!r} group naming an EnginePlugin (see the "
+            "conformance suite's README), or in code with agentloop_core.engine_registry.register_engine")
+
+
+_ENGINES: PluginRegistry[EnginePlugin] = PluginRegistry(
+    "engine", ENTRY_POINT_GROUP, error=UnknownEngineError, adopt=_adopt, how_to_add=_how_to_add,
+    describe=lambda plugin: f"the plug-in with factory {plugin.factory}", same=lambda a, b: a == b,
+    known_label="installed engines", capabilities=lambda plugin: plugin.capabilities)
+# The registry's tables, by their old names (tests save and restore them around a fake install).
+_REGISTRY = _ENGINES.entries
+_BROKEN = _ENGINES.broken
 
 
 def register_engine(plugin: EnginePlugin) -> EnginePlugin:
@@ -257,34 +273,7 @@ def register_engine(plugin: EnginePlugin) -> EnginePlugin:
     Raises:
         ValueError: another plug-in already holds the name.
     """
-    existing = _REGISTRY.get(plugin.name)
-    if existing is not None and existing != plugin:
-        raise ValueError(f"engine name {plugin.name!r} is already registered (factory {existing.factory}); "
-                         "pick another name")
-    _REGISTRY[plugin.name] = plugin
-    _BROKEN.pop(plugin.name, None)
-    return plugin
-
-
-def _load_entry_points() -> None:
-    # Scanned on every lookup (cheap; only new names are imported), so a package installed
-    # while the process runs is found, as agent loops are.
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY or ep.name in _BROKEN:
-            continue
-        try:
-            plugin = ep.load()
-        except Exception as exc:  # noqa: BLE001 - one broken plug-in must not hide the others
-            _BROKEN[ep.name] = f"entry point {ep.value!r} failed to import: {type(exc).__name__}: {exc}"
-            continue
-        if not isinstance(plugin, EnginePlugin):
-            _BROKEN[ep.name] = (f"entry point {ep.value!r} is not an agentloop_core.engine_registry."
-                                f"EnginePlugin (got {type(plugin).__name__}); point it at the plug-in record")
-        elif plugin.name != ep.name:
-            _BROKEN[ep.name] = (f"entry point {ep.value!r} holds the plug-in named {plugin.name!r}; the "
-                                "entry-point name and EnginePlugin.name must agree")
-        else:
-            _REGISTRY[ep.name] = plugin
+    return _ENGINES.add(plugin.name, plugin)
 
 
 def engine_names(*, include_broken: bool = False) -> list[str]:
@@ -293,8 +282,7 @@ def engine_names(*, include_broken: bool = False) -> list[str]:
     Args:
         include_broken: Also the entry points that failed to load.
     """
-    _load_entry_points()
-    return sorted({*_REGISTRY, *(_BROKEN if include_broken else ())})
+    return _ENGINES.names(include_broken=include_broken)
 
 
 def get_engine_plugin(name: str) -> EnginePlugin:
@@ -304,21 +292,7 @@ def get_engine_plugin(name: str) -> EnginePlugin:
         UnknownEngineError: listing the installed engines and how to add one, or saying why the
             plug-in under ``name`` failed to load.
     """
-    if name not in _REGISTRY:
-        _load_entry_points()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if name in _BROKEN:
-        raise UnknownEngineError(f"engine {name!r} is installed but broken: {_BROKEN[name]}")
-    known = sorted(_REGISTRY)
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    broken = f" (installed but broken: {', '.join(sorted(_BROKEN))})" if _BROKEN else ""
-    raise UnknownEngineError(
-        f"unknown engine {name!r}; {hint}installed engines: {', '.join(known) or '(none)'}{broken}. "
-        f'agentloop\'s own are in agentloop-engines (pip install "agentloop-engines[hf]"); a package adds one '
-        f"with an entry point in the {ENTRY_POINT_GROUP!r} group naming an EnginePlugin (see the "
-        "conformance suite's README), or in code with agentloop_core.engine_registry.register_engine")
+    return _ENGINES.get(name)
 
 
 def build_engine(config: EngineConfig, *, model: Any = None, tokenizer: Any = None,

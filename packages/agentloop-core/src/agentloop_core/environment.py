@@ -20,10 +20,11 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from typing import Any, ClassVar, NamedTuple, TypeVar
 
+from agentloop_core.imports import import_object
 from agentloop_core.parsers.base import ToolCall, ToolCallError
+from agentloop_core.plugins import InvalidPluginError, PluginRegistry, UnknownPluginError
 
 ENTRY_POINT_GROUP = "agentloop.environments"
 
@@ -135,15 +136,23 @@ class EnvironmentError(RuntimeError):  # noqa: A001 - the field's name; not the 
     """An environment failed (or misbehaved); the message names it and the method."""
 
 
-class UnknownEnvironmentError(KeyError):
+class UnknownEnvironmentError(UnknownPluginError):
     """No environment is registered under the requested name."""
 
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
+
+def _adopt(name: str, obj: object) -> type[Environment]:
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise InvalidPluginError("is not an Environment subclass")
+    if not obj.name:
+        obj.name = name
+    return obj
 
 
-_REGISTRY: dict[str, type[Environment]] = {}
-_BROKEN: dict[str, str] = {}
+_ENVIRONMENTS: PluginRegistry[type[Environment]] = PluginRegistry(
+    "environment", ENTRY_POINT_GROUP, error=UnknownEnvironmentError, adopt=_adopt,
+    how_to_add=lambda name: (f"Register one with @agentloop_core.environment.register_environment({name!r}), an "
+                             f"entry point in the {ENTRY_POINT_GROUP!r} group, or name it by import path "
+                             "'pkg.module:Class'."))
 E = TypeVar("E", bound="type[Environment]")
 
 
@@ -157,38 +166,16 @@ def register_environment(name: str) -> Callable[[E], E]:
     def decorator(cls: E) -> E:
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
             raise ValueError(f"environment {name!r}: {cls!r} is not an Environment subclass")
-        existing = _REGISTRY.get(name)
-        if existing is not None and existing is not cls:
-            raise ValueError(f"environment name {name!r} is already registered by "
-                             f"{existing.__module__}.{existing.__qualname__}; pick another name")
-        _REGISTRY[name] = cls
+        _ENVIRONMENTS.add(name, cls)
         cls.name = name
         return cls
 
     return decorator
 
 
-def _load_entry_points() -> None:
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
-            continue
-        try:
-            cls = ep.load()
-        except Exception as exc:  # noqa: BLE001 - one broken plugin must not hide the others
-            _BROKEN[ep.name] = f"entry point {ep.value!r} failed to import: {type(exc).__name__}: {exc}"
-            continue
-        if isinstance(cls, type) and issubclass(cls, Environment):
-            _REGISTRY.setdefault(ep.name, cls)
-            if not cls.name:
-                cls.name = ep.name
-        else:
-            _BROKEN[ep.name] = f"entry point {ep.value!r} is not an Environment subclass"
-
-
 def environment_names() -> list[str]:
     """All known environment names, entry points included."""
-    _load_entry_points()
-    return sorted(_REGISTRY)
+    return _ENVIRONMENTS.names()
 
 
 def get_environment_class(name: str) -> type[Environment]:
@@ -197,23 +184,9 @@ def get_environment_class(name: str) -> type[Environment]:
     Raises:
         UnknownEnvironmentError: listing the known names and how to add one.
     """
-    if ":" in name and name not in _REGISTRY:
-        from agentloop_core.imports import import_object
-
+    if ":" in name and name not in _ENVIRONMENTS.entries:
         cls = import_object(name, where="environment")
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
             raise UnknownEnvironmentError(f"environment {name!r} is not an Environment subclass")
         return cls
-    if name not in _REGISTRY:
-        _load_entry_points()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        if name in _BROKEN:
-            raise UnknownEnvironmentError(f"environment {name!r} is installed but broken: {_BROKEN[name]}") from None
-        known = ", ".join(sorted(_REGISTRY)) or "(none)"
-        raise UnknownEnvironmentError(
-            f"unknown environment {name!r}; known environments: {known}. Register one with "
-            f"@agentloop_core.environment.register_environment({name!r}), an entry point in the "
-            f"{ENTRY_POINT_GROUP!r} group, or name it by import path 'pkg.module:Class'.") from None
-
+    return _ENVIRONMENTS.get(name)

@@ -1,5 +1,8 @@
 """Tool-call parsers by name: ``get_tool_parser("hermes")``, ``"llama3_json"``, ``"gpt_oss"``
-(alias ``"harmony"``), ``"mistral"``, ``"qwen3_coder"``."""
+(alias ``"harmony"``), ``"mistral"``, ``"qwen3_coder"``. Pure text in, calls out, so the tool
+loops (agentloop-tools), the gateway (agentloop-engines) and LangGraph's chat model share them.
+Installed packages add their own through the ``agentloop.tool_parsers`` entry-point group
+(:mod:`agentloop_core.parsers.registry`)."""
 
 from agentloop_core.parsers.base import (
     ParseResult,

@@ -160,7 +160,10 @@ class ParseStats:
 class ToolParser(abc.ABC):
     """Parses tool calls out of the decoded text of one assistant turn.
 
-    Subclasses set :attr:`name` and :attr:`stop_tokens` and implement :meth:`_parse`.
+    Subclasses set :attr:`stop_tokens` (and :attr:`call_openings`, :attr:`needs_special_tokens`
+    where they apply), implement :meth:`_parse`, and register under a name
+    (:func:`~agentloop_core.parsers.register_tool_parser`, or an entry point in the
+    ``agentloop.tool_parsers`` group), which sets :attr:`name`.
     """
 
     name: ClassVar[str] = ""
@@ -173,6 +176,14 @@ class ToolParser(abc.ABC):
     text no parser can split into calls. The loop then passes the turn decoded with special
     tokens kept; a trailing token that ended the turn is removed unless it is one of
     :attr:`stop_tokens` (harmony's ``<|call|>`` closes the call it ends)."""
+    call_openings: ClassVar[tuple[str, ...]] = ()
+    """Text that opens a call in the decoded turn (hermes: ``<tool_call>``), for a format where
+    the text before the first opening is content and the calls follow it. A streaming gateway
+    then sends that content as it is generated, holds back only what may still become an
+    opening, and parses each call once its block closes. Empty (the default), or with
+    :attr:`needs_special_tokens`: where the calls start cannot be told from the text so far
+    (``llama3_json``: the whole turn is a call only if it starts with ``{``), so a streamed
+    answer with tools is sent whole when the generation ends (correct, only not incremental)."""
 
     def __init__(self, stats: ParseStats | None = None) -> None:
         self.stats = stats if stats is not None else ParseStats()

@@ -24,6 +24,7 @@ class HermesToolParser(ToolParser):
     """
 
     stop_tokens = ()
+    call_openings = (OPEN,)
 
     def _parse(self, text: str, tools: Mapping[str, Any] | None) -> ParseResult:
         content: list[str] = []

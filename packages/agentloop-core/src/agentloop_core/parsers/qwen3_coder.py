@@ -42,6 +42,7 @@ class Qwen3CoderToolParser(ToolParser):
     with the model's EOS (``<|im_end|>``)."""
 
     stop_tokens = ()
+    call_openings = (OPEN,)
 
     def _parse(self, text: str, tools: Mapping[str, Any] | None) -> ParseResult:
         content: list[str] = []

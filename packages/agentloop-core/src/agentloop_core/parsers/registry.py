@@ -1,25 +1,53 @@
-"""Tool-call parsers by name."""
+"""Tool-call parsers by name: :func:`register_tool_parser` in code, or the
+``agentloop.tool_parsers`` entry-point group for installed packages::
+
+    [project.entry-points."agentloop.tool_parsers"]
+    my_format = "my_pkg.parser:MyFormatToolParser"
+
+The entry point names a :class:`~agentloop_core.parsers.base.ToolParser` subclass; its name is
+the entry-point name (a class decorated with :func:`register_tool_parser` must use the same).
+What the gateway needs to stream the parser's answers is declared on the class
+(:attr:`~agentloop_core.parsers.base.ToolParser.call_openings`), so a plug-in needs nothing
+registered anywhere else.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from agentloop_core.parsers.base import ToolParser
+from agentloop_core.parsers.base import ToolParser
+from agentloop_core.plugins import InvalidPluginError, PluginRegistry, UnknownPluginError
 
-_PARSERS: dict[str, type[ToolParser]] = {}
-_INSTANCES: dict[str, ToolParser] = {}
-_ALIASES: dict[str, str] = {}
-"""Alias -> registered name."""
+ENTRY_POINT_GROUP = "agentloop.tool_parsers"
+
 P = TypeVar("P", bound="type[ToolParser]")
 
 
-class UnknownToolParserError(KeyError):
+class UnknownToolParserError(UnknownPluginError):
     """No tool-call parser is registered under the requested name."""
 
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
+
+def _adopt(name: str, cls: object) -> type[ToolParser]:
+    if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
+        raise InvalidPluginError(f"is not an agentloop_core.parsers.ToolParser subclass (got {cls!r}); "
+                                 "point it at the parser class")
+    own = cls.__dict__.get("name")  # a subclass inherits its parent's name; only its own counts
+    if own and own != name:
+        raise InvalidPluginError(f"holds the tool parser named {own!r}; the entry-point name and the name "
+                                 "the class registers must agree")
+    cls.name = name
+    return cls
+
+
+PARSERS: PluginRegistry[type[ToolParser]] = PluginRegistry(
+    "tool parser", ENTRY_POINT_GROUP, error=UnknownToolParserError, adopt=_adopt,
+    how_to_add=lambda name: (
+        "Add one by subclassing agentloop_core.parsers.ToolParser and decorating it with "
+        f"@agentloop_core.parsers.register_tool_parser({name!r}), or, from an installed package, with an "
+        f"entry point in the {ENTRY_POINT_GROUP!r} group naming the class (docs/tool-parsers.md)."))
+"""The tool-call parser classes by name (the helper every registry shares)."""
+_INSTANCES: dict[str, ToolParser] = {}
 
 
 def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[[P], P]:
@@ -35,14 +63,7 @@ def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[
     """
 
     def decorator(cls: P) -> P:
-        for taken in (name, *aliases):
-            existing = _PARSERS.get(_ALIASES.get(taken, taken))
-            if existing is not None and existing is not cls:
-                raise ValueError(f"tool parser name {taken!r} is already registered by "
-                                 f"{existing.__module__}.{existing.__qualname__}; pick another name")
-        _PARSERS[name] = cls
-        for alias in aliases:
-            _ALIASES[alias] = name
+        PARSERS.add(name, cls, aliases=aliases)
         cls.name = name
         return cls
 
@@ -50,8 +71,8 @@ def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[
 
 
 def tool_parser_names() -> list[str]:
-    """Every name ``get_tool_parser`` accepts, aliases included."""
-    return sorted([*_PARSERS, *_ALIASES])
+    """Every name ``get_tool_parser`` accepts, aliases and installed plug-ins included."""
+    return PARSERS.names()
 
 
 def get_tool_parser(name: str) -> ToolParser:
@@ -61,18 +82,12 @@ def get_tool_parser(name: str) -> ToolParser:
     Raises:
         UnknownToolParserError: listing the known names and how to add one.
     """
-    name = _ALIASES.get(name, name)
-    if name not in _PARSERS:
-        known = ", ".join(f"{n} (alias of {_ALIASES[n]})" if n in _ALIASES else n for n in tool_parser_names())
-        raise UnknownToolParserError(
-            f"unknown tool parser {name!r}; known tool parsers: {known}. "
-            "Add one by subclassing agentloop_core.parsers.ToolParser and decorating it with "
-            f"@agentloop_core.parsers.register_tool_parser({name!r})."
-        )
-    parser = _INSTANCES.get(name)
-    if parser is None:
-        parser = _INSTANCES[name] = _PARSERS[name]()
+    cls = PARSERS.get(name)
+    parser = _INSTANCES.get(cls.name)
+    if parser is None or type(parser) is not cls:  # none yet, or the name holds another class now
+        parser = _INSTANCES[cls.name] = cls()
     return parser
 
 
-__all__ = ["UnknownToolParserError", "get_tool_parser", "register_tool_parser", "tool_parser_names"]
+__all__ = ["ENTRY_POINT_GROUP", "PARSERS", "UnknownToolParserError", "get_tool_parser", "register_tool_parser",
+           "tool_parser_names"]

@@ -1,11 +1,11 @@
 """Reasoning parsers by name: ``get_reasoning_parser("qwen3")`` (alias ``"qwq"``),
 ``"deepseek_r1"``, ``"gpt_oss"`` (alias ``"harmony"``). Pure text in, reasoning and content out,
-so the tool loops (agentloop-tools) and the gateway (agentloop-engines) share them."""
+so the tool loops (agentloop-tools) and the gateway (agentloop-engines) share them. Installed
+packages add their own through the ``agentloop.reasoning_parsers`` entry-point group
+(:mod:`agentloop_core.reasoning.registry`)."""
 
-from agentloop_core.reasoning.base import (
-    PROMPT_TAIL_TOKENS,
-    ReasoningParser,
-    ReasoningSplit,
+from agentloop_core.reasoning.base import PROMPT_TAIL_TOKENS, ReasoningParser, ReasoningSplit
+from agentloop_core.reasoning.registry import (
     UnknownReasoningParserError,
     get_reasoning_parser,
     reasoning_parser_names,

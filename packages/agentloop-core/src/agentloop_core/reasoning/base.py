@@ -10,9 +10,8 @@ generated.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, TypeVar
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,10 @@ class ReasoningParser(abc.ABC):
 
     Subclasses set :attr:`needs_special_tokens` where their delimiters are special tokens and
     implement :meth:`split`; :meth:`starts_in_reasoning` tells them when the prompt already
-    opened the reasoning.
+    opened the reasoning. They register under a name
+    (:func:`~agentloop_core.reasoning.register_reasoning_parser`, or an entry point in the
+    ``agentloop.reasoning_parsers`` group), which sets :attr:`name`; a streaming gateway reads
+    :attr:`delimiters`.
     """
 
     name: ClassVar[str] = ""
@@ -48,6 +50,13 @@ class ReasoningParser(abc.ABC):
     reads_prompt: ClassVar[bool] = False
     """True when :meth:`starts_in_reasoning` looks at the prompt; the loop then decodes the
     prompt's last tokens (:data:`PROMPT_TAIL_TOKENS`) before each split."""
+
+    @property
+    def delimiters(self) -> tuple[str, ...]:
+        """Text that opens or closes reasoning (``<think>``, ``</think>``). A streaming gateway
+        holds back the end of the text that may still become one, so no piece of a delimiter
+        is sent as reasoning or content. Empty (the default): nothing held back."""
+        return ()
 
     def starts_in_reasoning(self, prompt_tail: str) -> bool:
         """Whether a turn generated after ``prompt_tail`` (the decoded end of the prompt,
@@ -74,62 +83,5 @@ PROMPT_TAIL_TOKENS = 32
 """How many trailing prompt tokens a loop decodes for :meth:`ReasoningParser.starts_in_reasoning`
 (enough for Qwen3's ``<think>\\n\\n</think>\\n\\n`` in any tokenizer)."""
 
-_PARSERS: dict[str, type[ReasoningParser]] = {}
-_INSTANCES: dict[str, ReasoningParser] = {}
-P = TypeVar("P", bound="type[ReasoningParser]")
 
-
-class UnknownReasoningParserError(KeyError):
-    """No reasoning parser is registered under the requested name."""
-
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
-
-
-def register_reasoning_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[[P], P]:
-    """Register a :class:`ReasoningParser` subclass under ``name`` (and ``aliases``).
-
-    Raises:
-        ValueError: if another class already holds the name or one of the aliases.
-    """
-
-    def decorator(cls: P) -> P:
-        for taken in (name, *aliases):
-            existing = _PARSERS.get(taken)
-            if existing is not None and existing is not cls:
-                raise ValueError(f"reasoning parser name {taken!r} is already registered by "
-                                 f"{existing.__module__}.{existing.__qualname__}; pick another name")
-        for taken in (name, *aliases):
-            _PARSERS[taken] = cls
-        cls.name = name
-        return cls
-
-    return decorator
-
-
-def reasoning_parser_names() -> list[str]:
-    """Every name :func:`get_reasoning_parser` accepts, aliases included."""
-    return sorted(_PARSERS)
-
-
-def get_reasoning_parser(name: str) -> ReasoningParser:
-    """The shared (stateless) parser instance for ``name``.
-
-    Raises:
-        UnknownReasoningParserError: listing the known names and how to add one.
-    """
-    cls = _PARSERS.get(name)
-    if cls is None:
-        raise UnknownReasoningParserError(
-            f"unknown reasoning parser {name!r}; known reasoning parsers: {', '.join(reasoning_parser_names())} "
-            "(multi_turn.reasoning_parser; null: no reasoning split). Add one by subclassing "
-            "agentloop_core.reasoning.ReasoningParser and decorating it with "
-            f"@agentloop_core.reasoning.register_reasoning_parser({name!r}).")
-    parser = _INSTANCES.get(cls.name)
-    if parser is None:
-        parser = _INSTANCES[cls.name] = cls()
-    return parser
-
-
-__all__ = ["PROMPT_TAIL_TOKENS", "ReasoningParser", "ReasoningSplit", "UnknownReasoningParserError",
-           "get_reasoning_parser", "reasoning_parser_names", "register_reasoning_parser"]
+__all__ = ["PROMPT_TAIL_TOKENS", "ReasoningParser", "ReasoningSplit"]

@@ -11,7 +11,8 @@ built-in tools from the analysis channel. Text in an analysis body never becomes
 from __future__ import annotations
 
 from agentloop_core.parsers import harmony
-from agentloop_core.reasoning.base import ReasoningParser, ReasoningSplit, register_reasoning_parser
+from agentloop_core.reasoning.base import ReasoningParser, ReasoningSplit
+from agentloop_core.reasoning.registry import register_reasoning_parser
 
 
 @register_reasoning_parser("gpt_oss", aliases=("harmony",))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agentloop_core.reasoning.base import ReasoningParser, ReasoningSplit, register_reasoning_parser
+from agentloop_core.reasoning.base import ReasoningParser, ReasoningSplit
+from agentloop_core.reasoning.registry import register_reasoning_parser
 
 OPEN = "<think>"
 CLOSE = "</think>"
@@ -30,6 +31,10 @@ class ThinkReasoningParser(ReasoningParser):
     always_starts_in_reasoning: ClassVar[bool] = False
     """The model's turns begin inside reasoning whatever the prompt says (DeepSeek-R1)."""
     reads_prompt = True
+
+    @property
+    def delimiters(self) -> tuple[str, ...]:
+        return (self.open_tag, self.close_tag)
 
     def starts_in_reasoning(self, prompt_tail: str) -> bool:
         if self.always_starts_in_reasoning:

@@ -6,10 +6,13 @@ will still hold:
 * nothing of a character still incomplete (a multi-byte character split across tokens decodes
   to ``U+FFFD`` until its last byte arrives);
 * nothing from a stop string on, and not the longest end of the text that may yet become one;
-* not the end of the text that may yet become a reasoning delimiter or a tool-call opening;
+* not the end of the text that may yet become a reasoning delimiter or a tool-call opening
+  (what the parsers declare: ``ReasoningParser.delimiters``, ``ToolParser.call_openings``);
 * reasoning as ``reasoning_content`` while inside a reasoning block, content after it;
 * with a tool parser, content only before the first tool-call opening, and each call once its
-  block has closed (the same parse the whole answer gets, so the same name, arguments and id).
+  block has closed (the same parse the whole answer gets, so the same name, arguments and id);
+  a parser that declares no opening (or reads special tokens) has its answer sent whole at the
+  end, which is always correct, only not incremental.
 
 What is held back is sent when the generation ends (:meth:`StreamText.finish`), where the
 finished answer (the one a non-streamed request gets) decides. No I/O here: the gateway feeds
@@ -27,12 +30,7 @@ from agentloop_core.reasoning import ReasoningParser
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CALL_OPENINGS", "StreamText", "held_suffix"]
-
-CALL_OPENINGS: dict[str, tuple[str, ...]] = {"hermes": ("<tool_call>",), "qwen3_coder": ("<tool_call>",)}
-"""Text that opens a tool call, per tool parser name. A parser not listed here (or one that
-reads special tokens) streams no content while the request has tools: its answer is sent whole
-at the end, which is always correct, only not incremental."""
+__all__ = ["StreamText", "held_suffix"]
 
 
 def held_suffix(text: str, markers: Sequence[str]) -> int:
@@ -70,12 +68,14 @@ class StreamText:
         self.parser = parser
         self.tools = tools
         self.format_calls = format_calls
-        openings = CALL_OPENINGS.get(parser.name, ()) if parser is not None else ()
-        self.openings: tuple[str, ...] = () if parser is not None and parser.needs_special_tokens else openings
+        # The parser says where its calls start (ToolParser.call_openings); one that does not, or
+        # that reads special tokens this decode skips, leaves nothing to stream incrementally.
+        self.openings: tuple[str, ...] = (
+            tuple(parser.call_openings) if parser is not None and not parser.needs_special_tokens else ())
         # Nothing incremental where the whole answer's split cannot be foreseen from its start.
         self.whole = (reasoning is not None and self.reasoning is None) or (parser is not None and not self.openings)
-        tags = [getattr(self.reasoning, "open_tag", ""), getattr(self.reasoning, "close_tag", "")]
-        self.markers = [m for m in (*self.stops, *tags, *self.openings) if m]
+        delimiters = self.reasoning.delimiters if self.reasoning is not None else ()
+        self.markers = [m for m in (*self.stops, *delimiters, *self.openings) if m]
         self.ids: list[int] = []
         self.sent_content = ""
         self.sent_reasoning = ""
