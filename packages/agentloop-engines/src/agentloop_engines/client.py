@@ -24,6 +24,10 @@ Replicas are either in-process ``AsyncServer`` objects or Ray actor handles of
 :class:`~agentloop_engines.hosting.ServerActor`; the client itself runs wherever it is
 constructed. To share one client (and so one global view of the load) between many workers,
 host it as a Ray actor with :func:`agentloop_engines.hosting.client_actor`.
+
+This module routes single requests; the calls made on every replica at once (weight pushes,
+``sleep``/``wake_up``, ``abort``) are in :mod:`agentloop_engines.client_fanout`, the counters in
+:mod:`agentloop_engines.client_stats`; every name is importable from here as before.
 """
 
 from __future__ import annotations
@@ -31,17 +35,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
-from agentloop_core.protocol import (
-    CapabilityNotSupportedError,
-    SamplingParams,
-    ServerCapabilities,
-    TokenOutput,
-)
+from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput
 from agentloop_core.vision.content import images_of
+from agentloop_engines.client_fanout import ReplicaFanOut
+from agentloop_engines.client_stats import ClientStats
 from agentloop_engines.client_stream import routed_stream
 from agentloop_engines.http_client import ReplicaBusyError
 from agentloop_engines.replica_calls import (
@@ -49,7 +50,6 @@ from agentloop_engines.replica_calls import (
     Attempts,
     Replica,
     ReplicaCall,
-    is_miss,
     is_own_timeout,
     is_replica_failure,
 )
@@ -61,29 +61,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ClientStats", "LLMServerClient", "NoHealthyReplicaError", "RequestTimeoutError", "is_replica_failure"]
 
-@dataclass
-class ClientStats:
-    """Counters of what the client did (monotonic)."""
 
-    completed: int = 0
-    """Requests that returned an output."""
-    failed: int = 0
-    """Requests that raised to the caller (bad input, engine error, or no replica left)."""
-    retries: int = 0
-    """Attempts re-sent to another replica after a replica failure."""
-    replica_failures: int = 0
-    """Replica failures seen (connection errors, dead actors, timeouts)."""
-    timeouts: int = 0
-    """Attempts that ran past ``request_timeout_s`` (or a transport's own read timeout)."""
-    request_timeouts: int = 0
-    """Requests failed with :class:`RequestTimeoutError` (slow on every replica tried)."""
-    busy: int = 0
-    """Attempts a replica refused at its in-flight limit (503 with ``Retry-After``); not failures."""
-    missed_pushes: int = 0
-    """Weight pushes (``update_weights`` calls) some replica missed, one count per replica."""
-
-
-class LLMServerClient:
+class LLMServerClient(ReplicaFanOut):
     """Balances requests over engine replicas; itself an ``AsyncServer``.
 
     Args:
@@ -165,11 +144,6 @@ class LLMServerClient:
         self._background: set[asyncio.Task[Any]] = set()
 
     # ---- state ----------------------------------------------------------------------------
-
-    @property
-    def healthy_replicas(self) -> list[int]:
-        """Indices of the replicas in rotation."""
-        return self.policy.healthy_replicas
 
     @property
     def in_flight(self) -> list[int]:
@@ -425,175 +399,3 @@ class LLMServerClient:
                 "request is too slow for the limit (raise LLMServerClient(request_timeout_s=...) or lower its "
                 "max_tokens)")
         return NoHealthyReplicaError(f"{headline}. Failures for this request: {detail}{hint}")
-
-    def _on_replica_failure(self, replica: Replica, request_id: str, exc: BaseException,
-                            *, was_probe: bool = False, probe: bool = True) -> str:
-        self.client_stats.replica_failures += 1
-        # Only the first failure of a replica (or a failed probe) takes it out and sets its
-        # backoff: the other requests in flight there when it died fail too, and each must
-        # not double the backoff again.
-        if self.policy.healthy[replica.index] or was_probe or not probe:
-            self.policy.mark_unhealthy(replica.index, probe=probe)
-        what = (f"timed out after {self.request_timeout_s}s" if is_own_timeout(exc) and not str(exc)
-                else f"{type(exc).__name__}: {exc}")
-        logger.warning("replica %d taken out of rotation: %s (request %r will be retried)",
-                       replica.index, what, request_id)
-        return f"replica {replica.index} {what}"
-
-    # ---- fan-out calls --------------------------------------------------------------------
-
-    async def abort(self, request_id: str) -> None:
-        """Abort ``request_id`` on the replica holding its session (all replicas if none does)."""
-        index = self.policy.session_replica(request_id)
-        targets = [index] if index is not None else self.healthy_replicas
-        await asyncio.gather(*(self._quiet_abort(self._replicas[i], request_id) for i in targets))
-
-    async def _quiet_abort(self, replica: Replica, request_id: str) -> None:
-        # An abort must not raise because the replica is already gone: there is nothing left
-        # to stop there, and the caller's request is released by its own finally.
-        try:
-            coro = replica.call("abort", request_id)
-            await (coro if self.request_timeout_s is None else asyncio.wait_for(coro, self.request_timeout_s))
-        except Exception as exc:
-            if not (is_replica_failure(exc) or isinstance(exc, (ReplicaBusyError, *self.retry_on))):
-                raise
-            logger.warning("abort(%r) on replica %d failed: %s", request_id, replica.index, exc)
-
-    async def sleep(self) -> None:
-        """Release accelerator memory on every healthy replica.
-
-        Raises:
-            CapabilityNotSupportedError: unless every replica declares ``sleep``.
-        """
-        self._require("sleep")
-        await self._fan_out("sleep")
-
-    async def wake_up(self) -> None:
-        """Restore what :meth:`sleep` released on every healthy replica."""
-        self._require("sleep")
-        await self._fan_out("wake_up")
-
-    async def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights (one bucket of a push) into every replica.
-
-        Replicas out of rotation get them too (each call bounded by ``offline_push_timeout_s``):
-        one that was down and is back must not keep old weights. A replica that misses the
-        update (fails it, is unreachable, or stays at its in-flight limit past ``busy_wait_s``)
-        while another one gets it is *stale*: out of rotation and never probed until a later
-        update brings every weight it missed (the next full push), or :meth:`mark_healthy`.
-        So no request is served on old weights, whatever policy version a caller labels it.
-
-        Raises:
-            CapabilityNotSupportedError: unless every replica declares ``weight_update``.
-            RuntimeError: a replica in rotation failed the update (it is stale now, out of
-                rotation; an error every replica gave, e.g. an unknown weight name, changes
-                nothing).
-        """
-        self._require("weight_update")
-        # Materialise once: a generator would be exhausted by the first replica; a state dict
-        # gives (name, tensor) pairs, not just its keys.
-        payload: Any = list(named_tensors.items()) if isinstance(named_tensors, Mapping) else list(named_tensors)
-        names = [str(name) for name, _ in payload]
-        if any(r.is_actor for r in self._replicas):
-            import ray
-
-            payload = ray.put(payload)  # one copy in the object store instead of one per actor
-        in_rotation = set(self.healthy_replicas)
-        results = await asyncio.gather(*(self._push(r, payload, bounded=r.index not in in_rotation)
-                                         for r in self._replicas), return_exceptions=True)
-        errors = {i: res for i, res in enumerate(results) if isinstance(res, BaseException)}
-        got = [i for i in range(len(self._replicas)) if i not in errors]
-        for i in got:
-            # Restarted since the last push: it now holds the checkpoint plus this bucket only.
-            self._restarted(i, getattr(self._replicas[i].target, "engine_instance", None))
-        # A push every replica refused for its content (a bad name) left them all as they were;
-        # one that some got, or that failed only on reachability, leaves the others behind.
-        missed = [i for i, exc in errors.items() if got or is_miss(exc, self.retry_on)]
-        stale, current = self.weights.record(names, got, missed)
-        self.client_stats.missed_pushes += len(missed)
-        for i in stale:
-            if i in in_rotation:
-                self.client_stats.replica_failures += 1
-            self.policy.set_stale(i, True)
-        for i in current:
-            self.policy.set_stale(i, False)  # an out-of-rotation replica is probed at once
-            logger.warning("replica %d holds the latest weights again; it is probed back", i)
-        for i, exc in errors.items():
-            if i in missed:
-                logger.warning("replica %d missed a weight update (%s: %s); it stays out of rotation until an "
-                               "update of every weight it missed reaches it", i, type(exc).__name__, exc)
-        failed_in_rotation = sorted(i for i in errors if i in in_rotation)
-        if failed_in_rotation:
-            first = errors[failed_in_rotation[0]]
-            raise RuntimeError(
-                f"update_weights failed on replicas {failed_in_rotation} (those that missed it are out of "
-                f"rotation until a later push reaches them); first error on replica {failed_in_rotation[0]}: "
-                f"{type(first).__name__}: {first}") from first
-
-    def _restarted(self, index: int, instance: Any) -> bool:
-        """Note the engine instance replica ``index`` answered from; True when it changed after
-        weights were pushed (the replica is stale from now on)."""
-        if not isinstance(instance, str):
-            return False  # an engine that does not say (in-process, Ray): no restart to see
-        known, self._instances[index] = self._instances[index], instance
-        if known is None or known == instance or not self.weights.lost_all(index):
-            return False
-        logger.warning("replica %d restarted (engine instance %s -> %s) and lost the pushed weights; it stays out "
-                       "of rotation until a push of every weight reaches it", index, known, instance)
-        self.client_stats.replica_failures += 1
-        self.policy.set_stale(index, True)
-        return True
-
-    async def _push(self, replica: Replica, payload: Any, *, bounded: bool) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.busy_wait_s
-        while True:
-            coro = replica.call("update_weights", payload)
-            try:
-                await (asyncio.wait_for(coro, self.offline_push_timeout_s) if bounded else coro)
-                return
-            except ReplicaBusyError as exc:
-                # At its in-flight limit: wait the slot out rather than miss the push.
-                self.client_stats.busy += 1
-                wait = max(MIN_BUSY_WAIT_S, exc.retry_after_s)
-                if loop.time() + wait > deadline:
-                    raise
-                await asyncio.sleep(wait)
-
-    async def close(self) -> None:
-        """Wait for background aborts. Replicas are not closed: the client does not own them."""
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-
-    def _require(self, flag: str) -> None:
-        if not getattr(self.capabilities, flag):
-            lacking = [r.index for r in self._replicas if not getattr(r.capabilities, flag)]
-            raise CapabilityNotSupportedError(
-                f"replicas {lacking} do not declare capabilities.{flag}; the client supports only "
-                "what every replica supports"
-            )
-
-    async def _fan_out(self, method: str, *args: Any) -> None:
-        targets = [self._replicas[i] for i in self.healthy_replicas]
-        if not targets:
-            raise NoHealthyReplicaError(f"{method}: no replica in rotation")
-        results = await asyncio.gather(*(r.call(method, *args) for r in targets), return_exceptions=True)
-        errors = []
-        for replica, res in zip(targets, results, strict=True):
-            if isinstance(res, BaseException):
-                if is_replica_failure(res) or isinstance(res, self.retry_on):
-                    # No probing back: a replica that missed a weight update or a sleep/wake
-                    # would answer a probe with stale weights; mark_healthy once it is fixed.
-                    self._on_replica_failure(replica, f"<{method}>", res, probe=False)
-                errors.append((replica.index, res))
-        if errors:
-            index, first = errors[0]
-            raise RuntimeError(
-                f"{method} failed on replicas {[i for i, _ in errors]} (dead ones were taken out "
-                f"of rotation); first error on replica {index}: {type(first).__name__}: {first}"
-            ) from first
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)

@@ -18,6 +18,12 @@ out of rotation and retries the request elsewhere; a read timeout (only with ``t
 ``Retry-After`` (the server's in-flight limit) -> :class:`ReplicaBusyError`: backpressure, which
 ``LLMServerClient`` answers by going elsewhere or waiting, never by taking the replica out.
 
+Every answer is read within ``max_response_bytes`` (see :mod:`agentloop_engines.http_body`): a
+server that sends more fails the call with :class:`ResponseTooLargeError`, a
+:class:`RemoteServerError`, instead of filling the client's memory. A prompt's images travel
+with it (``multi_modal_data``, see :mod:`agentloop_engines.http_images`) when the server
+declares ``capabilities.vision``.
+
 Needs the ``[server]`` extra (httpx); ``update_weights`` also needs torch and safetensors
 (the ``[hf]`` extra).
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
@@ -38,31 +45,23 @@ from agentloop_core.protocol import (
     ServerCapabilities,
     TokenOutput,
 )
+from agentloop_core.vision.content import images_of
+from agentloop_engines.http_body import DEFAULT_MAX_RESPONSE_BYTES, BoundedBody, bounded_lines
+from agentloop_engines.http_errors import (
+    RemoteServerError,
+    ReplicaBusyError,
+    ReplicaUnavailableError,
+    ResponseTooLargeError,
+    error_code,
+)
+from agentloop_engines.http_errors import retry_after_s as _retry_after_s
+from agentloop_engines.http_images import encode_images
 from agentloop_engines.http_stream import INSTANCE_HEADER, read_ndjson_deltas
+from agentloop_engines.http_weights import serialize_weights
 from agentloop_engines.streaming import TokenDelta
 
-__all__ = ["RemoteServer", "RemoteServerError", "ReplicaBusyError", "ReplicaUnavailableError", "serialize_weights"]
-
-
-class ReplicaUnavailableError(ConnectionError):
-    """The engine server cannot be reached or says it is unavailable (refused or dropped
-    connection, 502/503/504). A ``ConnectionError``: ``LLMServerClient`` fails over on it."""
-
-
-class ReplicaBusyError(ReplicaUnavailableError):
-    """The engine server is at its in-flight limit (503 with ``Retry-After``): it is alive and
-    will serve again shortly. ``LLMServerClient`` sends the request elsewhere or waits
-    ``retry_after_s``, and keeps the replica in rotation."""
-
-    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-        """How long the server asked the client to wait (its ``Retry-After``)."""
-
-
-class RemoteServerError(RuntimeError):
-    """The engine server failed the request (500 with the engine's error, or a status the
-    agentloop server does not use). Not a replica failure: the request is not retried."""
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "RemoteServer", "RemoteServerError", "ReplicaBusyError",
+           "ReplicaUnavailableError", "ResponseTooLargeError", "serialize_weights"]
 
 
 def _require_httpx() -> Any:
@@ -77,33 +76,6 @@ def _token_id(t: Any) -> Any:
     # numpy/torch integers are valid ids but not JSON; anything else goes as is and the
     # server answers 400 naming the bad position, as an in-process engine would.
     return int(t) if hasattr(t, "__index__") and not isinstance(t, bool) else t
-
-
-def serialize_weights(named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> bytes:
-    """Pack named tensors into one safetensors archive (the ``POST /update_weights`` body).
-
-    Tensors are detached, moved to the CPU and made contiguous. safetensors refuses tensors
-    that share storage (tied embeddings, views of one buffer), so every tensor after the first
-    on a storage is copied; a repeated name keeps its last tensor, as loading in order would.
-
-    Raises:
-        ImportError: without torch and safetensors.
-    """
-    try:
-        import torch
-        from safetensors.torch import save
-    except ImportError as exc:
-        raise ImportError(f'update_weights over HTTP needs {exc.name}: pip install "agentloop-engines[hf]"') from exc
-    items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-    tensors: dict[str, Any] = {}
-    storages: set[int] = set()
-    for name, value in items:
-        t = torch.as_tensor(value).detach().cpu().contiguous()
-        if t.untyped_storage().data_ptr() in storages:
-            t = t.clone()
-        storages.add(t.untyped_storage().data_ptr())
-        tensors[str(name)] = t
-    return save(tensors)
 
 
 class RemoteServer:
@@ -125,6 +97,9 @@ class RemoteServer:
         timeout_s: Limit on reading a response (and sending a body). None: no limit.
         connect_timeout_s: Limit on opening a connection; also the whole limit for ``/health``.
         max_connections: Most concurrent connections; requests beyond it wait for a free one.
+        max_response_bytes: Most bytes of one answer (a streamed one in total) read from the
+            server; past it the call fails with :class:`ResponseTooLargeError` and the
+            connection is dropped (see :data:`~agentloop_engines.http_body.DEFAULT_MAX_RESPONSE_BYTES`).
 
     Raises:
         ValueError: on a ``base_url`` that is not http(s), an empty ``api_key`` or
@@ -133,7 +108,7 @@ class RemoteServer:
 
     def __init__(self, base_url: str, *, api_key: str | None = None, timeout_s: float | None = None,
                  connect_timeout_s: float = 10.0, max_connections: int = 256,
-                 control_key: str | None = None) -> None:
+                 control_key: str | None = None, max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self._httpx = _require_httpx()
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
@@ -146,6 +121,9 @@ class RemoteServer:
         if connect_timeout_s <= 0 or max_connections < 1:
             raise ValueError(f"connect_timeout_s must be > 0 and max_connections >= 1, got "
                              f"{connect_timeout_s} and {max_connections}")
+        if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or max_response_bytes < 1:
+            raise ValueError(f"max_response_bytes must be a positive integer, got {max_response_bytes!r}")
+        self.max_response_bytes = max_response_bytes
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout_s = timeout_s
@@ -156,7 +134,8 @@ class RemoteServer:
         self._timeout = self._httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._limits = self._httpx.Limits(max_connections=max_connections,
                                           max_keepalive_connections=max_connections)
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # identity: answers are counted as they arrive, and compressed ones are refused (see http_body).
+        self._headers = {"Accept-Encoding": "identity", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self._control_headers = {"Authorization": f"Bearer {control_key}"} if control_key else {}
         self._has_control_key = control_key is not None  # the key itself is kept in the headers only
         self._health: dict[str, Any] | None = None
@@ -167,6 +146,7 @@ class RemoteServer:
         # Not the default executor, which other code on the loop (sync agents, reward
         # functions) may fill: a weight push must not wait behind them.
         self._serializer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-weights-out")
+        self._image_encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-images-out")
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
@@ -179,6 +159,7 @@ class RemoteServer:
 
         Raises:
             ReplicaUnavailableError: when the server cannot be reached.
+            ResponseTooLargeError: an answer over ``max_response_bytes`` (not an engine server).
         """
         self._health = self._parse_health(await self._request("GET", "/health", timeout=self.connect_timeout_s))
         return self._health["capabilities"]
@@ -186,11 +167,15 @@ class RemoteServer:
     def _info(self) -> dict[str, Any]:
         if self._health is None:
             url = f"{self.base_url}/health"
+            what = f"GET {url}"
             try:
-                response = self._httpx.get(url, timeout=self.connect_timeout_s)
+                with self._httpx.stream("GET", url, timeout=self.connect_timeout_s,
+                                        headers={"Accept-Encoding": "identity"}) as response:
+                    bounded = self._bounded(response, what)
+                    body = bounded.read_sync(response.iter_raw())
             except self._httpx.TransportError as exc:
-                raise self._transport_error(exc, f"GET {url}") from exc
-            self._health = self._parse_health(self._checked(response, f"GET {url}"))
+                raise self._transport_error(exc, what) from exc
+            self._health = self._parse_health(self._checked(response, body, what))
         return self._health
 
     def _parse_health(self, body: Any) -> dict[str, Any]:
@@ -198,11 +183,19 @@ class RemoteServer:
         if not isinstance(caps, dict):
             raise RemoteServerError(f"{self.base_url}/health has no capabilities; is it an agentloop engine "
                                     "server (agentloop_engines.http_server)?")
-        # Flags a newer server adds are ignored; ones it lacks keep their defaults. Images do not
-        # travel over /generate (yet), so this client never declares vision, whatever it serves.
-        known = {f.name for f in fields(ServerCapabilities)} - {"vision"}
-        return {"capabilities": ServerCapabilities(**{k: bool(v) for k, v in caps.items() if k in known}),
-                "max_model_len": body.get("max_model_len"), "vocab_size": body.get("vocab_size")}
+        # Flags a newer server adds are ignored; ones it lacks keep their defaults. vision only
+        # where /generate takes images ("images" in /health): an older server declared the
+        # engine's vision but refused images on /generate.
+        known = {f.name for f in fields(ServerCapabilities)}
+        flags = {k: bool(v) for k, v in caps.items() if k in known}
+        images = body.get("images")
+        accepted = isinstance(images, dict) and images.get("accepted") is True
+        flags["vision"] = flags.get("vision", False) and accepted
+        reason = images.get("reason") if isinstance(images, dict) else None
+        return {"capabilities": ServerCapabilities(**flags), "max_model_len": body.get("max_model_len"),
+                "vocab_size": body.get("vocab_size"),
+                "no_images": reason if isinstance(reason, str) else "the server is of a version that takes no images "
+                "over /generate; update agentloop-engines on the server"}
 
     @property
     def capabilities(self) -> ServerCapabilities:
@@ -222,30 +215,39 @@ class RemoteServer:
     # ---- AsyncServer ---------------------------------------------------------------------
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None, *,
+                       multi_modal_data: Mapping[str, Any] | None = None) -> TokenOutput:
         """Generate on the remote server (see ``AsyncServer.generate``).
 
-        Sampling parameters are validated by the server, which is the authority on them.
+        Sampling parameters are validated by the server, which is the authority on them; so is
+        its vision processor on images, which the server rebuilds from their pixels.
 
         Raises:
-            ValueError: the server rejected the request (its message, e.g. an unknown key).
+            ValueError: the server rejected the request (its message, e.g. an unknown key or an
+                image over its limits), or malformed ``multi_modal_data``.
+            CapabilityNotSupportedError: images for a server that does not declare ``vision``
+                (nothing is sent).
             PermissionError: a missing or wrong ``api_key``.
             ReplicaUnavailableError: the server cannot be reached or is unavailable.
+            ResponseTooLargeError: the answer was over ``max_response_bytes``.
         """
-        out = await self._request("POST", "/generate", json=_generate_body(request_id, prompt_ids, sampling_params))
+        body = await self._generate_body(request_id, prompt_ids, sampling_params, multi_modal_data)
+        out = await self._request("POST", "/generate", json=body)
         extra = self._note_instance(out)
         return TokenOutput(token_ids=out["token_ids"], log_probs=out["log_probs"], stop_reason=out["stop_reason"],
                            extra=extra)
 
     async def generate_stream(self, request_id: str, prompt_ids: list[int],
-                              sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                              sampling_params: Mapping[str, Any] | SamplingParams | None = None, *,
+                              multi_modal_data: Mapping[str, Any] | None = None,
                               ) -> AsyncGenerator[TokenDelta, None]:
         """Generate on the remote server, yielding its tokens as it decodes them (a streamed
         ``POST /generate``, see :mod:`agentloop_engines.http_stream`).
 
         The ids of the deltas, joined, are checked to be exactly the last delta's ``output``
-        ids. ``timeout_s`` limits the wait for each record (the first one, then each gap).
-        Closing the stream early closes its connection, which stops the request on the server.
+        ids. ``timeout_s`` limits the wait for each record (the first one, then each gap), and
+        ``max_response_bytes`` the whole stream. Closing the stream early closes its connection,
+        which stops the request on the server. ``multi_modal_data`` as in :meth:`generate`.
 
         Raises:
             ValueError, PermissionError, ReplicaUnavailableError, ReplicaBusyError, TimeoutError:
@@ -254,16 +256,17 @@ class RemoteServer:
                 (``ReplicaUnavailableError``).
         """
         what = f"POST {self.base_url}/generate"
-        body = {**_generate_body(request_id, prompt_ids, sampling_params), "stream": True}
+        body = {**await self._generate_body(request_id, prompt_ids, sampling_params, multi_modal_data), "stream": True}
         try:
             async with self._client().stream("POST", "/generate", json=body) as response:
+                bounded = self._bounded(response, what)
                 if response.status_code >= 400:
-                    await response.aread()
-                    self._checked(response, what)
+                    self._checked(response, await bounded.read(response.aiter_raw()), what)
                 instance = response.headers.get(INSTANCE_HEADER)
                 if instance:
                     self.engine_instance = instance  # known before the first delta: a restart shows at once
-                deltas = read_ndjson_deltas(response.aiter_lines(), what, on_instance=self._note_instance,
+                lines = bounded_lines(response.aiter_raw(), bounded)
+                deltas = read_ndjson_deltas(lines, what, on_instance=self._note_instance,
                                             on_error=lambda record: self._stream_error(record, what),
                                             incomplete=ReplicaUnavailableError)
                 async with contextlib.aclosing(deltas):
@@ -316,6 +319,22 @@ class RemoteServer:
                                   headers={"content-type": "application/octet-stream"})
         self._note_instance(out)
 
+    async def _generate_body(self, request_id: str, prompt_ids: list[int],
+                             sampling_params: Mapping[str, Any] | SamplingParams | None,
+                             multi_modal_data: Mapping[str, Any] | None) -> dict[str, Any]:
+        body = _generate_body(request_id, prompt_ids, sampling_params)
+        images = images_of(multi_modal_data, engine=repr(self))
+        if images:
+            if self._health is None:
+                await self.connect()
+            if not self.capabilities.vision:
+                raise CapabilityNotSupportedError(f"the engine server at {self.base_url} takes no images over /generate: "
+                                                  f"{self._info()['no_images']}")
+            # PNG-encoding a large image takes tens of milliseconds: off the event loop.
+            body["images"] = await asyncio.get_running_loop().run_in_executor(
+                self._image_encoder, encode_images, images)
+        return body
+
     def _note_instance(self, out: Any) -> dict[str, Any]:
         instance = out.get("instance") if isinstance(out, dict) else None
         if not isinstance(instance, str):
@@ -359,10 +378,17 @@ class RemoteServer:
     async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         what = f"{method} {self.base_url}{path}"
         try:
-            response = await self._client().request(method, path, **kwargs)
+            # Streamed, never read whole: a server that sends without end is cut at max_response_bytes.
+            async with self._client().stream(method, path, **kwargs) as response:
+                body = await self._bounded(response, what).read(response.aiter_raw())
         except self._httpx.TransportError as exc:
             raise self._transport_error(exc, what) from exc
-        return self._checked(response, what)
+        return self._checked(response, body, what)
+
+    def _bounded(self, response: Any, what: str) -> BoundedBody:
+        bounded = BoundedBody(self.max_response_bytes, what)
+        bounded.check_headers(response.headers)
+        return bounded
 
     def _transport_error(self, exc: Exception, what: str) -> Exception:
         httpx = self._httpx
@@ -372,18 +398,22 @@ class RemoteServer:
         return ReplicaUnavailableError(f"{what} failed ({type(exc).__name__}: {str(exc) or 'no detail'}); is the "
                                        f"engine server running at {self.base_url}?")
 
-    def _checked(self, response: Any, what: str) -> Any:
+    def _checked(self, response: Any, body: bytes, what: str) -> Any:
         status = response.status_code
         if status < 400:
-            return response.json()
+            try:
+                return json.loads(body)
+            except ValueError as exc:
+                raise RemoteServerError(f"{what}: HTTP {status} with a body that is not JSON ({exc}): {body[:200]!r}; "
+                                        "is it an agentloop engine server?") from None
         try:
-            message = response.json()["error"]["message"]
+            message = json.loads(body)["error"]["message"]
         except Exception:  # noqa: BLE001 - not our error shape (a proxy's page, say): show the text
-            message = response.text[:500] or response.reason_phrase
+            message = body[:500].decode("utf-8", errors="replace") or response.reason_phrase
         if status in (400, 413):
             raise ValueError(message)
         if status in (401, 403):
-            code = _error_code(response)
+            code = error_code(body)
             if code in ("control_key_required", "control_disabled"):
                 fix = ("the control_key given to RemoteServer does not match the server's" if self._has_control_key
                        else "pass RemoteServer(..., control_key=...) (the trainer: set "
@@ -410,23 +440,3 @@ def _generate_body(request_id: str, prompt_ids: list[int],
                    sampling_params: Mapping[str, Any] | SamplingParams | None) -> dict[str, Any]:
     params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params or {})
     return {"request_id": request_id, "prompt_ids": [_token_id(t) for t in prompt_ids], "sampling_params": params}
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    # Only the delta-seconds form: the agentloop servers send it; an HTTP-date (a proxy's) or
-    # garbage is not an in-flight limit this client knows, so it stays a plain 503. Capped so
-    # that a hostile or careless header cannot park a request for hours.
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    if seconds is None or not 0 <= seconds < float("inf"):
-        return None
-    return min(seconds, 30.0)
-
-
-def _error_code(response: Any) -> str | None:
-    try:
-        return response.json()["error"]["code"]
-    except Exception:  # noqa: BLE001 - not our error shape
-        return None

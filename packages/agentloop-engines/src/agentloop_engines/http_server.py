@@ -4,7 +4,9 @@ Endpoints (JSON):
 
 * ``POST /generate`` ``{request_id, prompt_ids, sampling_params}`` ->
   ``{token_ids, log_probs, stop_reason, instance}``: the token-in, token-out call agent loops
-  train on; with ``"stream": true`` the answer is newline-delimited JSON, one record per
+  train on; a prompt with images adds ``images`` (PNG, digest and token count of each, see
+  :mod:`agentloop_engines.http_images`), rebuilt by the model's vision processor within the
+  server's image limits; with ``"stream": true`` the answer is newline-delimited JSON, one record per
   decoded delta and a last one carrying that same answer (see :mod:`agentloop_engines.http_stream`);
 * control routes, which need the ``control_key`` (``Authorization: Bearer <control key>``; the
   chat ``api_key`` never opens them; without a control key they answer 403, see
@@ -19,8 +21,9 @@ Endpoints (JSON):
   ``/v1``), for black-box agents. With ``gateway=``, that gateway's, with its sessions
   (``/sessions/<id>/v1/...``); without, one built over ``server`` and its ``tokenizer`` that
   records no sessions (501 when the server has no tokenizer);
-* ``GET /health``: liveness, capabilities, ``max_model_len`` and ``vocab_size`` (never needs
-  the API key, so probes work).
+* ``GET /health``: liveness, capabilities, ``max_model_len``, ``vocab_size`` and ``images``
+  (whether ``/generate`` takes them, and the limits, or why not; ``capabilities.vision`` is
+  true only when it does), never needing the API key, so probes work.
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: bad input is 400 with
 the engine's message, a missing or wrong bearer token 401 (answered from the headers, before
@@ -48,9 +51,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
+from agentloop_core.vision import ImageLimits
 from agentloop_engines.control import is_chat_path, new_control_key
 from agentloop_engines.gateway.app import add_gateway_routes, gateway_error_shapes
 from agentloop_engines.gateway.core import Gateway
+from agentloop_engines.gateway.images import resolve_vision
 from agentloop_engines.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.http_common import (
     DEFAULT_MAX_REQUEST_BYTES,
@@ -62,7 +67,9 @@ from agentloop_engines.http_common import (
     uvicorn_config,
     warn_if_exposed,
 )
+from agentloop_engines.http_images import GenerateImages
 from agentloop_engines.http_stream import INSTANCE_HEADER, NDJSON, ndjson_deltas
+from agentloop_engines.http_weights import load_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +87,8 @@ def create_app(server: Any, *, api_key: str | None = None,
                max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
                max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, gateway: Gateway | None = None,
                limits: ServerLimits | None = None, prompt_limits: PromptLimits | None = None,
-               tool_parser: str | None = None, control_key: str | None = None) -> Any:
+               tool_parser: str | None = None, control_key: str | None = None,
+               image_limits: ImageLimits | None = None) -> Any:
     """Build the ASGI app serving ``server``.
 
     Args:
@@ -104,6 +112,8 @@ def create_app(server: Any, *, api_key: str | None = None,
             With ``gateway=``, the gateway's own ``prompt_limits`` apply instead.
         tool_parser: The tool-call parser of the gateway built without ``gateway=`` (a core
             parser name such as ``hermes``); None: requests with ``tools`` are 400.
+        image_limits: The pixel, byte and count limits of the images a ``/generate`` request
+            sends; None: the ``/v1`` gateway's (``Gateway(max_images=...)`` and its siblings).
 
     Returns:
         A FastAPI application wrapped in the :class:`~agentloop_engines.http_common.RequestGuard`.
@@ -117,7 +127,7 @@ def create_app(server: Any, *, api_key: str | None = None,
     fastapi, _ = require_server_extra()
     from fastapi import Request  # importable now; a class, so it can annotate the handler
     from fastapi.responses import StreamingResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
     if max_weights_bytes <= 0:
         raise ValueError(f"max_weights_bytes must be positive, got {max_weights_bytes}")
@@ -126,12 +136,19 @@ def create_app(server: Any, *, api_key: str | None = None,
                          "set it on the gateway instead: Gateway(server, tokenizer, tool_parser=...)")
     limits = limits or ServerLimits()
 
+    class WireImage(BaseModel):  # see agentloop_engines.http_images
+        model_config = ConfigDict(extra="forbid")
+        data: StrictStr
+        digest: StrictStr
+        num_tokens: StrictInt | None = None
+
     class GenerateRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
         request_id: str = Field(min_length=1)
         prompt_ids: list[StrictInt]  # "5", true and 5.0 are not token ids (lax int would take them)
         sampling_params: dict[str, Any] = Field(default_factory=dict)
         stream: StrictBool = False
+        images: list[WireImage] = Field(default_factory=list)
 
     class AbortRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -144,21 +161,27 @@ def create_app(server: Any, *, api_key: str | None = None,
     # it change knows the engine restarted (from its checkpoint) and lost the weights it pushed.
     instance = uuid.uuid4().hex
     install_error_handlers(app, {PromptLimitError: (413, "request_too_large")}, error_shapes=gateway_error_shapes)
+    v1_gateway = gateway if gateway is not None else _sessionless_gateway(server, prompt_limits, tool_parser)
+    images = _generate_images(server, v1_gateway, image_limits)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "engine": type(server).__name__,
-                "capabilities": server.capabilities.as_dict(),
+                # vision: what a client may send to /generate, not only what the engine could take.
+                "capabilities": {**server.capabilities.as_dict(), "vision": images.refusal is None},
+                "images": images.declared(),
                 "max_model_len": getattr(server, "max_model_len", None),
                 "vocab_size": getattr(server, "vocab_size", None)}
 
     @app.post("/generate")
     async def generate(req: GenerateRequest) -> Any:
+        multi_modal = await images.multi_modal(req.images)
         if req.stream:
             # The first delta is awaited before the 200: a refused request gets its own status.
-            lines = await ndjson_deltas(server, req.request_id, req.prompt_ids, req.sampling_params, instance)
+            lines = await ndjson_deltas(server, req.request_id, req.prompt_ids, req.sampling_params, instance,
+                                        multi_modal=multi_modal)
             return StreamingResponse(lines, media_type=NDJSON, headers={"Cache-Control": "no-cache", INSTANCE_HEADER: instance})
-        out = await server.generate(req.request_id, req.prompt_ids, req.sampling_params)
+        out = await server.generate(req.request_id, req.prompt_ids, req.sampling_params, **multi_modal)
         return {"token_ids": list(out.token_ids),
                 "log_probs": None if out.log_probs is None else list(out.log_probs),
                 "stop_reason": out.stop_reason, "instance": instance}
@@ -174,7 +197,7 @@ def create_app(server: Any, *, api_key: str | None = None,
             raise CapabilityNotSupportedError(
                 f"{type(server).__name__} does not load new weights (capabilities.weight_update=False)")
         body = await request.body()
-        tensors = await asyncio.get_running_loop().run_in_executor(weights_pool, _load_safetensors, body)
+        tensors = await asyncio.get_running_loop().run_in_executor(weights_pool, load_safetensors, body)
         try:
             await server.update_weights(list(tensors.items()))
         except KeyError as exc:  # an unknown weight name is the caller's mistake, like bad input
@@ -193,12 +216,10 @@ def create_app(server: Any, *, api_key: str | None = None,
 
     if gateway is not None:
         add_gateway_routes(app, gateway)
+    elif v1_gateway is not None:
+        add_gateway_routes(app, v1_gateway, sessions=False)
     else:
-        sessionless = _sessionless_gateway(server, prompt_limits, tool_parser)
-        if sessionless is not None:
-            add_gateway_routes(app, sessionless, sessions=False)
-        else:
-            _add_no_tokenizer_routes(app, server)
+        _add_no_tokenizer_routes(app, server)
 
     # The guard refuses an empty api_key and a non-positive max_request_bytes.
     return RequestGuard(app, api_key=api_key, max_bytes=max_request_bytes, limits=limits,
@@ -220,6 +241,20 @@ def _sessionless_gateway(server: Any, prompt_limits: PromptLimits | None, tool_p
     return Gateway(server, tokenizer, tool_parser=tool_parser, prompt_limits=prompt_limits)
 
 
+def _generate_images(server: Any, gateway: Gateway | None, limits: ImageLimits | None) -> GenerateImages:
+    """How ``/generate`` rebuilds images: the vision processor and limits of the ``/v1`` gateway
+    (one model, one processor), else a processor loaded from the checkpoint folder of ``server``."""
+    vision = gateway.images.vision if gateway is not None else None
+    why = ""
+    # A text-only engine refuses images whatever the folder holds: nothing to load for it.
+    if vision is None and getattr(getattr(server, "capabilities", None), "vision", False):
+        tokenizer = gateway.tokenizer if gateway is not None else getattr(server, "tokenizer", None)
+        vision, why = resolve_vision("auto", tokenizer, server)
+    if limits is None:
+        limits = gateway.images.limits if gateway is not None else ImageLimits(allow_paths=False)
+    return GenerateImages(server, vision, why, limits)
+
+
 def _add_no_tokenizer_routes(app: Any, server: Any) -> None:
     # Without a tokenizer nothing can render messages or decode a reply: 501 (the server cannot),
     # not 404 (the client asked for a path that does not exist).
@@ -231,19 +266,6 @@ def _add_no_tokenizer_routes(app: Any, server: Any) -> None:
 
     for path, method in (("/v1/chat/completions", "POST"), ("/v1/completions", "POST"), ("/v1/models", "GET")):
         app.add_api_route(path, unavailable, methods=[method])
-
-
-def _load_safetensors(body: bytes) -> dict[str, Any]:
-    try:
-        from safetensors.torch import load
-    except ImportError as exc:
-        raise ImportError(f'POST /update_weights needs {exc.name}: pip install "agentloop-engines[hf]"') from exc
-    if not body:
-        raise ValueError("POST /update_weights has an empty body; send safetensors.torch.save(named_tensors)")
-    try:
-        return load(body)
-    except Exception as exc:  # safetensors raises its own error type for a malformed archive
-        raise ValueError(f"POST /update_weights body is not a safetensors archive: {exc}") from exc
 
 
 async def _call_optional(server: Any, method: str) -> None:
@@ -258,7 +280,7 @@ def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str |
           max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES,
           log_level: str = "info", gateway: Gateway | None = None, limits: ServerLimits | None = None,
           prompt_limits: PromptLimits | None = None, tool_parser: str | None = None,
-          control_key: str | None = None) -> None:
+          control_key: str | None = None, image_limits: ImageLimits | None = None) -> None:
     """Serve ``server`` with uvicorn until interrupted (blocks).
 
     Args:
@@ -275,13 +297,14 @@ def serve(server: Any, host: str = "127.0.0.1", port: int = 8000, api_key: str |
         tool_parser: See :func:`create_app`.
         control_key: See :func:`create_app` (None: no control routes; a trainer pushing weights
             to this server needs one).
+        image_limits: See :func:`create_app`.
     """
     _, uvicorn = require_server_extra()
     warn_if_exposed(host, api_key)
     limits = limits or ServerLimits()
     app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
                      max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits, prompt_limits=prompt_limits,
-                     tool_parser=tool_parser, control_key=control_key)
+                     tool_parser=tool_parser, control_key=control_key, image_limits=image_limits)
     uvicorn.Server(uvicorn_config(app, host, port, limits, log_level)).run()
 
 
@@ -304,6 +327,7 @@ class ServerThread(UvicornThread):
         tool_parser: See :func:`create_app`.
         control_key: See :func:`create_app`; None: a fresh random one (:attr:`control_key`), so
             only the code that started the thread can control the engine.
+        image_limits: See :func:`create_app`.
     """
 
     def __init__(self, server: Any, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, *,
@@ -311,14 +335,15 @@ class ServerThread(UvicornThread):
                  max_weights_bytes: int = DEFAULT_MAX_WEIGHTS_BYTES, start_timeout_s: float = 30.0,
                  gateway: Gateway | None = None, limits: ServerLimits | None = None,
                  prompt_limits: PromptLimits | None = None, tool_parser: str | None = None,
-                 control_key: str | None = None) -> None:
+                 control_key: str | None = None, image_limits: ImageLimits | None = None) -> None:
         warn_if_exposed(host, api_key)
         self.control_key = control_key if control_key is not None else new_control_key()
         """The control routes' bearer token: give it to the trainer's ``RemoteServer(control_key=...)``,
         never to chat clients."""
         app = create_app(server, api_key=api_key, max_request_bytes=max_request_bytes,
                          max_weights_bytes=max_weights_bytes, gateway=gateway, limits=limits,
-                         prompt_limits=prompt_limits, tool_parser=tool_parser, control_key=self.control_key)
+                         prompt_limits=prompt_limits, tool_parser=tool_parser, control_key=self.control_key,
+                         image_limits=image_limits)
         super().__init__(app, host, port, start_timeout_s=start_timeout_s, limits=limits)
 
     def __enter__(self) -> "ServerThread":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError, TokenOutput
@@ -36,15 +36,16 @@ NDJSON = "application/x-ndjson"
 
 
 async def ndjson_deltas(server: Any, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
-                        instance: str) -> AsyncIterator[bytes]:
+                        instance: str, *, multi_modal: Mapping[str, Any] | None = None) -> AsyncIterator[bytes]:
     """Start ``server``'s token stream and wait for its first delta; return the lines to send.
+    ``multi_modal`` (``{"multi_modal_data": ...}`` for a prompt with images) goes to the engine.
 
     Errors before the first delta (bad input, the engine refusing) are raised here, so the
     route answers them with their own status; a later engine error ends the stream with an
     error record (``code`` ``invalid_request``, ``not_supported`` or ``server_error``). Closing the returned iterator (a client that went away
     cancels the route) closes the engine stream, which stops its decoding.
     """
-    deltas = stream_tokens(server, request_id, prompt_ids, sampling_params)
+    deltas = stream_tokens(server, request_id, prompt_ids, sampling_params, **(multi_modal or {}))
     try:
         first = await anext(deltas)
     except BaseException:
