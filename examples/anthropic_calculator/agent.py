@@ -11,28 +11,18 @@ The SDK appends ``/v1/messages`` to its base URL, so it gets the session URL wit
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import anthropic
 
-from agentloop_tools.builtin.calculator import CalculatorError, evaluate_expression
+from agentloop_core.imports import import_file
+
+# The tool is shared by the SDK examples; loaded by path, as the trainer loads this file.
+_shared = import_file(Path(__file__).resolve().parents[1] / "calculator_tool.py", "the examples' calculator tool")
 
 MAX_TURNS = 4
 """Model calls one run may make."""
-
-CALCULATOR = {
-    "name": "calculator",
-    "description": "Evaluate an arithmetic expression such as (3 + 4) * 2.",
-    "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
-                     "required": ["expression"]},
-}
-
-
-def calculate(arguments: dict[str, Any]) -> str:
-    try:
-        return str(evaluate_expression(arguments.get("expression", "")))
-    except CalculatorError as exc:
-        return f"error: {exc}"
 
 
 def run(base_url: str, row: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
@@ -54,14 +44,12 @@ def run_streamed(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_loop(client: anthropic.Anthropic, row: dict[str, Any], stream: bool) -> dict[str, Any]:
-    system = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "system")
-    messages: list[dict[str, Any]] = [{"role": m["role"], "content": m["content"]}
-                                      for m in row["raw_prompt"] if m["role"] != "system"]
+    system, messages = _shared.instructions(row), _shared.conversation(row)
     tool_calls = 0
     for _ in range(MAX_TURNS):
         # max_tokens is required by the API; the gateway caps it to the trainer's budget.
         request: dict[str, Any] = {"model": "policy", "max_tokens": 1024, "system": system, "messages": messages,
-                                   "tools": [CALCULATOR]}
+                                   "tools": [_shared.CALCULATOR_SCHEMA]}
         if stream:
             with client.messages.stream(**request) as events:
                 reply = events.get_final_message()
@@ -71,7 +59,8 @@ def _tool_loop(client: anthropic.Anthropic, row: dict[str, Any], stream: bool) -
         if reply.stop_reason != "tool_use":
             # "max_tokens": the reply was cut at the trainer's max_tokens_per_turn.
             return {"metrics": {"finished": int(reply.stop_reason == "end_turn"), "tool_calls": tool_calls}}
-        results = [{"type": "tool_result", "tool_use_id": block.id, "content": calculate(block.input)}
+        results = [{"type": "tool_result", "tool_use_id": block.id,
+                    "content": _shared.calculator(block.input.get("expression", ""))}
                    for block in reply.content if block.type == "tool_use"]
         tool_calls += len(results)
         messages.append({"role": "user", "content": results})

@@ -10,6 +10,7 @@ its exact token ids. Tracing is off, so nothing but the gateway is ever contacte
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from agents import (
@@ -23,7 +24,10 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
-from agentloop_tools.builtin.calculator import CalculatorError, evaluate_expression
+from agentloop_core.imports import import_file
+
+# The tool is shared by the SDK examples; loaded by path, as the trainer loads this file.
+_shared = import_file(Path(__file__).resolve().parents[1] / "calculator_tool.py", "the examples' calculator tool")
 
 # The SDK exports traces to api.openai.com by default; a training run must not reach it.
 set_tracing_disabled(True)
@@ -31,18 +35,7 @@ set_tracing_disabled(True)
 MAX_TURNS = 4
 """Model calls one run may make (the SDK raises MaxTurnsExceeded past it)."""
 
-
-@function_tool
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression such as (3 + 4) * 2.
-
-    Args:
-        expression: Numbers, + - * / and parentheses.
-    """
-    try:
-        return str(evaluate_expression(expression))
-    except CalculatorError as exc:
-        return f"error: {exc}"
+calculator = function_tool(_shared.calculator)
 
 
 async def run(base_url: str, row: dict[str, Any], *, stream: bool = False) -> dict[str, Any]:
@@ -53,8 +46,7 @@ async def run(base_url: str, row: dict[str, Any], *, stream: bool = False) -> di
     with ``Runner.run_streamed`` (every model call a streamed Responses call); the recorded ids
     are the same.
     """
-    system = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "system")
-    conversation = [{"role": m["role"], "content": m["content"]} for m in row["raw_prompt"] if m["role"] != "system"]
+    system, conversation = _shared.instructions(row), _shared.conversation(row)
     # The gateway's session URL takes any key and any model name; a retry would resend a call the
     # gateway refused because the response budget is spent.
     async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:

@@ -9,6 +9,7 @@ The ``Agent`` is built once; each trajectory runs it with an ``OpenAIChatModel``
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from openai import AsyncOpenAI
@@ -18,25 +19,17 @@ from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-from agentloop_tools.builtin.calculator import CalculatorError, evaluate_expression
+from agentloop_core.imports import import_file
+
+# The tool is shared by the SDK examples; loaded by path, as the trainer loads this file.
+_shared = import_file(Path(__file__).resolve().parents[1] / "calculator_tool.py", "the examples' calculator tool")
 
 MAX_TURNS = 4
 """Model calls one run may make (pydantic-ai raises UsageLimitExceeded past it)."""
 
 agent = Agent(name="calculator")
 
-
-@agent.tool_plain
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression such as (3 + 4) * 2.
-
-    Args:
-        expression: Numbers, + - * / and parentheses.
-    """
-    try:
-        return str(evaluate_expression(expression))
-    except CalculatorError as exc:
-        return f"error: {exc}"
+calculator = agent.tool_plain(_shared.calculator)
 
 
 async def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
@@ -45,7 +38,7 @@ async def run(base_url: str, row: dict[str, Any]) -> dict[str, Any]:
     Returns metrics only (``finished``: the model ended its answer itself; ``tool_calls``), so
     the reward is the trainer's scorer of the row's ``data_source``.
     """
-    system = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "system")
+    system = _shared.instructions(row)
     question = "\n".join(m["content"] for m in row["raw_prompt"] if m["role"] == "user")
     # The session URL takes any key and any model name; a retry would resend a call the gateway
     # refused because the response budget is spent.

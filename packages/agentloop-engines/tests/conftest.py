@@ -5,6 +5,11 @@ torch and transformers are imported inside the fixtures: a test module that need
 (``pytest.importorskip``) before it asks for one, so the package's tests still collect without
 the hf extra. A module that needs another model defines its own ``model_path``, which overrides
 this one for that module (and so for the weight fixtures it requests).
+
+The gateway tests' scripted engine: ``tokenizer`` (the tiny ChatML one), ``replies`` (a
+:class:`~agentloop_engines.testing.gateway_fixtures.Replies` script keyed by prompt) and
+``engine`` (the ``ScriptedServer`` that plays it); a module with another engine or tokenizer
+defines its own.
 """
 
 from __future__ import annotations
@@ -43,3 +48,25 @@ def old_weights(_weights) -> dict[str, Any]:
 def new_weights(_weights) -> dict[str, Any]:
     """``old_weights`` plus 0.05 x N(0, 1) noise (see ``agentloop_engines.testing.perturbed_weights``)."""
     return _weights[1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """The tiny ChatML tokenizer."""
+    from agentloop_core.testing import load_tiny_tokenizer
+
+    return load_tiny_tokenizer()
+
+
+@pytest.fixture
+def replies(tokenizer) -> Any:
+    """What the scripted ``engine`` answers, by prompt: ``replies.by_prompt["hi"] = ["Hello."]``."""
+    from agentloop_engines.testing.gateway_fixtures import Replies
+
+    return Replies(tokenizer)
+
+
+@pytest.fixture
+def engine(replies) -> Any:
+    """A ``ScriptedServer`` playing ``replies``."""
+    return replies.server()

@@ -16,22 +16,17 @@ message sent back does not translate to the one the gateway returned (compare
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
 
-from agentloop_core.protocol import SamplingParams, TokenOutput
-from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
-from agentloop_core.vision import ImageItem
-from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.gateway import Gateway
 from agentloop_engines.gateway.messages_api import anthropic_error_type, count_tokens, create_message
 from agentloop_engines.gateway.messages_request import to_chat_body
 from agentloop_engines.gateway.prompt_limits import PromptLimits
-from agentloop_engines.streaming import TokenDelta
+from agentloop_engines.testing.gateway_fixtures import StreamingScript, hermes_call
 
 KEY = "gw-key"
 SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
@@ -42,67 +37,13 @@ QUESTION = "What is 3 + 4?"
 THOUGHT = "<think>\nThree and four make seven.\n</think>\n\n"
 
 
-def hermes_call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
 def ask(text: str = QUESTION, **kwargs) -> dict:
     return {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": text}], **kwargs}
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
-
-
-class Replies:
-    """A script keyed by the last user/tool text in the prompt: ``replies["hi"] = [...]``."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.by_prompt: dict[str, list[str]] = {}
-
-    def __call__(self, request_id: str, prompt_ids: list[int], index: int) -> list[int]:
-        text = self.tokenizer.decode(prompt_ids)
-        for key, replies in self.by_prompt.items():
-            if text.rstrip().endswith(f"{key}<|im_end|>\n<|im_start|>assistant") and replies:
-                return self.tokenizer.encode(replies.pop(0), add_special_tokens=False)
-        return self.tokenizer.encode("I do not know.", add_special_tokens=False)
-
-
-@pytest.fixture
-def replies(tokenizer):
-    return Replies(tokenizer)
-
-
-@pytest.fixture
-def engine(tokenizer, replies):
-    return ScriptedServer(replies, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), append_eos=True)
 
 
 @pytest.fixture
 def gateway(engine, tokenizer):
     return Gateway(engine, tokenizer, tool_parser="hermes", reasoning_parser="qwen3", model_name="tiny")
-
-
-class StreamingScript(AsyncServerBase):
-    """Streams ``reply`` one token per delta, then EOS, so blocks interleave as a model writes them."""
-
-    def __init__(self, tokenizer, reply: str) -> None:
-        self.vocab_size = len(tokenizer)
-        self.max_model_len = 4096
-        self.eos_token_ids = (tokenizer.eos_token_id,)
-        self.ids = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
-
-    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
-        return TokenOutput(token_ids=list(self.ids), log_probs=[-0.5] * len(self.ids) if sp.logprobs else None)
-
-    async def _generate_stream(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
-                               images: tuple[ImageItem, ...] = ()) -> AsyncGenerator[TokenDelta, None]:
-        for tok in self.ids:
-            await asyncio.sleep(0)
-            yield TokenDelta([tok], [-0.5] if sp.logprobs else None)
-        yield TokenDelta([], [] if sp.logprobs else None, await self._generate(request_id, prompt_ids, sp))
 
 
 async def message(gateway: Gateway, body: dict, **kwargs: Any) -> dict[str, Any]:

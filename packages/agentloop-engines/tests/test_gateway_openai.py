@@ -22,48 +22,13 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.client import LLMServerClient  # noqa: E402
 from agentloop_engines.gateway import SESSION_HEADER, SESSION_KEY_HEADER, Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.testing.gateway_fixtures import hermes_call  # noqa: E402
 
 KEY = "gw-key"
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
 QUESTION = [{"role": "user", "content": "What is 3 + 4?"}]
-
-
-def hermes_call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
-
-
-class Replies:
-    """A script keyed by the last user/tool text in the prompt, so concurrent tests never
-    steal each other's replies: ``replies["What is 3 + 4?"] = [...]`` answers that prompt."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.by_prompt: dict[str, list[str]] = {}
-
-    def __call__(self, request_id: str, prompt_ids: list[int], index: int) -> list[int]:
-        text = self.tokenizer.decode(prompt_ids)
-        for key, replies in self.by_prompt.items():
-            if text.rstrip().endswith(f"{key}<|im_end|>\n<|im_start|>assistant") and replies:
-                return self.tokenizer.encode(replies.pop(0), add_special_tokens=False)
-        return self.tokenizer.encode("I do not know.", add_special_tokens=False)
-
-
-@pytest.fixture
-def replies(tokenizer):
-    return Replies(tokenizer)
-
-
-@pytest.fixture
-def engine(tokenizer, replies):
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return ScriptedServer(replies, eos_token_id=eos, append_eos=True)
 
 
 @pytest.fixture
@@ -186,6 +151,19 @@ def test_text_stop_cuts_after_the_completing_token(thread, replies, engine, gate
     assert rec.dropped_after_stop == len(sampled) - k > 0
     assert rec.stop_reason == "stop"
     assert r.choices[0].token_ids == rec.token_ids
+
+
+def test_the_choice_names_the_stop_string_that_matched(thread, replies):
+    """As vLLM does, the choice's ``stop_reason`` is the stop string that ended the answer (the
+    Messages API's ``stop_sequence`` reads it), streamed or not, and None when EOS ended it."""
+    replies.by_prompt["count"] = ["one two three STOP four five"] * 2 + ["one two"]
+    c = client(thread.base_url)
+    asked = {"model": "m", "messages": [{"role": "user", "content": "count"}], "stop": ["never", "STOP"]}
+    whole = c.chat.completions.create(**asked)
+    assert whole.choices[0].model_extra["stop_reason"] == "STOP"
+    last = [ch for ch in c.chat.completions.create(**asked, stream=True) if ch.choices][-1]
+    assert (last.choices[0].finish_reason, last.choices[0].model_extra["stop_reason"]) == ("stop", "STOP")
+    assert c.chat.completions.create(**asked).choices[0].model_extra["stop_reason"] is None
 
 
 def test_a_single_token_stop_string_is_sent_to_the_engine(thread, replies, engine, tokenizer):

@@ -13,6 +13,7 @@ import pytest
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_for_template
 from agentloop_engines.gateway import Gateway
+from agentloop_engines.testing.gateway_fixtures import hermes_call
 
 SHARED_TEMPLATES = Path(os.environ.get("AGENTLOOP_CHAT_TEMPLATES")
                         or Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates")
@@ -22,7 +23,7 @@ TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Evalu
 
 
 def call(expr: str) -> str:
-    return "<tool_call>\n" + json.dumps({"name": "calc", "arguments": {"expr": expr}}) + "\n</tool_call>"
+    return hermes_call("calc", expr=expr)
 
 
 def gateway_for(tokenizer, text: str, **kwargs) -> tuple[Gateway, ScriptedServer]:

@@ -23,11 +23,11 @@ pydantic = pytest.importorskip("pydantic", reason="the openai client depends on 
 from openai import BadRequestError, OpenAI  # noqa: E402
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseStreamEvent  # noqa: E402
 
-from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.gateway import Gateway, PromptLimits  # noqa: E402
 from agentloop_engines.gateway.responses_api import create_response  # noqa: E402
 from agentloop_engines.gateway.responses_request import input_messages  # noqa: E402
 from agentloop_engines.gateway.responses_stream import ResponseEvents  # noqa: E402
+from agentloop_engines.testing.gateway_fixtures import hermes_call  # noqa: E402
 
 KEY = "gw-key"
 TOOLS: list[Any] = [{"type": "function", "name": "calculator", "description": "Evaluate an arithmetic expression.",
@@ -37,40 +37,6 @@ CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in TOOLS[0].items(
 QUESTION = "What is 3 + 4?"
 RESULT = "<tool_response>\n7\n</tool_response>"
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
-
-
-def hermes_call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tiny_tokenizer()
-
-
-class Replies:
-    """A script keyed by the last user/tool text in the prompt: ``replies["hi"] = [...]``."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.by_prompt: dict[str, list[str]] = {}
-
-    def __call__(self, request_id: str, prompt_ids: list[int], index: int) -> list[int]:
-        text = self.tokenizer.decode(prompt_ids)
-        for key, replies in self.by_prompt.items():
-            if text.rstrip().endswith(f"{key}<|im_end|>\n<|im_start|>assistant") and replies:
-                return self.tokenizer.encode(replies.pop(0), add_special_tokens=False)
-        return self.tokenizer.encode("I do not know.", add_special_tokens=False)
-
-
-@pytest.fixture
-def replies(tokenizer):
-    return Replies(tokenizer)
-
-
-@pytest.fixture
-def engine(tokenizer, replies):
-    return ScriptedServer(replies, eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), append_eos=True)
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -27,11 +26,9 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
-from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
-from agentloop_engines.base import AsyncServerBase  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.streaming import TokenDelta  # noqa: E402
+from agentloop_engines.testing.gateway_fixtures import StreamingScript  # noqa: E402
 from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
 
 GREEDY = {"max_tokens": 32, "temperature": 0.0, "ignore_eos": True}
@@ -146,28 +143,6 @@ def test_client_disconnect_stops_the_decode(engine):
     assert any(line.startswith("data: ") for line in seen)
     assert not engine._by_id, "the request was still running a minute after its client went away"
     assert after < asked // 2, f"{after} of {asked} tokens decoded ({at_disconnect} when the client left)"
-
-
-class StreamingScript(AsyncServerBase):
-    """Streams ``reply`` (encoded once) one token per delta, then EOS: a stand-in for a model
-    that writes tool calls or reasoning, which the tiny random model never does."""
-
-    def __init__(self, tokenizer, reply: str) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = len(tokenizer)
-        self.max_model_len = 4096
-        self.eos_token_ids = (tokenizer.eos_token_id,)
-        self.ids = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
-
-    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
-        return TokenOutput(token_ids=list(self.ids), log_probs=[-0.5] * len(self.ids) if sp.logprobs else None)
-
-    async def _generate_stream(self, request_id: str, prompt_ids: list[int],
-                               sp: SamplingParams) -> AsyncIterator[TokenDelta]:
-        for tok in self.ids:
-            await asyncio.sleep(0)
-            yield TokenDelta([tok], [-0.5] if sp.logprobs else None)
-        yield TokenDelta([], [] if sp.logprobs else None, await self._generate(request_id, prompt_ids, sp))
 
 
 def _assemble(chunks) -> dict:

@@ -24,6 +24,7 @@ from agentloop_core.segments import SegmentBuilder
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_for_template
 from agentloop_engines.gateway import Gateway, RecordedCall
 from agentloop_engines.gateway.continuation import ChatState, extension, normalize_message, renderer_key
+from agentloop_engines.testing.gateway_fixtures import hermes_call
 
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
 KEY = "gw-key"
@@ -185,10 +186,6 @@ def test_a_turn_cut_by_max_tokens_gets_the_template_close_as_mask_0(tokenizer, e
     assert_one_exact_segment(calls, engine)
     delta = calls[1].prompt_ids[len(calls[0].prompt_ids) + len(calls[0].token_ids):]
     assert tokenizer.decode(delta) == "<|im_end|>\n<|im_start|>user\nShorter.<|im_end|>\n<|im_start|>assistant\n"
-
-
-def hermes_call(name: str, **arguments) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
 
 
 def test_a_tool_round_trip_is_one_exact_segment(tokenizer, eos):

@@ -19,7 +19,10 @@ from agentloop_engines.gateway import (
     SessionRecorder,
     find_stop,
 )
+from agentloop_engines.gateway.messages_request import to_chat_body
 from agentloop_engines.gateway.openai_request import parse_chat_request, parse_completion_request
+from agentloop_engines.gateway.prompt_limits import PromptLimits
+from agentloop_engines.gateway.responses_request import parse_responses_request
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -187,6 +190,30 @@ def test_harmless_keys_are_accepted():
 def test_harmful_keys_are_refused_by_name(key, value, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         parse_chat_request({"messages": USER, key: value})
+
+
+TRANSLATED = {
+    "responses": (parse_responses_request, {"model": "m", "input": "hi"},
+                  [{"type": "function", "name": "f", "parameters": {}}], {"type": "web_search"}),
+    "messages": (lambda body: to_chat_body(body, PromptLimits()),
+                 {"model": "m", "max_tokens": 8, "messages": USER},
+                 [{"name": "f", "input_schema": {}}], {"type": "web_search_20250305", "name": "web_search"}),
+}
+
+
+@pytest.mark.parametrize("api", list(TRANSLATED))
+def test_translated_apis_check_keys_and_tools_in_the_same_words(api):
+    """The Responses and Messages translations refuse an unknown key, a ``tools`` that is no
+    list and a tool they do not serve as chat does (one shared check): naming the key, the
+    list, and the tool by its index."""
+    parse, body, tools, refused_tool = TRANSLATED[api]
+    assert parse({**body, "tools": tools}).chat["tools"][0]["function"]["name"] == "f"
+    with pytest.raises(ValueError, match=re.escape("unsupported request key(s) ['functions']")):
+        parse({**body, "functions": []})
+    with pytest.raises(ValueError, match=re.escape("'tools' must be a list of tool objects, got {")):
+        parse({**body, "tools": {"name": "f"}})
+    with pytest.raises(ValueError, match=re.escape("tools[1] ")):
+        parse({**body, "tools": [*tools, refused_tool]})
 
 
 def test_tool_call_arguments_are_decoded_for_templates_and_nulls_dropped():

@@ -21,6 +21,7 @@ from agentloop_core.vision import decode_image  # noqa: E402
 from agentloop_engines.gateway import Gateway, PromptLimitError, PromptLimits  # noqa: E402
 from agentloop_engines.gateway import images as gateway_images  # noqa: E402
 from agentloop_engines.http_agent import HTTPAgentConfig, HTTPAgentLoop, close_gateways  # noqa: E402
+from agentloop_engines.testing.gateway_fixtures import scripted as scripted_server  # noqa: E402
 
 CALC = {"type": "function", "function": {"name": "zoom", "description": "Zoom into the picture.",
                                          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
@@ -58,10 +59,8 @@ def processor(vision):
 
 
 def scripted(tok, texts: list[str], *, vision: bool = True) -> ScriptedServer:
-    """The k-th call of each session gets the k-th reply."""
-    replies = [tok.encode(t, add_special_tokens=False) for t in texts]
-    return ScriptedServer(lambda request_id, prompt_ids, k: replies[min(k, len(replies) - 1)], vocab_size=len(tok),
-                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), append_eos=True, vision=vision)
+    """The k-th call of each session gets the k-th reply (the last one past the script)."""
+    return scripted_server(tok, texts, repeat_last=True, vocab_size=len(tok), vision=vision)
 
 
 def digests(items) -> list[str]:

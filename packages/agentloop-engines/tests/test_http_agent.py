@@ -11,10 +11,10 @@ import pytest
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from agentloop_core.output import AgentLoopOutput  # noqa: E402
 from agentloop_core.runtime import AgentLoopWorker  # noqa: E402
-from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
+from agentloop_core.testing import load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
+from agentloop_engines.testing.gateway_fixtures import calculator_call, generated_runs, scripted  # noqa: E402
 
 CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",
                                          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -31,17 +31,6 @@ def tok():
 def _stop_gateways():
     yield
     close_gateways()
-
-
-def call_text(expression: str) -> str:
-    return '<tool_call>\n{"name": "calculator", "arguments": ' + json.dumps({"expression": expression}) + "}\n</tool_call>"
-
-
-def scripted(tok, texts: list[str]) -> ScriptedServer:
-    """The k-th call of each session gets the k-th reply (sessions are request ids)."""
-    replies = [tok.encode(t, add_special_tokens=False) for t in texts]
-    return ScriptedServer(lambda request_id, prompt_ids, k: replies[k],
-                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), append_eos=True)
 
 
 def calculator_agent(base_url: str, row: dict, *, summarise_after: int | None = None) -> dict:
@@ -75,22 +64,11 @@ async def _async_agent(base_url: str, row: dict) -> float:
     return float(len(reply.choices[0].message.content or ""))
 
 
-def generated_runs(output: AgentLoopOutput) -> list[list[int]]:
-    runs, current = [], []
-    for token, mask in zip(output.response_ids, output.response_mask, strict=True):
-        if mask:
-            current.append(token)
-        elif current:
-            runs.append(current)
-            current = []
-    return runs + ([current] if current else [])
-
-
 ROW = {"index": 7, "raw_prompt": [{"role": "user", "content": "What is 6*7, then that minus 0?"}]}
 
 
 async def test_a_tool_using_openai_agent_trains_on_the_engine_tokens(tok):
-    server = scripted(tok, [call_text("6*7"), call_text("42-0"), "The answer is 42."])
+    server = scripted(tok, [calculator_call("6*7"), calculator_call("42-0"), "The answer is 42."])
     loop = HTTPAgentLoop(server, tok, {"agent": calculator_agent})
     outputs = await loop.run(SAMPLING, **ROW)
     assert len(outputs) == 1, "each call extends the previous one: one segment"
@@ -111,7 +89,7 @@ async def test_a_tool_using_openai_agent_trains_on_the_engine_tokens(tok):
 
 
 async def test_a_context_editing_agent_yields_two_segments(tok):
-    server = scripted(tok, [call_text("6*7"), call_text("42-0"), "The answer is 42."])
+    server = scripted(tok, [calculator_call("6*7"), calculator_call("42-0"), "The answer is 42."])
     loop = HTTPAgentLoop(server, tok, {"agent": f"{__name__}:summarising_agent"})
     outputs = await loop.run(SAMPLING, **ROW)
     assert len(outputs) == 2
@@ -124,7 +102,7 @@ async def test_a_context_editing_agent_yields_two_segments(tok):
 
 
 async def test_segments_reach_the_batch_as_one_trajectory(tok):
-    server = scripted(tok, [call_text("6*7"), call_text("42-0"), "The answer is 42."])
+    server = scripted(tok, [calculator_call("6*7"), calculator_call("42-0"), "The answer is 42."])
     worker = AgentLoopWorker(server, tok, {"agent_loop_configs": {"http_agent": {"agent": summarising_agent}},
                                            "sampling_params": SAMPLING})
     rows = [{**ROW, "index": i, "agent_name": "http_agent"} for i in range(2)]

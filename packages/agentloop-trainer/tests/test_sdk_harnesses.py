@@ -22,10 +22,10 @@ import pytest
 pytest.importorskip("fastapi", reason='needs the gateway: pip install "agentloop-engines[server]"')
 pytest.importorskip("openai", reason='needs openai: pip install "agentloop-trainer[test]"')
 
-from agentloop_core.output import AgentLoopOutput  # noqa: E402
-from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
+from agentloop_core.testing import load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.gateway import Gateway  # noqa: E402
 from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
+from agentloop_engines.testing.gateway_fixtures import calculator_call, generated_runs, scripted  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLING = {"temperature": 1.0, "max_tokens": 64}
@@ -94,30 +94,6 @@ def recorded(monkeypatch) -> list:
     return calls
 
 
-def call_text(expression: str) -> str:
-    """A hermes tool call of the calculator, as the policy would generate it."""
-    return '<tool_call>\n{"name": "calculator", "arguments": ' + json.dumps({"expression": expression}) + "}\n</tool_call>"
-
-
-def scripted(tok, texts: list[str]) -> ScriptedServer:
-    """The k-th call of each session gets the k-th reply (sessions are request ids)."""
-    replies = [tok.encode(t, add_special_tokens=False) for t in texts]
-    return ScriptedServer(lambda request_id, prompt_ids, k: replies[k],
-                          eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"), append_eos=True)
-
-
-def generated_runs(output: AgentLoopOutput) -> list[list[int]]:
-    """The maximal runs of mask-1 tokens of a segment's response."""
-    runs, current = [], []
-    for token, mask in zip(output.response_ids, output.response_mask, strict=True):
-        if mask:
-            current.append(token)
-        elif current:
-            runs.append(current)
-            current = []
-    return runs + ([current] if current else [])
-
-
 ROW = {"index": 3, "raw_prompt": [
     {"role": "system", "content": "Solve the problem. Call the calculator, then answer as #### N."},
     {"role": "user", "content": "Ann has 6 bags with 7 apples each and eats none. How many apples?"}]}
@@ -133,7 +109,7 @@ async def test_an_sdk_agent_trains_on_the_engine_tokens(sdk, entry, tok, recorde
     (``run_streamed``) or not, the recorded ids are the same."""
     harness = HARNESSES[sdk]
     harness.require()
-    server = scripted(tok, [call_text("6*7"), call_text("42-0"), "#### 42"])
+    server = scripted(tok, [calculator_call("6*7"), calculator_call("42-0"), "#### 42"])
     outputs = await HTTPAgentLoop(server, tok, {"agent": harness.entry(entry)}).run(SAMPLING, **ROW)
     assert all(call.request.get("stream", False) is (entry == "run_streamed") for call in recorded)
 

@@ -19,29 +19,33 @@ delays other renders but never the loop that answers ``/health`` and streams oth
 :class:`~agentloop_engines.gateway.prompt_limits.PromptLimits` bounds how big (its list lengths
 are checked on the loop first, which costs nothing, so an oversized list is refused at once).
 
-No HTTP here: :mod:`~agentloop_engines.gateway.app` serves these methods.
+Session bookkeeping (open, authorize, admit, record, close) is
+:class:`~agentloop_engines.gateway.sessions.GatewaySessions`, the gateway's base class; what a
+generation says as a chat choice (reasoning, tool calls) is
+:class:`~agentloop_engines.gateway.chat_output.ChatOutput`. No HTTP here:
+:mod:`~agentloop_engines.gateway.app` serves these methods.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from agentloop_core.parsers import ParseResult, ToolParser, get_tool_parser
+from agentloop_core.parsers import ToolParser, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
-from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, ReasoningSplit, get_reasoning_parser
+from agentloop_core.reasoning import ReasoningParser, get_reasoning_parser
 from agentloop_core.tokenization.content_marks import content_marks
 from agentloop_core.tokenization.template_errors import raised_by_template
 from agentloop_core.vision import ImageItem, ImageLimits, VisionProcessor, multi_modal_kwargs
+from agentloop_engines.gateway.chat_output import ChatOutput
 from agentloop_engines.gateway.chat_planner import ChatPlanner
+from agentloop_engines.gateway.generation import FINISH_REASONS, Generation, cut_at_stop
 from agentloop_engines.gateway.images import GatewayImages, recorded_request
 from agentloop_engines.gateway.openai_request import (
     ChatRequest,
@@ -57,30 +61,19 @@ from agentloop_engines.gateway.recorder import (
     SessionRecorder,
     check_session_id,
 )
+from agentloop_engines.gateway.sessions import GatewaySessions
 from agentloop_engines.gateway.stop import StopMatch, find_stop, single_token_stop_ids
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Gateway"]
+# Besides Gateway, the names this module held before its session and chat-choice halves moved out.
+__all__ = ["ChatOutput", "Gateway", "GatewaySessions", "Generation", "RecordedCall", "SessionBudgetError", "StopMatch",
+           "check_session_id", "find_stop", "recorded_request"]
 
-_FINISH = {"stop": "stop", "length": "length", "aborted": "abort"}
 _MAX_RENDERERS = 64
 
 
-@dataclass(frozen=True)
-class _Generation:
-    prompt_ids: list[int]
-    token_ids: list[int]
-    log_probs: list[float] | None
-    stop_reason: str
-    text: str
-    stop: str | None
-    dropped: int
-    extra: dict[str, Any]
-    images: tuple[ImageItem, ...] = ()
-
-
-class Gateway:
+class Gateway(GatewaySessions):
     """OpenAI-compatible chat and text completions over a token-level ``AsyncServer``, with
     per-session recording of the exact tokens.
 
@@ -206,10 +199,7 @@ class Gateway:
         self.max_model_len = context_length(server)
         capabilities = getattr(server, "capabilities", None)
         self._logprobs = bool(getattr(capabilities, "logprobs", True))
-        special = getattr(self.tokenizer, "all_special_ids", None) or ()
-        self._special_ids = frozenset(int(i) for i in special)
-        parser_stops = self.parser.stop_tokens if self.parser is not None else ()
-        self._parser_stop_ids = frozenset(single_token_stop_ids(self.tokenizer, parser_stops))
+        self._output = ChatOutput(self.tokenizer, self.parser, self.reasoning)
         limits = ImageLimits(max_pixels=max_image_pixels, max_bytes=max_image_bytes, max_images=max_images,
                              allow_paths=False, allow_remote_urls=allow_remote_image_urls)
         self.images = GatewayImages(vision, limits, tokenizer, server)
@@ -232,44 +222,6 @@ class Gateway:
         (the agent edited its context, or changed tools): rendered whole, so they start a new
         segment (monotonic)."""
         return self._planner.restarted_calls
-
-    # ---- sessions ------------------------------------------------------------------------
-
-    def open_session(self, session_id: str, *, sampling_overrides: Mapping[str, Any] | None = None,
-                     response_length: int | None = None) -> str:
-        """Start recording ``session_id`` (see :meth:`SessionRecorder.open`); return its session
-        key, which its HTTP calls must carry (``GatewayThread.session_url`` builds the URL).
-
-        Raises:
-            ValueError: ``sampling_overrides`` with an unknown key or a value of the wrong type or
-                range (see :class:`~agentloop_core.protocol.SamplingParams`), naming the key.
-            SessionExistsError: when it is open already (its settings are fixed by its opener).
-        """
-        SamplingParams.from_mapping(sampling_overrides)
-        return self.recorder.open(session_id, sampling_overrides=sampling_overrides, response_length=response_length)
-
-    def close_session(self, session_id: str) -> list[RecordedCall]:
-        """Take the session's recorded calls and free its sticky-routing slot in the server.
-
-        Raises:
-            SessionNotFoundError: saying whether it expired, was evicted or never existed.
-        """
-        calls = self.recorder.pop(session_id)
-        forget = getattr(self.server, "forget_session", None)
-        if callable(forget):
-            if self.server_loop is not None and not self.server_loop.is_closed():
-                self.server_loop.call_soon_threadsafe(forget, session_id)
-            else:
-                forget(session_id)
-        self.images.forget(session_id)
-        return calls
-
-    def session_state(self, session_id: str) -> dict[str, Any]:
-        """A mutable dict that lives as long as the open session ``session_id`` (closed, expired
-        or evicted, it goes with it): what an API translator remembers between a session's calls,
-        such as the Responses API's stored responses for ``previous_response_id``. A session
-        that is not open gets a new empty dict, kept nowhere."""
-        return self.recorder.api_state(session_id)
 
     # ---- endpoints -----------------------------------------------------------------------
 
@@ -364,35 +316,10 @@ class Gateway:
         self.prompt_limits.check_tokens(len(prompt_ids))
         return req, prompt_ids, plan, images
 
-    async def _chat_response(self, body: Mapping[str, Any], req: ChatRequest, gen: _Generation, plan: Any,
+    async def _chat_response(self, body: Mapping[str, Any], req: ChatRequest, gen: Generation, plan: Any,
                              session_id: str | None, endpoint: str = "chat.completions") -> GatewayResponse:
         """The ``chat.completion`` of a finished generation, recorded in its session."""
-        message: dict[str, Any] = {"role": "assistant", "content": gen.text}
-        finish = _FINISH[gen.stop_reason]
-        choice: dict[str, Any] = {"index": 0, "message": message}
-        split = None
-        if self.reasoning is not None:
-            split = await self._off_loop(self._split_reasoning, gen)
-            message["content"] = self.reasoning.visible_content(split.content)
-            if split.reasoning:
-                message["reasoning_content"] = split.reasoning
-        if req.parse_tool_calls and self.parser is not None:
-            calls, errors, content = await self._off_loop(self._tool_calls, gen, req, split)
-            if calls:
-                message["content"] = content or None
-                message["tool_calls"] = calls
-                finish = "tool_calls"
-            if errors:
-                choice["tool_call_errors"] = errors
-        choice["logprobs"] = None
-        if req.logprobs and gen.log_probs is not None:
-            texts = await self._off_loop(self._token_texts, gen.token_ids)
-            choice["logprobs"] = {"content": [
-                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                for t, lp in zip(texts, gen.log_probs, strict=True)]}
-        choice["finish_reason"] = finish
-        choice["token_ids"] = gen.token_ids
-        choice["token_logprobs"] = gen.log_probs
+        choice = await self._off_loop(self._output.choice, gen, req)
         response = self._body("chatcmpl", "chat.completion", req, choice, gen)
         if plan is None:
             return self._finish(endpoint, body, response, gen, req, session_id)
@@ -400,7 +327,7 @@ class Gateway:
         result = self._finish(endpoint, body, response, gen, req, session_id,
                               extra={"extends_previous": plan.extends_previous})
         await self._off_loop(self._planner.advance, session_id, plan, req, gen.prompt_ids, gen.token_ids,
-                             gen.stop_reason, message)
+                             gen.stop_reason, choice["message"])
         return result
 
     async def completion(self, body: Mapping[str, Any], *, session_id: str | None = None,
@@ -431,19 +358,19 @@ class Gateway:
         self.prompt_limits.check_tokens(len(prompt_ids))
         return req, prompt_ids
 
-    async def _completion_response(self, body: Mapping[str, Any], req: CompletionRequest, gen: _Generation,
+    async def _completion_response(self, body: Mapping[str, Any], req: CompletionRequest, gen: Generation,
                                    session_id: str | None) -> GatewayResponse:
         logprobs = None
         if req.logprobs is not None and gen.log_probs is not None:
-            tokens = await self._off_loop(self._token_texts, gen.token_ids)
+            tokens = await self._off_loop(self._output.token_texts, gen.token_ids)
             offsets, pos = [], 0
             for t in tokens:
                 offsets.append(pos)
                 pos += len(t)
             logprobs = {"tokens": tokens, "token_logprobs": gen.log_probs, "top_logprobs": None,
                         "text_offset": offsets}
-        choice = {"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": _FINISH[gen.stop_reason],
-                  "token_ids": gen.token_ids, "token_logprobs": gen.log_probs}
+        choice = {"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": FINISH_REASONS[gen.stop_reason],
+                  "stop_reason": gen.stop, "token_ids": gen.token_ids, "token_logprobs": gen.log_probs}
         response = self._body("cmpl", "text_completion", req, choice, gen)
         return self._finish("completions", body, response, gen, req, session_id)
 
@@ -454,16 +381,9 @@ class Gateway:
         return await asyncio.get_running_loop().run_in_executor(self._render_pool,
                                                                 functools.partial(fn, *args, **kwargs))
 
-    def _authorize(self, session_id: str | None, session_key: str | None) -> None:
-        # Before anything is parsed or rendered: a caller without the key gets nothing done.
-        if session_key is not None:
-            if session_id is None:
-                raise ValueError("a session key without a session id; name the session in the URL")
-            self.recorder.authorize(check_session_id(session_id), session_key)
-
     async def _generate(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
                         session_id: str | None, session_key: str | None = None,
-                        images: Sequence[ImageItem] = ()) -> _Generation:
+                        images: Sequence[ImageItem] = ()) -> Generation:
         request_id, params = await self._engine_request(prefix, prompt_ids, req, session_id, session_key)
         out = await self._call_server(request_id, prompt_ids, params, images)
         return await self._generation(out, prompt_ids, req, images)
@@ -471,11 +391,7 @@ class Gateway:
     async def _engine_request(self, prefix: str, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
                               session_id: str | None, session_key: str | None) -> tuple[str, dict[str, Any]]:
         """The engine request id and sampling parameters of a call (admitted in its session)."""
-        overrides: dict[str, Any] = {}
-        if session_id is not None:
-            check_session_id(session_id)
-            # Checked again where the call is admitted: the session may have been taken meanwhile.
-            overrides = self.recorder.begin(session_id, key=session_key)
+        overrides = self._admit(session_id, session_key) if session_id is not None else {}
         params: dict[str, Any] = {**req.sampling, "logprobs": self._logprobs, **self.sampling_overrides, **overrides}
         if "max_tokens" not in params:
             if self.default_max_tokens is not None:
@@ -483,35 +399,17 @@ class Gateway:
             elif self.max_model_len is not None and self.max_model_len > len(prompt_ids):
                 params["max_tokens"] = self.max_model_len - len(prompt_ids)
         if session_id is not None:
-            left = self.recorder.remaining_budget(session_id, prompt_ids)
-            if left is not None:
-                if left < 1:
-                    raise SessionBudgetError(
-                        f"session {session_id!r}: this call's segment already holds its whole response budget "
-                        "(the trainer's response_length); the trajectory ends here")
-                params["max_tokens"] = min(int(params.get("max_tokens") or left), left)
+            self._cap_to_budget(session_id, prompt_ids, params)
         stop_ids = await self._off_loop(single_token_stop_ids, self.tokenizer, req.stop) if req.stop else []
         if stop_ids:
             params["stop_token_ids"] = list(dict.fromkeys([*(params.get("stop_token_ids") or ()), *stop_ids]))
         return session_id or f"{prefix}-{uuid.uuid4().hex}", params
 
     async def _generation(self, out: TokenOutput, prompt_ids: list[int], req: ChatRequest | CompletionRequest,
-                          images: Sequence[ImageItem] = ()) -> _Generation:
-        """The engine's output cut at the first stop string, with its text."""
-        ids = list(out.token_ids)
-        log_probs = None if out.log_probs is None else list(out.log_probs)
-        stop_reason = out.stop_reason
-        match, text = await self._off_loop(self._cut_at_stop, ids, req.stop)
-        dropped = 0
-        if match is not None:
-            dropped = len(ids) - match.keep
-            ids = ids[: match.keep]
-            log_probs = None if log_probs is None else log_probs[: match.keep]
-            if stop_reason != "aborted":
-                stop_reason = "stop"
-        return _Generation(prompt_ids=list(prompt_ids), token_ids=ids, log_probs=log_probs, stop_reason=stop_reason,
-                           text=text, stop=None if match is None else match.stop, dropped=dropped,
-                           extra=dict(out.extra), images=tuple(images))
+                          images: Sequence[ImageItem] = ()) -> Generation:
+        """The engine's output cut at the first stop string, with its text (see
+        :func:`~agentloop_engines.gateway.generation.cut_at_stop`)."""
+        return await self._off_loop(cut_at_stop, out, prompt_ids, req.stop, self._text, images)
 
     async def _call_server(self, request_id: str, prompt_ids: list[int], params: dict[str, Any],
                            images: Sequence[ImageItem] = ()) -> TokenOutput:
@@ -521,83 +419,19 @@ class Gateway:
             return await call
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, loop))
 
-    def _cut_at_stop(self, ids: Sequence[int], stops: Sequence[str]) -> tuple[StopMatch | None, str]:
-        """The first stop string's match in the generated ids (None without one) and the text
-        to return: the stop search decodes prefixes, so it runs on the render thread."""
-        match = find_stop(ids, self._text, stops) if stops else None
-        return match, (match.text if match is not None else self._text(ids))
-
     def _text(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _token_texts(self, ids: Sequence[int]) -> list[str]:
-        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-
-    def _parser_text(self, gen: _Generation, special: bool) -> str:
-        """The generation as a parser reads it: the response text, or with ``special`` (call or
-        reasoning markup made of special tokens, erased from the response text) decoded with
-        special tokens kept, minus a token that only ended the turn (EOS) but keeping the tool
-        parser's own stop token (harmony's <|call|> closes the call)."""
-        if not special:
-            return gen.text
-        ids = gen.token_ids
-        if ids and gen.stop_reason == "stop" and ids[-1] in self._special_ids and ids[-1] not in self._parser_stop_ids:
-            ids = ids[:-1]
-        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
-        if gen.stop is not None and gen.stop in text:
-            text = text[: text.rindex(gen.stop)]
-        return text
-
-    def _split_reasoning(self, gen: _Generation) -> ReasoningSplit:
-        """The generation split by the reasoning parser, decoded as the tool parser reads it."""
-        assert self.reasoning is not None
-        special = self.reasoning.needs_special_tokens or (self.parser is not None and self.parser.needs_special_tokens)
-        in_reasoning = False
-        if self.reasoning.reads_prompt:
-            tail = self.tokenizer.decode(list(gen.prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
-            in_reasoning = self.reasoning.starts_in_reasoning(tail)
-        return self.reasoning.split(self._parser_text(gen, special), in_reasoning=in_reasoning)
-
-    def _tool_calls(self, gen: _Generation, req: ChatRequest,
-                    split: ReasoningSplit | None = None) -> tuple[list[dict], list[dict], str]:
-        """The calls in the generation (in ``split.content`` when a reasoning parser split it)."""
-        assert self.parser is not None
-        assert req.tools is not None
-        text = split.content if split is not None else self._parser_text(gen, self.parser.needs_special_tokens)
-        tools = {t["function"]["name"]: t for t in req.tools}
-        parsed = self.parser.parse(text, tools)
-        calls = self._format_calls(parsed, req)
-        errors = [{"raw": e.raw, "reason": e.reason, "kind": e.kind, "name": e.name} for e in parsed.errors]
-        return calls, errors, parsed.content
-
-    def _format_calls(self, parsed: ParseResult, req: ChatRequest) -> list[dict[str, Any]]:
-        """Parsed calls as OpenAI ``tool_calls``."""
-        assert self.parser is not None
-        # Ids unique within the conversation: the turn is the number of assistant messages so far + 1.
-        turn = 1 + sum(m.get("role") == "assistant" for m in req.messages)
-        return [{"id": call.model_id or self.parser.make_call_id(turn, i, call), "type": "function",
-                 "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
-                for i, call in enumerate(parsed.calls)]
-
     def _body(self, prefix: str, obj: str, req: ChatRequest | CompletionRequest, choice: dict[str, Any],
-              gen: _Generation) -> dict[str, Any]:
+              gen: Generation) -> dict[str, Any]:
         n_prompt, n_gen = len(gen.prompt_ids), len(gen.token_ids)
         return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()),
                 "model": req.model or self.model_name, "choices": [choice],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_gen, "total_tokens": n_prompt + n_gen},
                 "prompt_token_ids": gen.prompt_ids}
 
-    def _finish(self, endpoint: str, request: Mapping[str, Any], response: dict[str, Any], gen: _Generation,
+    def _finish(self, endpoint: str, request: Mapping[str, Any], response: dict[str, Any], gen: Generation,
                 req: ChatRequest | CompletionRequest, session_id: str | None,
                 extra: Mapping[str, Any] | None = None) -> GatewayResponse:
-        call = None
-        if session_id is not None:
-            response["session_id"] = session_id
-            call = self.recorder.record(session_id, RecordedCall(
-                index=0, endpoint=endpoint, prompt_ids=gen.prompt_ids, token_ids=gen.token_ids,
-                log_probs=gen.log_probs, stop_reason=gen.stop_reason,  # type: ignore[arg-type]
-                finish_reason=response["choices"][0]["finish_reason"], request=recorded_request(request),
-                response=response, dropped_after_stop=gen.dropped, extra={**gen.extra, **(extra or {})},
-                created=time.time(), images=gen.images))
+        call = self._record(endpoint, request, response, gen, session_id, extra)
         return GatewayResponse(body=response, stream=req.stream, include_usage=req.include_usage, call=call)
-

@@ -55,7 +55,7 @@ async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, s
     text = StreamText(gateway._text, req.stop, reasoning=gateway.reasoning, in_reasoning=in_reasoning,
                       parser=gateway.parser if tools_parsed else None,
                       tools={t["function"]["name"]: t for t in req.tools or ()},
-                      format_calls=lambda parsed: gateway._format_calls(parsed, req))
+                      format_calls=lambda parsed: gateway._output.format_calls(parsed, req.messages))
     deltas = _server_stream(gateway, request_id, prompt_ids, params, images)
     first = await _first(deltas)
     head = stream_head("chatcmpl", "chat.completion.chunk", req.model or gateway.model_name)

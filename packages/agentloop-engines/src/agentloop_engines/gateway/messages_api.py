@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from agentloop_engines.gateway.live import stream_chat_completion
 from agentloop_engines.gateway.messages_request import MessagesRequest, to_chat_body
 from agentloop_engines.gateway.messages_response import MessageEvents, message_body
-from agentloop_engines.gateway.stop import find_stop
 
 if TYPE_CHECKING:
     from agentloop_engines.gateway.core import Gateway
@@ -72,12 +71,12 @@ async def create_message(gateway: Gateway, body: Mapping[str, Any], *, session_i
     if req.stream:
         chunks = await stream_chat_completion(gateway, chat, session_id=session_id, session_key=session_key,
                                               endpoint="messages")
-        return _events(gateway, req, chunks, session_id)
+        return _events(req, chunks, session_id)
     response = await gateway.chat_completion(chat, session_id=session_id, session_key=session_key,
                                              endpoint="messages")
     choice = response.body["choices"][0]
-    stop = await _matched_stop(gateway, req, choice["finish_reason"], choice["token_ids"])
-    return message_body(response.body, thinking=req.thinking, omit_thinking=req.omit_thinking, stop_sequence=stop)
+    return message_body(response.body, thinking=req.thinking, omit_thinking=req.omit_thinking,
+                        stop_sequence=_matched_stop(choice))
 
 
 async def count_tokens(gateway: Gateway, body: Mapping[str, Any], *, session_id: str | None = None,
@@ -104,16 +103,12 @@ async def _checked(gateway: Gateway, body: Any, session_id: str | None, session_
     return await gateway._off_loop(to_chat_body, body, gateway.prompt_limits, count=count)
 
 
-async def _matched_stop(gateway: Gateway, req: MessagesRequest, finish: str, token_ids: list[int]) -> str | None:
-    """The stop sequence that ended the generation, or None. The chat path cut the ids right
-    after the token completing it, so the same search on the kept ids finds it again."""
-    if finish != "stop" or not req.stop_sequences:
-        return None
-    match = await gateway._off_loop(find_stop, token_ids, gateway._text, req.stop_sequences)
-    return None if match is None else match.stop
+def _matched_stop(choice: Mapping[str, Any]) -> str | None:
+    """The stop sequence that ended the generation (the chat choice's ``stop_reason``), or None."""
+    return choice.get("stop_reason") if choice["finish_reason"] == "stop" else None
 
 
-async def _events(gateway: Gateway, req: MessagesRequest, chunks: AsyncIterator[dict[str, Any]],
+async def _events(req: MessagesRequest, chunks: AsyncIterator[dict[str, Any]],
                   session_id: str | None) -> AsyncIterator[dict[str, Any]]:
     events = MessageEvents(thinking=req.thinking, omit_thinking=req.omit_thinking, session_id=session_id)
     try:
@@ -126,8 +121,7 @@ async def _events(gateway: Gateway, req: MessagesRequest, chunks: AsyncIterator[
             for event in events.feed(choice.get("delta") or {}):
                 yield event
             if choice.get("finish_reason") is not None:
-                stop = await _matched_stop(gateway, req, choice["finish_reason"], choice["token_ids"])
-                for event in events.finish(chunk, stop):
+                for event in events.finish(chunk, _matched_stop(choice)):
                     yield event
     finally:
         close = getattr(chunks, "aclose", None)

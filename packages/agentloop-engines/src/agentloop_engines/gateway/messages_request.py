@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_core.protocol import brief_repr
+from agentloop_engines.gateway.body_checks import check_known_keys, translate_tools
 from agentloop_engines.gateway.prompt_limits import PromptLimits
 
 __all__ = ["MessagesRequest", "to_chat_body"]
@@ -119,7 +120,7 @@ def to_chat_body(body: Any, limits: PromptLimits, *, count: bool = False) -> Mes
     stops = _stop_sequences(body.get("stop_sequences"))
     if stops:
         chat["stop"] = list(stops)
-    tools = _tools(body.get("tools"))
+    tools = translate_tools(body.get("tools"), _chat_tool)
     if tools:
         chat["tools"] = tools
     if _tool_choice(body.get("tool_choice")) == "none":
@@ -134,16 +135,10 @@ def to_chat_body(body: Any, limits: PromptLimits, *, count: bool = False) -> Mes
 
 
 def _check_keys(body: Any, allowed: frozenset[str], endpoint: str) -> None:
-    if not isinstance(body, Mapping):
-        raise ValueError(f"{endpoint} expects a JSON object, got {type(body).__name__}")
-    for key, why in _REFUSED.items():
+    for key, why in _REFUSED.items() if isinstance(body, Mapping) else ():
         if body.get(key) not in (None, [], {}):
             raise ValueError(f"{key!r} is not supported by the agentloop gateway ({why}); leave it out")
-    unknown = [str(k) for k in body if k not in allowed and k not in _REFUSED]
-    if unknown:
-        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise ValueError(f"unsupported request key(s) {[k[:80] for k in unknown[:10]]}{more} for {endpoint}; "
-                         f"supported: {sorted(allowed)}")
+    check_known_keys(body, allowed, endpoint, ignore=_REFUSED)
 
 
 def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -315,34 +310,27 @@ def _stop_sequences(stops: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise ValueError(f"'tools' must be a list of tool objects, got {_brief(tools)}")
-    out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, Mapping):
-            raise ValueError(f"{where} must be an object {{\"name\", \"description\", \"input_schema\"}}")
-        kind = tool.get("type")
-        if kind not in (None, "custom"):
-            raise ValueError(f"{where} is a server tool of type {_brief(kind)}, which runs on Anthropic's servers; the "
-                             "gateway serves custom tools only ({\"name\", \"description\", \"input_schema\"}): run "
-                             "the tool in the agent")
-        unknown = sorted(str(k)[:80] for k in tool if k not in _TOOL_KEYS)
-        if unknown:
-            raise ValueError(f"{where} has unsupported key(s) {unknown[:10]}; a tool takes {sorted(_TOOL_KEYS)}")
-        if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), Mapping):
-            raise ValueError(f"{where} needs a 'name' string and an 'input_schema' object")
-        function: dict[str, Any] = {"name": tool["name"]}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        function["parameters"] = dict(tool["input_schema"])
-        if tool.get("strict") is not None:  # as chat and Responses tools carry it (no decoding is constrained)
-            function["strict"] = tool["strict"]
-        out.append({"type": "function", "function": function})
-    return out
+def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
+    """A custom tool as a chat tool."""
+    if not isinstance(tool, Mapping):
+        raise ValueError(f"{where} must be an object {{\"name\", \"description\", \"input_schema\"}}")
+    kind = tool.get("type")
+    if kind not in (None, "custom"):
+        raise ValueError(f"{where} is a server tool of type {_brief(kind)}, which runs on Anthropic's servers; the "
+                         "gateway serves custom tools only ({\"name\", \"description\", \"input_schema\"}): run "
+                         "the tool in the agent")
+    unknown = sorted(str(k)[:80] for k in tool if k not in _TOOL_KEYS)
+    if unknown:
+        raise ValueError(f"{where} has unsupported key(s) {unknown[:10]}; a tool takes {sorted(_TOOL_KEYS)}")
+    if not isinstance(tool.get("name"), str) or not isinstance(tool.get("input_schema"), Mapping):
+        raise ValueError(f"{where} needs a 'name' string and an 'input_schema' object")
+    function: dict[str, Any] = {"name": tool["name"]}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    function["parameters"] = dict(tool["input_schema"])
+    if tool.get("strict") is not None:  # as chat and Responses tools carry it (no decoding is constrained)
+        function["strict"] = tool["strict"]
+    return {"type": "function", "function": function}
 
 
 def _tool_choice(choice: Any) -> str | None:

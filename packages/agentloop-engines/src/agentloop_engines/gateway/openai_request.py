@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, brief_repr
+from agentloop_engines.gateway.body_checks import check_known_keys
 from agentloop_engines.gateway.images import content_parts, count_images
 from agentloop_engines.gateway.prompt_limits import PromptLimits
 from agentloop_engines.gateway.stop import normalize_stop
@@ -127,13 +128,7 @@ class CompletionRequest(_Common):
 
 
 def _check_keys(body: Any, allowed: frozenset[str], endpoint: str) -> None:
-    if not isinstance(body, Mapping):
-        raise ValueError(f"{endpoint} expects a JSON object, got {type(body).__name__}")
-    unknown = [str(k) for k in body if k not in allowed]
-    if unknown:
-        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise ValueError(f"unsupported request key(s) {[k[:80] for k in unknown[:10]]}{more} for "
-                         f"{endpoint}; supported: {sorted(allowed)}")
+    check_known_keys(body, allowed, endpoint)
     for key, (neutral, value, why) in _NEUTRAL.items():
         if key in allowed and body.get(key) is not None and not neutral(body[key]):
             raise ValueError(f"{key}={_brief(body[key])} is not supported by the agentloop gateway ({why}); "

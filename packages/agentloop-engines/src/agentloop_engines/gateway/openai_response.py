@@ -5,7 +5,8 @@ Over HTTP a streamed answer is sent as it is generated (:mod:`~agentloop_engines
 assembles (role, content, one tool call at a time, the finish reason, usage), for in-process
 callers. Either is followed by ``data: [DONE]``. The exact tokens ride along as extension
 fields: top-level ``prompt_token_ids``, and ``token_ids`` / ``token_logprobs`` in the choice (in
-the last chunk when streaming).
+the last chunk when streaming), next to vLLM's ``stop_reason`` (the stop string that ended the
+generation, else None).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agentloop_engines.gateway.recorder import RecordedCall
 __all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "final_chunks", "sse", "sse_events", "sse_live",
            "stream_head"]
 
-_EXTENSIONS = ("token_ids", "token_logprobs", "tool_call_errors")
+_EXTENSIONS = ("stop_reason", "token_ids", "token_logprobs", "tool_call_errors")
 
 
 def _chunk(body: Mapping[str, Any], obj: str, choice: dict[str, Any]) -> dict[str, Any]:

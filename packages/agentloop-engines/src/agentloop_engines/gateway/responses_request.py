@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_core.protocol import brief_repr
+from agentloop_engines.gateway.body_checks import check_known_keys, translate_tools
 
 __all__ = ["RESPONSES_KEYS", "ResponsesRequest", "input_messages", "parse_responses_request"]
 
@@ -96,13 +97,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     Raises:
         ValueError: naming the unsupported key, value or input item and what to send instead.
     """
-    if not isinstance(body, Mapping):
-        raise ValueError(f"/v1/responses expects a JSON object, got {type(body).__name__}")
-    unknown = [str(k) for k in body if k not in RESPONSES_KEYS]
-    if unknown:
-        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
-        raise ValueError(f"unsupported request key(s) {[k[:80] for k in unknown[:10]]}{more} for /v1/responses; "
-                         f"supported: {sorted(RESPONSES_KEYS)}")
+    check_known_keys(body, RESPONSES_KEYS, "/v1/responses")
     for key, why in _REFUSED.items():
         if body.get(key) is not None:
             raise ValueError(f"{key!r} is not supported by the agentloop gateway ({why}); leave it out")
@@ -116,7 +111,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"'max_output_tokens' must be a positive integer, got {_brief(limit)}")
         chat["max_tokens"] = limit
-    tools = _chat_tools(body.get("tools"))
+    tools = translate_tools(body.get("tools"), _chat_tool)
     if tools:
         chat["tools"] = tools
     tool_choice = _tool_choice(body.get("tool_choice"))
@@ -172,29 +167,22 @@ def _check_neutral(body: Mapping[str, Any]) -> None:
         raise ValueError(f"'truncation' must be 'auto' or 'disabled', got {_brief(truncation)}")
 
 
-def _chat_tools(tools: Any) -> list[dict[str, Any]]:
-    """Responses function tools (flat: ``name``, ``parameters``...) as chat tools."""
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise ValueError(f"'tools' must be a list of tool objects, got {_brief(tools)}")
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, Mapping) else None
-        if kind != "function":
-            raise ValueError(f"tools[{i}] has type {_brief(kind)}: the agentloop gateway serves function tools only "
-                             "(the agent runs its own tools; built-in tools such as web_search, file_search or "
-                             "computer_use are OpenAI's); send {\"type\": \"function\", \"name\": ..., "
-                             "\"parameters\": {...}}")
-        assert isinstance(tool, Mapping)
-        if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise ValueError(f"tools[{i}] is a function tool without a 'name'")
-        extra = [k for k, v in tool.items() if k not in (*_TOOL_KEYS, "type") and v is not None]
-        if extra:
-            raise ValueError(f"tools[{i}] has {sorted(extra)}, which the gateway does not serve; send name, "
-                             "description, parameters and strict only")
-        out.append({"type": "function", "function": {k: tool[k] for k in _TOOL_KEYS if tool.get(k) is not None}})
-    return out
+def _chat_tool(tool: Any, where: str) -> dict[str, Any]:
+    """A Responses function tool (flat: ``name``, ``parameters``...) as a chat tool."""
+    kind = tool.get("type") if isinstance(tool, Mapping) else None
+    if kind != "function":
+        raise ValueError(f"{where} has type {_brief(kind)}: the agentloop gateway serves function tools only "
+                         "(the agent runs its own tools; built-in tools such as web_search, file_search or "
+                         "computer_use are OpenAI's); send {\"type\": \"function\", \"name\": ..., "
+                         "\"parameters\": {...}}")
+    assert isinstance(tool, Mapping)
+    if not isinstance(tool.get("name"), str) or not tool["name"]:
+        raise ValueError(f"{where} is a function tool without a 'name'")
+    extra = [k for k, v in tool.items() if k not in (*_TOOL_KEYS, "type") and v is not None]
+    if extra:
+        raise ValueError(f"{where} has {sorted(extra)}, which the gateway does not serve; send name, "
+                         "description, parameters and strict only")
+    return {"type": "function", "function": {k: tool[k] for k in _TOOL_KEYS if tool.get(k) is not None}}
 
 
 def _tool_choice(choice: Any) -> str | None:

@@ -132,11 +132,8 @@ class ResponseEvents:
         self._open_reasoning = None
         text = self.reasoning[start:]
         self.output[index] = reasoning_item(item_id, text, status)
-        return [self._event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0,
-                            text=text),
-                self._event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
-                            part={"type": "reasoning_text", "text": text}),
-                self._event("response.output_item.done", output_index=index, item=self.output[index])]
+        return self._text_done(index, item_id, "response.reasoning_text.done", {"text": text},
+                               {"type": "reasoning_text", "text": text})
 
     def _close_message(self, status: str) -> list[dict[str, Any]]:
         if self._open_message is None:
@@ -145,10 +142,15 @@ class ResponseEvents:
         self._open_message = None
         text = self.content[start:]
         self.output[index] = message_item(item_id, text, status)
-        return [self._event("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
-                            text=text, logprobs=[]),
+        return self._text_done(index, item_id, "response.output_text.done", {"text": text, "logprobs": []},
+                               {"type": "output_text", "text": text, "annotations": []})
+
+    def _text_done(self, index: int, item_id: str, kind: str, fields: dict[str, Any],
+                   part: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events that close a text item: its text's ``kind`` done event, its part's, its own."""
+        return [self._event(kind, item_id=item_id, output_index=index, content_index=0, **fields),
                 self._event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
-                            part={"type": "output_text", "text": text, "annotations": []}),
+                            part=part),
                 self._event("response.output_item.done", output_index=index, item=self.output[index])]
 
     def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:

@@ -25,20 +25,19 @@ interpreter's (``isolate_files``: no data folder, ``/home``, ``/etc`` or ``/proc
 ``RuntimeError`` naming the fix, never an unisolated run. The table in the package README says
 what is and is not enforced in each case; it is not a boundary against code run as root, nor a
 replacement for a container or VM (gVisor, Firecracker, nsjail) for untrusted code at scale.
+
+Who the code runs as and the isolation probe are :mod:`agentloop_tools.builtin._sandbox_isolation`;
+reading a run's pipes and cleaning up after it, :mod:`agentloop_tools.builtin._sandbox_io`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import random
-import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time
@@ -47,10 +46,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_tools.base import BaseTool
-from agentloop_tools.builtin import _sandbox_cgroup as cgroups
 from agentloop_tools.builtin import _sandbox_interpreter as interpreter
 from agentloop_tools.builtin import _sandbox_rootfs as rootfs
 from agentloop_tools.builtin import _sandbox_supervisor as supervisor
+from agentloop_tools.builtin._sandbox_io import (
+    Capture,
+    read_status,
+    remove_tree,
+    sweep,
+    wait_exit,
+    write_text,
+)
+from agentloop_tools.builtin._sandbox_isolation import UidLease, refusal, resolve_user
+from agentloop_tools.builtin._sandbox_isolation import check_isolation as probe_isolation
 from agentloop_tools.schema import OpenAIFunctionToolSchema, ToolResponse
 
 __all__ = ["PythonSandboxTool", "SandboxLimits", "SandboxResult", "run_python"]
@@ -179,104 +187,6 @@ class SandboxResult:
     """Per-run limits this host did not let the sandbox enforce, each with why and the fix."""
 
 
-class _Capture:
-    """What was read of one pipe so far, keeping ``limit`` characters from the head (stdout:
-    the first results) or the tail (stderr: a traceback ends with the error)."""
-
-    def __init__(self, limit: int, keep: str) -> None:
-        self.limit, self.keep = limit, keep
-        self.budget = limit * 4  # bytes; decoded and cut to characters in text()
-        self.kept = bytearray()
-        self.total = 0
-
-    async def drain(self, stream: asyncio.StreamReader) -> None:
-        while chunk := await stream.read(65536):
-            self.total += len(chunk)
-            if self.keep == "head":
-                self.kept += chunk[: max(self.budget - len(self.kept), 0)]
-            else:
-                self.kept = (self.kept + chunk)[-self.budget:]
-
-    def text(self) -> tuple[str, bool]:
-        text = self.kept.decode("utf-8", errors="replace")
-        if not (self.total > len(self.kept) or len(text) > self.limit):
-            return text, False
-        marker = f"... [output truncated to {self.limit} characters]"
-        if self.keep == "head":
-            return text[: self.limit] + "\n" + marker, True
-        return marker + "\n" + text[-self.limit:], True
-
-
-def _resolve_user(user: str | int) -> tuple[int, int]:
-    import pwd
-
-    try:
-        entry = pwd.getpwuid(user) if isinstance(user, int) else pwd.getpwnam(user)
-    except KeyError:
-        raise ValueError(f"sandbox user {user!r} does not exist; create it, or leave user unset to get a "
-                         "dedicated uid per run") from None
-    return entry.pw_uid, entry.pw_gid
-
-
-class _UidLease:
-    """A uid from ``uid_range`` held by this run alone: an exclusive ``flock`` on a file named
-    after it, in a root-only folder, taken by every sandbox on the host (across processes)."""
-
-    def __init__(self, first: int, last: int) -> None:
-        folder = os.path.join(tempfile.gettempdir(), "agentloop-sandbox-uids")
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, 0o700)
-        st = os.lstat(folder)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            raise RuntimeError(f"sandbox uid lock folder {folder} is not a folder owned by uid {os.geteuid()} "
-                               "with mode 0700 (someone else made it); remove it and retry")
-        uids = list(range(first, last + 1))
-        start = random.randrange(len(uids))
-        for uid in uids[start:] + uids[:start]:
-            fd = os.open(os.path.join(folder, str(uid)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self.uid, self._fd = uid, fd
-            return
-        raise RuntimeError(f"sandbox: all {len(uids)} uids of uid_range {first}-{last} are in use by running "
-                           "sandboxes; widen uid_range or run fewer sandboxes at once")
-
-    def release(self) -> None:
-        os.close(self._fd)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a scratch folder the code may have locked down (``chmod 0``) for its owner."""
-    if os.geteuid() != 0:  # root ignores permissions; chmod as root could follow a planted symlink
-        for root, dirs, _ in os.walk(path):
-            for d in dirs:
-                full = os.path.join(root, d)
-                if not os.path.islink(full):
-                    with contextlib.suppress(OSError):
-                        os.chmod(full, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _sweep(marker: str, uid: int | None, cgroup_name: str, cgroup_parent: str | None) -> None:
-    """The trainer's fallback when the supervisor died before reporting: kill what carries the
-    run's environment marker (or its dedicated uid) or sits in its cgroups, remove its files
-    outside the scratch and its cgroups."""
-    for _ in range(5):
-        pids = set(cgroups.remove_named(cgroup_name, cgroup_parent))
-        pids.update(supervisor.pids_with_env(marker.encode()))
-        if uid is not None:
-            pids.update(supervisor.pids_of_uid(uid))
-        if not supervisor.kill_pids(pids):
-            break
-        time.sleep(0.05)
-    if uid is not None:
-        supervisor.remove_entries(supervisor.owned_entries(uid))
-    cgroups.remove_dirs(cgroup_name, cgroup_parent)
-
-
 _warned: set[str] = set()
 
 
@@ -288,49 +198,6 @@ def _warn_unenforced(reasons: list[str]) -> None:
             logger.warning("sandbox: %s", reason)
 
 
-async def _wait_exit(proc: asyncio.subprocess.Process, timeout: float) -> bool:
-    """Wait for the process to exit (not for its pipes to close, as ``proc.wait()`` does)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    # Polled: proc.wait() also waits for the pipes, which a grandchild that inherited them can
-    # hold open past the process's exit, and asyncio offers no exit-only signal to await.
-    while proc.returncode is None and loop.time() < deadline:  # noqa: ASYNC110 - see above
-        await asyncio.sleep(0.02)
-    return proc.returncode is not None
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
-def _read_status(fd: int) -> dict[str, Any] | None:
-    os.set_blocking(fd, False)
-    data = b""
-    with contextlib.suppress(BlockingIOError, OSError):
-        while chunk := os.read(fd, 65536):
-            data += chunk
-    try:
-        return json.loads(data)
-    except ValueError:
-        return None
-
-
-def _refusal(refused: list[str]) -> str:
-    return (
-        "sandbox: this host does not let the sandbox isolate the code's " + "; ".join(refused) + ". Unisolated, "
-        "model-written code can reach every service on this machine's loopback (engine servers, gateways, "
-        "databases) and read every file readable by others (the run's data with its answers), so it was not run. "
-        "Fix: allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 and "
-        "user.max_user_namespaces > 0; kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04+; in a "
-        "container, a seccomp profile that permits unshare), or run the trainer as root with CAP_SYS_ADMIN; or, "
-        "for code you trust, opt out in the tool's config with isolate_network: false / isolate_files: false"
-    )
-
-
-_probed: dict[tuple[bool, bool, bool], list[str]] = {}
-
-
 def check_isolation(limits: SandboxLimits) -> None:
     """Start a supervisor that only enters the namespaces ``limits`` ask for, so that a host
     that cannot give them fails when the tool is made, not at the first rollout. Cached.
@@ -338,37 +205,8 @@ def check_isolation(limits: SandboxLimits) -> None:
     Raises:
         RuntimeError: The isolation cannot be had here, naming the fix.
     """
-    key = (limits.isolate_network, limits.isolate_files, limits.private_tmp)
-    if not (limits.isolate_network or limits.isolate_files):
-        return
-    if key not in _probed:
-        scratch = tempfile.mkdtemp(prefix="agentloop-sandbox-probe-")
-        status_r, status_w = os.pipe()
-        try:
-            _write_text(os.path.join(scratch, "main.py"), "")
-            cfg = {"name": os.path.basename(scratch), "scratch": scratch, "uid": None, "gid": None,
-                   "dedicated_uid": False, "private_tmp": limits.private_tmp, "scratch_mb": 1,
-                   "isolate_network": limits.isolate_network, "isolate_files": limits.isolate_files,
-                   "view": {"binds": [], "links": []}, "keep_visible": [], "probe": True, "status_fd": status_w}
-            import subprocess
-
-            proc = subprocess.run([sys.executable, "-I", "-S", supervisor.__file__, json.dumps(cfg)],
-                                  stdin=subprocess.DEVNULL, capture_output=True, timeout=60, pass_fds=(status_w,),
-                                  env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"})
-            os.close(status_w)
-            status_w = -1
-            status = _read_status(status_r)
-            if status is None:
-                raise RuntimeError(f"sandbox: the isolation probe exited with {proc.returncode}: "
-                                   f"{proc.stderr.decode(errors='replace')[-2000:]}")
-            _probed[key] = list(status.get("refused") or [])
-        finally:
-            for fd in (status_r, status_w):
-                if fd >= 0:
-                    os.close(fd)
-            _remove_tree(scratch)
-    if _probed[key]:
-        raise RuntimeError(_refusal(_probed[key]))
+    probe_isolation(isolate_network=limits.isolate_network, isolate_files=limits.isolate_files,
+                    private_tmp=limits.private_tmp)
 
 
 async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
@@ -391,15 +229,15 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
     if not isinstance(code, str):
         raise ValueError(f"code must be a string, got {type(code).__name__}")
     as_root = os.geteuid() == 0
-    lease: _UidLease | None = None
+    lease: UidLease | None = None
     uid = gid = None
     isolation: list[str] = []
     if as_root and not limits.run_as_root:
         if limits.user is not None:
-            uid, gid = _resolve_user(limits.user)
+            uid, gid = resolve_user(limits.user)
             isolation.append("user")
         else:
-            lease = _UidLease(*limits.uid_range)
+            lease = UidLease(*limits.uid_range)
             uid = gid = lease.uid
             isolation.append("dedicated-uid")
     name = f"agentloop-sandbox-{uuid.uuid4().hex[:12]}"
@@ -420,7 +258,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         workdir = tempfile.mkdtemp(prefix=f"{name}-")
         cfg_name = os.path.basename(workdir)
         main_py = os.path.join(workdir, "main.py")
-        await asyncio.to_thread(_write_text, main_py, code)
+        await asyncio.to_thread(write_text, main_py, code)
         if uid is not None and gid is not None:  # set together
             os.chown(workdir, uid, gid)
             os.chown(main_py, uid, gid)
@@ -446,19 +284,19 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
         )
         os.close(status_w)
         status_w = -1
-        out, err = _Capture(limits.max_output_chars, "head"), _Capture(limits.max_output_chars, "tail")
+        out, err = Capture(limits.max_output_chars, "head"), Capture(limits.max_output_chars, "tail")
         stdout, stderr = proc.stdout, proc.stderr
         assert stdout is not None, "stdout is a PIPE"
         assert stderr is not None, "stderr is a PIPE"
         readers = asyncio.gather(out.drain(stdout), err.drain(stderr))
-        stalled = not await _wait_exit(proc, limits.timeout_s + _GRACE_S)
+        stalled = not await wait_exit(proc, limits.timeout_s + _GRACE_S)
         if stalled:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await _wait_exit(proc, _GRACE_S)
-        status = _read_status(status_r)
+            await wait_exit(proc, _GRACE_S)
+        status = read_status(status_r)
         if status is None:  # the supervisor was killed or crashed: clean up from here
-            _sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
+            sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
             if not stalled and proc.returncode != -signal.SIGKILL:
                 raise RuntimeError(f"sandbox supervisor exited with {proc.returncode} before reporting; its "
                                    f"stderr ends: {err.text()[0][-2000:]}")
@@ -474,7 +312,7 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
                 await readers
         (stdout, out_cut), (stderr, err_cut) = out.text(), err.text()
         if status["reason"] == "isolation-refused":
-            raise RuntimeError(_refusal(status.get("refused") or []))
+            raise RuntimeError(refusal(status.get("refused") or []))
         timed_out = status["reason"] == "timeout"
         if status["reason"] == "supervisor-killed":
             stderr = (stderr + "\n" if stderr else "") + "sandbox: the supervisor was killed; every process of the run was killed"
@@ -503,19 +341,19 @@ async def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> Sand
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
             try:
-                if not await _wait_exit(proc, _GRACE_S):
+                if not await wait_exit(proc, _GRACE_S):
                     proc.kill()
-                    _sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
+                    sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
             except asyncio.CancelledError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
-                _sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
+                sweep(marker, lease.uid if lease else None, cfg_name, limits.cgroup_parent)
                 raise
         for fd in (status_r, status_w):
             if fd >= 0:
                 os.close(fd)
         if workdir is not None:
-            _remove_tree(workdir)
+            remove_tree(workdir)
         if lease is not None:
             lease.release()
 
@@ -540,7 +378,7 @@ class PythonSandboxTool(BaseTool):
             self.timeout_s = self.timeout_s + 5.0
         dropped = os.geteuid() == 0 and not self.limits.run_as_root
         if dropped and self.limits.user is not None:
-            _resolve_user(self.limits.user)
+            resolve_user(self.limits.user)
         python = interpreter.choose(self.limits.python_executable, dropped=dropped)
         # Fail here, naming the fix, rather than at the first rollout.
         if self.limits.isolate_files:
@@ -565,7 +403,7 @@ class PythonSandboxTool(BaseTool):
             }
         )
 
-    async def execute(
+    async def execute(  # pyright: ignore[reportIncompatibleMethodOverride] - reads no execute_kwargs
         self, instance_id: str, parameters: dict[str, Any]
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
         self.state(instance_id)
