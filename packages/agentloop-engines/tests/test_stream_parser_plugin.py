@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
 
-from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.testing import load_tiny_tokenizer
 from agentloop_core.testing.plugin_dist import installed_parser_plugins
-from agentloop_core.vision import ImageItem
-from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.gateway import Gateway
 from agentloop_engines.gateway.live import stream_chat_completion
 from agentloop_engines.gateway.stream_text import StreamText
-from agentloop_engines.streaming import TokenDelta
+from agentloop_engines.testing.gateway_fixtures import StreamingScript
 
 QUESTION = [{"role": "user", "content": "How many apples?"}]
 TOOLS = [{"type": "function", "function": {
@@ -33,27 +29,6 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
 CALL = json.dumps({"name": "calculator", "arguments": {"expression": "3 + 4"}})
 REPLY = f"Let me work this out first.\n<call>{CALL}</call>"
-
-
-class OneTokenAtATime(AsyncServerBase):
-    """Streams ``reply`` one token per delta, then EOS."""
-
-    def __init__(self, tokenizer: Any, reply: str) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = len(tokenizer)
-        self.max_model_len = 4096
-        self.eos_token_ids = (tokenizer.eos_token_id,)
-        self.ids = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
-
-    async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams) -> TokenOutput:
-        return TokenOutput(token_ids=list(self.ids), log_probs=[-0.5] * len(self.ids) if sp.logprobs else None)
-
-    async def _generate_stream(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,
-                               images: tuple[ImageItem, ...] = ()) -> AsyncGenerator[TokenDelta, None]:
-        for tok in self.ids:
-            await asyncio.sleep(0)
-            yield TokenDelta([tok], [-0.5] if sp.logprobs else None)
-        yield TokenDelta([], [] if sp.logprobs else None, await self._generate(request_id, prompt_ids, sp))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +50,7 @@ async def _whole_and_streamed(gateway: Gateway) -> tuple[dict[str, Any], list[di
 
 
 def test_an_installed_parser_streams_its_content_before_the_call(tokenizer, plugin):
-    gateway = Gateway(OneTokenAtATime(tokenizer, REPLY), tokenizer, tool_parser="demo_angle")
+    gateway = Gateway(StreamingScript(tokenizer, REPLY), tokenizer, tool_parser="demo_angle")
     whole, chunks = asyncio.run(_whole_and_streamed(gateway))
     message = whole["choices"][0]["message"]
     assert message["content"] == "Let me work this out first."
