@@ -158,11 +158,12 @@ def _ensure_chromium(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 @_pruned_in_ci
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree; basedpyright in standard mode over core and engines
-    ([tool.basedpyright]) and in basic mode over tools, trainer, langgraph and conformance
-    (tools/typecheck-basic.json)."""
+    """ruff over the whole tree; every source module under 500 lines (tools/module_sizes.py);
+    basedpyright in standard mode over core and engines ([tool.basedpyright]) and in basic mode
+    over tools, trainer, langgraph and conformance (tools/typecheck-basic.json)."""
     session.install("ruff>=0.6")
     session.run("ruff", "check", "packages", "noxfile.py", "tools", *(p for p in ("conformance", "bench", "examples", "tests") if (ROOT / p).exists()))
+    session.run("python", "tools/module_sizes.py")
     # pyright resolves imports from this venv: every package with the extras its modules import
     # (vLLM and SGLang excepted: GBs; those imports say so).
     session.install(TORCH)
@@ -349,7 +350,8 @@ def vllm(session: nox.Session) -> None:
     session.env["VLLM_CACHE_ROOT"] = str(tmp / "vllm-cache")
     session.env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
     _pytest(session, "packages/agentloop-engines/tests/test_vllm_server.py",
-                "packages/agentloop-engines/tests/test_vllm_vision.py", "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
+                "packages/agentloop-engines/tests/test_vllm_vision.py", "packages/agentloop-engines/tests/test_ban_image_tokens_vllm.py",
+                "conformance/tests/test_vllm_engine.py", "packages/agentloop-trainer/tests/test_vllm_train.py",
                 "packages/agentloop-trainer/tests/test_checkpoint_dcp.py::test_vllm_server_serves_the_exported_hf_folder",
                 "-q", "-p", "no:cacheprovider", *session.posargs)
     # The real checkpoint on vLLM (conformance, greedy and log-probs against HFServer and the
@@ -498,3 +500,17 @@ def bench(session: nox.Session) -> None:
     vllm_python = ROOT / ".nox" / "vllm" / "bin" / "python"
     extra = ["--vllm-python", str(vllm_python)] if vllm_python.exists() else []
     session.run("python", "bench/run_all.py", *extra, *session.posargs, env={"OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"})
+
+
+@nox.session(name="gpu-check", venv_backend="none")
+def gpu_check(session: nox.Session) -> None:
+    """The GPU check in one command (tools/gpu_check/run.py), under this machine's own `python3`
+    (on the device machine, the image's torch): environment, the carried wheels and our packages
+    installed into a scratch folder, the gpu-marked tests, HFServer against plain `generate`, the
+    main job and the real-model recipe for a few steps on CUDA, all under 8 minutes, into one
+    result file ($OUT/gpu_check.json, else outputs/gpu-check/gpu_check.json). Without CUDA every
+    step after the probe is skipped with the reason and the session passes. Run
+    `bash tools/gpu_check/prepare.sh` first; extra arguments go to run.py, e.g.
+    `nox -s gpu-check -- --model DIR`."""
+    session.run("python3", "tools/gpu_check/run.py", *session.posargs, external=True,
+                env={"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"})

@@ -3,6 +3,7 @@ with the right check. Each is a factory for the no-code options."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from segment_loops import SummarisingLoop
@@ -55,6 +56,26 @@ def ignores_images_engine() -> EngineTarget:
 
     cls = type("ImageBlindHFServer", (HFServer,), {"_generate": _generate})
     return EngineTarget(cls(build_tiny_vlm(initializer_range=0.3), max_model_len=1024))
+
+
+def samples_placeholders_engine() -> EngineTarget:
+    """Serves the tiny Qwen2-VL without banning its placeholder ids (``banned_token_ids``
+    emptied), next to a copy whose top choice is the image placeholder."""
+    from agentloop_conformance.placeholder_model import placeholder_preferring_checkpoint
+    from agentloop_core.cache import build_once, cache_dir
+    from agentloop_engines.hf import HFServer
+    from agentloop_engines.tiny_vlm import build_tiny_vlm
+
+    folder = build_tiny_vlm(initializer_range=0.3)
+
+    def build(out: Path) -> None:
+        placeholder_preferring_checkpoint(folder, out)
+
+    preferring = build_once(cache_dir() / f"{folder.name}-placeholder-preferring", build)
+    servers = [HFServer(str(f), max_model_len=1024) for f in (folder, preferring)]
+    for server in servers:
+        server.banned_token_ids = ()
+    return EngineTarget(servers[0], placeholder_engine=servers[1])
 
 
 class ReencodingLoop(AgentLoopBase):

@@ -63,6 +63,16 @@ def test_an_engine_that_ignores_images_is_caught_by_the_vision_checks(tmp_path):
             "TestEngine::test_vision_prompt_with_images_gives_valid_output"} <= passed, passed
 
 
+def test_an_engine_that_samples_placeholders_is_caught_by_the_placeholder_check(tmp_path):
+    """An engine that does not ban the image/video placeholder ids fails only the check that
+    none is generated (on the placeholder-preferring copy); its other vision checks pass."""
+    pytest.importorskip("torch", reason='needs pip install "agentloop-engines[hf]"')
+    failed, passed = failed_checks(tmp_path, "--agentloop-engine=broken_impls:samples_placeholders_engine", "-k",
+                                   "TestEngine and vision")
+    assert failed == {"TestEngine::test_vision_never_generates_placeholder_tokens"}, failed
+    assert "TestEngine::test_vision_prompt_with_images_gives_valid_output" in passed, passed
+
+
 def test_a_loop_that_reencodes_text_is_caught_by_the_mask_check(tmp_path):
     failed, passed = failed_checks(tmp_path, "--agentloop-loop=broken_impls:reencoding_loop", "-k", "TestAgentLoop")
     assert "TestAgentLoop::test_mask_one_tokens_are_the_engine_output[scripted]" in failed

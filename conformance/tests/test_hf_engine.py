@@ -46,3 +46,14 @@ class TestHFServerVisionConformance(EngineVisionTests):
         from agentloop_engines.tiny_vlm import build_tiny_vlm
 
         return HFServer(build_tiny_vlm(initializer_range=0.3), max_model_len=1024)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def placeholder_engine(cls, tmp_path_factory):
+        from agentloop_conformance.placeholder_model import placeholder_preferring_checkpoint
+        from agentloop_engines.hf import HFServer
+        from agentloop_engines.tiny_vlm import build_tiny_vlm
+
+        folder = placeholder_preferring_checkpoint(build_tiny_vlm(initializer_range=0.3),
+                                                   tmp_path_factory.mktemp("placeholder-vlm"))
+        return HFServer(str(folder), max_model_len=1024)

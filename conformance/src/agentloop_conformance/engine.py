@@ -9,107 +9,24 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from agentloop_conformance._guard import SuiteGuard
+from agentloop_conformance.engine_fixtures import EngineFixtures, greedy
+from agentloop_conformance.engine_vision import EngineVisionTests
 from agentloop_conformance.hooks import copy_tensor, perturb_tensor
-from agentloop_conformance.vision_prompts import default_vision_prompt, noise_image
-from agentloop_core.protocol import TokenOutput
 
-
-def greedy(max_tokens: int, **extra: Any) -> dict[str, Any]:
-    """Greedy sampling parameters that ignore EOS, so the output length is predictable."""
-    return {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "logprobs": True, **extra}
-
-
-class EngineFixtures(SuiteGuard):
-    """Fixtures and settings shared by the engine mixins. Override the class attributes to fit
-    your engine; override the hook fixtures to turn on the checks that need them."""
-
-    # One event loop per test class, so an engine started in a class-scoped async fixture
-    # (vLLM's AsyncLLM, for one) keeps serving every test of the class.
-    pytestmark = [pytest.mark.asyncio(loop_scope="class")]
-
-    num_prompts: ClassVar[int] = 5
-    """How many distinct prompts the checks use."""
-    max_tokens: ClassVar[int] = 12
-    """Tokens generated per request in most checks."""
-    logprob_atol: ClassVar[float] = 2e-3
-    """Largest accepted |engine log-prob - reference log-prob|."""
-    abort_max_tokens: ClassVar[int] = 4096
-    """Budget of the request the abort check cancels (clamped to the context); it must still be
-    running ``abort_delay_s`` after it starts."""
-    abort_delay_s: ClassVar[float] = 0.2
-    """How long the abort check lets the request run before aborting it."""
-    abort_timeout_s: ClassVar[float] = 5.0
-    """How soon an aborted request must return."""
-
-    @pytest.fixture
-    def engine(self) -> Any:
-        """The engine under test. Required: override it (usually ``scope="class"``) to start your
-        engine, ``yield`` it, and stop it afterwards."""
-        pytest.fail(
-            f"{type(self).__name__} must define an `engine` fixture that starts the engine under test, "
-            "yields it and stops it (see the agentloop-conformance README)"
-        )
-
-    @pytest.fixture
-    def reference_log_probs(self, engine: Any) -> Any:
-        """Optional hook ``(prompt_ids, token_ids, temperature) -> log-probs`` from a plain
-        forward pass; None skips the log-prob accuracy check. See :mod:`agentloop_conformance.hooks`."""
-        return None
-
-    @pytest.fixture
-    def named_weights(self, engine: Any) -> Any:
-        """Optional hook ``() -> {name: tensor}`` of the current weights; None skips the
-        weight-update round trip."""
-        return None
-
-    @pytest.fixture
-    def vision_prompt(self, engine: Any) -> Any:
-        """Optional hook ``(images, text) -> (prompt_ids, multi_modal_data)`` rendering a user
-        message of ``images`` then ``text`` with the model's own processor (see
-        :mod:`agentloop_conformance.vision_prompts`). The default builds it from the engine's
-        ``tokenizer`` and checkpoint folder (``model_path``/``model_name``); None skips the
-        vision checks of an engine that declares ``capabilities.vision``."""
-        return default_vision_prompt(engine)
-
-    # -- helpers ------------------------------------------------------------------------------
-
-    @staticmethod
-    def vocab_size(engine: Any) -> int:
-        size = getattr(engine, "vocab_size", None)
-        if not isinstance(size, int) or size < 2:
-            pytest.skip(f"{type(engine).__name__} has no integer `vocab_size` attribute; the suite needs "
-                        "it to build valid prompts and check ids")
-        return size
-
-    @staticmethod
-    def max_model_len(engine: Any) -> int:
-        size = getattr(engine, "max_model_len", None)
-        if not isinstance(size, int) or size < 2:
-            pytest.skip(f"{type(engine).__name__} has no integer `max_model_len` attribute (its context length)")
-        return size
-
-    def prompts(self, engine: Any) -> list[list[int]]:
-        """Distinct prompts of ordinary (mid-vocabulary) ids, different lengths."""
-        v = self.vocab_size(engine)
-        lo, span = max(3, v // 8), max(1, v // 2)
-        return [[lo + (37 * i + 11 * j) % span for j in range(3 + 2 * i)] for i in range(self.num_prompts)]
-
-    @staticmethod
-    def capability(engine: Any, name: str) -> bool:
-        caps = getattr(engine, "capabilities", None)
-        if caps is None:
-            pytest.fail(f"{type(engine).__name__} has no `capabilities` (a ServerCapabilities); declare what it supports")
-        return bool(getattr(caps, name, False))
-
-    @staticmethod
-    def check_output(out: Any, where: str) -> TokenOutput:
-        assert isinstance(out, TokenOutput), f"{where}: generate returned {type(out).__name__}, expected TokenOutput"
-        return out
+__all__ = [
+    "EngineConcurrencyTests",
+    "EngineConformanceTests",
+    "EngineFixtures",
+    "EngineGenerationTests",
+    "EngineLogProbTests",
+    "EngineMemoryTests",
+    "EngineVisionTests",
+    "greedy",
+]
 
 
 class EngineGenerationTests(EngineFixtures):
@@ -211,8 +128,9 @@ class EngineLogProbTests(EngineFixtures):
     async def test_log_probs_match_reference(self, engine: Any, reference_log_probs: Any, temperature: float) -> None:
         """Each log-prob equals ``log_softmax(logits / T)`` of a plain forward pass over prompt +
         generated ids (T = 1 for greedy), within ``logprob_atol``: the number a trainer
-        recomputes. Debug: check temperature scaling, that log-probs are taken before
-        top-k/top-p filtering, and position ids under left padding."""
+        recomputes. Filters (top-k/top-p, and a vision model's banned placeholder ids) only
+        change which token is drawn. Debug: check temperature scaling, that log-probs are taken
+        before top-k/top-p filtering, and position ids under left padding."""
         if not self.capability(engine, "logprobs"):
             pytest.skip("engine declares capabilities.logprobs=False")
         if reference_log_probs is None:
@@ -322,104 +240,6 @@ class EngineMemoryTests(EngineFixtures):
         restored = await self._greedy_all(engine, "w-c")
         assert changed != before, "greedy outputs did not change after loading perturbed weights"
         assert restored == before, "loading the original weights back did not restore the greedy outputs"
-
-
-class EngineVisionTests(EngineFixtures):
-    """Images (engines that declare ``capabilities.vision``): valid output from prompts with
-    images, outputs that depend on the images, and clear refusals."""
-
-    __conformance_suite__ = True
-
-    vision_min_logprob_gap: ClassVar[float] = 1e-4
-    """When two different images give the same greedy tokens, the least their log-probs must
-    differ by somewhere (an engine that ignores images gives the same to ~1e-6)."""
-
-    def vision(self, engine: Any, vision_prompt: Any) -> Any:
-        if not self.capability(engine, "vision"):
-            pytest.skip("engine declares capabilities.vision=False (a text-only model, or no image support)")
-        if vision_prompt is None:
-            pytest.skip("no vision_prompt hook: override the `vision_prompt` fixture (images, text) -> (prompt_ids, "
-                        "multi_modal_data), or expose the engine's `tokenizer` and checkpoint folder (`model_path`)")
-        return vision_prompt
-
-    async def test_vision_prompt_with_images_gives_valid_output(self, engine: Any, vision_prompt: Any) -> None:
-        """A prompt with two images of different sizes returns ``max_tokens`` in-vocabulary ids
-        with one finite log-prob <= 0 each, the same ids twice (greedy). Debug: the image
-        tokens' embeddings must come from the vision tower (pixel values, grid sizes), with the
-        model's own positions for them (M-RoPE for Qwen-VL)."""
-        prompt = self.vision(engine, vision_prompt)
-        v = self.vocab_size(engine)
-        ids, data = prompt([noise_image(112, 84, 0), noise_image(56, 140, 1)], "Describe both images.")
-        outs = [self.check_output(await engine.generate(f"vis{i}", ids, greedy(self.max_tokens), multi_modal_data=data),
-                                  "prompt with images") for i in range(2)]
-        out = outs[0]
-        assert len(out.token_ids) == self.max_tokens, f"asked for {self.max_tokens} tokens, got {len(out.token_ids)}"
-        assert out.stop_reason == "length", f"stop_reason is {out.stop_reason!r}, expected 'length'"
-        assert all(isinstance(t, int) and 0 <= t < v for t in out.token_ids), f"ids outside [0, {v}): {out.token_ids}"
-        if self.capability(engine, "logprobs"):
-            assert out.log_probs is not None, "logprobs=True but log_probs is None"
-            assert len(out.log_probs) == len(out.token_ids), "one log-prob per generated token"
-            bad = [lp for lp in out.log_probs if not (isinstance(lp, float) and math.isfinite(lp) and lp <= 1e-6)]
-            assert not bad, f"log-probs must be finite floats <= 0, got {bad[:5]}"
-        assert outs[1].token_ids == out.token_ids, "greedy output with images differs between two identical requests"
-
-    async def test_vision_images_change_the_output(self, engine: Any, vision_prompt: Any) -> None:
-        """The same text with two different images (of one size, so the prompt ids are the same)
-        gives different greedy tokens or, with the same tokens, log-probs that differ by more
-        than ``vision_min_logprob_gap``. Debug: an engine that drops ``multi_modal_data`` runs the
-        image tokens as text and answers every image alike."""
-        prompt = self.vision(engine, vision_prompt)
-        ids_a, data_a = prompt([noise_image(112, 112, 2)], "What is in the image?")
-        ids_b, data_b = prompt([noise_image(112, 112, 3)], "What is in the image?")
-        a = self.check_output(await engine.generate("img-a", ids_a, greedy(self.max_tokens), multi_modal_data=data_a), "a")
-        b = self.check_output(await engine.generate("img-b", ids_b, greedy(self.max_tokens), multi_modal_data=data_b), "b")
-        if a.token_ids != b.token_ids:
-            return
-        if not (a.log_probs and b.log_probs):
-            pytest.fail(f"two different images gave the same greedy tokens {a.token_ids} and no log-probs to compare")
-        gap = max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True))
-        assert gap > self.vision_min_logprob_gap, (
-            f"two different images gave the same tokens {a.token_ids} with log-probs at most {gap:.2e} apart "
-            f"(<= {self.vision_min_logprob_gap}): the images do not reach the model")
-
-    async def test_vision_images_not_matching_the_prompt_are_a_value_error(self, engine: Any, vision_prompt: Any) -> None:
-        """``multi_modal_data`` whose images do not fill the prompt's image tokens (one image too
-        many, or an image of another token count) raises ValueError, and the engine serves the
-        matching request afterwards. Debug: count the prompt's image tokens against each image's
-        (``ImageItem.num_tokens``) before running anything; an engine that expands images itself
-        may otherwise run a prompt of another length than the trainer scores."""
-        prompt = self.vision(engine, vision_prompt)
-        ids, data = prompt([noise_image(56, 56, 4)], "What is in the image?")
-        images = list(data["image"])
-        with pytest.raises(ValueError, match=r"(?i)image"):
-            await asyncio.wait_for(engine.generate("extra", ids, greedy(4), multi_modal_data={"image": images * 2}), 30)
-        _, other = prompt([noise_image(168, 168, 5)], "What is in the image?")
-        if [i.num_tokens for i in other["image"]] != [i.num_tokens for i in images]:
-            with pytest.raises(ValueError, match=r"(?i)image"):
-                await asyncio.wait_for(engine.generate("other", ids, greedy(4), multi_modal_data=other), 30)
-        out = self.check_output(await engine.generate("matching", ids, greedy(4), multi_modal_data=data), "matching")
-        assert len(out.token_ids) == 4, "the engine did not serve a matching request after refusing others"
-
-    async def test_vision_video_is_a_value_error(self, engine: Any, vision_prompt: Any) -> None:
-        """``multi_modal_data`` with a ``video`` key raises ValueError naming it (videos are not
-        part of the protocol: frames go as images). Debug: validate the keys before queueing."""
-        prompt = self.vision(engine, vision_prompt)
-        ids, data = prompt([noise_image(56, 56, 6)], "What is in the image?")
-        with pytest.raises(ValueError, match=r"(?i)video"):
-            await asyncio.wait_for(engine.generate("video", ids, greedy(4), multi_modal_data={"video": data["image"]}), 30)
-
-    async def test_vision_text_requests_unchanged_beside_image_requests(self, engine: Any, vision_prompt: Any) -> None:
-        """Text requests in flight together with requests with images get the output they get
-        alone. Debug: an image row's embeddings or positions leaking into the batch's other rows."""
-        prompt = self.vision(engine, vision_prompt)
-        texts = self.prompts(engine)[:2]
-        alone = [await engine.generate(f"txt{i}", p, greedy(self.max_tokens)) for i, p in enumerate(texts)]
-        ids, data = prompt([noise_image(84, 56, 7)], "What is in the image?")
-        mixed = await asyncio.gather(
-            *(engine.generate(f"mix-t{i}", p, greedy(self.max_tokens)) for i, p in enumerate(texts)),
-            *(engine.generate(f"mix-i{i}", ids, greedy(self.max_tokens), multi_modal_data=data) for i in range(2)))
-        for i, (a, b) in enumerate(zip(alone, mixed[: len(texts)], strict=True)):
-            assert a.token_ids == b.token_ids, f"text prompt {i}: output changed beside requests with images"
 
 
 class EngineConformanceTests(

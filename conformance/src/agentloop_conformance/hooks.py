@@ -12,6 +12,10 @@ returned by a no-code factory) supply them:
   with the model's own processor, for an engine that declares ``capabilities.vision``. Built by
   default from the engine's tokenizer and checkpoint folder (see
   :mod:`agentloop_conformance.vision_prompts`); enables the vision checks.
+* ``placeholder_engine``: an engine like the one under test serving a checkpoint whose top
+  choices are the image placeholders
+  (:func:`agentloop_conformance.placeholder_model.placeholder_preferring_checkpoint`). Enables
+  the check that placeholders are never generated.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class EngineTarget:
     vision_prompt: VisionPrompt | None = None
     """Prompts-with-images hook; None: the suite builds one from the engine's tokenizer and
     checkpoint folder where it can (else the vision checks skip)."""
+    placeholder_engine: Any = None
+    """An engine serving a placeholder-preferring checkpoint (see the module docstring), closed
+    with ``engine``; None skips the placeholder-ban check."""
 
 
 def hf_reference_log_probs(model: Any) -> ReferenceLogProbs:

@@ -32,9 +32,10 @@ async def engine_target(request: Any):
     made = await call_maybe_async(load_object(spec, "--agentloop-engine"))
     target = made if isinstance(made, EngineTarget) else EngineTarget(made)
     yield target
-    close = getattr(target.engine, "close", None)
-    if callable(close):
-        await call_maybe_async(close)
+    for engine in (target.engine, target.placeholder_engine):
+        close = getattr(engine, "close", None)
+        if callable(close):
+            await call_maybe_async(close)
 
 
 class TestEngine(EngineConformanceTests):
@@ -53,6 +54,10 @@ class TestEngine(EngineConformanceTests):
     @pytest.fixture
     def vision_prompt(self, engine_target: EngineTarget) -> Any:
         return engine_target.vision_prompt or default_vision_prompt(engine_target.engine)
+
+    @pytest.fixture
+    def placeholder_engine(self, engine_target: EngineTarget) -> Any:
+        return engine_target.placeholder_engine
 
 
 class TestTokenizer(TokenizationConformanceTests):

@@ -42,6 +42,9 @@ Where SGLang departs from the agentloop contract, and what the adapter does abou
   goes at the size the rendering processor resized it to (``image_grid_thw`` x patch), where
   both resizes are the identity: the same token count and the same pixel values. A prompt whose
   image tokens are not its images' is refused before SGLang sees it.
+* A vision model's image and video placeholder ids are never sampled (``logit_bias``; see
+  :mod:`agentloop_engines.placeholders`). SGLang's log-probs come after that bias, so they are
+  renormalised over the other tokens (equal to the trainer's while placeholders get no mass).
 
 Needs the ``[sglang]`` extra and a GPU; the adapter logic is tested here against a stand-in.
 """
@@ -66,7 +69,9 @@ from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.engine_loop import EngineLoopThread
+from agentloop_engines.placeholders import sglang_logit_bias
 from agentloop_engines.plugins import SGLANG_ENGINE
+from agentloop_engines.sglang_vision import checkpoint_config, sglang_vision
 from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
 
 __all__ = ["SGLangServer"]
@@ -101,32 +106,6 @@ def _checkpoint_weight_names(model_path: str) -> frozenset[str] | None:
 def _checkpoint_specs(model_path: str) -> dict[str, WeightSpec] | None:
     folder = local_checkpoint_folder(model_path)
     return None if folder is None else checkpoint_weight_specs(folder)  # None: not cached here
-
-
-def _checkpoint_config(model_path: str | None) -> dict[str, Any]:
-    """The checkpoint's ``config.json`` (empty when it cannot be read here)."""
-    import json
-
-    folder = local_checkpoint_folder(model_path) if model_path else None
-    try:
-        return json.loads((folder / "config.json").read_text()) if folder is not None else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _vision_of(model_config: Any, config: Mapping[str, Any], image_token_id: int | None) -> tuple[int | None, int | None]:
-    """``(image token id, vision patch size)`` of a vision-language model, from SGLang's model
-    config or else the checkpoint's ``config.json``; ``(None, None)`` for a text-only model."""
-    hf = getattr(model_config, "hf_config", None)
-    vision = getattr(hf, "vision_config", None) or config.get("vision_config")
-    if image_token_id is None and getattr(model_config, "is_multimodal", vision is not None):
-        image_token_id = next((t for t in (getattr(hf, "image_token_id", None), config.get("image_token_id"),
-                                           getattr(hf, "image_token_index", None), config.get("image_token_index"))
-                               if t is not None), None)
-    if image_token_id is None:
-        return None, None
-    patch = vision.get("patch_size") if isinstance(vision, Mapping) else getattr(vision, "patch_size", None)
-    return int(image_token_id), None if patch is None else int(patch)
 
 
 class SGLangServer(AsyncServerBase):
@@ -208,8 +187,11 @@ class SGLangServer(AsyncServerBase):
         self.eos_token_ids = tuple(int(t) for t in (eos_token_ids or ()))
         saver = bool(getattr(args, "enable_memory_saver", False))
         path = model_path or getattr(args, "model_path", None)
-        self.image_token_id, self._patch_size = _vision_of(
-            getattr(tm, "model_config", None), _checkpoint_config(str(path) if path else None), image_token_id)
+        vision = sglang_vision(getattr(tm, "model_config", None), checkpoint_config(str(path) if path else None),
+                               image_token_id, self.vocab_size)
+        self.image_token_id, self._patch_size = vision.image_token_id, vision.patch_size
+        self.banned_token_ids = vision.banned_token_ids
+        """Ids never sampled: a vision model's image/video placeholders (empty: text only)."""
         # Declared per instance: sleep needs the memory saver, images a vision-language model.
         self.capabilities = replace(type(self).capabilities, sleep=saver, vision=self.image_token_id is not None)
         self.per_request_seed = bool(getattr(args, "enable_deterministic_inference", False))
@@ -327,6 +309,8 @@ class SGLangServer(AsyncServerBase):
             "stop_token_ids": list(sp.stop_token_ids),  # ignored by SGLang under ignore_eos: cut later
             "ignore_eos": sp.ignore_eos,
         }
+        if self.banned_token_ids:  # a vision model's placeholders: never sampled
+            params["logit_bias"] = sglang_logit_bias(self.banned_token_ids)
         if sp.seed is not None and self.per_request_seed:
             params["sampling_seed"] = sp.seed
         elif sp.seed is not None and sp.temperature > 0 and not self._seed_warned:

@@ -7,6 +7,12 @@ through ``collective_rpc``, then the prefix cache is reset (a stale cache would 
 computed by the old policy). Sleep mode is declared only where vLLM's platform supports it
 (not on CPU).
 
+A vision-language model's image and video placeholder ids are never sampled (``bad_words``; see
+:mod:`agentloop_engines.placeholders`). vLLM computes ``processed_logprobs`` after that ban, so
+a returned log-prob is renormalised over the other tokens, as it is over the kept tokens under
+top-k/top-p: it equals the trainer's full-vocabulary value while the policy puts no mass on
+placeholders, and exceeds it by ``-log(1 - P(placeholders))`` otherwise.
+
 Images (a vision-language checkpoint: ``capabilities.vision`` on the instance) go in as
 ``TokensPrompt(prompt_token_ids=..., multi_modal_data={"image": [PIL image, ...]})`` with the
 already-decoded images. Our prompt ids hold each image's EXPANDED tokens; vLLM (measured with
@@ -37,6 +43,7 @@ from agentloop_core.protocol import (
 from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
+from agentloop_engines.placeholders import placeholder_token_ids, vllm_ban
 from agentloop_engines.plugins import VLLM_ENGINE
 from agentloop_engines.streaming import TokenDelta
 from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
@@ -177,6 +184,12 @@ class VLLMServer(AsyncServerBase):
         multimodal = bool(getattr(model_config, "is_multimodal_model", False))
         self.image_token_id: int | None = int(token) if multimodal and token is not None else None
         """The image placeholder's id of a vision-language model (None: text only)."""
+        self.banned_token_ids = placeholder_token_ids(hf_config, self.vocab_size) if multimodal else ()
+        """Ids never sampled: the image/video placeholders of a vision-language model (see
+        :mod:`agentloop_engines.placeholders`); empty for a text-only model."""
+        # Without a tokenizer vLLM skips bad_words silently, so the ban falls back to logit_bias.
+        ban_tokenizer = None if getattr(model_config, "skip_tokenizer_init", False) else tokenizer
+        self._ban: dict[str, Any] = vllm_ban(self.banned_token_ids, ban_tokenizer)
         # Declared per instance: sleep depends on the platform, images on the served model.
         self.capabilities = replace(type(self).capabilities, sleep=self._sleep_supported(),
                                     vision=self.image_token_id is not None)
@@ -220,6 +233,7 @@ class VLLMServer(AsyncServerBase):
             ignore_eos=sp.ignore_eos,
             logprobs=0 if sp.logprobs else None,  # 0: only the sampled token's log-prob
             detokenize=False,
+            **self._ban,  # a vision model's placeholder ids: never sampled
         )
 
     async def _generate(self, request_id: str, prompt_ids: list[int], sp: SamplingParams,

@@ -5,6 +5,12 @@ sampled token under ``log_softmax(logits / T)`` over the **full** vocabulary, be
 filtering, with ``T = 1`` for greedy requests (``temperature == 0``). That is exactly what a
 trainer recomputes with a forward pass at the same temperature, so rollout and training
 log-probs agree up to numerics. Filtering only changes which token is drawn.
+
+Banned ids (:attr:`RowSampling.banned`: a vision-language model's image and video placeholder
+ids, :mod:`agentloop_engines.placeholders`) are a filter under the same convention: they are
+never drawn, greedy included (greedy takes the best allowed token), and the returned log-prob is
+still the full-vocabulary one, so the trainer needs no ban of its own. Bans apply before
+top-k/top-p (the k kept tokens are the k best allowed ones).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class RowSampling:
     generator: torch.Generator | None
     """Per-request RNG (None for greedy rows), so a seeded request samples the same tokens
     whatever else shares its batch."""
+    banned: tuple[int, ...] = ()
+    """Ids never drawn (all below the logits' width); empty: nothing is banned, at no cost."""
 
 
 def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +52,9 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Te
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=device)
     scaled = logits / temps[:, None]
     log_probs = torch.log_softmax(scaled, dim=-1)
-    tokens = torch.argmax(logits, dim=-1)
+    # Banned ids go to -inf in `scaled` itself (its own tensor, no longer needed unbanned): greedy
+    # rows are scaled by 1, so its argmax is their best allowed logit.
+    tokens = torch.argmax(scaled if _ban_(scaled, rows) else logits, dim=-1)
 
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
     if sampled:
@@ -75,6 +85,23 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torc
     for j, generator in enumerate(generators):
         noise[j].exponential_(generator=generator)
     return torch.argmax(probs / noise, dim=-1)
+
+
+def _ban_(scaled: torch.Tensor, rows: list[RowSampling]) -> bool:
+    """Set each row's banned ids to -inf in ``scaled``, in place; False (nothing touched) when no
+    row bans anything. Rows are grouped by their banned set: one server bans the same ids in
+    every row, so that is one indexed write."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        if r.banned:
+            groups.setdefault(r.banned, []).append(i)
+    for ids, members in groups.items():
+        cols = torch.tensor(ids, device=scaled.device)
+        if len(members) == len(rows):
+            scaled[:, cols] = float("-inf")
+        else:
+            scaled[torch.tensor(members, device=scaled.device)[:, None], cols[None, :]] = float("-inf")
+    return bool(groups)
 
 
 def _filter(scaled: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:

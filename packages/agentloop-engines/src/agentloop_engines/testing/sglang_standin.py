@@ -40,7 +40,7 @@ DEFAULT_WEIGHT_NAMES = ("step", "model.embed_tokens.weight")
 
 # SGLang builds SamplingParams(**sampling_params), so any other key is a TypeError there.
 _SAMPLING_KEYS = frozenset({"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "ignore_eos",
-                            "sampling_seed"})
+                            "sampling_seed", "logit_bias"})
 
 
 def write_checkpoint(folder: Path, names: Iterable[str] = DEFAULT_WEIGHT_NAMES, tied: bool = True,
@@ -365,7 +365,7 @@ class StandInSGLangEngine:
         rng = self._rng
         if self.server_args.enable_deterministic_inference and "sampling_seed" in sampling_params:
             rng = random.Random(sampling_params["sampling_seed"])
-        vocab = tm.model_config.vocab_size
+        vocab, bias = tm.model_config.vocab_size, sampling_params.get("logit_bias") or {}
         self.live[rid] = False
         self.running += 1
         ids, last, reason = [], input_ids[-1], {"type": "length", "length": max_new}
@@ -378,6 +378,8 @@ class StandInSGLangEngine:
                     break
                 noise = rng.randint(0, 1) if sampling_params["temperature"] > 0 else 0
                 last = (last + self.step + noise + shift) % vocab
+                while bias.get(str(last), 0.0) <= -1e4:  # like SGLang's logit_bias: a banned id is never drawn
+                    last = (last + 1) % vocab
                 ids.append(last)
                 if last in stops:
                     reason = {"type": "stop", "matched": last}

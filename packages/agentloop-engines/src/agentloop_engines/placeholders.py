@@ -1,0 +1,87 @@
+"""Image and video placeholder tokens: a vision-language model reads them, it never writes them.
+
+A prompt expands each image to a run of placeholder tokens (``config.image_token_id``; videos
+``config.video_token_id``) whose embeddings the vision tower fills in. A policy that *generates*
+one breaks its trajectory: the next turn's prompt holds more placeholders than images, every
+engine refuses it (:func:`agentloop_core.vision.processor.image_token_runs`) and the sample
+fails. So every engine bans these ids from sampling, greedy included:
+
+* HFServer masks them in :func:`agentloop_engines.hf.sampling.sample_rows`;
+* VLLMServer passes them as ``bad_words`` (their single-token strings: vLLM sets each to -inf
+  before greedy and random sampling), or as ``logit_bias`` -100 (vLLM's largest) for an id whose
+  string does not tokenize back to it;
+* SGLangServer passes ``logit_bias`` -1e9 for each (SGLang adds it to the logits before greedy
+  and random sampling; ``exp`` of it is exactly 0 in float32, and unlike ``-inf`` it survives
+  SGLang's JSON routes).
+
+Log-probs: HFServer treats the ban as a filter, like top-k/top-p: the returned log-prob is the
+sampled token's under the full-vocabulary ``log_softmax(logits / T)``, what the trainer
+recomputes. vLLM (``processed_logprobs``) and SGLang compute log-probs after their logit
+processors, so theirs are renormalised over the non-placeholder tokens: they exceed the
+trainer's by ``-log(1 - P_T(placeholders))``, which is 0 to float precision unless the policy
+puts real mass on placeholders (the case this ban exists for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["PLACEHOLDER_KEYS", "SGLANG_BAN", "placeholder_token_ids", "sglang_logit_bias", "vllm_ban"]
+
+PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+"""The config fields that name a vision-language model's placeholder ids (``*_index``: the
+older Llava-style spelling)."""
+
+SGLANG_BAN = -1e9
+"""The logit bias that bans a token in SGLang: its probability underflows to exactly 0."""
+
+
+def _field(config: Any, name: str) -> Any:
+    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+
+def placeholder_token_ids(config: Any, vocab_size: int | None = None) -> tuple[int, ...]:
+    """The image and video placeholder ids a vision-language model's config names, sorted;
+    ``()`` for a text-only model (a config without ``vision_config``).
+
+    Args:
+        config: A Hugging Face config (object) or a ``config.json`` mapping.
+        vocab_size: When given, ids outside ``[0, vocab_size)`` are left out (nothing can sample
+            them).
+    """
+    if config is None or _field(config, "vision_config") is None:
+        return ()
+    ids = set()
+    for name in PLACEHOLDER_KEYS:
+        value = _field(config, name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            ids.add(int(value))
+    return tuple(sorted(t for t in ids if vocab_size is None or t < vocab_size))
+
+
+def vllm_ban(token_ids: tuple[int, ...], tokenizer: Any) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keywords that ban ``token_ids``: ``bad_words`` with each id's
+    token string where the tokenizer turns that string back into exactly that id (vLLM tokenizes
+    ``bad_words`` itself, and a one-token bad word is set to -inf at every step), else
+    ``logit_bias`` -100, the most vLLM allows (it clamps biases to [-100, 100]).
+
+    Args:
+        token_ids: The ids to ban (:func:`placeholder_token_ids`); empty gives ``{}``.
+        tokenizer: The served model's Hugging Face tokenizer (vLLM loads the same one).
+    """
+    words: list[str] = []
+    bias: dict[int, float] = {}
+    for token_id in token_ids:
+        text = None if tokenizer is None else tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(text, str) and text and tokenizer.encode(text, add_special_tokens=False) == [token_id]:  # pyright: ignore[reportOptionalMemberAccess] - text is None without a tokenizer
+            words.append(text)
+        else:
+            bias[token_id] = -100.0
+    return {**({"bad_words": words} if words else {}), **({"logit_bias": bias} if bias else {})}
+
+
+def sglang_logit_bias(token_ids: tuple[int, ...]) -> dict[str, float]:
+    """SGLang's ``logit_bias`` (string ids) that bans ``token_ids``: :data:`SGLANG_BAN` each,
+    added to the logits before greedy and random sampling."""
+    return {str(t): SGLANG_BAN for t in token_ids}
