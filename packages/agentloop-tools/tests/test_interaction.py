@@ -46,7 +46,7 @@ def test_extract_final_answer(text, answer):
 
 
 async def test_interaction_asks_again_then_ends_on_the_right_answer(tokenizer):
-    interaction = Gsm8kInteraction({"retry_message": "Wrong, try again."})
+    interaction = Gsm8kInteraction({"retry_message": "Wrong, try again.", "max_attempts": 2})
     server = scripted(tokenizer, ["#### 11", "#### 12"])
     out = await run_loop(tokenizer, server, interaction).run(
         SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": "12"})
@@ -71,7 +71,7 @@ async def test_interaction_asks_again_then_ends_on_the_right_answer(tokenizer):
 
 
 async def test_max_user_turns_ends_a_conversation_that_never_converges(tokenizer):
-    interaction = Gsm8kInteraction()
+    interaction = Gsm8kInteraction({"max_attempts": None})
     server = scripted(tokenizer, ["#### 0"])
     out = await run_loop(tokenizer, server, interaction, max_user_turns=2).run(
         SAMPLING, raw_prompt=PROMPT, interaction_kwargs={"ground_truth": "12"})
@@ -95,7 +95,8 @@ async def test_interaction_from_class_path_with_a_tool(tokenizer):
     assert out.extra_fields["turn_scores"] == [2.0]
     assert out.extra_fields["termination_reason"] == "interaction"
     tool_rewards = out.extra_fields["tool_rewards"]
-    calc = 1.0  # Gsm8kTool.calc_reward: best answer seen, correct
+    assert tool_rewards == [0.0]  # a check earns nothing itself: the reward is calc_reward's, once
+    calc = 1.0  # Gsm8kTool.calc_reward: the last checked answer, correct
     assert out.reward_score == pytest.approx(sum(tool_rewards) + calc + 2.0)
     # turn 0 made the call, turn 1 got the interaction's score
     assert out.extra_fields["turn_rewards"] == pytest.approx([sum(tool_rewards), 2.0])
@@ -144,7 +145,7 @@ interaction:
     config: {retry_message: "Wrong."}
   - name: lenient
     class_name: agentloop_tools.interaction:Gsm8kInteraction
-    config: {retry_message: "Close! Try once more.", correct_score: 2.0}
+    config: {retry_message: "Close! Try once more.", correct_score: 2.0, max_attempts: 2}
 """
 
 

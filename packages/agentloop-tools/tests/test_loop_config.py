@@ -87,7 +87,7 @@ def test_settings_built_directly_are_checked_too():
 def test_tool_agent_declares_only_its_own_fields():
     shared = {f.name for f in fields(ToolLoopConfig)}
     own = {f.name for f in fields(ToolAgentConfig)} - shared
-    assert own == {"max_user_turns", "interaction", "interaction_config_path"}
+    assert own == {"max_user_turns", "interaction", "interaction_config_path", "scoring_timeout_s"}
     assert set(ToolAgentConfig.__annotations__) == {"LOOP_NAME", *own}
 
 

@@ -59,6 +59,7 @@ from agentloop_core.registry import register
 from agentloop_core.runtime.pacing import turn_slot
 from agentloop_core.vision import ImageError, ImageLimits, messages_with_row_images, multi_modal_kwargs
 from agentloop_tools.base import ToolKwargsError, create_instances
+from agentloop_tools.call_limits import CallTimeoutError, call_within
 from agentloop_tools.interaction import BaseInteraction, select_interaction
 from agentloop_tools.loop_config import ToolAgentConfig, resolve_interactions, resolve_tools
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
@@ -171,7 +172,8 @@ class ToolAgentLoop(AgentLoopBase):
         try:
             await self._create_instances(run, tools_kwargs)
             if run.interaction is not None:
-                run.interaction_id = await run.interaction.start(None, **interaction_kwargs)
+                run.interaction_id = await self._scoring(run.interaction.start(None, **interaction_kwargs),
+                                                         "interaction start")
             await self._loop(run, trajectory, base, per_turn_cap)
             reward = await self._reward(run)
         finally:
@@ -353,8 +355,8 @@ class ToolAgentLoop(AgentLoopBase):
             return AgentState.TERMINATED
         start = time.perf_counter()
         with self.tracer.span("interaction", turn=run.user_turns, request_id=run.request_id):
-            done, text, score, metrics = await run.interaction.generate_response(
-                run.interaction_id, list(trajectory.messages))
+            done, text, score, metrics = await self._scoring(run.interaction.generate_response(
+                run.interaction_id, list(trajectory.messages)), "interaction generate_response")
         run.counters["interaction_s"] += time.perf_counter() - start
         await turn_slot()
         run.add_metrics("interaction", run.user_turns, metrics)
@@ -462,13 +464,21 @@ class ToolAgentLoop(AgentLoopBase):
         with self.tracer.span("reward", request_id=run.request_id):
             for name, iid in run.instances.items():
                 try:
-                    total += float(await self.tools[name].run_calc_reward(iid))
+                    total += float(await self._scoring(self.tools[name].run_calc_reward(iid),
+                                                       f"tool {name!r} calc_reward"))
+                except CallTimeoutError:
+                    raise  # a reward missing a part is a wrong reward: the sample fails
                 except Exception as exc:  # noqa: BLE001
                     run.counters["tool_errors"] += 1
                     logger.warning("tool %r calc_reward failed: %s: %s", name, type(exc).__name__, exc)
             if run.interaction is not None and run.interaction_id is not None:
-                total += float(await run.interaction.calculate_score(run.interaction_id))
+                total += float(await self._scoring(run.interaction.calculate_score(run.interaction_id),
+                                                   "interaction calculate_score"))
         return total
+
+    def _scoring(self, awaitable: Any, what: str) -> Any:
+        return call_within(awaitable, self.settings.scoring_timeout_s, what,
+                           "actor_rollout_ref.rollout.agent.loops.tool_agent.scoring_timeout_s")
 
     async def _release(self, run: ToolRun) -> None:
         for name, iid in run.instances.items():

@@ -49,13 +49,17 @@ from agentloop_core.parsers import ParseResult
 from agentloop_core.protocol import SamplingParams
 from agentloop_core.registry import register
 from agentloop_tools.agent_loop import AgentState, ToolAgentLoop
+from agentloop_tools.call_limits import CallTimeoutError, call_within
 from agentloop_tools.loop_config import ToolLoopConfig, loop_setting
 from agentloop_tools.per_tokenizer import check_template_renders_tools
 from agentloop_tools.run_state import REASONING_COUNTERS, ToolRun
 from agentloop_tools.tool_media import MediaScreen
 from agentloop_tools.truncation import cut_tool_response
 
-__all__ = ["EnvAgentConfig", "EnvAgentLoop", "row_environment"]
+__all__ = ["ENV_TIMEOUT_KEY", "EnvAgentConfig", "EnvAgentLoop", "row_environment"]
+
+ENV_TIMEOUT_KEY = "actor_rollout_ref.rollout.agent.loops.env_agent.env_timeout_s"
+"""The trainer's key of :attr:`EnvAgentConfig.env_timeout_s`, named in its errors."""
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +77,11 @@ class EnvAgentConfig(ToolLoopConfig):
     environment_kwargs: tuple[tuple[str, Any], ...] = loop_setting((), mapping=True)
     """Keyword arguments of the environment's constructor, as pairs (a row's
     ``extra_info.environment_kwargs`` go over them)."""
+    env_timeout_s: float | None = loop_setting(300.0, positive=True)
+    """The most seconds one ``reset``, ``step`` or ``close`` of the environment may take; past it
+    the sample fails with an ``EnvironmentError`` naming the call (the batch goes on). It bounds
+    what the call awaits: a step that blocks the event loop itself (``time.sleep`` in an async
+    method) cannot be cut. None: no limit."""
 
 
 def row_environment(row: Mapping[str, Any], config: EnvAgentConfig) -> tuple[str, dict[str, Any]]:
@@ -129,7 +138,7 @@ class EnvAgentLoop(ToolAgentLoop):
                  processor: Any = None, tracer: Any = None) -> None:
         # Not ToolAgentLoop.__init__: the tools and the renderer's schemas are the environment's.
         super(ToolAgentLoop, self).__init__(server, tokenizer, config, processor, tracer)
-        self.settings: EnvAgentConfig
+        self.settings: EnvAgentConfig  # pyright: ignore[reportIncompatibleVariableOverride] - set by the base from config_class
         self.tools: dict[str, Any] = {}
         self.interactions = {}
         self._init_parsers()
@@ -160,7 +169,7 @@ class EnvAgentLoop(ToolAgentLoop):
         run.counters.update(env_step_s=0.0, env_steps=0)
         try:
             env = run.env = _call(name, "__init__", lambda: env_class(**kwargs))
-            messages = await _acall(name, "reset", env.reset(row))
+            messages = await _acall(name, "reset", env.reset(row), self.settings.env_timeout_s)
             schemas = _call(name, "tool_schemas", env.tool_schemas)
             self.tools = {_schema_name(name, s): s for s in schemas}
             self.renderer = self._make_renderer(list(schemas))
@@ -172,11 +181,11 @@ class EnvAgentLoop(ToolAgentLoop):
         except BaseException:
             if run.env is not None:
                 try:
-                    await run.env.close()
+                    await _acall(name, "close", run.env.close(), self.settings.env_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - the first failure is the sample's reason
                     logger.warning("environment %r close failed after an error: %s: %s", name, type(exc).__name__, exc)
             raise
-        await _acall(name, "close", env.close())
+        await _acall(name, "close", env.close(), self.settings.env_timeout_s)
         reward = None if self.settings.tool_reward == "none" else float(sum(run.step_rewards))
         return self._output(run, trajectory, reward, {
             "environment": name, "step_rewards": list(run.step_rewards), "step_infos": list(run.step_infos)})
@@ -209,7 +218,7 @@ class EnvAgentLoop(ToolAgentLoop):
             stop_reason=run.last_stop_reason, index=run.assistant_turns - 1)
         start = time.perf_counter()
         with self.tracer.span(f"env:{run.env_name}", turn=turn.index, request_id=run.request_id):
-            result = await _acall(run.env_name, "step", run.env.step(turn))
+            result = await _acall(run.env_name, "step", run.env.step(turn), self.settings.env_timeout_s)
         run.counters["env_step_s"] += time.perf_counter() - start
         run.counters["env_steps"] += 1
         run.counters["tool_calls"] += len(parsed.calls)  # what the environment was handed (as tool_agent counts)
@@ -267,11 +276,13 @@ def _call(name: str, method: str, fn: Any) -> Any:
         raise EnvironmentError(f"environment {name!r} {method} failed: {type(exc).__name__}: {exc}") from exc
 
 
-async def _acall(name: str, method: str, awaitable: Any) -> Any:
+async def _acall(name: str, method: str, awaitable: Any, timeout_s: float | None) -> Any:
     try:
-        return await awaitable
+        return await call_within(awaitable, timeout_s, f"environment {name!r} {method}", ENV_TIMEOUT_KEY)
     except EnvironmentError:
         raise
+    except CallTimeoutError as exc:
+        raise EnvironmentError(str(exc)) from None
     except Exception as exc:
         raise EnvironmentError(f"environment {name!r} {method} failed: {type(exc).__name__}: {exc}") from exc
 

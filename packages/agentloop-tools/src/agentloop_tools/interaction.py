@@ -217,12 +217,27 @@ def extract_final_answer(text: str) -> str | None:
 
 
 class Gsm8kInteraction(BaseInteraction):
-    """Checks the model's ``#### <answer>`` against ``ground_truth`` and asks it to try again
-    when it is wrong; ends the conversation on a correct answer.
+    """Checks the model's ``#### <answer>`` against ``ground_truth``; ends the conversation on a
+    correct answer, or when its answers are used up; otherwise asks it to try again.
 
     ``start(instance_id, ground_truth="42")`` takes the row's ``interaction_kwargs``. Config:
-    ``retry_message`` (text sent after a wrong answer), ``correct_score``/``wrong_score``.
+    ``retry_message`` (text sent after a wrong answer), ``correct_score``/``wrong_score``,
+    ``max_attempts`` (answers checked per conversation, default 1: a "wrong, try again" to
+    every guess, with the last answer's score as the reward, lets a policy search for the
+    answer; set it to N, or null for as many as ``max_user_turns`` allows, for a
+    self-correction curriculum). A turn with no ``####`` answer does not use an attempt.
+
+    Raises:
+        ValueError: ``max_attempts`` is not a positive integer or null.
     """
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        super().__init__(config)
+        limit = self.config.get("max_attempts", 1)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"interaction {self.name!r}: config max_attempts must be a positive integer or null "
+                             f"(as many as max_user_turns allows), got {limit!r}")
+        self.max_attempts: int | None = limit
 
     async def generate_response(
         self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
@@ -235,8 +250,11 @@ class Gsm8kInteraction(BaseInteraction):
         correct = answer is not None and _same_number(answer, str(state["ground_truth"]))
         score = float(self.config.get("correct_score", 1.0) if correct else self.config.get("wrong_score", 0.0))
         state.setdefault("turn_scores", []).append(score)
+        state["attempts"] = state.get("attempts", 0) + int(answer is not None)
         if correct:
             return True, "Correct.", score, {"answered": 1}
+        if self.max_attempts is not None and state["attempts"] >= self.max_attempts:
+            return True, "That is not right, and no attempts are left.", score, {"answered": 1}
         reply = self.config.get(
             "retry_message",
             "That is not right. Check your work and give the final answer after '#### '.",

@@ -242,6 +242,10 @@ class ToolAgentConfig(ToolLoopConfig):
 
     max_user_turns: int | None = loop_setting(None, positive=True)
     """Most interaction replies; None: until the interaction ends the conversation."""
+    scoring_timeout_s: float | None = loop_setting(300.0, positive=True)
+    """The most seconds one call of the interaction (``start``, ``generate_response``,
+    ``calculate_score``) or of a tool's ``calc_reward`` may take; past it the sample fails with
+    a ``CallTimeoutError`` naming the call and this key, and the batch goes on. None: no limit."""
     interaction: Any = None
     """A :class:`~agentloop_tools.interaction.BaseInteraction`, ``{"class_name", "config",
     "name"}`` or a list of those (see :func:`resolve_interactions`); None: none, or

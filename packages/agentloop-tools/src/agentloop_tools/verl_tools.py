@@ -40,7 +40,7 @@ _POOL = "agentloop runs tool calls on the rollout's event loop; there is no work
 
 _GSM8K = VerlTool(
     "agentloop_tools.builtin.gsm8k.Gsm8kTool",
-    "the same check of the answer against tools_kwargs' ground_truth (1.0 right, 0.0 wrong)",
+    "the same check of the answer against tools_kwargs' ground_truth; one checked answer per trajectory, the last one's 1.0/0.0 (max_attempts, score)",
 )
 
 _MCP = VerlTool(

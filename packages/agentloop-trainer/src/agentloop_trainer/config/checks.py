@@ -110,6 +110,8 @@ def validate(cfg: TrainConfig) -> None:
          a.ppo_mini_batch_size is None or 1 <= a.ppo_mini_batch_size <= cfg.data.train_batch_size,
          "null or between 1 and data.train_batch_size (it counts prompts, as in verl)"),
         ("reward.source", cfg.reward.source in REWARD_SOURCES, f"one of {REWARD_SOURCES}"),
+        ("reward.timeout_s", cfg.reward.timeout_s is None or cfg.reward.timeout_s > 0,
+         "null (no limit) or a positive number of seconds"),
         ("reward.answer_format", all(v in ANSWER_FORMATS for v in cfg.reward.answer_format.values()),
          f"a mapping of data_source (or default) to one of {ANSWER_FORMATS}, e.g. reward.answer_format.gsm8k=flexible"),
         ("model.dtype", cfg.model.dtype in TRAIN_DTYPES,

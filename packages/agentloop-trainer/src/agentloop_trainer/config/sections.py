@@ -292,6 +292,10 @@ class RewardSection:
     Instruct models rarely write ``#### N`` unprompted: ``reward.answer_format.gsm8k=flexible``."""
     judge: JudgeSection = field(default_factory=JudgeSection)
     """A model-judged reward (off by default)."""
+    timeout_s: float | None = 300.0
+    """The most seconds one call of the reward function (custom or built-in) may take; past it
+    the sample fails with ``RewardTimeoutError`` (counted in ``rollout/num_failed``) and the batch
+    goes on. A sync function is abandoned on its own daemon thread. null: no limit."""
 
 
 @dataclass
@@ -303,6 +307,10 @@ class RaySection:
     backend); None: start a local Ray cluster on this machine."""
     num_cpus: int | None = None
     """CPUs of a local cluster; None: all of this machine's."""
+    listen_on_network: bool = False
+    """A local cluster (no ``address``) listens on every address of this machine, for other
+    machines to join it; its authentication is off, so only on a network you trust. False: on
+    127.0.0.1 only. Ignored when joining a cluster."""
     placement_strategy: str = "PACK"
     """PACK | SPREAD | STRICT_PACK | STRICT_SPREAD for engine replicas and FSDP ranks."""
     replica_num_cpus: float = 1.0

@@ -4,6 +4,7 @@ own reward.
 - :mod:`~agentloop_trainer.reward.rule`: the final ``#### N`` answer against the ground truth.
 - :mod:`~agentloop_trainer.reward.answers`: the answer an instruct model wrote, in its own forms.
 - :mod:`~agentloop_trainer.reward.scoring`: :class:`RewardScorer`, per ``reward.source``.
+- :mod:`~agentloop_trainer.reward.limits`: a reward finite in float32 and within ``reward.timeout_s``.
 - :mod:`~agentloop_trainer.reward.judge`: a model-judged reward's settings, template and parser
   (``reward.judge``); :mod:`~agentloop_trainer.reward.judge_client`: its calls and their cost.
 """
@@ -23,10 +24,12 @@ from agentloop_trainer.reward.answers import (
 )
 from agentloop_trainer.reward.judge import DEFAULT_PROMPT, PLACEHOLDERS, JudgeError, JudgeSettings
 from agentloop_trainer.reward.judge_client import JudgeClient, JudgeCost, judge_step_metrics
+from agentloop_trainer.reward.limits import REWARD_DTYPE, RewardTimeoutError, call_limited, not_finite_reason
 from agentloop_trainer.reward.rule import answer_reward, extract_answer
 from agentloop_trainer.reward.scoring import (
     ANSWER_FORMATS,
     BUILTIN_SCORERS,
+    DEFAULT_REWARD_TIMEOUT_S,
     RewardScorer,
     answer_format_for,
     builtin_scorer,
@@ -41,6 +44,7 @@ __all__ = [
     "ANSWER_FORMS",
     "BUILTIN_SCORERS",
     "DEFAULT_PROMPT",
+    "DEFAULT_REWARD_TIMEOUT_S",
     "FoundAnswer",
     "JudgeClient",
     "JudgeCost",
@@ -49,12 +53,15 @@ __all__ = [
     "MAX_SCAN_CHARS",
     "MAX_STATEMENT_CHARS",
     "PLACEHOLDERS",
+    "REWARD_DTYPE",
     "RewardScorer",
+    "RewardTimeoutError",
     "answer_format_for",
     "answer_reward",
     "answers_match",
     "boxed_reward",
     "builtin_scorer",
+    "call_limited",
     "check_answer_format",
     "extract_answer",
     "find_answer",
@@ -63,6 +70,7 @@ __all__ = [
     "leading_number",
     "load_reward_function",
     "normalize_math_answer",
+    "not_finite_reason",
     "split_score",
     "truth_text",
     "turn_rewards_of",

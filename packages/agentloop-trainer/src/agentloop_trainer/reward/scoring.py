@@ -9,8 +9,8 @@ paths and names), so Ray workers load the user's file themselves.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +19,14 @@ from typing import Any
 
 from agentloop_trainer.reward.answers import boxed_reward, flexible_reward
 from agentloop_trainer.reward.judge import JudgeSettings, prompt_values, render_prompt
+from agentloop_trainer.reward.limits import RewardTimeoutError, call_limited, not_finite_reason
 from agentloop_trainer.reward.rule import answer_reward
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_REWARD_TIMEOUT_S = 300.0
+"""``reward.timeout_s`` unless set: long enough for a sandboxed test run or a remote verifier,
+short enough that one stuck scorer does not hold a step for hours."""
 
 
 def _gsm8k(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
@@ -208,11 +215,18 @@ class RewardScorer:
     (see :data:`ANSWER_FORMATS`)."""
     judge: JudgeSettings | None = None
     """``reward.judge``: a model-judged score replacing the reward, or added to it; None: no judge."""
+    timeout_s: float | None = DEFAULT_REWARD_TIMEOUT_S
+    """``reward.timeout_s``: the most seconds one call of the reward function may take; past it
+    the sample fails (``RewardTimeoutError``) and the batch goes on. None: no limit."""
 
     def __post_init__(self) -> None:
         from agentloop_trainer.reward.judge_client import JudgeClient
 
         check_answer_format(self.answer_format)
+        if self.timeout_s is not None and (isinstance(self.timeout_s, bool) or not isinstance(
+                self.timeout_s, (int, float)) or not math.isfinite(self.timeout_s) or self.timeout_s <= 0):
+            raise ValueError(f"reward.timeout_s must be a positive number of seconds or null (no limit), "
+                             f"got {self.timeout_s!r}")
         self._fn: Callable[..., Any] | None = None
         self.judge_client = JudgeClient(self.judge) if self.judge is not None else None
         """Sends the judge's calls (None without a judge); ``url=policy`` needs its
@@ -256,13 +270,25 @@ class RewardScorer:
                 f"reward.answer_format {fmt} ({_ACCEPTS.get(fn, fn.__name__)})")
 
     async def __call__(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
-        if self.judge is None:
-            await self._rule(output, row, tokenizer)
-        elif self.judge.combine == "replace":
-            await self._judged(output, row, tokenizer, 0.0)
-        else:
-            await self._rule(output, row, tokenizer)
-            await self._judged(output, row, tokenizer, float(output.reward_score))
+        try:
+            if self.judge is None:
+                await self._rule(output, row, tokenizer)
+            elif self.judge.combine == "replace":
+                await self._judged(output, row, tokenizer, 0.0)
+            else:
+                await self._rule(output, row, tokenizer)
+                if not output.failed:
+                    await self._judged(output, row, tokenizer, float(output.reward_score))
+        except RewardTimeoutError as exc:
+            _fail(output, row, "reward_timeout", f"RewardTimeoutError: {exc}")
+            return
+        if output.failed or output.reward_score is None:
+            return
+        why = not_finite_reason(output.reward_score, output.extra_fields.get("turn_rewards"))
+        if why is not None:
+            # Failed, not zeroed: one inf or NaN in a group makes all its advantages NaN.
+            _fail(output, row, "reward_not_finite", f"RewardNotFiniteError: {why} (advantages are computed in "
+                  "float32); return rewards within +-3.4e38, or scale them down")
 
     @staticmethod
     def _solution(output: Any, tokenizer: Any) -> str:
@@ -329,13 +355,10 @@ class RewardScorer:
         # ends mid-thought, which the flexible reader must not take a last number from.
         extra_info.setdefault("truncated", any(output.metrics.get(k) for k in (TURN_CAP, CONTEXT, RESPONSE_BUDGET)))
         where = f"{self.path}:{self.name}" if self.path else f"the built-in scorer for {data_source!r}"
-        if inspect.iscoroutinefunction(fn):
-            result = await fn(data_source, solution, ground_truth, extra_info, **self.reward_kwargs)
-        else:
-            # A thread: a slow scorer (a sandbox, a judge call) must not stall the other trajectories.
-            result = await asyncio.to_thread(fn, data_source, solution, ground_truth, extra_info, **self.reward_kwargs)
-            if inspect.isawaitable(result):
-                result = await result
+        # A sync scorer runs on a thread: a slow one (a sandbox, a judge call) must not stall the
+        # other trajectories; and within reward.timeout_s, so a stuck one cannot hold the batch.
+        result = await call_limited(fn, (data_source, solution, ground_truth, extra_info), self.reward_kwargs,
+                                    timeout_s=self.timeout_s, where=f"reward function {where}")
         score, extras = split_score(result, where)
         output.metrics["reward/function"] = score
         for key, value in extras.items():
@@ -360,6 +383,18 @@ def _add_turn_rewards(a: list[float] | None, b: list[float] | None, where: str) 
         raise ValueError(f"{where} returned {len(b)} per-turn scores but the loop recorded {len(a)} turn rewards "
                          "(reward.source=sum adds them turn by turn): return one score per turn")
     return [float(x) + float(y) for x, y in zip(a, b, strict=True)]
+
+
+def _fail(output: Any, row: Mapping[str, Any], counter: str, error: str) -> None:
+    """Mark the sample failed with ``error`` (the trainer leaves it out: ``rollout/num_failed``,
+    the reason in the step's failure breakdown) and ``metrics[counter] = 1``."""
+    sample = row.get("request_id") or row.get("index")
+    logger.warning("sample %s (data_source %r): %s", sample, row.get("data_source"), error)
+    output.metrics[counter] = 1.0
+    output.metrics["failed"] = True
+    output.metrics["error"] = error
+    output.reward_score = 0.0
+    _set_turn_rewards(output, None)
 
 
 def _set_turn_rewards(output: Any, turns: list[float] | None) -> None:

@@ -144,7 +144,7 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         reward_fn=RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
                                reward_kwargs=dict(crf.reward_kwargs or {}),
                                answer_format=dict(cfg.reward.answer_format),
-                               judge=JudgeSettings.from_section(cfg.reward.judge)),
+                               judge=JudgeSettings.from_section(cfg.reward.judge), timeout_s=cfg.reward.timeout_s),
     )
     return record.with_loop_configs(per_loop, also=[record.default_agent_loop] if record.default_agent_loop else [])
 
@@ -270,7 +270,7 @@ class RolloutFleet:
         of them (set below; None only while starting)."""
         try:
             if r.server_urls:
-                self.server = remote_engines(list(r.server_urls), r.server_api_key_env, r.server_control_key_env)
+                self.server = remote_engines(r)
             elif uses_ray(cfg):
                 self.server = self._start_ray(cfg)
             else:
@@ -336,7 +336,7 @@ class RolloutFleet:
 
         rc = cfg.ray
         num = cfg.actor_rollout_ref.rollout.num_replicas
-        connect_ray(rc.address, num_cpus=rc.num_cpus)
+        connect_ray(rc.address, num_cpus=rc.num_cpus, listen_on_network=rc.listen_on_network)
         # Everything is checked before anything starts: Ray would leave a replica pending forever.
         check_resources([bundle_for(rc.replica_num_cpus, rc.replica_num_gpus)] * num, strategy=rc.placement_strategy,
                         what=f"{num} engine replicas (actor_rollout_ref.rollout.num_replicas, "

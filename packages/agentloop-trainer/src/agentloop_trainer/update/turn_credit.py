@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_trainer.update.advantages import compute_advantages, trajectory_advantages
+from agentloop_trainer.update.finite_rewards import fail_non_finite_rewards
 from agentloop_trainer.update.turns import Trajectory, batch_trajectories
 
 __all__ = [
@@ -220,11 +221,16 @@ def credit_advantages(settings: CreditSettings, batch: Any, group_ids: Sequence[
         :func:`~agentloop_trainer.update.advantages.trajectory_advantages`; the other modes
         ``[B, R]`` per-token advantages.
 
+    A trajectory whose reward (or a per-turn reward) is not finite in float32 is first marked
+    failed in ``batch`` (:func:`~agentloop_trainer.update.finite_rewards.fail_non_finite_rewards`),
+    so it cannot turn its group's advantages into NaN.
+
     Raises:
         ValueError: an unknown mode, or per-turn rewards that do not match a trajectory's turns.
     """
     import torch
 
+    fail_non_finite_rewards(batch)
     if settings.mode == "trajectory":  # the [B] path of every run before per-turn credit, bit for bit
         trajectories = batch.trajectory_index.tolist()
         return trajectory_advantages(settings.estimator, torch.as_tensor(batch.rewards), list(group_ids), trajectories)
