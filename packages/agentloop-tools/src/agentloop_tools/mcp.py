@@ -86,10 +86,17 @@ class MCPToolset:
                                                            max_sse_event_size=s.max_result_bytes)
         elif s.transport == "sse":
             transport = transports.SSETransport(s.url, headers=headers or None, httpx_client_factory=factory)
-        else:
+        elif s.max_result_bytes is None:
             transport = transports.StdioTransport(
                 s.command, s.args, env={k: v.get() for k, v in s.env.items()} or None, cwd=s.cwd
             )
+        else:
+            # The extra is installed (checked above): the bounded stdio client can be imported.
+            from agentloop_tools.mcp_stdio import BoundedStdioTransport
+
+            transport = BoundedStdioTransport(s.command or "", list(s.args or []),
+                                              {k: v.get() for k, v in s.env.items()} or None, s.cwd,
+                                              limit=s.max_result_bytes, where=repr(s.name))
         return fastmcp.Client(transport, timeout=s.timeout_s)
 
     async def _open_client(self):
@@ -191,6 +198,7 @@ class MCPToolset:
             ConnectionError: The server could not be reached.
         """
         waited = await self.rate_limiter.acquire() if self.rate_limiter else 0.0
+        result: Any = None
         for attempt in (1, 2):
             try:
                 client = await self._client()
@@ -209,6 +217,8 @@ class MCPToolset:
                                    self.server.name, name, RESULT_TOO_LARGE, self.server.max_result_bytes)
                     text = (f"Error: the result of {name!r} was larger than the {self.server.max_result_bytes:,} bytes "
                             "allowed (max_result_bytes) and was dropped unread")
+                    if self.server.transport == "stdio":
+                        await self._drop(client)  # a stdio connection ends at the cut (mcp_stdio)
                     return ToolResponse(text=text), {"mcp_is_error": True, "mcp_rate_wait_s": waited,
                                                      "mcp_result_too_large": 1}
                 answered = _is_error_response(exc)
@@ -225,9 +235,14 @@ class MCPToolset:
         return response, {"mcp_is_error": bool(result.is_error), "mcp_rate_wait_s": waited}
 
 
+_CONNECTION_CLOSED = -32000
+"""The JSON-RPC code of mcp's "Connection closed": the connection was lost, nothing was answered."""
+
+
 def _is_error_response(exc: BaseException) -> bool:
     # mcp's MCPError (McpError in older releases): the server replied with an error.
-    return type(exc).__module__.startswith("mcp.") and type(exc).__name__.lower() == "mcperror"
+    return (type(exc).__module__.startswith("mcp.") and type(exc).__name__.lower() == "mcperror"
+            and getattr(exc, "code", None) != _CONNECTION_CLOSED)
 
 
 def _scrub(text: str, server: MCPServerConfig) -> str:
@@ -303,7 +318,7 @@ class MCPTool(BaseTool):
         return f"{type(self).__name__}(name={self.name!r}, server={self.toolset.server.name!r})"
 
     async def execute(
-        self, instance_id: str, parameters: dict[str, Any]
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
         self.state(instance_id)
         response, metrics = await self.toolset.call_tool(self.name, parameters)

@@ -1,5 +1,5 @@
-"""A byte limit on what an MCP server sends, applied where the bytes arrive (the HTTP client),
-before anything is parsed.
+"""A byte limit on what an MCP server sends, applied where the bytes arrive (the HTTP client;
+:mod:`agentloop_tools.mcp_stdio` for stdio servers), before anything is parsed.
 
 The MCP client reads a JSON response whole (``response.aread()``) and then parses it into
 pydantic models and Python strings: a 100 MB result costs about 1 GB, though the model reads only
@@ -31,6 +31,14 @@ def result_too_large_error() -> type[Exception]:
     return MCPResultTooLargeError
 
 
+def too_large_message(limit: int, where: str) -> str:
+    """The error text of a message cut off at ``limit`` bytes (every transport words it alike:
+    :meth:`MCPToolset.call_tool` recognises it by :data:`RESULT_TOO_LARGE`)."""
+    return (f"the MCP server {where} sent more than {limit:,} bytes for one message; the result "
+            f"{RESULT_TOO_LARGE} ({limit:,}) and was dropped unread (raise max_result_bytes in the "
+            "server's mcpServers entry, or null for no limit, if the tool really returns that much)")
+
+
 _EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n")
 
 
@@ -60,9 +68,7 @@ def bounded_http_client_factory(limit: int, where: str) -> Any:
     error = result_too_large_error()
 
     def too_large() -> Exception:
-        return error(f"the MCP server {where} sent more than {limit:,} bytes for one message; the result "
-                     f"{RESULT_TOO_LARGE} ({limit:,}) and was dropped unread (raise max_result_bytes in the "
-                     "server's mcpServers entry, or null for no limit, if the tool really returns that much)")
+        return error(too_large_message(limit, where))
 
     class BoundedStream(httpx2.AsyncByteStream):
         """Raises once ``limit`` bytes arrive without an end (the body, or one event)."""
@@ -126,4 +132,4 @@ def bounded_http_client_factory(limit: int, where: str) -> Any:
     return factory
 
 
-__all__ = ["RESULT_TOO_LARGE", "bounded_http_client_factory", "result_too_large_error"]
+__all__ = ["RESULT_TOO_LARGE", "bounded_http_client_factory", "result_too_large_error", "too_large_message"]

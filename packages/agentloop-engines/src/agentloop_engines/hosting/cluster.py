@@ -3,6 +3,11 @@
 Every module that hosts work on Ray (engine replicas, the shared client actor, the trainer's
 FSDP ranks) gets Ray through :func:`import_ray`, so a missing Ray fails the same way
 everywhere: an ImportError that prints the ``pip install`` line of the extra to add.
+
+What Ray workers print (model and tool text among it) reaches this process's console only
+escaped (:func:`escape_worker_output`): Ray copies worker stdout/stderr lines to the driver as
+they are (``log_to_driver``), so an escape sequence in them would retitle, clear or rewrite the
+terminal of whoever watches the run.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["connect_ray", "import_ray", "init_local_ray"]
+from agentloop_core.console import console_safe
+
+__all__ = ["connect_ray", "escape_worker_output", "import_ray", "init_local_ray"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +74,8 @@ def connect_ray(
             (``ray.init`` itself retries an unreachable address for minutes).
         listen_on_network: Let a local Ray listen on every address of this machine (see
             :func:`init_local_ray`). Ignored when joining.
-        **init_kwargs: Passed to ``ray.init``.
+        **init_kwargs: Passed to ``ray.init``. ``log_to_driver`` (Ray's default when joining:
+            on) copies the workers' output to this console, escaped.
 
     Returns:
         The ``ray`` module, initialised. An already initialised Ray is reused as it is.
@@ -87,6 +95,7 @@ def connect_ray(
             ray.init(address=address, namespace=namespace, **init_kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConnectionError(_join_hint(address, exc)) from exc
+        escape_worker_output()
         return ray
     if temp_dir is None:
         temp_dir = tempfile.mkdtemp(prefix="agentloop-ray-")
@@ -114,7 +123,9 @@ def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, objec
         object_store_mb: Size of the object store.
         listen_on_network: Listen on every address of this machine instead (Ray's default), for
             other machines to join this one. Unauthenticated: only on a network you trust.
-        **init_kwargs: Passed to ``ray.init``.
+        **init_kwargs: Passed to ``ray.init``. Workers' output stays in the session's log files
+            (``log_to_driver=False``) unless ``log_to_driver=True``, which copies it to this
+            console, escaped.
 
     Raises:
         ImportError: without Ray.
@@ -126,7 +137,8 @@ def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, objec
                        "RAY_AUTH_MODE=%s: unless that is a token, anyone who can reach this machine can run "
                        "code in it", os.environ["RAY_AUTH_MODE"])
     kwargs = dict(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
-                  _temp_dir=str(temp_dir), log_to_driver=False, **init_kwargs)
+                  _temp_dir=str(temp_dir), **init_kwargs)
+    kwargs.setdefault("log_to_driver", False)
     with _ray_listens_on_network(ray, listen_on_network):
         try:
             ray.init(**kwargs)
@@ -137,7 +149,35 @@ def init_local_ray(temp_dir: str | os.PathLike[str], *, num_cpus: int = 2, objec
                 raise
             ray.shutdown()
             ray.init(**kwargs)
+    escape_worker_output()
     return ray
+
+
+def escape_worker_output() -> None:
+    """Make every handler Ray gives worker output lines to (the one that prints them on this
+    console when ``log_to_driver`` is on) see them :func:`~agentloop_core.console.console_safe`;
+    idempotent. Call it after ``ray.init`` (which adds the handler); :func:`connect_ray` and
+    :func:`init_local_ray` do."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    # Swapped under the dispatcher's lock: a batch emitted in between is neither lost nor raw.
+    with dispatcher._lock:
+        dispatcher.handlers = [(name, handler if isinstance(handler, _EscapedHandler) else _EscapedHandler(handler))
+                               for name, handler in dispatcher.handlers]
+
+
+class _EscapedHandler:
+    """A Ray worker-output handler fed escaped lines (and actor and task names, which the
+    printed prefix shows)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, data: dict[str, Any]) -> Any:
+        safe = {k: console_safe(v) if k in ("actor_name", "task_name") and isinstance(v, str) else v
+                for k, v in data.items()}
+        safe["lines"] = [console_safe(line) for line in data.get("lines", [])]
+        return self.inner(safe)
 
 
 @contextlib.contextmanager

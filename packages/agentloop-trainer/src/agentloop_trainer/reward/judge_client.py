@@ -10,6 +10,7 @@ judge server batches whatever is in flight (``agentloop serve`` and vLLM do).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -17,6 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_trainer.reward.judge import POLICY, JudgeError, JudgeSettings
+
+DEFAULT_MAX_RESPONSE_BYTES = 4 << 20
+"""Most bytes a judge server's answer may have (4 MiB: a chat reply of tens of thousands of
+tokens); more is refused unread (:class:`JudgeResponseTooLargeError`)."""
 
 COST_KEYS = ("calls", "failed_calls", "prompt_tokens", "completion_tokens", "seconds", "failures")
 """The per-trajectory counters :class:`JudgeCost` writes as ``judge/<key>`` metrics, and the
@@ -65,24 +70,35 @@ class JudgeFailed(JudgeError):
         self.cost = cost
 
 
+class JudgeResponseTooLargeError(RuntimeError):
+    """The judge server sent more than ``max_response_bytes``: refused before it is parsed."""
+
+
 class JudgeClient:
     """Sends judge prompts; one per rollout worker process (it pickles to its settings).
 
     Args:
         settings: The checked ``reward.judge`` settings.
+        max_response_bytes: Most bytes read from the judge server per answer (a body over it is
+            refused unread, and a server that never ends its body cannot grow the process); None:
+            the settings' ``max_response_bytes`` when they have one, else
+            :data:`DEFAULT_MAX_RESPONSE_BYTES`.
     """
 
-    def __init__(self, settings: JudgeSettings) -> None:
+    def __init__(self, settings: JudgeSettings, *, max_response_bytes: int | None = None) -> None:
         self.settings = settings
+        self.max_response_bytes = int(max_response_bytes or getattr(settings, "max_response_bytes", None)
+                                      or DEFAULT_MAX_RESPONSE_BYTES)
+        """Most bytes read from the judge server per answer."""
         self.policy_server: Any = None
         """The engine ``url=policy`` judges with (bound by the rollout fleet in its process)."""
         self._limits: dict[int, asyncio.Semaphore] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"settings": self.settings}
+        return {"settings": self.settings, "max_response_bytes": self.max_response_bytes}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["settings"])
+        self.__init__(state["settings"], max_response_bytes=state.get("max_response_bytes"))
 
     def _limit(self) -> asyncio.Semaphore:
         # A semaphore belongs to the event loop it first waits on: one per loop.
@@ -143,18 +159,46 @@ class JudgeClient:
         if s.model:
             body["model"] = s.model
         headers = {"Authorization": f"Bearer {os.environ[s.api_key_env]}"} if s.api_key_env else {}
+        # Compressed bytes would be counted before they expand (a gzip bomb): ask for none.
+        headers["Accept-Encoding"] = "identity"
         # The timeout is asyncio's (the whole call); httpx's own only bounds its socket waits.
-        async with httpx.AsyncClient(timeout=s.timeout_s + 5) as client:
-            response = await client.post(s.url.rstrip("/") + "/chat/completions", json=body, headers=headers)
+        async with httpx.AsyncClient(timeout=s.timeout_s + 5) as client, client.stream(
+                "POST", s.url.rstrip("/") + "/chat/completions", json=body, headers=headers) as response:
+            raw = await self._read_bounded(response)
         if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code} from {s.url}: {response.text[:300]}")
-        data = response.json()
+            raise RuntimeError(f"HTTP {response.status_code} from {s.url}: {raw[:300].decode(errors='replace')}")
+        data = json.loads(raw)
         try:
             reply = data["choices"][0]["message"]["content"] or ""
         except (KeyError, IndexError, TypeError):
             raise RuntimeError(f"{s.url} answered without choices[0].message.content: {str(data)[:300]}") from None
         usage = data.get("usage") or {}
         return str(reply), int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+    async def _read_bounded(self, response: Any) -> bytes:
+        """The body of a streamed ``httpx`` response, read up to ``max_response_bytes``.
+
+        Raises:
+            JudgeResponseTooLargeError: the body (or its Content-Length) passed the limit, or it
+                came compressed though none was asked for.
+        """
+        limit, url = self.max_response_bytes, self.settings.url
+        fix = (f"max_response_bytes={limit:,}; a judge reply is a few KB: check that reward.judge.url is the "
+               "judge's OpenAI-compatible /v1 endpoint")
+        encoding = response.headers.get("content-encoding", "identity").lower()
+        if encoding not in ("", "identity"):
+            raise JudgeResponseTooLargeError(f"the judge at {url} sent a {encoding}-encoded body though asked for "
+                                             f"none; refused unread (it could expand past {fix})")
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise JudgeResponseTooLargeError(f"the judge at {url} announced {int(length):,} bytes, over {fix}; "
+                                             "refused unread")
+        body = bytearray()
+        async for chunk in response.aiter_raw():
+            body += chunk
+            if len(body) > limit:
+                raise JudgeResponseTooLargeError(f"the judge at {url} sent more than {fix}; the rest was not read")
+        return bytes(body)
 
     async def _call_policy(self, prompt: str, tokenizer: Any) -> tuple[str, int, int]:
         from agentloop_core.protocol import SamplingParams

@@ -23,7 +23,7 @@ def ray_session(cfg: TrainConfig, log: Any) -> Any:
     from agentloop_engines.hosting import connect_ray
 
     started = not ray.is_initialized()
-    connect_ray(cfg.ray.address, num_cpus=cfg.ray.num_cpus)
+    connect_ray(cfg.ray.address, num_cpus=cfg.ray.num_cpus, listen_on_network=cfg.ray.listen_on_network)
     resources = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
     log(f"Ray: {'joined ' + cfg.ray.address if cfg.ray.address else 'local cluster'} with "
         f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s), {resources}")

@@ -116,7 +116,7 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
     if rank == 0 and uses_ray(cfg):
         from agentloop_engines.hosting import connect_ray
 
-        connect_ray(cfg.ray.address)  # the driver's cluster (its address is in the config)
+        connect_ray(cfg.ray.address, listen_on_network=cfg.ray.listen_on_network)  # the driver's cluster
     trainer = build_trainer(cfg, model_path, run_dir, log=print if rank == 0 else (lambda *_: None), rank=rank,
                             world_size=dist.get_world_size())
     try:

@@ -18,38 +18,74 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+LOOPBACK = "127.0.0.1"
+"""The rendezvous address of ranks that all run on one machine (the default)."""
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A free TCP port on ``host`` for the process-group rendezvous (``""``: all interfaces, for
-    a rendezvous other nodes connect to)."""
-    with socket.socket() as s:
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A free TCP port on ``host`` for the process-group rendezvous (the address the store will
+    listen on: 127.0.0.1 for ranks on one machine, rank 0's node address for several)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
+def rendezvous_store(rank: int, world_size: int, host: str, port: int, timeout: Any = None) -> Any:
+    """The ``TCPStore`` the ranks meet at: rank 0 hosts it listening on ``host`` only, the others
+    connect to it there.
+
+    torch's own store (``init_process_group`` with ``MASTER_ADDR``) listens on every address of
+    rank 0's machine whatever ``MASTER_ADDR`` says, and it is unauthenticated: anyone who can
+    reach the port can write keys into the rendezvous. Rank 0 binds the socket itself and hands
+    it to the store (``master_listen_fd``).
+
+    Args:
+        rank: This process's rank.
+        world_size: Number of ranks.
+        host: The address the store listens on and the ranks connect to.
+        port: Its port.
+        timeout: A ``datetime.timedelta`` (None: torch's default process-group timeout).
+    """
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    timeout = default_pg_timeout if timeout is None else timeout
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage]
+    listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=max(128, world_size))
+    # The store owns the socket from here (it closes it); Python must not close it under it.
+    fd = listener.detach()
+    return dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout,  # pyright: ignore[reportPrivateImportUsage]
+                         wait_for_workers=False, master_listen_fd=fd, use_libuv=True)
+
+
 def init_process_group(rank: int, world_size: int, port: int, device: str = "cpu", addr: str | None = None) -> None:
-    """Join the default process group (gloo on CPU, NCCL on CUDA).
+    """Join the default process group (gloo on CPU, NCCL on CUDA) through a
+    :func:`rendezvous_store` listening on rank 0's address only.
 
     Args:
         rank: This process's rank.
         world_size: Number of ranks.
         port: Rendezvous port on rank 0's node.
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL).
-        addr: Rank 0's address; None keeps ``MASTER_ADDR`` if set, else 127.0.0.1.
+        addr: Rank 0's address, where the store listens; None keeps ``MASTER_ADDR`` if set, else
+            127.0.0.1 (ranks on one machine: nothing listens beyond loopback).
     """
     import torch
     import torch.distributed as dist
 
     if addr is not None:
         os.environ["MASTER_ADDR"] = addr
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_ADDR", LOOPBACK)
     os.environ["MASTER_PORT"] = str(port)
     # One thread per rank: with 2 cores, more threads per process were many times slower.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    store = rendezvous_store(rank, world_size, os.environ["MASTER_ADDR"], port)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offload: bool = False) -> Any:

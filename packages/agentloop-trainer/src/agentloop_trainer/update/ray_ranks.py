@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentloop_trainer.update.fsdp import free_port, init_process_group
+from agentloop_trainer.update.fsdp import LOOPBACK, free_port, init_process_group
 
-__all__ = ["RankFailedError", "RayRankActor", "spawn_ray"]
+__all__ = ["RankFailedError", "RayRankActor", "rendezvous_address", "spawn_ray"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -91,9 +91,9 @@ class RayRankActor:
 
         return ray.util.get_node_ip_address()
 
-    def free_port(self) -> int:
-        """A TCP port free on all interfaces of this node, for the rendezvous store."""
-        return free_port(host="")
+    def free_port(self, host: str) -> int:
+        """A TCP port free on ``host`` (an address of this node), for the rendezvous store."""
+        return free_port(host=host)
 
     def run(self, master_addr: str, master_port: int, device: str, fn: Callable[..., Any],
             args: tuple[Any, ...]) -> _Outcome:
@@ -133,11 +133,14 @@ def spawn_ray(
     timeout_s: float = 120.0,
     run_timeout_s: float | None = None,
     env_vars: Mapping[str, str] | None = None,
+    rendezvous_addr: str | None = None,
 ) -> Any:
     """Run ``fn(rank, *args)`` on ``world_size`` Ray actors in one process group; rank 0's result.
 
-    Each rank is an actor in its own placement-group bundle (bundle index = rank). Rank 0's node
-    IP and a port free on that node are the rendezvous (``MASTER_ADDR``/``MASTER_PORT``).
+    Each rank is an actor in its own placement-group bundle (bundle index = rank). The rendezvous
+    (``MASTER_ADDR``/``MASTER_PORT``, an unauthenticated store hosted by rank 0) listens on
+    127.0.0.1 when every rank runs on rank 0's node, else on rank 0's node IP only (never on every
+    address of the node).
 
     Args:
         fn: Module-level function Ray workers can import (or unpickle by value).
@@ -155,6 +158,8 @@ def spawn_ray(
         run_timeout_s: Limit for ``fn`` on all ranks (None: no limit).
         env_vars: Extra environment for the rank processes. ``OMP_NUM_THREADS`` is the
             caller's, or 1.
+        rendezvous_addr: The address of rank 0's node the store listens on (one every rank can
+            reach); None: chosen as above.
 
     Returns:
         What ``fn`` returned on rank 0.
@@ -221,13 +226,14 @@ def spawn_ray(
             ).remote(rank, world_size))
         try:
             addresses = ray.get([a.node_address.remote() for a in actors], timeout=timeout_s)
-            port = ray.get(actors[0].free_port.remote(), timeout=timeout_s)
+            master_addr = rendezvous_addr or rendezvous_address(addresses)
+            port = ray.get(actors[0].free_port.remote(master_addr), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError as exc:
             raise InsufficientResourcesError(
                 f"{world_size} rank actors did not start within {timeout_s:g}s although their placement "
                 "group is ready; check the Ray worker logs (slow imports, runtime_env setup)"
             ) from exc
-        refs = [a.run.remote(addresses[0], port, device, fn, args) for a in actors]
+        refs = [a.run.remote(master_addr, port, device, fn, args) for a in actors]
         return _collect(ray, refs, world_size, run_timeout_s)
     finally:
         for actor in actors:
@@ -235,6 +241,12 @@ def spawn_ray(
             ray.kill(actor, no_restart=True)
         if own_pg and pg is not None:
             remove_placement_group(pg)
+
+
+def rendezvous_address(node_addresses: list[str]) -> str:
+    """Where the ranks meet, given each rank's node IP (rank 0's first): 127.0.0.1 when they are
+    all on rank 0's node (nothing beyond loopback can reach the store), else rank 0's node IP."""
+    return LOOPBACK if all(a == node_addresses[0] for a in node_addresses) else node_addresses[0]
 
 
 FAILURE_GRACE_S = 3.0
