@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 
 import pytest
@@ -125,18 +126,53 @@ def test_a_missing_engine_names_the_extra(monkeypatch):
 
 def test_remote_servers_key_comes_from_the_environment(monkeypatch):
     pytest.importorskip("httpx", reason='needs pip install "agentloop-engines[server]"')
+    urls = "actor_rollout_ref.rollout.server_urls=[http://127.0.0.1:9]"
     monkeypatch.delenv("MY_ENGINE_KEY", raising=False)
     with pytest.raises(ValueError, match="server_api_key_env=MY_ENGINE_KEY but that environment variable is unset"):
-        remote_engines(["http://127.0.0.1:9"], "MY_ENGINE_KEY")
+        remote_engines(load_config([urls, "actor_rollout_ref.rollout.server_api_key_env=MY_ENGINE_KEY"])
+                       .actor_rollout_ref.rollout)
     monkeypatch.delenv("MY_CONTROL_KEY", raising=False)
+    control = load_config([urls, "actor_rollout_ref.rollout.server_control_key_env=MY_CONTROL_KEY",
+                           "actor_rollout_ref.rollout.server_max_response_bytes=1000000"]).actor_rollout_ref.rollout
     with pytest.raises(ValueError, match="server_control_key_env=MY_CONTROL_KEY but that environment variable"):
-        remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY")
+        remote_engines(control)
     monkeypatch.setenv("MY_CONTROL_KEY", "the-control-key")
     made: list[dict] = []  # what each RemoteServer is built with (nothing is reachable at port 9)
     monkeypatch.setattr("agentloop_engines.http_client.RemoteServer", lambda url, **kw: made.append(kw))
     monkeypatch.setattr("agentloop_engines.client.LLMServerClient", lambda servers: servers)
-    remote_engines(["http://127.0.0.1:9"], None, "MY_CONTROL_KEY")
-    assert made == [{"api_key": None, "control_key": "the-control-key"}]
+    remote_engines(control)
+    assert made == [{"api_key": None, "control_key": "the-control-key", "max_response_bytes": 1_000_000}]
+
+
+def test_remote_servers_read_answers_within_the_configured_limit():
+    """A hostile server's endless answer stops at rollout.server_max_response_bytes."""
+    pytest.importorskip("httpx", reason='needs pip install "agentloop-engines[server]"')
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from agentloop_engines.http_errors import ResponseTooLargeError
+
+    class Endless(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            with contextlib.suppress(OSError):
+                self.wfile.write(b'{"status": "' + b"x" * 4_000_000 + b'"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = load_config([f"actor_rollout_ref.rollout.server_urls=[http://127.0.0.1:{server.server_address[1]}]",
+                           "actor_rollout_ref.rollout.server_max_response_bytes=100000"])
+        with pytest.raises(ResponseTooLargeError, match="limit of 100000 bytes"):
+            remote_engines(cfg.actor_rollout_ref.rollout)  # the client reads each server's /health
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):

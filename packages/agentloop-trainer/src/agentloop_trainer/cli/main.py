@@ -288,7 +288,7 @@ def _serve(args: argparse.Namespace) -> int:
     r = cfg.actor_rollout_ref.rollout
     if r.server_urls:
         # A routing client over running engine servers (least in-flight, sticky per session).
-        engine = remote_engines(list(r.server_urls), r.server_api_key_env, r.server_control_key_env)
+        engine = remote_engines(r)
     else:
         engine = build_engine(engine_cfg, tokenizer=tokenizer)
     given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s,

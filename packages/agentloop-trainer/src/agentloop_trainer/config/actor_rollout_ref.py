@@ -218,6 +218,10 @@ class RolloutSection:
     """Environment variable holding the servers' control key (``agentloop serve
     --control-key-env``): what pushing weights, sleep, wake-up and abort need; the chat
     ``api_key`` never opens them. null: those calls fail naming this key."""
+    server_max_response_bytes: int = 64 * 1024 * 1024
+    """Most bytes of one answer (a streamed one in total) read from a server in
+    ``server_urls``: past it the call fails naming this key, so a broken or hostile server
+    cannot fill this process's memory."""
     dtype: str | None = None
     """Dtype the rollout engine runs in: float32 | bfloat16 | float16 | auto (vllm/sglang only:
     their own choice, which runs a float32 checkpoint in float16). null: float32, what the

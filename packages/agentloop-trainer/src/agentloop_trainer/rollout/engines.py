@@ -20,6 +20,7 @@ from typing import Any
 
 from agentloop_core.engine_registry import EngineConfig, EngineImportError, EnginePlugin
 from agentloop_core.engine_registry import build_engine as _build
+from agentloop_trainer.config.actor_rollout_ref import RolloutSection
 from agentloop_trainer.config.sections import TrainConfig
 
 
@@ -125,24 +126,26 @@ def engine_factory(config: EngineConfig) -> Callable[[], Any]:
     return functools.partial(build_engine, config, plugin=get_engine_plugin(config.name))
 
 
-def remote_engines(urls: list[str], api_key_env: str | None = None, control_key_env: str | None = None) -> Any:
-    """A routing client over already-running agentloop engine HTTP servers.
-
-    Args:
-        urls: The servers (``rollout.server_urls``).
-        api_key_env: Environment variable holding their chat key (``rollout.server_api_key_env``).
-        control_key_env: Environment variable holding their control key, which weight pushes,
-            sleep, wake-up and abort need (``rollout.server_control_key_env``).
+def remote_engines(rollout: RolloutSection) -> Any:
+    """A routing client over the already-running agentloop engine HTTP servers the rollout
+    section names (``server_urls``), with its chat key and control key read from the
+    environment variables ``server_api_key_env`` and ``server_control_key_env`` name (the
+    control key is what weight pushes, sleep, wake-up and abort need) and each answer read
+    within ``server_max_response_bytes``.
 
     Raises:
-        ValueError: an ``*_env`` names an unset environment variable.
+        ValueError: an ``*_env`` names an unset environment variable, or no server is named.
     """
     from agentloop_engines.client import LLMServerClient
     from agentloop_engines.http_client import RemoteServer
 
-    key = _key_from_env(api_key_env, "server_api_key_env")
-    control_key = _key_from_env(control_key_env, "server_control_key_env")
-    return LLMServerClient([RemoteServer(str(u), api_key=key, control_key=control_key) for u in urls])
+    if not rollout.server_urls:
+        raise ValueError("actor_rollout_ref.rollout.server_urls is empty; name the agentloop engine servers to use")
+    key = _key_from_env(rollout.server_api_key_env, "server_api_key_env")
+    control_key = _key_from_env(rollout.server_control_key_env, "server_control_key_env")
+    return LLMServerClient([RemoteServer(str(u), api_key=key, control_key=control_key,
+                                         max_response_bytes=rollout.server_max_response_bytes)
+                            for u in rollout.server_urls])
 
 
 def _key_from_env(variable: str | None, setting: str) -> str | None:
