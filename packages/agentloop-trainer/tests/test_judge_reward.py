@@ -102,6 +102,8 @@ def test_config_errors_name_the_key(tmp_path, monkeypatch):
         "reward.judge.parser must be one of": [*base, "reward.judge.parser=xml"],
         "reward.judge.combine must be one of": [*base, "reward.judge.combine=multiply"],
         "reward.judge.max_concurrency must be at least 1": [*base, "reward.judge.max_concurrency=0"],
+        "reward.judge.max_response_bytes must be an integer of at least 1024": [
+            *base, "reward.judge.max_response_bytes=10"],
         "reward.judge.api_key_env names 'NO_SUCH_KEY_VAR'": [*base, "reward.judge.api_key_env=NO_SUCH_KEY_VAR"],
         "reward.judge.url=policy needs the inprocess rollout backend": [
             "reward.judge.enable=true", "reward.judge.url=policy", "actor_rollout_ref.rollout.backend=ray"],
@@ -116,6 +118,10 @@ def test_config_errors_name_the_key(tmp_path, monkeypatch):
     settings = _settings("policy", f"reward.judge.prompt={template}")
     assert settings.prompt.startswith("Q: {question}")
     assert JudgeSettings.from_section(load_config([]).reward.judge) is None  # off by default
+    # The byte limit of the judge's answers reaches the client.
+    limited = _settings("http://127.0.0.1:1/v1", "reward.judge.max_response_bytes=2048")
+    assert JudgeClient(limited).max_response_bytes == 2048
+    assert JudgeClient(_settings("http://127.0.0.1:1/v1")).max_response_bytes == 4 * 1024 * 1024
 
 
 def test_template_and_parsers():

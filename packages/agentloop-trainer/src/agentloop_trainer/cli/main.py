@@ -286,11 +286,8 @@ def _serve(args: argparse.Namespace) -> int:
     engine_cfg = engine_config(cfg, args.checkpoint, cfg.model.tokenizer_path)
     tokenizer = load_tokenizer(cfg, engine_cfg.model_path)
     r = cfg.actor_rollout_ref.rollout
-    if r.server_urls:
-        # A routing client over running engine servers (least in-flight, sticky per session).
-        engine = remote_engines(r)
-    else:
-        engine = build_engine(engine_cfg, tokenizer=tokenizer)
+    # Over running engine servers: a routing client (least in-flight, sticky per session).
+    engine = remote_engines(r) if r.server_urls else build_engine(engine_cfg, tokenizer=tokenizer)
     given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s,
              "write_timeout_s": args.write_timeout_s}
     limits = ServerLimits(**{k: v for k, v in given.items() if v is not None})

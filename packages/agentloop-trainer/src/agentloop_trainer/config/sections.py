@@ -271,6 +271,9 @@ class JudgeSection:
     failure_score: float | None = None
     """null: a judgement that fails after the retries fails its sample, with the reason; a
     number: that judge score instead (counted in ``judge/failures`` all the same)."""
+    max_response_bytes: int = 4 * 1024 * 1024
+    """Most bytes read from the judge server per answer (a judge's reply is a few KB): a body
+    over it, or a compressed one, fails that judgement naming this key before it is parsed."""
 
 
 @dataclass

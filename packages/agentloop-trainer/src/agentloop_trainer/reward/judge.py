@@ -147,6 +147,8 @@ class JudgeSettings:
     """Factor on the judge's score."""
     failure_score: float | None = None
     """None: a failed judgement fails the sample; else the judge score it gets instead."""
+    max_response_bytes: int = 4 * 1024 * 1024
+    """Most bytes read from the judge server per answer."""
 
     @classmethod
     def from_section(cls, section: Any) -> JudgeSettings | None:
@@ -206,6 +208,9 @@ class JudgeSettings:
             ("weight", math.isfinite(section.weight), "a finite number"),
             ("failure_score", section.failure_score is None or math.isfinite(section.failure_score),
              "null (fail the sample) or a finite number"),
+            ("max_response_bytes", not isinstance(section.max_response_bytes, bool)
+             and isinstance(section.max_response_bytes, int) and section.max_response_bytes >= 1024,
+             "an integer of at least 1024 (bytes)"),
         ]
         for name, ok, expected in checks:
             if not ok:
@@ -216,7 +221,8 @@ class JudgeSettings:
                    timeout_s=float(section.timeout_s), retries=int(section.retries),
                    max_concurrency=int(section.max_concurrency), combine=section.combine,
                    weight=float(section.weight),
-                   failure_score=None if section.failure_score is None else float(section.failure_score))
+                   failure_score=None if section.failure_score is None else float(section.failure_score),
+                   max_response_bytes=int(section.max_response_bytes))
 
     def parse_score(self, reply: str) -> float:
         """The score in the judge's ``reply``, mapped by :attr:`score_range`.

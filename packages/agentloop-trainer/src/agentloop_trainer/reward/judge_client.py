@@ -87,8 +87,7 @@ class JudgeClient:
 
     def __init__(self, settings: JudgeSettings, *, max_response_bytes: int | None = None) -> None:
         self.settings = settings
-        self.max_response_bytes = int(max_response_bytes or getattr(settings, "max_response_bytes", None)
-                                      or DEFAULT_MAX_RESPONSE_BYTES)
+        self.max_response_bytes = int(max_response_bytes or settings.max_response_bytes or DEFAULT_MAX_RESPONSE_BYTES)
         """Most bytes read from the judge server per answer."""
         self.policy_server: Any = None
         """The engine ``url=policy`` judges with (bound by the rollout fleet in its process)."""
