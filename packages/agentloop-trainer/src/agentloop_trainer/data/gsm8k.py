@@ -10,8 +10,8 @@ from typing import Any
 from agentloop_trainer.data.rows import write_parquet_rows
 
 GSM8K_SYSTEM = (
-    "Solve the math problem step by step. Use the calculator tool for arithmetic and check_answer to "
-    "check your answer. End with the final answer as #### N."
+    "Solve the math problem step by step. Use the calculator tool for arithmetic and check_answer once "
+    "to submit your final answer (only the first check counts). End with the final answer as #### N."
 )
 """System turn of converted GSM8K prompts."""
 
