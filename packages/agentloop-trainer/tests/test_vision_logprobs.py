@@ -31,9 +31,13 @@ def _picture(w: int, h: int, seed: int):
 
 @pytest.fixture(scope="module")
 def rollout():
+    return _rollout("qwen2_vl")
+
+
+def _rollout(family: str):
     """Two trajectories sampled by HFServer at temperature 1: one with an image in the prompt
     and in two tool results, one text only; and the served model."""
-    path = build_tiny_vlm(initializer_range=0.3)
+    path = build_tiny_vlm(family=family, initializer_range=0.3)
     server = HFServer(path)
     renderer = ChatRenderer(server.tokenizer, tools=TOOLS, vision=load_vision_processor(path, server.tokenizer))
     with_images = Trajectory(renderer, [{"role": "user", "content": [
@@ -83,6 +87,18 @@ def test_trainer_log_probs_equal_the_engines_on_a_trajectory_with_images(rollout
     model, outputs, _ = rollout
     worst, mean = _gaps(model, outputs)
     print(f"float32: max gap {worst:.2e}, mean gap {mean:.2e}")
+    assert worst < 1e-4
+
+
+def test_trainer_log_probs_equal_the_engines_on_idefics3_tiles():
+    """Idefics3 (SmolVLM): each image is several runs of image tokens, its tiles stacked as the
+    model's one batch row of images (``stack_features``), plain 1-D positions."""
+    model, outputs, processor = _rollout("idefics3")
+    assert type(processor).__name__ == "Idefics3Processor"
+    data = outputs[0].multi_modal_data
+    assert data is not None
+    assert all(len(item.run_lengths) > 1 for item in data["image"])
+    worst, _ = _gaps(model, outputs)
     assert worst < 1e-4
 
 

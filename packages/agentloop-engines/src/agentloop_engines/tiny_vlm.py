@@ -1,5 +1,6 @@
 """A tiny randomly initialised Qwen2-VL model (vision tower included) with a processor assembled
-here, for tests and demos of the vision path.
+here, for tests and demos of the vision path; Qwen2.5-VL, Qwen3-VL and Idefics3 (SmolVLM) on
+request (``family=``).
 
 The folder is an ordinary Hugging Face checkpoint of model type ``qwen2_vl``: the tiny
 tokenizer plus Qwen2-VL's vision special tokens (``<|vision_start|>``, ``<|image_pad|>``,
@@ -68,11 +69,19 @@ def _vision_config(spec: dict[str, Any]) -> tuple[str, str, dict[str, Any], int]
     raise ValueError(f"unknown tiny VLM family {family!r}; use one of {', '.join(FAMILIES)}")
 
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-"""The Qwen-VL generations :func:`build_tiny_vlm` builds."""
+FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "idefics3")
+"""The families :func:`build_tiny_vlm` builds: the Qwen-VL generations and Idefics3 (SmolVLM)."""
+
+IDEFICS3_TILE = 64
+"""The tiny Idefics3's tile side in pixels (images are resized to at most 2 x 2 tiles)."""
+IDEFICS3_PATCH = 16
+"""Its vision patch side: 4 x 4 patches a tile, 2 x 2 shuffled: 4 image tokens a tile."""
 
 
 def _build(out_dir: Path, spec: dict[str, Any]) -> None:
+    if spec["family"] == "idefics3":
+        _build_idefics3(out_dir, spec)
+        return
     import torch
     import transformers
 
@@ -126,6 +135,65 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
     (out_dir / "agentloop_tiny_vlm.json").write_text(json.dumps({"version": TINY_VLM_VERSION, **spec}))
 
 
+def _build_idefics3(out_dir: Path, spec: dict[str, Any]) -> None:
+    """A tiny Idefics3: a Llama text model, a SigLIP-style vision tower over 64 px tiles, the
+    tokenizer with Idefics3's special tokens and the vision template rendering ``<image>``."""
+    import torch
+    import transformers
+    from transformers import AddedToken
+
+    from agentloop_core.testing.tiny_vision import vision_chat_template
+    from agentloop_core.vision.idefics3 import IMAGE_TOKEN, idefics3_special_tokens
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_path()))
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": [AddedToken(t, special=True, normalized=False)
+                                       for t in idefics3_special_tokens()]},
+        replace_extra_special_tokens=False)
+    tokenizer.chat_template = vision_chat_template().replace("<|vision_start|><|image_pad|><|vision_end|>",
+                                                             IMAGE_TOKEN)
+    tokenizer.save_pretrained(str(out_dir))
+    eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    pad_id = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)
+    config = transformers.Idefics3Config(
+        text_config={
+            "model_type": "llama",
+            "vocab_size": len(tokenizer),
+            "hidden_size": spec["hidden_size"],
+            "intermediate_size": spec["intermediate_size"],
+            "num_hidden_layers": spec["num_layers"],
+            "num_attention_heads": spec["num_heads"],
+            "num_key_value_heads": spec["num_kv_heads"],
+            "max_position_embeddings": spec["max_position_embeddings"],
+            "initializer_range": spec["initializer_range"],
+            "bos_token_id": None,
+            "eos_token_id": eos_id,
+            "pad_token_id": pad_id,
+        },
+        vision_config={"hidden_size": spec["vision_embed_dim"], "intermediate_size": 2 * spec["vision_embed_dim"],
+                       "num_hidden_layers": spec["vision_depth"], "num_attention_heads": spec["vision_heads"],
+                       "image_size": IDEFICS3_TILE, "patch_size": IDEFICS3_PATCH,
+                       "initializer_range": spec["initializer_range"]},
+        scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        # Taken by Idefics3Config.__post_init__ (not in its signature); its default, 128002, is
+        # past the tiny vocabulary.
+        pad_token_id=pad_id,  # pyright: ignore[reportCallIssue]
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec["seed"])
+        model = transformers.Idefics3ForConditionalGeneration(config)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(str(out_dir))
+    settings = transformers.Idefics3ImageProcessorPil(
+        size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE}).to_dict()
+    (out_dir / "preprocessor_config.json").write_text(json.dumps(settings, indent=2, default=int))
+    (out_dir / "agentloop_tiny_vlm.json").write_text(json.dumps({"version": TINY_VLM_VERSION, **spec}))
+
+
 def build_tiny_vlm(path: Path | str | None = None, **overrides: Any) -> Path:
     """Build (once) a tiny random Qwen-VL checkpoint with its processor and return its folder.
 
@@ -133,7 +201,8 @@ def build_tiny_vlm(path: Path | str | None = None, **overrides: Any) -> Path:
         path: Where to build it. None: ``cache_dir()/tiny-qwen2-vl-<version>`` for the default
             shape, with a short hash of the overrides appended for any other.
         **overrides: ``family`` (one of :data:`FAMILIES`: ``qwen2_vl``, the default;
-            ``qwen2_5_vl``; ``qwen3_vl``, whose patches are 16 px), and any of ``seed``, ``hidden_size``, ``num_layers``, ``num_heads``,
+            ``qwen2_5_vl``; ``qwen3_vl``, whose patches are 16 px; ``idefics3``, SmolVLM's
+            architecture, 64 px tiles, ``min_pixels``/``max_pixels`` unused), and any of ``seed``, ``hidden_size``, ``num_layers``, ``num_heads``,
             ``num_kv_heads``, ``intermediate_size``, ``max_position_embeddings``,
             ``initializer_range``, ``vision_depth``, ``vision_embed_dim``, ``vision_heads``,
             ``min_pixels``, ``max_pixels`` (the image processor's resize bounds).

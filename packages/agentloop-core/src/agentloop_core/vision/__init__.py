@@ -1,7 +1,8 @@
 """Images in trajectories: decoding with limits, a model family's processor, content parts.
 
 See :mod:`.images` (decoding and limits), :mod:`.processor` (what a model family does to an
-image, and its plug-in registry) and :mod:`.content` (image parts in chat messages).
+image, and its plug-in registry; the Qwen-VL families), :mod:`.idefics3` (the Idefics3/SmolVLM
+family) and :mod:`.content` (image parts in chat messages).
 """
 
 from agentloop_core.vision.content import (
@@ -13,25 +14,30 @@ from agentloop_core.vision.content import (
     messages_with_row_images,
     multi_modal_kwargs,
 )
+from agentloop_core.vision.idefics3 import Idefics3Processor  # importing it registers the family
 from agentloop_core.vision.images import ImageError, ImageLimits, decode_image
 from agentloop_core.vision.processor import (
     ImageItem,
     QwenVLProcessor,
+    TiledImageItem,
     VisionProcessor,
     image_digest,
     image_token_runs,
     load_vision_processor,
     register_vision_family,
+    stack_features,
     vision_families,
 )
 
 __all__ = [
     "IMAGE_MARKER",
     "ConversationImages",
+    "Idefics3Processor",
     "ImageError",
     "ImageItem",
     "ImageLimits",
     "QwenVLProcessor",
+    "TiledImageItem",
     "VisionProcessor",
     "decode_image",
     "has_images",
@@ -43,5 +49,6 @@ __all__ = [
     "messages_with_row_images",
     "multi_modal_kwargs",
     "register_vision_family",
+    "stack_features",
     "vision_families",
 ]

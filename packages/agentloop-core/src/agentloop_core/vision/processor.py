@@ -30,10 +30,12 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "ImageItem",
     "QwenVLProcessor",
+    "TiledImageItem",
     "VisionProcessor",
     "image_token_runs",
     "load_vision_processor",
     "register_vision_family",
+    "stack_features",
     "vision_families",
 ]
 
@@ -56,14 +58,68 @@ class ImageItem:
     """The model inputs of this image alone, as numpy arrays (Qwen-VL: ``pixel_values``
     ``[patches, channels * temporal * patch**2]`` and ``image_grid_thw`` ``[1, 3]``)."""
 
+    @property
+    def run_lengths(self) -> tuple[int, ...]:
+        """The lengths of the runs of image tokens the image fills, in order: one run of
+        :attr:`num_tokens` here; a tiled image (:class:`TiledImageItem`) fills one per tile."""
+        return (self.num_tokens,)
+
     def __repr__(self) -> str:
         size = getattr(self.image, "size", "?")
-        return f"ImageItem({self.digest[:19]}, size={size}, num_tokens={self.num_tokens})"
+        return f"{type(self).__name__}({self.digest[:19]}, size={size}, num_tokens={self.num_tokens})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class TiledImageItem(ImageItem):
+    """An image a family cuts into tiles, each read as its own run of image tokens between
+    text that names the tile (Idefics3/SmolVLM: ``rows x cols`` tiles, then the whole image
+    downscaled). Its features hold one entry per tile along the first axis, and a model takes
+    the tiles of every image of a batch as one row of images (:func:`stack_features`)."""
+
+    rows: int = 0
+    """Tile rows (0 with ``cols`` 0: the image was not split, only its global view is read)."""
+    cols: int = 0
+    """Tile columns."""
+    tokens_per_tile: int = 0
+    """Image tokens of one tile (and of the global view)."""
+
+    @property
+    def run_lengths(self) -> tuple[int, ...]:
+        return (self.tokens_per_tile,) * (self.rows * self.cols + 1)
+
+
+def stack_features(items: Sequence[ImageItem]) -> dict[str, Any]:
+    """The model inputs of several images in order, as numpy arrays concatenated on the first
+    axis; empty for none.
+
+    Tiled images (:class:`TiledImageItem`) may differ in their trailing axes: those are
+    zero-padded to the largest (the pixel mask marks the padding), and every input gets a
+    leading batch axis of one: a tiled model (Idefics3) flattens batch and tile axes anyway and
+    fills its image tokens in order, so the tiles of all rows go in as one row. Untiled images
+    must agree in their trailing axes (a feature of another shape is an error, not padded).
+    """
+    import numpy as np
+
+    if not items:
+        return {}
+    tiled = all(isinstance(item, TiledImageItem) for item in items)
+    out: dict[str, Any] = {}
+    for key in items[0].features:
+        arrays = [np.asarray(item.features[key]) for item in items]
+        if not tiled:
+            out[key] = np.concatenate(arrays, axis=0)
+            continue
+        shape = [max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim)]
+        padded = [np.pad(a, [(0, 0)] + [(0, n - m) for n, m in zip(shape, a.shape[1:], strict=True)]) for a in arrays]
+        out[key] = np.concatenate(padded, axis=0)[None]
+    return out
 
 
 def image_token_runs(prompt_ids: Sequence[int], images: Sequence[ImageItem], token_id: int) -> list[tuple[int, int]]:
-    """Where each image's tokens lie in ``prompt_ids``: one ``(start, end)`` run of ``token_id``
-    per image, in order, each exactly as long as its image's ``num_tokens``.
+    """Where each image's tokens lie in ``prompt_ids``: one ``(start, end)`` per image, in
+    order. An image fills runs of ``token_id`` exactly as long as its :attr:`ImageItem.run_lengths`
+    (one run of ``num_tokens`` for Qwen-VL; one per tile for a tiled image, whose span then
+    runs from its first run's start to its last run's end, the tiles' text between them).
 
     Raises:
         ValueError: when the prompt's image tokens are not the images' expansions (a prompt
@@ -78,13 +134,19 @@ def image_token_runs(prompt_ids: Sequence[int], images: Sequence[ImageItem], tok
             runs.append((start, i))
             start = None
     found = [end - begin for begin, end in runs]
-    expected = [item.num_tokens for item in images]
+    expected = [n for item in images for n in item.run_lengths]
     if found != expected:
         raise ValueError(
             f"the prompt holds {sum(found)} image tokens (id {token_id}) in {len(found)} run(s) of {found} but its "
             f"{len(images)} image(s) fill {expected}; render the prompt with the model's vision processor and send "
             "its images in order (multi_modal_data={'image': trajectory.image_items})")
-    return runs
+    spans: list[tuple[int, int]] = []
+    k = 0
+    for item in images:
+        n = len(item.run_lengths)
+        spans.append((runs[k][0], runs[k + n - 1][1]))
+        k += n
+    return spans
 
 
 def image_digest(image: Any) -> str:
@@ -141,14 +203,8 @@ class VisionProcessor(abc.ABC):
         return "".join(out)
 
     def model_inputs(self, items: Sequence[ImageItem]) -> dict[str, Any]:
-        """The model inputs of several images in order (numpy arrays concatenated on axis 0);
-        empty for none."""
-        import numpy as np
-
-        if not items:
-            return {}
-        keys = items[0].features.keys()
-        return {key: np.concatenate([np.asarray(item.features[key]) for item in items], axis=0) for key in keys}
+        """The model inputs of several images in order (:func:`stack_features`); empty for none."""
+        return stack_features(items)
 
 
 class QwenVLProcessor(VisionProcessor):

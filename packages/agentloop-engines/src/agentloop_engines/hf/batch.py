@@ -6,13 +6,17 @@ so a short request never waits for the longest one in its batch; finished rows a
 the KV cache so later steps only compute live rows. Requests that arrive mid-batch are
 prefilled on their own and merged in (their cache left-padded with masked slots), so a long
 request does not hold newcomers back. A prompt repeated within one prefill (the samples of a
-GRPO group) is computed once and its cache copied to each of its rows.
+GRPO group, with the same images) is computed once and its cache copied to each of its rows.
+Prompts with images prefill in one forward with the rows that arrived with them
+(:meth:`DecodeBatch.prefill_images`), falling back to one forward per image row only when that
+forward fails, so a broken image fails its own request alone.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +24,12 @@ from typing import Any
 import torch
 
 from agentloop_core.protocol import SamplingParams, StopReason, TokenOutput
-from agentloop_core.vision.processor import ImageItem
+from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.hf.growing_cache import grow_in_place
 from agentloop_engines.hf.sampling import RowSampling, sample_rows
 from agentloop_engines.hf.vision import prefill_inputs
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -104,12 +110,7 @@ class DecodeBatch:
         Returns:
             The rows still generating, or None when every row already finished.
         """
-        live = []
-        for r in rows:
-            if r.aborted:
-                r.finish("aborted")
-            elif not r.done:
-                live.append(r)
+        live = _live(rows)
         if not live:
             return None
         # Samples of one prompt (a GRPO group) arrive together: prefill each distinct prompt once
@@ -158,18 +159,40 @@ class DecodeBatch:
 
     @classmethod
     def prefill_all(cls, model: Any, rows: list[Row], *, pad_id: int, device: torch.device, stats: dict[str, int],
-                    image_token_id: int | None) -> DecodeBatch | None:
-        """Prefill new rows: text prompts together (:meth:`prefill`), each prompt with images on
-        its own (:meth:`prefill_images`; a failure there fails that row alone); one batch of all
-        that are still generating, or None."""
+                    image_token_id: int | None, batch_images: bool = True) -> DecodeBatch | None:
+        """Prefill new rows. Text prompts alone go together through :meth:`prefill`. With prompts
+        holding images among them, every row goes into one :meth:`prefill_images` forward (a
+        prompt whose image tokens do not match its images fails alone first); if that forward
+        raises, or ``batch_images`` is False, each image row is prefilled on its own (a failure
+        there fails that row alone) and the text rows together.
+
+        Returns:
+            One batch of the rows still generating, or None.
+        """
+        imaged = [r for r in rows if r.images]
+        if not imaged:
+            return cls.prefill(model, rows, pad_id=pad_id, device=device, stats=stats)
+        if image_token_id is None:  # the engine refuses images for a text model before a row gets here
+            for row in imaged:
+                row.fail(ValueError("a request with images reached a model without an image token id"))
+            return cls.prefill(model, [r for r in rows if not r.images], pad_id=pad_id, device=device, stats=stats)
+        if batch_images:
+            valid = [r for r in rows if _images_match(r, image_token_id)]
+            try:
+                return cls.prefill_images(model, valid, token_id=image_token_id, pad_id=pad_id, device=device,
+                                          stats=stats)
+            except Exception as exc:  # noqa: BLE001 - retried row by row below, so a failure reaches its own row
+                stats["image_prefill_fallbacks"] += 1
+                logger.warning("batched prefill of %d rows with images failed (%s: %s); prefilling them one by one",
+                               len(valid), type(exc).__name__, exc)
+                rows = [r for r in valid if not r.done]
+                imaged = [r for r in rows if r.images]
         text = [r for r in rows if not r.images]
         batches = [cls.prefill(model, text, pad_id=pad_id, device=device, stats=stats) if text else None]
-        for row in rows:
-            if not row.images:
-                continue
+        for row in imaged:
             try:
-                assert image_token_id is not None  # the engine refused images for a text model
-                batches.append(cls.prefill_images(model, row, token_id=image_token_id, device=device, stats=stats))
+                batches.append(cls.prefill_images(model, [row], token_id=image_token_id, pad_id=pad_id,
+                                                  device=device, stats=stats))
             except Exception as exc:  # noqa: BLE001 - delivered to this row's caller
                 row.fail(exc)
         merged: DecodeBatch | None = None
@@ -179,29 +202,39 @@ class DecodeBatch:
         return merged
 
     @classmethod
-    def prefill_images(cls, model: Any, row: Row, *, token_id: int, device: torch.device,
+    def prefill_images(cls, model: Any, rows: list[Row], *, token_id: int, pad_id: int, device: torch.device,
                        stats: dict[str, int]) -> DecodeBatch | None:
-        """Prefill one row whose prompt holds images (its vision features, and 3-D positions for an
-        M-RoPE model; :mod:`agentloop_engines.hf.vision`) and sample its first token. The batch
-        it returns merges with any other.
+        """Prefill rows whose prompts may hold images in one left-padded forward (their vision
+        features, and 3-D positions for an M-RoPE model; :func:`agentloop_engines.hf.vision.prefill_inputs`)
+        and sample each row's first token. Rows with the same prompt and images (a GRPO group's
+        samples) are computed once. The batch it returns merges with any other.
 
         Returns:
-            The row's batch, or None when it already finished.
+            The rows still generating, or None when every row already finished.
         """
-        if row.aborted:
-            row.finish("aborted")
-        if row.done:
+        live = _live(rows)
+        if not live:
             return None
+        index: dict[tuple[tuple[int, ...], tuple[str, ...]], int] = {}
+        owner = [index.setdefault(_prompt_key(r), len(index)) for r in live]
+        unique = [live[owner.index(k)] for k in range(len(index))]
         with torch.inference_mode():
-            kwargs, next_position = prefill_inputs(model, row.prompt_ids, row.images, token_id, device)
+            kwargs, next_positions = prefill_inputs(model, [r.prompt_ids for r in unique], [r.images for r in unique],
+                                                    token_id, pad_id=pad_id, device=device)
             out = model(**kwargs, use_cache=True, logits_to_keep=1)
-            _count(stats, 1, prefill_tokens=len(row.prompt_ids))
-            cache, logits = _cache_of(out), out.logits[:, -1]
+            _count(stats, len(unique), prefill_tokens=sum(len(r.prompt_ids) for r in unique))
+            cache, logits, mask = _cache_of(out), out.logits[:, -1], kwargs["attention_mask"]
             grow_in_place(cache)
-            # The row's next position is past its highest (M-RoPE: below its length); a decode
-            # step's 2-D position is the same on all three axes, as the model's own decode makes it.
-            batch = cls([row], cache, kwargs["attention_mask"], torch.tensor([next_position], device=device),
-                        torch.empty(0))
+            # A row's next position is past its highest (M-RoPE: below its length); a decode step's
+            # 2-D position is the same on all three axes, as the model's own decode makes it.
+            next_pos = torch.tensor(next_positions, device=device)
+            if len(unique) < len(live):
+                stats["repeated_prompt_tokens"] += sum(len(r.prompt_ids) for r in live) - sum(
+                    len(r.prompt_ids) for r in unique)
+                owners = torch.tensor(owner, device=mask.device)
+                cache.batch_select_indices(owners)
+                mask, logits, next_pos = mask[owners], logits[owners], next_pos[owners]
+            batch = cls(live, cache, mask, next_pos, torch.empty(0))
             return batch._sample(logits, stats)
 
     def step(self, model: Any, stats: dict[str, int]) -> DecodeBatch | None:
@@ -303,6 +336,34 @@ class DecodeBatch:
                 r.finish("aborted")
             else:
                 r.fail(exc)
+
+
+def _live(rows: list[Row]) -> list[Row]:
+    """The rows still to prefill; an aborted one is finished here."""
+    live = []
+    for r in rows:
+        if r.aborted:
+            r.finish("aborted")
+        elif not r.done:
+            live.append(r)
+    return live
+
+
+def _prompt_key(row: Row) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Rows with equal keys prefill to the same cache: the prompt and its images' pixels."""
+    return tuple(row.prompt_ids), tuple(item.digest for item in row.images)
+
+
+def _images_match(row: Row, token_id: int) -> bool:
+    """Whether the row's image tokens are its images' runs; a row whose are not fails here, alone."""
+    if row.aborted or row.done:
+        return True  # finished by the prefill, without an error
+    try:
+        image_token_runs(row.prompt_ids, row.images, token_id)
+    except ValueError as exc:
+        row.fail(exc)
+        return False
+    return True
 
 
 MIN_SHARED_PREFIX = 16

@@ -42,13 +42,14 @@ from agentloop_engines.hf.attention import use_grouped_decode_attention
 from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.packed_linear import pack_linears
 from agentloop_engines.hf.sampling import RowSampling
-from agentloop_engines.hf.vision import image_token_id, load_model, text_config
+from agentloop_engines.hf.vision import image_token_id, linear_patch_embeddings, load_model, text_config
+from agentloop_engines.placeholders import placeholder_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed")}
 """The :class:`~agentloop_core.engine_registry.EngineConfig` fields HFServer takes (same names)."""
 _STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens",
-              "shared_prefix_tokens", "repeated_prompt_tokens")
+              "shared_prefix_tokens", "repeated_prompt_tokens", "image_prefill_fallbacks")
 
 
 def _resolve(fut: asyncio.Future, out: TokenOutput) -> None:
@@ -98,7 +99,8 @@ class HFServer(AsyncServerBase):
             ``max_batch_rows``, ``batches``, ``prefill_tokens``, ``generated_tokens``,
             ``shared_prefix_tokens`` (not recomputed: a prefix every prompt of a prefill shares),
             ``repeated_prompt_tokens`` (not recomputed: prompts repeated in one prefill, such
-            as a GRPO group's samples).
+            as a GRPO group's samples), ``image_prefill_fallbacks`` (batched prefills with images
+            that failed and were retried row by row).
         batch_sizes: Number of requests in each of the last 1000 batches.
     """
 
@@ -147,11 +149,16 @@ class HFServer(AsyncServerBase):
         """Whether decode steps use :func:`~agentloop_engines.hf.attention.grouped_decode_sdpa`."""
         self.packed_linears = pack_linears(self.model, max_batch_size) if packed_linear else 0
         """How many linear layers run through oneDNN with packed weights (0: none)."""
+        linear_patch_embeddings(self.model)  # Qwen-VL's patch Conv3d as a matmul (hf/vision.py)
 
         config = text_config(self.model)
         self.image_token_id = image_token_id(self.model)
         """The image placeholder's id of a vision-language model (None: text only)."""
+        self.batch_image_prefill = True
+        """Prefill prompts with images that arrive together in one forward (False: one by one)."""
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)
+        self.banned_token_ids = placeholder_token_ids(self.model.config, self.vocab_size)
+        """A vision model's image/video placeholder ids, never sampled (empty: text only)."""
         limit = getattr(config, "max_position_embeddings", None)
         if max_model_len is None:
             if limit is None:
@@ -280,7 +287,7 @@ class HFServer(AsyncServerBase):
             request_id=request_id,
             prompt_ids=prompt_ids,
             sp=sp,
-            sampling=RowSampling(sp.temperature, sp.top_k, sp.top_p, generator),
+            sampling=RowSampling(sp.temperature, sp.top_k, sp.top_p, generator, self.banned_token_ids),
             stop_ids=frozenset(stop_ids),
             on_done=lambda out: loop.call_soon_threadsafe(_resolve, fut, out),
             on_error=lambda exc: loop.call_soon_threadsafe(_fail, fut, exc),
@@ -344,7 +351,7 @@ class HFServer(AsyncServerBase):
         try:
             fresh = await self._in_engine_thread(
                 DecodeBatch.prefill_all, self.model, new, pad_id=self.pad_id, device=self.device, stats=self.stats,
-                image_token_id=self.image_token_id)
+                image_token_id=self.image_token_id, batch_images=self.batch_image_prefill)
         except Exception as exc:  # noqa: BLE001 - delivered to the callers of this prefill
             for row in new:
                 row.fail(exc)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from agentloop_core.vision.processor import ImageItem
+from agentloop_core.vision.processor import ImageItem, stack_features
 
 
 def vision_token_id(model: Any) -> int | None:
@@ -48,7 +48,6 @@ def multimodal_log_probs(model: Any, sequences: Sequence[Sequence[int]], images:
         ValueError: a model without a vision tower, or a row whose image tokens are not its
             images' token counts.
     """
-    import numpy as np
     import torch
 
     token_id = vision_token_id(model)
@@ -70,8 +69,8 @@ def multimodal_log_probs(model: Any, sequences: Sequence[Sequence[int]], images:
     items = [item for row in images for item in row]
     kwargs: dict[str, Any] = {}
     if items:
-        for key in items[0].features:
-            kwargs[key] = torch.from_numpy(np.concatenate([np.asarray(i.features[key]) for i in items])).to(device)
+        for key, value in stack_features(items).items():  # Idefics3's tiles: padded, one batch row
+            kwargs[key] = torch.from_numpy(value).to(device)
         kwargs["mm_token_type_ids"] = ((ids == token_id) & (valid == 1)).to(torch.int32)
     logits = model(input_ids=ids, attention_mask=valid, use_cache=False, **kwargs).logits[:, :-1].float()
     if temperature and temperature != 1.0:
