@@ -299,3 +299,41 @@ def test_a_preview_then_append_decodes_once_and_counts_once(tiny):
     assert trajectory.append_messages(message) == preview
     assert trajectory.images.count == 1
     assert len(trajectory.image_items) == 1
+
+
+def test_vision_families_are_plug_ins(tmp_path):
+    """A family arrives by entry point (found by load_vision_processor), a second factory for a
+    taken model_type is refused, and a broken entry point is named in the error."""
+    import json
+    import sys
+
+    from agentloop_core.testing.plugin_dist import write_distribution
+    from agentloop_core.vision import load_vision_processor, register_vision_family, vision_families
+    from agentloop_core.vision import processor as vision_processor
+
+    with pytest.raises(ValueError, match="vision family name 'qwen2_vl' is already registered"):
+        register_vision_family("qwen2_vl")(lambda folder, tokenizer: None)
+    source = """
+        def factory(folder, tokenizer):
+            return ("demo processor", folder.name)
+    """
+    root = write_distribution(tmp_path / "site", "agentloop-demo-vision", modules={"agentloop_demo_vision": source},
+                              entry_points={"agentloop.vision_families": {
+                                  "demo_vl": "agentloop_demo_vision:factory",
+                                  "broken_vl": "agentloop_demo_vision_missing:factory"}})
+    for name, model_type in (("demo", "demo_vl"), ("broken", "broken_vl")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"model_type": model_type, "vision_config": {}}))
+    saved = vision_processor._REGISTRY.snapshot()
+    sys.path.insert(0, str(root))
+    try:
+        assert "demo_vl" in vision_families()
+        assert load_vision_processor(tmp_path / "demo", None) == ("demo processor", "demo")
+        with pytest.raises(ValueError, match=r"'broken_vl' \(entry point 'agentloop_demo_vision_missing:factory' "
+                                             r"failed to import: ModuleNotFoundError"):
+            load_vision_processor(tmp_path / "broken", None)
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("agentloop_demo_vision", None)
+        vision_processor._REGISTRY.restore(saved)
+    assert "demo_vl" not in vision_processor._REGISTRY.entries

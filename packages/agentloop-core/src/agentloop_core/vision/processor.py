@@ -20,10 +20,10 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from agentloop_core.plugins import PluginRegistry
 from agentloop_core.vision.images import ImageError
 
 __all__ = [
@@ -258,17 +258,23 @@ _QWEN_IMAGE_KEYS = {"do_resize", "size", "min_pixels", "max_pixels", "patch_size
                     "image_mean", "image_std", "do_rescale", "rescale_factor", "do_normalize", "do_convert_rgb"}
 
 VisionFactory = Callable[[Path, Any], VisionProcessor]
-_FAMILIES: dict[str, VisionFactory] = {}
-_BROKEN: dict[str, str] = {}
+_REGISTRY: PluginRegistry[VisionFactory] = PluginRegistry(
+    "vision family", ENTRY_POINT_GROUP, describe=repr,
+    how_to_add=lambda t: (f"Add one with @agentloop_core.vision.register_vision_family({t!r}) or an entry point in "
+                          f"the {ENTRY_POINT_GROUP!r} group"))
 
 
 def register_vision_family(*model_types: str) -> Callable[[VisionFactory], VisionFactory]:
     """Register a factory ``(folder, tokenizer) -> VisionProcessor`` for checkpoints whose
-    ``config.json`` declares one of ``model_types``."""
+    ``config.json`` declares one of ``model_types``.
+
+    Raises:
+        ValueError: another factory already holds one of ``model_types``.
+    """
 
     def decorator(factory: VisionFactory) -> VisionFactory:
         for model_type in model_types:
-            _FAMILIES[model_type] = factory
+            _REGISTRY.add(model_type, factory)
         return factory
 
     return decorator
@@ -278,20 +284,9 @@ for _model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
     register_vision_family(_model_type)(lambda folder, tokenizer, _t=_model_type: _qwen_vl(folder, tokenizer, _t))
 
 
-def _load_entry_points() -> None:
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _FAMILIES:
-            continue
-        try:
-            _FAMILIES[ep.name] = ep.load()
-        except Exception as exc:  # noqa: BLE001 - one broken plug-in must not hide the others
-            _BROKEN[ep.name] = f"entry point {ep.value!r} failed to import: {type(exc).__name__}: {exc}"
-
-
 def vision_families() -> list[str]:
-    """The ``model_type`` values with a registered vision family."""
-    _load_entry_points()
-    return sorted(_FAMILIES)
+    """The ``model_type`` values with a registered vision family (entry points included)."""
+    return _REGISTRY.names()
 
 
 def model_type_of(folder: str | Path) -> str | None:
@@ -315,13 +310,14 @@ def load_vision_processor(folder: str | Path, tokenizer: Any) -> VisionProcessor
     model_type = model_type_of(folder)
     if model_type is None:
         return None
-    _load_entry_points() if model_type not in _FAMILIES else None
-    factory = _FAMILIES.get(model_type)
+    if model_type not in _REGISTRY.entries:
+        _REGISTRY.load_entry_points()
+    factory = _REGISTRY.entries.get(model_type)
     if factory is None:
         config = json.loads((folder / "config.json").read_text())
         if "vision_config" not in config:
             return None
-        broken = f" ({_BROKEN[model_type]})" if model_type in _BROKEN else ""
+        broken = f" ({_REGISTRY.broken[model_type]})" if model_type in _REGISTRY.broken else ""
         raise ValueError(
             f"{folder} is a vision model of type {model_type!r}{broken}, and no vision family handles it; known: "
             f"{', '.join(vision_families())}. Add one with @agentloop_core.vision.register_vision_family("
