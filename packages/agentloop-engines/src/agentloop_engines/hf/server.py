@@ -30,7 +30,6 @@ from agentloop_core.vision.processor import ImageItem
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.plugins import HF_ENGINE
 from agentloop_engines.streaming import OnTokens, TokenDelta, queued_stream
-from agentloop_engines.weight_check import WeightSpec, check_weight_update, dtype_kind
 
 try:
     import torch
@@ -43,6 +42,7 @@ from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.packed_linear import pack_linears
 from agentloop_engines.hf.sampling import RowSampling
 from agentloop_engines.hf.vision import image_token_id, linear_patch_embeddings, load_model, text_config
+from agentloop_engines.hf.weights import load_weights_in_place
 from agentloop_engines.placeholders import placeholder_token_ids
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -426,16 +426,7 @@ class HFServer(AsyncServerBase):
             self._draining -= 1
 
     def _load_weights(self, items: Iterable[tuple[str, Any]]) -> None:
-        state = self.model.state_dict(keep_vars=True)
-        specs = {name: WeightSpec(tuple(t.shape), dtype_kind(t.dtype)) for name, t in state.items()}
-        pairs = [(name, _as_tensor(value)) for name, value in items]
-        # All of it is checked before the first copy: a copy-as-you-go loop would leave the
-        # tensors before a bad one changed, a model that is neither policy.
-        pairs = check_weight_update(pairs, specs, engine=f"{type(self).__name__}'s model")
-        with torch.no_grad():
-            for name, tensor in pairs:
-                target = state[name]
-                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        load_weights_in_place(self.model, items, engine=f"{type(self).__name__}'s model")
 
     async def sleep(self) -> None:
         """Pause serving; on CUDA also move the weights to the CPU and free the CUDA cache."""
@@ -487,11 +478,3 @@ class HFServer(AsyncServerBase):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-
-def _as_tensor(value: Any) -> Any:
-    """``value`` as a tensor (lists and arrays are converted), or as it is when it cannot be
-    one (a string), for :func:`check_weight_update` to name."""
-    try:
-        return torch.as_tensor(value)
-    except (TypeError, ValueError, RuntimeError):
-        return value
