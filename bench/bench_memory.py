@@ -4,7 +4,7 @@ A Qwen2 built locally with random init (nothing downloaded): on the CPU ~110M pa
 (hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, tied embeddings); with
 ``--device cuda`` ~0.5B (hidden 896, 24 layers, 14 heads, 2 key/value heads, intermediate 4864,
 vocab 151936, tied), the shape of Qwen2.5-0.5B. One GRPO update is the real actor's
-``GRPOActor.update(batch, advantages)`` with ``old_log_probs=None`` (on-policy, one optimizer
+``PolicyGradientActor.update(batch, advantages)`` with ``old_log_probs=None`` (on-policy, one optimizer
 step: what the trainer runs with ``ppo_epochs=1``), AdamW, on a batch like two GRPO groups: 8
 sequences sharing a 64-token prefix (a system prompt), 16 more prompt tokens per group of 4, 48
 response tokens each: 128 tokens a sequence, random ids, random advantages (``--prefix``,
@@ -183,7 +183,7 @@ def run_config(opts: dict, device: str, shape: dict, batch: dict, timed: int, pu
     import torch
 
     from agentloop_trainer.policy import apply_lora, enable_gradient_checkpointing
-    from agentloop_trainer.update import ActorConfig, GRPOActor
+    from agentloop_trainer.update import ActorConfig, PolicyGradientActor
 
     mem = Memory(device)
     model = build_model(shape)
@@ -204,7 +204,7 @@ def run_config(opts: dict, device: str, shape: dict, batch: dict, timed: int, pu
         model = model.to(device)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     compute_dtype = "bfloat16" if opts["bf16"] and not opts["offload"] else None
-    actor = GRPOActor(model, ActorConfig(lr=1e-5, tis_cap=None, compute_dtype=compute_dtype,
+    actor = PolicyGradientActor(model, ActorConfig(lr=1e-5, tis_cap=None, compute_dtype=compute_dtype,
                                          share_prefix_with_grad=not opts["checkpointing"],
                                          ppo_micro_batch_size_per_gpu=opts["micro"]), device=device)
     pb, adv = make_batch(shape["vocab_size"], **batch)

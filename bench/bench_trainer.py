@@ -7,7 +7,7 @@ templates it recognises byte for byte, so a multi-turn tool comparison on our ti
 tokenizer would not be like for like.
 
 * ``ours, 1 process``: HFServer generates the 32 completions (batched; each distinct prompt
-  prefilled once), then ``GRPOActor.update`` (group-normalised advantages, PPO clip, one
+  prefilled once), then ``PolicyGradientActor.update`` (group-normalised advantages, PPO clip, one
   optimizer step per batch, so the update's own forward is the old policy as in the trainer's
   step and in TRL with ``num_iterations=1``; each distinct prompt runs once in that forward)
   and a weight sync back into HFServer.
@@ -85,7 +85,7 @@ async def ours_full_steps() -> dict:
     from transformers import AutoModelForCausalLM
 
     from agentloop_engines import HFServer
-    from agentloop_trainer.update import ActorConfig, GRPOActor, PolicyBatch, group_advantages
+    from agentloop_trainer.update import ActorConfig, PolicyBatch, PolicyGradientActor, group_advantages
 
     path, tok = model_and_tokenizer()
     from agentloop_trainer.policy.model import use_cpu_matmul
@@ -93,7 +93,7 @@ async def ours_full_steps() -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     use_cpu_matmul(model, CPU_MATMUL, "cpu")  # as build_trainer does with model.cpu_matmul
     server = HFServer(path, tok, max_batch_size=PROMPTS * GROUP)
-    actor = GRPOActor(model, ActorConfig(lr=1e-4))
+    actor = PolicyGradientActor(model, ActorConfig(lr=1e-4))
     prompts = [tok.apply_chat_template(q, add_generation_prompt=True, tokenize=False) for q in questions()]
     prompt_ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
     times, tokens = [], []
@@ -143,10 +143,10 @@ def _update_batch(vocab: int):
 def _update_steps(model) -> list[float]:
     import torch
 
-    from agentloop_trainer.update import ActorConfig, GRPOActor
+    from agentloop_trainer.update import ActorConfig, PolicyGradientActor
 
     torch.set_num_threads(1)
-    actor = GRPOActor(model, ActorConfig(lr=1e-4, tis_cap=None))
+    actor = PolicyGradientActor(model, ActorConfig(lr=1e-4, tis_cap=None))
     pb, adv = _update_batch(model.config.vocab_size)
     times = []
     for step in range(STEPS + 1):

@@ -12,8 +12,8 @@ import torch
 from agentloop_trainer.config import ConfigError, load_config
 from agentloop_trainer.update import (
     ActorConfig,
-    GRPOActor,
     PolicyBatch,
+    PolicyGradientActor,
     compute_advantages,
     gspo_log_ratio,
     ppo_clip_loss,
@@ -204,14 +204,14 @@ def test_rejected_rows_train_like_rows_that_were_never_there(random_model_path):
     pb = _tiny_batch()
     adv = torch.tensor([1.0, -0.5, 0.7])
     model = AutoModelForCausalLM.from_pretrained(str(random_model_path), dtype=torch.float32)
-    old = GRPOActor(model, ActorConfig(tis_cap=None)).compute_log_probs(pb)
+    old = PolicyGradientActor(model, ActorConfig(tis_cap=None)).compute_log_probs(pb)
     # Row 2's engine log-probs are far from the trainer's: its sequence fails seq_mean_k3 <= 0.5.
     pb.rollout_log_probs = old.clone()
     pb.rollout_log_probs[2] -= 3.0
 
     def run(cfg, batch):
         m = AutoModelForCausalLM.from_pretrained(str(random_model_path), dtype=torch.float32)
-        out = GRPOActor(m, cfg).update(batch, adv, old)
+        out = PolicyGradientActor(m, cfg).update(batch, adv, old)
         return out, torch.cat([p.detach().flatten() for p in m.parameters()])
 
     from agentloop_trainer.config.sections import RolloutCorrectionSection

@@ -35,7 +35,7 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
 
     from agentloop_engines.hosting import RemoteClient
     from agentloop_trainer.data import load_records
-    from agentloop_trainer.stages import GRPOTrainer
+    from agentloop_trainer.stages import PolicyGradientTrainer
 
     cfg = load_config([
         f"model.path={random_model_path}", f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path}",
@@ -49,7 +49,7 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
     ])
     train, test = load_records(cfg)
     # No engine copy of the policy: the Ray replicas load it by path.
-    trainer = GRPOTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path), None, tokenizer, train,
+    trainer = PolicyGradientTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path), None, tokenizer, train,
                           test, Path(tmp_path) / mode, log=lambda *_: None)
     seen = count_trained_groups(trainer)
     try:

@@ -65,10 +65,10 @@ def _fit(cfg, tokenizer):
     from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.data import load_records
-    from agentloop_trainer.stages import GRPOTrainer
+    from agentloop_trainer.stages import PolicyGradientTrainer
 
     train, test = load_records(cfg)
-    trainer = GRPOTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
+    trainer = PolicyGradientTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
                           AutoModelForCausalLM.from_pretrained(cfg.model.path), tokenizer, train, test,
                           Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name, log=lambda *_: None)
     try:

@@ -34,7 +34,7 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
     from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.data import load_records
-    from agentloop_trainer.stages import GRPOTrainer
+    from agentloop_trainer.stages import PolicyGradientTrainer
 
     cfg = load_config([
         f"model.path={model_path}", f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path}",
@@ -44,7 +44,7 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
         "data.max_response_length=40", f"trainer.mode={mode}", *extra,
     ])
     train, test = load_records(cfg)
-    trainer = GRPOTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
+    trainer = PolicyGradientTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
                           AutoModelForCausalLM.from_pretrained(cfg.model.path), tokenizer, train, test,
                           Path(tmp_path) / mode, log=lambda *_: None)
     if spy is not None:

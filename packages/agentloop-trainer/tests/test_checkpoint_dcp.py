@@ -182,8 +182,8 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(random_model_path, tmp_path, u
 
 @pytest.mark.slow
 def test_agentloop_train_on_two_ranks_resumes_on_one_and_its_hf_folder_evaluates(random_model_path, tmp_path):
-    """The whole command: a 2-rank run checkpoints each step (GRPOTrainer.save); a 1-rank run
-    handed its step-1 checkpoint resumes (GRPOTrainer.resume, no "same number of ranks" rule)
+    """The whole command: a 2-rank run checkpoints each step (PolicyGradientTrainer.save); a 1-rank run
+    handed its step-1 checkpoint resumes (PolicyGradientTrainer.resume, no "same number of ranks" rule)
     and its step 2 samples the same rollouts and takes the same update (loss abs 1e-5, grad norm
     rel 1e-4: only the ranks' summation order differs). ``agentloop eval`` takes the step's
     ``hf/`` folder as it is."""

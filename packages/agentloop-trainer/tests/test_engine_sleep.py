@@ -15,12 +15,12 @@ def _trainer(cfg, tokenizer):
     from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.data import load_records
-    from agentloop_trainer.stages import GRPOTrainer
+    from agentloop_trainer.stages import PolicyGradientTrainer
 
     train, test = load_records(cfg)
     m = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     e = AutoModelForCausalLM.from_pretrained(cfg.model.path)
-    return GRPOTrainer(cfg, m, e, tokenizer, train, test, Path(cfg.trainer.output_dir), log=lambda *_: None)
+    return PolicyGradientTrainer(cfg, m, e, tokenizer, train, test, Path(cfg.trainer.output_dir), log=lambda *_: None)
 
 
 @pytest.mark.parametrize("free_cache_engine", [True, False])

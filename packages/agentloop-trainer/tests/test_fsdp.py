@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentloop_trainer.update import ActorConfig, GRPOActor, PolicyBatch
+from agentloop_trainer.update import ActorConfig, PolicyBatch, PolicyGradientActor
 
 
 def _batch(vocab: int):
@@ -45,7 +45,7 @@ def _steps(model, steps: int = 3, ref=None, loss_agg_mode: str = "token-mean", s
            world_size: int = 1):
     """(pg_loss, grad_norm[, kl_loss]) per step; with ``ref`` the k3 KL term is in the loss."""
     kl = {"use_kl_loss": True, "kl_loss_coef": 0.5} if ref is not None else {}
-    actor = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=None, loss_agg_mode=loss_agg_mode, **kl), ref_model=ref)
+    actor = PolicyGradientActor(model, ActorConfig(lr=1e-2, tis_cap=None, loss_agg_mode=loss_agg_mode, **kl), ref_model=ref)
     if segments:
         pb, adv = _segmented_batch(model.config.vocab_size, world_size)
     else:
@@ -149,14 +149,14 @@ def test_on_policy_update_equals_update_with_recomputed_old_log_probs(random_mod
     results = []
     for recompute in (True, False):
         model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
-        actor = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=2.0))
+        actor = PolicyGradientActor(model, ActorConfig(lr=1e-2, tis_cap=2.0))
         pb, adv = _batch(model.config.vocab_size)
         old = actor.compute_log_probs(pb) if recompute else None
         results.append(actor.update(pb, adv, old))
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/tis_weight_mean", "rollout/logprob_abs_diff_max"):
         assert results[0][key] == pytest.approx(results[1][key], rel=1e-5, abs=1e-7), key
     with pytest.raises(ValueError, match="exactly one optimizer step"):
-        GRPOActor(model, ActorConfig(ppo_epochs=2)).update(pb, adv, None)
+        PolicyGradientActor(model, ActorConfig(ppo_epochs=2)).update(pb, adv, None)
 
 
 @pytest.mark.slow

@@ -10,12 +10,12 @@ import pytest
 import torch
 from test_fsdp import _batch, _segmented_batch
 
-from agentloop_trainer.update import ActorConfig, GRPOActor, micro_batches
+from agentloop_trainer.update import ActorConfig, PolicyGradientActor, micro_batches
 
 
 def _grads(model, pb, adv, **actor_kw) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Gradients (and metrics) of one update with lr=0, so the weights stay put."""
-    actor = GRPOActor(model, ActorConfig(lr=0.0, tis_cap=2.0, **actor_kw))
+    actor = PolicyGradientActor(model, ActorConfig(lr=0.0, tis_cap=2.0, **actor_kw))
     seen: dict[str, torch.Tensor] = {}
     step = actor.optimizer.step
 
@@ -105,8 +105,8 @@ def test_bfloat16_autocast_matches_float32_within_tolerance(model):
     0.0016 here, 0.0035 on the default tiny model), the loss within 1%, the gradient direction
     within cos > 0.999."""
     pb, adv = _batch(model.config.vocab_size)
-    fp32 = GRPOActor(model, ActorConfig(lr=0.0)).compute_log_probs(pb)
-    bf16 = GRPOActor(model, ActorConfig(lr=0.0, compute_dtype="bfloat16")).compute_log_probs(pb)
+    fp32 = PolicyGradientActor(model, ActorConfig(lr=0.0)).compute_log_probs(pb)
+    bf16 = PolicyGradientActor(model, ActorConfig(lr=0.0, compute_dtype="bfloat16")).compute_log_probs(pb)
     mask = pb.response_mask.bool()
     gap = (fp32 - bf16)[mask].abs().max()
     assert 0 < gap < 0.01, "bf16 must differ (it ran) but stay close"
@@ -135,7 +135,7 @@ def test_lora_trains_only_adapters_and_the_merged_push_reproduces_its_greedy_out
     policy = _lora(model)
     pb, adv = _batch(model.config.vocab_size)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    actor = GRPOActor(policy, ActorConfig(lr=5e-2, tis_cap=None))
+    actor = PolicyGradientActor(policy, ActorConfig(lr=5e-2, tis_cap=None))
     assert {id(p) for g in actor.optimizer.param_groups for p in g["params"]} == {
         id(p) for n, p in policy.named_parameters() if "lora_" in n}
     for _ in range(3):
@@ -173,13 +173,13 @@ def test_lora_trains_only_adapters_and_the_merged_push_reproduces_its_greedy_out
 def test_lora_reference_is_the_base_model_with_adapters_disabled(model):
     policy = _lora(model)
     pb, adv = _batch(model.config.vocab_size)
-    actor = GRPOActor(policy, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
+    actor = PolicyGradientActor(policy, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
     assert actor.ref_model is None
     assert actor.has_reference
     for _ in range(2):
         actor.update(pb, adv, ref_log_probs=actor.reference_log_probs(pb))
     ref = actor.reference_log_probs(pb)
-    base = GRPOActor(model, ActorConfig(lr=0.0)).compute_log_probs(pb)
+    base = PolicyGradientActor(model, ActorConfig(lr=0.0)).compute_log_probs(pb)
     torch.testing.assert_close(ref, base, atol=1e-6, rtol=0)
     assert (actor.compute_log_probs(pb) - base).abs().max() > 1e-4, "the adapters moved the policy"
 
@@ -198,7 +198,7 @@ def _offload_rank(rank: int, model_path: str, offload: bool, dtype: str):
 
     model = shard_policy(AutoModelForCausalLM.from_pretrained(model_path), "cpu", dtype, offload)
     pb, adv = _batch(model.config.vocab_size)
-    actor = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=None), device="cpu")
+    actor = PolicyGradientActor(model, ActorConfig(lr=1e-2, tis_cap=None), device="cpu")
     losses = [actor.update(pb, adv)["actor/pg_loss"] for _ in range(2)]
     return losses, policy_state_dict(model)
 
@@ -232,7 +232,7 @@ def _dynamic_rank(rank: int, model_path: str):
 
     model = shard_policy(AutoModelForCausalLM.from_pretrained(model_path))
     pb, adv = _batch(model.config.vocab_size)
-    actor = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=None, **DYNAMIC))
+    actor = PolicyGradientActor(model, ActorConfig(lr=1e-2, tis_cap=None, **DYNAMIC))
     lengths = [len(s) for s in pb.sequences]
     mine = len(micro_batches(actor.local_rows(range(8)), lengths, max_tokens=DYNAMIC["ppo_max_token_len_per_gpu"]))
     metrics = [actor.update(pb, adv) for _ in range(2)]
@@ -248,7 +248,7 @@ def test_two_ranks_with_uneven_dynamic_micro_batches_match_one_process(model, ra
     budget = DYNAMIC["ppo_max_token_len_per_gpu"]
     counts = [len(micro_batches(range(4 * r, 4 * r + 4), lengths, max_tokens=budget)) for r in (0, 1)]
     assert counts[0] != counts[1], f"the ranks must need different numbers of passes, got {counts}"
-    single = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=None, loss_agg_mode=DYNAMIC["loss_agg_mode"]))
+    single = PolicyGradientActor(model, ActorConfig(lr=1e-2, tis_cap=None, loss_agg_mode=DYNAMIC["loss_agg_mode"]))
     expected = [(m["actor/pg_loss"], m["actor/grad_norm"]) for m in (single.update(pb, adv) for _ in range(2))]
     _, got, state = spawn(_dynamic_rank, 2, str(random_model_path))
     for (l1, g1), (l2, g2) in zip(expected, got, strict=True):
@@ -329,7 +329,7 @@ def _lora_rank(rank: int, model_path: str):
     model = apply_lora(AutoModelForCausalLM.from_pretrained(model_path), 4, 8, ["q_proj", "v_proj", "up_proj"])
     model = shard_policy(model)
     pb, adv = _batch(model.get_base_model().config.vocab_size)
-    actor = GRPOActor(model, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
+    actor = PolicyGradientActor(model, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
     metrics = [actor.update(pb, adv, ref_log_probs=actor.reference_log_probs(pb)) for _ in range(2)]
     return [(m["actor/pg_loss"], m["actor/kl_loss"]) for m in metrics], policy_state_dict(model)
 
@@ -343,7 +343,7 @@ def test_lora_on_two_fsdp_ranks_matches_one_process(model, random_model_path):
     torch.manual_seed(0)
     policy = _lora(model)
     pb, adv = _batch(model.config.vocab_size)
-    actor = GRPOActor(policy, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
+    actor = PolicyGradientActor(policy, ActorConfig(lr=5e-2, tis_cap=None, use_kl_loss=True, kl_loss_coef=0.5))
     single = [actor.update(pb, adv, ref_log_probs=actor.reference_log_probs(pb)) for _ in range(2)]
     expected = policy_state_dict(policy)
     got, state = spawn(_lora_rank, 2, str(random_model_path))

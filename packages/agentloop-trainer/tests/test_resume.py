@@ -24,12 +24,12 @@ def _run(cfg, tokenizer, quiet):
     from transformers import AutoModelForCausalLM
 
     from agentloop_trainer.data import load_records
-    from agentloop_trainer.stages import GRPOTrainer
+    from agentloop_trainer.stages import PolicyGradientTrainer
 
     train, test = load_records(cfg)
     m = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     e = AutoModelForCausalLM.from_pretrained(cfg.model.path)
-    trainer = GRPOTrainer(cfg, m, e, tokenizer, train, test, Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name,
+    trainer = PolicyGradientTrainer(cfg, m, e, tokenizer, train, test, Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name,
                           log=quiet)
     try:
         trainer.fit()

@@ -17,8 +17,8 @@ import torch
 from agentloop_trainer.update import (
     MIN_SHARED_PREFIX,
     ActorConfig,
-    GRPOActor,
     PolicyBatch,
+    PolicyGradientActor,
     prompt_groups,
     prompt_shared_log_probs,
     response_log_probs,
@@ -104,7 +104,7 @@ def test_update_with_prompts_shared_equals_the_padded_update(random_model_path):
     results = []
     for share in (True, False):
         model = _model(random_model_path)
-        actor = GRPOActor(model, ActorConfig(lr=1e-2, tis_cap=2.0, share_prefix_with_grad=share))
+        actor = PolicyGradientActor(model, ActorConfig(lr=1e-2, tis_cap=2.0, share_prefix_with_grad=share))
         pb, adv = _group_batch(model.config.vocab_size)
         metrics = [actor.update(pb, adv, None) for _ in range(2)]
         results.append((metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}))

@@ -37,8 +37,8 @@ def validate(cfg: TrainConfig) -> None:
     """
     from agentloop_engines.hosting import PLACEMENT_STRATEGIES
     from agentloop_trainer.reward.scoring import ANSWER_FORMATS
-    from agentloop_trainer.update.advantages import ADV_ESTIMATORS
-    from agentloop_trainer.update.losses import LOSS_AGG_MODES, POLICY_LOSS_MODES
+    from agentloop_trainer.update.advantages import ADVANTAGE_ESTIMATORS
+    from agentloop_trainer.update.losses import LOSS_AGG_MODES, POLICY_LOSSES
     from agentloop_trainer.update.turn_credit import TURN_CREDIT_MODES
 
     r, a = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
@@ -48,15 +48,21 @@ def validate(cfg: TrainConfig) -> None:
     except ConfigError as exc:  # raised in its turn below, after the checks listed before it
         engine, unknown_engine = None, str(exc).removeprefix("config actor_rollout_ref.rollout.name must be ")
     dtypes = engine.capabilities.dtypes if engine is not None else ()
+    estimator = ADVANTAGE_ESTIMATORS.find(cfg.algorithm.adv_estimator)
     checks = [
-        ("algorithm.adv_estimator", cfg.algorithm.adv_estimator in ADV_ESTIMATORS, f"one of {ADV_ESTIMATORS}"),
+        ("algorithm.adv_estimator", estimator is not None, f"one of {tuple(ADVANTAGE_ESTIMATORS.names())} "
+         "(or one registered with agentloop_trainer.update.advantages.register_advantage_estimator)"),
+        ("algorithm.adv_estimator", estimator is None or not estimator.needs_critic,
+         f"an estimator without a critic, not {cfg.algorithm.adv_estimator} (agentloop trains no value model): "
+         f"one of {tuple(e.name for e in ADVANTAGE_ESTIMATORS if not e.needs_critic)}"),
         ("actor_rollout_ref.actor.loss_agg_mode", cfg.actor_rollout_ref.actor.loss_agg_mode in LOSS_AGG_MODES,
          f"one of {LOSS_AGG_MODES}"),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode", a.policy_loss.loss_mode in POLICY_LOSS_MODES,
-         f"one of {POLICY_LOSS_MODES}"),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", a.policy_loss.loss_mode in POLICY_LOSSES,
+         f"one of {tuple(POLICY_LOSSES.names())}"),
         ("actor_rollout_ref.rollout.n", cfg.actor_rollout_ref.rollout.n >= 1, "at least 1 (2+ for GRPO)"),
-        ("actor_rollout_ref.rollout.n", cfg.algorithm.adv_estimator != "rloo" or r.n >= 2,
-         "at least 2 with algorithm.adv_estimator=rloo (a sample's baseline is the mean of its group's others)"),
+        ("actor_rollout_ref.rollout.n", estimator is None or r.n >= estimator.min_group_size,
+         f"at least {estimator.min_group_size if estimator else 1} with algorithm.adv_estimator="
+         f"{cfg.algorithm.adv_estimator} ({estimator.why if estimator else ''})"),
         ("algorithm.turn_credit", cfg.algorithm.turn_credit in TURN_CREDIT_MODES, f"one of {TURN_CREDIT_MODES}"),
         ("algorithm.turn_gamma", 0.0 <= cfg.algorithm.turn_gamma <= 1.0, "between 0 and 1 (the per-turn discount)"),
         ("algorithm.step_group_weight", math.isfinite(cfg.algorithm.step_group_weight)
@@ -218,7 +224,7 @@ def _validate_rollout_correction(cfg: TrainConfig) -> None:
     """``algorithm.rollout_correction``: levels, options and thresholds parse, and it does not
     contradict ``actor.tis_cap`` (two importance weights on one loss)."""
     from agentloop_trainer.update.rollout_correction import (
-        ROLLOUT_IS_LEVELS,
+        IMPORTANCE_LEVELS,
         parse_is_threshold,
         parse_rs_options,
         parse_rs_thresholds,
@@ -226,8 +232,9 @@ def _validate_rollout_correction(cfg: TrainConfig) -> None:
 
     rc, tis_cap = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.tis_cap
     prefix = "config algorithm.rollout_correction."
-    if rc.rollout_is is not None and rc.rollout_is not in ROLLOUT_IS_LEVELS:
-        raise ConfigError(f"{prefix}rollout_is must be null or one of {ROLLOUT_IS_LEVELS}, got {rc.rollout_is!r}")
+    if rc.rollout_is is not None and rc.rollout_is not in IMPORTANCE_LEVELS:
+        raise ConfigError(f"{prefix}rollout_is must be null or one of {tuple(IMPORTANCE_LEVELS.names())}, "
+                          f"got {rc.rollout_is!r}")
     if rc.rollout_is is not None and tis_cap is not None:
         raise ConfigError(
             f"{prefix}rollout_is={rc.rollout_is} and actor_rollout_ref.actor.tis_cap={tis_cap} both weight the loss "

@@ -16,11 +16,11 @@ from agentloop_trainer.stages.build import (
     run_fsdp_training,
     seed_everything,
 )
-from agentloop_trainer.stages.grpo import GRPOTrainer, actor_config
+from agentloop_trainer.stages.grpo import PolicyGradientTrainer, actor_config
 
 __all__ = [
     "AsyncDriver",
-    "GRPOTrainer",
+    "PolicyGradientTrainer",
     "Group",
     "StalenessBuffer",
     "actor_config",

@@ -55,7 +55,7 @@ __all__ = ["AsyncDriver"]
 
 
 class AsyncDriver:
-    """Runs the steps of one asynchronous GRPO run for a :class:`~agentloop_trainer.stages.grpo.GRPOTrainer`.
+    """Runs the steps of one asynchronous GRPO run for a :class:`~agentloop_trainer.stages.grpo.PolicyGradientTrainer`.
 
     Args:
         trainer: The trainer on rank 0, the one that hosts the engine (under FSDP the other
@@ -230,7 +230,7 @@ class AsyncDriver:
         trainer.last_sync = {"perf/sync_buckets": float(buckets), "perf/sync_bucket_peak_mb": largest / 2**20}
 
     def _learn_all_ranks(self, rows: list[dict], batch: Any) -> dict[str, Any]:
-        # Under FSDP the other ranks run the sync step's follower half (GRPOTrainer.train_step
+        # Under FSDP the other ranks run the sync step's follower half (PolicyGradientTrainer.train_step
         # without an engine): receive the batch, update their shards, then join each tensor's
         # gather in sync_weights while this rank pushes it (_push_weights). Here the broadcast
         # and the update run in the update thread, so rank 0's rollout goes on meanwhile.

@@ -41,7 +41,7 @@ def needs_engine_copy(cfg: TrainConfig) -> bool:
 
 def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path, log: Any = print, *, rank: int = 0,
                   world_size: int = 1, tokenizer: Any = None, stats: dict[str, int] | None = None) -> Any:
-    """The :class:`~agentloop_trainer.stages.grpo.GRPOTrainer` for ``cfg``, on one process or as one
+    """The :class:`~agentloop_trainer.stages.grpo.PolicyGradientTrainer` for ``cfg``, on one process or as one
     FSDP rank (the process group must already be joined when ``world_size > 1``).
 
     Args:
@@ -60,7 +60,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     from agentloop_trainer.config.accessors import offload_enabled, reference_offloaded
     from agentloop_trainer.data.records import load_records
     from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing, use_cpu_matmul
-    from agentloop_trainer.stages.grpo import GRPOTrainer
+    from agentloop_trainer.stages.grpo import PolicyGradientTrainer
 
     seed_everything(cfg.trainer.seed)
     device = cfg.trainer.device
@@ -100,7 +100,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     if rank == 0 and needs_engine_copy(cfg):
         engine_model = load_model(str(model_path), torch.float32)
     train, test = load_records(cfg, tokenizer, log if rank == 0 else None, stats)
-    trainer = GRPOTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
+    trainer = PolicyGradientTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
                           model_path=model_path, ref_model=ref)
     trainer.owns_process_group = owns_group
     return trainer

@@ -13,11 +13,12 @@ import numpy as np
 
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.iterator import DataIterator
+from agentloop_trainer.eval.sets import result_metrics
 from agentloop_trainer.reward.judge_client import judge_step_metrics
 from agentloop_trainer.rollout.diagnostics import RolloutWatch
 from agentloop_trainer.rollout.dynamic_sampling import DynamicSampler, overlong_metrics
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
-from agentloop_trainer.update.actor import ActorConfig, GRPOActor, policy_batch_from_rollout
+from agentloop_trainer.update.actor import ActorConfig, PolicyGradientActor, policy_batch_from_rollout
 from agentloop_trainer.update.turn_credit import CreditSettings, credit_advantages
 from agentloop_trainer.view.metrics import idle_fraction, plot_reward_curve
 
@@ -39,8 +40,8 @@ def actor_config(cfg: TrainConfig) -> ActorConfig:
                        rollout_correction=RolloutCorrectionSection(**correction))
 
 
-class GRPOTrainer:
-    """Runs GRPO on one process (the FSDP2 path lives in :mod:`agentloop_trainer.update.fsdp`).
+class PolicyGradientTrainer:
+    """Runs policy-gradient steps on one process (the FSDP2 path: :mod:`agentloop_trainer.update.fsdp`).
 
     Args:
         cfg: The training config.
@@ -87,7 +88,7 @@ class GRPOTrainer:
             import copy
 
             ref = copy.deepcopy(model).eval().requires_grad_(False)
-        self.actor = GRPOActor(self.model, self.actor_cfg, ref_model=ref, device=self.device)
+        self.actor = PolicyGradientActor(self.model, self.actor_cfg, ref_model=ref, device=self.device)
         self.bucket_bytes = max(1, int(cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes * 2**20))
         self.last_sync: dict[str, float] = {}
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
@@ -97,7 +98,7 @@ class GRPOTrainer:
         self.fleet = None
         if self.rank == 0:
             if model_path is None:
-                raise ValueError("GRPOTrainer needs the starting checkpoint the engine loads: pass model_path= or "
+                raise ValueError("PolicyGradientTrainer needs the starting checkpoint the engine loads: pass model_path= or "
                                  "set model.path")
             from agentloop_trainer.rollout.tracing import rollout_tracer
 
@@ -144,8 +145,13 @@ class GRPOTrainer:
         self.last_sync = {"perf/sync_buckets": float(buckets), "perf/sync_bucket_peak_mb": largest / 2**20}
 
     def evaluate(self) -> Any:
-        """Greedy held-out accuracy with the current engine weights (rank 0; None elsewhere)."""
-        return self.fleet.evaluate(self.test_records) if self.fleet is not None else None
+        """Held-out accuracy with the current engine weights (rank 0; None elsewhere), with every
+        validation set's pass@k/avg@k/maj@k in its ``metrics`` (``val/<data_source>/...``)."""
+        if self.fleet is None:
+            return None
+        result = self.fleet.evaluate(self.test_records)
+        result.metrics.update(result_metrics(result, self.fleet.tokenizer, self.fleet.scorer))
+        return result
 
     def train_step(self) -> dict[str, Any]:
         """One GRPO step; returns its metrics."""
@@ -344,7 +350,8 @@ class GRPOTrainer:
             gen_tokens += m["rollout/generated_tokens"]
             gen_seconds += m["timing_s/generate"]
             if self.rank == 0 and tc.test_freq > 0 and self.step % tc.test_freq == 0 and self.step < tc.total_steps:
-                m["eval/accuracy"] = self.evaluate().accuracy
+                ev = self.evaluate()
+                m.update({"eval/accuracy": ev.accuracy, **_per_template(ev)})
             self._record(m)
             bar.update(1)
             postfix = {"reward": f"{m['reward/mean']:.3f}"}
@@ -464,4 +471,6 @@ def _templates(record: dict[str, Any]) -> dict[Any, float]:
 
 
 def _per_template(ev: Any) -> dict[str, float]:
-    return {f"eval/template_{k}": v for k, v in ev.per_template.items()}
+    """Accuracy per template (the synthetic task) and each validation set's metrics."""
+    return {**{f"eval/template_{k}": v for k, v in ev.per_template.items()},
+            **{k: v for k, v in ev.metrics.items() if k.startswith("val/")}}

@@ -1,11 +1,13 @@
 """The update: what changes the policy's weights, and how they leave the trainer.
 
-- :mod:`~agentloop_trainer.update.advantages`: GRPO / Dr. GRPO / RLOO advantages (``algorithm.adv_estimator``).
-- :mod:`~agentloop_trainer.update.losses`: the PPO-clip loss (token or GSPO sequence ratio), its
+- :mod:`~agentloop_trainer.update.advantages`: the advantage-estimator table (GRPO, Dr. GRPO, RLOO;
+  ``algorithm.adv_estimator``).
+- :mod:`~agentloop_trainer.update.losses`: the policy-loss table (PPO-clip on token or GSPO sequence ratios), its
   aggregation, KL, the per-token importance weight (change the loss here).
 - :mod:`~agentloop_trainer.update.rollout_correction`: token / sequence importance weights and
-  rejection masks (``algorithm.rollout_correction``).
-- :mod:`~agentloop_trainer.update.actor`: :class:`GRPOActor`, log-probs of a batch and the
+  rejection masks (``algorithm.rollout_correction``), their tables.
+- :mod:`~agentloop_trainer.update.tables`: the name -> record table the three use.
+- :mod:`~agentloop_trainer.update.actor`: :class:`PolicyGradientActor`, log-probs of a batch and the
   optimizer steps over its micro-batches.
 - :mod:`~agentloop_trainer.update.forward`: per-token log-probs, a shared prompt prefix computed once.
 - :mod:`~agentloop_trainer.update.fsdp`: FSDP2 sharding and process groups.
@@ -17,17 +19,19 @@ Importing this package is light: torch and Ray are imported by the functions tha
 
 from agentloop_trainer.update.actor import (
     ActorConfig,
-    GRPOActor,
     PolicyBatch,
+    PolicyGradientActor,
     micro_batches,
     policy_batch_from_rollout,
     response_log_probs,
 )
 from agentloop_trainer.update.advantages import (
-    ADV_ESTIMATORS,
+    ADVANTAGE_ESTIMATORS,
+    AdvantageEstimator,
     compute_advantages,
     group_advantages,
     leave_one_out_advantages,
+    register_advantage_estimator,
     trajectory_advantages,
 )
 from agentloop_trainer.update.forward import (
@@ -51,23 +55,29 @@ from agentloop_trainer.update.fsdp import (
 )
 from agentloop_trainer.update.losses import (
     LOSS_AGG_MODES,
-    POLICY_LOSS_MODES,
+    POLICY_LOSSES,
     LossAggMode,
+    PolicyLoss,
+    PolicyTerms,
     aggregate_loss,
     gspo_log_ratio,
     kl_k3,
     masked_mean,
     ppo_clip_loss,
+    register_policy_loss,
     sequence_weights,
     truncated_importance_weight,
 )
 from agentloop_trainer.update.ray_ranks import RankFailedError, RayRankActor, spawn_ray
 from agentloop_trainer.update.rollout_correction import (
-    ROLLOUT_IS_LEVELS,
-    ROLLOUT_RS_OPTIONS,
+    IMPORTANCE_LEVELS,
+    REJECTION_OPTIONS,
     Correction,
+    ImportanceLevel,
+    RejectionOption,
     rollout_correction,
 )
+from agentloop_trainer.update.tables import AlgorithmTable, UnknownAlgorithmError
 from agentloop_trainer.update.turn_credit import (
     TURN_CREDIT,
     TURN_CREDIT_MODES,
@@ -90,25 +100,32 @@ from agentloop_trainer.update.weights import (
 )
 
 __all__ = [
-    "ADV_ESTIMATORS",
+    "ADVANTAGE_ESTIMATORS",
     "ActorConfig",
+    "AdvantageEstimator",
+    "AlgorithmTable",
     "Correction",
     "CreditSettings",
     "DEFAULT_BUCKET_BYTES",
-    "GRPOActor",
     "LOSS_AGG_MODES",
     "LossAggMode",
     "MIN_SHARED_PREFIX",
-    "POLICY_LOSS_MODES",
+    "IMPORTANCE_LEVELS",
+    "ImportanceLevel",
+    "POLICY_LOSSES",
     "PolicyBatch",
-    "ROLLOUT_IS_LEVELS",
-    "ROLLOUT_RS_OPTIONS",
+    "PolicyGradientActor",
+    "PolicyLoss",
+    "PolicyTerms",
+    "REJECTION_OPTIONS",
+    "RejectionOption",
     "RankFailedError",
     "RayRankActor",
     "TURN_CREDIT",
     "TURN_CREDIT_MODES",
     "Trajectory",
     "TurnSpan",
+    "UnknownAlgorithmError",
     "aggregate_loss",
     "base_model_config",
     "batch_trajectories",
@@ -140,6 +157,8 @@ __all__ = [
     "ppo_clip_loss",
     "prompt_groups",
     "prompt_shared_log_probs",
+    "register_advantage_estimator",
+    "register_policy_loss",
     "response_log_probs",
     "rollout_correction",
     "sequence_log_probs",

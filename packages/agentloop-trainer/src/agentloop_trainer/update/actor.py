@@ -1,4 +1,4 @@
-"""The GRPO actor: recomputes log-probs of a rollout batch and takes PPO-clip updates.
+"""The policy-gradient actor: recomputes log-probs of a rollout batch and takes PPO-clip updates.
 
 It works on a plain module or an FSDP2-sharded one (``fully_shard``) through the same code:
 sharding changes where parameters live, not what the loss is.
@@ -26,7 +26,7 @@ from agentloop_trainer.update.vision_forward import multimodal_log_probs
 
 @dataclass
 class ActorConfig(ActorSection):
-    """Optimisation settings of the GRPO actor: the config's ``actor_rollout_ref.actor``
+    """Optimisation settings of the policy-gradient actor: the config's ``actor_rollout_ref.actor``
     section (see :class:`~agentloop_trainer.config.actor_rollout_ref.ActorSection` for its fields) plus what the
     actor takes from elsewhere."""
 
@@ -232,8 +232,8 @@ def micro_batches(rows: Sequence[int], lengths: Sequence[int], size: int | None 
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
-class GRPOActor:
-    """Owns the policy and its optimizer.
+class PolicyGradientActor:
+    """Owns the policy and its optimizer; its loss is a name in the policy-loss table.
 
     Args:
         model: The policy module (already sharded when running under FSDP2; possibly a peft

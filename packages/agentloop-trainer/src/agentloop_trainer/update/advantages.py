@@ -3,16 +3,77 @@ std), Dr. GRPO (mean only), RLOO (the mean of the other samples); computed once 
 trajectory and broadcast to its rows when a loop split the trajectory into segments
 (see ``agentloop_core.segments``; :func:`trajectory_advantages`).
 
+The estimators are a table (:data:`ADVANTAGE_ESTIMATORS`, name -> :class:`AdvantageEstimator`):
+``algorithm.adv_estimator`` is a name in it, and the config checks read its constraints from it
+(the group size it needs, whether it needs a critic). A new estimator is one registration::
+
+    @register_advantage_estimator("mean_baseline", min_group_size=2, why="a baseline needs 2 samples")
+    def mean_baseline(rewards, group_ids):
+        ...  # [B] float32 rewards -> [B] advantages
+
 Rewards are torch tensors shaped ``[B]`` (one per row).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-ADV_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
-"""Values of ``algorithm.adv_estimator``."""
+from agentloop_trainer.update.tables import AlgorithmTable
+
+Estimate = Callable[[Any, Sequence[Any]], Any]
+"""``(rewards, group_ids) -> advantages``: ``[B]`` float32 rewards and ``B`` group ids in,
+``[B]`` advantages out."""
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """One row of :data:`ADVANTAGE_ESTIMATORS`: the function and what it needs."""
+
+    name: str
+    """The value of ``algorithm.adv_estimator``."""
+    estimate: Estimate
+    """The advantages of a batch (see :data:`Estimate`)."""
+    min_group_size: int = 1
+    """The least ``actor_rollout_ref.rollout.n`` it works with; config load refuses fewer."""
+    why: str = ""
+    """Why it needs ``min_group_size`` samples (ends the config error)."""
+    needs_critic: bool = False
+    """It reads a value model's estimates; agentloop trains none, so config load refuses it."""
+    verl_name: str | None = None
+    """verl's name for the same estimator (None: verl has none)."""
+    summary: str = ""
+    """One line for docs and ``--help``."""
+
+
+ADVANTAGE_ESTIMATORS: AlgorithmTable[AdvantageEstimator] = AlgorithmTable(
+    "adv_estimator", "agentloop.advantage_estimators", AdvantageEstimator,
+    "Register one with agentloop_trainer.update.advantages.register_advantage_estimator, in code or from the module "
+    "an entry point of 'agentloop.advantage_estimators' names (see docs/beyond-grpo.md).",
+)
+"""Values of ``algorithm.adv_estimator``: name -> :class:`AdvantageEstimator`."""
+
+
+def register_advantage_estimator(
+    name: str, *, min_group_size: int = 1, why: str = "", needs_critic: bool = False,
+    verl_name: str | None = None, summary: str = "",
+) -> Callable[[Estimate], Estimate]:
+    """Decorator: add the function to :data:`ADVANTAGE_ESTIMATORS` under ``name`` (then
+    ``algorithm.adv_estimator=name`` loads and :func:`compute_advantages` calls it).
+
+    Raises:
+        ValueError: ``min_group_size`` below 1, or another estimator holds the name.
+    """
+    if min_group_size < 1:
+        raise ValueError(f"advantage estimator {name!r}: min_group_size must be at least 1, got {min_group_size}")
+
+    def register(estimate: Estimate) -> Estimate:
+        ADVANTAGE_ESTIMATORS.add(name, AdvantageEstimator(name, estimate, min_group_size, why, needs_critic,
+                                                          verl_name, summary))
+        return estimate
+
+    return register
 
 
 def group_advantages(rewards: Any, group_ids: Sequence[Any], *, norm_by_std: bool = True, eps: float = 1e-6) -> Any:
@@ -85,7 +146,7 @@ def trajectory_advantages(
     each of its trajectories once, not each segment) and broadcast to every row of it.
 
     Args:
-        estimator: ``grpo``, ``dr_grpo`` or ``rloo``.
+        estimator: A name in :data:`ADVANTAGE_ESTIMATORS` (``grpo``, ``dr_grpo``, ``rloo``...).
         rewards: ``[B]`` per-row rewards; the rows of one trajectory hold its reward.
         group_ids: ``B`` per-row group ids (the prompt's); equal within a trajectory.
         trajectory_ids: ``B`` per-row trajectory ids.
@@ -117,13 +178,39 @@ def trajectory_advantages(
 
 
 def compute_advantages(estimator: str, rewards: Any, group_ids: Sequence[Any]) -> Any:
-    """Advantages by estimator name (``grpo``, ``dr_grpo`` or ``rloo``).
+    """Advantages by estimator name (a name in :data:`ADVANTAGE_ESTIMATORS`: ``grpo``,
+    ``dr_grpo``, ``rloo`` and any registered one).
 
     Raises:
-        ValueError: on an unknown estimator, listing the valid ones.
+        ValueError: on an unknown estimator, listing the valid ones; ``group_ids`` and ``rewards``
+            of different lengths; an estimator that returns another shape than ``[B]``.
     """
-    if estimator not in ADV_ESTIMATORS:
-        raise ValueError(f"unknown adv_estimator {estimator!r}; valid: {', '.join(ADV_ESTIMATORS)}")
-    if estimator == "rloo":
-        return leave_one_out_advantages(rewards, group_ids)
-    return group_advantages(rewards, group_ids, norm_by_std=estimator == "grpo")
+    import torch
+
+    record = ADVANTAGE_ESTIMATORS.get(estimator)
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    if len(group_ids) != rewards.shape[0]:
+        raise ValueError(f"group_ids has {len(group_ids)} entries but rewards has {rewards.shape[0]}")
+    adv = record.estimate(rewards, group_ids)
+    if tuple(adv.shape) != tuple(rewards.shape):
+        raise ValueError(f"advantage estimator {estimator!r} returned shape {tuple(adv.shape)} for "
+                         f"{tuple(rewards.shape)} rewards; it must return one advantage per reward")
+    return adv
+
+
+@register_advantage_estimator("grpo", verl_name="grpo",
+                              summary="reward minus its group's mean, divided by the group's std")
+def _grpo(rewards: Any, group_ids: Sequence[Any]) -> Any:
+    return group_advantages(rewards, group_ids, norm_by_std=True)
+
+
+@register_advantage_estimator("dr_grpo", summary="reward minus its group's mean (Dr. GRPO; verl: grpo with "
+                                                "algorithm.norm_adv_by_std_in_grpo=false)")
+def _dr_grpo(rewards: Any, group_ids: Sequence[Any]) -> Any:
+    return group_advantages(rewards, group_ids, norm_by_std=False)
+
+
+register_advantage_estimator(
+    "rloo", min_group_size=2, why="a sample's baseline is the mean of its group's others", verl_name="rloo",
+    summary="reward minus the mean of its group's other rewards",
+)(leave_one_out_advantages)

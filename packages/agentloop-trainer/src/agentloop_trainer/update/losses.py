@@ -1,6 +1,10 @@
-"""GRPO losses: the PPO-clip policy loss over ``response_mask`` (token ratios, or GSPO's sequence
-ratio), its aggregation modes, the k3 KL estimator, and the truncated importance weight that corrects for the gap between the engine's
-(rollout) log-probs and the trainer's.
+"""Policy losses: the PPO-clip policy loss over ``response_mask`` (token ratios, or GSPO's
+sequence ratio), its aggregation modes, the k3 KL estimator, and the truncated importance weight
+that corrects for the gap between the engine's (rollout) log-probs and the trainer's.
+
+The policy losses are a table (:data:`POLICY_LOSSES`, name -> :class:`PolicyLoss`):
+``actor_rollout_ref.actor.policy_loss.loss_mode`` is a name in it; a new one is one
+:func:`register_policy_loss` here.
 
 Every function takes torch tensors shaped ``[B]`` (per row) or ``[B, R]`` (per response
 token) and never looks at padding: ``response_mask`` decides which tokens count.
@@ -13,15 +17,69 @@ spans: ``token-mean`` weights every generated token once, wherever it sits, and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from agentloop_trainer.update.tables import AlgorithmTable
 
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 """Values of ``actor_rollout_ref.actor.loss_agg_mode``."""
-POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
-"""Values of ``actor_rollout_ref.actor.policy_loss.loss_mode`` (verl's names): ``vanilla`` is
-PPO-clip on each token's ratio, ``gspo`` on its sequence's (:func:`gspo_log_ratio`)."""
+
+
+class PolicyTerms(NamedTuple):
+    """What a policy loss gives :func:`ppo_clip_loss` for a batch."""
+
+    per_token: Any
+    """``[B, R]`` the loss of each token, before the importance weight and the aggregation."""
+    ratio: Any
+    """``[B, R]`` the importance ratio it used (``actor/ratio_mean``)."""
+    clipped: Any
+    """``[B, R]`` bool: the tokens whose term is clipped (``actor/pg_clipfrac``)."""
+
+
+PerToken = Callable[..., PolicyTerms]
+"""``(log_probs, old_log_probs, advantages, response_mask, *, clip_ratio_low, clip_ratio_high)
+-> PolicyTerms``; ``advantages`` is ``[B, R]``, ``response_mask`` float."""
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """One row of :data:`POLICY_LOSSES`: the per-token loss and what it is."""
+
+    name: str
+    """The value of ``actor_rollout_ref.actor.policy_loss.loss_mode`` (verl's names)."""
+    per_token: PerToken
+    """The per-token terms (see :data:`PerToken`)."""
+    level: Literal["token", "sequence"]
+    """What one ratio belongs to: each token, or its whole sequence (clipping keeps or drops it)."""
+    verl_name: str | None = None
+    """verl's name for the same loss (None: verl has none)."""
+    pairs_with: str = ""
+    """The settings it is meant with (for docs and the config docstring)."""
+
+
+POLICY_LOSSES: AlgorithmTable[PolicyLoss] = AlgorithmTable(
+    "policy_loss.loss_mode", "agentloop.policy_losses", PolicyLoss,
+    "Register one with agentloop_trainer.update.losses.register_policy_loss, in code or from the module an "
+    "entry point of 'agentloop.policy_losses' names.",
+)
+"""Values of ``actor_rollout_ref.actor.policy_loss.loss_mode``: name -> :class:`PolicyLoss`."""
+
+
+def register_policy_loss(name: str, *, level: Literal["token", "sequence"], verl_name: str | None = None,
+                         pairs_with: str = "") -> Callable[[PerToken], PerToken]:
+    """Decorator: add the per-token loss to :data:`POLICY_LOSSES` under ``name``.
+
+    Raises:
+        ValueError: another loss holds the name.
+    """
+    def register(per_token: PerToken) -> PerToken:
+        POLICY_LOSSES.add(name, PolicyLoss(name, per_token, level, verl_name, pairs_with))
+        return per_token
+
+    return register
 
 
 def masked_mean(values: Any, mask: Any) -> Any:
@@ -156,8 +214,9 @@ def ppo_clip_loss(
             :func:`truncated_importance_weight`).
         seq_weight: Optional ``[B]`` fraction of a sequence each row is, for the ``seq-mean``
             modes (see :func:`aggregate_loss`).
-        loss_mode: ``vanilla`` (each token's ratio) or ``gspo`` (its row's sequence ratio,
-            :func:`gspo_log_ratio`; GSPO's clip ranges are small, ~3e-4 / 4e-4). The loss is
+        loss_mode: A name in :data:`POLICY_LOSSES`: ``vanilla`` (each token's ratio) or ``gspo``
+            (its row's sequence ratio, :func:`gspo_log_ratio`; GSPO's clip ranges are small,
+            ~3e-4 / 4e-4). The loss is
             aggregated by ``loss_agg_mode`` either way: ``seq-mean-token-mean`` is the GSPO
             paper's objective (each sequence once), ``token-mean`` weights a sequence by its
             tokens.
@@ -172,23 +231,49 @@ def ppo_clip_loss(
     """
     import torch
 
-    if loss_mode not in POLICY_LOSS_MODES:
-        raise ValueError(f"unknown policy_loss.loss_mode {loss_mode!r}; valid: {', '.join(POLICY_LOSS_MODES)}")
+    policy = POLICY_LOSSES.get(loss_mode)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(log_probs)
     mask = response_mask.to(log_probs.dtype)
     log_ratio = torch.clamp(log_probs - old_log_probs, -20.0, 20.0)
-    ratio = torch.exp(gspo_log_ratio(log_probs, old_log_probs, mask) if loss_mode == "gspo" else log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
-    per_token = torch.maximum(unclipped, clipped)
+    per_token, ratio, clipped = policy.per_token(log_probs, old_log_probs, advantages, mask,
+                                                 clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high)
     if importance_weight is not None:
         per_token = per_token * importance_weight
     loss = aggregate_loss(per_token, mask, loss_agg_mode, seq_weight)
     with torch.no_grad():
         metrics = {
-            "actor/pg_clipfrac": float(masked_mean((clipped > unclipped).to(mask.dtype), mask)),
+            "actor/pg_clipfrac": float(masked_mean(clipped.to(mask.dtype), mask)),
             "actor/ppo_kl": float(masked_mean(-log_ratio, mask)),
             "actor/ratio_mean": float(masked_mean(ratio, mask)),
         }
     return loss, metrics
+
+
+def clipped_surrogate(log_ratio: Any, advantages: Any, clip_ratio_low: float, clip_ratio_high: float) -> PolicyTerms:
+    """PPO's clipped surrogate on ``exp(log_ratio)``: per token ``max(-A r, -A clip(r))``."""
+    import torch
+
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    return PolicyTerms(torch.maximum(unclipped, clipped), ratio, clipped > unclipped)
+
+
+@register_policy_loss("vanilla", level="token", verl_name="vanilla")
+def _vanilla(log_probs: Any, old_log_probs: Any, advantages: Any, response_mask: Any, *,
+             clip_ratio_low: float, clip_ratio_high: float) -> PolicyTerms:
+    """PPO-clip on each token's ratio."""
+    import torch
+
+    log_ratio = torch.clamp(log_probs - old_log_probs, -20.0, 20.0)
+    return clipped_surrogate(log_ratio, advantages, clip_ratio_low, clip_ratio_high)
+
+
+@register_policy_loss("gspo", level="sequence", verl_name="gspo",
+                      pairs_with="clip_ratio_low=0.0003 clip_ratio_high=0.0004 loss_agg_mode=seq-mean-token-mean")
+def _gspo(log_probs: Any, old_log_probs: Any, advantages: Any, response_mask: Any, *,
+          clip_ratio_low: float, clip_ratio_high: float) -> PolicyTerms:
+    """PPO-clip on each row's sequence ratio (:func:`gspo_log_ratio`)."""
+    return clipped_surrogate(gspo_log_ratio(log_probs, old_log_probs, response_mask), advantages,
+                             clip_ratio_low, clip_ratio_high)

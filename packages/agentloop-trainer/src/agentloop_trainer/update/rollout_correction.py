@@ -21,20 +21,54 @@ token:
 
 A sequence is a trajectory: the rows of one split into segments (``sequence_index``) share
 their sums, means and maxima.
+
+The levels and options are tables (:data:`IMPORTANCE_LEVELS`, :data:`REJECTION_OPTIONS`); the
+config checks read their names from them.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-ROLLOUT_IS_LEVELS: tuple[str, ...] = ("token", "sequence")
+from agentloop_trainer.update.tables import AlgorithmTable
+
+
+@dataclass(frozen=True)
+class ImportanceLevel:
+    """One row of :data:`IMPORTANCE_LEVELS`: what a weight belongs to."""
+
+    name: str
+    """The value of ``algorithm.rollout_correction.rollout_is``."""
+    log_weight: Callable[[Any, Any, Any], Any]
+    """``(log_ratio [B, R], mask [B, R], sequence_index [B] or None) -> [B, R]`` log of each
+    token's weight (before the threshold)."""
+
+
+@dataclass(frozen=True)
+class RejectionOption:
+    """One row of :data:`REJECTION_OPTIONS`: a statistic, where it is taken and its bounds."""
+
+    name: str
+    """An option of ``algorithm.rollout_correction.rollout_rs``."""
+    statistic: Callable[[Any], Any]
+    """``log_ratio [B, R] -> [B, R]`` the per-token statistic (``k1``, ``k2``, ``k3``)."""
+    level: Literal["token", "sum", "mean", "max"]
+    """Per token, or the sequence's sum, mean or max of the statistic."""
+    bounds: Literal["ratio", "upper"]
+    """``ratio``: ``"lower_upper"`` ratio bounds (``u`` alone: ``1/u`` to ``u``), kept where
+    ``log(lower) <= stat <= log(upper)``; ``upper``: one upper bound on the statistic."""
+
+
+IMPORTANCE_LEVELS: AlgorithmTable[ImportanceLevel] = AlgorithmTable(
+    "algorithm.rollout_correction.rollout_is", "agentloop.rollout_importance_levels", ImportanceLevel,
+    "Add an ImportanceLevel to agentloop_trainer.update.rollout_correction.IMPORTANCE_LEVELS.")
 """Values of ``algorithm.rollout_correction.rollout_is`` (besides null)."""
-ROLLOUT_RS_OPTIONS: tuple[str, ...] = (
-    "token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
-    "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3",
-)
+REJECTION_OPTIONS: AlgorithmTable[RejectionOption] = AlgorithmTable(
+    "algorithm.rollout_correction.rollout_rs option", "agentloop.rollout_rejection_options", RejectionOption,
+    "Add a RejectionOption to agentloop_trainer.update.rollout_correction.REJECTION_OPTIONS.")
 """Options of ``algorithm.rollout_correction.rollout_rs`` (comma-separated; besides null)."""
 SAFETY_BOUND = 20.0
 """Log-ratios are clamped to +-this before ``exp``."""
@@ -74,7 +108,7 @@ def parse_rs_thresholds(options: list[str], spec: Any) -> list[tuple[float | Non
     out: list[tuple[float | None, float]] = []
     for option, entry in zip(options, entries, strict=True):
         lower, upper = _bounds(entry, "rollout_rs_threshold")
-        if option.endswith("k1"):
+        if REJECTION_OPTIONS.get(option).bounds == "ratio":
             out.append((1.0 / upper if lower is None else lower, upper))
         elif lower is not None:
             raise ValueError(f"{key}: {option} takes one upper bound, not {entry!r}")
@@ -90,10 +124,10 @@ def parse_rs_options(spec: str) -> list[str]:
         ValueError: an unknown option, listing the valid ones.
     """
     options = list(dict.fromkeys(part.strip() for part in spec.split(",") if part.strip()))
-    bad = [o for o in options if o not in ROLLOUT_RS_OPTIONS]
+    bad = [o for o in options if o not in REJECTION_OPTIONS]
     if bad or not options:
         raise ValueError(f"algorithm.rollout_correction.rollout_rs={spec!r}: unknown option(s) {bad}; "
-                         f"valid: {', '.join(ROLLOUT_RS_OPTIONS)} (comma-separated)")
+                         f"valid: {', '.join(REJECTION_OPTIONS.names())} (comma-separated)")
     return options
 
 
@@ -156,7 +190,7 @@ def rollout_correction(old_log_probs: Any, rollout_log_probs: Any, response_mask
         response_mask: ``[B, R]`` 1 on generated tokens.
         rollout_is: None, ``token`` or ``sequence``.
         rollout_is_threshold: A cap, or ``"lower_upper"`` (IcePop).
-        rollout_rs: None, or comma-separated options of :data:`ROLLOUT_RS_OPTIONS`.
+        rollout_rs: None, or comma-separated options of :data:`REJECTION_OPTIONS`.
         rollout_rs_threshold: One entry for all options or one per option (comma-separated).
         sequence_index: ``[B]`` long: rows with the same value are one sequence (segments of
             a trajectory); None: each row is its own.
@@ -174,15 +208,12 @@ def rollout_correction(old_log_probs: Any, rollout_log_probs: Any, response_mask
 
     weights = None
     if rollout_is is not None:
-        if rollout_is not in ROLLOUT_IS_LEVELS:
+        level = IMPORTANCE_LEVELS.find(rollout_is)
+        if level is None:
             raise ValueError(f"algorithm.rollout_correction.rollout_is={rollout_is!r} must be null or one of "
-                             f"{', '.join(ROLLOUT_IS_LEVELS)}")
+                             f"{', '.join(IMPORTANCE_LEVELS.names())}")
         lower, upper = parse_is_threshold(rollout_is_threshold)
-        if rollout_is == "token":
-            log_w = log_ratio
-        else:
-            log_w = torch.clamp(_per_sequence(log_ratio, mask, sequence_index, "sum"), -SAFETY_BOUND, SAFETY_BOUND)
-            log_w = log_w.unsqueeze(-1).expand_as(mask)
+        log_w = level.log_weight(log_ratio, mask, sequence_index)
         raw = torch.exp(log_w) * mask
         if lower is None:
             weights = raw.clamp(max=upper)
@@ -199,12 +230,11 @@ def rollout_correction(old_log_probs: Any, rollout_log_probs: Any, response_mask
     keep = torch.ones_like(mask)
     if rollout_rs is not None:
         options = parse_rs_options(rollout_rs)
-        stats = {"k1": -log_ratio, "k2": 0.5 * log_ratio**2, "k3": torch.exp(log_ratio) - 1.0 - log_ratio}
         for option, (lower, upper) in zip(options, parse_rs_thresholds(options, rollout_rs_threshold), strict=True):
-            level, estimator = option.rsplit("_", 1)
-            stat = stats[estimator]
-            if level != "token":
-                stat = _per_sequence(stat, mask, sequence_index, level.removeprefix("seq_")).unsqueeze(-1).expand_as(mask)
+            record = REJECTION_OPTIONS.get(option)
+            stat = record.statistic(log_ratio)
+            if record.level != "token":
+                stat = _per_sequence(stat, mask, sequence_index, record.level).unsqueeze(-1).expand_as(mask)
             ok = stat <= upper if lower is None else (stat >= math.log(lower)) & (stat <= math.log(upper))
             keep = keep * ok.to(mask.dtype)
         rejected = (1.0 - keep) * mask
@@ -213,3 +243,45 @@ def rollout_correction(old_log_probs: Any, rollout_log_probs: Any, response_mask
         metrics["rollout_corr/rollout_rs_seq_masked_fraction"] = float(hit.sum() / rows.sum().clamp(min=1))
     new_mask = (mask * keep).to(response_mask.dtype)
     return Correction(mask=new_mask, weights=None if weights is None else weights * keep, metrics=metrics)
+
+
+def _sequence_log_weight(log_ratio: Any, mask: Any, sequence_index: Any) -> Any:
+    import torch
+
+    log_w = torch.clamp(_per_sequence(log_ratio, mask, sequence_index, "sum"), -SAFETY_BOUND, SAFETY_BOUND)
+    return log_w.unsqueeze(-1).expand_as(mask)
+
+
+IMPORTANCE_LEVELS.add("token", ImportanceLevel("token", lambda log_ratio, mask, index: log_ratio))
+IMPORTANCE_LEVELS.add("sequence", ImportanceLevel("sequence", _sequence_log_weight))
+
+
+def _k1(log_ratio: Any) -> Any:
+    return -log_ratio
+
+
+def _k2(log_ratio: Any) -> Any:
+    return 0.5 * log_ratio**2
+
+
+def _k3(log_ratio: Any) -> Any:
+    import torch
+
+    return torch.exp(log_ratio) - 1.0 - log_ratio
+
+
+def _builtin_rejection_options() -> list[RejectionOption]:
+    """verl's options: ``token_kN``, ``seq_sum_kN``, ``seq_mean_kN`` and ``seq_max_k2/k3``."""
+    statistics = {"k1": _k1, "k2": _k2, "k3": _k3}
+    options: list[RejectionOption] = []
+    for level in ("token", "sum", "mean", "max"):
+        for k, statistic in statistics.items():
+            if level == "max" and k == "k1":  # the max of -log r over a sequence is not a ratio bound
+                continue
+            name = f"token_{k}" if level == "token" else f"seq_{level}_{k}"
+            options.append(RejectionOption(name, statistic, level, "ratio" if k == "k1" else "upper"))
+    return options
+
+
+for _option in _builtin_rejection_options():
+    REJECTION_OPTIONS.add(_option.name, _option)
