@@ -170,7 +170,7 @@ def test_bad_jsonl_names_the_line(tmp_path, bad):
 def test_every_run_logs_trajectories_that_view_renders(random_model_path, tmp_path, capsys):
     """`agentloop train` writes trajectories/step_<N>.jsonl each step (log_trajectories_per_step
     trajectories, in the rollout format with decoded text) and `agentloop view <run>` renders
-    them. Debug: the hook at the end of GRPOTrainer.train_step."""
+    them. Debug: the hook at the end of PolicyGradientTrainer.train_step."""
     from agentloop_trainer.cli import main
 
     assert main([

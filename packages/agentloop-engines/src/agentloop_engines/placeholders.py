@@ -20,14 +20,23 @@ recomputes. vLLM (``processed_logprobs``) and SGLang compute log-probs after the
 processors, so theirs are renormalised over the non-placeholder tokens: they exceed the
 trainer's by ``-log(1 - P_T(placeholders))``, which is 0 to float precision unless the policy
 puts real mass on placeholders (the case this ban exists for).
+
+Tiled images: vLLM and SGLang take a token prompt with one placeholder (vLLM) or one run
+(SGLang) per image and expand or fill it by their own processor. An Idefics3/SmolVLM image fills
+several runs of image tokens with the tiles' text between them
+(:class:`~agentloop_core.vision.TiledImageItem`), which neither adapter can hand over exactly, so
+both refuse it (:func:`refuse_tiled_images`) before the engine sees it; HFServer serves it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PLACEHOLDER_KEYS", "SGLANG_BAN", "placeholder_token_ids", "sglang_logit_bias", "vllm_ban"]
+from agentloop_core.protocol import CapabilityNotSupportedError
+
+__all__ = ["PLACEHOLDER_KEYS", "SGLANG_BAN", "placeholder_token_ids", "refuse_tiled_images", "sglang_logit_bias",
+           "vllm_ban"]
 
 PLACEHOLDER_KEYS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
 """The config fields that name a vision-language model's placeholder ids (``*_index``: the
@@ -85,3 +94,25 @@ def sglang_logit_bias(token_ids: tuple[int, ...]) -> dict[str, float]:
     """SGLang's ``logit_bias`` (string ids) that bans ``token_ids``: :data:`SGLANG_BAN` each,
     added to the logits before greedy and random sampling."""
     return {str(t): SGLANG_BAN for t in token_ids}
+
+
+def refuse_tiled_images(images: Sequence[Any], engine: str) -> None:
+    """Refuse images that fill several runs of image tokens (tiled: Idefics3/SmolVLM).
+
+    Args:
+        images: The request's :class:`~agentloop_core.vision.ImageItem` list, in order.
+        engine: The adapter's name, for the message.
+
+    Raises:
+        CapabilityNotSupportedError: for the first tiled image, naming what is supported where.
+    """
+    for k, item in enumerate(images):
+        runs = len(item.run_lengths)
+        if runs > 1:
+            tiles = f"{item.rows} x {item.cols} tiles and a global view" if hasattr(item, "rows") else "tiles"
+            raise CapabilityNotSupportedError(
+                f"{engine} cannot take image {k} ({str(item.digest)[:19]}): it fills {runs} runs of image tokens "
+                f"({tiles}, the Idefics3/SmolVLM family), and {engine}'s token prompt carries one run per image, "
+                f"so the model would not read the prompt the trainer scores. {engine} serves images of the Qwen-VL "
+                "family (qwen2_vl, qwen2_5_vl, qwen3_vl); serve an Idefics3/SmolVLM checkpoint with HFServer "
+                "(agentloop_engines.hf.server.HFServer)")

@@ -41,7 +41,7 @@ Where SGLang departs from the agentloop contract, and what the adapter does abou
   than the prompt's (300 x 200 at 224 x 224 max: 12 x 20 patches, not 12 x 18). So each image
   goes at the size the rendering processor resized it to (``image_grid_thw`` x patch), where
   both resizes are the identity: the same token count and the same pixel values. A prompt whose
-  image tokens are not its images' is refused before SGLang sees it.
+  image tokens are not its images', or a tiled (Idefics3) image, is refused before SGLang sees it.
 * A vision model's image and video placeholder ids are never sampled (``logit_bias``; see
   :mod:`agentloop_engines.placeholders`). SGLang's log-probs come after that bias, so they are
   renormalised over the other tokens (equal to the trainer's while placeholders get no mass).
@@ -69,7 +69,7 @@ from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
 from agentloop_engines.engine_loop import EngineLoopThread
-from agentloop_engines.placeholders import sglang_logit_bias
+from agentloop_engines.placeholders import refuse_tiled_images, sglang_logit_bias
 from agentloop_engines.plugins import SGLANG_ENGINE
 from agentloop_engines.sglang_vision import checkpoint_config, sglang_vision
 from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
@@ -325,10 +325,12 @@ class SGLangServer(AsyncServerBase):
 
         Raises:
             ValueError: when the prompt's image tokens are not the images' expansions.
+            CapabilityNotSupportedError: for a tiled image (several runs; HFServer serves those).
         """
         if not images:
             return {}
         assert self.image_token_id is not None  # AsyncServerBase refuses images without the capability
+        refuse_tiled_images(images, type(self).__name__)  # SGLang fills one run per image
         image_token_runs(prompt_ids, images, self.image_token_id)
         return {"image_data": [self._as_processed(item) for item in images]}
 

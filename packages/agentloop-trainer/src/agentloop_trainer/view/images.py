@@ -5,7 +5,8 @@ Writing (:func:`record_images`, for :func:`~agentloop_trainer.view.viewer.trajec
 each image of a batch row (``multi_modal_data["image"]``, in the order of their tokens) becomes
 an entry with its digest, its size as it entered, its token count, the message that carried it
 (index and role, from the ``{"type": "image", "image": digest}`` parts of ``messages``), where
-its run of image tokens starts in ``prompt_ids + response_ids``, and a thumbnail: longest side
+its first run of image tokens starts in ``prompt_ids + response_ids`` (``token_start``; every run
+as ``token_runs`` for an image of several, :mod:`~agentloop_trainer.view.image_runs`), and a thumbnail: longest side
 at most :data:`THUMBNAIL_SIDE` px, PNG or JPEG (whichever is smaller), base64. A record keeps
 :data:`MAX_THUMBNAILS` thumbnails and :data:`MAX_IMAGE_ENTRIES` entries at most, and counts
 what it left out (``thumbnails_omitted``, ``images_omitted``).
@@ -15,8 +16,8 @@ nothing of an entry is trusted. A thumbnail reaches the page only as a ``data:im
 built here: the value must be base64 (at most :data:`MAX_THUMBNAIL_CHARS` characters) of bytes
 that start with the signature of the type its ``thumbnail_type`` names, which Pillow reads as
 that format, at most :data:`MAX_SHOWN_SIDE` px a side; the pixels are then encoded afresh, so
-no byte of the file but pixels reaches the page. A token position must point at a run of one
-repeated id (mask 0 in the response). Anything else is kept as a
+no byte of the file but pixels reaches the page. Token positions must point at runs of one
+repeated id (mask 0 in the response; :func:`~agentloop_trainer.view.image_runs.check_token_runs`). Anything else is kept as a
 :class:`~agentloop_trainer.view.values.BadValue`, shown marked and listed.
 """
 
@@ -32,7 +33,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop_trainer.view.image_runs import Run, check_token_runs, image_token_places, image_token_starts
 from agentloop_trainer.view.values import BadValue, bad_value, is_int
+
+__all__ = ["ShownImage", "check_images", "image_part_digest", "image_places", "image_token_places",
+           "image_token_starts", "record_images", "thumbnail", "thumbnail_src"]
 
 THUMBNAIL_SIDE = 128
 """Longest side, in pixels, of the thumbnails :func:`record_images` writes."""
@@ -60,7 +65,7 @@ def record_images(multi_modal_data: Any, messages: Any, ids: Sequence[int], toke
     Args:
         multi_modal_data: The row's ``multi_modal_data`` (``{"image": [ImageItem, ...]}`` or None).
         messages: The row's ``messages`` (image parts name their image by digest).
-        ids: ``prompt_ids + response_ids`` of the row, to find each image's token run.
+        ids: ``prompt_ids + response_ids`` of the row, to find each image's runs of tokens.
         tokenizer: Its ``image_token_id`` (or ``image_token``), when it has one, names the
             image token; else the token is found from the runs themselves.
     """
@@ -68,7 +73,7 @@ def record_images(multi_modal_data: Any, messages: Any, ids: Sequence[int], toke
     if not items:
         return {}
     counts = [int(getattr(item, "num_tokens", 0) or 0) for item in items]
-    starts = image_token_starts(ids, counts, _image_token_id(tokenizer)) or [None] * len(items)
+    token_places = image_token_places(ids, items, _image_token_id(tokenizer)) or [()] * len(items)
     places = image_places(messages)
     seen: Counter[str] = Counter()
     entries = []
@@ -79,8 +84,11 @@ def record_images(multi_modal_data: Any, messages: Any, ids: Sequence[int], toke
         seen[digest] += 1
         image = getattr(item, "image", None)
         width, height = _size(image)
+        runs = token_places[k]
         entry: dict[str, Any] = {"digest": digest, "width": width, "height": height, "num_tokens": counts[k],
-                                 "message_index": index, "role": role, "token_start": starts[k]}
+                                 "message_index": index, "role": role, "token_start": runs[0][0] if runs else None}
+        if len(runs) > 1:  # a tiled image (Idefics3): the page marks each run as this image
+            entry["token_runs"] = [list(run) for run in runs]
         if k < MAX_THUMBNAILS:
             entry.update(thumbnail(image))
         entries.append(entry)
@@ -129,44 +137,6 @@ def image_part_digest(part: Any) -> str | None:
     return None
 
 
-def image_token_starts(ids: Sequence[Any], counts: Sequence[int], token_id: int | None = None) -> list[int] | None:
-    """Where each image's run of image tokens starts in ``ids`` (images in order, ``counts[k]``
-    tokens each), or None when the runs cannot be told apart.
-
-    The image token is ``token_id`` when it fits; else the one id that occurs exactly
-    ``sum(counts)`` times, in runs that split exactly into the counts in order.
-    """
-    total = sum(counts)
-    if not counts or total <= 0 or min(counts) <= 0:
-        return None
-    if token_id is not None and (starts := _split_runs(ids, token_id, counts)) is not None:
-        return starts
-    found = [s for t, n in Counter(ids).items() if n == total and (s := _split_runs(ids, t, counts)) is not None]
-    return found[0] if len(found) == 1 else None
-
-
-def _split_runs(ids: Sequence[Any], token: Any, counts: Sequence[int]) -> list[int] | None:
-    runs, k = [], 0
-    while k < len(ids):
-        if ids[k] == token:
-            start = k
-            while k < len(ids) and ids[k] == token:
-                k += 1
-            runs.append((start, k - start))
-        else:
-            k += 1
-    starts, image = [], 0
-    for start, length in runs:
-        used = 0
-        while image < len(counts) and used + counts[image] <= length:
-            starts.append(start + used)
-            used += counts[image]
-            image += 1
-        if used != length:
-            return None
-    return starts if image == len(counts) else None
-
-
 def _image_token_id(tokenizer: Any) -> int | None:
     token_id = getattr(tokenizer, "image_token_id", None)
     if is_int(token_id):
@@ -211,7 +181,11 @@ class ShownImage:
     message_index: int | BadValue | None = None
     role: str | BadValue | None = None
     token_start: int | BadValue | None = None
-    """Where the image's token run starts in ``prompt_ids + response_ids``; checked against them."""
+    """Where the image's first run of image tokens starts in ``prompt_ids + response_ids``;
+    checked against them."""
+    token_runs: tuple[Run, ...] = ()
+    """Its checked runs, (start, length) each: one for Qwen-VL, one per tile for Idefics3;
+    empty when its tokens are not placed (shown one by one)."""
     src: str | BadValue | None = None
     """The ``data:image/...;base64,`` URL built here from the re-encoded thumbnail; None: none."""
 
@@ -255,35 +229,15 @@ def _check_entry(record: Mapping[str, Any], entry: Any, where: str, note: Note,
     role = entry.get("role")
     if role is not None and not isinstance(role, str):
         role = note(f"{where}.role", bad_value(role, "not a text"))
-    start = _check_start(record, entry.get("token_start"), counts["num_tokens"], taken)
-    if isinstance(start, BadValue):
-        note(f"{where}.token_start", start)
+    start = entry.get("token_start")
+    runs = check_token_runs(record, start, counts["num_tokens"], entry.get("token_runs"), taken)
+    if isinstance(runs, BadValue):
+        start = note(f"{where}.{'token_start' if entry.get('token_runs') is None else 'token_runs'}", runs)
     src = thumbnail_src(entry.get("thumbnail"), entry.get("thumbnail_type"))
     if isinstance(src, BadValue):
         note(f"{where}.thumbnail", src)
-    return ShownImage(digest=digest, role=role, token_start=start, src=src, **counts)
-
-
-def _check_start(record: Mapping[str, Any], start: Any, n: Any, taken: list[tuple[int, int]]) -> int | BadValue | None:
-    if start is None or not is_int(n):
-        return None if start is None else bad_value(start, "a token position without a token count")
-    prompt, response = record.get("prompt_ids") or [], record.get("response_ids") or []
-    ids, mask, P = list(prompt) + list(response), record.get("response_mask") or [], len(prompt)
-    why = None
-    if not is_int(start) or start < 0 or start + n > len(ids):
-        why = f"not a position of {n} tokens within the {len(ids)} token ids"
-    elif len({ids[k] for k in range(start, start + n)}) != 1 or not is_int(ids[start]):
-        why = f"tokens {start}..{start + n - 1} are not one image token repeated"
-    elif start < P < start + n:
-        why = "a run of image tokens across the prompt/response boundary"
-    elif start >= P and any(mask[k - P] != 0 for k in range(start, start + n)):
-        why = "image tokens in the response must have mask 0"
-    elif any(start < b and a < start + n for a, b in taken):
-        why = "overlaps another image's tokens"
-    if why is not None:
-        return bad_value(start, f"{why}; the tokens are shown one by one")
-    taken.append((start, start + n))
-    return start
+    return ShownImage(digest=digest, role=role, token_start=start, token_runs=runs if isinstance(runs, tuple) else (),
+                      src=src, **counts)
 
 
 def thumbnail_src(value: Any, kind: Any) -> str | BadValue | None:

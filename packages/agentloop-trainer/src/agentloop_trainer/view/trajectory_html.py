@@ -1,5 +1,5 @@
 """One trajectory's part of the viewer's page: its facts, messages (images as thumbnails where
-they entered), each segment's token stream (an image's token run as one marker) and, on a
+they entered), each segment's token stream (each run of an image's tokens as one marker) and, on a
 tokenization mismatch, expected and actual tokens side by side.
 
 Records here are checked ones (:func:`~agentloop_trainer.view.viewer_input.check_records`):
@@ -126,11 +126,17 @@ def _figure_html(number: int, image: ShownImage, where: bool = False) -> str:
     return f'<figure class="{cls}" data-image="{number}">{body}<figcaption>{caption}</figcaption></figure>'
 
 
-def _image_marker(number: int, image: ShownImage, start: int, token_id: Any) -> str:
-    n = as_int(image.num_tokens)
-    title = f"{image.digest} \u00b7 tokens #{start}..#{start + n - 1}: id {token_id} \u00d7 {n}"
-    return (f'<span class="tok img" data-image="{number}" data-i="{start}" data-n="{n}" title="{_e(title)}">'
-            f"[{_image_label(number, image)}]</span>")
+def _image_marker(number: int, image: ShownImage, run: int, token_id: Any) -> str:
+    """The marker of the ``run``-th run of an image's tokens: the first one labels the image, a
+    further one (a tile of an Idefics3 image) says whose run it is."""
+    start, n = image.token_runs[run]
+    count = len(image.token_runs)
+    where = f" (run {run + 1} of {count})" if count > 1 else ""
+    title = f"{image.digest} \u00b7 tokens #{start}..#{start + n - 1}: id {token_id} \u00d7 {n}{where}"
+    attrs = f'data-image="{number}" data-i="{start}" data-n="{n}" title="{_e(title)}"'
+    if run == 0:
+        return f'<span class="tok img" {attrs}>[{_image_label(number, image)}]</span>'
+    return f'<span class="tok img more" {attrs}>[image {number}, run {run + 1} of {count}]</span>'
 
 
 def _unplaced_html(images: _Images) -> str:
@@ -192,9 +198,10 @@ def _tokens_html(record: Mapping[str, Any], tokenizer: Any, numbers: Sequence[in
     lps = record.get("rollout_log_probs")
     ptexts = _texts(record.get("prompt_tokens") or token_texts(tokenizer, prompt_ids), len(prompt_ids))
     rtexts = _texts(record.get("response_tokens") or token_texts(tokenizer, response_ids), len(response_ids))
-    # An image's tokens (hundreds of one id) are one marker: its position was checked against the ids.
-    runs = {image.token_start: (number, image) for number, image in zip(numbers, record.get("images") or [], strict=False)
-            if is_int(image.token_start) and is_int(image.num_tokens)}
+    # Each run of an image's tokens (hundreds of one id) is one marker, the image's label at its
+    # first run: the runs were checked against the ids.
+    runs = {start: (number, image, j) for number, image in zip(numbers, record.get("images") or [], strict=False)
+            for j, (start, _) in enumerate(image.token_runs)}
     P = len(prompt_ids)
     # The prompt (system text, tool schemas) is often most of a trajectory: folded, so the
     # response is on screen.
@@ -202,9 +209,9 @@ def _tokens_html(record: Mapping[str, Any], tokenizer: Any, numbers: Sequence[in
     k = 0
     while k < P:
         if k in runs:
-            number, image = runs[k]
-            parts.append(_image_marker(number, image, k, prompt_ids[k]))
-            k += image.num_tokens
+            number, image, j = runs[k]
+            parts.append(_image_marker(number, image, j, prompt_ids[k]))
+            k += image.token_runs[j][1]
             continue
         parts.append(_token("glue" if _is_glue(ptexts[k]) else "prompt", prompt_ids[k], ptexts[k], k))
         k += 1
@@ -222,9 +229,9 @@ def _tokens_html(record: Mapping[str, Any], tokenizer: Any, numbers: Sequence[in
             parts.append(f'<span class="turn-sep" data-turn="{turn}">turn {turn}: {who}</span>')
             previous = m
         if P + k in runs:
-            number, image = runs[P + k]
-            parts.append(_image_marker(number, image, P + k, i))
-            k += image.num_tokens
+            number, image, j = runs[P + k]
+            parts.append(_image_marker(number, image, j, i))
+            k += image.token_runs[j][1]
             continue
         if m:
             lp = lps[k] if lps is not None and k < len(lps) else None

@@ -36,6 +36,7 @@ table{border-collapse:collapse}
 .tok.prompt{background:#f3e5f5;color:#4a148c}
 .tok.bad{background:#ffcdd2;color:#b71c1c;font-weight:bold}
 .tok.img{background:#e0f2f1;color:#00695c;border-bottom-color:#00897b;font:11px sans-serif}
+.tok.img.more{opacity:.75}
 .thumb{display:inline-block;vertical-align:top;margin:4px 8px 2px 0}
 .thumb img{display:block;max-width:128px;max-height:128px;border:1px solid #b0bec5;background:#fff}
 .thumb figcaption{font-size:11px;color:#546e7a}
