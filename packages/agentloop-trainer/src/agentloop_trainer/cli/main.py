@@ -206,20 +206,6 @@ def _data_env(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(args: argparse.Namespace) -> int:
-    from agentloop_trainer.cli.evaluate import evaluate_checkpoint
-    from agentloop_trainer.config.loading import load_config
-
-    cfg = load_config(list(args.overrides), args.config)
-    from agentloop_trainer.rollout.diagnostics import report_failures
-
-    result = evaluate_checkpoint(cfg, args.checkpoint)
-    if len(result.errors) < result.n:  # an accuracy of nothing but failures would read as a result
-        print(console_safe(f"held-out accuracy {result.accuracy:.3f} (n={result.n}); per template: "
-                           f"{result.per_template}"))
-    return report_failures(result.errors, result.n, "eval", print)
-
-
 def _rollout(args: argparse.Namespace) -> int:
     from agentloop_trainer.cli.evaluate import write_rollouts
     from agentloop_trainer.config.loading import load_config
@@ -382,11 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--resume", action="store_true", help="continue the stage from its latest checkpoint (sft.resume=must)")
     sft.set_defaults(func=_sft)
 
-    ev = sub.add_parser("eval", help="greedy held-out accuracy of a checkpoint")
-    ev.add_argument("checkpoint", help="Hugging Face checkpoint folder")
-    ev.add_argument("overrides", nargs="*")
-    ev.add_argument("--config")
-    ev.set_defaults(func=_eval)
+    from agentloop_trainer.cli.evaluate import add_eval_parser
+
+    add_eval_parser(sub)
 
     ro = sub.add_parser("rollout", help="roll out held-out prompts and write trajectories as JSONL")
     ro.add_argument("checkpoint", help="Hugging Face checkpoint folder")

@@ -32,9 +32,11 @@ class PolicyLossSection:
     """Which policy loss (verl: ``actor.policy_loss``)."""
 
     loss_mode: str = "vanilla"
-    """vanilla (PPO-clip on each token's ratio) | gspo (on its sequence's length-normalised ratio;
-    use GSPO's small clip ranges, e.g. ``clip_ratio_low=0.0003 clip_ratio_high=0.0004``, and
-    ``loss_agg_mode=seq-mean-token-mean``, the paper's objective and what verl always uses for gspo)."""
+    """A name in the loss table (``update.losses.POLICY_LOSSES``; add one with
+    ``register_policy_loss``): vanilla (PPO-clip on each token's ratio) | gspo (on its sequence's
+    length-normalised ratio; use GSPO's small clip ranges, e.g. ``clip_ratio_low=0.0003
+    clip_ratio_high=0.0004``, and ``loss_agg_mode=seq-mean-token-mean``, the paper's objective and
+    what verl always uses for gspo)."""
 
 
 @dataclass
@@ -182,7 +184,9 @@ class ValKwargsSection:
     do_sample: bool = False
     """false forces greedy whatever the temperature (verl's meaning)."""
     n: int = 1
-    """Samples per held-out prompt (the reported reward is their mean)."""
+    """Samples per held-out prompt: ``eval/accuracy`` and ``avg@n`` are their mean reward;
+    pass@k is reported for k = 1, the powers of two below n, and n; maj@n where the scorer
+    extracts answers (sample with ``do_sample=true`` and a temperature for n > 1 to mean anything)."""
 
 
 @dataclass

@@ -20,7 +20,9 @@ class DataSection:
     train_files: Any = None
     """Parquet file (or list of files) of training rows; None: the built-in calculator task."""
     val_files: Any = None
-    """Parquet file (or list of files) of held-out rows; None: the built-in calculator task."""
+    """Parquet file (or list of files) of held-out rows; None: the built-in calculator task.
+    Each ``data_source`` among the rows is one validation set, scored by its own scorer and
+    reported on its own (``val/<data_source>/pass@k``, ``avg@k``, ``maj@k`` and their ``/se``)."""
     train_size: int = 20000
     """Synthetic training problems."""
     val_size: int = 200
@@ -185,8 +187,9 @@ class AlgorithmSection:
     """Advantage estimation and rollout correction (verl: ``algorithm``)."""
 
     adv_estimator: str = "grpo"
-    """grpo (mean/std per group) | dr_grpo (mean only) | rloo (each reward minus the mean of
-    the group's other rewards; needs rollout.n >= 2)."""
+    """A name in the estimator table (``update.advantages.ADVANTAGE_ESTIMATORS``; add one with
+    ``register_advantage_estimator``): grpo (mean/std per group) | dr_grpo (mean only) | rloo (each
+    reward minus the mean of the group's other rewards; needs rollout.n >= 2)."""
     turn_credit: str = "trajectory"
     """How a multi-turn trajectory's credit is split over its turns (a turn: one run of model
     tokens): trajectory (one advantage per trajectory, on every token) | discounted (turn t's
@@ -358,7 +361,9 @@ class TrainerSection:
     device: str = "cpu"
     """cpu or cuda."""
     test_freq: int = 10
-    """Evaluate on the held-out split every this many steps (0 or -1: only before and after)."""
+    """Evaluate every validation set every this many steps (0 or -1: only before and after):
+    ``eval/accuracy`` plus ``val/<data_source>/{pass@k,avg@k,maj@k}`` with standard errors
+    (``/se``), logged to every logger in ``trainer.logger``."""
     val_before_train: bool = True
     """Evaluate before the first step."""
     save_freq: int = 25

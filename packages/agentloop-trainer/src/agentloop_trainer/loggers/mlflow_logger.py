@@ -22,7 +22,7 @@ def mlflow_uri(cfg: TrainConfig, run_dir: Path) -> str:
 class MlflowLogger(Logger):
     """One MLflow run in the experiment ``project`` (made with its artifacts in
     ``<run>/mlruns`` when it does not exist). Metric names have ``/`` as ``_``
-    (``reward_mean``); a step's trajectories are the artifact ``trajectories/step_<N>.json``.
+    and ``@`` as ``_at_`` (``reward_mean``, ``val_openai_gsm8k_pass_at_4``); a step's trajectories are the artifact ``trajectories/step_<N>.json``.
 
     Args:
         uri: The tracking URI (``sqlite:///mlflow.db``, ``http://...``).
@@ -53,7 +53,9 @@ class MlflowLogger(Logger):
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         if self._mlflow is not None:
-            self._mlflow.log_metrics({k.replace("/", "_"): v for k, v in scalar_metrics(metrics).items()}, step=step)
+            # MLflow refuses "@" in a name (val/<set>/pass@4): it becomes "_at_".
+            self._mlflow.log_metrics({k.replace("/", "_").replace("@", "_at_"): v
+                                      for k, v in scalar_metrics(metrics).items()}, step=step)
 
     def log_trajectories(self, rows: Sequence[Mapping[str, Any]], step: int) -> None:
         if self._mlflow is not None:
