@@ -1,4 +1,4 @@
-"""GRPO training for agentloop rollouts, in rooms by concern:
+"""Policy-gradient training (GRPO and its variants) for agentloop rollouts, in rooms by concern:
 
 - :mod:`~agentloop_trainer.config`: the config (sections, loading with verl's spellings, checks).
 - :mod:`~agentloop_trainer.data`: datasets in verl's layout, the run's rows and batches.
@@ -9,6 +9,7 @@
 - :mod:`~agentloop_trainer.update`: advantages, losses, the actor, FSDP2, weights.
 - :mod:`~agentloop_trainer.stages`: SFT, GRPO and asynchronous GRPO as peer drivers.
 - :mod:`~agentloop_trainer.checkpoint`: checkpoint formats, save and resume.
+- :mod:`~agentloop_trainer.eval`: held-out sets, pass@k / avg@n / maj@n with standard errors.
 - :mod:`~agentloop_trainer.view`: metrics, the reward curve, the trajectory page.
 - :mod:`~agentloop_trainer.cli`: the ``agentloop`` command; :mod:`~agentloop_trainer.pretrained`:
   ``agentloop model fetch|convert``.
