@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Generic, TypeVar
 
-__all__ = ["InvalidPluginError", "PluginRegistry", "UnknownPluginError", "describe_class"]
+__all__ = ["InvalidPluginError", "NamedClassRegistry", "PluginRegistry", "UnknownPluginError", "describe_class"]
 
 T = TypeVar("T")
 
@@ -205,3 +205,67 @@ class PluginRegistry(Generic[T]):
         broken = f" (installed but broken: {', '.join(sorted(self.broken))})" if self.broken else ""
         return self.error(f"unknown {self.kind} {name!r}; {self.known_label}: {', '.join(known) or '(none)'}"
                           f"{broken}{hint}. {self.how_to_add(name)}")
+
+
+C = TypeVar("C", bound=type)
+K = TypeVar("K", bound=type)
+
+
+class NamedClassRegistry(PluginRegistry[C]):
+    """Plug-ins that are subclasses of ``base``, each named by its registry name (the class's
+    ``name`` attribute is set to it) and served as one shared instance per name (tool-call and
+    reasoning parsers).
+
+    Args:
+        kind: What one plug-in is, for messages (``"tool parser"``).
+        group: The entry-point group.
+        base: The class every plug-in subclasses.
+        base_path: ``base``'s public import path, for messages.
+        how_to_add: As for :class:`PluginRegistry`.
+        error: As for :class:`PluginRegistry`.
+    """
+
+    def __init__(self, kind: str, group: str, base: type, *, base_path: str, how_to_add: Callable[[str], str],
+                 error: type[UnknownPluginError] = UnknownPluginError) -> None:
+        super().__init__(kind, group, how_to_add=how_to_add, error=error, adopt=self._adopt_class)
+        self.base = base
+        self.base_path = base_path
+        self._instances: dict[str, Any] = {}
+
+    def _adopt_class(self, name: str, cls: Any) -> C:
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            raise InvalidPluginError(f"is not an {self.base_path} subclass (got {cls!r}); point it at the {self.kind} "
+                                     "class")
+        own = cls.__dict__.get("name")  # a subclass inherits its parent's name; only its own counts
+        if own and own != name:
+            raise InvalidPluginError(f"holds the {self.kind} named {own!r}; the entry-point name and the name the "
+                                     "class registers must agree")
+        cls.name = name
+        return cls  # pyright: ignore[reportReturnType] - checked to subclass base above
+
+    def register(self, name: str, *, aliases: Sequence[str] = ()) -> Callable[[K], K]:
+        """A class decorator registering the class under ``name`` (and ``aliases``, which
+        resolve to the same class and the same shared instance) and setting its ``name``.
+
+        Raises:
+            ValueError: another class already holds the name or one of the aliases.
+        """
+
+        def decorator(cls: K) -> K:
+            self.add(name, cls, aliases=aliases)  # pyright: ignore[reportArgumentType] - a subclass of base
+            cls.name = name  # pyright: ignore[reportAttributeAccessIssue] - every plug-in class has a name
+            return cls
+
+        return decorator
+
+    def instance(self, name: str) -> Any:
+        """The shared instance of the class registered under ``name`` (or an alias of it).
+
+        Raises:
+            UnknownPluginError: (the registry's subclass) as :meth:`PluginRegistry.get`.
+        """
+        cls = self.get(name)
+        shared = self._instances.get(cls.name)
+        if shared is None or type(shared) is not cls:  # none yet, or the name holds another class now
+            shared = self._instances[cls.name] = cls()
+        return shared

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from agentloop_core.parsers.base import ToolParser
-from agentloop_core.plugins import InvalidPluginError, PluginRegistry, UnknownPluginError
+from agentloop_core.plugins import NamedClassRegistry, UnknownPluginError
 
 ENTRY_POINT_GROUP = "agentloop.tool_parsers"
 
@@ -28,26 +28,13 @@ class UnknownToolParserError(UnknownPluginError):
     """No tool-call parser is registered under the requested name."""
 
 
-def _adopt(name: str, cls: object) -> type[ToolParser]:
-    if not (isinstance(cls, type) and issubclass(cls, ToolParser)):
-        raise InvalidPluginError(f"is not an agentloop_core.parsers.ToolParser subclass (got {cls!r}); "
-                                 "point it at the parser class")
-    own = cls.__dict__.get("name")  # a subclass inherits its parent's name; only its own counts
-    if own and own != name:
-        raise InvalidPluginError(f"holds the tool parser named {own!r}; the entry-point name and the name "
-                                 "the class registers must agree")
-    cls.name = name
-    return cls
-
-
-PARSERS: PluginRegistry[type[ToolParser]] = PluginRegistry(
-    "tool parser", ENTRY_POINT_GROUP, error=UnknownToolParserError, adopt=_adopt,
+PARSERS: NamedClassRegistry[type[ToolParser]] = NamedClassRegistry(
+    "tool parser", ENTRY_POINT_GROUP, ToolParser, base_path="agentloop_core.parsers.ToolParser", error=UnknownToolParserError,
     how_to_add=lambda name: (
         "Add one by subclassing agentloop_core.parsers.ToolParser and decorating it with "
         f"@agentloop_core.parsers.register_tool_parser({name!r}), or, from an installed package, with an "
         f"entry point in the {ENTRY_POINT_GROUP!r} group naming the class (docs/tool-parsers.md)."))
 """The tool-call parser classes by name (the helper every registry shares)."""
-_INSTANCES: dict[str, ToolParser] = {}
 
 
 def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[[P], P]:
@@ -62,12 +49,7 @@ def register_tool_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[
         ValueError: if another class already holds the name or one of the aliases.
     """
 
-    def decorator(cls: P) -> P:
-        PARSERS.add(name, cls, aliases=aliases)
-        cls.name = name
-        return cls
-
-    return decorator
+    return PARSERS.register(name, aliases=aliases)
 
 
 def tool_parser_names() -> list[str]:
@@ -82,11 +64,7 @@ def get_tool_parser(name: str) -> ToolParser:
     Raises:
         UnknownToolParserError: listing the known names and how to add one.
     """
-    cls = PARSERS.get(name)
-    parser = _INSTANCES.get(cls.name)
-    if parser is None or type(parser) is not cls:  # none yet, or the name holds another class now
-        parser = _INSTANCES[cls.name] = cls()
-    return parser
+    return PARSERS.instance(name)
 
 
 __all__ = ["ENTRY_POINT_GROUP", "PARSERS", "UnknownToolParserError", "get_tool_parser", "register_tool_parser",

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from agentloop_core.plugins import InvalidPluginError, PluginRegistry, UnknownPluginError
+from agentloop_core.plugins import NamedClassRegistry, UnknownPluginError
 from agentloop_core.reasoning.base import ReasoningParser
 
 ENTRY_POINT_GROUP = "agentloop.reasoning_parsers"
@@ -26,27 +26,14 @@ class UnknownReasoningParserError(UnknownPluginError):
     """No reasoning parser is registered under the requested name."""
 
 
-def _adopt(name: str, cls: object) -> type[ReasoningParser]:
-    if not (isinstance(cls, type) and issubclass(cls, ReasoningParser)):
-        raise InvalidPluginError(f"is not an agentloop_core.reasoning.ReasoningParser subclass (got {cls!r}); "
-                                 "point it at the parser class")
-    own = cls.__dict__.get("name")  # a subclass inherits its parent's name; only its own counts
-    if own and own != name:
-        raise InvalidPluginError(f"holds the reasoning parser named {own!r}; the entry-point name and the name "
-                                 "the class registers must agree")
-    cls.name = name
-    return cls
-
-
-PARSERS: PluginRegistry[type[ReasoningParser]] = PluginRegistry(
-    "reasoning parser", ENTRY_POINT_GROUP, error=UnknownReasoningParserError, adopt=_adopt,
+PARSERS: NamedClassRegistry[type[ReasoningParser]] = NamedClassRegistry(
+    "reasoning parser", ENTRY_POINT_GROUP, ReasoningParser, base_path="agentloop_core.reasoning.ReasoningParser", error=UnknownReasoningParserError,
     how_to_add=lambda name: (
         "Set multi_turn.reasoning_parser to one of them (null: no reasoning split). Add one by subclassing "
         "agentloop_core.reasoning.ReasoningParser and decorating it with "
         f"@agentloop_core.reasoning.register_reasoning_parser({name!r}), or, from an installed package, with "
         f"an entry point in the {ENTRY_POINT_GROUP!r} group naming the class (docs/tool-parsers.md)."))
 """The reasoning parser classes by name (the helper every registry shares)."""
-_INSTANCES: dict[str, ReasoningParser] = {}
 
 
 def register_reasoning_parser(name: str, *, aliases: Sequence[str] = ()) -> Callable[[P], P]:
@@ -57,12 +44,7 @@ def register_reasoning_parser(name: str, *, aliases: Sequence[str] = ()) -> Call
         ValueError: if another class already holds the name or one of the aliases.
     """
 
-    def decorator(cls: P) -> P:
-        PARSERS.add(name, cls, aliases=aliases)
-        cls.name = name
-        return cls
-
-    return decorator
+    return PARSERS.register(name, aliases=aliases)
 
 
 def reasoning_parser_names() -> list[str]:
@@ -76,11 +58,7 @@ def get_reasoning_parser(name: str) -> ReasoningParser:
     Raises:
         UnknownReasoningParserError: listing the known names and how to add one.
     """
-    cls = PARSERS.get(name)
-    parser = _INSTANCES.get(cls.name)
-    if parser is None or type(parser) is not cls:  # none yet, or the name holds another class now
-        parser = _INSTANCES[cls.name] = cls()
-    return parser
+    return PARSERS.instance(name)
 
 
 __all__ = ["ENTRY_POINT_GROUP", "PARSERS", "UnknownReasoningParserError", "get_reasoning_parser", "reasoning_parser_names",
