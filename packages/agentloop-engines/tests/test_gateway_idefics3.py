@@ -24,6 +24,7 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.protocol import TokenOutput  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import Idefics3Processor, image_token_runs, load_vision_processor  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
@@ -34,11 +35,6 @@ from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
 KEY = "idefics3-key"
 GREEDY = {"max_tokens": 5, "temperature": 0.0}
 
-
-def picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def image_part(image) -> dict:

@@ -28,6 +28,7 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.protocol import TokenOutput  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
@@ -39,11 +40,6 @@ KEY = "vision-key"
 GREEDY = {"max_tokens": 6, "temperature": 0.0}
 MAX_IMAGES = 3
 
-
-def picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def data_url(image, fmt: str = "PNG") -> str:

@@ -17,6 +17,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.testing import ScriptedServer  # noqa: E402
 from agentloop_core.testing.tiny_vision import tiny_vision_processor  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.vision import decode_image  # noqa: E402
 from agentloop_engines.gateway import Gateway, PromptLimitError, PromptLimits  # noqa: E402
 from agentloop_engines.gateway import images as gateway_images  # noqa: E402
@@ -26,11 +27,6 @@ from agentloop_engines.testing.gateway_fixtures import scripted as scripted_serv
 CALC = {"type": "function", "function": {"name": "zoom", "description": "Zoom into the picture.",
                                          "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}
 
-
-def picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def data_url(image) -> str:

@@ -13,7 +13,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
+from vision_checks import full_forward_log_probs as _full_forward_log_probs  # noqa: E402
+from vision_checks import gap as _gap  # noqa: E402
+
 from agentloop_core.protocol import TokenOutput  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
 from agentloop_engines.hf.server import HFServer  # noqa: E402
@@ -23,33 +27,6 @@ from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
 INIT = 0.3
 NEW_TOKENS = 5
 
-
-def _picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
-
-
-def _full_forward_log_probs(model, processor, ids: list[int], items, generated: list[int]) -> list[float]:
-    """What a trainer computes: one forward of prompt + generation, the model's own positions."""
-    x = torch.tensor([ids + generated])
-    kwargs = {}
-    if items:
-        inputs = processor.model_inputs(items)
-        kwargs = {"pixel_values": torch.from_numpy(inputs["pixel_values"]),
-                  "image_grid_thw": torch.from_numpy(inputs["image_grid_thw"]),
-                  "mm_token_type_ids": (x == processor.image_token_id).int()}
-    with torch.no_grad():
-        logits = model(input_ids=x, attention_mask=torch.ones_like(x), **kwargs).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
-    n = len(ids)
-    return [lp[n - 1 + j, t].item() for j, t in enumerate(generated)]
-
-
-def _gap(a: list[float] | None, b: list[float] | None) -> float:
-    assert a is not None
-    assert b is not None
-    return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
 def _mixed_rows(renderer) -> list[Trajectory]:

@@ -24,6 +24,7 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.protocol import CapabilityNotSupportedError  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
 from agentloop_engines.client import LLMServerClient  # noqa: E402
@@ -36,11 +37,6 @@ from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
 KEY = "vision-key"
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
 
-
-def picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 @pytest.fixture(scope="module")

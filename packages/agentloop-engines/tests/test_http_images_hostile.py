@@ -25,6 +25,7 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 Image = pytest.importorskip("PIL.Image")
 
+from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import ImageLimits, load_vision_processor  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
@@ -36,11 +37,6 @@ KEY = "vision-key"
 MAX_IMAGES = 2
 GREEDY = {"max_tokens": 4, "temperature": 0.0}
 
-
-def picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def png(image) -> bytes:

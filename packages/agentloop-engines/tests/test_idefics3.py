@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.protocol import TokenOutput  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import (  # noqa: E402
     Idefics3Processor,
@@ -44,11 +45,6 @@ def processor(server):
 def renderer(server, processor):
     return ChatRenderer(server.tokenizer, vision=processor)
 
-
-def _picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def _full_forward_log_probs(model, ids: list[int], items, generated: list[int]) -> list[float]:

@@ -21,6 +21,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.protocol import CapabilityNotSupportedError  # noqa: E402
 from agentloop_core.testing.tiny_vision import tiny_vision_processor  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
 from agentloop_engines.sglang_server import SGLangServer  # noqa: E402
@@ -58,11 +59,6 @@ async def server(engine, tokenizer):
     yield srv
     await srv.close()
 
-
-def _picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def _with_image(renderer, image, text: str = "What is it?") -> Trajectory:

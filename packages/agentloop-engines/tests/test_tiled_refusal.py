@@ -20,6 +20,7 @@ transformers = pytest.importorskip("transformers")
 Image = pytest.importorskip("PIL.Image")
 
 from agentloop_core.protocol import CapabilityNotSupportedError, SamplingParams  # noqa: E402
+from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import ImageItem, TiledImageItem, load_vision_processor, multi_modal_kwargs  # noqa: E402
 from agentloop_engines.placeholders import refuse_tiled_images  # noqa: E402
@@ -31,11 +32,6 @@ from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
 GREEDY = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
 SUPPORTED = ("Qwen-VL family", "HFServer", "Idefics3/SmolVLM")
 
-
-def _picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def _trajectory(path: str, *sizes: tuple[int, int]) -> Trajectory:

@@ -34,6 +34,7 @@ pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyn
 torch = pytest.importorskip("torch")
 Image = pytest.importorskip("PIL.Image")
 
+from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
 from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
@@ -188,11 +189,6 @@ def hf(vlm_path):
 def renderer(hf, vlm_path):
     return ChatRenderer(hf.tokenizer, vision=load_vision_processor(vlm_path, hf.tokenizer))
 
-
-def _picture(w: int, h: int, seed: int):
-    import numpy as np
-
-    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 def _gaps(a: list[float], b: list[float]) -> list[float]:

@@ -1,6 +1,6 @@
 """Engines for tests of loops that carry images: a scripted engine that takes images as the real
 ones do, and a wrapper that forces a real engine's first turns (a random model never writes a
-tool call), plus a test picture whose pixels differ everywhere."""
+tool call), plus test pictures: one whose pixels differ everywhere, and seeded noise."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from agentloop_core.testing.scripted import ScriptedServer
 from agentloop_core.vision.content import images_of
 from agentloop_core.vision.processor import image_token_runs
 
-__all__ = ["ForcedTurns", "VisionScriptedServer", "gradient_picture"]
+__all__ = ["ForcedTurns", "VisionScriptedServer", "gradient_picture", "noise_picture"]
 
 
 def gradient_picture(size: tuple[int, int] = (64, 48), seed: int = 0) -> Any:
@@ -22,6 +22,15 @@ def gradient_picture(size: tuple[int, int] = (64, 48), seed: int = 0) -> Any:
     w, h = size
     return Image.frombytes("RGB", size, bytes((x * 7 + y * 13 + c * 50 + seed) % 256
                                               for y in range(h) for x in range(w) for c in range(3)))
+
+
+def noise_picture(w: int, h: int, seed: int) -> Any:
+    """A ``w`` x ``h`` RGB ``PIL.Image`` of uniform noise from ``seed`` (the same picture for the
+    same arguments, on every machine)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
 
 
 class VisionScriptedServer(ScriptedServer):
