@@ -26,6 +26,7 @@ import torch
 from agentloop_core.protocol import SamplingParams, StopReason, TokenOutput
 from agentloop_core.vision.processor import ImageItem, image_token_runs
 from agentloop_engines.hf.growing_cache import grow_in_place
+from agentloop_engines.hf.prefix_cache import Hit, PrefixCache, hit_inputs
 from agentloop_engines.hf.sampling import RowSampling, sample_rows
 from agentloop_engines.hf.vision import prefill_inputs
 
@@ -98,6 +99,8 @@ class DecodeBatch:
         self.mask = mask
         self.next_pos = next_pos
         self.last = last
+        self.prefix_cache: PrefixCache | None = None
+        """Where rows that finish by stop or length leave their keys and values (None: nowhere)."""
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -159,16 +162,21 @@ class DecodeBatch:
 
     @classmethod
     def prefill_all(cls, model: Any, rows: list[Row], *, pad_id: int, device: torch.device, stats: dict[str, int],
-                    image_token_id: int | None, batch_images: bool = True) -> DecodeBatch | None:
+                    image_token_id: int | None, batch_images: bool = True,
+                    prefix_cache: PrefixCache | None = None) -> DecodeBatch | None:
         """Prefill new rows. Text prompts alone go together through :meth:`prefill`. With prompts
         holding images among them, every row goes into one :meth:`prefill_images` forward (a
         prompt whose image tokens do not match its images fails alone first); if that forward
         raises, or ``batch_images`` is False, each image row is prefilled on its own (a failure
-        there fails that row alone) and the text rows together.
+        there fails that row alone) and the text rows together. With a ``prefix_cache``, text rows
+        whose trajectory's last turn it holds prefill only their new tokens (:meth:`prefill_hits`).
 
         Returns:
             One batch of the rows still generating, or None.
         """
+        if prefix_cache is not None:
+            return cls._prefill_cached(model, rows, prefix_cache, pad_id=pad_id, device=device, stats=stats,
+                                       image_token_id=image_token_id, batch_images=batch_images)
         imaged = [r for r in rows if r.images]
         if not imaged:
             return cls.prefill(model, rows, pad_id=pad_id, device=device, stats=stats)
@@ -200,6 +208,51 @@ class DecodeBatch:
             if batch is not None:
                 merged = batch if merged is None else merged.merge(batch)
         return merged
+
+    @classmethod
+    def _prefill_cached(cls, model: Any, rows: list[Row], prefix_cache: PrefixCache, *, pad_id: int,
+                        device: torch.device, stats: dict[str, int], image_token_id: int | None,
+                        batch_images: bool) -> DecodeBatch | None:
+        """Rows with a cached prefix through :meth:`prefill_hits`, the rest as without a cache;
+        the batch keeps finished rows' keys and values in ``prefix_cache``."""
+        hits: list[Hit] = []
+        cold: list[Row] = []
+        for row in _live(rows):
+            hit = prefix_cache.take(row)
+            if hit is None:
+                cold.append(row)
+            else:
+                hits.append(hit)
+        batches = [cls.prefill_hits(model, hits, pad_id=pad_id, device=device, stats=stats,
+                                    prefix_cache=prefix_cache) if hits else None]
+        if cold:
+            batches.append(cls.prefill_all(model, cold, pad_id=pad_id, device=device, stats=stats,
+                                           image_token_id=image_token_id, batch_images=batch_images))
+        merged: DecodeBatch | None = None
+        for batch in batches:
+            if batch is not None:
+                batch.prefix_cache = prefix_cache
+                merged = batch if merged is None else merged.merge(batch)
+        return merged
+
+    @classmethod
+    def prefill_hits(cls, model: Any, hits: list[Hit], *, pad_id: int, device: torch.device, stats: dict[str, int],
+                     prefix_cache: PrefixCache) -> DecodeBatch | None:
+        """Prefill only the new tokens of rows whose prompts start with a cached prefix, the
+        cached keys and values as the past (:func:`agentloop_engines.hf.prefix_cache.hit_inputs`),
+        and sample each row's first token."""
+        with torch.inference_mode():
+            kw = hit_inputs(hits, pad_id=pad_id, device=device)
+            width, next_pos = kw.pop("reused_width"), kw.pop("next_pos")
+            kw[_cache_kwarg(type(model))] = kw.pop("cache")
+            out = model(**kw, use_cache=True, logits_to_keep=1)
+            mask = kw["attention_mask"]
+            _count(stats, len(hits), prefill_tokens=int(mask[:, width:].sum()))
+            cache = _cache_of(out)
+            grow_in_place(cache)
+            batch = cls([h.row for h in hits], cache, mask, next_pos, torch.empty(0))
+            batch.prefix_cache = prefix_cache
+            return batch._sample(out.logits[:, -1], stats)
 
     @classmethod
     def prefill_images(cls, model: Any, rows: list[Row], *, token_id: int, pad_id: int, device: torch.device,
@@ -265,6 +318,7 @@ class DecodeBatch:
             tokens, lps, errors = self._sample_each(logits)
         tok_list, lp_list = tokens.tolist(), lps.tolist()
         keep: list[int] = []
+        finished: list[int] = []
         for j, r in enumerate(self.rows):
             if r.aborted:
                 r.finish("aborted")
@@ -279,12 +333,15 @@ class DecodeBatch:
             stats["generated_tokens"] += 1
             if r.on_token is not None:
                 r.on_token(tok, lp_list[j])
-            if tok in r.stop_ids:
-                r.finish("stop")
-            elif len(r.token_ids) >= r.sp.max_tokens:
-                r.finish("length")
+            if tok in r.stop_ids or len(r.token_ids) >= r.sp.max_tokens:
+                finished.append(j)
             else:
                 keep.append(j)
+        if finished and self.prefix_cache is not None:
+            # Before the callers hear: a trajectory's next turn finds its entry.
+            self.prefix_cache.store(self.rows, self.cache, self.mask, finished)
+        for j in finished:
+            self.rows[j].finish("stop" if self.rows[j].token_ids[-1] in self.rows[j].stop_ids else "length")
         if not keep:
             return None
         if len(keep) < len(self.rows):
@@ -328,6 +385,8 @@ class DecodeBatch:
             self.next_pos = torch.cat([self.next_pos, other.next_pos])
             self.last = torch.cat([self.last, other.last])
         self.rows = self.rows + other.rows
+        if self.prefix_cache is None:  # a PrefixCache with no entry is falsy: compare to None
+            self.prefix_cache = other.prefix_cache
         return self
 
     def abort_all(self, exc: BaseException | None = None) -> None:

@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from agentloop_engines.hf.attention import use_grouped_decode_attention
 from agentloop_engines.hf.batch import DecodeBatch, Row
 from agentloop_engines.hf.packed_linear import pack_linears
+from agentloop_engines.hf.prefix_cache import PrefixCache
 from agentloop_engines.hf.sampling import RowSampling
 from agentloop_engines.hf.vision import image_token_id, linear_patch_embeddings, load_model, text_config
 from agentloop_engines.hf.weights import load_weights_in_place
@@ -49,7 +50,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed")}
 """The :class:`~agentloop_core.engine_registry.EngineConfig` fields HFServer takes (same names)."""
 _STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens",
-              "shared_prefix_tokens", "repeated_prompt_tokens", "image_prefill_fallbacks")
+              "shared_prefix_tokens", "repeated_prompt_tokens", "image_prefill_fallbacks", *PrefixCache.STAT_KEYS)
 
 
 def _resolve(fut: asyncio.Future, out: TokenOutput) -> None:
@@ -93,6 +94,8 @@ class HFServer(AsyncServerBase):
         packed_linear: On CPU in float32, run the linear layers through oneDNN with weights
             packed once (:mod:`agentloop_engines.hf.packed_linear`: 2-3x MKL's speed on AMD
             CPUs, one more copy of the weights in memory; repacked when a weight changes).
+        prefix_cache_tokens: Keep each ``request_id``'s last turn's KV cache (this many tokens in all) and
+            prefill only a next turn's new tokens (:mod:`agentloop_engines.hf.prefix_cache`). 0: off.
 
     Attributes:
         stats: Counters: ``forward_calls``, ``batched_rows`` (sum of rows over forward calls),
@@ -119,6 +122,7 @@ class HFServer(AsyncServerBase):
         seed: int | None = None,
         grouped_attention: bool = True,
         packed_linear: bool = True,
+        prefix_cache_tokens: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -176,9 +180,10 @@ class HFServer(AsyncServerBase):
         self.batch_wait_s = batch_wait_s
         # Declared per instance: sleep frees memory only on CUDA; images need a vision model.
         self.capabilities = replace(type(self).capabilities, sleep=self.device.type == "cuda",
-                                    vision=self.image_token_id is not None)
+                                    vision=self.image_token_id is not None, prefix_cache=prefix_cache_tokens > 0)
         self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
+        self.prefix_cache = PrefixCache(prefix_cache_tokens, self.stats) if prefix_cache_tokens else None
         self._seeds = random.Random(seed)
         self._pending: list[Row] = []
         self._by_id: dict[str, set[Row]] = collections.defaultdict(set)
@@ -351,7 +356,7 @@ class HFServer(AsyncServerBase):
         try:
             fresh = await self._in_engine_thread(
                 DecodeBatch.prefill_all, self.model, new, pad_id=self.pad_id, device=self.device, stats=self.stats,
-                image_token_id=self.image_token_id, batch_images=self.batch_image_prefill)
+                image_token_id=self.image_token_id, batch_images=self.batch_image_prefill, prefix_cache=self.prefix_cache)
         except Exception as exc:  # noqa: BLE001 - delivered to the callers of this prefill
             for row in new:
                 row.fail(exc)
@@ -427,6 +432,8 @@ class HFServer(AsyncServerBase):
 
     def _load_weights(self, items: Iterable[tuple[str, Any]]) -> None:
         load_weights_in_place(self.model, items, engine=f"{type(self).__name__}'s model")
+        if self.prefix_cache is not None:  # keys and values of the old weights
+            self.prefix_cache.clear()
 
     async def sleep(self) -> None:
         """Pause serving; on CUDA also move the weights to the CPU and free the CUDA cache."""
@@ -434,6 +441,8 @@ class HFServer(AsyncServerBase):
         async with self._drained():
             self._asleep = True
             self._awake.clear()
+            if self.prefix_cache is not None:
+                self.prefix_cache.clear()
             if self.device.type == "cuda":
                 await self._in_engine_thread(self._offload)
 

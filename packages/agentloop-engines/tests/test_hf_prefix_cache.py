@@ -1,0 +1,136 @@
+"""HFServer's prefix reuse across turns (``prefix_cache_tokens``): a trajectory's next turn
+prefills only its new tokens, and its tokens and log-probs equal a cold prefill's.
+
+Debugging a failure: compare ``server.stats`` (``prefill_tokens``, ``prefix_cache_*``) of the
+two servers; a log-prob mismatch with the expected hit counts points at the positions or mask
+built by ``agentloop_engines.hf.prefix_cache.hit_inputs``; wrong counts at ``PrefixCache.take``
+/ ``store`` (called from ``DecodeBatch._sample`` when a row finishes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
+pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
+
+from agentloop_core.protocol import TokenOutput  # noqa: E402
+from agentloop_engines.hf import HFServer  # noqa: E402
+
+PARAMS = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": True}
+TOL = 1e-4
+
+
+def _tool_result(turn: int, n: int = 5) -> list[int]:
+    """Tokens a tool's answer appends after a turn (distinct per turn)."""
+    return [300 + 7 * turn + i for i in range(n)]
+
+
+async def _trajectory(server: HFServer, rid: str, prompt: list[int], turns: int = 5) -> list[TokenOutput]:
+    """Run ``turns`` turns: each next prompt is the last prompt, its completion and a tool result."""
+    outs = []
+    for t in range(turns):
+        out = await server.generate(rid, prompt, PARAMS)
+        outs.append(out)
+        prompt = prompt + out.token_ids + _tool_result(t)
+    return outs
+
+
+def _assert_same(cached: list[TokenOutput], cold: list[TokenOutput]) -> None:
+    for turn, (a, b) in enumerate(zip(cached, cold, strict=True)):
+        assert a.token_ids == b.token_ids, f"turn {turn}: greedy tokens differ with the prefix cache"
+        assert a.log_probs is not None
+        assert b.log_probs is not None
+        diff = max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True))
+        assert diff < TOL, f"turn {turn}: log-probs differ by {diff} with the prefix cache"
+
+
+@pytest.fixture(scope="module")
+def cold(model_path):
+    return HFServer(model_path)
+
+
+async def test_five_turn_trajectory_is_exact_and_prefills_only_new_tokens(model_path, cold):
+    warm = HFServer(model_path, prefix_cache_tokens=4096)
+    prompt = [11 + 3 * i for i in range(20)]
+    cached, reference = await _trajectory(warm, "t0", prompt), await _trajectory(cold, "t0", prompt)
+    _assert_same(cached, reference)
+    stats = warm.stats
+    assert (stats["prefix_cache_hits"], stats["prefix_cache_misses"]) == (4, 1)
+    # Turn t reuses the last turn's prompt and completion but its last token (never fed).
+    final_prompt = len(prompt) + sum(len(o.token_ids) + 5 for o in cached[:-1])
+    assert stats["prefill_tokens"] == final_prompt - sum(len(o.token_ids) - 1 for o in cached[:-1])
+    assert stats["prefix_cache_tokens_reused"] == sum(
+        len(prompt) + sum(len(o.token_ids) + 5 for o in cached[:t]) - 1 - 5 for t in range(1, 5))
+    assert len(warm.prefix_cache or ()) == 1
+    assert warm.capabilities.prefix_cache
+    assert not cold.capabilities.prefix_cache
+
+
+async def test_concurrent_trajectories_of_different_lengths_batch_their_hits_exactly(model_path, cold):
+    warm = HFServer(model_path, prefix_cache_tokens=4096)
+    prompts = [[5 + i for i in range(n)] for n in (4, 17, 33)]
+    cached = await asyncio.gather(*(_trajectory(warm, f"c{i}", p) for i, p in enumerate(prompts)))
+    reference = await asyncio.gather(*(_trajectory(cold, f"c{i}", p) for i, p in enumerate(prompts)))
+    for a, b in zip(cached, reference, strict=True):
+        _assert_same(a, b)
+    assert warm.stats["prefix_cache_hits"] == 3 * 4
+    assert warm.stats["max_batch_rows"] > 1, "the trajectories' turns should have shared forward passes"
+
+
+async def test_prompt_that_diverges_is_a_miss_or_a_partial_hit_and_stays_exact(model_path, cold):
+    warm = HFServer(model_path, prefix_cache_tokens=4096)
+    prompt = list(range(40, 70))
+    first = await warm.generate("d", prompt, PARAMS)
+    other = [599] + prompt[1:] + first.token_ids  # differs at the first token: nothing to reuse
+    assert (await warm.generate("d", other, PARAMS)).token_ids == (await cold.generate("x", other, PARAMS)).token_ids
+    assert (warm.stats["prefix_cache_hits"], warm.stats["prefix_cache_misses"]) == (0, 2)
+    # The entry now holds `other` and its completion; a prompt sharing its first 10 tokens reuses them.
+    partial = other[:10] + [1, 2, 3, 4]
+    _assert_same([await warm.generate("d", partial, PARAMS)], [await cold.generate("x", partial, PARAMS)])
+    assert (warm.stats["prefix_cache_hits"], warm.stats["prefix_cache_tokens_reused"]) == (1, 10)
+
+
+async def test_weight_update_and_sleep_invalidate_the_cache(model_path, new_weights, old_weights):
+    warm = HFServer(model_path, prefix_cache_tokens=4096)
+    prompt = list(range(80, 100))
+    first = await warm.generate("w", prompt, PARAMS)
+    assert len(warm.prefix_cache or ()) == 1
+    await warm.update_weights(new_weights)
+    assert len(warm.prefix_cache or ()) == 0
+    following = prompt + first.token_ids + _tool_result(0)
+    after = await warm.generate("w", following, PARAMS)
+    assert warm.stats["prefix_cache_hits"] == 0, "a cache computed with the old weights was reused"
+    fresh = HFServer(model_path)
+    await fresh.update_weights(new_weights)
+    _assert_same([after], [await fresh.generate("w", following, PARAMS)])
+    await warm.sleep()
+    assert len(warm.prefix_cache or ()) == 0
+    await warm.wake_up()
+    await warm.update_weights(old_weights)
+
+
+async def test_entries_are_evicted_least_recently_used_under_the_token_bound(model_path, cold):
+    warm = HFServer(model_path, prefix_cache_tokens=60)
+    a, b = list(range(10, 40)), list(range(50, 80))  # 30 + 5 held tokens each: both cannot stay
+    out_a = await warm.generate("a", a, PARAMS)
+    await warm.generate("b", b, PARAMS)
+    assert warm.stats["prefix_cache_evictions"] == 1
+    assert warm.prefix_cache is not None
+    assert warm.prefix_cache.tokens <= 60
+    following = a + out_a.token_ids + _tool_result(0)
+    again = await warm.generate("a", following, PARAMS)  # "a" was evicted: cold, still exact
+    assert warm.stats["prefix_cache_hits"] == 0
+    _assert_same([again], [await cold.generate("a", following, PARAMS)])
+
+
+async def test_off_by_default_and_a_negative_bound_is_refused(model_path):
+    server = HFServer(model_path)
+    assert server.prefix_cache is None
+    await server.generate("o", list(range(20)), PARAMS)
+    await server.generate("o", list(range(30)), PARAMS)
+    assert server.stats["prefix_cache_hits"] == server.stats["prefix_cache_misses"] == 0
+    with pytest.raises(ValueError, match="prefix_cache_tokens must be >= 1"):
+        HFServer(model_path, prefix_cache_tokens=-5)
