@@ -226,6 +226,8 @@ def _install_integration(session: nox.Session) -> None:
     paths = [
         "packages/agentloop-core[ray,mlflow]", "packages/agentloop-engines[hf,ray,server]",
         "packages/agentloop-tools[mcp]", "packages/agentloop-trainer",
+        # The conformance package's test models (a placeholder-preferring VLM) serve fault tests.
+        "conformance",
     ]
     args = [a for p in paths for a in ("-e", p)]
     session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
