@@ -6,8 +6,11 @@ from __future__ import annotations
 import torch
 
 
-def full_forward_log_probs(model, processor, ids: list[int], items, generated: list[int]) -> list[float]:
-    """What a trainer computes for a Qwen-VL model: one forward of prompt + generation."""
+def full_forward_log_probs(model, processor, ids: list[int], items, generated: list[int],
+                           banned: tuple[int, ...] = ()) -> list[float]:
+    """What a trainer computes for a Qwen-VL model: one forward of prompt + generation; with
+    ``banned`` ids, over the other tokens only (what vLLM's ``processed_logprobs`` report when
+    those ids are banned from sampling)."""
     x = torch.tensor([ids + generated])
     kwargs = {}
     if items:
@@ -17,6 +20,8 @@ def full_forward_log_probs(model, processor, ids: list[int], items, generated: l
                   "mm_token_type_ids": (x == processor.image_token_id).int()}
     with torch.no_grad():
         logits = model(input_ids=x, attention_mask=torch.ones_like(x), **kwargs).logits[0].float()
+    if banned:
+        logits[:, list(banned)] = float("-inf")
     lp = torch.log_softmax(logits, -1)
     n = len(ids)
     return [lp[n - 1 + j, t].item() for j, t in enumerate(generated)]
