@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from agentloop_core.cache import build_once, cache_dir
 from agentloop_core.testing.tiny_tokenizer import tiny_tokenizer_path
@@ -41,6 +42,22 @@ def _require_hf():
     return torch, transformers
 
 
+def save_seeded_model(model_class: Any, config: Any, *, seed: int, eos_id: int, pad_id: int, out_dir: Path) -> None:
+    """Initialise ``model_class(config)`` from ``seed`` (the global RNG seeded only around init:
+    a fork keeps callers' RNG state untouched), give its generation config the tokenizer's EOS
+    and pad ids and no BOS, and save it to ``out_dir``. The tiny text and vision models' one way
+    to turn a config into a checkpoint."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+    model.generation_config.eos_token_id = eos_id
+    model.generation_config.pad_token_id = pad_id
+    model.generation_config.bos_token_id = None
+    model.save_pretrained(str(out_dir))
+
+
 def _build(out_dir: Path, spec: dict[str, float]) -> None:
     torch, transformers = _require_hf()
     tok_dir = tiny_tokenizer_path()
@@ -67,14 +84,8 @@ def _build(out_dir: Path, spec: dict[str, float]) -> None:
         pad_token_id=pad_id,
         use_cache=True,
     )
-    # Seed the global RNG only around init; a fork keeps callers' RNG state untouched.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec["seed"])
-        model = transformers.Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(str(out_dir))
+    save_seeded_model(transformers.Qwen2ForCausalLM, config, seed=int(spec["seed"]), eos_id=eos_id, pad_id=pad_id,
+                      out_dir=out_dir)
     (out_dir / "agentloop_tiny_model.json").write_text(json.dumps({"version": TINY_MODEL_VERSION, **spec}))
 
 

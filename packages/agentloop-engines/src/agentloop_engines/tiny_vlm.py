@@ -28,6 +28,7 @@ from agentloop_core.testing.tiny_vision import (
     add_vision_tokens,
     tiny_image_processor,
 )
+from agentloop_engines.tiny_model import save_seeded_model
 
 TINY_VLM_VERSION = "v1"
 
@@ -78,11 +79,20 @@ IDEFICS3_PATCH = 16
 """Its vision patch side: 4 x 4 patches a tile, 2 x 2 shuffled: 4 image tokens a tile."""
 
 
+def _text_config(spec: dict[str, Any], vocab_size: int, eos_id: int, pad_id: int, **extra: Any) -> dict[str, Any]:
+    """The language model's config of a tiny VLM (both families): the spec's sizes, the
+    tokenizer's ids, no BOS; ``extra`` adds the family's own keys."""
+    return {"vocab_size": vocab_size, "hidden_size": spec["hidden_size"], "intermediate_size": spec["intermediate_size"],
+            "num_hidden_layers": spec["num_layers"], "num_attention_heads": spec["num_heads"],
+            "num_key_value_heads": spec["num_kv_heads"], "max_position_embeddings": spec["max_position_embeddings"],
+            "initializer_range": spec["initializer_range"], **extra,
+            "bos_token_id": None, "eos_token_id": eos_id, "pad_token_id": pad_id}
+
+
 def _build(out_dir: Path, spec: dict[str, Any]) -> None:
     if spec["family"] == "idefics3":
         _build_idefics3(out_dir, spec)
         return
-    import torch
     import transformers
 
     tokenizer = add_vision_tokens(transformers.AutoTokenizer.from_pretrained(str(tiny_tokenizer_path())))
@@ -99,21 +109,7 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
     if spec["family"] == "qwen3_vl":
         rope["mrope_interleaved"] = True
     config = getattr(transformers, config_class)(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": spec["hidden_size"],
-            "intermediate_size": spec["intermediate_size"],
-            "num_hidden_layers": spec["num_layers"],
-            "num_attention_heads": spec["num_heads"],
-            "num_key_value_heads": spec["num_kv_heads"],
-            "max_position_embeddings": spec["max_position_embeddings"],
-            "initializer_range": spec["initializer_range"],
-            "rope_parameters": rope,
-            "head_dim": head_dim,
-            "bos_token_id": None,
-            "eos_token_id": eos_id,
-            "pad_token_id": pad_id,
-        },
+        text_config=_text_config(spec, len(tokenizer), eos_id, pad_id, rope_parameters=rope, head_dim=head_dim),
         vision_config=vision_config,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
@@ -121,13 +117,8 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec["seed"])
-        model = getattr(transformers, model_class)(config)
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(str(out_dir))
+    save_seeded_model(getattr(transformers, model_class), config, seed=spec["seed"], eos_id=eos_id, pad_id=pad_id,
+                      out_dir=out_dir)
     image_processor = tiny_image_processor(spec["min_pixels"], spec["max_pixels"], patch_size=patch)
     settings = image_processor.to_dict()
     settings["min_pixels"], settings["max_pixels"] = spec["min_pixels"], spec["max_pixels"]
@@ -138,7 +129,6 @@ def _build(out_dir: Path, spec: dict[str, Any]) -> None:
 def _build_idefics3(out_dir: Path, spec: dict[str, Any]) -> None:
     """A tiny Idefics3: a Llama text model, a SigLIP-style vision tower over 64 px tiles, the
     tokenizer with Idefics3's special tokens and the vision template rendering ``<image>``."""
-    import torch
     import transformers
     from transformers import AddedToken
 
@@ -156,20 +146,7 @@ def _build_idefics3(out_dir: Path, spec: dict[str, Any]) -> None:
     eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
     pad_id = tokenizer.convert_tokens_to_ids(tokenizer.pad_token)
     config = transformers.Idefics3Config(
-        text_config={
-            "model_type": "llama",
-            "vocab_size": len(tokenizer),
-            "hidden_size": spec["hidden_size"],
-            "intermediate_size": spec["intermediate_size"],
-            "num_hidden_layers": spec["num_layers"],
-            "num_attention_heads": spec["num_heads"],
-            "num_key_value_heads": spec["num_kv_heads"],
-            "max_position_embeddings": spec["max_position_embeddings"],
-            "initializer_range": spec["initializer_range"],
-            "bos_token_id": None,
-            "eos_token_id": eos_id,
-            "pad_token_id": pad_id,
-        },
+        text_config={"model_type": "llama", **_text_config(spec, len(tokenizer), eos_id, pad_id)},
         vision_config={"hidden_size": spec["vision_embed_dim"], "intermediate_size": 2 * spec["vision_embed_dim"],
                        "num_hidden_layers": spec["vision_depth"], "num_attention_heads": spec["vision_heads"],
                        "image_size": IDEFICS3_TILE, "patch_size": IDEFICS3_PATCH,
@@ -181,13 +158,8 @@ def _build_idefics3(out_dir: Path, spec: dict[str, Any]) -> None:
         pad_token_id=pad_id,  # pyright: ignore[reportCallIssue]
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(spec["seed"])
-        model = transformers.Idefics3ForConditionalGeneration(config)
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
-    model.generation_config.bos_token_id = None
-    model.save_pretrained(str(out_dir))
+    save_seeded_model(transformers.Idefics3ForConditionalGeneration, config, seed=spec["seed"], eos_id=eos_id,
+                      pad_id=pad_id, out_dir=out_dir)
     settings = transformers.Idefics3ImageProcessorPil(
         size={"longest_edge": 2 * IDEFICS3_TILE}, max_image_size={"longest_edge": IDEFICS3_TILE}).to_dict()
     (out_dir / "preprocessor_config.json").write_text(json.dumps(settings, indent=2, default=int))
