@@ -11,8 +11,6 @@ conversation that continues with a second image is one token-exact training row.
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 
 import pytest
 
@@ -23,36 +21,18 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 Image = pytest.importorskip("PIL.Image")
 
-from agentloop_core.protocol import TokenOutput  # noqa: E402
+from vision_checks import image_part, rebuilt_by_core, token_runs, two_turns_with_an_image_each  # noqa: E402
+
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import Idefics3Processor, image_token_runs, load_vision_processor  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
 from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 KEY = "idefics3-key"
 GREEDY = {"max_tokens": 5, "temperature": 0.0}
 
-
-
-def image_part(image) -> dict:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
-
-
-def runs_of(ids: list[int], token_id: int) -> list[int]:
-    """Lengths of the runs of ``token_id`` in ``ids``, in order."""
-    runs, n = [], 0
-    for t in [*ids, None]:
-        if t == token_id:
-            n += 1
-        elif n:
-            runs.append(n)
-            n = 0
-    return runs
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +79,7 @@ def test_a_chat_request_with_a_tiled_image_records_the_exact_tokens_and_the_imag
     assert [item.run_lengths for item in call.images] == [expected.run_lengths]
     reference = Trajectory(ChatRenderer(server.tokenizer, vision=processor), messages)
     assert call.prompt_ids == r.prompt_token_ids == reference.prompt_ids
-    assert runs_of(call.prompt_ids, processor.image_token_id) == [4] * 5
+    assert token_runs(call.prompt_ids, processor.image_token_id) == [4] * 5
     ((start, end),) = image_token_runs(call.prompt_ids, call.images, processor.image_token_id)
     between = server.tokenizer.decode(call.prompt_ids[start:end])
     assert "<row_1_col_2>" in between
@@ -117,46 +97,16 @@ async def test_a_conversation_that_continues_with_a_second_tiled_image_is_one_ex
     response hold each image's runs (mask 0), equal to core's Trajectory over the same messages,
     and the strict sanity check passes. Debug: gateway/continuation.py."""
     first, second = picture(100, 70, 1), picture(128, 40, 2)
-    sent: list[list[dict]] = []
-
-    def agent(base_url: str, row: dict) -> None:
-        c = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-        messages = [{"role": "user", "content": [{"type": "text", "text": "Look:"}, image_part(first)]}]
-        sent.append(list(messages))
-        reply = c.chat.completions.create(model="any", messages=messages)
-        messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "user", "content": [image_part(second), {"type": "text", "text": "And this one?"}]}]
-        sent.append(messages[-1:])
-        c.chat.completions.create(model="any", messages=messages)
-
-    loop = HTTPAgentLoop(server, server.tokenizer, {"agent": agent}, processor=processor)
-    try:
-        outputs = await loop.run({"temperature": 0.0, "max_tokens": 5}, index=0)
-    finally:
-        close_gateways()
-    assert len(outputs) == 1, "the second call continues the first: one segment"
-    (out,) = outputs
+    out, sent = await two_turns_with_an_image_each(server, processor, first, second, max_tokens=5)
     assert out.multi_modal_data is not None
     items = out.multi_modal_data["image"]
     assert [item.digest for item in items] == [processor.process(first).digest, processor.process(second).digest]
     token = processor.image_token_id
-    assert runs_of(out.prompt_ids, token) == list(items[0].run_lengths) == [4] * 5
-    assert runs_of(out.response_ids, token) == list(items[1].run_lengths) == [4] * 3
+    assert token_runs(out.prompt_ids, token) == list(items[0].run_lengths) == [4] * 5
+    assert token_runs(out.response_ids, token) == list(items[1].run_lengths) == [4] * 3
     assert all(m == 0 for t, m in zip(out.response_ids, out.response_mask, strict=True) if t == token)
 
-    generated, current = [], []
-    for t, m in zip(out.response_ids, out.response_mask, strict=True):
-        if m:
-            current.append(t)
-        elif current:
-            generated, current = [*generated, current], []
-    generated += [current] if current else []
-    assert len(generated) == 2
-    reasons = out.extra_fields["stop_reasons"]
-    trajectory = Trajectory(ChatRenderer(server.tokenizer, vision=processor), sent[0])
-    trajectory.append_generated(TokenOutput(token_ids=generated[0], log_probs=None, stop_reason=reasons[0]))
-    trajectory.append_messages(sent[1])
-    trajectory.append_generated(TokenOutput(token_ids=generated[1], log_probs=None, stop_reason=reasons[1]))
+    trajectory = rebuilt_by_core(server, processor, out, sent)
     assert trajectory.prompt_ids == out.prompt_ids
     assert trajectory.response_ids == out.response_ids
     assert trajectory.response_mask == out.response_mask

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import struct
 import zlib
 
@@ -27,25 +26,19 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 Image = pytest.importorskip("PIL.Image")
 
-from agentloop_core.protocol import TokenOutput  # noqa: E402
+from vision_checks import image_part, rebuilt_by_core, token_runs, two_turns_with_an_image_each  # noqa: E402
+
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor  # noqa: E402
 from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
 from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 KEY = "vision-key"
 GREEDY = {"max_tokens": 6, "temperature": 0.0}
 MAX_IMAGES = 3
 
-
-
-def data_url(image, fmt: str = "PNG") -> str:
-    buf = io.BytesIO()
-    image.save(buf, format=fmt)
-    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def png_bytes_url(data: bytes) -> str:
@@ -61,22 +54,6 @@ def bomb_png(width: int = 40_000, height: int = 40_000) -> bytes:
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
             + chunk(b"IEND", b""))
-
-
-def image_part(image) -> dict:
-    return {"type": "image_url", "image_url": {"url": data_url(image)}}
-
-
-def image_runs(ids: list[int], token_id: int) -> list[int]:
-    """Lengths of the runs of ``token_id`` in ``ids``, in order."""
-    runs, n = [], 0
-    for t in [*ids, None]:
-        if t == token_id:
-            n += 1
-        elif n:
-            runs.append(n)
-            n = 0
-    return runs
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +105,7 @@ def test_a_chat_request_with_an_image_records_the_exact_tokens_and_the_image(thr
     # The prompt: the chat template's render, its one placeholder expanded to the image's 16 tokens.
     reference = Trajectory(ChatRenderer(server.tokenizer, vision=processor), messages)
     assert call.prompt_ids == r.prompt_token_ids == reference.prompt_ids
-    assert image_runs(call.prompt_ids, processor.image_token_id) == [16]
+    assert token_runs(call.prompt_ids, processor.image_token_id) == [16]
     start = call.prompt_ids.index(processor.image_token_id)
     assert server.tokenizer.convert_ids_to_tokens(call.prompt_ids[start - 1]) == "<|vision_start|>"
     assert server.tokenizer.convert_ids_to_tokens(call.prompt_ids[start + 16]) == "<|vision_end|>"
@@ -150,7 +127,7 @@ def test_a_streamed_chat_with_an_image_takes_the_same_path(thread, gateway, serv
         model="m", messages=messages, stream=True, **GREEDY))
     (call,) = gateway.close_session("vision-stream")
     assert [item.digest for item in call.images] == [processor.process(image).digest]
-    assert image_runs(call.prompt_ids, processor.image_token_id) == [call.images[0].num_tokens]
+    assert token_runs(call.prompt_ids, processor.image_token_id) == [call.images[0].num_tokens]
     last = [ch for ch in chunks if ch.choices][-1]
     assert last.choices[0].model_extra["token_ids"] == call.token_ids
     direct = asyncio.run(server.generate("direct-stream", call.prompt_ids, GREEDY,
@@ -162,47 +139,17 @@ def test_a_streamed_chat_with_an_image_takes_the_same_path(thread, gateway, serv
 
 async def test_a_two_turn_conversation_with_an_image_per_turn_is_one_row_with_both_images(server, processor):
     first, second = picture(112, 84, 1), picture(56, 112, 2)
-    sent: list[list[dict]] = []
-
-    def agent(base_url: str, row: dict) -> None:
-        c = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
-        messages = [{"role": "user", "content": [{"type": "text", "text": "Look:"}, image_part(first)]}]
-        sent.append(list(messages))
-        reply = c.chat.completions.create(model="any", messages=messages)
-        messages += [reply.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "user", "content": [image_part(second), {"type": "text", "text": "And this one?"}]}]
-        sent.append(messages[-1:])
-        c.chat.completions.create(model="any", messages=messages)
-
-    loop = HTTPAgentLoop(server, server.tokenizer, {"agent": agent}, processor=processor)
-    try:
-        outputs = await loop.run({"temperature": 0.0, "max_tokens": 6}, index=0)
-    finally:
-        close_gateways()
-    assert len(outputs) == 1, "the second call continues the first: one segment"
-    (out,) = outputs
+    out, sent = await two_turns_with_an_image_each(server, processor, first, second, max_tokens=6)
     items = out.multi_modal_data["image"]
     assert [item.digest for item in items] == [processor.process(first).digest, processor.process(second).digest]
     token = processor.image_token_id
-    assert image_runs(out.prompt_ids, token) == [items[0].num_tokens]
-    assert image_runs(out.response_ids, token) == [items[1].num_tokens]
+    assert token_runs(out.prompt_ids, token) == [items[0].num_tokens]
+    assert token_runs(out.response_ids, token) == [items[1].num_tokens]
     assert all(m == 0 for t, m in zip(out.response_ids, out.response_mask, strict=True) if t == token)
 
     # Consistency: core's Trajectory over the same messages and the engine's ids builds the same row,
     # and its sanity check (the template over the whole conversation) passes.
-    runs, current = [], []
-    for t, m in zip(out.response_ids, out.response_mask, strict=True):
-        if m:
-            current.append(t)
-        elif current:
-            runs, current = [*runs, current], []
-    runs += [current] if current else []
-    assert len(runs) == 2
-    reasons = out.extra_fields["stop_reasons"]
-    trajectory = Trajectory(ChatRenderer(server.tokenizer, vision=processor), sent[0])
-    trajectory.append_generated(TokenOutput(token_ids=runs[0], log_probs=None, stop_reason=reasons[0]))
-    trajectory.append_messages(sent[1])
-    trajectory.append_generated(TokenOutput(token_ids=runs[1], log_probs=None, stop_reason=reasons[1]))
+    trajectory = rebuilt_by_core(server, processor, out, sent)
     assert trajectory.prompt_ids == out.prompt_ids
     assert trajectory.response_ids == out.response_ids
     assert trajectory.response_mask == out.response_mask
