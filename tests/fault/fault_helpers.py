@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -59,3 +63,37 @@ def read_response(sock: Any) -> bytes:
                            if line.lower().startswith(b"content-length:")), None)
             if length is not None and len(rest) >= length:
                 return data
+
+
+MCP_CLIENT = textwrap.dedent('''
+    import asyncio, json, resource, sys
+    from agentloop_tools.mcp import MCPToolset, parse_mcp_servers
+
+    config, calls = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+
+    async def main():
+        toolset = MCPToolset(parse_mcp_servers(config)[0])
+        await toolset.list_tools()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        results = []
+        for n in calls:
+            response, metrics = await toolset.call_tool("big", {"n": n})
+            results.append({"n": n, "text_len": len(response.text or ""), "head": (response.text or "")[:300],
+                            "metrics": metrics})
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        await toolset.aclose()
+        print(json.dumps({"results": results, "rss_growth_mb": (after - before) / 1024}))
+
+    asyncio.run(main())
+''')
+
+
+def run_mcp_client(config: dict[str, Any], calls: list[int], *, timeout_s: float) -> dict[str, Any]:
+    """Call the ``big`` tool of the MCP server ``config`` names once per entry of ``calls`` (its
+    ``n``) from a fresh process: each result's length, head and metrics, and the process's peak
+    RSS growth over the calls (``rss_growth_mb``)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", MCP_CLIENT, json.dumps(config), json.dumps(calls)],
+                          capture_output=True, text=True, timeout=timeout_s, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

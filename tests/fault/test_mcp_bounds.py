@@ -15,16 +15,15 @@ the cut-off into an error for the waiting call (see the exception's bases there)
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
+from fault_helpers import run_mcp_client
 
 pytest.importorskip("fastmcp", reason='MCP fault tests need fastmcp: pip install "agentloop-tools[mcp]"')
 
@@ -44,28 +43,6 @@ def big(n: int) -> str:
 port, json_response = int(sys.argv[1]), sys.argv[2] == "1"
 uvicorn.run(mcp.http_app(path="/mcp", json_response=json_response), host="127.0.0.1", port=port, log_level="error")
 '''
-
-CLIENT = textwrap.dedent('''
-    import asyncio, json, resource, sys
-    from agentloop_tools.mcp import MCPToolset, parse_mcp_servers
-
-    config, calls = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-
-    async def main():
-        toolset = MCPToolset(parse_mcp_servers(config)[0])
-        await toolset.list_tools()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        results = []
-        for n in calls:
-            response, metrics = await toolset.call_tool("big", {"n": n})
-            results.append({"n": n, "text_len": len(response.text or ""), "head": (response.text or "")[:300],
-                            "metrics": metrics})
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        await toolset.aclose()
-        print(json.dumps({"results": results, "rss_growth_mb": (after - before) / 1024}))
-
-    asyncio.run(main())
-''')
 
 MB = 1 << 20
 
@@ -103,11 +80,7 @@ def big_server(tmp_path: Path):
 
 def _client(url: str, calls: list[int], **server: object) -> dict:
     config = {"mcpServers": {"big": {"url": url, "connect_retries": 3, "timeout_s": 120, **server}}}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(config), json.dumps(calls)], capture_output=True,
-                          text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_mcp_client(config, calls, timeout_s=300)
 
 
 @pytest.mark.parametrize("json_response", [False, True], ids=["event-stream", "json-body"])

@@ -16,14 +16,11 @@ toolset did not reopen the connection the cut closed (``_is_error_response`` /
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from fault_helpers import run_mcp_client
 
 pytest.importorskip("fastmcp", reason='MCP fault tests need fastmcp: pip install "agentloop-tools[mcp]"')
 
@@ -65,39 +62,13 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "id": mid, "result": {}})
 '''.replace("MB_", str(MB))
 
-CLIENT = textwrap.dedent('''
-    import asyncio, json, resource, sys
-    from agentloop_tools.mcp import MCPToolset, parse_mcp_servers
-
-    config, calls = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-
-    async def main():
-        toolset = MCPToolset(parse_mcp_servers(config)[0])
-        await toolset.list_tools()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        results = []
-        for n in calls:
-            response, metrics = await toolset.call_tool("big", {"n": n})
-            results.append({"n": n, "text_len": len(response.text or ""), "head": (response.text or "")[:300],
-                            "metrics": metrics})
-        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        await toolset.aclose()
-        print(json.dumps({"results": results, "rss_growth_mb": (after - before) / 1024}))
-
-    asyncio.run(main())
-''')
-
 
 def _client(tmp_path: Path, mode: str, calls: list[int], **server: object) -> dict:
     script = tmp_path / "stdio_server.py"
     script.write_text(SERVER)
     config = {"mcpServers": {"hostile": {"command": sys.executable, "args": [str(script), mode],
                                          "connect_retries": 2, "timeout_s": 60, **server}}}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, "-c", CLIENT, json.dumps(config), json.dumps(calls)], capture_output=True,
-                          text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_mcp_client(config, calls, timeout_s=240)
 
 
 def _assert_cut(result: dict, limit: str = "8,388,608 bytes") -> None:
