@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
-import zlib
 
 import pytest
 
 from agentloop_core.protocol import TokenOutput
+from agentloop_core.testing.vision_engines import bomb_png as _bomb_png
 from agentloop_core.tokenization import ChatRenderer, Trajectory
 from agentloop_core.tokenization.sanity import SanityCheckReport
 from agentloop_core.vision import (
@@ -49,15 +48,6 @@ def _png(image) -> bytes:
 
 def _data_url(image) -> str:
     return "data:image/png;base64," + base64.b64encode(_png(image)).decode()
-
-
-def _bomb_png(width: int, height: int) -> bytes:
-    """A few hundred bytes whose header declares ``width`` x ``height`` pixels."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
 
 
 # -- decoding -------------------------------------------------------------------------------

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import struct
-import zlib
 
 import pytest
 
@@ -28,6 +26,7 @@ Image = pytest.importorskip("PIL.Image")
 
 from vision_checks import image_part, rebuilt_by_core, token_runs, two_turns_with_an_image_each  # noqa: E402
 
+from agentloop_core.testing.vision_engines import bomb_png  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor  # noqa: E402
@@ -43,17 +42,6 @@ MAX_IMAGES = 3
 
 def png_bytes_url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
-
-
-def bomb_png(width: int = 40_000, height: int = 40_000) -> bytes:
-    """A valid PNG of a few dozen bytes whose header declares ``width`` x ``height`` pixels."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
-            + chunk(b"IEND", b""))
 
 
 @pytest.fixture(scope="module")

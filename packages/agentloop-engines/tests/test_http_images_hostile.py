@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import base64
 import io
-import struct
-import zlib
 
 import pytest
 
@@ -25,6 +23,7 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 Image = pytest.importorskip("PIL.Image")
 
+from agentloop_core.testing.vision_engines import bomb_png  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import ImageLimits, load_vision_processor  # noqa: E402
@@ -43,17 +42,6 @@ def png(image) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return buf.getvalue()
-
-
-def bomb_png(width: int = 40_000, height: int = 40_000) -> bytes:
-    """A valid PNG of a few dozen bytes whose header declares ``width`` x ``height`` pixels."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
-            + chunk(b"IEND", b""))
 
 
 @pytest.fixture(scope="module")

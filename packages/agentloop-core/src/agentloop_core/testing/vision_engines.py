@@ -12,7 +12,7 @@ from agentloop_core.testing.scripted import ScriptedServer
 from agentloop_core.vision.content import images_of
 from agentloop_core.vision.processor import image_token_runs
 
-__all__ = ["ForcedTurns", "VisionScriptedServer", "gradient_picture", "noise_picture"]
+__all__ = ["ForcedTurns", "VisionScriptedServer", "bomb_png", "gradient_picture", "noise_picture"]
 
 
 def gradient_picture(size: tuple[int, int] = (64, 48), seed: int = 0) -> Any:
@@ -31,6 +31,20 @@ def noise_picture(w: int, h: int, seed: int) -> Any:
     from PIL import Image
 
     return Image.fromarray((np.random.RandomState(seed).rand(h, w, 3) * 255).astype("uint8"))
+
+
+def bomb_png(width: int = 40_000, height: int = 40_000) -> bytes:
+    """A valid PNG of a few dozen bytes whose header declares ``width`` x ``height`` pixels (a
+    decompression bomb: what the pixel limit must refuse before decoding)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+            + chunk(b"IEND", b""))
 
 
 class VisionScriptedServer(ScriptedServer):
