@@ -29,6 +29,9 @@ class RecordedCall:
     """The sampling parameters as sent."""
     output: TokenOutput
     """What the engine returned."""
+    multi_modal: dict[str, Any] | None = None
+    """The call's images and videos as the loop passed them (``multi_modal_data`` and any other
+    keyword ``generate`` takes beyond the sampling parameters); None: a text-only call."""
 
 
 class RecordingServer(TransparentServerWrapper):
@@ -56,10 +59,12 @@ class RecordingServer(TransparentServerWrapper):
         return getattr(self.server, "capabilities", ServerCapabilities())
 
     async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling_params: Mapping[str, Any] | SamplingParams | None = None) -> TokenOutput:
+                       sampling_params: Mapping[str, Any] | SamplingParams | None = None,
+                       **multi_modal: Any) -> TokenOutput:
         params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params or {})
-        out = await self.server.generate(request_id, list(prompt_ids), sampling_params)
-        self.calls.append(RecordedCall(request_id, list(prompt_ids), params, out))
+        # Images go on to the engine: a vision loop under the recorder sees what it would alone.
+        out = await self.server.generate(request_id, list(prompt_ids), sampling_params, **multi_modal)
+        self.calls.append(RecordedCall(request_id, list(prompt_ids), params, out, dict(multi_modal) or None))
         return out
 
 
