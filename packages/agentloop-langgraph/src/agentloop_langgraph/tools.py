@@ -89,7 +89,9 @@ class AgentLoopTool(LangChainBaseTool):
     """Hands an image block's data URL and its processed
     :class:`~agentloop_core.vision.ImageItem` to the trajectory (``ChatModel.adopt_image``),
     which then reuses the item when the block enters; None: the block is processed again then."""
-    handle_tool_error: bool = True
+    # Always on here (a failing call is answered to the model, never raised); pydantic needs the
+    # annotation, which narrows the base's union.
+    handle_tool_error: bool = True  # pyright: ignore[reportIncompatibleVariableOverride]
 
     async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
         """Run a call, or answer it with an error when it is past ``max_parallel_calls`` in its

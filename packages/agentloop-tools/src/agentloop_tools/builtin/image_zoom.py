@@ -124,7 +124,8 @@ class ImageZoomInTool(BaseTool):
             raise ValueError(f"tool {self.name!r}: {exc}") from None
         return {"image": decoded, "calls": 0}
 
-    async def execute(
+    # No **kwargs, as BaseTool.execute allows: a row that gives execute_kwargs is an error.
+    async def execute(  # pyright: ignore[reportIncompatibleMethodOverride]
         self, instance_id: str, parameters: dict[str, Any]
     ) -> tuple[ToolResponse, float, dict[str, Any]]:
         state = self.state(instance_id)

@@ -33,7 +33,8 @@ class _Function(torch.autograd.Function):
         return _mm(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (grad,) = grad_outputs  # one output, one gradient
         x, weight = ctx.saved_tensors
         rows = grad.reshape(-1, grad.shape[-1])
         grad_x = grad_w = grad_b = None

@@ -90,7 +90,9 @@ class ShowCardTool(BaseTool):
             raise ValueError(f"tool {self.name!r}: colour {colour!r} is not one of {', '.join(NAMES)}")
         return {"colour": colour, "seed": int(seed), "shown": 0}
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any]) -> tuple[ToolResponse, float, dict[str, Any]]:
+    # No **kwargs, as BaseTool.execute allows: a row that gives execute_kwargs is an error.
+    async def execute(  # pyright: ignore[reportIncompatibleMethodOverride]
+            self, instance_id: str, parameters: dict[str, Any]) -> tuple[ToolResponse, float, dict[str, Any]]:
         state = self.state(instance_id)
         state["shown"] += 1
         return ToolResponse(text="The card:", image=[card_picture(state["colour"], state["seed"])]), 0.0, {}
