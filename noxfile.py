@@ -40,9 +40,11 @@ PACKAGES: dict[str, dict[str, list[str]]] = {
         "path": ["packages/agentloop-core", "packages/agentloop-engines[hf,ray,server,test]"],
         "pre": [TORCH],
     },
-    # The tools' integration tests run the tool agent loop on a real HFServer.
+    # The tools' integration tests run the tool agent loop on a real HFServer; [openenv] (it pulls
+    # gradio, so the test extra leaves it out) turns on test_openenv.py.
     "agentloop-tools": {
-        "path": ["packages/agentloop-core", "packages/agentloop-engines[hf]", "packages/agentloop-tools[mcp,test]"],
+        "path": ["packages/agentloop-core", "packages/agentloop-engines[hf]",
+                 "packages/agentloop-tools[mcp,openenv,test]"],
         "pre": [TORCH],
     },
 }
