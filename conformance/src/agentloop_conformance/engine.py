@@ -128,8 +128,9 @@ class EngineLogProbTests(EngineFixtures):
     async def test_log_probs_match_reference(self, engine: Any, reference_log_probs: Any, temperature: float) -> None:
         """Each log-prob equals ``log_softmax(logits / T)`` of a plain forward pass over prompt +
         generated ids (T = 1 for greedy), within ``logprob_atol``: the number a trainer
-        recomputes. Filters (top-k/top-p, and a vision model's banned placeholder ids) only
-        change which token is drawn. Debug: check temperature scaling, that log-probs are taken
+        recomputes. Top-k/top-p filters only change which token is drawn; a vision model's
+        placeholder ids, banned from sampling, are removed from the distribution (their logits
+        at -inf), as :func:`~agentloop_conformance.hooks.hf_reference_log_probs` does. Debug: check temperature scaling, that log-probs are taken
         before top-k/top-p filtering, and position ids under left padding."""
         if not self.capability(engine, "logprobs"):
             pytest.skip("engine declares capabilities.logprobs=False")

@@ -48,7 +48,14 @@ class EngineVisionTests(EngineFixtures):
         the next turn (the prompt plus the generated ids, the same images) is served. Debug: ban
         ``config.image_token_id``/``video_token_id`` in the sampler (HFServer:
         ``RowSampling.banned``; vLLM: ``bad_words``; SGLang: ``logit_bias``). A generated
-        placeholder makes the next prompt hold more image tokens than images: refused."""
+        placeholder makes the next prompt hold more image tokens than images: refused.
+
+        Log-probs follow the one convention every engine and the trainer share: the token's
+        log-prob under the banned distribution, ``log_softmax(logits / T)`` with the placeholder
+        logits at ``-inf`` (renormalised over the other tokens), not under the full vocabulary.
+        Checked where it is exact without a reference: a greedy token is the most likely allowed
+        one, so its log-prob is at least ``-log(vocab_size)``; over the full vocabulary it would
+        be about ``-image_margin`` (30 nats) here. Debug: take the log-softmax after the ban."""
         if placeholder_engine is None:
             pytest.skip("no placeholder_engine hook: override it to serve a placeholder_preferring_checkpoint(...)")
         engine = placeholder_engine
@@ -66,6 +73,13 @@ class EngineVisionTests(EngineFixtures):
             assert not generated, f"{where}: generated placeholder ids {generated} (banned: {sorted(banned)})"
             assert len(out.token_ids) == self.max_tokens, f"{where}: {len(out.token_ids)} tokens"
             assert all(math.isfinite(lp) and lp <= 1e-6 for lp in out.log_probs or []), f"{where}: {out.log_probs}"
+            if params["temperature"] == 0 and out.log_probs is not None:
+                floor = -math.log(self.vocab_size(engine)) - 1e-3
+                low = [round(lp, 3) for lp in out.log_probs if lp < floor]
+                assert not low, (
+                    f"{where}: greedy log-probs {low} are below -log(vocab_size) = {floor:.3f}: not the banned "
+                    "distribution's (log_softmax with the placeholder logits at -inf, the convention every engine and "
+                    "the trainer use) but the full vocabulary's, which counts the placeholders' mass")
         follow = self.check_output(await engine.generate("ph-next", ids + outs[0].token_ids, greedy(4),
                                                          multi_modal_data=data), "next turn")
         assert len(follow.token_ids) == 4, f"next turn: {len(follow.token_ids)} tokens, expected 4"

@@ -5,7 +5,8 @@ returned by a no-code factory) supply them:
 
 * ``reference_log_probs(prompt_ids, token_ids, temperature) -> list[float]``: what a trainer
   computes for the generated tokens with one plain forward pass (log-softmax of logits / T,
-  T = 1 for greedy). Enables the log-prob accuracy check.
+  T = 1 for greedy; a vision model's placeholder ids, banned from sampling, removed from it).
+  Enables the log-prob accuracy check.
 * ``named_weights() -> Mapping[str, tensor]``: the engine's current weights by the names
   ``update_weights`` accepts. Enables the weight-update round trip.
 * ``vision_prompt(images, text) -> (prompt_ids, multi_modal_data)``: prompts with images rendered
@@ -24,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from agentloop_conformance.placeholder_model import placeholder_ids
 from agentloop_conformance.vision_prompts import VisionPrompt
 
 ReferenceLogProbs = Callable[[Sequence[int], Sequence[int], float], Sequence[float]]
@@ -51,7 +53,9 @@ class EngineTarget:
 
 
 def hf_reference_log_probs(model: Any) -> ReferenceLogProbs:
-    """A ``reference_log_probs`` hook for a ``transformers`` causal LM (one forward pass, fp32).
+    """A ``reference_log_probs`` hook for a ``transformers`` causal LM (one forward pass, fp32);
+    for a vision-language model (a config with ``vision_config``) over the tokens it may sample,
+    its image/video placeholder logits at -inf, the convention every engine reports.
 
     Args:
         model: A ``torch.nn.Module`` whose forward takes ``input_ids`` and returns ``.logits``.
@@ -59,6 +63,8 @@ def hf_reference_log_probs(model: Any) -> ReferenceLogProbs:
     Returns:
         The hook.
     """
+    config = getattr(model, "config", None)
+    banned = [t for t in placeholder_ids(config) if t is not None] if getattr(config, "vision_config", None) else []
 
     def reference(prompt_ids: Sequence[int], token_ids: Sequence[int], temperature: float) -> list[float]:
         import torch
@@ -70,6 +76,9 @@ def hf_reference_log_probs(model: Any) -> ReferenceLogProbs:
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0].float()
         scaled = logits[len(prompt_ids) - 1 : -1] / (temperature if temperature > 0 else 1.0)
+        cols = [t for t in banned if t < scaled.shape[-1]]
+        if cols:
+            scaled[:, cols] = float("-inf")
         lp = torch.log_softmax(scaled, dim=-1)
         index = torch.tensor(list(token_ids), device=device)[:, None]
         return lp.gather(1, index)[:, 0].tolist()

@@ -43,16 +43,24 @@ def _logits(rows: int, vocab: int = 50, seed: int = 0):
     return logits
 
 
-def test_greedy_takes_the_best_allowed_token_with_its_full_vocabulary_log_prob():
-    logits = _logits(4)
-    tokens, lps = sample_rows(logits, [_row(0.0) for _ in range(4)])
+def _allowed(logits):
+    """``logits`` with the banned columns at -inf: the distribution every engine reports."""
     allowed = logits.clone()
     allowed[:, list(BANNED)] = float("-inf")
+    return allowed
+
+
+def test_greedy_takes_the_best_allowed_token_with_its_log_prob_over_the_allowed_tokens():
+    logits = _logits(4)
+    tokens, lps = sample_rows(logits, [_row(0.0) for _ in range(4)])
+    allowed = _allowed(logits)
     assert tokens.tolist() == allowed.argmax(-1).tolist()
-    # The ban is a filter: the log-prob is the full vocabulary's (about -15 here), what a trainer recomputes.
-    expected = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    # The log-prob is over the allowed tokens (as vLLM, SGLang and the trainer take it): the best
+    # of them is near 0 here, where the full vocabulary's would be about -15.
+    expected = torch.log_softmax(allowed, -1).gather(1, tokens[:, None])[:, 0]
     torch.testing.assert_close(lps, expected)
-    assert lps.max() < -5
+    full = torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+    assert (lps - full).min() > 5
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
@@ -61,7 +69,7 @@ def test_sampled_rows_never_draw_a_banned_token(temperature):
     tokens, lps = sample_rows(logits, [_row(temperature, seed=i) for i in range(64)])
     assert not set(tokens.tolist()) & set(BANNED)
     assert len(set(tokens.tolist())) > 5  # a draw, not a fixed fallback
-    expected = torch.log_softmax(logits / temperature, -1).gather(1, tokens[:, None])[:, 0]
+    expected = torch.log_softmax(_allowed(logits) / temperature, -1).gather(1, tokens[:, None])[:, 0]
     torch.testing.assert_close(lps, expected)
 
 
@@ -75,16 +83,21 @@ def test_top_k_keeps_the_best_allowed_tokens():
 
 
 def test_a_ban_changes_nothing_for_rows_without_it_nor_for_draws_it_does_not_hit():
-    """A text row batched with banned rows draws what it draws alone; a seeded banned row whose
-    draw was no banned id draws the same token as without the ban (the same noise)."""
+    """A text row batched with banned rows draws what it draws alone, with the same log-prob; a
+    seeded banned row whose draw was no banned id draws the same token as without the ban (the
+    same noise), its log-prob over the allowed tokens."""
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
     rows = [_row(1.0, seed=i, banned=BANNED if i % 2 else ()) for i in range(6)]
     tokens, lps = sample_rows(logits, rows)
     free, free_lps = sample_rows(logits, [_row(1.0, seed=i, banned=()) for i in range(6)])
+    allowed = torch.log_softmax(_allowed(logits), -1)
     for i in range(6):
-        if i % 2 == 0 or free[i].item() not in BANNED:
+        if i % 2 == 0:
             assert tokens[i] == free[i], i
             assert lps[i] == free_lps[i], i
+        elif free[i].item() not in BANNED:
+            assert tokens[i] == free[i], i
+            torch.testing.assert_close(lps[i], allowed[i, tokens[i]])
 
 
 def test_nothing_banned_touches_nothing():
@@ -139,8 +152,9 @@ async def test_hfserver_bans_only_a_vision_models_placeholders(vlm_path, vlm_con
 
 async def test_hfserver_never_generates_a_placeholder_the_model_wants(vlm_path, vlm_config):
     """Greedy and sampled, batched, the model's favourite ids never come out, and each log-prob is
-    the full-vocabulary ``log_softmax(logits / T)`` of a plain forward pass (the trainer's number,
-    about -15 to -30 here because the placeholders hold the mass)."""
+    ``log_softmax(logits / T)`` of a plain forward pass with the placeholder columns removed (the
+    trainer's number; the full vocabulary's would be about -15 to -30 here, as the placeholders
+    hold the mass)."""
     model = _placeholder_loving_model(vlm_path)
     banned = {vlm_config["image_token_id"], vlm_config["video_token_id"]}
     prompt = [11, 12, 13, 14, 15]
@@ -157,6 +171,7 @@ async def test_hfserver_never_generates_a_placeholder_the_model_wants(vlm_path, 
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
         scale = p["temperature"] or 1.0
+        logits[:, sorted(banned)] = float("-inf")
         ref = torch.log_softmax(logits / scale, -1).gather(1, torch.tensor(out.token_ids)[:, None])[:, 0]
         assert max(abs(a - b) for a, b in zip(out.log_probs or [], ref.tolist(), strict=True)) < 2e-3
     await server.close()

@@ -3,7 +3,7 @@ video placeholder ids (``bad_words``), greedy or sampled, even from the tiny Qwe
 they are its top choices (``placeholder_preferring_checkpoint``: ~30 and ~15 nats ahead of every
 ordinary token); a trajectory with an image goes on to its next turn; and what vLLM's log-probs
 are under the ban: ``processed_logprobs`` come after it, so they are renormalised over the
-non-placeholder tokens (HFServer's are the full vocabulary's; see
+non-placeholder tokens, the convention HFServer and the trainer share (see
 :mod:`agentloop_engines.placeholders`).
 
 Skipped with a reason where vLLM is not importable (the shared dev venv on purpose has none). The
@@ -69,8 +69,8 @@ async def server(folder, tmp_path_factory):
 
 async def test_vllm_never_samples_a_placeholder_the_model_wants(server, folder, config):
     """Greedy and sampled: no placeholder comes out. Each log-prob is ``log_softmax(logits / T)``
-    over the non-placeholder tokens (vLLM's ``processed_logprobs`` after the ban), which exceeds
-    the full-vocabulary value HFServer returns by ``-log(1 - P_T(placeholders))``."""
+    over the non-placeholder tokens (vLLM's ``processed_logprobs`` after the ban, HFServer's and
+    the trainer's too), which exceeds the full-vocabulary value by ``-log(1 - P_T(placeholders))``."""
     banned = [config["image_token_id"], config["video_token_id"]]
     assert server.banned_token_ids == tuple(banned)
     model = transformers.AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
@@ -92,7 +92,7 @@ async def test_vllm_never_samples_a_placeholder_the_model_wants(server, folder, 
         worst_renormalised = max(worst_renormalised, float((got - renormalised).abs().max()))
         gap_to_full += (got - full).tolist()
     print(f"vLLM log-probs under the ban: max |vLLM - renormalised| {worst_renormalised:.2e}; "
-          f"vLLM - full vocabulary (HFServer's) {min(gap_to_full):.2f}..{max(gap_to_full):.2f} nats")
+          f"vLLM - full vocabulary {min(gap_to_full):.2f}..{max(gap_to_full):.2f} nats")
     assert worst_renormalised < 5e-3
 
 

@@ -25,6 +25,7 @@ from agentloop_core.vision import (  # noqa: E402
     stack_features,
 )
 from agentloop_engines.hf.server import HFServer  # noqa: E402
+from agentloop_engines.placeholders import placeholder_token_ids  # noqa: E402
 from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 INIT = 0.3
@@ -48,11 +49,13 @@ def renderer(server, processor):
 
 
 def _full_forward_log_probs(model, ids: list[int], items, generated: list[int]) -> list[float]:
-    """What a trainer computes: one forward of prompt + generation with the images' tiles."""
+    """What a trainer computes: one forward of prompt + generation with the images' tiles, over
+    the tokens other than the placeholder ids (banned from sampling in every engine)."""
     x = torch.tensor([ids + generated])
     features = {k: torch.from_numpy(v) for k, v in stack_features(items).items()}
     with torch.no_grad():
         logits = model(input_ids=x, attention_mask=torch.ones_like(x), **features).logits[0].float()
+    logits[:, list(placeholder_token_ids(model.config, logits.shape[-1]))] = float("-inf")
     lp = torch.log_softmax(logits, -1)
     n = len(ids)
     return [lp[n - 1 + j, t].item() for j, t in enumerate(generated)]

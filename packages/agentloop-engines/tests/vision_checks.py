@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from agentloop_engines.placeholders import placeholder_token_ids
+
 
 def full_forward_log_probs(model, processor, ids: list[int], items, generated: list[int],
-                           banned: tuple[int, ...] = ()) -> list[float]:
-    """What a trainer computes for a Qwen-VL model: one forward of prompt + generation; with
-    ``banned`` ids, over the other tokens only (what vLLM's ``processed_logprobs`` report when
-    those ids are banned from sampling)."""
+                           banned: tuple[int, ...] | None = None) -> list[float]:
+    """What a trainer computes for a Qwen-VL model: one forward of prompt + generation, over the
+    tokens other than ``banned`` (None: the model's image/video placeholder ids, which every
+    engine bans from sampling and leaves out of its log-probs; ``()``: the full vocabulary)."""
     x = torch.tensor([ids + generated])
     kwargs = {}
     if items:
@@ -20,6 +22,7 @@ def full_forward_log_probs(model, processor, ids: list[int], items, generated: l
                   "mm_token_type_ids": (x == processor.image_token_id).int()}
     with torch.no_grad():
         logits = model(input_ids=x, attention_mask=torch.ones_like(x), **kwargs).logits[0].float()
+    banned = placeholder_token_ids(model.config, logits.shape[-1]) if banned is None else banned
     if banned:
         logits[:, list(banned)] = float("-inf")
     lp = torch.log_softmax(logits, -1)

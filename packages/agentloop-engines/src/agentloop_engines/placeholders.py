@@ -14,12 +14,14 @@ fails. So every engine bans these ids from sampling, greedy included:
   and random sampling; ``exp`` of it is exactly 0 in float32, and unlike ``-inf`` it survives
   SGLang's JSON routes).
 
-Log-probs: HFServer treats the ban as a filter, like top-k/top-p: the returned log-prob is the
-sampled token's under the full-vocabulary ``log_softmax(logits / T)``, what the trainer
-recomputes. vLLM (``processed_logprobs``) and SGLang compute log-probs after their logit
-processors, so theirs are renormalised over the non-placeholder tokens: they exceed the
-trainer's by ``-log(1 - P_T(placeholders))``, which is 0 to float precision unless the policy
-puts real mass on placeholders (the case this ban exists for).
+Log-probs: one convention everywhere. An engine returns the sampled token's log-prob under the
+banned distribution, ``log_softmax`` of ``logits / T`` with the placeholder columns at ``-inf``
+(renormalised over the other tokens): HFServer computes it after its ban
+(:mod:`agentloop_engines.hf.sampling`), vLLM (``processed_logprobs``) and SGLang after their
+logit processors, and the trainer recomputes it with the same columns removed
+(``agentloop_trainer.update.placeholder_mask``). It exceeds the full-vocabulary log-prob by
+``-log(1 - P_T(placeholders))``, 0 to float precision unless the policy puts real mass on
+placeholders (up to 4e-2 on the random tiny Qwen2-VL). Text-only models ban nothing.
 
 Tiled images: vLLM and SGLang take a token prompt with one placeholder (vLLM) or one run
 (SGLang) per image and expand or fill it by their own processor. An Idefics3/SmolVLM image fills

@@ -44,7 +44,7 @@ Where SGLang departs from the agentloop contract, and what the adapter does abou
   image tokens are not its images', or a tiled (Idefics3) image, is refused before SGLang sees it.
 * A vision model's image and video placeholder ids are never sampled (``logit_bias``; see
   :mod:`agentloop_engines.placeholders`). SGLang's log-probs come after that bias, so they are
-  renormalised over the other tokens (equal to the trainer's while placeholders get no mass).
+  renormalised over the other tokens: the convention HFServer and the trainer share.
 
 Needs the ``[sglang]`` extra and a GPU; the adapter logic is tested here against a stand-in.
 """

@@ -9,9 +9,10 @@ computed by the old policy). Sleep mode is declared only where vLLM's platform s
 
 A vision-language model's image and video placeholder ids are never sampled (``bad_words``; see
 :mod:`agentloop_engines.placeholders`). vLLM computes ``processed_logprobs`` after that ban, so
-a returned log-prob is renormalised over the other tokens, as it is over the kept tokens under
-top-k/top-p: it equals the trainer's full-vocabulary value while the policy puts no mass on
-placeholders, and exceeds it by ``-log(1 - P(placeholders))`` otherwise.
+a returned log-prob is renormalised over the other tokens: the one convention HFServer and the
+trainer share (``log_softmax`` with the placeholder logits at -inf; see
+:mod:`agentloop_engines.placeholders`). Under top-k/top-p it is renormalised over the kept
+tokens too, unlike theirs.
 
 Images (a vision-language checkpoint: ``capabilities.vision`` on the instance) go in as
 ``TokensPrompt(prompt_token_ids=..., multi_modal_data={"image": [PIL image, ...]})`` with the

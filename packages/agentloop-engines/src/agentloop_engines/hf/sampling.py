@@ -1,16 +1,18 @@
 """Per-row sampling for a batch of requests that each carry their own parameters.
 
 Log-prob convention (what ``TokenOutput.log_probs`` holds for HFServer): the log-prob of the
-sampled token under ``log_softmax(logits / T)`` over the **full** vocabulary, before top-k/top-p
-filtering, with ``T = 1`` for greedy requests (``temperature == 0``). That is exactly what a
-trainer recomputes with a forward pass at the same temperature, so rollout and training
-log-probs agree up to numerics. Filtering only changes which token is drawn.
+sampled token under ``log_softmax(logits / T)`` over the tokens the row may draw, before
+top-k/top-p filtering, with ``T = 1`` for greedy requests (``temperature == 0``). That is
+exactly what a trainer recomputes with a forward pass at the same temperature, so rollout and
+training log-probs agree up to numerics. Top-k/top-p filtering only changes which token is drawn.
 
 Banned ids (:attr:`RowSampling.banned`: a vision-language model's image and video placeholder
-ids, :mod:`agentloop_engines.placeholders`) are a filter under the same convention: they are
-never drawn, greedy included (greedy takes the best allowed token), and the returned log-prob is
-still the full-vocabulary one, so the trainer needs no ban of its own. Bans apply before
-top-k/top-p (the k kept tokens are the k best allowed ones).
+ids, :mod:`agentloop_engines.placeholders`) are removed from the distribution itself: they are
+never drawn, greedy included (greedy takes the best allowed token), and the log-prob is taken
+over the other tokens (``log_softmax`` with the banned logits at ``-inf``), as vLLM and SGLang
+report it and the trainer recomputes it (``agentloop_trainer.update.placeholder_mask``). Bans
+apply before top-k/top-p (the k kept tokens are the k best allowed ones). A row that bans
+nothing (a text model) gets the full-vocabulary log-prob, at no extra cost.
 """
 
 from __future__ import annotations
@@ -51,10 +53,11 @@ def sample_rows(logits: torch.Tensor, rows: list[RowSampling]) -> tuple[torch.Te
     device = logits.device
     temps = torch.tensor([r.temperature if r.temperature > 0 else 1.0 for r in rows], device=device)
     scaled = logits / temps[:, None]
+    # Banned ids go to -inf in `scaled` itself (its own tensor): the log-probs are then over the
+    # allowed tokens, and greedy rows (scaled by 1) take their best allowed logit.
+    banned = _ban_(scaled, rows)
     log_probs = torch.log_softmax(scaled, dim=-1)
-    # Banned ids go to -inf in `scaled` itself (its own tensor, no longer needed unbanned): greedy
-    # rows are scaled by 1, so its argmax is their best allowed logit.
-    tokens = torch.argmax(scaled if _ban_(scaled, rows) else logits, dim=-1)
+    tokens = torch.argmax(scaled if banned else logits, dim=-1)
 
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
     if sampled:

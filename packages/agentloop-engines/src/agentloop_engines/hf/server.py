@@ -66,8 +66,9 @@ def _fail(fut: asyncio.Future, exc: BaseException) -> None:
 class HFServer(AsyncServerBase):
     """Batched generation with a plain ``transformers`` model, on CPU or CUDA.
 
-    Log-probs are ``log_softmax(logits / T)`` of the sampled token over the full vocabulary
-    (``T = 1`` for greedy), before top-k/top-p filtering: what a trainer recomputes.
+    Log-probs are ``log_softmax(logits / T)`` of the sampled token (``T = 1`` for greedy),
+    before top-k/top-p filtering, over the vocabulary less a vision model's placeholder ids
+    (banned from sampling): what a trainer recomputes (:mod:`agentloop_engines.hf.sampling`).
 
     ``sleep()`` moves the weights to the CPU and empties the CUDA cache; requests wait until
     ``wake_up()``. On a CPU server there is no accelerator memory to free, so

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agentloop_trainer.update.placeholder_mask import banned_token_ids, token_log_probs
+
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     """Length of the longest prefix every sequence shares."""
@@ -43,7 +45,9 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
     Args:
         model: A causal LM (Hugging Face ``*ForCausalLM``, possibly FSDP-wrapped).
         sequences: Unpadded token id lists (prompt then response), each at least 2 long.
-        temperature: Logits are divided by it, matching the engine's sampling distribution.
+        temperature: Logits are divided by it, matching the engine's sampling distribution
+            (a vision-language model's placeholder ids removed from it, as every engine does:
+            :mod:`~agentloop_trainer.update.placeholder_mask`).
         share_prefix: Compute the rows' common prefix once (exact; faster).
         pad_id: Id used for right padding (never scored).
         first_scored: Index of the first token whose log-prob the caller needs (e.g. the
@@ -98,8 +102,7 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
     logits = logits[:, :-1].float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    targets = ids[:, start + 1 :]
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    picked = token_log_probs(logits, ids[:, start + 1 :], banned_token_ids(model))
     logp = torch.nn.functional.pad(picked, (start, 0))
     return logp * valid[:, 1:]
 
@@ -197,7 +200,7 @@ def prompt_shared_log_probs(model: Any, sequences: Sequence[Sequence[int]], prom
                    **{kw_name: cache}).logits[:, :-1].float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    picked = logits.gather(-1, tail[:, 1:].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    picked = token_log_probs(logits, tail[:, 1:], banned_token_ids(model))
     picked = picked * valid[:, 1:]
     # The shared passes' logits join the graph at zero weight, as in sequence_log_probs: under
     # FSDP2 (one rank, for CPU offload) a forward whose output backward never reaches leaves

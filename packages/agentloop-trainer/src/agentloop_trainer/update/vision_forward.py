@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentloop_core.vision.processor import ImageItem, stack_features
+from agentloop_trainer.update.placeholder_mask import banned_token_ids, token_log_probs
 
 
 def vision_token_id(model: Any) -> int | None:
@@ -41,8 +42,9 @@ def multimodal_log_probs(model: Any, sequences: Sequence[Sequence[int]], images:
         device: Where the inputs go; None: the device of the model's first parameter.
 
     Returns:
-        ``[B, N-1]`` (N = longest row): ``[b, t] = log p(seq_b[t+1] | seq_b[:t+1], images_b)``;
-        0 past a row's end.
+        ``[B, N-1]`` (N = longest row): ``[b, t] = log p(seq_b[t+1] | seq_b[:t+1], images_b)``
+        over the tokens the engines sample (placeholder ids removed); 0 past a row's end and
+        where ``seq_b[t+1]`` is a placeholder.
 
     Raises:
         ValueError: a model without a vision tower, or a row whose image tokens are not its
@@ -75,6 +77,7 @@ def multimodal_log_probs(model: Any, sequences: Sequence[Sequence[int]], images:
     logits = model(input_ids=ids, attention_mask=valid, use_cache=False, **kwargs).logits[:, :-1].float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    targets = ids[:, 1:]
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    # The engines' distribution: placeholder ids removed; the image tokens (targets here, mask 0
+    # in the loss) score 0 rather than -inf.
+    picked = token_log_probs(logits, ids[:, 1:], banned_token_ids(model))
     return picked * valid[:, 1:]
