@@ -1,7 +1,9 @@
 """The policy-gradient actor: recomputes log-probs of a rollout batch and takes PPO-clip updates.
 
 It works on a plain module or an FSDP2-sharded one (``fully_shard``) through the same code:
-sharding changes where parameters live, not what the loss is.
+sharding changes where parameters live, not what the loss is. The batch record is in
+:mod:`~agentloop_trainer.update.policy_batch`, its forward passes and micro-batches in
+:mod:`~agentloop_trainer.update.log_probs` (both re-exported here).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from agentloop_trainer.config.actor_rollout_ref import ActorSection
 from agentloop_trainer.config.sections import RolloutCorrectionSection
-from agentloop_trainer.update.forward import prompt_groups, prompt_shared_log_probs, sequence_log_probs
+from agentloop_trainer.update.log_probs import micro_batches, response_log_probs
 from agentloop_trainer.update.losses import (
     kl_k3,
     masked_mean,
@@ -20,8 +22,12 @@ from agentloop_trainer.update.losses import (
     sequence_weights,
     truncated_importance_weight,
 )
+from agentloop_trainer.update.packing import packed_micro_batches, packs
+from agentloop_trainer.update.policy_batch import PolicyBatch, policy_batch_from_rollout
 from agentloop_trainer.update.rollout_correction import rollout_correction
-from agentloop_trainer.update.vision_forward import multimodal_log_probs
+
+__all__ = ["ActorConfig", "PolicyBatch", "PolicyGradientActor", "micro_batches", "policy_batch_from_rollout",
+           "response_log_probs"]
 
 
 @dataclass
@@ -59,177 +65,6 @@ class ActorConfig(ActorSection):
         if self.ppo_mini_batch_size is None:
             return batch_samples
         return min(batch_samples, self.ppo_mini_batch_size * self.rollout_n)
-
-
-@dataclass
-class PolicyBatch:
-    """A rollout batch unpadded into sequences, with per-token tensors aligned to responses."""
-
-    sequences: list[list[int]]
-    """Prompt + response ids of each sample, without padding."""
-    prompt_lengths: list[int]
-    """Prompt tokens of each sample."""
-    response_mask: Any
-    """``[B, R]`` 1 on generated tokens."""
-    rollout_log_probs: Any
-    """``[B, R]`` engine log-probs, or None."""
-    seq_weights: Any = None
-    """``[B]`` fraction of its trajectory's generated tokens each row holds
-    (:func:`~agentloop_trainer.update.losses.sequence_weights`), for the ``seq-mean`` loss modes;
-    None when every trajectory is one row (each row with tokens is then a whole sequence)."""
-    trajectory_ids: list[int] | None = None
-    """The trajectory of each row, where some trajectory spans several rows; None: one row each."""
-    images: list[tuple[Any, ...]] | None = None
-    """Per row, the images its tokens hold (``ImageItem``\\ s in order, from the rollout's
-    ``multi_modal_data``); None when no row has any."""
-
-    def padded(self, multiple: int) -> PolicyBatch:
-        """This batch with empty rows (no tokens, mask 0) appended up to a multiple of
-        ``multiple`` rows, so a batch of segments splits evenly over FSDP ranks. The empty
-        rows add nothing to the loss, its normaliser or the metrics."""
-        import torch
-
-        extra = -len(self.sequences) % multiple
-        if not extra:
-            return self
-        R = self.response_mask.shape[1]
-
-        def grow(t: Any, shape: tuple[int, ...]) -> Any:
-            return None if t is None else torch.cat([t, torch.zeros(shape, dtype=t.dtype, device=t.device)])
-
-        return PolicyBatch(
-            sequences=self.sequences + [[] for _ in range(extra)],
-            prompt_lengths=self.prompt_lengths + [0] * extra,
-            response_mask=grow(self.response_mask, (extra, R)),
-            rollout_log_probs=grow(self.rollout_log_probs, (extra, R)),
-            seq_weights=grow(self.seq_weights, (extra,)),
-            trajectory_ids=None if self.trajectory_ids is None else
-            self.trajectory_ids + [max(self.trajectory_ids, default=-1) + 1 + k for k in range(extra)],
-            images=None if self.images is None else self.images + [() for _ in range(extra)],
-        )
-
-    def sequence_index(self) -> Any:
-        """``[B]`` long: the sequence (trajectory) number of each row, numbered from 0."""
-        import torch
-
-        ids = self.trajectory_ids if self.trajectory_ids is not None else range(len(self.sequences))
-        number: dict[int, int] = {}
-        return torch.tensor([number.setdefault(t, len(number)) for t in ids], dtype=torch.long)
-
-
-def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
-    """Unpad a :class:`agentloop_core.batch.RolloutBatch` (left-padded prompts, right-padded
-    responses) into token sequences, one per row (a sample, or a segment of one). Failed
-    samples keep their prompt and get an all-zero mask.
-    """
-    import numpy as np
-    import torch
-
-    P = batch.prompts.shape[1]
-    sequences, prompt_lengths = [], []
-    for b in range(len(batch)):
-        attn = batch.attention_mask[b]
-        prompt = batch.prompts[b][attn[:P] == 1].tolist()
-        response = batch.responses[b][attn[P:] == 1].tolist()
-        sequences.append(prompt + response)
-        prompt_lengths.append(len(prompt))
-    mask = torch.from_numpy(np.ascontiguousarray(batch.response_mask)).float()
-    mask[torch.from_numpy(np.asarray(batch.failed, dtype=bool))] = 0.0
-    rollout = None
-    if batch.rollout_log_probs is not None:
-        rollout = torch.from_numpy(np.ascontiguousarray(batch.rollout_log_probs)).float()
-    weights, ids = None, None
-    trajectories = np.asarray(batch.trajectory_index)
-    if np.unique(trajectories).size < len(trajectories):
-        ids = [int(t) for t in trajectories.tolist()]
-        weights = sequence_weights(mask, ids)
-    images = [tuple((data or {}).get("image") or ()) for data in (batch.multi_modal_data or [None] * len(batch))]
-    return PolicyBatch(sequences, prompt_lengths, mask, rollout, weights, ids,
-                       images=images if any(images) else None)
-
-
-def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
-                       share_prefix: bool = True, device: Any = None, share_prompts: bool = False) -> Any:
-    """Log-probs of each response token under ``model``, shaped like ``pb.response_mask``.
-
-    Args:
-        model: The policy (plain or FSDP-sharded).
-        pb: The unpadded batch.
-        temperature: The sampling temperature.
-        rows: Subset of rows (a mini-batch); None: all.
-        share_prefix: Compute the rows' common prefix once (see
-            :func:`~agentloop_trainer.update.forward.sequence_log_probs`).
-        device: Where the inputs go; None: the model's first parameter's device (pass it when
-            parameters are offloaded to the host).
-        share_prompts: With ``share_prefix``, run each distinct prompt once when rows repeat
-            prompts (a GRPO group; :func:`~agentloop_trainer.update.forward.prompt_shared_log_probs`).
-            One process only: the forward calls it makes depend on the data.
-    """
-    import torch
-
-    rows = list(range(len(pb.sequences))) if rows is None else list(rows)
-    groups = None
-    if share_prefix and share_prompts:
-        groups = prompt_groups([pb.sequences[r] for r in rows], [pb.prompt_lengths[r] for r in rows])
-    # A failed sample can come back with no tokens at all; it is masked out, but the forward
-    # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
-    seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
-    first = min((pb.prompt_lengths[r] for r in rows if pb.prompt_lengths[r] > 0), default=1)
-    if pb.images is not None and any(pb.images[r] for r in rows):
-        # Rows with images: one forward with their pixel values (no shared prefix: the image
-        # tokens' embeddings come from the vision tower, not the embedding table).
-        images = [pb.images[r] if len(pb.sequences[r]) >= 2 else () for r in rows]
-        logp = multimodal_log_probs(model, seqs, images, temperature=temperature, device=device)
-    elif groups is not None:
-        logp = prompt_shared_log_probs(model, seqs, [pb.prompt_lengths[r] for r in rows], groups,
-                                       temperature=temperature, device=device)
-    else:
-        logp = sequence_log_probs(model, seqs, temperature=temperature, first_scored=first,
-                                  share_prefix=share_prefix, device=device)
-    R = pb.response_mask.shape[1]
-    out = torch.zeros((len(rows), R), dtype=logp.dtype, device=logp.device)
-    for i, r in enumerate(rows):
-        p = pb.prompt_lengths[r]
-        n = min(len(pb.sequences[r]) - p, R)
-        if n > 0 and p > 0:
-            # logp[t] scores token t+1, so response token j (at position p+j) is logp[p+j-1].
-            out[i, :n] = logp[i, p - 1 : p - 1 + n]
-    return out
-
-
-def micro_batches(rows: Sequence[int], lengths: Sequence[int], size: int | None = None,
-                  max_tokens: int | None = None) -> list[list[int]]:
-    """Split ``rows`` into micro-batches, each run as one forward/backward pass.
-
-    Args:
-        rows: Row indices (one rank's share of a mini-batch).
-        lengths: Token length of every row of the batch (indexed by row).
-        size: Rows per micro-batch (fixed count); None with ``max_tokens`` None: one micro-batch.
-        max_tokens: Token budget per micro-batch, counted as a padded forward pays it (rows x
-            longest row); rows are taken longest first so similar lengths share a pass. A row
-            longer than the budget gets a micro-batch of its own. Wins over ``size``.
-
-    Returns:
-        Lists of row indices; every row is in exactly one.
-    """
-    rows = list(rows)
-    if max_tokens is not None:
-        out: list[list[int]] = []
-        current: list[int] = []
-        longest = 0
-        for r in sorted(rows, key=lambda r: (-lengths[r], r)):
-            n = max(1, lengths[r])
-            if current and (len(current) + 1) * max(longest, n) > max_tokens:
-                out.append(sorted(current))
-                current, longest = [], 0
-            current.append(r)
-            longest = max(longest, n)
-        if current:
-            out.append(sorted(current))
-        return out
-    if size is None or size >= len(rows):
-        return [rows] if rows else []
-    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 class PolicyGradientActor:
@@ -271,6 +106,8 @@ class PolicyGradientActor:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
+        self.packed = config.use_remove_padding and packs(model)
+        """Whether micro-batches run as packed rows (``use_remove_padding`` on a text model)."""
 
     @property
     def has_reference(self) -> bool:
@@ -302,12 +139,16 @@ class PolicyGradientActor:
 
     def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None) -> list[list[int]]:
         """This rank's micro-batches of ``rows``, padded with empty ones to the most any rank
-        has (FSDP ranks must make the same number of passes)."""
+        has (FSDP ranks must make the same number of passes). Packed, a micro-batch with no row
+        count set is a row of at most ``ppo_max_token_len_per_gpu`` tokens (sum, not padded)."""
         import torch
 
         cfg = self.config
         lengths = [len(s) for s in pb.sequences]
-        parts = micro_batches(rows, lengths, size, cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
+        if self.packed and (cfg.use_dynamic_bsz or size is None):
+            parts = packed_micro_batches(rows, lengths, cfg.ppo_max_token_len_per_gpu)
+        else:
+            parts = micro_batches(rows, lengths, size, cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         if self.world_size > 1:
             most = int(self._all_reduce(torch.tensor([len(parts)]), "max")[0])
             parts += [[] for _ in range(most - len(parts))]
@@ -326,7 +167,7 @@ class PolicyGradientActor:
         with cast:
             return response_log_probs(model, pb, cfg.temperature, rows or [0],
                                       share_prefix=cfg.share_prefix_with_grad or not grad, device=self.device,
-                                      share_prompts=self.world_size == 1)
+                                      share_prompts=self.world_size == 1, packed=self.packed)
 
     def compute_log_probs(self, pb: PolicyBatch, model: Any = None) -> Any:
         """Log-probs of the batch's responses under the current (or given) model, no grad,
@@ -371,8 +212,9 @@ class PolicyGradientActor:
         """PPO-clip updates on one rollout batch.
 
         Each optimizer step takes one mini-batch; each rank runs its share of it in micro-batches
-        (``ppo_micro_batch_size_per_gpu`` rows, or by token budget with ``use_dynamic_bsz``) and
-        accumulates gradients. Each micro-batch's loss is scaled by its share of the mini-batch's
+        (``ppo_micro_batch_size_per_gpu`` rows, or by token budget with ``use_dynamic_bsz``; each
+        one a single packed row with ``use_remove_padding`` on a text model) and accumulates
+        gradients. Each micro-batch's loss is scaled by its share of the mini-batch's
         normaliser, so the accumulated gradient is the one a single pass over the whole
         mini-batch on one process gives.
 
