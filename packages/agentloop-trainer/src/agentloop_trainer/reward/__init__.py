@@ -6,7 +6,9 @@ own reward.
 - :mod:`~agentloop_trainer.reward.scoring`: :class:`RewardScorer`, per ``reward.source``.
 - :mod:`~agentloop_trainer.reward.limits`: a reward finite in float32 and within ``reward.timeout_s``.
 - :mod:`~agentloop_trainer.reward.judge`: a model-judged reward's settings, template and parser
-  (``reward.judge``); :mod:`~agentloop_trainer.reward.judge_client`: its calls and their cost.
+  (``reward.judge``); :mod:`~agentloop_trainer.reward.judge_client`: its calls and their cost;
+  :mod:`~agentloop_trainer.reward.group_judge`: a GRPO group judged in one request
+  (``reward.judge.mode=group``); :mod:`~agentloop_trainer.reward.rubric`: weighted criteria.
 """
 
 from agentloop_trainer.reward.answers import (
@@ -22,9 +24,11 @@ from agentloop_trainer.reward.answers import (
     normalize_math_answer,
     truth_text,
 )
+from agentloop_trainer.reward.group_judge import GroupJudge
 from agentloop_trainer.reward.judge import DEFAULT_PROMPT, PLACEHOLDERS, JudgeError, JudgeSettings
 from agentloop_trainer.reward.judge_client import JudgeClient, JudgeCost, judge_step_metrics
 from agentloop_trainer.reward.limits import REWARD_DTYPE, RewardTimeoutError, call_limited, not_finite_reason
+from agentloop_trainer.reward.rubric import Criterion
 from agentloop_trainer.reward.rule import answer_reward, extract_answer
 from agentloop_trainer.reward.scoring import (
     ANSWER_FORMATS,
@@ -43,9 +47,11 @@ __all__ = [
     "ANSWER_FORMATS",
     "ANSWER_FORMS",
     "BUILTIN_SCORERS",
+    "Criterion",
     "DEFAULT_PROMPT",
     "DEFAULT_REWARD_TIMEOUT_S",
     "FoundAnswer",
+    "GroupJudge",
     "JudgeClient",
     "JudgeCost",
     "JudgeError",

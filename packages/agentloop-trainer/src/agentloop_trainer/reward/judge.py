@@ -20,16 +20,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.reward.rubric import Criterion, check_rubric, criteria_text, map_score, rubric_score
+
 POLICY = "policy"
 """``reward.judge.url`` value that makes the policy's own rollout engine the judge."""
 PARSERS = ("regex", "json")
 """Values of ``reward.judge.parser``."""
 COMBINE = ("replace", "add")
 """Values of ``reward.judge.combine``."""
+SINGLE, GROUP = "single", "group"
+MODES = (SINGLE, GROUP)
+"""Values of ``reward.judge.mode``: each trajectory judged on its own, or a GRPO group's
+trajectories judged together in one request (relative scoring, as ART's RULER;
+:mod:`agentloop_trainer.reward.group_judge`)."""
 PLACEHOLDERS = ("question", "prompt", "response", "ground_truth", "data_source")
 """What a prompt template may name: the row's last user message, its whole prompt (one
 ``role: text`` line per message), the policy's generated text, the row's ground truth and its
-data_source."""
+data_source. With a rubric, also ``criteria``; in group mode ``responses`` and ``n`` stand
+for ``response`` (:data:`GROUP_PLACEHOLDERS`)."""
+GROUP_PLACEHOLDERS = ("question", "prompt", "responses", "n", "ground_truth", "data_source")
+"""What a group-mode template may name: ``responses`` is the group's answers, numbered from 1,
+each in ``<answer id="i">...</answer>``; ``n`` is how many there are."""
 
 DEFAULT_PROMPT = """You are grading an answer to a question.
 
@@ -46,6 +57,59 @@ How correct is the answer, from 0 (wrong) to 10 (fully correct)? End your reply 
 "Score: N"."""
 """The prompt ``reward.judge.prompt=null`` uses (pairs with the default pattern and 0-10 range)."""
 
+DEFAULT_RUBRIC_PROMPT = """You are grading an answer to a question on several criteria.
+
+Question:
+{question}
+
+Reference answer:
+{ground_truth}
+
+Answer to grade:
+{response}
+
+Criteria:
+{criteria}
+
+Score the answer on each criterion from 0 (worst) to 10 (best). End your reply with one JSON \
+object mapping each criterion's name to its score, e.g. {{"scores": {{"name": 7}}}}."""
+"""The prompt of a single-mode rubric judge with ``reward.judge.prompt=null``."""
+
+DEFAULT_GROUP_PROMPT = """You are comparing {n} answers to the same question.
+
+Question:
+{question}
+
+Reference answer:
+{ground_truth}
+
+The answers:
+{responses}
+
+Score every answer from 0 (wrong) to 10 (fully correct), relative to the others: a better \
+answer gets a higher score. Reply with one JSON object holding one score per answer, in \
+order: {{"scores": [s1, s2, ...]}}."""
+"""The prompt of a group judge with ``reward.judge.prompt=null``."""
+
+DEFAULT_GROUP_RUBRIC_PROMPT = """You are comparing {n} answers to the same question on several criteria.
+
+Question:
+{question}
+
+Reference answer:
+{ground_truth}
+
+The answers:
+{responses}
+
+Criteria:
+{criteria}
+
+Score every answer on each criterion from 0 (worst) to 10 (best), relative to the others. \
+Reply with one JSON object holding, per answer in order, an object mapping each criterion's \
+name to its score: {{"scores": [{{"name": 7}}, ...]}}."""
+"""The prompt of a group judge with a rubric and ``reward.judge.prompt=null``."""
+
 
 class JudgeError(RuntimeError):
     """A judgement that failed after its retries; the message says why (the last attempt's
@@ -56,23 +120,24 @@ def _key(name: str) -> str:
     return f"reward.judge.{name}"
 
 
-def check_template(template: str, where: str = "reward.judge.prompt") -> None:
-    """Raises ValueError naming ``where`` when ``template`` names a field other than
-    :data:`PLACEHOLDERS`, has an attribute or index in one, or has unbalanced braces."""
+def check_template(template: str, where: str = "reward.judge.prompt",
+                   allowed: Sequence[str] = PLACEHOLDERS) -> None:
+    """Raises ValueError naming ``where`` when ``template`` names a field other than ``allowed``
+    (:data:`PLACEHOLDERS` unless given), has an attribute or index in one, or has unbalanced braces."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
         raise ValueError(f"{where}: {exc} (write a literal brace as {{{{ or }}}})") from None
-    bad = sorted({f for f in fields if f not in PLACEHOLDERS})
+    bad = sorted({f for f in fields if f not in allowed})
     if bad:
-        raise ValueError(f"{where} names {bad}; a template may use {{{'}, {'.join(PLACEHOLDERS)}}} "
+        raise ValueError(f"{where} names {bad}; a template may use {{{'}, {'.join(allowed)}}} "
                          "(write a literal brace as {{ or }})")
 
 
 def render_prompt(template: str, values: Mapping[str, str]) -> str:
-    """``template`` with its placeholders filled from ``values`` (every name in
-    :data:`PLACEHOLDERS` must be there)."""
-    return template.format_map({name: values[name] for name in PLACEHOLDERS})
+    """``template`` with its placeholders filled from ``values`` (every name it uses must be
+    there; extra names are ignored)."""
+    return template.format_map(dict(values))
 
 
 def _content_text(content: Any) -> str:
@@ -97,7 +162,7 @@ def prompt_values(messages: Sequence[Mapping[str, Any]] | None, response: str, g
     }
 
 
-def _last_json_object(text: str) -> Any:
+def last_json_object(text: str) -> Any:
     """The last top-level JSON object in ``text`` (objects nested in it are part of it), or None."""
     decoder = json.JSONDecoder()
     found, at = None, text.find("{")
@@ -149,6 +214,10 @@ class JudgeSettings:
     """None: a failed judgement fails the sample; else the judge score it gets instead."""
     max_response_bytes: int = 4 * 1024 * 1024
     """Most bytes read from the judge server per answer."""
+    mode: str = SINGLE
+    """One of :data:`MODES`."""
+    rubric: tuple[Criterion, ...] = ()
+    """The criteria the judge scores (:mod:`agentloop_trainer.reward.rubric`); empty: one score."""
 
     @classmethod
     def from_section(cls, section: Any) -> JudgeSettings | None:
@@ -169,16 +238,19 @@ class JudgeSettings:
         if section.api_key_env and not os.environ.get(str(section.api_key_env)):
             raise ValueError(f"{_key('api_key_env')} names {section.api_key_env!r}, which is not set in the "
                              "environment; export it with the judge's API key (the key never goes in the config)")
-        prompt = DEFAULT_PROMPT if section.prompt is None else str(section.prompt)
+        mode = str(getattr(section, "mode", SINGLE))
+        if mode not in MODES:
+            raise ValueError(f"{_key('mode')} must be one of {MODES} (single: each trajectory on its own; group: "
+                             f"a GRPO group's trajectories in one request, scored relative to each other), got {mode!r}")
+        rubric = check_rubric(getattr(section, "rubric", None), _key("rubric"))
+        prompt = _default_prompt(mode, rubric) if section.prompt is None else str(section.prompt)
         if section.prompt is not None and "{" not in prompt and "\n" not in prompt:
             path = Path(prompt).expanduser()
             if not path.is_file():
                 raise ValueError(f"{_key('prompt')} {prompt!r} is neither a template (it has no {{response}} or "
                                  "other placeholder) nor an existing file")
             prompt = path.read_text(encoding="utf-8")
-        check_template(prompt)
-        if "{response}" not in prompt:
-            raise ValueError(f"{_key('prompt')} never shows the judge the trajectory: put {{response}} in it")
+        _check_prompt(prompt, mode, rubric)
         if section.parser not in PARSERS:
             raise ValueError(f"{_key('parser')} must be one of {PARSERS}, got {section.parser!r}")
         if section.parser == "regex":
@@ -222,7 +294,12 @@ class JudgeSettings:
                    max_concurrency=int(section.max_concurrency), combine=section.combine,
                    weight=float(section.weight),
                    failure_score=None if section.failure_score is None else float(section.failure_score),
-                   max_response_bytes=int(section.max_response_bytes))
+                   max_response_bytes=int(section.max_response_bytes), mode=mode, rubric=rubric)
+
+    def render(self, values: Mapping[str, str]) -> str:
+        """The prompt: the template filled from ``values`` (:func:`prompt_values`, or in group
+        mode the group's) plus the rubric's ``criteria``."""
+        return render_prompt(self.prompt, {**values, "criteria": criteria_text(self.rubric)})
 
     def parse_score(self, reply: str) -> float:
         """The score in the judge's ``reply``, mapped by :attr:`score_range`.
@@ -236,23 +313,48 @@ class JudgeSettings:
                 raise ValueError(f"no match of reward.judge.pattern {self.pattern!r}")
             raw: Any = matches[-1]
         else:
-            value = _last_json_object(reply)
+            value = last_json_object(reply)
             for part in self.json_path.strip(".").split("."):
                 if not isinstance(value, Mapping) or part not in value:
                     raise ValueError(f"no JSON object with reward.judge.json_path {self.json_path!r}")
                 value = value[part]
             raw = value
-        try:
-            if isinstance(raw, bool):
-                raise ValueError
-            score = float(raw)
-        except (TypeError, ValueError):
-            raise ValueError(f"the score {raw!r} is not a number") from None
-        if not math.isfinite(score):
-            raise ValueError(f"the score {raw!r} is not finite")
-        if self.score_range is None:
-            return score
-        low, high = self.score_range
-        if not low <= score <= high:
-            raise ValueError(f"the score {score:g} is outside reward.judge.score_range [{low:g}, {high:g}]")
-        return (score - low) / (high - low)
+        return map_score(raw, self.score_range)
+
+    def parse_verdict(self, reply: str) -> tuple[float, dict[str, float]]:
+        """``(score, {criterion: its mapped score})`` of a single-mode reply: without a rubric
+        :meth:`parse_score` and no parts; with one, the weighted mean of the criteria's scores
+        in the reply's last JSON object (under ``scores``, or the object itself).
+
+        Raises:
+            ValueError: no score, or one that is not a number in the range.
+        """
+        if not self.rubric:
+            return self.parse_score(reply), {}
+        found = last_json_object(reply)
+        if found is None:
+            raise ValueError("no JSON object of criterion scores in the reply")
+        scores = found.get("scores", found) if isinstance(found, Mapping) else found
+        return rubric_score(scores, self.rubric, self.score_range)
+
+
+def _default_prompt(mode: str, rubric: Sequence[Criterion]) -> str:
+    if mode == GROUP:
+        return DEFAULT_GROUP_RUBRIC_PROMPT if rubric else DEFAULT_GROUP_PROMPT
+    return DEFAULT_RUBRIC_PROMPT if rubric else DEFAULT_PROMPT
+
+
+def _check_prompt(prompt: str, mode: str, rubric: Sequence[Criterion]) -> None:
+    """Raises ValueError naming ``reward.judge.prompt`` when the template cannot serve ``mode``
+    and ``rubric``: a name it may not use, no trajectory shown, no criteria shown."""
+    allowed = (*(GROUP_PLACEHOLDERS if mode == GROUP else PLACEHOLDERS), *(("criteria",) if rubric else ()))
+    if mode == GROUP and "{response}" in prompt:
+        raise ValueError(f"{_key('prompt')} names {{response}}, but {_key('mode')}=group shows the judge every "
+                         "answer of the group at once: use {responses} (numbered answers) and {n} (how many)")
+    check_template(prompt, allowed=allowed)
+    shown = "{responses}" if mode == GROUP else "{response}"
+    if shown not in prompt:
+        raise ValueError(f"{_key('prompt')} never shows the judge the trajectory: put {shown} in it")
+    if rubric and "{criteria}" not in prompt:
+        raise ValueError(f"{_key('prompt')} never shows the judge {_key('rubric')}'s criteria: put {{criteria}} "
+                         "in it (one '- name: description' line each; the judge replies with a score per name)")

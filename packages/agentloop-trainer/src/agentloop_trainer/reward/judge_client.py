@@ -1,10 +1,12 @@
 """Calling the judge: an OpenAI-compatible chat endpoint or the policy's own engine, with a
 timeout per call, retries, a concurrency limit and the cost of every attempt.
 
-Each trajectory is judged on its own as it finishes (one chat request per trajectory, not a
-group in one prompt): the rollout worker scores a trajectory while the others still roll out,
-so the judge calls of a step run concurrently, at most ``max_concurrency`` at once, and the
-judge server batches whatever is in flight (``agentloop serve`` and vLLM do).
+In ``reward.judge.mode=single`` each trajectory is judged on its own as it finishes (one chat
+request per trajectory): the rollout worker scores a trajectory while the others still roll
+out, so the judge calls of a step run concurrently, at most ``max_concurrency`` at once, and the
+judge server batches whatever is in flight (``agentloop serve`` and vLLM do). In ``mode=group``
+one request per GRPO group, once the group is rolled out
+(:mod:`agentloop_trainer.reward.group_judge`), through the same client.
 """
 
 from __future__ import annotations
@@ -14,18 +16,23 @@ import json
 import os
 import time
 import uuid
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from agentloop_trainer.reward.judge import POLICY, JudgeError, JudgeSettings
+from agentloop_trainer.reward.rubric import RESERVED
+
+T = TypeVar("T")
 
 DEFAULT_MAX_RESPONSE_BYTES = 4 << 20
 """Most bytes a judge server's answer may have (4 MiB: a chat reply of tens of thousands of
 tokens); more is refused unread (:class:`JudgeResponseTooLargeError`)."""
 
-COST_KEYS = ("calls", "failed_calls", "prompt_tokens", "completion_tokens", "seconds", "failures")
+COST_KEYS = RESERVED
 """The per-trajectory counters :class:`JudgeCost` writes as ``judge/<key>`` metrics, and the
-step sums them (:func:`judge_step_metrics`)."""
+step sums them (:func:`judge_step_metrics`); in group mode a group's cost is on its first
+judged trajectory. No rubric criterion may take one of these names."""
 
 
 @dataclass
@@ -60,6 +67,8 @@ class Verdict:
     """The judge's reply text."""
     cost: JudgeCost
     """What it cost."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """Each rubric criterion's mapped score (empty without a rubric)."""
 
 
 class JudgeFailed(JudgeError):
@@ -107,7 +116,21 @@ class JudgeClient:
         return self._limits[loop]
 
     async def judge(self, prompt: str, tokenizer: Any) -> Verdict:
-        """Judge one rendered prompt: up to ``1 + retries`` attempts, each under ``timeout_s``.
+        """Judge one rendered prompt (single mode): up to ``1 + retries`` attempts, each under
+        ``timeout_s``, the reply read by the settings' ``parse_verdict``.
+
+        Raises:
+            JudgeFailed: every attempt failed; the message has the last attempt's reason.
+        """
+        (score, parts), reply, cost = await self.judge_with(prompt, tokenizer, self.settings.parse_verdict)
+        return Verdict(score=score, reply=reply, cost=cost, parts=parts)
+
+    async def judge_with(self, prompt: str, tokenizer: Any, parse: Callable[[str], T]) -> tuple[T, str, JudgeCost]:
+        """Send ``prompt`` until ``parse`` reads the reply: up to ``1 + retries`` attempts, each
+        under ``timeout_s``; a reply ``parse`` raises on counts as a failed attempt.
+
+        Returns:
+            ``(what parse returned, the reply, the cost of every attempt)``.
 
         Raises:
             JudgeFailed: every attempt failed; the message has the last attempt's reason.
@@ -130,13 +153,13 @@ class JudgeClient:
                         cost.seconds += time.perf_counter() - start
                 cost.prompt_tokens += prompt_tokens
                 cost.completion_tokens += completion_tokens
-                score = s.parse_score(reply)
+                value = parse(reply)
             except asyncio.TimeoutError:
                 reason = f"the judge call timed out after reward.judge.timeout_s={s.timeout_s:g}"
             except Exception as exc:  # noqa: BLE001 - any failure is retried, then reported
                 reason = f"{type(exc).__name__}: {exc}" if reply is None else f"{exc}; the judge replied {reply[:300]!r}"
             else:
-                return Verdict(score=score, reply=reply, cost=cost)
+                return value, reply, cost
             cost.failed_calls += 1
         cost.failures = 1
         where = "the policy engine" if s.url == POLICY else s.url
@@ -223,10 +246,18 @@ class JudgeClient:
 
 
 def judge_step_metrics(batch: Any) -> dict[str, float]:
-    """A step's judge cost: each ``judge/<key>`` of :data:`COST_KEYS` summed over its
-    trajectories (failed ones too), read from their last segments; empty without a judge."""
+    """A step's judge metrics, read from its trajectories' last segments; empty without a judge:
+    each ``judge/<key>`` of :data:`COST_KEYS` summed over the trajectories (failed ones too),
+    and each rubric criterion's ``judge/<name>`` averaged over those that have it."""
     rows = batch.last_segment_rows().tolist()
     sample = [batch.sample_metrics[r] for r in rows] if batch.sample_metrics else []
     if not any("judge/calls" in m for m in sample):
         return {}
-    return {f"judge/{k}": float(sum(float(m.get(f"judge/{k}", 0.0)) for m in sample)) for k in COST_KEYS}
+    out = {f"judge/{k}": float(sum(float(m.get(f"judge/{k}", 0.0)) for m in sample)) for k in COST_KEYS}
+    criteria: dict[str, list[float]] = {}
+    for m in sample:
+        for key, value in m.items():
+            if key.startswith("judge/") and key[6:] not in COST_KEYS and isinstance(value, (int, float)):
+                criteria.setdefault(key, []).append(float(value))
+    out.update({key: sum(values) / len(values) for key, values in sorted(criteria.items())})
+    return out

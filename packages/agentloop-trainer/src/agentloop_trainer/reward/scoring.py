@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.reward.answers import boxed_reward, flexible_reward
-from agentloop_trainer.reward.judge import JudgeSettings, prompt_values, render_prompt
+from agentloop_trainer.reward.judge import JudgeSettings, prompt_values
 from agentloop_trainer.reward.limits import RewardTimeoutError, call_limited, not_finite_reason
 from agentloop_trainer.reward.rule import answer_reward
 
@@ -251,7 +251,8 @@ class RewardScorer:
         """Which reward a row of ``data_source`` gets, for the run log."""
         if self.judge is not None:
             where = "the policy engine" if self.judge.url == "policy" else self.judge.url
-            judged = f"{self.judge.weight:g} x the judge's score ({where})"
+            group = "group " if self.judge.mode == "group" else ""
+            judged = f"{self.judge.weight:g} x the {group}judge's score ({where})"
             if self.judge.combine == "replace":
                 return judged
             return f"{self._describe_rule(data_source)} + {judged}"
@@ -271,8 +272,11 @@ class RewardScorer:
 
     async def __call__(self, output: Any, row: Mapping[str, Any], tokenizer: Any) -> None:
         try:
-            if self.judge is None:
-                await self._rule(output, row, tokenizer)
+            if self.judge is None or (self.judge.mode == "group" and self.judge.combine == "add"):
+                await self._rule(output, row, tokenizer)  # group mode: the group judge adds its score later
+            elif self.judge.mode == "group":
+                output.reward_score = 0.0  # the group judge's, once the group is rolled out (group_judge.py)
+                _set_turn_rewards(output, None)
             elif self.judge.combine == "replace":
                 await self._judged(output, row, tokenizer, 0.0)
             else:
@@ -290,11 +294,6 @@ class RewardScorer:
             _fail(output, row, "reward_not_finite", f"RewardNotFiniteError: {why} (advantages are computed in "
                   "float32); return rewards within +-3.4e38, or scale them down")
 
-    @staticmethod
-    def _solution(output: Any, tokenizer: Any) -> str:
-        generated = [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m == 1]
-        return tokenizer.decode(generated, skip_special_tokens=True)
-
     async def _judged(self, output: Any, row: Mapping[str, Any], tokenizer: Any, base: float) -> None:
         """``base`` plus the judge's weighted score; a judgement that fails marks the sample failed
         with the reason (or, with ``failure_score``, scores that), its cost counted either way."""
@@ -304,10 +303,10 @@ class RewardScorer:
         assert judge is not None, "only called with a judge"
         assert client is not None, "made with the judge"
         ground_truth = (row.get("reward_model") or {}).get("ground_truth", row.get("ground_truth"))
-        values = prompt_values(row.get("raw_prompt"), self._solution(output, tokenizer), ground_truth,
+        values = prompt_values(row.get("raw_prompt"), generated_text(output, tokenizer), ground_truth,
                                row.get("data_source"))
         try:
-            verdict = await client.judge(render_prompt(judge.prompt, values), tokenizer)
+            verdict = await client.judge(judge.render(values), tokenizer)
         except JudgeFailed as exc:
             output.metrics.update(exc.cost.metrics())
             if judge.failure_score is None:
@@ -321,6 +320,7 @@ class RewardScorer:
         else:
             output.metrics.update(verdict.cost.metrics())
             output.extra_fields["judge_reply"] = verdict.reply
+            output.metrics.update({f"judge/{name}": value for name, value in verdict.parts.items()})
             score = verdict.score
         output.metrics["reward/judge"] = score
         if judge.combine == "replace":  # the loop's per-turn rewards are no part of the judge's
@@ -346,7 +346,7 @@ class RewardScorer:
                                  f"({sorted(BUILTIN_SCORERS)}), or give the tools a calc_reward")
             output.metrics["reward/loop"] = float(loop_reward)
             return
-        solution = self._solution(output, tokenizer)
+        solution = generated_text(output, tokenizer)
         ground_truth = (row.get("reward_model") or {}).get("ground_truth", row.get("ground_truth"))
         extra_info = dict(row.get("extra_info") or {})
         extra_info.setdefault("num_turns", output.num_turns)
@@ -373,6 +373,13 @@ class RewardScorer:
         # loop's go when its reward is not part of this one.
         _set_turn_rewards(output, turns)
         output.reward_score = score
+
+
+def generated_text(output: Any, tokenizer: Any) -> str:
+    """The text of the tokens the model generated (mask 1), decoded without special tokens:
+    what a reward function and a judge read."""
+    generated = [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m == 1]
+    return tokenizer.decode(generated, skip_special_tokens=True)
 
 
 def _add_turn_rewards(a: list[float] | None, b: list[float] | None, where: str) -> list[float] | None:
