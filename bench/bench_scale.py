@@ -1,6 +1,6 @@
 """Benchmark (issue 20, goal 3): how many concurrent trajectories one rollout process drives.
 
-One process runs N = 256, 1024 and 4096 multi-turn trajectories at once against a latency-only
+One process runs N = 256, 1024, 4096 and 16384 multi-turn trajectories at once against a latency-only
 engine (``latency_engine.LatencyOnlyEngine``: the scripted reply after a fixed delay per token,
 ``asyncio.sleep``, no compute), so what is measured is the framework and its event loop. Every
 trajectory makes 3 calculator calls and then answers (4 generate calls, the same script as
@@ -56,7 +56,7 @@ from _common import REPO_ROOT, load_average, table, versions, write_result  # no
 from bench_loop_overhead import TOOL_CALLS, prompts, scripted_reply  # noqa: E402
 from latency_engine import LatencyOnlyEngine  # noqa: E402
 
-LEVELS = (256, 1024, 4096)
+LEVELS = (256, 1024, 4096, 16384)
 PROBE_S = 0.010
 WARMUP = 8
 RESULT_PREFIX = "SCALE_RESULT "
@@ -248,10 +248,10 @@ async def child_ours(n: int, per_token_s: float, profile: bool, overrides: dict[
 async def child_verl(n: int, per_token_s: float, profile: bool) -> dict:
     import verl_driver
     from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
-    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY
-    from verl.workers.rollout.replica import TokenOutput
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap  # pyright: ignore[reportMissingImports]
+    from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # pyright: ignore[reportMissingImports]
+    from verl.tools.function_tool import FUNCTION_TOOL_REGISTRY  # pyright: ignore[reportMissingImports]
+    from verl.workers.rollout.replica import TokenOutput  # pyright: ignore[reportMissingImports]
 
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
 
@@ -309,11 +309,13 @@ def fmt(value: Any, digits: int = 3) -> Any:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--levels", type=int, nargs="*", default=list(LEVELS))
     parser.add_argument("--per-token-ms", type=float, default=20.0,
                         help="simulated decode time per returned token")
     parser.add_argument("--skip-verl", action="store_true")
+    parser.add_argument("--sides", nargs="*", choices=sorted(OURS_OVERRIDES), default=list(OURS_OVERRIDES),
+                        help="which of our configurations to run (default: all)")
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--child-timeout", type=float, default=300.0)
     parser.add_argument("--child", choices=sorted(SIDES), help=argparse.SUPPRESS)
@@ -330,7 +332,7 @@ def main() -> None:
 
     load_start = load_average()
     verl_note = "skipped: --skip-verl" if args.skip_verl else verl_missing()
-    sides = [*OURS_OVERRIDES] + ([] if verl_note else ["verl"])
+    sides = [*args.sides] + ([] if verl_note else ["verl"])
     results: dict[str, dict[str, dict]] = {side: {} for side in SIDES}
     for n in args.levels:
         for side in sides:
@@ -347,7 +349,7 @@ def main() -> None:
     headers = ["loop", "N concurrent", "trajectories/s", "engine-bound trajectories/s", "lag p50 ms",
                "lag p99 ms", "lag max ms", "longest full GC ms", "KB per trajectory", "CPU s", "CPU ms per trajectory"]
     rows = []
-    for side in SIDES:
+    for side in [*args.sides, "verl"]:
         for n in args.levels:
             r = results[side].get(str(n)) or {"error": verl_note}
             if "error" in r:
@@ -377,6 +379,14 @@ def main() -> None:
     }
     goal["at_least_2x_verl"] = goal["ours_over_verl_at_that_level"] is not None \
         and goal["ours_over_verl_at_that_level"] >= 2
+    # Issue 49: at 4096, 75% of the rate the engine alone allows and at most 0.6x verl's memory.
+    at_4096, verl_4096 = results["ours"].get("4096", {}), results["verl"].get("4096", {})
+    if "trajectories_per_s" in at_4096:
+        bound = 4096 / (at_4096["engine_tokens_per_trajectory"] * args.per_token_ms / 1e3)
+        goal["engine_bound_share_at_4096"] = at_4096["trajectories_per_s"] / bound
+        goal["at_least_75pct_of_engine_bound_at_4096"] = goal["engine_bound_share_at_4096"] >= 0.75
+    if "kb_per_trajectory" in at_4096 and "kb_per_trajectory" in verl_4096:
+        goal["memory_over_verl_at_4096"] = at_4096["kb_per_trajectory"] / verl_4096["kb_per_trajectory"]
     print(f"ours / verl trajectories per second by N: { {k: round(v, 2) for k, v in ratios.items()} }")
     print(f"goal: p99 lag < 50 ms at {top}: {goal['p99_lag_under_50ms_at_top']}; "
           f"no pause over 100 ms: {goal['no_pause_over_100ms_at_top']}; "
@@ -388,7 +398,7 @@ def main() -> None:
         print("cumulative share by step:", ", ".join(
             f"{k} {100 * v:.0f}%" for k, v in profile["profile"]["cumulative_share_by_step"].items()))
     write_result("scale", {
-        "description": __doc__.split("Run:")[0].strip(), "load_average_at_start": load_start,
+        "description": (__doc__ or "").split("Run:")[0].strip(), "load_average_at_start": load_start,
         "per_token_ms": args.per_token_ms, "probe_interval_ms": 1e3 * PROBE_S, "tool_calls_per_trajectory": TOOL_CALLS,
         "versions": versions("agentloop-core", "agentloop-tools", "transformers", "verl"),
         "results": {SIDES[s]: results[s] for s in SIDES}, "verl_note": verl_note,

@@ -47,18 +47,19 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
-from agentloop_core.parsers import ParseResult, ToolCall, get_tool_parser
+from agentloop_core.parsers import ParseResult, get_tool_parser
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.reasoning import PROMPT_TAIL_TOKENS, ReasoningParser, get_reasoning_parser
 from agentloop_core.registry import register
 from agentloop_core.runtime.pacing import turn_slot
+from agentloop_core.tokenization.shared_renderer import shared_renderer
 from agentloop_core.vision import ImageError, ImageLimits, messages_with_row_images, multi_modal_kwargs
-from agentloop_tools.base import ToolKwargsError, create_instances
 from agentloop_tools.call_limits import CallTimeoutError, call_within
 from agentloop_tools.interaction import BaseInteraction, select_interaction
 from agentloop_tools.loop_config import ToolAgentConfig, resolve_interactions, resolve_tools
@@ -70,6 +71,9 @@ from agentloop_tools.tool_media import MediaScreen, check_processor, strip_image
 from agentloop_tools.truncation import cut_tool_response
 
 logger = logging.getLogger(__name__)
+
+_TOOLS_SHOWN: weakref.WeakSet[Any] = weakref.WeakSet()
+"""Renderers whose template was found to show the model its tools (asked once per renderer)."""
 
 
 class AgentState(enum.Enum):
@@ -101,52 +105,52 @@ class ToolAgentLoop(AgentLoopBase):
     text-only model); prompts may then hold image parts, and tools may return images.
     """
 
-    config_class: ClassVar[type] = ToolAgentConfig
+    config_class: ClassVar[type | None] = ToolAgentConfig
     """This loop's typed config, built once per rollout (``RolloutConfig.with_loop_configs``)."""
 
     def __init__(self, server: Any, tokenizer: Any, config: ToolAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        self.settings: ToolAgentConfig
-        self.tools = resolve_tools(self.settings)
+        self.config: ToolAgentConfig
+        self.tools = resolve_tools(self.config)
         self._init_parsers()
         self._init_vision()
-        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.settings)
+        self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.config)
         schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
         self.renderer = self._make_renderer(schemas)
-        if schemas:
+        if schemas and self.renderer not in _TOOLS_SHOWN:  # a shared renderer is checked once
             check_template_renders_tools(self.renderer, sorted(self.tools))
+            _TOOLS_SHOWN.add(self.renderer)
 
     def _init_parsers(self) -> None:
         """The tool parser, the reasoning parser (checked against it) and the stop token ids."""
-        self.parser = get_tool_parser(self.settings.tool_parser)
+        self.parser = get_tool_parser(self.config.tool_parser)
         self.reasoning_parser: ReasoningParser | None = None
-        if self.settings.reasoning_parser is not None:
-            self.reasoning_parser = get_reasoning_parser(self.settings.reasoning_parser)
+        if self.config.reasoning_parser is not None:
+            self.reasoning_parser = get_reasoning_parser(self.config.reasoning_parser)
             if self.reasoning_parser.needs_special_tokens and not self.parser.needs_special_tokens:
                 raise ValueError(
-                    f"reasoning_parser {self.settings.reasoning_parser!r} reads special tokens that tool_parser "
-                    f"{self.settings.tool_parser!r} has decoded away; use the tool parser of the same family "
+                    f"reasoning_parser {self.config.reasoning_parser!r} reads special tokens that tool_parser "
+                    f"{self.config.tool_parser!r} has decoded away; use the tool parser of the same family "
                     "(multi_turn.tool_parser: gpt_oss)")
         self.stop_token_ids = stop_token_ids(self.tokenizer, self.parser.stop_tokens)
 
     def _init_vision(self) -> None:
         """The vision processor (checked) and the image limits of this loop's trajectories."""
-        self.vision = check_processor(self.processor, self.settings.LOOP_NAME)
-        cfg = self.settings
+        self.vision = check_processor(self.processor, self.config.LOOP_NAME)
+        cfg = self.config
         self.image_limits = ImageLimits(max_pixels=cfg.max_image_pixels, max_bytes=cfg.max_image_bytes,
                                         max_images=cfg.max_images)
 
     def _make_renderer(self, schemas: list[dict[str, Any]]) -> Any:
-        """The chat renderer of this loop's trajectories, with ``schemas`` as ``tools=``."""
-        from agentloop_core.tokenization import ChatRenderer
-
-        return ChatRenderer(
+        """The chat renderer of this loop's trajectories, with ``schemas`` as ``tools=``: one per
+        tokenizer and settings, shared by every loop built with them (see :mod:`agentloop_core.tokenization.shared_renderer`)."""
+        return shared_renderer(
             self.tokenizer, tools=schemas or None,
-            use_inference_chat_template=self.settings.use_inference_chat_template,
-            apply_chat_template_kwargs=dict(self.settings.apply_chat_template_kwargs),
-            delta_strategy=self.settings.delta_strategy, vision=self.vision,
-            allow_special_tokens_in_content=self.settings.allow_special_tokens_in_content,
+            use_inference_chat_template=self.config.use_inference_chat_template,
+            apply_chat_template_kwargs=dict(self.config.apply_chat_template_kwargs),
+            delta_strategy=self.config.delta_strategy, vision=self.vision,
+            allow_special_tokens_in_content=self.config.allow_special_tokens_in_content,
         )
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
@@ -170,14 +174,14 @@ class ToolAgentLoop(AgentLoopBase):
         if self.reasoning_parser is not None:
             run.counters.update(dict.fromkeys(REASONING_COUNTERS, 0))
         try:
-            await self._create_instances(run, tools_kwargs)
+            await run.create_instances(self.tools, tools_kwargs)
             if run.interaction is not None:
                 run.interaction_id = await self._scoring(run.interaction.start(None, **interaction_kwargs),
                                                          "interaction start")
             await self._loop(run, trajectory, base, per_turn_cap)
             reward = await self._reward(run)
         finally:
-            await self._release(run)
+            await run.release(self.tools)
         return self._output(run, trajectory, reward, {"turn_scores": list(run.turn_scores),
                                                       "tool_rewards": list(run.tool_rewards)})
 
@@ -196,9 +200,9 @@ class ToolAgentLoop(AgentLoopBase):
         """
         from agentloop_core.tokenization import Trajectory
 
-        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.settings.sanity_check,
+        trajectory = Trajectory(self.renderer, list(messages), sanity_check=self.config.sanity_check,
                                 image_limits=self.image_limits)
-        limit = self.settings.prompt_length
+        limit = self.config.prompt_length
         if limit is not None and len(trajectory.prompt_ids) > limit:
             raise ValueError(f"rendered prompt has {len(trajectory.prompt_ids)} tokens, more than "
                              f"prompt_length={limit}; raise prompt_length or filter long prompts")
@@ -212,10 +216,10 @@ class ToolAgentLoop(AgentLoopBase):
                  "request_id": run.request_id, "reported_metrics": list(run.reported),
                  "turn_rewards": run.turn_reward_list(), **extra}
         return trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
-                                    sanity_check=self.settings.sanity_check)
+                                    sanity_check=self.config.sanity_check)
 
     async def _loop(self, run: ToolRun, trajectory: Any, base: SamplingParams, per_turn_cap: int | None) -> None:
-        cfg = self.settings
+        cfg = self.config
         state = AgentState.GENERATING
         parsed: ParseResult | None = None
         while state is not AgentState.TERMINATED:
@@ -250,7 +254,7 @@ class ToolAgentLoop(AgentLoopBase):
             run.stops.response_budget = True
 
     def _after_generate(self, run: ToolRun, trajectory: Any, out: TokenOutput) -> tuple[AgentState, ParseResult | None]:
-        cfg = self.settings
+        cfg = self.config
         if out.stop_reason == "aborted":
             run.termination = "aborted"
             return AgentState.TERMINATED, None
@@ -305,7 +309,7 @@ class ToolAgentLoop(AgentLoopBase):
             drafted = len(inner.calls) + len(inner.errors)
         run.counters["reasoning_unclosed"] += not split.closed
         run.counters["tool_calls_in_reasoning"] += drafted
-        if self.settings.tool_calls_in_reasoning:
+        if self.config.tool_calls_in_reasoning:
             return self.parser.parse(text, self.tools)
         run.counters["tool_calls_in_reasoning_ignored"] += drafted
         return self.parser.parse(split.content, self.tools)
@@ -338,7 +342,7 @@ class ToolAgentLoop(AgentLoopBase):
             run.counters["tool_images"] -= count
             run.counters["tool_images_refused"] += count
             delta = trajectory.preview_messages(new_messages)
-        if len(trajectory.response_ids) + len(delta) >= self.settings.response_length:
+        if len(trajectory.response_ids) + len(delta) >= self.config.response_length:
             # Truncating the delta would cut the template mid-turn; dropping it ends cleanly.
             run.termination = "response_length"
             run.counters["dropped_message_tokens"] = len(delta)
@@ -349,7 +353,7 @@ class ToolAgentLoop(AgentLoopBase):
     async def _interact(self, run: ToolRun, trajectory: Any) -> AgentState:
         assert run.interaction is not None
         assert run.interaction_id is not None
-        limit = self.settings.max_user_turns
+        limit = self.config.max_user_turns
         if limit is not None and run.user_turns >= limit:
             run.termination = "max_user_turns"
             return AgentState.TERMINATED
@@ -370,25 +374,13 @@ class ToolAgentLoop(AgentLoopBase):
 
     # --- tools ---------------------------------------------------------------------------------
 
-    async def _create_instances(self, run: ToolRun, tools_kwargs: dict[str, Any]) -> None:
-        misconfigured: list[ToolKwargsError] = []
-        for name, result in (await create_instances(self.tools, tools_kwargs)).items():
-            if isinstance(result, ToolKwargsError):
-                misconfigured.append(result)
-            elif isinstance(result, Exception):  # the model gets an error when it calls this tool
-                run.create_errors[name] = f"{type(result).__name__}: {result}"
-                logger.warning("tool %r create failed for request %s: %s", name, run.request_id, run.create_errors[name])
-            else:
-                run.instances[name] = result
-        if misconfigured:  # run() releases the instances that were created
-            raise misconfigured[0]
-
     async def _run_tools(self, run: ToolRun, parsed: ParseResult, trajectory: Any) -> list[dict[str, Any]]:
-        limit = self.settings.max_parallel_calls
+        limit = self.config.max_parallel_calls
         screen = MediaScreen(self.vision, tool_limits(self.image_limits), trajectory.images.count, run.counters)
         ids = iter(run.call_ids)  # one per call, then one per error (see _attach_calls)
         start = time.perf_counter()
-        results = await asyncio.gather(*(self._call_tool(run, call) for call in parsed.calls[:limit]))
+        results = await asyncio.gather(*(run.call_tool(self.tools.get(call.name), call, self.config.tool_timeout_s, self.tracer)
+                                         for call in parsed.calls[:limit]))
         run.counters["tool_calls_s"] += time.perf_counter() - start
         await turn_slot()  # tool calls end in bursts (a thread pool's whole switch interval at once)
         messages = []
@@ -410,7 +402,7 @@ class ToolAgentLoop(AgentLoopBase):
         images are never cut), its images screened into parts before the text."""
         if isinstance(response, str):
             response = ToolResponse(text=response)
-        cfg = self.settings
+        cfg = self.config
         cut = cut_tool_response(response.text or "", cfg.tool_response_truncate_side,
                                 max_length=cfg.max_tool_response_length, max_tokens=cfg.max_tool_response_tokens,
                                 tokenizer=self.tokenizer)
@@ -422,43 +414,8 @@ class ToolAgentLoop(AgentLoopBase):
             content = screen.tool_content(name, cut.text, response.image, response.video)
         return {"role": "tool", "name": name, "tool_call_id": call_id, "content": content}
 
-    async def _call_tool(self, run: ToolRun, call: ToolCall) -> ToolResponse | str:
-        """Run one call: its response, or error text for the model (every failure)."""
-        tool = self.tools.get(call.name)
-        run.counters["tool_calls"] += 1
-        if tool is None or call.name not in run.instances:
-            run.counters["tool_errors"] += 1
-            why = run.create_errors.get(call.name, "no such tool")
-            return f"Error: tool {call.name!r} is unavailable ({why})."
-        timeout = tool.timeout_s if tool.timeout_s is not None else self.settings.tool_timeout_s
-        with self.tracer.span(f"tool:{call.name}", request_id=run.request_id) as span:
-            try:
-                result = await asyncio.wait_for(tool.run_execute(run.instances[call.name], dict(call.arguments)), timeout)
-            except asyncio.TimeoutError:
-                run.counters["tool_errors"] += 1
-                span["tool_error"] = "timeout"
-                return f"Error: tool {call.name!r} timed out after {timeout:g} s."
-            except Exception as exc:  # noqa: BLE001 - a tool bug must not end the trajectory
-                run.counters["tool_errors"] += 1
-                span["tool_error"] = type(exc).__name__
-                return f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
-        if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
-            run.counters["tool_errors"] += 1
-            logger.warning("tool %r returned %s; execute must return (ToolResponse, reward, metrics)",
-                           call.name, type(result).__name__)
-            return f"Error: tool {call.name!r} returned an invalid result."
-        response, reward, metrics = result
-        run.add_metrics(f"tool/{call.name}", run.assistant_turns, metrics)
-        try:
-            run.tool_rewards.append(float(reward or 0.0))
-        except (TypeError, ValueError):
-            run.counters["tool_errors"] += 1
-            run.tool_rewards.append(0.0)
-        run.credit_turn(run.tool_rewards[-1])
-        return response
-
     async def _reward(self, run: ToolRun) -> float | None:
-        if self.settings.tool_reward == "none":
+        if self.config.tool_reward == "none":
             return None
         total = sum(run.tool_rewards)
         with self.tracer.span("reward", request_id=run.request_id):
@@ -477,20 +434,8 @@ class ToolAgentLoop(AgentLoopBase):
         return total
 
     def _scoring(self, awaitable: Any, what: str) -> Any:
-        return call_within(awaitable, self.settings.scoring_timeout_s, what,
+        return call_within(awaitable, self.config.scoring_timeout_s, what,
                            "actor_rollout_ref.rollout.agent.loops.tool_agent.scoring_timeout_s")
-
-    async def _release(self, run: ToolRun) -> None:
-        for name, iid in run.instances.items():
-            try:
-                await self.tools[name].run_release(iid)
-            except Exception as exc:  # noqa: BLE001 - release everything even if one fails
-                logger.warning("tool %r release failed: %s: %s", name, type(exc).__name__, exc)
-        if run.interaction is not None and run.interaction_id is not None:
-            try:
-                await run.interaction.finalize(run.interaction_id)
-            except Exception as exc:  # noqa: BLE001
-                logger.warning("interaction finalize failed: %s: %s", type(exc).__name__, exc)
 
 
 __all__ = ["AgentState", "ToolAgentLoop"]

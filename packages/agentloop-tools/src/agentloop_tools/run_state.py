@@ -1,16 +1,21 @@
 """Per-trajectory bookkeeping of the tool loops (``tool_agent``, ``env_agent``): the counters
-that become a trajectory's ``metrics``, and what a turn left for the next one."""
+that become a trajectory's ``metrics``, what a turn left for the next one, and the tools'
+lifecycle in the trajectory (create its instances, run its calls, release them)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_core.parsers import ToolCall
 from agentloop_core.stops import StopCounter
+from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
 from agentloop_tools.interaction import BaseInteraction
+from agentloop_tools.schema import ToolResponse
 from agentloop_tools.tool_media import MEDIA_COUNTERS
 
 __all__ = ["REASONING_COUNTERS", "ToolRun"]
@@ -92,3 +97,69 @@ class ToolRun:
             if isinstance(value, (bool, int, float)) and math.isfinite(value):
                 name = f"{source}/{key}"
                 self.counters[name] = self.counters.get(name, 0) + float(value)
+
+    # -- the tools' lifecycle in this trajectory (create, call, release) -----------------------
+
+    async def create_instances(self, tools: Mapping[str, BaseTool], tools_kwargs: dict[str, Any]) -> None:
+        """Create this trajectory's instance of every tool; a tool whose create failed answers its
+        calls with the error. Raises the first :class:`ToolKwargsError` (the row is misconfigured)."""
+        misconfigured: list[ToolKwargsError] = []
+        for name, result in (await create_instances(tools, tools_kwargs)).items():
+            if isinstance(result, ToolKwargsError):
+                misconfigured.append(result)
+            elif isinstance(result, Exception):  # the model gets an error when it calls this tool
+                self.create_errors[name] = f"{type(result).__name__}: {result}"
+                logger.warning("tool %r create failed for request %s: %s", name, self.request_id, self.create_errors[name])
+            else:
+                self.instances[name] = result
+        if misconfigured:  # run() releases the instances that were created
+            raise misconfigured[0]
+
+    async def call_tool(self, tool: BaseTool | None, call: ToolCall, default_timeout_s: float | None,
+                        tracer: Any) -> ToolResponse | str:
+        """Run one call with ``tool`` (None: no such tool): its response, or error text for the
+        model (every failure); ``default_timeout_s`` for a tool without a ``timeout_s`` of its own."""
+        self.counters["tool_calls"] += 1
+        if tool is None or call.name not in self.instances:
+            self.counters["tool_errors"] += 1
+            why = self.create_errors.get(call.name, "no such tool")
+            return f"Error: tool {call.name!r} is unavailable ({why})."
+        timeout = tool.timeout_s if tool.timeout_s is not None else default_timeout_s
+        with tracer.span(f"tool:{call.name}", request_id=self.request_id) as span:
+            try:
+                result = await asyncio.wait_for(tool.run_execute(self.instances[call.name], dict(call.arguments)), timeout)
+            except asyncio.TimeoutError:
+                self.counters["tool_errors"] += 1
+                span["tool_error"] = "timeout"
+                return f"Error: tool {call.name!r} timed out after {timeout:g} s."
+            except Exception as exc:  # noqa: BLE001 - a tool bug must not end the trajectory
+                self.counters["tool_errors"] += 1
+                span["tool_error"] = type(exc).__name__
+                return f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}"
+        if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[0], ToolResponse)):
+            self.counters["tool_errors"] += 1
+            logger.warning("tool %r returned %s; execute must return (ToolResponse, reward, metrics)",
+                           call.name, type(result).__name__)
+            return f"Error: tool {call.name!r} returned an invalid result."
+        response, reward, metrics = result
+        self.add_metrics(f"tool/{call.name}", self.assistant_turns, metrics)
+        try:
+            self.tool_rewards.append(float(reward or 0.0))
+        except (TypeError, ValueError):
+            self.counters["tool_errors"] += 1
+            self.tool_rewards.append(0.0)
+        self.credit_turn(self.tool_rewards[-1])
+        return response
+
+    async def release(self, tools: Mapping[str, BaseTool]) -> None:
+        """Release every tool instance and finalize the interaction, whatever fails."""
+        for name, iid in self.instances.items():
+            try:
+                await tools[name].run_release(iid)
+            except Exception as exc:  # noqa: BLE001 - release everything even if one fails
+                logger.warning("tool %r release failed: %s: %s", name, type(exc).__name__, exc)
+        if self.interaction is not None and self.interaction_id is not None:
+            try:
+                await self.interaction.finalize(self.interaction_id)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("interaction finalize failed: %s: %s", type(exc).__name__, exc)

@@ -70,7 +70,7 @@ class ChatRenderer:
     Args:
         tokenizer: A Hugging Face tokenizer, or a processor (its ``apply_chat_template`` renders,
             its ``.tokenizer`` encodes and decodes).
-        tools: OpenAI function schemas passed as ``tools=`` to every render.
+        tools: OpenAI function schemas passed as ``tools=`` to every render, as given here (a copy).
         chat_template: A Jinja template that replaces the tokenizer's own.
         use_inference_chat_template: Which view :meth:`Trajectory.sanity_check` compares
             with. False (default): the engine view; the prompt as rendered, each generated turn
@@ -157,7 +157,7 @@ class ChatRenderer:
         # renderer that its marks referred back to would be freed only by the cycle collector.
         self._marks: ContentMarks | None = None if allow_special_tokens_in_content else ContentMarks(
             self.tokenizer, self.special_tokens, self._piecewise.encode if self._piecewise is not None else None)
-        self._render_tools = self.tools if self._marks is None else self._marks.mark_value(self.tools)
+        self._render_tools = copy.deepcopy(self.tools if self._marks is None else self._marks.mark_value(self.tools))
         self._template_key = (
             type(self.processor).__name__, chat_template or getattr(self.processor, "chat_template", None),
             json.dumps(self.tools, sort_keys=True, default=str),

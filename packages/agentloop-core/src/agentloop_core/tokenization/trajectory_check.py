@@ -95,13 +95,15 @@ class TrajectoryCheck:
         A render reads the messages (attached calls included), the turn-ended flag, and the
         renderer's tools, template and template variables. The key is the template text and a
         128-bit BLAKE2 digest of the rest as JSON (dict order kept), taken afresh at every
-        call, so a message or a setting changed since is a different key and renders again; a
+        call, so a message or a setting changed since is a different key and renders again (the
+        tools only where a change of ``renderer.tools`` reaches the render, see
+        :func:`_live_tools`: dumping the schemas at every render was ~5% of a trajectory); a
         digest keeps the memory per trajectory linear in its length. Inputs that are not JSON
         (images) always render. Reusing a text assumes the template renders the same inputs
         to the same text, which is what the sanity check compares against anyway.
         """
         renderer = self.renderer
-        digest = snapshot([inputs, renderer.tools, renderer.apply_chat_template_kwargs])
+        digest = snapshot([inputs, _live_tools(renderer), renderer.apply_chat_template_kwargs])
         if digest is None:  # not JSON (images, circular): nothing to compare by
             return render()
         template = renderer.chat_template or getattr(renderer.processor, "chat_template", None)
@@ -174,7 +176,7 @@ class TrajectoryCheck:
     def _settings_snapshot(self) -> tuple:
         """What every render reads besides the messages."""
         r = self.renderer
-        return (snapshot([r.tools, r.apply_chat_template_kwargs]), id(r.chat_template or getattr(r.processor, "chat_template", None)),
+        return (snapshot([_live_tools(r), r.apply_chat_template_kwargs]), id(r.chat_template or getattr(r.processor, "chat_template", None)),
                 r.use_inference_chat_template)
 
     def _unchanged_since_rendered(self, built: list[int]) -> bool:
@@ -290,3 +292,11 @@ def _reading_marks(encode: Callable[[list[str]], list[list[int]]],
     def both(texts: list[str]) -> list[list[int]]:
         return [renderer.encode(t) for t in texts] if any(MARK in t for t in texts) else encode(texts)
     return both
+
+
+def _live_tools(renderer: ChatRenderer) -> list[dict] | None:
+    """``renderer.tools`` where the renders read them as they are now (with
+    ``allow_special_tokens_in_content``); None where the renderer renders the marked copy it
+    made at construction, which a later change of ``renderer.tools`` does not reach."""
+    tools = renderer.tools
+    return tools if getattr(renderer, "_render_tools", None) is tools else None
