@@ -230,13 +230,18 @@ class _Reencoding:
 
 
 class _OverBudget:
-    """Enforces a budget 300 tokens above the configured ``response_length``."""
+    """Enforces a budget 300 tokens above the configured ``response_length`` (its config says
+    one budget, its run uses another)."""
 
-    def __init__(self, server, tokenizer, config=None, **kwargs):
+    async def run(self, sampling_params, **row):
         import dataclasses
 
-        super().__init__(server, tokenizer, config, **kwargs)
-        self.settings = dataclasses.replace(self.settings, response_length=self.settings.response_length + 300)
+        configured = self.config
+        self.config = dataclasses.replace(configured, response_length=configured.response_length + 300)
+        try:
+            return await super().run(sampling_params, **row)
+        finally:
+            self.config = configured
 
 
 class _ToolAgentDroppingToolResults:

@@ -35,6 +35,11 @@ def field_docs(cls: type) -> dict[str, str]:
                     and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
                     and isinstance(nxt.value.value, str)):
                 docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    for f in dataclasses.fields(cls):
+        # A generated field (the trainer's multi_turn keys) is documented where it is declared.
+        source = f.metadata.get("doc_from")
+        if f.name not in docs and source is not None:
+            docs[f.name] = field_docs(source).get(f.name, "")
     return docs
 
 

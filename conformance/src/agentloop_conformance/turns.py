@@ -9,7 +9,8 @@
 * tools: ``loop.tools`` (a mapping ``name -> BaseTool | schema`` or a list of OpenAI tool
   schemas), else ``loop.tool_schemas``;
 * the call format: ``loop.parser.name`` (an ``agentloop_core.parsers.ToolParser``), else
-  ``loop.settings.tool_parser``, else ``loop.config["tool_parser"]``, else ``hermes``;
+  ``loop.config.tool_parser`` (a typed config) or ``loop.config["tool_parser"]`` (a dict), else
+  ``agentloop_core.parsers.DEFAULT_TOOL_PARSER`` (``hermes``);
 * a user turn: ``loop.interactions`` (non-empty) or ``loop.interaction``.
 
 ``tool_agent``, ``react_agent`` and ``http_agent`` (no tools declared: its kinds come from what
@@ -24,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop_core.parsers import tool_function
+from agentloop_core.parsers import DEFAULT_TOOL_PARSER, tool_function
 
 TOOL_KINDS = ("tool_call", "parallel_calls", "malformed_call", "unknown_tool", "tool_error")
 """Turn kinds in which the model calls a tool (well-formed or not)."""
@@ -41,7 +42,7 @@ class LoopProfile:
 
     tools: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Declared tools: name -> OpenAI function schema (``{"name", "parameters", ...}``)."""
-    tool_parser: str = "hermes"
+    tool_parser: str = DEFAULT_TOOL_PARSER
     """The call format (an ``agentloop_core.parsers`` name)."""
     interaction: bool = False
     """Whether the loop answers a plain-text turn with a user turn."""
@@ -78,13 +79,11 @@ def discover_profile(loop: Any) -> LoopProfile:
         raw = getattr(loop, "tool_schemas", None)
     parser = getattr(getattr(loop, "parser", None), "name", None)
     if not isinstance(parser, str) or not parser:
-        parser = getattr(getattr(loop, "settings", None), "tool_parser", None)
-    if not isinstance(parser, str) or not parser:
         config = getattr(loop, "config", None)
-        parser = config.get("tool_parser") if isinstance(config, Mapping) else None
+        parser = config.get("tool_parser") if isinstance(config, Mapping) else getattr(config, "tool_parser", None)
     interaction = bool(getattr(loop, "interactions", None) or getattr(loop, "interaction", None))
     objects = dict(raw) if isinstance(raw, Mapping) else {}
-    return LoopProfile(_schemas(raw or {}), parser if isinstance(parser, str) and parser else "hermes",
+    return LoopProfile(_schemas(raw or {}), parser if isinstance(parser, str) and parser else DEFAULT_TOOL_PARSER,
                        interaction, tool_objects=objects)
 
 

@@ -91,7 +91,10 @@ def test_an_unknown_key_of_a_typed_loops_section_is_an_error_naming_the_closest(
         RolloutConfig().with_loop_configs({"settings_test_greeter": {"greting": "x"}})
 
 
-def test_the_loop_gets_its_typed_config_as_settings():
+def test_the_loop_holds_its_typed_config_as_config_and_nothing_else():
     config = GreetConfig(greeting="yo")
-    assert GreeterLoop(None, None, config).settings is config
-    assert GreeterLoop(None, None, {"greeting": "hey", "other": 1}).settings == GreetConfig(greeting="hey")
+    assert GreeterLoop(None, None, config).config is config
+    loop = GreeterLoop(None, None, {"greeting": "hey", "other": 1})
+    assert loop.config == GreetConfig(greeting="hey")
+    # One attribute for the loop's options: no second name that a subclass could replace alone.
+    assert not hasattr(loop, "settings")

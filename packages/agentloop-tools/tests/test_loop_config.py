@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal
 
 import pytest
 
+from agentloop_core import DEFAULT_RESPONSE_LENGTH
+from agentloop_core.parsers import DEFAULT_TOOL_PARSER
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_tools import per_tokenizer
 from agentloop_tools.agent_loop import ToolAgentLoop
@@ -62,7 +64,8 @@ def test_a_subclass_field_is_checked_from_its_declaration_alone():
 def test_none_keeps_the_default_unless_the_type_admits_none():
     cfg = ToolAgentConfig.from_mapping({"response_length": None, "tool_timeout_s": None, "max_user_turns": None,
                                         "tool_parser": None})
-    assert (cfg.response_length, cfg.tool_timeout_s, cfg.max_user_turns, cfg.tool_parser) == (1024, None, None, "hermes")
+    assert (cfg.response_length, cfg.tool_timeout_s, cfg.max_user_turns, cfg.tool_parser) == (
+        DEFAULT_RESPONSE_LENGTH, None, None, DEFAULT_TOOL_PARSER)
 
 
 @pytest.mark.parametrize(("config", "message"), [

@@ -282,7 +282,8 @@ async def test_environment_images_enter_the_conversation(vlm):
     _, tokenizer, processor = vlm
     server = VisionScripted(tokenizer, ["show me", "more", "ok"], processor.image_token_id)
     loop = EnvAgentLoop(server, tokenizer, {"environment": "test_vision_env", "sanity_check": "strict",
-                                            "max_tool_response_length": 20}, processor=processor)
+                                            "max_tool_response_length": 20, "response_length": 1024},
+                        processor=processor)
     out = await loop.run(SAMPLING, raw_prompt=[{"role": "user", "content": "Look."}])
 
     shown, refused = [m["content"] for m in out.extra_fields["messages"][2::2]]

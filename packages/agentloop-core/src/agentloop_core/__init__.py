@@ -11,6 +11,7 @@ from agentloop_core.engine_registry import EngineCapabilities, EngineConfig, Eng
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import (
+    DEFAULT_RESPONSE_LENGTH,
     AsyncServer,
     CapabilityNotSupportedError,
     SamplingParams,
@@ -44,6 +45,7 @@ __version__ = _distribution_version("agentloop-core")
 
 __all__ = [
     "__version__",
+    "DEFAULT_RESPONSE_LENGTH",
     "AgentLoopBase",
     "AgentLoopManager",
     "AgentLoopOutput",

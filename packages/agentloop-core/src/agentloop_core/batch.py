@@ -274,7 +274,7 @@ class RolloutBatch:
             sample_metrics=[dict(o.metrics) for o in outputs],
             multi_modal_data=[o.multi_modal_data for o in outputs],
         )
-        batch.metrics = batch_metrics(outputs, batch, response_limit=response_length)
+        batch.metrics = batch_metrics(outputs, batch, response_length=response_length)
         return batch
 
 
@@ -342,7 +342,7 @@ def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
 
 
 def batch_metrics(
-    outputs: Sequence[AgentLoopOutput], batch: RolloutBatch, response_limit: int | None = None
+    outputs: Sequence[AgentLoopOutput], batch: RolloutBatch, response_length: int | None = None
 ) -> dict[str, float]:
     """Batch metrics.
 
@@ -357,7 +357,7 @@ def batch_metrics(
 
     Per row (segment), as the padding sees them: ``rollout/{response_length,
     generated_tokens,prompt_length}/{mean,max,min}``, ``rollout/num_truncated`` and, with a
-    ``response_limit`` (the response budget, ``response_length``), ``rollout/response_clip_fraction``:
+    ``response_length`` (the response budget), ``rollout/response_clip_fraction``:
     the rows whose response reached it (not the padded width, which the longest row always fills).
 
     Per trajectory, why generation stopped early (:func:`agentloop_core.stops.truncation_metrics`):
@@ -384,8 +384,8 @@ def batch_metrics(
     )
     finals = [(outputs[r], not batch.failed[r]) for r in last.tolist()]
     metrics.update(_stats("rollout/num_turns", [o.num_turns for o, good in finals if good]))
-    if lengths and response_limit is not None:
-        metrics["rollout/response_clip_fraction"] = float(np.mean([n >= response_limit for n in lengths]))
+    if lengths and response_length is not None:
+        metrics["rollout/response_clip_fraction"] = float(np.mean([n >= response_length for n in lengths]))
     metrics.update(_stats("rollout/reward", batch.rewards[last][batch.has_reward[last]].tolist()))
     segments = [float(o.segment_index + 1) for o, good in finals if good]
     if segments:
@@ -399,7 +399,7 @@ def batch_metrics(
     good_last = [r for r in last.tolist() if not batch.failed[r]]
     metrics.update(truncation_metrics(
         [outputs[r].metrics for r in good_last], [longest[int(batch.trajectory_index[r])] for r in good_last],
-        response_limit, [bool(batch.truncated[batch.trajectory_index == batch.trajectory_index[r]].any())
+        response_length, [bool(batch.truncated[batch.trajectory_index == batch.trajectory_index[r]].any())
                          for r in good_last]))
 
     timings: dict[str, list[float]] = {}

@@ -21,7 +21,7 @@ class AgentLoopBase(abc.ABC):
     ``from_mapping(mapping)`` that reads its fields from a mapping and ignores other keys. The
     rollout then builds that object once per loop name (the trainer at start-up, so a bad key
     fails there; see :meth:`~agentloop_core.settings.RolloutConfig.with_loop_configs`) and
-    passes it as ``config``; ``self.settings`` holds it. A loop without one gets a dict.
+    passes it as ``config``; ``self.config`` holds it. A loop without one gets a dict there.
 
     Args:
         server: An engine adapter (``HFServer``...), or a client in front of several replicas.
@@ -48,12 +48,15 @@ class AgentLoopBase(abc.ABC):
         self.server = server
         self.tokenizer = tokenizer
         cls = type(self).config_class
-        if cls is not None and isinstance(config, cls):
-            self.settings: Any = config
-        elif cls is not None:
-            self.settings = build_loop_config(cls, dict(config or {}))
-        self.config: Any = self.settings if cls is not None else dict(config or {})
-        """The loop's options: its ``settings`` when it has a config class, else a dict."""
+        if cls is None:
+            config = dict(config or {})
+        elif not isinstance(config, cls):
+            config = build_loop_config(cls, dict(config or {}))
+        # One attribute, named as the constructor argument and ``config_class`` are: a second
+        # name for the same object (``settings``, promised by no release) let a subclass
+        # replace one and go on reading the other.
+        self.config: Any = config
+        """The loop's options: its ``config_class`` instance, or a dict for a loop without one."""
         self.processor = processor
         if tracer is None:
             from agentloop_core.tracing import NullTracer

@@ -129,13 +129,23 @@ def _token_ids(key: str, value: Any) -> tuple[int, ...]:
     return tuple(int(tid) for tid in ids)
 
 
+DEFAULT_RESPONSE_LENGTH = 256
+"""The one default of the response length, declared here and imported everywhere else: a
+trajectory's token budget after the prompt (``response_length`` of every loop config; the
+trainer's ``data.max_response_length``), and the cap of one ``generate`` call given none
+(:attr:`SamplingParams.max_tokens`): a call may then use a whole response's budget."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Validated sampling parameters. Loops pass plain mappings; engines call
     :meth:`from_mapping` so a typo such as ``max_token`` is an error, not a silent default."""
 
-    max_tokens: int = 256
-    """Most tokens to generate (clamped by the engine to what fits in the context)."""
+    max_tokens: int = DEFAULT_RESPONSE_LENGTH
+    """Most tokens this call may generate (clamped by the engine to what fits in the context):
+    the OpenAI API's name, and the name of the per-call cap everywhere inside (the trainer's
+    ``multi_turn.max_tokens_per_turn``); a trajectory's budget over all its calls is its
+    ``response_length``."""
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0

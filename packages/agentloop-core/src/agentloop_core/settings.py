@@ -85,7 +85,9 @@ class RolloutConfig:
     ``data.max_prompt_length``); None: no limit, pad to the longest."""
     response_length: int | None = None
     """Token budget of a trajectory's response (generated, tool and user tokens) and the
-    padded response width (trainer: ``data.max_response_length``); None: no limit."""
+    padded response width (trainer: ``data.max_response_length``). None sets nothing: each
+    loop keeps its own config's default (``DEFAULT_RESPONSE_LENGTH``, the one default, which
+    is also a call's ``max_tokens`` when none is given), and the batch pads to the longest."""
     pad_token_id: int | None = None
     """Padding id of the batch; None: the tokenizer's."""
     truncate: bool = False

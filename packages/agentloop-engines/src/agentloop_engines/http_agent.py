@@ -51,7 +51,8 @@ from typing import Any
 from agentloop_core.imports import import_object
 from agentloop_core.loop import AgentLoopBase
 from agentloop_core.output import AgentLoopOutput
-from agentloop_core.protocol import SamplingParams
+from agentloop_core.parsers import DEFAULT_TOOL_PARSER
+from agentloop_core.protocol import DEFAULT_RESPONSE_LENGTH, SamplingParams
 from agentloop_core.registry import register
 from agentloop_core.segments import SegmentBuilder
 from agentloop_core.vision import ImageLimits, VisionProcessor
@@ -75,7 +76,7 @@ class HTTPAgentConfig:
 
     agent: Callable[..., Any]
     """The agent: ``agent(base_url, row)``, sync or async."""
-    tool_parser: str | None = "hermes"
+    tool_parser: str | None = DEFAULT_TOOL_PARSER
     """Parser that turns generated text into ``tool_calls`` for requests that send ``tools``."""
     chat_template: str | None = None
     """A Jinja chat template replacing the tokenizer's own."""
@@ -87,8 +88,9 @@ class HTTPAgentConfig:
     """Model calls one trajectory may make; the call past it is refused with an error."""
     api_key: str | None = None
     """Bearer token the gateway demands (None: none; it binds to 127.0.0.1 only)."""
-    response_length: int | None = None
-    """Cap on ``max_tokens`` of every call."""
+    response_length: int = DEFAULT_RESPONSE_LENGTH
+    """Token budget of each segment, as every loop's ``response_length``: each call's
+    ``max_tokens`` is capped to what is left of it."""
     max_sync_agent_threads: int = DEFAULT_SYNC_AGENT_THREADS
     """Threads that run a synchronous agent, one per running sample (async agents need none);
     more samples than this wait for a thread. Agents that ran past ``timeout_s`` keep theirs
@@ -146,14 +148,17 @@ class HTTPAgentConfig:
             raise ValueError(f"http_agent: allow_special_tokens_in_content must be true or false, got {special!r}")
         images = {key: config.get(key, getattr(cls, key)) for key in _IMAGE_OPTIONS[:3]}
         body = config.get("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES)
-        for key, value in (*images.items(), ("max_request_bytes", body)):
+        # None (a rollout without one) is the default budget, as for every loop config.
+        budget = config.get("response_length")
+        budget = DEFAULT_RESPONSE_LENGTH if budget is None else budget
+        for key, value in (*images.items(), ("max_request_bytes", body), ("response_length", budget)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"http_agent: {key} must be a positive integer, got {value!r}")
-        return cls(agent=agent, max_sync_agent_threads=threads, tool_parser=config.get("tool_parser", "hermes"),
+        return cls(agent=agent, max_sync_agent_threads=threads, tool_parser=config.get("tool_parser", DEFAULT_TOOL_PARSER),
                    chat_template=config.get("chat_template"),
                    chat_template_kwargs=config.get("chat_template_kwargs"),
                    timeout_s=None if timeout is None else float(timeout), max_calls=max_calls,
-                   api_key=config.get("api_key"), response_length=config.get("response_length"),
+                   api_key=config.get("api_key"), response_length=budget,
                    allow_remote_image_urls=remote, max_request_bytes=body,
                    allow_special_tokens_in_content=special, **images)
 
@@ -212,7 +217,7 @@ class HTTPAgentLoop(AgentLoopBase):
     def __init__(self, server: Any, tokenizer: Any, config: HTTPAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        self.settings: HTTPAgentConfig
+        self.config: HTTPAgentConfig
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> list[AgentLoopOutput]:
         """Run the agent once; return the trajectory's segments.
@@ -222,7 +227,7 @@ class HTTPAgentLoop(AgentLoopBase):
                 something other than None, a number or a mapping.
             TimeoutError: past ``timeout_s``.
         """
-        cfg = self.settings
+        cfg = self.config
         thread = _gateway_for(self.server, *self._tokenizer_and_vision(), cfg, asyncio.get_running_loop())
         session_id = session_id_for(row.get("index"))
         thread.gateway.open_session(session_id, sampling_overrides=_training_overrides(sampling_params,
@@ -271,7 +276,7 @@ class HTTPAgentLoop(AgentLoopBase):
         return self.tokenizer, "auto"
 
     async def _call_agent(self, base_url: str, row: Mapping[str, Any]) -> Any:
-        cfg = self.settings
+        cfg = self.config
         agent = cfg.agent
         if inspect.iscoroutinefunction(agent) or inspect.iscoroutinefunction(type(agent).__call__):
             return await asyncio.wait_for(agent(base_url, dict(row)), cfg.timeout_s)

@@ -36,6 +36,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.runnables.config import ensure_config
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from agentloop_core.parsers import DEFAULT_TOOL_PARSER
 from agentloop_core.protocol import SamplingParams, TokenOutput
 from agentloop_core.runtime.pacing import turn_slot
 from agentloop_core.vision import ImageLimits, multi_modal_kwargs
@@ -120,7 +121,7 @@ class ChatModel(BaseChatModel):
     """Hugging Face tokenizer with a chat template."""
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     """Sampling parameters for every turn; ``max_tokens`` caps each turn."""
-    tool_parser: str = "hermes"
+    tool_parser: str = DEFAULT_TOOL_PARSER
     """Tool-call parser name (``agentloop_core.parsers.tool_parser_names()``)."""
     request_id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     """Request id used when the run config does not name one."""

@@ -106,20 +106,20 @@ class ReactAgentLoop(AgentLoopBase):
     def __init__(self, server: Any, tokenizer: Any, config: ReactAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
         super().__init__(server, tokenizer, config, processor, tracer)
-        self.settings: ReactAgentConfig
-        self.vision = check_processor(self.processor, self.settings.LOOP_NAME)
-        self.image_limits = ImageLimits(max_pixels=self.settings.max_image_pixels,
-                                        max_bytes=self.settings.max_image_bytes, max_images=self.settings.max_images)
-        self.tools: dict[str, BaseTool] = resolve_tools(self.settings)
-        self.factory = load_graph_factory(self.settings.graph_factory)
-        kwargs = dict(self.settings.graph_factory_kwargs)
-        if self.settings.graph_factory is None and self.settings.system_prompt is not None:
-            kwargs.setdefault("system_prompt", self.settings.system_prompt)
+        self.config: ReactAgentConfig
+        self.vision = check_processor(self.processor, self.config.LOOP_NAME)
+        self.image_limits = ImageLimits(max_pixels=self.config.max_image_pixels,
+                                        max_bytes=self.config.max_image_bytes, max_images=self.config.max_images)
+        self.tools: dict[str, BaseTool] = resolve_tools(self.config)
+        self.factory = load_graph_factory(self.config.graph_factory)
+        kwargs = dict(self.config.graph_factory_kwargs)
+        if self.config.graph_factory is None and self.config.system_prompt is not None:
+            kwargs.setdefault("system_prompt", self.config.system_prompt)
         self.factory_kwargs = kwargs
 
     def chat_model(self, sampling_params: Mapping[str, Any] | SamplingParams, request_id: str) -> ChatModel:
         """The chat model of one trajectory."""
-        cfg = self.settings
+        cfg = self.config
         params = sampling_params.as_dict() if isinstance(sampling_params, SamplingParams) else dict(sampling_params)
         return ChatModel(
             server=self.server, tokenizer=self.tokenizer, sampling_params=params, tool_parser=cfg.tool_parser,
@@ -157,7 +157,7 @@ class ReactAgentLoop(AgentLoopBase):
             if not hasattr(graph, "ainvoke"):
                 raise ValueError(f"graph_factory returned a {type(graph).__name__}, not a compiled graph "
                                  "(it needs ainvoke); return graph.compile()")
-            config = {"recursion_limit": self.settings.recursion_limit,
+            config = {"recursion_limit": self.config.recursion_limit,
                       "configurable": {REQUEST_ID_KEY: request_id}}
             with self.tracer.span("graph", request_id=request_id):
                 await graph.ainvoke({"messages": [dict(m) for m in messages]}, config=config)
@@ -205,7 +205,7 @@ class ReactAgentLoop(AgentLoopBase):
             if k:
                 extra["segment_reason"] = session.rewrites[k - 1]
             out = trajectory.to_output(reward_score=reward, metrics=metrics, extra_fields=extra,
-                                       sanity_check=self.settings.sanity_check)
+                                       sanity_check=self.config.sanity_check)
             out.segment_index = k
             outputs.append(out)
         # Per-trajectory values are read from the last segment: a tokenization flag of any
@@ -218,7 +218,7 @@ class ReactAgentLoop(AgentLoopBase):
 
     async def _create_tools(self, tools_kwargs: dict[str, Any], model: ChatModel,
                             request_id: str) -> dict[str, AgentLoopTool]:
-        cfg = self.settings
+        cfg = self.config
         options = {"timeout_s": cfg.tool_timeout_s, "max_tool_response_length": cfg.max_tool_response_length,
                    "max_tool_response_tokens": cfg.max_tool_response_tokens, "tokenizer": self.tokenizer,
                    "tool_response_truncate_side": cfg.tool_response_truncate_side,
@@ -243,7 +243,7 @@ class ReactAgentLoop(AgentLoopBase):
         return adapters
 
     async def _reward(self, adapters: dict[str, AgentLoopTool]) -> float | None:
-        if self.settings.tool_reward == "none":
+        if self.config.tool_reward == "none":
             return None
         total = sum(r for a in adapters.values() for r in a.rewards)
         for name, adapter in adapters.items():

@@ -138,7 +138,7 @@ class EnvAgentLoop(ToolAgentLoop):
                  processor: Any = None, tracer: Any = None) -> None:
         # Not ToolAgentLoop.__init__: the tools and the renderer's schemas are the environment's.
         super(ToolAgentLoop, self).__init__(server, tokenizer, config, processor, tracer)
-        self.settings: EnvAgentConfig  # pyright: ignore[reportIncompatibleVariableOverride] - set by the base from config_class
+        self.config: EnvAgentConfig  # pyright: ignore[reportIncompatibleVariableOverride] - set by the base from config_class
         self.tools: dict[str, Any] = {}
         self.interactions = {}
         self._init_parsers()
@@ -148,10 +148,10 @@ class EnvAgentLoop(ToolAgentLoop):
         """For the conformance suite (``agentloop_conformance.turns``): the tools of the
         configured default environment (built once to ask) and the call format."""
         tools: dict[str, Any] = {}
-        if self.settings.environment:
-            env = get_environment_class(self.settings.environment)(**dict(self.settings.environment_kwargs))
-            tools = {_schema_name(self.settings.environment, s): s for s in env.tool_schemas()}
-        return {"tools": tools, "tool_parser": self.settings.tool_parser}
+        if self.config.environment:
+            env = get_environment_class(self.config.environment)(**dict(self.config.environment_kwargs))
+            tools = {_schema_name(self.config.environment, s): s for s in env.tool_schemas()}
+        return {"tools": tools, "tool_parser": self.config.tool_parser}
 
     async def run(self, sampling_params: Mapping[str, Any] | SamplingParams, **row: Any) -> AgentLoopOutput:
         """Roll out one episode; see the class docstring for the row keys.
@@ -161,7 +161,7 @@ class EnvAgentLoop(ToolAgentLoop):
             UnknownEnvironmentError: the environment is not registered.
             EnvironmentError: the environment raised or returned something malformed.
         """
-        name, kwargs = row_environment(row, self.settings)
+        name, kwargs = row_environment(row, self.config)
         env_class = get_environment_class(name)
         run = _EnvRun(request_id=str(row.get("request_id") or uuid.uuid4().hex), env_name=name)
         if self.reasoning_parser is not None:
@@ -169,7 +169,7 @@ class EnvAgentLoop(ToolAgentLoop):
         run.counters.update(env_step_s=0.0, env_steps=0)
         try:
             env = run.env = _call(name, "__init__", lambda: env_class(**kwargs))
-            messages = await _acall(name, "reset", env.reset(row), self.settings.env_timeout_s)
+            messages = await _acall(name, "reset", env.reset(row), self.config.env_timeout_s)
             schemas = _call(name, "tool_schemas", env.tool_schemas)
             self.tools = {_schema_name(name, s): s for s in schemas}
             self.renderer = self._make_renderer(list(schemas))
@@ -181,12 +181,12 @@ class EnvAgentLoop(ToolAgentLoop):
         except BaseException:
             if run.env is not None:
                 try:
-                    await _acall(name, "close", run.env.close(), self.settings.env_timeout_s)
+                    await _acall(name, "close", run.env.close(), self.config.env_timeout_s)
                 except Exception as exc:  # noqa: BLE001 - the first failure is the sample's reason
                     logger.warning("environment %r close failed after an error: %s: %s", name, type(exc).__name__, exc)
             raise
-        await _acall(name, "close", env.close(), self.settings.env_timeout_s)
-        reward = None if self.settings.tool_reward == "none" else float(sum(run.step_rewards))
+        await _acall(name, "close", env.close(), self.config.env_timeout_s)
+        reward = None if self.config.tool_reward == "none" else float(sum(run.step_rewards))
         return self._output(run, trajectory, reward, {
             "environment": name, "step_rewards": list(run.step_rewards), "step_infos": list(run.step_infos)})
 
@@ -218,7 +218,7 @@ class EnvAgentLoop(ToolAgentLoop):
             stop_reason=run.last_stop_reason, index=run.assistant_turns - 1)
         start = time.perf_counter()
         with self.tracer.span(f"env:{run.env_name}", turn=turn.index, request_id=run.request_id):
-            result = await _acall(run.env_name, "step", run.env.step(turn), self.settings.env_timeout_s)
+            result = await _acall(run.env_name, "step", run.env.step(turn), self.config.env_timeout_s)
         run.counters["env_step_s"] += time.perf_counter() - start
         run.counters["env_steps"] += 1
         run.counters["tool_calls"] += len(parsed.calls)  # what the environment was handed (as tool_agent counts)
@@ -259,7 +259,7 @@ class EnvAgentLoop(ToolAgentLoop):
     def _cut(self, run: ToolRun, text: str) -> str:
         """A message's text (its string content, or one text part) cut to the loop's
         tool-response limits."""
-        cfg = self.settings
+        cfg = self.config
         cut = cut_tool_response(text, cfg.tool_response_truncate_side, max_length=cfg.max_tool_response_length,
                                 max_tokens=cfg.max_tool_response_tokens, tokenizer=self.tokenizer)
         run.counters["tool_responses_truncated_length"] += cut.by_length

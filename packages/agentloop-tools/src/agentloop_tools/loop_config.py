@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar, Union
 
+from agentloop_core.parsers import DEFAULT_TOOL_PARSER
+from agentloop_core.protocol import DEFAULT_RESPONSE_LENGTH
 from agentloop_core.settings import check_loop_config_keys, loop_config_keys
 from agentloop_core.vision import ImageLimits
 from agentloop_tools.base import BaseTool
@@ -157,14 +159,15 @@ class ToolLoopConfig:
     LOOP_NAME: ClassVar[str] = "tool loop"
     """The loop's registered name, for error messages."""
 
-    response_length: int = loop_setting(1024, positive=True)
+    response_length: int = loop_setting(DEFAULT_RESPONSE_LENGTH, positive=True)
     """Token budget for everything after the prompt: generated, tool and user tokens (the
-    trainer's ``data.max_response_length``)."""
+    trainer's ``data.max_response_length``; the default is
+    ``agentloop_core.DEFAULT_RESPONSE_LENGTH``)."""
     prompt_length: int | None = loop_setting(None, positive=True)
     """Longest accepted rendered prompt, in tokens; None: no limit."""
     max_assistant_turns: int | None = loop_setting(None, positive=True)
     """Most model turns; None: bounded only by ``response_length`` (and the loop's own limits)."""
-    tool_parser: str = "hermes"
+    tool_parser: str = DEFAULT_TOOL_PARSER
     """Name of the tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``)."""
     reasoning_parser: str | None = None
     """Name of the reasoning parser that splits each turn into reasoning and content before the

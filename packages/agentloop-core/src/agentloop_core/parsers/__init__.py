@@ -15,6 +15,7 @@ from agentloop_core.parsers.base import (
     tool_parameters,
 )
 from agentloop_core.parsers.registry import (
+    DEFAULT_TOOL_PARSER,
     UnknownToolParserError,
     get_tool_parser,
     register_tool_parser,
@@ -30,6 +31,7 @@ from agentloop_core.parsers.mistral import MistralToolParser  # noqa: E402  isor
 from agentloop_core.parsers.qwen3_coder import Qwen3CoderToolParser  # noqa: E402  isort: skip
 
 __all__ = [
+    "DEFAULT_TOOL_PARSER",
     "GptOssToolParser",
     "HermesToolParser",
     "Llama3JsonToolParser",

@@ -21,6 +21,11 @@ from agentloop_core.plugins import NamedClassRegistry, UnknownPluginError
 
 ENTRY_POINT_GROUP = "agentloop.tool_parsers"
 
+DEFAULT_TOOL_PARSER = "hermes"
+"""The tool-call parser of every loop, gateway and chat model that is not told another (the
+tool loops' ``tool_parser``, ``http_agent``'s, LangGraph's ``AgentLoopChatModel``, the
+conformance suite's profile): declared once here, imported everywhere else."""
+
 P = TypeVar("P", bound="type[ToolParser]")
 
 
