@@ -37,7 +37,9 @@ def test_identical_rewards_and_singletons_get_zero():
 
 
 def test_unknown_estimator_is_named():
-    with pytest.raises(ValueError, match="gae.*grpo"):
+    with pytest.raises(ValueError, match="vtrace.*grpo"):
+        compute_advantages("vtrace", torch.zeros(2), [0, 0])
+    with pytest.raises(ValueError, match="gae' reads a value model's per-token values.*Critic.score"):
         compute_advantages("gae", torch.zeros(2), [0, 0])
 
 

@@ -71,21 +71,22 @@ def test_the_group_size_an_estimator_needs_is_checked_at_load(median_baseline):
         load_config([f"algorithm.adv_estimator={median_baseline}", "actor_rollout_ref.rollout.n=2"])
 
 
-def test_an_estimator_that_needs_a_critic_is_refused_at_load():
-    register_advantage_estimator("gae", needs_critic=True, verl_name="gae")(_median_baseline)
+def test_an_estimator_that_needs_a_critic_asks_for_the_critics_keys_at_load():
+    register_advantage_estimator("value_baseline", needs_critic=True)(_median_baseline)
     try:
-        with pytest.raises(ConfigError, match=r"adv_estimator must be an estimator without a critic, not gae .*"
-                                              r"'grpo', 'dr_grpo', 'rloo'"):
-            load_config(["algorithm.adv_estimator=gae"])
+        with pytest.raises(ConfigError, match=r"critic\.optim\.lr must be set .* with "
+                                              r"algorithm\.adv_estimator=value_baseline"):
+            load_config(["algorithm.adv_estimator=value_baseline"])
+        load_config(["algorithm.adv_estimator=value_baseline", "critic.optim.lr=1e-4"])
     finally:
-        ADVANTAGE_ESTIMATORS.remove("gae")
+        ADVANTAGE_ESTIMATORS.remove("value_baseline")
 
 
 def test_unknown_names_list_the_table_and_how_to_add_one():
-    with pytest.raises(UnknownAlgorithmError, match=r"unknown adv_estimator 'ppo'; valid: grpo, dr_grpo, rloo\. "
+    with pytest.raises(UnknownAlgorithmError, match=r"unknown adv_estimator 'ppo'; valid: grpo, dr_grpo, rloo, gae\. "
                                                     r"Register one with .*register_advantage_estimator"):
         compute_advantages("ppo", [1.0, 0.0], [0, 0])
-    with pytest.raises(ConfigError, match=r"adv_estimator must be one of \('grpo', 'dr_grpo', 'rloo'\)"):
+    with pytest.raises(ConfigError, match=r"adv_estimator must be one of \('grpo', 'dr_grpo', 'rloo', 'gae'\)"):
         load_config(["algorithm.adv_estimator=ppo"])
     with pytest.raises(ValueError, match="must be null or one of token, sequence"):
         rollout_correction(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), rollout_is="row")
@@ -109,9 +110,9 @@ def test_an_estimator_of_the_wrong_shape_is_named():
 
 
 def test_the_built_in_constraints_are_in_the_table():
-    assert ADVANTAGE_ESTIMATORS.names() == ["grpo", "dr_grpo", "rloo"]
-    assert [e.min_group_size for e in ADVANTAGE_ESTIMATORS] == [1, 1, 2]
-    assert not any(e.needs_critic for e in ADVANTAGE_ESTIMATORS)
+    assert ADVANTAGE_ESTIMATORS.names() == ["grpo", "dr_grpo", "rloo", "gae"]
+    assert [e.min_group_size for e in ADVANTAGE_ESTIMATORS] == [1, 1, 2, 1]
+    assert [e.needs_critic for e in ADVANTAGE_ESTIMATORS] == [False, False, False, True]
     assert {p.name: p.level for p in POLICY_LOSSES} == {"vanilla": "token", "gspo": "sequence"}
     assert IMPORTANCE_LEVELS.names() == ["token", "sequence"]
     assert [o.name for o in REJECTION_OPTIONS if o.bounds == "ratio"] == ["token_k1", "seq_sum_k1", "seq_mean_k1"]

@@ -40,7 +40,8 @@ class AdvantageEstimator:
     why: str = ""
     """Why it needs ``min_group_size`` samples (ends the config error)."""
     needs_critic: bool = False
-    """It reads a value model's estimates; agentloop trains none, so config load refuses it."""
+    """It reads a value model's estimates: the trainer trains a critic (``critic.*``) beside the
+    policy, and config load asks for the critic's keys."""
     verl_name: str | None = None
     """verl's name for the same estimator (None: verl has none)."""
     summary: str = ""
@@ -214,3 +215,10 @@ register_advantage_estimator(
     "rloo", min_group_size=2, why="a sample's baseline is the mean of its group's others", verl_name="rloo",
     summary="reward minus the mean of its group's other rewards",
 )(leave_one_out_advantages)
+
+
+@register_advantage_estimator("gae", needs_critic=True, verl_name="gae",
+                              summary="PPO: GAE over the model tokens with a value model (critic.*), whitened")
+def _gae(rewards: Any, group_ids: Sequence[Any]) -> Any:
+    raise ValueError("adv_estimator 'gae' reads a value model's per-token values, not group rewards: the trainer "
+                     "computes it with agentloop_trainer.update.critic.Critic.score (see docs/ppo.md)")
