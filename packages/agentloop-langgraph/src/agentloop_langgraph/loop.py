@@ -100,7 +100,7 @@ class ReactAgentLoop(AgentLoopBase):
     model is a ``ValueError`` naming the fix (the worker records the sample as failed).
     """
 
-    config_class: ClassVar[type] = ReactAgentConfig
+    config_class: ClassVar[type | None] = ReactAgentConfig
     """This loop's typed config, built once per rollout (``RolloutConfig.with_loop_configs``)."""
 
     def __init__(self, server: Any, tokenizer: Any, config: ReactAgentConfig | Mapping[str, Any] | None = None,

@@ -132,7 +132,7 @@ class EnvAgentLoop(ToolAgentLoop):
     ``request_id`` (optional), and whatever the environment's ``reset`` reads.
     """
 
-    config_class: ClassVar[type] = EnvAgentConfig
+    config_class: ClassVar[type | None] = EnvAgentConfig
 
     def __init__(self, server: Any, tokenizer: Any, config: EnvAgentConfig | Mapping[str, Any] | None = None,
                  processor: Any = None, tracer: Any = None) -> None:
