@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentloop_core import DEFAULT_RESPONSE_LENGTH
 from agentloop_core.output import AgentLoopOutput
 from agentloop_trainer.config import ConfigError, load_config
 from agentloop_trainer.data.iterator import DataIterator
@@ -228,8 +229,9 @@ def test_discarding_a_group_frees_its_room_in_the_staleness_buffer():
      "on_limit must be error with trainer.mode=async"),
     (["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=1"], "rollout.n must be at least 2"),
     (["reward_model.overlong_buffer.enable=true"], r"overlong_buffer.len must be between 1 and "
-                                                   r"data.max_response_length - 1 \(127\).*got 0"),
-    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=128"], "got 128"),
+                                                   rf"data.max_response_length - 1 \({DEFAULT_RESPONSE_LENGTH - 1}\).*got 0"),
+    (["reward_model.overlong_buffer.enable=true", f"reward_model.overlong_buffer.len={DEFAULT_RESPONSE_LENGTH}"],
+     f"got {DEFAULT_RESPONSE_LENGTH}"),
     (["reward_model.overlong_buffer.penalty_factor=-1"], "penalty_factor must be a finite number >= 0"),
 ])
 def test_bad_dapo_settings_name_the_key(overrides, message):

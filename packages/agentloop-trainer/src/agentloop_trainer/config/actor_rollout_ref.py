@@ -6,6 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_core.settings import DEFAULT_TURNS_PER_LOOP_ITERATION, RolloutConfig
+from agentloop_trainer.config.multi_turn import MultiTurnSection
+
+__all__ = [
+    "ActorFSDPSection", "ActorRolloutRefSection", "ActorSection", "AgentSection", "MultiTurnSection",
+    "PolicyLossSection", "RefFSDPSection", "RefSection", "RolloutSection", "TraceSection", "ValKwargsSection",
+]
+
 
 def _engine_kwargs_sections() -> dict[str, Any]:
     from agentloop_core.engine_registry import engine_names
@@ -80,69 +88,21 @@ class ActorSection:
     use_dynamic_bsz: bool = False
     """Form micro-batches by token budget (``ppo_max_token_len_per_gpu``) instead of row count."""
     ppo_max_token_len_per_gpu: int = 16384
-    """Token budget of one micro-batch with ``use_dynamic_bsz``, counted as the forward pays it:
-    rows x longest row (a longer row still gets a micro-batch of its own)."""
+    """Token budget of one micro-batch with ``use_dynamic_bsz`` (or with ``use_remove_padding`` and
+    no ``ppo_micro_batch_size_per_gpu``), counted as the forward pays it: rows x longest row when
+    padded, the sum of the rows' tokens when packed (a longer row still gets a micro-batch of its
+    own)."""
+    use_remove_padding: bool = True
+    """Padding-free updates (verl: ``actor_rollout_ref.model.use_remove_padding``): each
+    micro-batch of a text model runs as one packed row, its sequences concatenated with position
+    ids restarting at 0 and attention kept within each sequence, in the log-prob passes (old and
+    reference) and the update. Vision-language models always run padded. False: pad every
+    micro-batch to its longest row (and share the rows' common prompt prefix instead)."""
     log_prob_micro_batch_size_per_gpu: int | None = None
     """Rows per no-grad pass when recomputing old and reference log-probs; null: as
     ``ppo_micro_batch_size_per_gpu`` (and ``use_dynamic_bsz``)."""
     fsdp_config: ActorFSDPSection = field(default_factory=lambda: ActorFSDPSection())
     """Sharding and offload of the policy and the reference."""
-
-
-def _tool_loop_default(name: str) -> Any:
-    """The tool loop's own default of ``name`` (:class:`agentloop_tools.loop_config.ToolAgentConfig`):
-    the trainer declares no second default for a tool-loop setting it does not choose itself."""
-    from agentloop_tools.loop_config import ToolAgentConfig
-
-    return ToolAgentConfig.__dataclass_fields__[name].default
-
-
-@dataclass
-class MultiTurnSection:
-    """Multi-turn settings of the tool loops (verl: ``rollout.multi_turn``). Each key reaches the
-    loops' config (``agentloop_tools.loop_config.ToolAgentConfig``) under the same name, with the
-    loop's default unless the trainer chooses its own (``max_assistant_turns``)."""
-
-    enable: bool = True
-    """verl's switch; agentloop's loops are always multi-turn (false is an error)."""
-    max_assistant_turns: int | None = 3
-    """Most model turns per trajectory; null: bounded by the response budget. The trainer's
-    choice (the loop's own default is null): the built-in task needs two or three."""
-    max_user_turns: int | None = _tool_loop_default("max_user_turns")
-    """Most interaction (user) replies; null: until the interaction ends the conversation."""
-    allow_special_tokens_in_content: bool = _tool_loop_default("allow_special_tokens_in_content")
-    """Encode special-token strings (``<|im_start|>``...) inside tool results, observations and
-    user turns as control tokens, as verl and vLLM do; false (the default): as plain text, so
-    text from outside cannot forge turns. The model's own generated ids are never re-encoded."""
-    max_parallel_calls: int = _tool_loop_default("max_parallel_calls")
-    """Most tool calls run per turn; later calls get an error message."""
-    max_tool_response_length: int | None = _tool_loop_default("max_tool_response_length")
-    """Most characters of one tool response shown to the model; null: no character limit."""
-    max_tool_response_tokens: int | None = _tool_loop_default("max_tool_response_tokens")
-    """Most tokens (of the model's tokenizer, the truncation marker included) of one tool
-    response shown to the model; null: no token limit. Both limits apply when both are set."""
-    tool_response_truncate_side: str = _tool_loop_default("tool_response_truncate_side")
-    """left (keep the tail) | right (keep the head) | middle (keep both ends)."""
-    max_tokens_per_turn: int = 64
-    """Most tokens one assistant turn may generate: the rollout's ``SamplingParams.max_tokens``."""
-    tool_config_path: str | None = None
-    """Tool YAML (native, function and MCP tools; see ``agentloop_tools.load_tools``); null: no
-    tools, or the calculator for the built-in task."""
-    function_tool_path: str | None = None
-    """Python file whose module-level ``@function_tool`` functions become tools."""
-    interaction_config_path: str | None = None
-    """Interaction YAML (a simulated user that replies when the model stops calling tools)."""
-    tool_parser: str = _tool_loop_default("tool_parser")
-    """Tool-call parser (see ``agentloop_core.parsers.tool_parser_names()``; verl: ``format``)."""
-    reasoning_parser: str | None = _tool_loop_default("reasoning_parser")
-    """Reasoning parser that keeps the tool parser out of each turn's reasoning: qwen3 (alias qwq)
-    | deepseek_r1 | gpt_oss (alias harmony); null: none (see
-    ``agentloop_core.reasoning.reasoning_parser_names()``)."""
-    tool_calls_in_reasoning: bool = _tool_loop_default("tool_calls_in_reasoning")
-    """Run the calls written inside the reasoning too; false: counted
-    (``tool_calls_in_reasoning_ignored``), not run."""
-    tool_timeout_s: float | None = _tool_loop_default("tool_timeout_s")
-    """Time limit of one tool call unless the tool sets its own."""
 
 
 @dataclass
@@ -158,11 +118,12 @@ class AgentSection:
     registers user loops by import path."""
     agent_loop_modules: list[str] = field(default_factory=list)
     """Modules to import so their ``@register`` loops exist (also on Ray workers)."""
-    turns_per_loop_iteration: int | None = 4
+    turns_per_loop_iteration: int | None = DEFAULT_TURNS_PER_LOOP_ITERATION
     """Most samples started, and most turns resumed after their engine call or their tool calls
     (``agentloop_core.turn_slot``), per event-loop iteration of a rollout worker: keeps the loop
     responsive (timers, tool timeouts) with thousands of trajectories in flight; null: no pacing."""
-    hold_full_gc: bool = True
+    # The record's own default (a dataclass keeps a field's default as the class attribute).
+    hold_full_gc: bool = RolloutConfig.hold_full_gc
     """While a rollout batch is in flight, freeze what existed before it and hold off Python's
     full garbage collections (young ones still run): with thousands of trajectories each full
     collection paused every loop for 0.2-0.7 s; false: Python's own schedule."""

@@ -6,6 +6,7 @@ import math
 from typing import TYPE_CHECKING
 
 from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin, uses_ray
+from agentloop_trainer.config.critic import critic_checks
 from agentloop_trainer.config.errors import ConfigError
 from agentloop_trainer.config.sections import TrainConfig
 
@@ -52,9 +53,9 @@ def validate(cfg: TrainConfig) -> None:
     checks = [
         ("algorithm.adv_estimator", estimator is not None, f"one of {tuple(ADVANTAGE_ESTIMATORS.names())} "
          "(or one registered with agentloop_trainer.update.advantages.register_advantage_estimator)"),
-        ("algorithm.adv_estimator", estimator is None or not estimator.needs_critic,
-         f"an estimator without a critic, not {cfg.algorithm.adv_estimator} (agentloop trains no value model): "
-         f"one of {tuple(e.name for e in ADVANTAGE_ESTIMATORS if not e.needs_critic)}"),
+        *critic_checks(cfg.algorithm.adv_estimator, estimator is not None and estimator.needs_critic, cfg.critic,
+                       gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam, turn_credit=cfg.algorithm.turn_credit,
+                       fsdp_ranks=cfg.trainer.fsdp_ranks, critic_warmup=cfg.trainer.critic_warmup),
         ("actor_rollout_ref.actor.loss_agg_mode", cfg.actor_rollout_ref.actor.loss_agg_mode in LOSS_AGG_MODES,
          f"one of {LOSS_AGG_MODES}"),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", a.policy_loss.loss_mode in POLICY_LOSSES,
@@ -150,6 +151,7 @@ def validate(cfg: TrainConfig) -> None:
     _validate_loggers(cfg)
     _validate_dapo(cfg)
     _validate_judge(cfg)
+    _validate_distillation(cfg)
     custom_chat_template(cfg)  # an unknown name or a missing file fails here, before anything loads
 
 
@@ -166,6 +168,15 @@ def _validate_judge(cfg: TrainConfig) -> None:
         raise ConfigError("config reward.judge.url=policy needs the inprocess rollout backend (the judge calls the "
                           "engine from the rollout workers of the trainer's process); on Ray serve a judge "
                           "(`agentloop serve CHECKPOINT --port 8001`) and set reward.judge.url=http://HOST:8001/v1")
+    if settings is not None and settings.mode == "group":
+        if cfg.actor_rollout_ref.rollout.n < 2:
+            raise ConfigError(f"config reward.judge.mode=group compares the samples of a prompt, but "
+                              f"actor_rollout_ref.rollout.n={cfg.actor_rollout_ref.rollout.n}: set n to 2 or more, "
+                              "or reward.judge.mode=single")
+        if cfg.trainer.mode != "sync":
+            raise ConfigError(f"config reward.judge.mode=group runs between a step's rollout and its update, which "
+                              f"trainer.mode={cfg.trainer.mode} overlaps: use trainer.mode=sync, or "
+                              "reward.judge.mode=single (judged as each trajectory finishes, in every mode)")
 
 
 def _validate_sampling(cfg: TrainConfig) -> None:
@@ -307,6 +318,33 @@ def _validate_dapo(cfg: TrainConfig) -> None:
          f"got {ob.len}"),
         ("reward_model.overlong_buffer.penalty_factor", math.isfinite(ob.penalty_factor) and ob.penalty_factor >= 0,
          f"a finite number >= 0, got {ob.penalty_factor}"),
+    ]
+    for key, ok, expected in checks:
+        if not ok:
+            raise ConfigError(f"config {key} must be {expected}")
+
+
+def _validate_distillation(cfg: TrainConfig) -> None:
+    """``distillation``: a teacher path when enabled, a registered loss mode, sane numbers (the
+    vocab check needs the tokenizers: the trainer runs it when it loads the teacher)."""
+    from agentloop_trainer.update.distill import DISTILLATION_LOSSES
+
+    d = cfg.distillation
+    loss = d.distillation_loss
+    prefix = "distillation.distillation_loss."
+    checks = [
+        ("distillation.teacher_model.model_path", not d.enabled or bool(d.teacher_model.model_path),
+         "set with distillation.enabled=true (a Hugging Face folder whose tokenizer is the student's)"),
+        (prefix + "loss_mode", loss.loss_mode in DISTILLATION_LOSSES,
+         f"one of {tuple(DISTILLATION_LOSSES.names())}, got {loss.loss_mode!r}"),
+        (prefix + "use_policy_gradient", loss.use_policy_gradient is True,
+         "true (agentloop feeds the teacher's per-token signal to the policy gradient as an advantage)"),
+        (prefix + "distillation_loss_coef", math.isfinite(loss.distillation_loss_coef)
+         and loss.distillation_loss_coef >= 0, f"a finite number >= 0, got {loss.distillation_loss_coef}"),
+        (prefix + "loss_max_clamp", loss.loss_max_clamp is None or loss.loss_max_clamp > 0,
+         f"null or > 0, got {loss.loss_max_clamp}"),
+        (prefix + "log_prob_min_clamp", loss.log_prob_min_clamp is None or loss.log_prob_min_clamp < 0,
+         f"null or < 0 (a log-prob floor), got {loss.log_prob_min_clamp}"),
     ]
     for key, ok, expected in checks:
         if not ok:

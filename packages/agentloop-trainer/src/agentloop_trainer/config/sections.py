@@ -9,8 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_core.protocol import DEFAULT_RESPONSE_LENGTH
 from agentloop_trainer.config.actor_rollout_ref import ActorRolloutRefSection
+from agentloop_trainer.config.critic import CriticSection
 from agentloop_trainer.config.dapo import FilterGroupsSection, RewardModelSection
+from agentloop_trainer.config.distill import DistillationSection
 
 
 @dataclass
@@ -38,8 +41,9 @@ class DataSection:
     filter_overlong_prompts: bool = True
     """Drop longer prompts (the count is logged and kept in summary.json); false: a longer
     prompt is an error naming the row."""
-    max_response_length: int = 128
-    """Token budget of a response (generated + tool tokens)."""
+    max_response_length: int = DEFAULT_RESPONSE_LENGTH
+    """Token budget of a trajectory's response (generated, tool and user tokens) and the padded
+    response width: the loops' ``response_length`` (verl: ``rollout.response_length``)."""
     shuffle: bool = True
     """Shuffle training rows each epoch."""
     image_key: str = "images"
@@ -189,7 +193,9 @@ class AlgorithmSection:
     adv_estimator: str = "grpo"
     """A name in the estimator table (``update.advantages.ADVANTAGE_ESTIMATORS``; add one with
     ``register_advantage_estimator``): grpo (mean/std per group) | dr_grpo (mean only) | rloo (each
-    reward minus the mean of the group's other rewards; needs rollout.n >= 2)."""
+    reward minus the mean of the group's other rewards; needs rollout.n >= 2) | gae (PPO: GAE over
+    the model's tokens with a value model trained beside the policy; needs critic.optim.lr, see
+    the ``critic`` section and docs/ppo.md)."""
     turn_credit: str = "trajectory"
     """How a multi-turn trajectory's credit is split over its turns (a turn: one run of model
     tokens): trajectory (one advantage per trajectory, on every token) | discounted (turn t's
@@ -206,6 +212,10 @@ class AlgorithmSection:
     is the reward still to come)."""
     step_group_weight: float = 1.0
     """w in step_group's A = A_trajectory + w x A_step (GiGPO uses 1); >= 0."""
+    gamma: float = 1.0
+    """GAE's discount per model token (``adv_estimator=gae``; 0 to 1; verl's default 1)."""
+    lam: float = 1.0
+    """GAE's lambda (``adv_estimator=gae``; 0 to 1; 1: Monte-Carlo returns minus values)."""
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     """Dynamic sampling (DAPO): drop groups whose samples all score the same."""
     rollout_correction: RolloutCorrectionSection = field(default_factory=RolloutCorrectionSection)
@@ -228,6 +238,19 @@ class CustomRewardFunctionSection:
 
 
 @dataclass
+class RubricCriterionSection:
+    """One ``reward.judge.rubric`` criterion (:mod:`agentloop_trainer.reward.rubric`)."""
+
+    name: str = ""
+    """The key the judge scores it under in its JSON reply, and the metric ``judge/<name>``: an
+    identifier, not one of the cost metrics' names (calls, failures...)."""
+    description: str = ""
+    """What the judge reads about it."""
+    weight: float = 1.0
+    """Its share of the reward (> 0), relative to the other criteria's weights."""
+
+
+@dataclass
 class JudgeSection:
     """A model-judged reward (``reward.judge``): a model reads each finished trajectory through a
     prompt template and its reply's score becomes (part of) the reward; see
@@ -245,10 +268,13 @@ class JudgeSection:
     prompt: str | None = None
     """The judge's user message: a template with ``{question}``, ``{prompt}``, ``{response}``,
     ``{ground_truth}``, ``{data_source}`` (literal braces doubled), or the path of a file holding
-    one; null: a built-in 0-10 grading prompt that asks for ``Score: N``."""
+    one; null: a built-in 0-10 grading prompt that asks for ``Score: N``. With ``mode=group``,
+    ``{responses}`` (the group's answers, numbered) and ``{n}`` stand for ``{response}``; with a
+    ``rubric``, ``{criteria}`` must show the criteria. null then: a built-in prompt for that mode."""
     parser: str = "regex"
     """regex: the last match of ``pattern``'s one group | json: the value at ``json_path`` of the
-    last JSON object in the reply."""
+    last JSON object in the reply. For one score per trajectory only: group and rubric replies
+    are always JSON (see ``mode`` and ``rubric``)."""
     pattern: str = r"[Ss]core\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
     """The score regex (one capturing group), for ``parser=regex``."""
     json_path: str = "score"
@@ -277,6 +303,17 @@ class JudgeSection:
     max_response_bytes: int = 4 * 1024 * 1024
     """Most bytes read from the judge server per answer (a judge's reply is a few KB): a body
     over it, or a compressed one, fails that judgement naming this key before it is parsed."""
+    mode: str = "single"
+    """single: each trajectory judged on its own as it finishes | group: the trajectories of a
+    GRPO group (``rollout.n`` samples of a prompt) judged together in one request once the group
+    is rolled out, each scored relative to the others (ART's RULER); needs ``rollout.n >= 2``,
+    ``trainer.mode=sync``, and a ``max_tokens`` that fits a score per answer. Group replies are
+    JSON: ``{"scores": [s1, s2, ...]}``."""
+    rubric: list[RubricCriterionSection] | None = None
+    """Criteria the judge scores separately, each ``{name, description, weight}``; the reward is
+    their weighted mean, each score mapped by ``score_range`` first, and each criterion's score
+    is the metric ``judge/<name>``. The reply is JSON: ``{"scores": {"<name>": N, ...}}`` (group
+    mode: a list of those). null: one score."""
 
 
 @dataclass
@@ -402,6 +439,9 @@ class TrainerSection:
     update interrupts generations at a token boundary and resumes them on the new weights
     (partial rollout). The async modes support the hf and vllm engines (in process, on Ray, or
     behind rollout.server_urls), not sglang."""
+    critic_warmup: int = 0
+    """With ``algorithm.adv_estimator=gae``: the first this many steps train only the critic
+    (the policy stays as it is while the value model learns the reward's scale)."""
     max_staleness: int | None = None
     """Most policy versions between the start of a GRPO group and the step that trains it; null:
     0 for sync, 1 for one_step_off and async. The rollout pauses when a new group could exceed it."""
@@ -421,3 +461,5 @@ class TrainConfig:
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     trainer: TrainerSection = field(default_factory=TrainerSection)
     ray: RaySection = field(default_factory=RaySection)
+    distillation: DistillationSection = field(default_factory=DistillationSection)
+    critic: CriticSection = field(default_factory=CriticSection)

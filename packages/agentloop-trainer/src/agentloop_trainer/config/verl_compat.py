@@ -35,6 +35,7 @@ RENAMED: dict[str, str] = {
     "actor_rollout_ref.model.lora_rank": "model.lora_rank",
     "actor_rollout_ref.model.lora_alpha": "model.lora_alpha",
     "actor_rollout_ref.model.target_modules": "model.target_modules",
+    "actor_rollout_ref.model.use_remove_padding": "actor_rollout_ref.actor.use_remove_padding",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": "actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": "actor_rollout_ref.actor.log_prob_micro_batch_size_per_gpu",
     "trainer.total_training_steps": "trainer.total_steps",
@@ -46,6 +47,8 @@ RENAMED: dict[str, str] = {
     "actor_rollout_ref.rollout.prompt_length": "data.max_prompt_length",
     "actor_rollout_ref.rollout.multi_turn.max_turns": "actor_rollout_ref.rollout.multi_turn.max_assistant_turns",
     "actor_rollout_ref.rollout.multi_turn.format": "actor_rollout_ref.rollout.multi_turn.tool_parser",
+    # verl names each teacher; its examples name the one teacher "teacher_model".
+    "distillation.teacher_models.teacher_model.model_path": "distillation.teacher_model.model_path",
 }
 """verl key -> agentloop key (same meaning)."""
 
@@ -60,10 +63,15 @@ NO_EFFECT: tuple[str, ...] = (
     "actor_rollout_ref.actor.optim.lr_warmup_steps",
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio", "actor_rollout_ref.actor.optim.lr_warmup_init", "actor_rollout_ref.actor.optim.warmup_style",
     "actor_rollout_ref.actor.optim.min_lr_ratio", "actor_rollout_ref.actor.optim.total_training_steps",
-    "critic.", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.log_val_generations",
+    "critic.strategy", "critic.model.fsdp_config.", "critic.model.use_remove_padding", "critic.model.tokenizer_path",
+    "critic.model.override_config", "critic.model.external_lib", "critic.model.trust_remote_code",
+    "critic.model.enable_gradient_checkpointing", "critic.optim.lr_warmup_steps_ratio", "critic.optim.lr_warmup_steps",
+    "critic.optim.min_lr_ratio", "critic.optim.warmup_style", "critic.optim.total_training_steps",
+    "critic.ulysses_sequence_parallel_size", "critic.use_dynamic_bsz", "critic.ppo_max_token_len_per_gpu",
+    "critic.forward_max_token_len_per_gpu", "critic.forward_micro_batch_size", "critic.forward_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size", "critic.shuffle", "critic.checkpoint.", "critic.rollout_n", "trainer.n_gpus_per_node", "trainer.nnodes", "trainer.log_val_generations",
     "data.return_raw_chat", "data.truncation", "data.prompt_key", "data.reward_fn_key", "data.tokenizer",
     "data.return_full_prompt", "data.val_batch_size", "data.custom_cls.", "data.dataloader_num_workers",
-    "actor_rollout_ref.model.use_remove_padding",
     "actor_rollout_ref.model.external_lib", "actor_rollout_ref.model.override_config",
     "actor_rollout_ref.model.trust_remote_code", "actor_rollout_ref.model.use_fused_kernels",
     "actor_rollout_ref.model.enable_activation_offload", "actor_rollout_ref.hybrid_engine",
@@ -79,6 +87,10 @@ NO_EFFECT: tuple[str, ...] = (
     "trainer.balance_batch", "trainer.project_name_suffix", "trainer.val_only", "trainer.max_actor_ckpt_to_keep",
     "trainer.max_critic_ckpt_to_keep", "trainer.resume_mode", "trainer.del_local_ckpt_after_load", "ray_init.",
     "trainer.total_epochs", "reward_model.overlong_buffer.log", "actor_rollout_ref.rollout.trace.experiment_name",
+    "distillation.n_gpus_per_node", "distillation.nnodes", "distillation.teacher_key",
+    "distillation.teacher_model.inference.", "distillation.teacher_model.num_replicas",
+    "distillation.teacher_models.teacher_model.inference.", "distillation.teacher_models.teacher_model.num_replicas",
+    "distillation.teacher_models.teacher_model.key", "distillation.distillation_loss.topk",
 )
 """Keys accepted and ignored: memory/speed knobs (agentloop sizes these itself), logging and
 layout settings with an agentloop counterpart, or things agentloop always does. An entry that
@@ -112,8 +124,8 @@ ONLY_VALUE: dict[str, tuple[tuple[Any, ...], str]] = {
     "actor_rollout_ref.actor.entropy_coeff": ((0, 0.0), "agentloop has no entropy bonus"),
     "algorithm.use_kl_in_reward": ((False,), "agentloop puts the KL in the loss (actor.use_kl_loss), not the reward"),
     "algorithm.norm_adv_by_std_in_grpo": ((True,), "use algorithm.adv_estimator=dr_grpo for mean-only advantages"),
-    "trainer.critic_warmup": ((0,), "GRPO has no critic"),
     "actor_rollout_ref.rollout.multi_turn.enable": ((True,), "agentloop's loops are multi-turn"),
+    "critic.loss_agg_mode": (("token-mean",), "the value loss is a mean over the mini-batch's model tokens"),
     "algorithm.rollout_correction.bypass_mode": (
         (False,), "agentloop recomputes the old log-probs (decoupled mode); the correction weighs old against rollout"),
     "algorithm.rollout_correction.loss_type": (("ppo_clip",), "the policy loss is PPO-clip (bypass_mode is off)"),

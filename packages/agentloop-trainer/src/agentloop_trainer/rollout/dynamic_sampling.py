@@ -3,7 +3,7 @@
 become a training batch: the sync step rolls out prompt batches through :meth:`DynamicSampler.sample`,
 the asynchronous driver judges each group as it finishes, before it enters the buffer.
 
-**Over-long shaping.** A trajectory whose response is longer than ``max_response_length -
+**Over-long shaping.** A trajectory whose response is longer than ``data.max_response_length -
 buffer_len`` tokens gets :func:`overlong_penalty` added to its reward. The length is verl's
 *valid response length*: every token of the response region (generated and tool/user tokens),
 of the trajectory's last segment, capped at ``data.max_response_length`` (what a batch row
@@ -42,22 +42,22 @@ UNLIMITED_NOTICE_EVERY = 10
 """Without a ``max_num_gen_batches`` limit, warn after every this many prompt batches of one step."""
 
 
-def overlong_penalty(length: int, max_response_length: int, buffer_len: int, penalty_factor: float) -> float:
-    """DAPO's soft over-long punishment of one response: 0 up to ``max_response_length -
-    buffer_len`` tokens, then falling linearly to ``-penalty_factor`` at ``max_response_length``
+def overlong_penalty(length: int, response_length: int, buffer_len: int, penalty_factor: float) -> float:
+    """DAPO's soft over-long punishment of one response: 0 up to ``response_length -
+    buffer_len`` tokens, then falling linearly to ``-penalty_factor`` at ``response_length``
     (and staying there beyond it).
 
     Args:
         length: The response's length in tokens.
-        max_response_length: The response budget (``data.max_response_length``).
+        response_length: The response budget (``data.max_response_length``).
         buffer_len: ``reward_model.overlong_buffer.len`` (at least 1).
         penalty_factor: ``reward_model.overlong_buffer.penalty_factor``.
 
     Returns:
-        ``-min(1, (length - (max_response_length - buffer_len)) / buffer_len) * penalty_factor``
+        ``-min(1, (length - (response_length - buffer_len)) / buffer_len) * penalty_factor``
         when that excess is positive, else 0.
     """
-    over = length - (max_response_length - buffer_len)
+    over = length - (response_length - buffer_len)
     if over <= 0:
         return 0.0
     return -min(1.0, over / buffer_len) * penalty_factor
@@ -175,7 +175,8 @@ class DynamicSampler:
         """``reward_model.overlong_buffer.enable``."""
         self.metric, self.max_num_gen_batches, self.on_limit = str(fg.metric), int(fg.max_num_gen_batches), fg.on_limit
         self.buffer_len, self.penalty_factor = int(ob.len), float(ob.penalty_factor)
-        self.max_response_length = int(cfg.data.max_response_length)
+        self.response_length = int(cfg.data.max_response_length)
+        """The response budget (``data.max_response_length``)."""
         self.batch_groups = int(cfg.data.train_batch_size)
 
     @property
@@ -199,8 +200,8 @@ class DynamicSampler:
         for t, segs in by_trajectory.items():
             unshaped = _reward(segs)
             if self.shaping and unshaped is not None:
-                length = min(len(segs[-1].response_ids), self.max_response_length)
-                penalty = overlong_penalty(length, self.max_response_length, self.buffer_len, self.penalty_factor)
+                length = min(len(segs[-1].response_ids), self.response_length)
+                penalty = overlong_penalty(length, self.response_length, self.buffer_len, self.penalty_factor)
                 for s in segs:  # every segment carries the trajectory's reward
                     if s.reward_score is not None:
                         s.reward_score = float(s.reward_score) + penalty

@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from agentloop_core.vision.processor import load_vision_processor
+from agentloop_trainer.config.multi_turn import loop_options
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.rows import normalize_messages
+from agentloop_trainer.reward.group_judge import GroupJudge
 from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
 
 if TYPE_CHECKING:
@@ -105,22 +107,11 @@ def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
         val_sampling = train.replace(temperature=val.temperature, top_k=val.top_k, top_p=val.top_p)
     else:
         val_sampling = train.replace(temperature=0.0)
+    # The section's tool-loop keys under the loops' names (declared once, by the loops' config),
+    # with the two the trainer decides: the built-in task's tools, and adding up the loop's own
+    # rewards only when they are used.
     tool_loop_options = {
-        "tool_config_path": config_path,
-        "function_tool_path": function_path,
-        "interaction_config_path": mt.interaction_config_path,
-        "tool_parser": mt.tool_parser,
-        "reasoning_parser": mt.reasoning_parser,
-        "tool_calls_in_reasoning": mt.tool_calls_in_reasoning,
-        "max_assistant_turns": mt.max_assistant_turns,
-        "max_user_turns": mt.max_user_turns,
-        "max_parallel_calls": mt.max_parallel_calls,
-        "allow_special_tokens_in_content": mt.allow_special_tokens_in_content,
-        "max_tool_response_length": mt.max_tool_response_length,
-        "max_tool_response_tokens": mt.max_tool_response_tokens,
-        "tool_response_truncate_side": mt.tool_response_truncate_side,
-        "tool_timeout_s": mt.tool_timeout_s,
-        # The loop adds up its own rewards only when they are used.
+        **loop_options(mt), "tool_config_path": config_path, "function_tool_path": function_path,
         "tool_reward": "none" if cfg.reward.source == "function" else "sum",
     }
     record = RolloutConfig(
@@ -302,6 +293,8 @@ class RolloutFleet:
             # Times the engine's work for each step's rollout/engine_idle_fraction. On Ray the
             # calls come from the workers' processes: the shared client actor times them.
             self.server = BusyTimeServer(self.server)
+        self.group_judge = GroupJudge.of(self.scorer)
+        """Judges each group after its rollout (``reward.judge.mode=group``); None otherwise."""
         judge = self.scorer.judge_client
         if judge is not None and judge.settings.url == "policy":
             # Through the wrappers, so weight updates pause judge calls as they pause rollouts.
@@ -373,16 +366,22 @@ class RolloutFleet:
     def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
         """Roll out ``rows``; returns the ``RolloutBatch`` with rewards (0 for failed samples),
         one row per trajectory segment (``batch.trajectory_index`` maps rows back to ``rows``)."""
+        if self.group_judge is not None:  # the group judge needs the outputs before they are padded
+            return self.batch_from_outputs(self.generate_outputs(rows, step=step, validate=validate))
         batch = self.loop.run_until_complete(self.manager.agenerate_sequences(rows, validate=validate, step=step))
         attach_rewards(batch)
         return batch
 
-    def generate_outputs(self, rows: Sequence[Mapping[str, Any]], step: int | None = None) -> list[Any]:
+    def generate_outputs(self, rows: Sequence[Mapping[str, Any]], step: int | None = None,
+                         validate: bool = False) -> list[Any]:
         """Roll out training ``rows`` into their ``AgentLoopOutput`` records (each with its
         ``trajectory_index`` into ``rows``), for a caller that looks at whole groups before
         batching them (:mod:`agentloop_trainer.rollout.dynamic_sampling`): then
-        :meth:`batch_from_outputs`."""
-        return self.loop.run_until_complete(self.manager.agenerate_outputs(rows, step=step))
+        :meth:`batch_from_outputs`. With the group judge, each group is judged here."""
+        outputs = self.loop.run_until_complete(self.manager.agenerate_outputs(rows, validate=validate, step=step))
+        if self.group_judge is not None:
+            self.loop.run_until_complete(self.group_judge.score(rows, outputs, self.tokenizer))
+        return outputs
 
     def batch_from_outputs(self, outputs: Sequence[Any]) -> Any:
         """Pad outputs into a ``RolloutBatch`` as :meth:`generate` does (the run's prompt and

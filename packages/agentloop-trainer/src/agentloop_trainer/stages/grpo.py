@@ -18,6 +18,8 @@ from agentloop_trainer.reward.judge_client import judge_step_metrics
 from agentloop_trainer.rollout.diagnostics import RolloutWatch
 from agentloop_trainer.rollout.dynamic_sampling import DynamicSampler, overlong_metrics
 from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
+from agentloop_trainer.stages.ppo import build_critic, uses_critic
+from agentloop_trainer.stages.teacher import build_distiller
 from agentloop_trainer.update.actor import ActorConfig, PolicyGradientActor, policy_batch_from_rollout
 from agentloop_trainer.update.turn_credit import CreditSettings, credit_advantages
 from agentloop_trainer.view.metrics import idle_fraction, plot_reward_curve
@@ -89,6 +91,11 @@ class PolicyGradientTrainer:
 
             ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.actor = PolicyGradientActor(self.model, self.actor_cfg, ref_model=ref, device=self.device)
+        self.distiller = build_distiller(cfg.distillation, cfg.model, tokenizer, model_path, sharded=sharded,
+                                         device=self.device)
+        """On-policy distillation's frozen teacher (``distillation.enabled``), or None."""
+        self.critic = build_critic(cfg, model_path) if uses_critic(cfg) else None
+        """PPO's value model (``algorithm.adv_estimator=gae``; stages/ppo.py), or None."""
         self.bucket_bytes = max(1, int(cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes * 2**20))
         self.last_sync: dict[str, float] = {}
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
@@ -203,10 +210,14 @@ class PolicyGradientTrainer:
         # the trajectory's ([B]), computed over its prompt's group once per trajectory, or with
         # per-turn credit each turn's ([B, R]); see update/turn_credit.py.
         groups = [rows[t]["group_id"] for t in batch.trajectory_index.tolist()]
-        advantages = credit_advantages(CreditSettings.from_config(self.cfg.algorithm), batch, groups)
+        pure_distillation = self.distiller is not None and not self.distiller.use_task_rewards
+        advantages = torch.zeros(len(batch)) if pure_distillation or self.critic else credit_advantages(
+            CreditSettings.from_config(self.cfg.algorithm), batch, groups)
         last = batch.last_segment_rows()
         rewards = torch.as_tensor(batch.rewards[last])  # one per trajectory
         pb = policy_batch_from_rollout(batch)
+        scored = self.critic.score(pb, batch.rewards) if self.critic is not None else None  # PPO: GAE, [B, R]
+        advantages = scored.advantages if scored is not None else advantages
         if self.world_size > 1:
             # Segments make the row count vary; every rank must run the same number of rows.
             pb = pb.padded(self.world_size)
@@ -218,7 +229,13 @@ class PolicyGradientTrainer:
         # One optimizer step per batch: the update's own forward is the old policy (saves a pass).
         old = None if one_step else self.actor.compute_log_probs(pb)
         ref = self.actor.reference_log_probs(pb) if self.actor.has_reference else None
-        metrics = self.actor.update(pb, advantages, old, ref)
+        distilled: dict[str, float] = {}
+        if self.distiller is not None:  # the teacher's per-token signal (update/distill.py)
+            old, advantages, distilled = self.distiller.apply(self.actor, pb, old, advantages)
+        critic_only = scored is not None and self.step < self.cfg.trainer.critic_warmup
+        metrics = {**({} if critic_only else self.actor.update(pb, advantages, old, ref)), **distilled}
+        if self.critic is not None and scored is not None:
+            metrics.update(self.critic.update(pb, scored))
         return {"metrics": metrics, "advantages": advantages, "last": last, "rewards": rewards, "pb": pb,
                 "t_update": time.perf_counter() - t1}
 
@@ -284,9 +301,12 @@ class PolicyGradientTrainer:
         tc = self.cfg.trainer
         state = {"data": self.data.state(), "history": self.history,
                  **({"async": self.async_driver.state()} if self.async_driver else {})}
-        return save_run_checkpoint(self.run_dir, self.step, self.model, self.actor.optimizer, state,
+        path = save_run_checkpoint(self.run_dir, self.step, self.model, self.actor.optimizer, state,
                                    tokenizer=self.tokenizer, save_hf=bool(tc.save_hf),
                                    hf_max_shard_bytes=int(tc.hf_max_shard_megabytes) * 2**20, rank=self.rank)
+        if self.critic is not None:  # PPO's value model and its optimizer, beside the policy's
+            self.critic.save(path)
+        return path
 
     def final_hf_folder(self) -> Path:
         """The policy at the end of the run as a Hugging Face folder
@@ -318,6 +338,8 @@ class PolicyGradientTrainer:
                      "yet trained; trainer.mode=sync resumes from the data position and skips them. Resume with the "
                      "trainer.mode it was written with to train them")
         self.history = list(state.get("history", []))
+        if self.critic is not None:
+            self.critic.load(path)
         set_rng_state(state["rng"])
         self.sync_weights()
         self.log(f"resumed from {path} at step {self.step}")
