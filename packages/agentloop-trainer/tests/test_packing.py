@@ -198,3 +198,44 @@ def test_a_model_that_drops_attention_kwargs_is_refused():
     model.forward = dropping
     with pytest.raises(RuntimeError, match="use_remove_padding=false"):
         packed_log_probs(model, [[1, 2, 3], [4, 5]], [1, 1])
+
+
+def _group_batch(vocab: int, prompts: int = 2, n: int = 4, prompt_len: int = 40, answer: int = 5) -> PolicyBatch:
+    """A GRPO batch: ``prompts`` long prompts, ``n`` short answers each (the main job's shape)."""
+    g = torch.Generator().manual_seed(5)
+    seqs, plens = [], []
+    for _ in range(prompts):
+        prompt = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
+        for _ in range(n):
+            seqs.append(prompt + torch.randint(0, vocab, (answer,), generator=g).tolist())
+            plens.append(prompt_len)
+    mask = torch.ones(len(seqs), answer)
+    return PolicyBatch(seqs, plens, mask, torch.zeros(len(seqs), answer))
+
+
+def test_packing_pays_only_where_it_computes_fewer_tokens(random_model_path):
+    """A GRPO group of a long prompt with short answers runs padded with each prompt once (about
+    3x fewer tokens than packing every row whole: the main job's update took 4x longer packed);
+    rows that share no prompt, and mixed multi-turn rows, pack."""
+    from transformers import AutoModelForCausalLM
+
+    from agentloop_trainer.update.packing import packing_pays
+
+    model = AutoModelForCausalLM.from_pretrained(str(random_model_path))
+    vocab = model.config.vocab_size
+    group = _group_batch(vocab)
+    rows = list(range(len(group.sequences)))
+    # 8 rows x 45 tokens = 360 packed, against 2 x 39 + 8 x 6 = 126 shared.
+    assert not packing_pays(group.sequences, group.prompt_lengths, rows)
+    assert packing_pays(group.sequences, group.prompt_lengths, [0, 4])  # one sample of each prompt
+    mixed, _ = _multi_turn_batch(vocab)
+    assert packing_pays(mixed.sequences, mixed.prompt_lengths, list(range(len(mixed.sequences))))
+
+    actor = PolicyGradientActor(model, ActorConfig(use_remove_padding=True, ppo_max_token_len_per_gpu=100))
+    assert actor.packed
+    assert not actor._packs(group, rows, grad=True)
+    assert actor._packs(mixed, list(range(len(mixed.sequences))), grad=True)
+    # Packed, the 100-token budget would split the 360 tokens into several passes; shared, the
+    # whole mini-batch is one padded pass.
+    metrics = actor.update(group, torch.randn(len(rows)), actor.compute_log_probs(group))
+    assert metrics["actor/micro_batches"] == 1

@@ -22,7 +22,7 @@ from agentloop_trainer.update.losses import (
     sequence_weights,
     truncated_importance_weight,
 )
-from agentloop_trainer.update.packing import packed_micro_batches, packs
+from agentloop_trainer.update.packing import packed_micro_batches, packing_pays, packs
 from agentloop_trainer.update.policy_batch import PolicyBatch, policy_batch_from_rollout
 from agentloop_trainer.update.rollout_correction import rollout_correction
 
@@ -107,7 +107,8 @@ class PolicyGradientActor:
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
         self.packed = config.use_remove_padding and packs(model)
-        """Whether micro-batches run as packed rows (``use_remove_padding`` on a text model)."""
+        """Whether micro-batches may run as packed rows (``use_remove_padding`` on a text model);
+        each pass then packs unless sharing its prompts computes fewer tokens (:meth:`_packs`)."""
 
     @property
     def has_reference(self) -> bool:
@@ -137,7 +138,15 @@ class PolicyGradientActor:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return tensor
 
-    def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None) -> list[list[int]]:
+    def _packs(self, pb: PolicyBatch, rows: list[int], grad: bool) -> bool:
+        """Whether a pass over ``rows`` runs packed: ``use_remove_padding`` on a text model,
+        except on one process when the rows repeat prompts (a GRPO group) and running each
+        distinct prompt once, padded, computes fewer tokens than packing every row whole
+        (:func:`~agentloop_trainer.update.packing.packing_pays`)."""
+        share = self.world_size == 1 and (self.config.share_prefix_with_grad or not grad)
+        return self.packed and (not share or packing_pays(pb.sequences, pb.prompt_lengths, rows))
+
+    def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None, packed: bool) -> list[list[int]]:
         """This rank's micro-batches of ``rows``, padded with empty ones to the most any rank
         has (FSDP ranks must make the same number of passes). Packed, a micro-batch with no row
         count set is a row of at most ``ppo_max_token_len_per_gpu`` tokens (sum, not padded)."""
@@ -145,7 +154,7 @@ class PolicyGradientActor:
 
         cfg = self.config
         lengths = [len(s) for s in pb.sequences]
-        if self.packed and (cfg.use_dynamic_bsz or size is None):
+        if packed and (cfg.use_dynamic_bsz or size is None):
             parts = packed_micro_batches(rows, lengths, cfg.ppo_max_token_len_per_gpu)
         else:
             parts = micro_batches(rows, lengths, size, cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
@@ -154,7 +163,7 @@ class PolicyGradientActor:
             parts += [[] for _ in range(most - len(parts))]
         return parts
 
-    def _forward(self, model: Any, pb: PolicyBatch, rows: list[int], grad: bool) -> Any:
+    def _forward(self, model: Any, pb: PolicyBatch, rows: list[int], grad: bool, packed: bool) -> Any:
         """Response log-probs of ``rows`` (an empty micro-batch runs a stand-in row whose result
         is discarded, so every rank makes the same collective calls)."""
         import contextlib
@@ -167,7 +176,7 @@ class PolicyGradientActor:
         with cast:
             return response_log_probs(model, pb, cfg.temperature, rows or [0],
                                       share_prefix=cfg.share_prefix_with_grad or not grad, device=self.device,
-                                      share_prompts=self.world_size == 1, packed=self.packed)
+                                      share_prompts=self.world_size == 1, packed=packed)
 
     def compute_log_probs(self, pb: PolicyBatch, model: Any = None) -> Any:
         """Log-probs of the batch's responses under the current (or given) model, no grad,
@@ -182,8 +191,9 @@ class PolicyGradientActor:
         full = torch.zeros(pb.response_mask.shape, dtype=torch.float32, device=self.device)
         size = cfg.log_prob_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
         with torch.no_grad():
-            for part in self._micro(pb, rows, size):
-                logp = self._forward(model, pb, part, grad=False)
+            packed = self._packs(pb, rows, grad=False)
+            for part in self._micro(pb, rows, size, packed):
+                logp = self._forward(model, pb, part, grad=False, packed=packed)
                 if part:
                     full[part] = logp.to(full.dtype)
         model.train(was_training)
@@ -274,7 +284,9 @@ class PolicyGradientActor:
         for _ in range(cfg.ppo_epochs):
             for start in range(0, B, mb):
                 mini = list(range(start, min(B, start + mb)))
-                parts = self._micro(pb, self.local_rows(mini), cfg.ppo_micro_batch_size_per_gpu)
+                local = self.local_rows(mini)
+                packed = self._packs(pb, local, grad=True)
+                parts = self._micro(pb, local, cfg.ppo_micro_batch_size_per_gpu, packed)
                 total_n = self._share(mask, mini, mini, seq_weights)[1]
                 total_tokens = float(mask[mini].sum())
                 keys = ("actor/pg_loss",) + self._TOKEN_MEANS
@@ -283,7 +295,7 @@ class PolicyGradientActor:
                 gap = torch.zeros(1, dtype=torch.float64)
                 self.optimizer.zero_grad(set_to_none=True)
                 for rows in parts:
-                    logp = self._forward(self.model, pb, rows, grad=True)
+                    logp = self._forward(self.model, pb, rows, grad=True, packed=packed)
                     if not rows:  # a stand-in pass: same collectives, no contribution
                         (logp.sum() * 0.0).backward()
                         continue
