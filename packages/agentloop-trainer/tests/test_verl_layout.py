@@ -68,9 +68,11 @@ def test_verl_values_agentloop_cannot_honour_are_errors():
 
 def test_an_ignored_verl_key_is_exact_so_a_typo_is_an_error():
     notices: list[str] = []
-    load_config(["actor_rollout_ref.actor.ppo_micro_batch_size=2", "critic.optim.lr=1e-5",
-                 "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1"], notice=notices.append)
+    cfg = load_config(["actor_rollout_ref.actor.ppo_micro_batch_size=2", "critic.optim.lr_warmup_steps_ratio=0.1",
+                       "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "critic.optim.lr=1e-5"],
+                      notice=notices.append)
     assert sum("ignored" in n for n in notices) == 3, notices
+    assert cfg.critic.optim.lr == 1e-5  # a key of PPO's critic now, read, not ignored
     # The misspelt key once matched the ignored name ``ppo_micro_batch_size`` as a prefix and was dropped.
     with pytest.raises(ConfigError, match=r"unknown config key 'actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpuu'"):
         load_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpuu=2"])
