@@ -169,7 +169,7 @@ def lint(session: nox.Session) -> None:
     # (vLLM and SGLang excepted: GBs; those imports say so).
     session.install(TORCH)
     session.install("-e", "packages/agentloop-core[ray,mlflow]", "-e", "packages/agentloop-engines[hf,ray,server]",
-                    "-e", "packages/agentloop-tools[mcp]", "-e", "packages/agentloop-trainer[gguf,lora,wandb,tensorboard,judge]",
+                    "-e", "packages/agentloop-tools[mcp,openenv]", "-e", "packages/agentloop-trainer[gguf,lora,wandb,tensorboard,judge]",
                     "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance", TORCH, "basedpyright>=1.20")
     session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("basedpyright")
