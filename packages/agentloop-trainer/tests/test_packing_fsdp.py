@@ -64,7 +64,10 @@ def test_two_fsdp_ranks_packed_match_padded(random_model_path):
 def test_agentloop_train_runs_packed(tmp_path, random_model_path):
     """``agentloop train`` with the verl switch spelled verl's way (``actor_rollout_ref.model.
     use_remove_padding=true``) and a token budget: the update's forwards run packed (through
-    packed_sdpa_attention) and both steps train (a parity reward gives nonzero advantages)."""
+    packed_sdpa_attention) and both steps train (a parity reward gives nonzero advantages).
+    Gradient checkpointing turns off the update's prompt sharing, so the update packs even
+    though the group's samples repeat a prompt (one process packs only where that computes
+    fewer tokens: ``packing_pays``)."""
     import json
     import math
 
@@ -80,6 +83,7 @@ def test_agentloop_train_runs_packed(tmp_path, random_model_path):
         f"model.path={random_model_path}", "data.train_size=16", "data.val_size=2", "data.train_batch_size=2",
         "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12",
         "data.max_response_length=40", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=600",
         "trainer.total_steps=2", "trainer.test_freq=0", "trainer.save_freq=0", "trainer.progress_bar=false",
         "trainer.val_before_train=false", f"trainer.output_dir={tmp_path}", "trainer.experiment_name=packed",
