@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.update.losses import masked_mean
+from agentloop_trainer.update.losses import kl_k3, masked_mean
 from agentloop_trainer.update.tables import AlgorithmTable
 
 __all__ = [
@@ -85,10 +85,7 @@ def _k1(student: Any, teacher: Any) -> Any:
 
 @register_distillation_loss("k3", verl_name="k3", summary="exp(-k1) - 1 + k1: non-negative, lower variance")
 def _k3(student: Any, teacher: Any) -> Any:
-    import torch
-
-    k1 = student - teacher
-    return torch.expm1(-k1) + k1
+    return kl_k3(student, teacher, clamp=None)
 
 
 def token_kl(student_log_probs: Any, teacher_log_probs: Any, mask: Any, loss_mode: str = "k1", *,

@@ -147,14 +147,18 @@ def aggregate_loss(per_token: Any, mask: Any, mode: str = "token-mean", seq_weig
     return per_seq.sum() / denominator
 
 
-def kl_k3(log_probs: Any, ref_log_probs: Any) -> Any:
+def kl_k3(log_probs: Any, ref_log_probs: Any, clamp: float | None = 10.0) -> Any:
     """Per-token k3 estimate of KL(policy || reference): ``exp(d) - d - 1`` with
-    ``d = ref - logp``; non-negative, unbiased, low variance. Clamped to [-10, 10] in ``d``
-    so one outlier token cannot blow up the loss."""
+    ``d = ref - logp``; non-negative, unbiased, low variance. Clamped to ``[-clamp, clamp]`` in
+    ``d`` (10 for the KL loss, so one outlier token cannot blow up the loss; None: not clamped,
+    as on-policy distillation's ``k3``, which has its own ``loss_max_clamp``)."""
     import torch
 
-    d = torch.clamp(ref_log_probs - log_probs, -10.0, 10.0)
-    return torch.exp(d) - d - 1.0
+    d = ref_log_probs - log_probs
+    if clamp is not None:
+        d = torch.clamp(d, -clamp, clamp)
+    # expm1: exact for small d, where exp(d) - 1 would lose the d**2 / 2 left to float32 rounding.
+    return torch.expm1(d) - d
 
 
 def truncated_importance_weight(old_log_probs: Any, rollout_log_probs: Any, cap: float) -> Any:
