@@ -12,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import test_judge_serve
+from test_judge_reward import ScriptedJudge
 
 from agentloop_trainer.config import ConfigError, load_config
 from agentloop_trainer.reward.group_judge import GroupJudge, answers_block, group_prompt, parse_group_reply
@@ -32,44 +31,6 @@ served_judge = test_judge_serve.served_judge
 ANSWER = re.compile(r'<answer id="(\d+)">\n(.*?)\n</answer>', re.S)
 
 
-class TextJudge:
-    """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 whose reply is ``reply(prompt)``
-    (``(status, text)``); it records every prompt it was sent."""
-
-    def __init__(self, reply: Callable[[str], tuple[int, str]]) -> None:
-        self.prompts: list[str] = []
-        lock = threading.Lock()
-        judge = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                prompt = body["messages"][0]["content"]
-                with lock:
-                    judge.prompts.append(prompt)
-                status, text = reply(prompt)
-                out = {"choices": [{"message": {"role": "assistant", "content": text}}],
-                       "usage": {"prompt_tokens": 20, "completion_tokens": 5}} if status == 200 else {"error": text}
-                data = json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def by_length(prompt: str) -> tuple[int, str]:
     """Scores each answer ``len(text) % 11`` (0-10): a score tied to the answer it belongs to."""
     return 200, json.dumps({"scores": [len(text) % 11 for _, text in ANSWER.findall(prompt)]})
@@ -77,10 +38,12 @@ def by_length(prompt: str) -> tuple[int, str]:
 
 @pytest.fixture
 def text_judge():
-    judges: list[TextJudge] = []
+    """An OpenAI-compatible judge on 127.0.0.1 whose reply is ``reply(prompt)`` (``(status,
+    text)``); ``.prompts`` are the prompts it was sent."""
+    judges: list[ScriptedJudge] = []
 
-    def start(reply: Callable[[str], tuple[int, str]]) -> TextJudge:
-        judges.append(TextJudge(reply))
+    def start(reply: Callable[[str], tuple[int, str]]) -> ScriptedJudge:
+        judges.append(ScriptedJudge([], reply=reply))
         return judges[-1]
 
     yield start

@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -22,11 +23,14 @@ from agentloop_trainer.reward.scoring import RewardScorer
 class ScriptedJudge:
     """An OpenAI-compatible ``/v1/chat/completions`` on 127.0.0.1 that answers each request with
     the next scripted ``(status, reply text, delay_s)`` (the last one repeats; with ``cycle`` the
-    script does), recording the requests and the most requests it had in flight at once."""
+    script does), recording the requests and the most requests it had in flight at once. With
+    ``reply``, each request is answered with ``reply(prompt)`` (``(status, text)``, no delay) instead,
+    ``prompt`` being the request's first message."""
 
-    def __init__(self, script: list[tuple[int, str, float]], cycle: bool = False) -> None:
+    def __init__(self, script: list[tuple[int, str, float]], cycle: bool = False,
+                 reply: Callable[[str], tuple[int, str]] | None = None) -> None:
         self.script, self.requests, self.in_flight, self.max_in_flight = list(script), [], 0, 0
-        self.cycle = cycle
+        self.cycle, self.reply = cycle, reply
         self.lock = threading.Lock()
         judge = self
 
@@ -35,9 +39,12 @@ class ScriptedJudge:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with judge.lock:
                     judge.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-                    if judge.cycle:
-                        judge.script.append(judge.script[0])
-                    status, text, delay = judge.script.pop(0) if len(judge.script) > 1 else judge.script[0]
+                    if judge.reply is not None:
+                        status, text, delay = (*judge.reply(body["messages"][0]["content"]), 0.0)
+                    else:
+                        if judge.cycle:
+                            judge.script.append(judge.script[0])
+                        status, text, delay = judge.script.pop(0) if len(judge.script) > 1 else judge.script[0]
                     judge.in_flight += 1
                     judge.max_in_flight = max(judge.max_in_flight, judge.in_flight)
                 time.sleep(delay)
@@ -62,6 +69,11 @@ class ScriptedJudge:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def prompts(self) -> list[str]:
+        """The first message of every request, in order."""
+        return [r["body"]["messages"][0]["content"] for r in self.requests]
 
     def close(self) -> None:
         self.server.shutdown()
