@@ -28,6 +28,11 @@ high-water marks and allocator state do not carry over; the sides alternate at e
 8-trajectory warm-up runs first in each process and is not measured. Then ours runs once more
 at the highest N under cProfile (a separate run: cProfile slows it down) for where the time goes.
 
+Before/after a change in one run: ``--baseline-tree DIR`` adds a side that imports the packages
+in DIR first (a copy of the code before the change), run alternately with ours at each N under
+the same load, and ``--rounds K`` runs each side K times (the table shows each side's median run
+by CPU per trajectory, the primary measure on a shared machine).
+
 Run: ``python bench/bench_scale.py`` (writes ``bench/results/scale.json``); verl's side needs
 verl installed (``nox -s bench``'s venv).
 """
@@ -61,7 +66,7 @@ PROBE_S = 0.010
 WARMUP = 8
 RESULT_PREFIX = "SCALE_RESULT "
 SIDES = {"ours": "ours (agentloop tool_agent)", "ours_unpaced": "ours, turns_per_loop_iteration=None",
-         "ours_python_gc": "ours, hold_full_gc=false",
+         "ours_python_gc": "ours, hold_full_gc=false", "ours_baseline": "ours, baseline tree (--baseline-tree)",
          "verl": "verl 0.9.1 ToolAgentLoop"}
 
 
@@ -282,11 +287,15 @@ async def child_verl(n: int, per_token_s: float, profile: bool) -> dict:
     return {**result, "engine_tokens_per_trajectory": engine.generated_tokens / n}
 
 
-def run_child(side: str, n: int, per_token_ms: float, profile: bool, timeout: float) -> dict:
-    """Run one measurement in a fresh interpreter; its result, or ``{"error": ...}``."""
+def run_child(side: str, n: int, per_token_ms: float, profile: bool, timeout: float,
+              baseline_tree: str | None = None) -> dict:
+    """Run one measurement in a fresh interpreter; its result, or ``{"error": ...}``. The
+    ``ours_baseline`` side imports the packages in ``baseline_tree`` first (the code before a change)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", side, "--n", str(n),
            "--per-token-ms", str(per_token_ms), *(["--profile"] if profile else [])]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    if side == "ours_baseline":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(baseline_tree), env.get("PYTHONPATH")]))
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -304,6 +313,15 @@ def verl_missing() -> str | None:
     return None
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median CPU time per trajectory, with every run under ``rounds`` (one
+    error: that error)."""
+    good = sorted((r for r in runs if "error" not in r), key=lambda r: r["cpu_ms_per_trajectory"])
+    if len(good) < len(runs):
+        return next(r for r in runs if "error" in r)
+    return {**good[(len(good) - 1) // 2], **({"rounds": runs} if len(runs) > 1 else {})}
+
+
 def fmt(value: Any, digits: int = 3) -> Any:
     return "n/a" if value is None else round(value, digits) if isinstance(value, float) else value
 
@@ -317,6 +335,12 @@ def main() -> None:
     parser.add_argument("--sides", nargs="*", choices=sorted(OURS_OVERRIDES), default=list(OURS_OVERRIDES),
                         help="which of our configurations to run (default: all)")
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--baseline-tree", help=(
+        "a folder holding the packages' code before a change (e.g. a copy of agentloop_core/ with the old "
+        "tokenization/), put first on PYTHONPATH for one more side run alternately with ours at each N: a "
+        "before/after comparison under the same load"))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each side at each N, alternating; the table shows each side's median run by CPU")
     parser.add_argument("--child-timeout", type=float, default=300.0)
     parser.add_argument("--child", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -326,20 +350,30 @@ def main() -> None:
         if args.child == "verl":
             result = asyncio.run(child_verl(args.n, args.per_token_ms / 1e3, args.profile))
         else:
-            result = asyncio.run(child_ours(args.n, args.per_token_ms / 1e3, args.profile, OURS_OVERRIDES[args.child]))
+            result = asyncio.run(child_ours(args.n, args.per_token_ms / 1e3, args.profile,
+                                            OURS_OVERRIDES.get(args.child, {})))
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
 
     load_start = load_average()
     verl_note = "skipped: --skip-verl" if args.skip_verl else verl_missing()
-    sides = [*args.sides] + ([] if verl_note else ["verl"])
+    ours_sides = [*(["ours_baseline"] if args.baseline_tree else []), *args.sides]
+    sides = ours_sides + ([] if verl_note else ["verl"])
     results: dict[str, dict[str, dict]] = {side: {} for side in SIDES}
     for n in args.levels:
+        runs: dict[str, list[dict]] = {side: [] for side in sides}
+        for k in range(args.rounds):
+            for side in sides:
+                print(f"{SIDES[side]}, N={n}, round {k + 1} (load {load_average()})", flush=True)
+                run = run_child(side, n, args.per_token_ms, False, args.child_timeout, args.baseline_tree)
+                runs[side].append({**run, "load_average": load_average()})
+                if "error" in run:
+                    print(f"  failed: {run['error']}", flush=True)
+                else:
+                    print(f"  {run['cpu_ms_per_trajectory']:.3f} ms CPU per trajectory, "
+                          f"{run['trajectories_per_s']:.0f} trajectories/s", flush=True)
         for side in sides:
-            print(f"{SIDES[side]}, N={n} (load {load_average()})", flush=True)
-            results[side][str(n)] = run_child(side, n, args.per_token_ms, False, args.child_timeout)
-            if "error" in results[side][str(n)]:
-                print(f"  failed: {results[side][str(n)]['error']}", flush=True)
+            results[side][str(n)] = median_run(runs[side])
     profile = None
     if not args.no_profile:
         top = max(args.levels)
@@ -349,7 +383,7 @@ def main() -> None:
     headers = ["loop", "N concurrent", "trajectories/s", "engine-bound trajectories/s", "lag p50 ms",
                "lag p99 ms", "lag max ms", "longest full GC ms", "KB per trajectory", "CPU s", "CPU ms per trajectory"]
     rows = []
-    for side in [*args.sides, "verl"]:
+    for side in [*ours_sides, "verl"]:
         for n in args.levels:
             r = results[side].get(str(n)) or {"error": verl_note}
             if "error" in r:
@@ -387,6 +421,13 @@ def main() -> None:
         goal["at_least_75pct_of_engine_bound_at_4096"] = goal["engine_bound_share_at_4096"] >= 0.75
     if "kb_per_trajectory" in at_4096 and "kb_per_trajectory" in verl_4096:
         goal["memory_over_verl_at_4096"] = at_4096["kb_per_trajectory"] / verl_4096["kb_per_trajectory"]
+    if args.baseline_tree:  # the same N, alternating under the same load: CPU per trajectory is the measure
+        goal["cpu_ours_over_baseline"] = {
+            str(n): results["ours"][str(n)]["cpu_ms_per_trajectory"] / results["ours_baseline"][str(n)]["cpu_ms_per_trajectory"]
+            for n in args.levels if "cpu_ms_per_trajectory" in results["ours"].get(str(n), {})
+            and "cpu_ms_per_trajectory" in results["ours_baseline"].get(str(n), {})}
+        print(f"CPU per trajectory, ours / baseline tree, by N: "
+              f"{ {k: round(v, 3) for k, v in goal['cpu_ours_over_baseline'].items()} }")
     print(f"ours / verl trajectories per second by N: { {k: round(v, 2) for k, v in ratios.items()} }")
     print(f"goal: p99 lag < 50 ms at {top}: {goal['p99_lag_under_50ms_at_top']}; "
           f"no pause over 100 ms: {goal['no_pause_over_100ms_at_top']}; "

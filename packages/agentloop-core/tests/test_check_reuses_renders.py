@@ -48,6 +48,7 @@ def test_a_checked_trajectory_renders_each_delta_once_and_the_check_renders_noth
     tok = load_tiny_tokenizer()
     exact = _tool_turns(ChatRenderer(tok, tools=TOOLS, delta_strategy="history"), 5, sanity_check="disable")
     renderer = ChatRenderer(tok, tools=TOOLS)
+    monkeypatch.setattr(renderer._frames, "off", "this test counts history renders")  # test_framed_delta: frames
     counted = _Counting(renderer, monkeypatch)
     traj = _tool_turns(renderer, 5, sanity_check="strict")
     assert counted.lengths == [1, 3, 5, 7, 9, 11]  # the prompt, then each delta over the whole history
@@ -61,6 +62,7 @@ def test_a_checked_trajectory_renders_each_delta_once_and_the_check_renders_noth
 def test_an_unchecked_trajectory_keeps_the_short_delta(monkeypatch):
     monkeypatch.setattr(renderer_module, "_SHORT_DELTA_VERDICTS", {})
     tok = load_tiny_tokenizer()
+    monkeypatch.setattr(ChatRenderer(tok, tools=TOOLS)._frames, "off", "this test counts short renders")  # no frames
     _tool_turns(ChatRenderer(tok, tools=TOOLS), 4)  # agrees VERIFY_DELTAS times: short from now on
     renderer = ChatRenderer(tok, tools=TOOLS)
     counted = _Counting(renderer, monkeypatch)

@@ -488,6 +488,7 @@ def test_auto_delta_turns_short_after_agreeing_and_gives_the_history_ids(monkeyp
 
     monkeypatch.setattr(renderer_module, "_SHORT_DELTA_VERDICTS", {})
     tok = load_tiny_tokenizer()
+    monkeypatch.setattr(ChatRenderer(tok, tools=TOOLS)._frames, "off", "this test counts short renders")  # no frames
     exact = _tool_turns(ChatRenderer(tok, tools=TOOLS, delta_strategy="history"), 12)
     auto_renderer = ChatRenderer(tok, tools=TOOLS)
     rendered: list[int] = []

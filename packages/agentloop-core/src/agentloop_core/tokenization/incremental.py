@@ -66,6 +66,21 @@ def turn_encoder(tokenizer: Any) -> Callable[[list[str]], list[list[int]]] | Non
     return lambda texts: [list(e.ids) for e in fast(texts, add_special_tokens=False)]
 
 
+def plain_decoder(tokenizer: Any) -> Callable[[list[int], bool], str] | None:
+    """The fast backend's ``decode(ids, skip_special_tokens)``, which gives what
+    ``tokenizer.decode`` gives for a stock fast tokenizer while its
+    ``clean_up_tokenization_spaces`` is False (the caller checks that at each call: it can be
+    changed in place); None for any other tokenizer. Generated turns are decoded three times a
+    turn, and transformers' wrapper around the backend cost three times the decode itself."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    cls = type(tokenizer)
+    stock = all(getattr(getattr(cls, name, None), "__module__", "").startswith("transformers.tokenization_utils")
+                for name in ("decode", "_decode"))
+    if not getattr(tokenizer, "is_fast", False) or backend is None or not stock:
+        return None
+    return backend.decode
+
+
 def _backend_splits(tokenizer: Any, backend: Any) -> bool:
     decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
     # A special token that strips whitespace next to it, matches only as a whole word, or is

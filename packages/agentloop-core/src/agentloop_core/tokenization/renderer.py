@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentloop_core.tokenization.content_marks import MARK, ContentMarks
+from agentloop_core.tokenization.framed_delta import template_frames
+from agentloop_core.tokenization.incremental import plain_decoder
 from agentloop_core.tokenization.opaque import (
     BASE_CONVERSATION,
     args_marker,
@@ -91,7 +93,9 @@ class ChatRenderer:
             template; once they agree, ``short``; the first disagreement pins that shape to
             ``history`` for good. A template whose output depends on turns further back than
             the last assistant turn in a way the first deltas do not show is still caught by
-            the trajectory's sanity check; set ``history`` for it.
+            the trajectory's sanity check; set ``history`` for it. With ``auto``, tool results
+            take a frame where the template has one (:mod:`.framed_delta`: checked at its build
+            and audited against the full render).
         vision: The model's :class:`~agentloop_core.vision.VisionProcessor` (None: a text-only
             model). Each image placeholder the template renders is expanded to the image's
             tokens (:meth:`expand_images`) before encoding, so image tokens are rendered ids
@@ -152,6 +156,7 @@ class ChatRenderer:
         """The tokenizer's special tokens (text, longest first) and their ids: the tokens that can
         close a turn."""
         self._piecewise = piecewise_encoder(self.tokenizer, self.special_tokens)
+        self._decode = plain_decoder(self.tokenizer)
         self.allow_special_tokens_in_content = allow_special_tokens_in_content
         # The plain encoder is the piecewise one (or the tokenizer's), not a bound method: a
         # renderer that its marks referred back to would be freed only by the cycle collector.
@@ -179,6 +184,7 @@ class ChatRenderer:
             _SPLITS[self._template_key] = self._probe_split()
         if _SPLITS[self._template_key]:
             raise TokenizationMismatchError(_SPLITS[self._template_key])
+        self._frames = template_frames(self._template_key)
 
     # -- rendering -------------------------------------------------------------------------
 
@@ -229,6 +235,8 @@ class ChatRenderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids`` with special tokens kept, so it can be rendered back verbatim."""
+        if self._decode is not None and getattr(self.tokenizer, "clean_up_tokenization_spaces", None) is False:
+            return self._decode(list(ids), False)
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]], images: Sequence[ImageItem] = ()) -> list[int]:
@@ -309,8 +317,10 @@ class ChatRenderer:
         *,
         assistant_ended_with_eos: bool = True,
         strategy: DeltaStrategy | None = None,
+        framed: bool = False,
     ) -> str:
-        """The text :meth:`delta` encodes (for callers that need only the text)."""
+        """The text :meth:`delta` encodes (for callers that need only the text). ``framed``:
+        a ``history`` delta may come from a frame too, for a renderer whose strategy is ``auto``."""
         if not new_messages:
             raise ValueError("delta needs at least one new message")
         if not history:
@@ -321,6 +331,14 @@ class ChatRenderer:
                 "delta needs a history that ends with an assistant turn (the generated ids the new messages "
                 "follow); append all messages between two assistant turns in one call"
             )
+        if self.delta_strategy == "auto" and (framed or strategy == "auto") and not _CALLS_MODE.get(self._template_key):
+            marks = self._marks
+            text = self._frames.text(
+                history, new_messages, assistant_ended_with_eos, mark=marks.mark if marks is not None else str,
+                render=lambda h, n: self._delta_text(h, n, assistant_ended_with_eos),
+                probes=(" ".join((*self.special_tokens[:4], MARK)),))
+            if text is not None and not _CALLS_MODE.get(self._template_key):
+                return text
         short = [BASE_CONVERSATION[0], history[-1]]
         if strategy == "history":
             return self._delta_text(history, new_messages, assistant_ended_with_eos)

@@ -260,7 +260,7 @@ class Trajectory(TrajectoryCheck):
             text = self._render_once(
                 ("delta", history, following, ended),
                 lambda: self._expand(self.renderer.delta_text(history, following, assistant_ended_with_eos=ended,
-                                                              strategy="history"), following, "delta"))
+                                                              strategy="history", framed=True), following, "delta"))
             delta = DeltaResult(self.renderer.encode(text), text)
         else:
             items = self.images.in_messages(following) if self.images.items else ()
