@@ -477,7 +477,7 @@ def train_vision(session: nox.Session) -> None:
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     data = ROOT / "outputs" / "train-vision-data"
     session.run("agentloop", "data", "cards", "--out", str(data), env=env)
-    out = session.run("python", "-c", "from agentloop_engines.tiny_vlm import build_tiny_vlm; print(build_tiny_vlm())",
+    out = session.run("python", "-c", "from agentloop_engines.testing.tiny_vlm import build_tiny_vlm; print(build_tiny_vlm())",
                       silent=True, env=env)
     if out is None:  # --install-only
         return

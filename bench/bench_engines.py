@@ -84,7 +84,7 @@ async def run_vllm() -> dict:
     os.environ.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
     from agentloop_engines import build_tiny_model
-    from agentloop_engines.vllm_server import VLLMServer
+    from agentloop_engines.adapters.vllm.server import VLLMServer
 
     tok = load_tiny_tokenizer()
     print("  VLLMServer", flush=True)

@@ -84,8 +84,8 @@ async def burst(url: str, n: int, pool_timeout_s: float) -> collections.Counter:
 
 def run(name: str, limits_kw: dict, args: argparse.Namespace) -> dict:
     from agentloop_core.testing import ScriptedServer
-    from agentloop_engines.http_common import ServerLimits
-    from agentloop_engines.http_server import ServerThread
+    from agentloop_engines.serving.common import ServerLimits
+    from agentloop_engines.serving.server import ServerThread
 
     limits = ServerLimits(**limits_kw)
     stop = threading.Event()

@@ -50,7 +50,7 @@ def prompts(n: int, vocab: int, shared: int, own: int) -> list[list[int]]:
 async def run(model_dir: str, cache_tokens: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
 
     torch.set_num_threads(args.threads)
     server = HFServer(model_dir, max_batch_size=64, prefix_cache_tokens=cache_tokens)
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--smollm2-dir", default=None)
     parser.add_argument("--no-smollm2", action="store_true")
     args = parser.parse_args()
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     load_before = load_average()
     models = {"tiny-qwen2": bench_model("tiny-qwen2", str(build_tiny_model()), args)}

@@ -119,10 +119,10 @@ def decode_steps(model_dir: str, threads: int, rows: tuple[int, ...] = (16, 32, 
     from transformers import AutoModelForCausalLM
 
     from agentloop_core.protocol import SamplingParams
-    from agentloop_engines.hf.attention import use_grouped_decode_attention
-    from agentloop_engines.hf.batch import DecodeBatch, Row
-    from agentloop_engines.hf.packed_linear import pack_linears
-    from agentloop_engines.hf.sampling import RowSampling
+    from agentloop_engines.adapters.hf.attention import use_grouped_decode_attention
+    from agentloop_engines.adapters.hf.batch import DecodeBatch, Row
+    from agentloop_engines.adapters.hf.packed_linear import pack_linears
+    from agentloop_engines.adapters.hf.sampling import RowSampling
 
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -169,11 +169,11 @@ def run_engine(engine: str, model_dir: str, threads: int, max_batch_size: int = 
     start = time.perf_counter()
     if engine == "hf":
         torch.set_num_threads(threads)
-        from agentloop_engines.hf import HFServer
+        from agentloop_engines.adapters.hf import HFServer
 
         server = HFServer(model_dir, max_model_len=2048, max_batch_size=max_batch_size)
     else:
-        from agentloop_engines.vllm_server import VLLMServer
+        from agentloop_engines.adapters.vllm.server import VLLMServer
 
         server = VLLMServer(model=model_dir, enforce_eager=True, max_model_len=2048, dtype="float32")
     load_s = time.perf_counter() - start

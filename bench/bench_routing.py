@@ -344,7 +344,7 @@ def run_real(replicas: int, trajectories: int, rounds: int, seed: int = 0) -> di
     import functools
 
     from agentloop_engines import HFServer, build_tiny_model
-    from agentloop_engines.hosting import connect_ray, start_replicas, stop_replicas
+    from agentloop_engines.fleet.hosting import connect_ray, start_replicas, stop_replicas
 
     path = build_tiny_model()
     ray = connect_ray(num_cpus=2)
@@ -380,7 +380,7 @@ def main() -> None:
         rows = [(name, round(v["makespan_s"], 2), f"{v['makespan_s'] / base:.2f}",
                  f"{100 * v['same_replica_rate']:.0f}%") for name, v in real["policies"].items()]
         real["how"] = (f"{real['replicas']} HFServer replicas (tiny random Qwen2) as Ray actors "
-                       "(agentloop_engines.hosting.start_replicas, 0.5 CPU each, local Ray with 2 CPUs), "
+                       "(agentloop_engines.fleet.hosting.start_replicas, 0.5 CPU each, local Ray with 2 CPUs), "
                        "routed from the driver by the same policy objects as the simulation, given each "
                        "prompt's length. HFServer has no prefix cache, so only makespan and the share of "
                        "later turns that land on their previous replica (what a prefix cache would "

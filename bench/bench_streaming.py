@@ -1,6 +1,6 @@
 """Time to first token of the gateway's streamed answers, against the whole-answer time.
 
-The real ``openai`` client calls a :class:`~agentloop_engines.gateway.GatewayThread` over
+The real ``openai`` client calls a :class:`~agentloop_engines.serving.gateway.GatewayThread` over
 loopback, in front of HFServer (CPU, greedy, ``ignore_eos``, ``--tokens`` new tokens, one
 request at a time, after a warm-up). For each model:
 
@@ -48,8 +48,8 @@ def measure(model_dir: str, tokens: int, repeats: int) -> dict:
     import httpx
     import openai
 
-    from agentloop_engines.gateway import Gateway, GatewayThread
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.serving.gateway import Gateway, GatewayThread
 
     engine = HFServer(model_dir, max_model_len=2048)
     gateway = Gateway(engine, engine.tokenizer)
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--model-dir", default=None, help="the real checkpoint (default: agentloop model fetch)")
     parser.add_argument("--no-real", action="store_true", help="only the tiny model")
     args = parser.parse_args()
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     models = {"tiny-qwen2": str(build_tiny_model(initializer_range=0.3))}
     real = None if args.no_real else (args.model_dir or real_model_dir())

@@ -1,6 +1,6 @@
 """Benchmark: the cost of images in a rollout, against a text-only rollout of the same token count.
 
-Two measurements on the tiny Qwen2-VL (``agentloop_engines.tiny_vlm``), 224x224 images (64
+Two measurements on the tiny Qwen2-VL (``agentloop_engines.testing.tiny_vlm``), 224x224 images (64
 image tokens each after the 2x2 merge):
 
 * **Per turn, the processor path**: a trajectory appends a tool result holding one new image
@@ -14,7 +14,7 @@ image tokens each after the 2x2 merge):
   image prompts run four ways, rounds alternated: as the engine did before (each image row
   prefilled on its own, ``HFServer.batch_image_prefill = False``, and the vision patch
   embedding as transformers' Conv3d), one by one with the patch embedding as a matmul
-  (:func:`agentloop_engines.hf.vision.linear_patch_embeddings`), and in one batched forward
+  (:func:`agentloop_engines.adapters.hf.vision.linear_patch_embeddings`), and in one batched forward
   with either patch embedding.
 
 Run: ``python bench/bench_vision.py`` (writes ``bench/results/vision.json``).
@@ -92,8 +92,8 @@ def per_turn(tokenizer, processor) -> dict[str, float]:
 def rollout(path: Path, tokenizer, processor) -> dict[str, dict[str, float]]:
     from agentloop_core.tokenization import ChatRenderer, Trajectory
     from agentloop_core.vision import multi_modal_kwargs
-    from agentloop_engines.hf.server import HFServer
-    from agentloop_engines.hf.vision import linear_patch_embeddings
+    from agentloop_engines.adapters.hf.server import HFServer
+    from agentloop_engines.adapters.hf.vision import linear_patch_embeddings
 
     server = HFServer(path, max_batch_size=ROWS)
     renderer = ChatRenderer(tokenizer, vision=processor)
@@ -154,7 +154,7 @@ def main() -> None:
     import transformers
 
     from agentloop_core.vision import load_vision_processor
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     path = build_tiny_vlm()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)

@@ -2,7 +2,7 @@
 
 Each policy answers ``choose(request_id, prompt_tokens) -> replica index`` and is told when a
 request starts (``acquire``) and ends (``release``). ``ours`` is the real
-:class:`agentloop_engines.routing.StickyLeastInFlightPolicy` as ``LLMServerClient`` uses it
+:class:`agentloop_engines.fleet.routing.StickyLeastInFlightPolicy` as ``LLMServerClient`` uses it
 (given each prompt's length, so its cost-model gate decides migrations); "sticky least
 in-flight, count gate" is the same class without prompt lengths (the previous default: move
 when 8 more requests are in flight). The others are the usual alternatives, written here for
@@ -89,7 +89,7 @@ class Ours:
     uses_prompt_length = True
 
     def __init__(self, num_replicas: int, **kwargs) -> None:
-        from agentloop_engines.routing import StickyLeastInFlightPolicy
+        from agentloop_engines.fleet.routing import StickyLeastInFlightPolicy
 
         self.policy = StickyLeastInFlightPolicy(num_replicas, **kwargs)
 

@@ -16,8 +16,8 @@ from agentloop_core.testing import load_tiny_tokenizer
 
 
 def _hf_target(cls_body: dict[str, Any]) -> EngineTarget:
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     cls = type("BrokenHFServer", (HFServer,), cls_body)
     server = cls(build_tiny_model(initializer_range=0.3), max_model_len=1024)
@@ -48,8 +48,8 @@ def ignores_stop_engine() -> EngineTarget:
 def ignores_images_engine() -> EngineTarget:
     """Serves the tiny Qwen2-VL but drops ``multi_modal_data``: the image tokens run as text, so
     every image is answered alike (and images that do not match the prompt go unnoticed)."""
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     async def _generate(self, request_id, prompt_ids, sp, images=()):
         return await super(type(self), self)._generate(request_id, prompt_ids, sp)
@@ -63,8 +63,8 @@ def samples_placeholders_engine() -> EngineTarget:
     emptied), next to a copy whose top choice is the image placeholder."""
     from agentloop_conformance.placeholder_model import placeholder_preferring_checkpoint
     from agentloop_core.cache import build_once, cache_dir
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     folder = build_tiny_vlm(initializer_range=0.3)
 

@@ -20,8 +20,8 @@ class TestHFServerConformance(EngineConformanceTests):
     @pytest.fixture(scope="class")
     @classmethod
     def engine(cls):
-        from agentloop_engines.hf import HFServer
-        from agentloop_engines.tiny_model import build_tiny_model
+        from agentloop_engines.adapters.hf import HFServer
+        from agentloop_engines.testing.tiny_model import build_tiny_model
 
         # A larger init than the default makes greedy outputs depend on the prompt.
         return HFServer(build_tiny_model(initializer_range=0.3), max_model_len=1024)
@@ -42,8 +42,8 @@ class TestHFServerVisionConformance(EngineVisionTests):
     @pytest.fixture(scope="class")
     @classmethod
     def engine(cls):
-        from agentloop_engines.hf import HFServer
-        from agentloop_engines.tiny_vlm import build_tiny_vlm
+        from agentloop_engines.adapters.hf import HFServer
+        from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
         return HFServer(build_tiny_vlm(initializer_range=0.3), max_model_len=1024)
 
@@ -51,8 +51,8 @@ class TestHFServerVisionConformance(EngineVisionTests):
     @classmethod
     def placeholder_engine(cls, tmp_path_factory):
         from agentloop_conformance.placeholder_model import placeholder_preferring_checkpoint
-        from agentloop_engines.hf import HFServer
-        from agentloop_engines.tiny_vlm import build_tiny_vlm
+        from agentloop_engines.adapters.hf import HFServer
+        from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
         folder = placeholder_preferring_checkpoint(build_tiny_vlm(initializer_range=0.3),
                                                    tmp_path_factory.mktemp("placeholder-vlm"))

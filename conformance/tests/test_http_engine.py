@@ -1,4 +1,4 @@
-"""The engine suite against RemoteServer: HFServer on the tiny Qwen2 model, served by uvicorn on
+"""The engine suite against EngineHTTPClient: HFServer on the tiny Qwen2 model, served by uvicorn on
 127.0.0.1 in a thread and reached over HTTP. The HTTP hop must change nothing the suite checks;
 the capabilities come from the server's /health, so the same checks apply as in-process."""
 
@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 for _module in ("httpx", "fastapi", "uvicorn"):
-    pytest.importorskip(_module, reason='RemoteServer needs pip install "agentloop-engines[server]"')
+    pytest.importorskip(_module, reason='EngineHTTPClient needs pip install "agentloop-engines[server]"')
 pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyncio")
 
 from agentloop_conformance import EngineConformanceTests, hf_named_weights, hf_reference_log_probs  # noqa: E402
@@ -17,9 +17,9 @@ from agentloop_conformance import EngineConformanceTests, hf_named_weights, hf_r
 @pytest.fixture(scope="class")
 def served_hf():
     """HFServer behind a uvicorn thread; yields (engine, server thread)."""
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.http_server import ServerThread
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.serving.server import ServerThread
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     # A larger init than the default makes greedy outputs depend on the prompt.
     engine = HFServer(build_tiny_model(initializer_range=0.3), max_model_len=1024)
@@ -29,9 +29,9 @@ def served_hf():
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
 async def http_engine(served_hf):
-    from agentloop_engines.http_client import RemoteServer
+    from agentloop_engines.fleet.http_client import EngineHTTPClient
 
-    server = RemoteServer(served_hf[1].url, api_key="conformance-key", control_key=served_hf[1].control_key)
+    server = EngineHTTPClient(served_hf[1].url, api_key="conformance-key", control_key=served_hf[1].control_key)
     await server.connect()
     yield server
     await server.close()

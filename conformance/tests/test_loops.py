@@ -15,8 +15,8 @@ from agentloop_core.testing import load_tiny_tokenizer
 @pytest.fixture(scope="module")
 def tiny_engine():
     pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     return HFServer(build_tiny_model(initializer_range=0.3), max_model_len=1024)
 
@@ -140,7 +140,7 @@ class TestHTTPAgentConformance(_CallsTheCalculator):
     def agent_loop_factory(self):
         pytest.importorskip("openai", reason="needs pip install openai")
         pytest.importorskip("fastapi", reason='needs pip install "agentloop-engines[server]"')
-        from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways
+        from agentloop_engines.serving.http_agent import HTTPAgentLoop, close_gateways
 
         tokenizer = load_tiny_tokenizer()
         yield lambda server: HTTPAgentLoop(server, tokenizer, {"agent": _openai_calculator_agent,

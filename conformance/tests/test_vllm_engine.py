@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
 async def vllm_engine(tmp_path_factory):
-    from agentloop_engines.tiny_model import build_tiny_model
-    from agentloop_engines.vllm_server import VLLMServer
+    from agentloop_engines.adapters.vllm.server import VLLMServer
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     server = VLLMServer(model=str(build_tiny_model(initializer_range=0.3)), enforce_eager=True, max_model_len=1024,
@@ -43,7 +43,7 @@ class TestVLLMServerConformance(EngineConformanceTests):
     @pytest.fixture
     def reference_log_probs(self):
         from agentloop_conformance import hf_reference_log_probs
-        from agentloop_engines.tiny_model import build_tiny_model
+        from agentloop_engines.testing.tiny_model import build_tiny_model
 
         transformers = pytest.importorskip("transformers")
         model = transformers.AutoModelForCausalLM.from_pretrained(str(build_tiny_model(initializer_range=0.3)))
@@ -58,8 +58,8 @@ NO_QWEN2_VL = (None if importlib.util.find_spec("torchvision") is not None else
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
 async def vllm_vlm_engine(tmp_path_factory):
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
-    from agentloop_engines.vllm_server import VLLMServer
+    from agentloop_engines.adapters.vllm.server import VLLMServer
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     server = VLLMServer(model=str(build_tiny_vlm(initializer_range=0.3)), enforce_eager=True, max_model_len=1024,

@@ -24,9 +24,9 @@ import threading
 from pathlib import Path
 
 from agentloop_core.protocol import TokenOutput
-from agentloop_engines.gateway import Gateway, GatewayThread
-from agentloop_engines.hf import HFServer
-from agentloop_engines.tiny_model import build_tiny_model
+from agentloop_engines.adapters.hf import HFServer
+from agentloop_engines.serving.gateway import Gateway, GatewayThread
+from agentloop_engines.testing.tiny_model import build_tiny_model
 
 PROMPT = "What is 6*7? Answer with the number only."
 OFFLINE_ENV = {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1",

@@ -42,7 +42,7 @@ def sim_cluster() -> Iterator[SimCluster]:
     ray = pytest.importorskip("ray", reason='cluster tests need Ray: pip install "agentloop-engines[ray]"')
     from ray.cluster_utils import Cluster
 
-    from agentloop_engines.hosting import connect_ray
+    from agentloop_engines.fleet.hosting import connect_ray
 
     start = time.perf_counter()
     # A private temp root: Cluster writes the address file that `address="auto"` reads there,

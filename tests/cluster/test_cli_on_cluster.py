@@ -49,7 +49,7 @@ def test_agentloop_rollout_joins_the_cluster_by_address(sim_cluster, tmp_path):
     assert f"Ray: joined {sim_cluster.address} with 3 node(s)" in remote.stdout + remote.stderr
     # The replicas the command started ran on two different nodes of the cluster.
     new = [a for actor_id, a in ray._private.state.actors().items()
-           if actor_id not in actors_before and a["ActorClassName"] == "ServerActor"]
+           if actor_id not in actors_before and a["ActorClassName"] == "ReplicaActor"]
     assert len(new) == 2, new
     assert len({a["Address"]["NodeID"] for a in new}) == 2, new
     assert all(a["State"] == "DEAD" for a in new)  # stopped at the end of the command

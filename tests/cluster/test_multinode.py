@@ -21,7 +21,7 @@ from agentloop_core.runtime import AgentLoopManager
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_path
 from agentloop_core.testing.loops import TEST_CHAT_AGENT
 from agentloop_engines import LLMServerClient
-from agentloop_engines.hosting import (
+from agentloop_engines.fleet.hosting import (
     InsufficientResourcesError,
     connect_ray,
     placement_group_for_ranks,
@@ -113,7 +113,7 @@ def test_workers_and_spread_replicas_land_on_different_nodes(sim_cluster):
             assert len(placed) == 3
             assert ids["node_a"] not in placed
     finally:
-        from agentloop_engines.hosting import remove_placement_group
+        from agentloop_engines.fleet.hosting import remove_placement_group
 
         remove_placement_group(pg)
 
@@ -133,7 +133,7 @@ def hf_rows(n: int) -> list[dict]:
 
 def test_64_trajectories_over_two_nodes_equal_the_single_node_result(sim_cluster):
     from agentloop_engines import HFServer
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     model = build_tiny_model(initializer_range=0.3)  # prompt-dependent outputs, varied lengths
     rows = hf_rows(64)

@@ -40,7 +40,7 @@ def tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     ray = pytest.importorskip("ray", reason='engine fault tests need Ray: pip install "agentloop-engines[ray]"')
-    from agentloop_engines.hosting import init_local_ray
+    from agentloop_engines.fleet.hosting import init_local_ray
 
     init_local_ray(tmp_path_factory.mktemp("ray"))
     yield ray

@@ -16,8 +16,8 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 
 from agentloop_core.runtime import AgentLoopWorker  # noqa: E402
 from agentloop_core.testing import ScriptedServer  # noqa: E402
-from agentloop_engines.gateway.recorder import check_session_id  # noqa: E402
-from agentloop_engines.http_agent import close_gateways  # noqa: E402
+from agentloop_engines.serving.gateway.recorder import check_session_id  # noqa: E402
+from agentloop_engines.serving.http_agent import close_gateways  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 4}
 GROUP = 3

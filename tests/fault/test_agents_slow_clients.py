@@ -26,10 +26,10 @@ httpx = pytest.importorskip("httpx", reason='HTTP tests need httpx: pip install 
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 
 from agentloop_core.testing import ScriptedServer  # noqa: E402
-from agentloop_engines.gateway import Gateway  # noqa: E402
-from agentloop_engines.gateway.app import create_gateway_app  # noqa: E402
-from agentloop_engines.http_common import ServerLimits, UvicornThread  # noqa: E402
-from agentloop_engines.http_server import create_app  # noqa: E402
+from agentloop_engines.serving.common import ServerLimits, UvicornThread  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway  # noqa: E402
+from agentloop_engines.serving.gateway.app import create_gateway_app  # noqa: E402
+from agentloop_engines.serving.server import create_app  # noqa: E402
 
 BIG = 400_000
 """Tokens in each scripted answer: megabytes of JSON or of streamed text."""
@@ -134,8 +134,8 @@ def test_write_timeout_is_checked():
 torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
 
 LONG = 1900
 """Tokens asked for: seconds of decoding on the tiny model, so a disconnect lands mid-way."""
@@ -176,7 +176,7 @@ async def test_a_disconnect_on_the_http_agent_gateway_stops_the_generation_on_th
     engine on the rollout's event loop: the cancellation crosses the two loops."""
     import asyncio
 
-    from agentloop_engines.gateway import GatewayThread
+    from agentloop_engines.serving.gateway import GatewayThread
 
     engine = HFServer(build_tiny_model(), max_model_len=2048)
     gateway = Gateway(engine, engine.tokenizer, server_loop=asyncio.get_running_loop())

@@ -25,9 +25,9 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.runtime import AgentLoopWorker  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_agent import SyncAgentPoolFullError, close_gateways, sync_agent_pool  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.serving.http_agent import SyncAgentPoolFullError, close_gateways, sync_agent_pool  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
 
 DEFAULT_POOL_THREADS = 3
 SAMPLES = 8

@@ -5,7 +5,7 @@ A route added to the gateway is a new door: each test below sends what a chat-co
 of :mod:`test_control_hostile` or :mod:`test_limits_sizes` sends, through ``/v1/responses`` and
 ``/v1/messages``. Every server is real uvicorn on 127.0.0.1 in a thread; clients are httpx. A
 200 where a refusal is expected means the route was mounted outside the guard's chat allow-list
-(``agentloop_engines.control.CHAT_PATHS``) or translates its body past a check the chat path makes.
+(``agentloop_engines.serving.control.CHAT_PATHS``) or translates its body past a check the chat path makes.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 
 from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import SESSION_HEADER, Gateway, GatewayThread, PromptLimits  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.serving.gateway import SESSION_HEADER, Gateway, GatewayThread, PromptLimits  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 KEY = "sk-chat-3f9a"
 CONTROL = "ctl-7d21b0c4e5"

@@ -26,7 +26,7 @@ pytest.importorskip("ray", reason='the cluster tests need Ray: pip install "agen
 DRIVER = r"""
 import json, os, socket, sys, tempfile
 
-from agentloop_engines.hosting import init_local_ray
+from agentloop_engines.fleet.hosting import init_local_ray
 
 
 def tree(root):

@@ -25,10 +25,10 @@ torch = pytest.importorskip("torch", reason='weight tests need torch: pip instal
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
 from agentloop_core.testing import ScriptedServer  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import SESSION_HEADER, Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.http_client import RemoteServer, serialize_weights  # noqa: E402
-from agentloop_engines.http_common import UvicornThread  # noqa: E402
-from agentloop_engines.http_server import ServerThread, create_app  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPClient, serialize_weights  # noqa: E402
+from agentloop_engines.serving.common import UvicornThread  # noqa: E402
+from agentloop_engines.serving.gateway import SESSION_HEADER, Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.serving.server import ServerThread, create_app  # noqa: E402
 
 KEY = "sk-chat-3f9a"
 """The chat key: what agents and chat users hold."""
@@ -109,7 +109,7 @@ def test_control_routes_refuse_no_key_and_the_chat_key(tokenizer):
     """The engine server as ``agentloop serve`` runs it (a gateway with sessions mounted): every
     control route refuses a request without the control key (401) and changes nothing; the chat
     key never opens one. Debug: a 200 here means the route is missing from the guard's chat
-    allow-list logic (agentloop_engines.control) or the route was added outside it."""
+    allow-list logic (agentloop_engines.serving.control) or the route was added outside it."""
     engine = ControlledEngine(tokenizer)
     gateway = Gateway(engine, tokenizer)
     gateway.open_session("victim", sampling_overrides={"temperature": 0.5})
@@ -140,7 +140,7 @@ def test_control_routes_refuse_no_key_and_the_chat_key(tokenizer):
 def test_control_routes_are_off_without_a_control_key(tokenizer, which):
     """An app built without ``control_key`` (``agentloop serve`` without ``--control-key-env``)
     answers every control route 403 naming how to turn control on, whatever the client sends."""
-    from agentloop_engines.gateway.app import create_gateway_app
+    from agentloop_engines.serving.gateway.app import create_gateway_app
 
     engine = ControlledEngine(tokenizer)
     gateway = Gateway(engine, tokenizer)
@@ -227,7 +227,7 @@ def test_http_agent_hands_its_agent_no_control(tokenizer):
     nothing else; what the agent tries with it (list sessions, reopen its session with other
     sampling, read or delete it) is refused, and its calls keep the trainer's temperature."""
     pytest.importorskip("openai", reason="the agent uses the openai client: pip install openai")
-    from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways
+    from agentloop_engines.serving.http_agent import HTTPAgentLoop, close_gateways
 
     seen: dict[str, Any] = {}
 
@@ -262,7 +262,7 @@ def test_http_agent_hands_its_agent_no_control(tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny_model_path() -> Any:
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     return build_tiny_model()
 
@@ -295,7 +295,7 @@ def test_a_bad_weight_update_changes_nothing_in_hf(tiny_model_path):
     bad tensor (last, so a copy-as-you-go loader would have changed all the others) leaves every
     weight as it was and its error names the tensor. Debug: compare the engine's state_dict with
     the old one; a changed tensor means the check ran inside the copy loop."""
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
     from agentloop_engines.testing import perturbed_weights
 
     old, new = perturbed_weights(tiny_model_path)
@@ -317,14 +317,14 @@ def test_a_bad_weight_update_changes_nothing_in_hf(tiny_model_path):
 
 def test_a_bad_weight_update_over_http_changes_nothing(tiny_model_path):
     """The same through ``POST /update_weights``: 400 naming the tensor, every weight unchanged."""
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
     from agentloop_engines.testing import perturbed_weights
 
     old, new = perturbed_weights(tiny_model_path)
     engine = HFServer(str(tiny_model_path))
 
     async def run(url: str) -> None:
-        remote = RemoteServer(url, api_key=KEY, control_key=CONTROL)
+        remote = EngineHTTPClient(url, api_key=KEY, control_key=CONTROL)
         for case, culprit, update in _bad_updates(new)[:2]:
             with pytest.raises(ValueError, match=culprit):
                 await remote.update_weights(update)
@@ -341,7 +341,7 @@ def test_a_bad_weight_update_changes_nothing_in_sglang(tmp_path, monkeypatch):
     before anything reaches SGLang (whose loader would skip unknown names and copy the rest)."""
     from safetensors.torch import save_file
 
-    from agentloop_engines.sglang_server import SGLangServer
+    from agentloop_engines.adapters.sglang.server import SGLangServer
     from agentloop_engines.testing.sglang_standin import StandInSGLangEngine
 
     save_file({"model.embed_tokens.weight": torch.zeros(300, 8), "model.norm.weight": torch.ones(8),

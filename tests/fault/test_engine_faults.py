@@ -25,7 +25,7 @@ def rows(n: int = N) -> list[dict]:
 
 
 def replicas(n: int, prefix: str, latency_s: float) -> list:
-    from agentloop_engines.hosting import start_replicas
+    from agentloop_engines.fleet.hosting import start_replicas
 
     return start_replicas(functools.partial(ScriptedServer, latency_s=latency_s), n, name_prefix=prefix,
                           num_cpus=0.1)
@@ -43,7 +43,7 @@ async def expected_tokens(tokenizer, batch_rows: list[dict]) -> list[list[int]]:
 
 
 async def test_killing_a_replica_mid_rollout_completes_every_trajectory_once(ray_cluster, tokenizer):
-    from agentloop_engines.hosting import local_client
+    from agentloop_engines.fleet.hosting import local_client
 
     ray = ray_cluster
     handles = replicas(3, "fault-kill", latency_s=1.0)
@@ -90,7 +90,7 @@ async def test_killing_a_replica_mid_rollout_completes_every_trajectory_once(ray
 
 
 async def test_no_surviving_replica_fails_every_sample_with_the_reason(ray_cluster, tokenizer):
-    from agentloop_engines.hosting import local_client
+    from agentloop_engines.fleet.hosting import local_client
 
     ray = ray_cluster
     handles = replicas(2, "fault-allkill", latency_s=1.0)
@@ -120,7 +120,7 @@ async def test_no_surviving_replica_fails_every_sample_with_the_reason(ray_clust
 
 
 async def test_a_hung_replica_is_timed_out_and_its_requests_served_elsewhere(ray_cluster, tokenizer):
-    from agentloop_engines.hosting import local_client
+    from agentloop_engines.fleet.hosting import local_client
 
     ray = ray_cluster
     good = replicas(1, "fault-good", latency_s=0.05)

@@ -3,12 +3,12 @@
 A vision-language prompt expands each image to a run of ``<|image_pad|>`` ids; a generated one
 puts more image tokens in the next turn's prompt than there are images, every engine refuses
 that prompt and the sample fails. The engines ban the placeholder ids from sampling
-(:mod:`agentloop_engines.placeholders`). Here a multi-turn ``tool_agent`` trajectory with an
+(:mod:`agentloop_engines.adapters.placeholders`). Here a multi-turn ``tool_agent`` trajectory with an
 image prompt and two image-returning tool calls runs on HFServer serving the tiny Qwen2-VL
 edited so the image placeholder is its top choice at every text position (~30 nats ahead) and
 the video placeholder its second (``placeholder_preferring_checkpoint``). Each turn the engine
 generates freely, then a tool call is appended (a random model never writes one). If this
-fails, look at ``RowSampling.banned`` in agentloop_engines/hf/sampling.py and where HFServer
+fails, look at ``RowSampling.banned`` in agentloop_engines/adapters/hf/sampling.py and where HFServer
 builds it (``banned_token_ids``)."""
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_core.testing.vision_engines import gradient_picture  # noqa: E402
 from agentloop_core.vision import load_vision_processor  # noqa: E402
 from agentloop_core.vision.content import images_of  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 from agentloop_tools.agent_loop import ToolAgentLoop  # noqa: E402
 from agentloop_tools.builtin import ImageZoomInTool  # noqa: E402
 

@@ -1,6 +1,6 @@
 """One bad row must not sink its batch (issue 18): when HFServer's per-row sampling raises for
 one request, only that request fails and the others sharing its forward passes complete. If
-this fails, look at ``DecodeBatch._sample`` in agentloop_engines/hf/batch.py: an exception
+this fails, look at ``DecodeBatch._sample`` in agentloop_engines/adapters/hf/batch.py: an exception
 from ``sample_rows`` must be narrowed to the rows that raise, not delivered to every row."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.hf import batch as hf_batch  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf import batch as hf_batch  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
 
 POISON_T = 0.375
 """The temperature that marks the request whose sampling blows up."""

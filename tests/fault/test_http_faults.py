@@ -13,7 +13,7 @@ httpx = pytest.importorskip("httpx", reason='HTTP tests need httpx: pip install 
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 
 from agentloop_core.testing import ScriptedServer  # noqa: E402
-from agentloop_engines.http_server import ServerThread, serve  # noqa: E402
+from agentloop_engines.serving.server import ServerThread, serve  # noqa: E402
 
 KEY = "sk-http-fault-5f3e2d1c"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -26,8 +26,8 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 
 from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread, session_base_path  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread, session_base_path  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 KEY = "sk-hostile-7a1c9e"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -145,7 +145,7 @@ def test_clients_cannot_choose_the_template_or_its_variables(tokenizer):
 
 def test_operator_can_widen_the_template_variable_allow_list(tokenizer):
     """The allow-list is the operator's: ``PromptLimits(template_variables=...)``."""
-    from agentloop_engines.gateway import PromptLimits
+    from agentloop_engines.serving.gateway import PromptLimits
 
     engine = HeldEngine(tokenizer)
     gateway = Gateway(engine, tokenizer, prompt_limits=PromptLimits(template_variables=("custom_flag",)))
@@ -192,7 +192,7 @@ def test_health_answers_while_a_slow_render_runs(tokenizer, which):
 def test_prompt_size_limits_are_refused_naming_the_limit(tokenizer):
     """Over ``max_messages``, ``max_prompt_chars`` or ``max_prompt_tokens`` a request is refused
     with 413 and a message naming the limit and how to raise it, before the engine sees it."""
-    from agentloop_engines.gateway import PromptLimits
+    from agentloop_engines.serving.gateway import PromptLimits
 
     limits = PromptLimits(max_messages=8, max_prompt_chars=2000, max_prompt_tokens=200)
     engine = HeldEngine(tokenizer)
@@ -252,7 +252,7 @@ def test_unauthenticated_requests_are_401_before_the_body_is_read(tokenizer, whi
 def test_stalled_and_trickled_bodies_are_cut_off(tokenizer, which):
     """A client that sends headers and then stalls, or trickles the body a byte at a time, is
     answered 408 and disconnected after ``body_timeout_s``, while other clients are served."""
-    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.serving.common import ServerLimits
 
     limits = ServerLimits(body_timeout_s=1.0)
     with both_servers(tokenizer, limits=limits) as (_, urls):
@@ -297,7 +297,7 @@ def test_silent_and_slow_request_heads_are_disconnected(tokenizer):
     one that sends its request head a line at a time ``header_timeout_s`` after its first byte
     (uvicorn's keep-alive timer stops at the first byte, so without these both would be held
     forever). Debug: check ``uvicorn_config`` passes the header-deadline protocol class as ``http=``."""
-    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.serving.common import ServerLimits
 
     with both_servers(tokenizer, limits=ServerLimits(header_timeout_s=1.0, first_byte_timeout_s=1.0)) as (_, urls):
         for url in urls.values():
@@ -328,7 +328,7 @@ def test_a_client_slow_to_start_its_request_is_still_answered(tokenizer):
     its way. A head that then trickles is still cut ``header_timeout_s`` after its first byte.
     Debug: ``HeaderDeadlineProtocol`` must arm ``header_timeout_s`` in ``data_received``, not
     in ``connection_made`` or ``on_response_complete``."""
-    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.serving.common import ServerLimits
 
     limits = ServerLimits(header_timeout_s=0.5, first_byte_timeout_s=HANG_S, keep_alive_timeout_s=int(HANG_S))
     body = b'{"request_id": "late", "prompt_ids": [1, 2], "sampling_params": {"max_tokens": 2}}'
@@ -359,7 +359,7 @@ def test_a_request_already_sent_is_not_closed_by_the_keep_alive_timer():
     ``_bytes_waiting`` (FIONREAD) before closing."""
     from uvicorn.server import ServerState
 
-    from agentloop_engines.http_common import ServerLimits, uvicorn_config
+    from agentloop_engines.serving.common import ServerLimits, uvicorn_config
 
     async def app(scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -414,7 +414,7 @@ def test_a_request_already_sent_is_not_closed_by_the_keep_alive_timer():
 def test_requests_over_the_in_flight_limit_get_503_at_once(tokenizer, which):
     """At most ``max_in_flight`` requests are served at once; the next one gets 503 with
     Retry-After immediately (not queued), and ``/health`` is exempt."""
-    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.serving.common import ServerLimits
 
     with both_servers(tokenizer, limits=ServerLimits(max_in_flight=2)) as (engine, urls):
         url = urls[which]

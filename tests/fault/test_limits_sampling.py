@@ -136,8 +136,8 @@ httpx = pytest.importorskip("httpx", reason='HTTP tests need httpx: pip install 
 pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 HI = [{"role": "user", "content": "hi"}]
 # Request keys of /v1 that are not SamplingParams keys, with a confused value each.

@@ -7,7 +7,7 @@ Every server is real uvicorn on 127.0.0.1 in a thread (the engine server's own `
 gateway over the same engine); clients are httpx. While a hostile request is served a thread
 polls ``/health``: the event loop must keep answering it. The bounds below are generous (the
 old code blocked ``/health`` for seconds); to debug a failure, run one test with ``-s`` and
-look for synchronous tokenizer calls in an ``async def`` of ``agentloop_engines.gateway``.
+look for synchronous tokenizer calls in an ``async def`` of ``agentloop_engines.serving.gateway``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 
 from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread, PromptLimits  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread, PromptLimits  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 HANG_S = 60.0
 """How long a client waits before calling the server stuck (a safety net, not a measurement)."""

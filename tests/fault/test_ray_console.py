@@ -8,7 +8,7 @@ both sequences, then a marker; the test reads the driver's output until the mark
 ``RAY_COLOR_PREFIX=0`` turns off the colours Ray puts on its own ``(pid=...)`` prefix, so any ESC
 left in the output came from the worker.
 
-How to debug a failure: the escaping is ``agentloop_engines.hosting.cluster.escape_worker_output``
+How to debug a failure: the escaping is ``agentloop_engines.fleet.hosting.cluster.escape_worker_output``
 (called by ``connect_ray`` and ``init_local_ray`` after ``ray.init``); a raw ESC means the handler
 Ray registers (``ray._private.ray_logging.global_worker_stdstream_dispatcher``, named
 ``ray_print_logs``) was not wrapped, e.g. Ray renamed it or ``ray.init`` was called directly.
@@ -30,7 +30,7 @@ MARKER = "agentloop-console-test-done"
 
 HOLDER = r"""
 import sys, tempfile
-from agentloop_engines.hosting import init_local_ray
+from agentloop_engines.fleet.hosting import init_local_ray
 
 ray = init_local_ray(tempfile.mkdtemp(prefix="agentloop-console-"), num_cpus=1)
 print("GCS " + ray.get_runtime_context().gcs_address, flush=True)
@@ -40,7 +40,7 @@ ray.shutdown()
 
 DRIVER = r"""
 import sys, tempfile
-from agentloop_engines.hosting import connect_ray, init_local_ray
+from agentloop_engines.fleet.hosting import connect_ray, init_local_ray
 
 if sys.argv[1] == "local":
     ray = init_local_ray(tempfile.mkdtemp(prefix="agentloop-console-"), num_cpus=1, log_to_driver=True)

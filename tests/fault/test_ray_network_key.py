@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-import agentloop_engines.hosting as hosting
+import agentloop_engines.fleet.hosting as hosting
 from agentloop_trainer.config import load_config
 from agentloop_trainer.config.loading import to_yaml
 
@@ -40,9 +40,9 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 def _entry_points(cfg: Any) -> dict[str, Any]:
-    from agentloop_trainer.rollout.ray_session import ray_session
     from agentloop_trainer.rollout.rollouts import RolloutFleet
     from agentloop_trainer.stages.build import _train_rank
+    from agentloop_trainer.stages.rollout_setup import ray_session
 
     def session() -> None:
         with ray_session(cfg, print):
@@ -50,7 +50,7 @@ def _entry_points(cfg: Any) -> dict[str, Any]:
 
     return {
         "ray_session": session,
-        "RolloutFleet._start_ray": lambda: RolloutFleet._start_ray(None, cfg),  # type: ignore[arg-type]
+        "RolloutFleet._start_ray": lambda: RolloutFleet._start_ray(None, cfg.ray, 1, "sync"),  # type: ignore[arg-type]
         "_train_rank": lambda: _train_rank(0, to_yaml(cfg), "unused-model", "unused-run"),
     }
 

@@ -1,16 +1,16 @@
-"""RemoteServer against a hostile engine server: answers that never end.
+"""EngineHTTPClient against a hostile engine server: answers that never end.
 
 A raw TCP server on 127.0.0.1 answers every HTTP request with a body of hundreds of megabytes
 (chunked, or behind a ``Content-Length`` it never honours): as a ``/generate`` answer, a
 streamed one (one line without end, or valid delta records without end), ``/health``, a 500
 page, a control route's answer, and a few hundred kilobytes of gzip that inflate to 256 MiB.
-RemoteServer must read at most ``max_response_bytes`` of it, drop the connection and raise
-``ResponseTooLargeError`` (a ``RemoteServerError``) naming the limit and the setting, with the
+EngineHTTPClient must read at most ``max_response_bytes`` of it, drop the connection and raise
+``ResponseTooLargeError`` (a ``EngineHTTPError``) naming the limit and the setting, with the
 client's memory bounded by the limit (measured with tracemalloc) instead of the body.
 
-Before the limit, RemoteServer read every answer whole (``response.json()``): the 160 MiB
+Before the limit, EngineHTTPClient read every answer whole (``response.json()``): the 160 MiB
 answer below cost more than 300 MiB and ended in a JSON error, and an endless one would have
-filled the trainer's memory. If one of these fails, read ``agentloop_engines.http_body``.
+filled the trainer's memory. If one of these fails, read ``agentloop_engines.fleet.http_body``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("httpx", reason='RemoteServer needs pip install "agentloop-engines[server]"')
+pytest.importorskip("httpx", reason='EngineHTTPClient needs pip install "agentloop-engines[server]"')
 
-from agentloop_engines.http_body import DEFAULT_MAX_RESPONSE_BYTES  # noqa: E402
-from agentloop_engines.http_client import RemoteServer, RemoteServerError, ResponseTooLargeError  # noqa: E402
+from agentloop_engines.fleet.http_body import DEFAULT_MAX_RESPONSE_BYTES  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPClient, EngineHTTPError, ResponseTooLargeError  # noqa: E402
 
 MIB = 2**20
 CHUNK = 64 * 1024
@@ -147,14 +147,14 @@ def peak() -> Iterator[Any]:
 
 def assert_clean_limit_error(exc: BaseException, limit: int) -> None:
     assert isinstance(exc, ResponseTooLargeError)
-    assert isinstance(exc, RemoteServerError)
+    assert isinstance(exc, EngineHTTPError)
     message = str(exc)
     assert f"limit of {limit} bytes" in message
-    assert "RemoteServer(max_response_bytes=...)" in message
+    assert "EngineHTTPClient(max_response_bytes=...)" in message
     assert len(message) < 600
 
 
-async def call(server: RemoteServer, what: str) -> Any:
+async def call(server: EngineHTTPClient, what: str) -> Any:
     if what == "generate":
         return await server.generate("r", [1, 2, 3], {"max_tokens": 4})
     if what == "generate_stream":
@@ -178,9 +178,9 @@ async def call(server: RemoteServer, what: str) -> Any:
 async def test_an_endless_answer_is_cut_at_the_limit_with_bounded_memory(what, server_kwargs, peak):
     limit = 1 * MIB
     with HostileServer(**server_kwargs) as hostile:
-        remote = RemoteServer(hostile.url, control_key="c", max_response_bytes=limit)
+        remote = EngineHTTPClient(hostile.url, control_key="c", max_response_bytes=limit)
         try:
-            with pytest.raises(RemoteServerError) as caught:
+            with pytest.raises(EngineHTTPError) as caught:
                 await call(remote, what)
         finally:
             await remote.close()
@@ -193,9 +193,9 @@ async def test_an_endless_answer_is_cut_at_the_limit_with_bounded_memory(what, s
 
 async def test_the_default_limit_cuts_a_160_mib_answer_and_memory_stays_near_the_limit(peak):
     with HostileServer(total=160 * MIB) as hostile:
-        remote = RemoteServer(hostile.url)
+        remote = EngineHTTPClient(hostile.url)
         try:
-            with pytest.raises(RemoteServerError) as caught:
+            with pytest.raises(EngineHTTPError) as caught:
                 await remote.generate("r", [1, 2, 3], {"max_tokens": 4})
         finally:
             await remote.close()
@@ -207,7 +207,7 @@ async def test_the_default_limit_cuts_a_160_mib_answer_and_memory_stays_near_the
 
 async def test_a_declared_content_length_over_the_limit_is_refused_before_reading(peak):
     with HostileServer(content_length=10**12, total=64 * MIB) as hostile:
-        remote = RemoteServer(hostile.url, max_response_bytes=MIB)
+        remote = EngineHTTPClient(hostile.url, max_response_bytes=MIB)
         try:
             with pytest.raises(ResponseTooLargeError, match="Content-Length: 1000000000000") as caught:
                 await remote.generate("r", [1], {})
@@ -223,7 +223,7 @@ async def test_a_compressed_answer_is_refused_unread(peak):
     bomb = b"".join(deflate.compress(zeros) for _ in range(256)) + deflate.flush()  # 256 MiB in ~250 KB
     assert len(bomb) < MIB
     with HostileServer(body=bomb, headers=("content-encoding: gzip",)) as hostile:
-        remote = RemoteServer(hostile.url, max_response_bytes=64 * MIB)
+        remote = EngineHTTPClient(hostile.url, max_response_bytes=64 * MIB)
         try:
             with pytest.raises(ResponseTooLargeError, match=r"compressed \(Content-Encoding: gzip\)"):
                 await remote.generate("r", [1], {})
@@ -234,7 +234,7 @@ async def test_a_compressed_answer_is_refused_unread(peak):
 
 def test_the_blocking_health_read_outside_an_event_loop_is_bounded_too(peak):
     with HostileServer(health=None) as hostile:
-        remote = RemoteServer(hostile.url, max_response_bytes=MIB)
+        remote = EngineHTTPClient(hostile.url, max_response_bytes=MIB)
         with pytest.raises(ResponseTooLargeError) as caught:
             _ = remote.capabilities
     assert_clean_limit_error(caught.value, MIB)
@@ -245,7 +245,7 @@ async def test_an_answer_within_the_limit_is_read_as_before():
     answer = b'{"token_ids":[5,6],"log_probs":[-0.5,-0.25],"stop_reason":"length","instance":"i1"}'
     answer = answer.ljust(len(HEALTHY))  # both answers exactly at the limit
     with HostileServer(body=answer) as hostile:
-        async with RemoteServer(hostile.url, max_response_bytes=len(HEALTHY)) as remote:
+        async with EngineHTTPClient(hostile.url, max_response_bytes=len(HEALTHY)) as remote:
             out = await remote.generate("r", [1], {})
     assert out.token_ids == [5, 6]
     assert out.log_probs == [-0.5, -0.25]

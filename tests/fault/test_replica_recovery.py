@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 
 from agentloop_core.testing.scripted import ScriptedServer
-from agentloop_engines.client import LLMServerClient
+from agentloop_engines.fleet.client import LLMServerClient
 
 BACKOFF_S = 0.05
 

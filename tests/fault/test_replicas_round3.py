@@ -11,7 +11,7 @@ class 3), with real uvicorn servers (ServerThread) in front of real engines.
   taken out.
 * With no replica in rotation the next request probes at once instead of being refused.
 
-If one of these fails, read ``LLMServerClient._routed`` / ``_fan_out`` (agentloop_engines/client.py)
+If one of these fails, read ``LLMServerClient._routed`` / ``_fan_out`` (agentloop_engines/fleet/client.py)
 and the probe and suspicion state of ``StickyLeastInFlightPolicy`` (routing.py).
 """
 
@@ -31,11 +31,11 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
-from agentloop_engines.client import LLMServerClient, NoHealthyReplicaError  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_client import RemoteServer  # noqa: E402
-from agentloop_engines.http_common import ServerLimits  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient, NoHealthyReplicaError  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPClient  # noqa: E402
+from agentloop_engines.serving.common import ServerLimits  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 GREEDY = {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, "logprobs": True}
 PROMPTS = [[20 + i, 7 * i + 3, 300 - i] for i in range(40)]
@@ -50,7 +50,7 @@ def serve(engine, **kwargs) -> ServerThread:
 
 @pytest.fixture(scope="module")
 def model_path():
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(initializer_range=0.3)
 
@@ -106,7 +106,7 @@ async def test_a_replica_back_on_old_weights_serves_nothing_until_a_push_reaches
         model_path, weights, references, stack):
     old_ref, new_ref = references
     threads = [stack.enter_context(serve(HFServer(model_path, max_model_len=256))) for _ in range(2)]
-    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
+    servers = [EngineHTTPClient(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, probe_backoff_s=0.05, max_probe_backoff_s=0.05)
     rollout = PartialRolloutServer(client)
     try:
@@ -147,7 +147,7 @@ async def test_a_replica_restarted_between_pushes_is_caught_by_its_engine_instan
         model_path, weights, references, stack):
     old_ref, new_ref = references
     threads = [stack.enter_context(serve(HFServer(model_path, max_model_len=256))) for _ in range(2)]
-    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
+    servers = [EngineHTTPClient(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, probe_backoff_s=0.05, max_probe_backoff_s=0.05)
     try:
         await client.update_weights(list(weights[1].items()))
@@ -207,8 +207,8 @@ async def test_a_503_from_the_in_flight_limit_is_backpressure_not_a_failure(stac
     busy = PacedEngine()
     threads = [stack.enter_context(serve(PacedEngine())),
                stack.enter_context(serve(busy, limits=ServerLimits(max_in_flight=1)))]
-    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
-    direct = RemoteServer(threads[1].url)
+    servers = [EngineHTTPClient(t.url, control_key=CONTROL_KEY) for t in threads]
+    direct = EngineHTTPClient(threads[1].url)
     client = LLMServerClient(servers, probe_backoff_s=0.05)
     try:
         # Someone else holds replica 1's only slot for a while: every request sent there gets 503.
@@ -246,7 +246,7 @@ async def test_a_503_from_the_in_flight_limit_is_backpressure_not_a_failure(stac
 
 async def test_a_request_slow_on_every_replica_fails_alone_and_the_fleet_keeps_serving(stack):
     threads = [stack.enter_context(serve(PacedEngine(token_s=0.001))) for _ in range(3)]
-    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
+    servers = [EngineHTTPClient(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, request_timeout_s=0.5)
     errors: list[BaseException] = []
     served = 0
@@ -275,7 +275,7 @@ async def test_a_request_slow_on_every_replica_fails_alone_and_the_fleet_keeps_s
         after = await client.generate("after", [1], {"max_tokens": 5})
         assert after.token_ids == [0] * 5
 
-        from agentloop_engines.client import RequestTimeoutError
+        from agentloop_engines.fleet.client import RequestTimeoutError
 
         assert isinstance(info.value, RequestTimeoutError), repr(info.value)
         message = str(info.value)
@@ -300,7 +300,7 @@ async def test_a_hung_replica_is_still_taken_out(stack):
     hung = PacedEngine(token_s=3600.0)
     threads = [stack.enter_context(serve(PacedEngine(token_s=0.001))),
                stack.enter_context(serve(hung)), stack.enter_context(serve(PacedEngine(token_s=0.001)))]
-    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
+    servers = [EngineHTTPClient(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, request_timeout_s=0.5, probe_backoff_s=30.0)
     try:
         outs = await asyncio.gather(*(client.generate(f"h{i}", [1], {"max_tokens": 3}) for i in range(12)))
@@ -321,7 +321,7 @@ async def test_with_every_replica_briefly_out_the_next_request_probes_at_once(st
     engines = [PacedEngine(), PacedEngine()]
     threads = [stack.enter_context(serve(e)) for e in engines]
     ports = [port_of(t) for t in threads]
-    servers = [RemoteServer(t.url, control_key=CONTROL_KEY) for t in threads]
+    servers = [EngineHTTPClient(t.url, control_key=CONTROL_KEY) for t in threads]
     client = LLMServerClient(servers, probe_backoff_s=5.0)
     try:
         for t in threads:

@@ -223,7 +223,7 @@ def messages_agent(url: str) -> None:
 
 @pytest.mark.parametrize("agent", [chat_agent, responses_agent, messages_agent], ids=["chat", "responses", "messages"])
 def test_gateway_user_and_tool_messages_cannot_forge_turns(tokenizer, agent):
-    from agentloop_engines.gateway import Gateway, GatewayThread
+    from agentloop_engines.serving.gateway import Gateway, GatewayThread
 
     engine = _gateway_engine(tokenizer)
     gateway = Gateway(engine, tokenizer, tool_parser="hermes")
@@ -250,7 +250,7 @@ def test_gateway_user_and_tool_messages_cannot_forge_turns(tokenizer, agent):
 
 
 def test_gateway_opt_out_encodes_client_text_as_control_tokens(tokenizer):
-    from agentloop_engines.gateway import Gateway, GatewayThread
+    from agentloop_engines.serving.gateway import Gateway, GatewayThread
 
     engine = _gateway_engine(tokenizer)
     gateway = Gateway(engine, tokenizer, tool_parser="hermes", allow_special_tokens_in_content=True)
@@ -264,7 +264,7 @@ def test_gateway_opt_out_encodes_client_text_as_control_tokens(tokenizer):
 def test_recorded_requests_keep_the_text_as_sent(tokenizer):
     """The request a session records (for debugging and the viewer) is the client's text, not
     the marked form the renderer encodes."""
-    from agentloop_engines.gateway import Gateway, GatewayThread
+    from agentloop_engines.serving.gateway import Gateway, GatewayThread
 
     gateway = Gateway(_gateway_engine(tokenizer), tokenizer, tool_parser="hermes")
     with GatewayThread(gateway, api_key=KEY) as thread:

@@ -15,7 +15,7 @@ pytest.importorskip("agentloop_langgraph", reason="needs agentloop-langgraph (no
 from agentloop_conformance.turns import LoopProfile, discover_profile  # noqa: E402
 from agentloop_core import DEFAULT_RESPONSE_LENGTH, AgentLoopBase, SamplingParams  # noqa: E402
 from agentloop_core.parsers import DEFAULT_TOOL_PARSER  # noqa: E402
-from agentloop_engines.http_agent import HTTPAgentConfig, HTTPAgentLoop  # noqa: E402
+from agentloop_engines.serving.http_agent import HTTPAgentConfig, HTTPAgentLoop  # noqa: E402
 from agentloop_langgraph.chat_model import ChatModel  # noqa: E402
 from agentloop_langgraph.loop import ReactAgentConfig, ReactAgentLoop  # noqa: E402
 from agentloop_tools.agent_loop import ToolAgentLoop  # noqa: E402

@@ -33,8 +33,8 @@ after the short fit, and what it tests, the gateway's parsing, does not depend o
 
 def test_gateway_returns_the_real_models_tool_call(tool_fitted_model, tool_tokenizer):
     from agentloop_core.segments import SegmentBuilder
-    from agentloop_engines.gateway import Gateway, GatewayThread
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.serving.gateway import Gateway, GatewayThread
     from agentloop_tools.builtin.calculator import evaluate_expression, format_number
 
     engine = HFServer(tool_fitted_model, tool_tokenizer, max_model_len=2048)

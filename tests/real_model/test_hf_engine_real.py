@@ -27,7 +27,7 @@ class TestHFServerRealModel(EngineConformanceTests):
     @pytest.fixture(scope="class")
     @classmethod
     def engine(cls, model_dir):
-        from agentloop_engines.hf import HFServer
+        from agentloop_engines.adapters.hf import HFServer
 
         return HFServer(str(model_dir), max_model_len=2048)
 

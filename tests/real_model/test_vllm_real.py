@@ -56,7 +56,7 @@ def engine_kwargs(**extra):
 
 @pytest_asyncio.fixture(scope="class", loop_scope="class")
 async def vllm_engine(model_dir, tmp_path_factory):
-    from agentloop_engines.vllm_server import VLLMServer
+    from agentloop_engines.adapters.vllm.server import VLLMServer
 
     os.environ.setdefault("VLLM_CACHE_ROOT", str(tmp_path_factory.mktemp("vllm-cache")))
     server = VLLMServer(model=str(model_dir), **engine_kwargs())
@@ -132,7 +132,7 @@ class TestVLLMRealModel(EngineConformanceTests):
         """vLLM's greedy tokens equal HFServer's on calculator prompts, except after a near-tie:
         at the first differing token, transformers rates the two choices within NEAR_TIE.
         Debug: a large margin there means vLLM computed something else (weights, rope, dtype)."""
-        from agentloop_engines.hf import HFServer
+        from agentloop_engines.adapters.hf import HFServer
 
         hf = HFServer(hf_model, tool_tokenizer, max_model_len=2048)
         want = await asyncio.gather(*(hf.generate(f"hf{i}", p, greedy(GREEDY_TOKENS))
@@ -204,7 +204,7 @@ class TestVLLMRealModel(EngineConformanceTests):
         starts a new VLLMServer, which decodes transformers' greedy tokens on that folder."""
         import copy
 
-        from agentloop_engines.vllm_server import VLLMServer
+        from agentloop_engines.adapters.vllm.server import VLLMServer
 
         updated = copy.deepcopy(hf_model)
         updated.load_state_dict(perturbed_attention(hf_model), strict=False)

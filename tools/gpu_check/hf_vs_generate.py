@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import transformers
 
-from agentloop_engines.hf import HFServer
-from agentloop_engines.tiny_model import build_tiny_model
+from agentloop_engines.adapters.hf import HFServer
+from agentloop_engines.testing.tiny_model import build_tiny_model
 
 LOGPROB_TOL = 1e-3
 """Largest per-token log-prob gap allowed (the engines' CUDA test uses the same bound)."""

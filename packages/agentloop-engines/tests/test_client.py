@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from agentloop_core.protocol import CapabilityNotSupportedError, ServerCapabilities, TokenOutput
-from agentloop_engines.client import LLMServerClient, NoHealthyReplicaError, is_replica_failure
-from agentloop_engines.routing import StickyLeastInFlightPolicy
+from agentloop_engines.fleet.client import LLMServerClient, NoHealthyReplicaError, is_replica_failure
+from agentloop_engines.fleet.routing import StickyLeastInFlightPolicy
 
 
 class FakeReplica:
@@ -331,7 +331,7 @@ async def test_update_weights_takes_a_dead_replica_out_of_rotation():
 
 
 def test_construction_errors_are_clear():
-    with pytest.raises(ValueError, match="at least one server"):
+    with pytest.raises(ValueError, match="at least one replica"):
         LLMServerClient([])
     with pytest.raises(TypeError, match="has no generate"):
         LLMServerClient([object()])

@@ -13,10 +13,10 @@ import asyncio
 import pytest
 
 from agentloop_core.protocol import ServerCapabilities, TokenOutput
-from agentloop_engines.client import LLMServerClient, NoHealthyReplicaError, RequestTimeoutError
-from agentloop_engines.http_client import ReplicaBusyError, _retry_after_s
-from agentloop_engines.routing import StickyLeastInFlightPolicy
-from agentloop_engines.weight_ledger import WeightLedger
+from agentloop_engines.fleet.client import LLMServerClient, NoHealthyReplicaError, RequestTimeoutError
+from agentloop_engines.fleet.http_client import ReplicaBusyError, _retry_after_s
+from agentloop_engines.fleet.routing import StickyLeastInFlightPolicy
+from agentloop_engines.fleet.weight_ledger import WeightLedger
 
 
 class Engine:

@@ -1,5 +1,5 @@
 """Streaming on the routed and remote paths: a streamed ``POST /generate`` (ndjson), read by
-``RemoteServer.generate_stream`` and routed by ``LLMServerClient.generate_stream``.
+``EngineHTTPClient.generate_stream`` and routed by ``LLMServerClient.generate_stream``.
 
 Real HFServer engines on the tiny model behind real uvicorn servers on 127.0.0.1, and the real
 ``openai`` client against a gateway over an ``LLMServerClient`` of two of them. What must hold:
@@ -26,14 +26,14 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
-from agentloop_engines import RemoteServer  # noqa: E402
+from agentloop_engines import EngineHTTPClient  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.client import LLMServerClient, RequestTimeoutError  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_client import RemoteServerError, ReplicaBusyError  # noqa: E402
-from agentloop_engines.http_common import ServerLimits  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient, RequestTimeoutError  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPError, ReplicaBusyError  # noqa: E402
+from agentloop_engines.serving.common import ServerLimits  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 from agentloop_engines.streaming import TokenDelta  # noqa: E402
 
 KEY = "s3cret-key"
@@ -63,10 +63,10 @@ def _client(url: str) -> openai.OpenAI:
 
 
 async def test_remote_and_routed_streams_join_into_the_greedy_ids(replicas):
-    """RemoteServer and LLMServerClient stream one or a few tokens per delta over HTTP; the
+    """EngineHTTPClient and LLMServerClient stream one or a few tokens per delta over HTTP; the
     deltas join into exactly the non-streamed ids and log-probs, and the routed output names
     its replica and engine instance."""
-    remotes = [RemoteServer(t.url, api_key=KEY) for _, t in replicas]
+    remotes = [EngineHTTPClient(t.url, api_key=KEY) for _, t in replicas]
     try:
         prompt = [100, 200, 300, 400]
         params = {**GREEDY, "logprobs": True}
@@ -94,7 +94,7 @@ async def test_remote_and_routed_streams_join_into_the_greedy_ids(replicas):
 def test_openai_stream_through_a_gateway_over_two_remote_replicas(replicas):
     """The real openai client against a gateway over an LLMServerClient of two remote
     replicas: the chat arrives in many chunks and assembles into the non-streamed answer."""
-    client = LLMServerClient([RemoteServer(t.url, api_key=KEY) for _, t in replicas])
+    client = LLMServerClient([EngineHTTPClient(t.url, api_key=KEY) for _, t in replicas])
     tokenizer = replicas[0][0].tokenizer
     with GatewayThread(Gateway(client, tokenizer)) as t:
         c = _client(t.base_url)
@@ -112,10 +112,10 @@ def test_openai_stream_through_a_gateway_over_two_remote_replicas(replicas):
 
 def test_an_openai_client_that_disconnects_stops_the_decode_on_the_replica(replicas):
     """Closing the openai stream after a few chunks: the gateway closes the routed stream, the
-    RemoteServer its connection, the engine server cancels the request: far fewer tokens are
+    EngineHTTPClient its connection, the engine server cancels the request: far fewer tokens are
     decoded than the 1,500 asked for, and the client's in-flight slot is free again."""
     engines = [e for e, _ in replicas]
-    client = LLMServerClient([RemoteServer(t.url, api_key=KEY) for _, t in replicas])
+    client = LLMServerClient([EngineHTTPClient(t.url, api_key=KEY) for _, t in replicas])
     asked = 1500
     with GatewayThread(Gateway(client, engines[0].tokenizer)) as t:
         before = sum(e.stats["generated_tokens"] for e in engines)
@@ -136,7 +136,7 @@ def test_an_openai_client_that_disconnects_stops_the_decode_on_the_replica(repli
 
 
 async def test_a_replica_down_before_the_first_delta_is_failed_over(replicas):
-    remotes = [RemoteServer(t.url, api_key=KEY) for _, t in replicas]
+    remotes = [EngineHTTPClient(t.url, api_key=KEY) for _, t in replicas]
     try:
         client = LLMServerClient(remotes)
         replicas[0][1].__exit__(None, None, None)  # replica 0 (the first choice of an idle pool) is gone
@@ -169,7 +169,7 @@ async def test_a_streamed_generate_needs_the_api_key_and_is_validated(replicas):
         not_bool = await http.post("/generate", json={**body, "stream": "yes"},
                                    headers={"Authorization": f"Bearer {KEY}"})
         assert not_bool.status_code == 400
-    keyless = RemoteServer(url)
+    keyless = EngineHTTPClient(url)
     try:
         with pytest.raises(PermissionError, match="401"):
             await _collect(keyless.generate_stream("r", [1, 2], GREEDY), [])
@@ -182,7 +182,7 @@ async def test_a_replica_restarted_since_a_push_is_not_streamed_from(replicas, o
     instance in the headers of its streamed answer: the stream is closed before its first
     delta is handed on, the replica becomes stale, and the request is served elsewhere."""
     (engine0, thread0), (_, thread1) = replicas
-    remotes = [RemoteServer(t.url, api_key=KEY, control_key=t.control_key) for t in (thread0, thread1)]
+    remotes = [EngineHTTPClient(t.url, api_key=KEY, control_key=t.control_key) for t in (thread0, thread1)]
     try:
         client = LLMServerClient(remotes)
         first = [d async for d in client.generate_stream("x", [5, 6, 7], GREEDY)]
@@ -235,11 +235,11 @@ class Script(AsyncServerBase):
 
 async def test_remote_stream_errors_are_mapped_as_generates_are():
     """Over HTTP: 503 with Retry-After at the in-flight limit is ReplicaBusyError (before any
-    delta); an engine failure after the first record is a RemoteServerError in the stream."""
+    delta); an engine failure after the first record is a EngineHTTPError in the stream."""
     stalled = Script("stall")
     with ServerThread(stalled, limits=ServerLimits(max_in_flight=1)) as t, \
             ServerThread(Script("fail")) as failing_thread:
-        remote, failing = RemoteServer(t.url), RemoteServer(failing_thread.url)
+        remote, failing = EngineHTTPClient(t.url), EngineHTTPClient(failing_thread.url)
         try:
             holder = remote.generate_stream("held", [3], {"max_tokens": 2})
             assert (await anext(holder)).token_ids == [1]
@@ -247,7 +247,7 @@ async def test_remote_stream_errors_are_mapped_as_generates_are():
                 await anext(remote.generate_stream("second", [3], {"max_tokens": 2}))
             await holder.aclose()
             got: list[list[int]] = []
-            with pytest.raises(RemoteServerError, match="mid-stream"):
+            with pytest.raises(EngineHTTPError, match="mid-stream"):
                 await _collect(failing.generate_stream("r", [3], {"max_tokens": 2}), got)
             assert got == [[1]]
         finally:

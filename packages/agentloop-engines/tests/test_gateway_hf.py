@@ -14,9 +14,9 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
 
 GREEDY = {"max_tokens": 8, "temperature": 0.0}
 

@@ -26,9 +26,9 @@ from vision_checks import image_part, rebuilt_by_core, token_runs, two_turns_wit
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import Idefics3Processor, image_token_runs, load_vision_processor  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 KEY = "idefics3-key"
 GREEDY = {"max_tokens": 5, "temperature": 0.0}

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from agentloop_engines.gateway import Gateway
-from agentloop_engines.gateway.messages_api import anthropic_error_type, count_tokens, create_message
-from agentloop_engines.gateway.messages_request import to_chat_body
-from agentloop_engines.gateway.prompt_limits import PromptLimits
+from agentloop_engines.serving.gateway import Gateway
+from agentloop_engines.serving.gateway.messages_api import anthropic_error_type, count_tokens, create_message
+from agentloop_engines.serving.gateway.messages_request import to_chat_body
+from agentloop_engines.serving.gateway.prompt_limits import PromptLimits
 from agentloop_engines.testing.gateway_fixtures import StreamingScript, hermes_call
 
 KEY = "gw-key"
@@ -372,7 +372,7 @@ def sdk():
 
 @pytest.fixture
 def thread(gateway, sdk):
-    from agentloop_engines.gateway import GatewayThread
+    from agentloop_engines.serving.gateway import GatewayThread
 
     with GatewayThread(gateway, api_key=KEY) as t:
         yield t

@@ -20,8 +20,8 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
-from agentloop_engines.client import LLMServerClient  # noqa: E402
-from agentloop_engines.gateway import SESSION_HEADER, SESSION_KEY_HEADER, Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient  # noqa: E402
+from agentloop_engines.serving.gateway import SESSION_HEADER, SESSION_KEY_HEADER, Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.testing.gateway_fixtures import hermes_call  # noqa: E402
 
 KEY = "gw-key"
@@ -325,7 +325,7 @@ async def test_a_server_on_the_callers_loop(tokenizer, replies):
 def test_one_port_serves_generate_and_the_gateway(engine, gateway, replies):
     """``create_app(server, gateway=...)`` (what ``agentloop serve`` runs): ``/generate`` for
     remote ``LLMServerClient`` replicas and the gateway's OpenAI endpoints and sessions."""
-    from agentloop_engines.http_server import ServerThread
+    from agentloop_engines.serving.server import ServerThread
 
     replies.by_prompt["hi"] = ["hello"]
     with ServerThread(engine, api_key=KEY, gateway=gateway) as t:

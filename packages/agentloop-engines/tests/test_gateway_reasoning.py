@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_for_template
-from agentloop_engines.gateway import Gateway
+from agentloop_engines.serving.gateway import Gateway
 from agentloop_engines.testing.gateway_fixtures import hermes_call
 
 SHARED_TEMPLATES = Path(os.environ.get("AGENTLOOP_CHAT_TEMPLATES")

@@ -23,10 +23,10 @@ pydantic = pytest.importorskip("pydantic", reason="the openai client depends on 
 from openai import BadRequestError, OpenAI  # noqa: E402
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseStreamEvent  # noqa: E402
 
-from agentloop_engines.gateway import Gateway, PromptLimits  # noqa: E402
-from agentloop_engines.gateway.responses_api import create_response  # noqa: E402
-from agentloop_engines.gateway.responses_request import input_messages  # noqa: E402
-from agentloop_engines.gateway.responses_stream import ResponseEvents  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, PromptLimits  # noqa: E402
+from agentloop_engines.serving.gateway.responses_api import create_response  # noqa: E402
+from agentloop_engines.serving.gateway.responses_request import input_messages  # noqa: E402
+from agentloop_engines.serving.gateway.responses_stream import ResponseEvents  # noqa: E402
 from agentloop_engines.testing.gateway_fixtures import hermes_call  # noqa: E402
 
 KEY = "gw-key"
@@ -389,7 +389,7 @@ async def test_harmless_keys_are_accepted(gateway, engine, replies):
 def thread(gateway):
     pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
     pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-engines[server]"')
-    from agentloop_engines.gateway import GatewayThread
+    from agentloop_engines.serving.gateway import GatewayThread
 
     with GatewayThread(gateway, api_key=KEY) as t:
         yield t

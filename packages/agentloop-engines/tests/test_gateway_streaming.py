@@ -7,7 +7,7 @@ What must hold: the chunks arrive one or a few tokens at a time, not as one bloc
 the streamed text, tool calls and reasoning assemble into exactly the non-streamed answer; the
 ids the session records are the non-streamed ones (the stream's text is never re-encoded); a
 client that disconnects stops the decode. A failure in the joined-text checks means
-:class:`~agentloop_engines.gateway.stream_text.StreamText` sent text that the finished answer
+:class:`~agentloop_engines.serving.gateway.stream_text.StreamText` sent text that the finished answer
 does not hold (a stop string, a tool-call opening, half a character).
 """
 
@@ -26,10 +26,10 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
 from agentloop_engines.testing.gateway_fixtures import StreamingScript  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
 
 GREEDY = {"max_tokens": 32, "temperature": 0.0, "ignore_eos": True}
 QUESTION = [{"role": "user", "content": "How many apples?"}]

@@ -21,7 +21,7 @@ pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-e
 pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-engines[server]"')
 
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
 
 KEY = "gw-key"
 SYSTEM = "You are a careful calculator."

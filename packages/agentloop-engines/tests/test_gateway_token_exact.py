@@ -22,8 +22,13 @@ import pytest
 
 from agentloop_core.segments import SegmentBuilder
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer, tiny_tokenizer_for_template
-from agentloop_engines.gateway import Gateway, RecordedCall
-from agentloop_engines.gateway.continuation import ChatState, extension, normalize_message, renderer_key
+from agentloop_engines.serving.gateway import Gateway, RecordedCall
+from agentloop_engines.serving.gateway.continuation import (
+    ChatState,
+    extension,
+    normalize_message,
+    renderer_key,
+)
 from agentloop_engines.testing.gateway_fixtures import hermes_call
 
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
@@ -119,7 +124,7 @@ def http_thread(gateway: Gateway):
     pytest.importorskip("openai", reason='gateway tests need the openai client: pip install "agentloop-engines[test]"')
     pytest.importorskip("fastapi", reason='HTTP tests need: pip install "agentloop-engines[server]"')
     pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-engines[server]"')
-    from agentloop_engines.gateway import GatewayThread
+    from agentloop_engines.serving.gateway import GatewayThread
 
     return GatewayThread(gateway, api_key=KEY)
 

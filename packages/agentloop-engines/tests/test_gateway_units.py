@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from agentloop_core.protocol import ServerCapabilities, TokenOutput
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
-from agentloop_engines.gateway import (
+from agentloop_engines.serving.gateway import (
     Gateway,
     RecordedCall,
     SessionCallLimitError,
@@ -19,10 +19,10 @@ from agentloop_engines.gateway import (
     SessionRecorder,
     find_stop,
 )
-from agentloop_engines.gateway.messages_request import to_chat_body
-from agentloop_engines.gateway.openai_request import parse_chat_request, parse_completion_request
-from agentloop_engines.gateway.prompt_limits import PromptLimits
-from agentloop_engines.gateway.responses_request import parse_responses_request
+from agentloop_engines.serving.gateway.messages_request import to_chat_body
+from agentloop_engines.serving.gateway.openai_request import parse_chat_request, parse_completion_request
+from agentloop_engines.serving.gateway.prompt_limits import PromptLimits
+from agentloop_engines.serving.gateway.responses_request import parse_responses_request
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -301,7 +301,7 @@ def test_json_size_is_the_compact_json_size_without_quotes(value):
     numbers, booleans, nulls and brackets count like text."""
     import json
 
-    from agentloop_engines.gateway.prompt_limits import json_size
+    from agentloop_engines.serving.gateway.prompt_limits import json_size
 
     text = json.dumps(value, separators=(",", ":"))
     strings = len(re.findall(r'"(?:[^"\\]|\\.)*"', text))
@@ -309,8 +309,8 @@ def test_json_size_is_the_compact_json_size_without_quotes(value):
 
 
 def test_prompt_limits_bound_each_list_and_the_nesting_depth():
-    from agentloop_engines.gateway import PromptLimits
-    from agentloop_engines.gateway.prompt_limits import PromptLimitError
+    from agentloop_engines.serving.gateway import PromptLimits
+    from agentloop_engines.serving.gateway.prompt_limits import PromptLimitError
 
     limits = PromptLimits(max_tools=2, max_tool_calls=2, max_stop_strings=2, max_json_depth=8)
     tool = {"type": "function", "function": {"name": "f"}}
@@ -334,7 +334,7 @@ def test_stream_text_never_splits_a_character_nor_sends_a_stop_prefix():
     """Fed one token at a time, StreamText sends no half character (U+FFFD) and nothing of a
     stop string, and its pieces join into the text before the stop."""
     from agentloop_core.testing import load_tiny_tokenizer
-    from agentloop_engines.gateway.stream_text import StreamText, held_suffix
+    from agentloop_engines.serving.gateway.stream_text import StreamText, held_suffix
 
     tok = load_tiny_tokenizer()
     text = "Prix: 12€, naïve 日本語 🙂 done. STOP here"

@@ -19,9 +19,9 @@ from agentloop_core.testing import ScriptedServer  # noqa: E402
 from agentloop_core.testing.tiny_vision import tiny_vision_processor  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.vision import decode_image  # noqa: E402
-from agentloop_engines.gateway import Gateway, PromptLimitError, PromptLimits  # noqa: E402
-from agentloop_engines.gateway import images as gateway_images  # noqa: E402
-from agentloop_engines.http_agent import HTTPAgentConfig, HTTPAgentLoop, close_gateways  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, PromptLimitError, PromptLimits  # noqa: E402
+from agentloop_engines.serving.gateway import images as gateway_images  # noqa: E402
+from agentloop_engines.serving.http_agent import HTTPAgentConfig, HTTPAgentLoop, close_gateways  # noqa: E402
 from agentloop_engines.testing.gateway_fixtures import scripted as scripted_server  # noqa: E402
 
 CALC = {"type": "function", "function": {"name": "zoom", "description": "Zoom into the picture.",

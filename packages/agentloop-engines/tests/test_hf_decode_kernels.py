@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.hf.attention import grouped_decode_sdpa  # noqa: E402
-from agentloop_engines.hf.growing_cache import GROW_TOKENS, grow_in_place  # noqa: E402
-from agentloop_engines.hf.packed_linear import pack_linears, repack  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf.attention import grouped_decode_sdpa  # noqa: E402
+from agentloop_engines.adapters.hf.growing_cache import GROW_TOKENS, grow_in_place  # noqa: E402
+from agentloop_engines.adapters.hf.packed_linear import pack_linears, repack  # noqa: E402
 
 
 class _Attention(torch.nn.Module):

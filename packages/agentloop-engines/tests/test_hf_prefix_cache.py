@@ -3,7 +3,7 @@ prefills only its new tokens, and its tokens and log-probs equal a cold prefill'
 
 Debugging a failure: compare ``server.stats`` (``prefill_tokens``, ``prefix_cache_*``) of the
 two servers; a log-prob mismatch with the expected hit counts points at the positions or mask
-built by ``agentloop_engines.hf.prefix_cache.hit_inputs``; wrong counts at ``PrefixCache.take``
+built by ``agentloop_engines.adapters.hf.prefix_cache.hit_inputs``; wrong counts at ``PrefixCache.take``
 / ``store`` (called from ``DecodeBatch._sample`` when a row finishes).
 """
 
@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentlo
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.protocol import TokenOutput  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
 
 PARAMS = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": True}
 TOL = 1e-4

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentlo
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.protocol import AsyncServer  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
 
 # model_path (conftest.py): the tiny model at a larger init than the training default, so random
 # greedy outputs depend on the prompt and "same tokens" comparisons mean something.
@@ -219,7 +219,7 @@ async def test_update_weights_changes_output_and_restoring_restores_it(model_pat
 
 
 async def test_chat_completion_on_the_tiny_model(server):
-    from agentloop_engines.gateway import Gateway
+    from agentloop_engines.serving.gateway import Gateway
 
     # What an HTTP server in front of the engine serves on /v1: the gateway over its tokenizer.
     resp = (await Gateway(server, server.tokenizer).chat_completion(

@@ -17,8 +17,8 @@ from agentloop_core.protocol import CapabilityNotSupportedError  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.hf.server import HFServer  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf.server import HFServer  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 INIT = 0.3
 
@@ -136,7 +136,7 @@ def test_a_text_model_folder_has_no_vision_processor_and_an_unknown_vision_type_
 
 
 def test_the_routing_client_generates_and_streams_with_images(server, renderer):
-    from agentloop_engines.client import LLMServerClient
+    from agentloop_engines.fleet.client import LLMServerClient
 
     t = Trajectory(renderer, [{"role": "user", "content": [{"type": "image", "image": _picture(84, 56, 7)},
                                                            {"type": "text", "text": "Describe."}]}])
@@ -172,7 +172,7 @@ def test_each_qwen_vl_generation_decodes_with_images_as_its_full_forward(family)
     """Qwen2-VL, Qwen2.5-VL (windowed vision attention) and Qwen3-VL (16 px patches, interleaved
     M-RoPE, deepstack): a multi-turn context with an image in the prompt and in a later user
     turn, batched with a text row; the engine's log-probs equal the model's full forward."""
-    from agentloop_engines.tiny_vlm import build_tiny_vlm as build
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm as build
 
     path = build(family=family, initializer_range=INIT)
     engine = HFServer(path)

@@ -20,9 +20,9 @@ from agentloop_core.protocol import TokenOutput  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.hf.server import HFServer  # noqa: E402
-from agentloop_engines.hf.vision import linear_patch_embeddings  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf.server import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf.vision import linear_patch_embeddings  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 INIT = 0.3
 NEW_TOKENS = 5

@@ -13,7 +13,7 @@ openai = pytest.importorskip("openai")
 
 from agentloop_core.runtime import AgentLoopWorker  # noqa: E402
 from agentloop_core.testing import load_tiny_tokenizer  # noqa: E402
-from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
+from agentloop_engines.serving.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
 from agentloop_engines.testing.gateway_fixtures import calculator_call, generated_runs, scripted  # noqa: E402
 
 CALC = {"type": "function", "function": {"name": "calculator", "description": "Evaluate an expression.",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop_engines.gateway.recorder import check_session_id
-from agentloop_engines.http_agent import session_id_for
+from agentloop_engines.serving.gateway.recorder import check_session_id
+from agentloop_engines.serving.http_agent import session_id_for
 
 
 @pytest.mark.parametrize("index", ["test/algebra/1.json", "a?b%2F", "数学/😀", "\ud800", "", " ", "z" * 10_000,

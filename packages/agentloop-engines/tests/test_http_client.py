@@ -1,4 +1,4 @@
-"""RemoteServer: real uvicorn servers on 127.0.0.1 (ServerThread) around real HFServer engines.
+"""EngineHTTPClient: real uvicorn servers on 127.0.0.1 (ServerThread) around real HFServer engines.
 
 Each test starts its own servers, so stopping one or changing its weights never leaks into
 another test.
@@ -25,12 +25,12 @@ from agentloop_core.protocol import (  # noqa: E402
     TokenOutput,
 )
 from agentloop_core.testing import ScriptedServer  # noqa: E402
-from agentloop_engines import RemoteServer  # noqa: E402
+from agentloop_engines import EngineHTTPClient  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.client import LLMServerClient, is_replica_failure  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_client import RemoteServerError, ReplicaUnavailableError, serialize_weights  # noqa: E402
-from agentloop_engines.http_server import ServerThread, create_app  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient, is_replica_failure  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPError, ReplicaUnavailableError, serialize_weights  # noqa: E402
+from agentloop_engines.serving.server import ServerThread, create_app  # noqa: E402
 
 KEY = "s3cret-key"
 CONTROL = "c0ntrol-key"
@@ -62,12 +62,12 @@ def serve_hf(model_path, stack):
 
 @pytest.fixture
 async def remote():
-    """Make RemoteServer clients (api_key=KEY and control_key=CONTROL unless given) and close them
+    """Make EngineHTTPClient clients (api_key=KEY and control_key=CONTROL unless given) and close them
     after the test."""
-    made: list[RemoteServer] = []
+    made: list[EngineHTTPClient] = []
 
-    async def make(url: str, *, connect: bool = True, **kwargs) -> RemoteServer:
-        server = RemoteServer(url, **{"api_key": KEY, "control_key": CONTROL, **kwargs})
+    async def make(url: str, *, connect: bool = True, **kwargs) -> EngineHTTPClient:
+        server = EngineHTTPClient(url, **{"api_key": KEY, "control_key": CONTROL, **kwargs})
         made.append(server)
         if connect:
             await server.connect()
@@ -140,7 +140,7 @@ async def test_greedy_over_http_equals_the_in_process_engine(model_path, serve_h
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_created_outside_an_event_loop_and_used_on_successive_loops(serve_hf):
     _, thread = serve_hf()
-    server = RemoteServer(thread.url, api_key=KEY)
+    server = EngineHTTPClient(thread.url, api_key=KEY)
     assert server.capabilities.weight_update  # a blocking /health fetch, outside any loop
 
     async def then_close() -> TokenOutput:
@@ -290,7 +290,7 @@ async def test_unsupported_capabilities_are_capability_not_supported(stack, remo
     assert server.capabilities == scripted.capabilities
     with pytest.raises(CapabilityNotSupportedError, match="weight_update"):
         await server.update_weights({"w": torch.zeros(2)})
-    async with httpx.AsyncClient(base_url=server.base_url,  # bypass RemoteServer's own check
+    async with httpx.AsyncClient(base_url=server.base_url,  # bypass EngineHTTPClient's own check
                                  headers={"Authorization": f"Bearer {CONTROL}"}) as http:
         r = await http.post("/update_weights", content=serialize_weights({"w": torch.zeros(2)}))
         assert r.status_code == 501
@@ -306,10 +306,10 @@ async def test_unsupported_capabilities_are_capability_not_supported(stack, remo
 
 async def test_a_wrong_or_missing_api_key_is_a_permission_error(serve_hf, remote):
     _, thread = serve_hf()
-    with pytest.raises(PermissionError, match="api_key given to RemoteServer does not match") as info:
+    with pytest.raises(PermissionError, match="api_key given to EngineHTTPClient does not match") as info:
         await (await remote(thread.url, api_key="wrong")).generate("a", [1], GREEDY)
     assert not is_replica_failure(info.value)
-    with pytest.raises(PermissionError, match=r"pass RemoteServer\(\.\.\., api_key=\.\.\.\)"):
+    with pytest.raises(PermissionError, match=r"pass EngineHTTPClient\(\.\.\., api_key=\.\.\.\)"):
         await (await remote(thread.url, api_key=None)).generate("a", [1], GREEDY)
 
 
@@ -331,7 +331,7 @@ async def test_a_400_is_a_value_error_with_the_servers_message(serve_hf, remote)
 async def test_an_engine_error_is_a_remote_engine_error_and_not_failed_over(stack, remote):
     urls = [stack.enter_context(ServerThread(FlakyEngine(), control_key=CONTROL)).url for _ in range(2)]
     client = LLMServerClient([await remote(u, api_key=None) for u in urls])
-    with pytest.raises(RemoteServerError, match="RuntimeError: engine fell over"):
+    with pytest.raises(EngineHTTPError, match="RuntimeError: engine fell over"):
         await client.generate("boom-1", [1], GREEDY)
     assert (client.stats["retries"], client.healthy_replicas) == (0, [0, 1])
 

@@ -1,12 +1,12 @@
 """Images over the engine server's ``POST /generate``: a real HFServer on the tiny Qwen2-VL behind
-uvicorn on 127.0.0.1 (ServerThread), driven by RemoteServer, against the same checkpoint in
+uvicorn on 127.0.0.1 (ServerThread), driven by EngineHTTPClient, against the same checkpoint in
 process.
 
 What is checked: the server declares ``vision`` (and its image limits) in ``/health`` and
-RemoteServer reports it; a prompt with two images gives exactly the tokens and log-probs of the
+EngineHTTPClient reports it; a prompt with two images gives exactly the tokens and log-probs of the
 in-process engine, whole, streamed and through ``LLMServerClient`` over the remote replica; a
 resent image is encoded once. If the outputs differ, compare the ``ImageItem.features`` the
-server rebuilt (``agentloop_engines.http_images.GenerateImages``) with the client's: the
+server rebuilt (``agentloop_engines.wire.images.GenerateImages``) with the client's: the
 processor settings of the two sides differ, or the PNG round trip changed the pixels.
 """
 
@@ -27,12 +27,12 @@ from agentloop_core.protocol import CapabilityNotSupportedError  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.client import LLMServerClient  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_client import RemoteServer  # noqa: E402
-from agentloop_engines.http_images import encode_images  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPClient  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.wire.images import encode_images  # noqa: E402
 
 KEY = "vision-key"
 GREEDY = {"max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
@@ -67,7 +67,7 @@ def trajectory(local, vlm_path):
 def test_the_server_declares_vision_and_its_limits_and_remote_server_reports_it(thread):
     import httpx
 
-    assert RemoteServer(thread.url, api_key=KEY).capabilities.vision  # read from /health
+    assert EngineHTTPClient(thread.url, api_key=KEY).capabilities.vision  # read from /health
     health = httpx.get(f"{thread.url}/health").json()
     assert health["capabilities"]["vision"] is True
     assert health["images"] == {"accepted": True, "max_images": 32, "max_image_bytes": 20 * 2**20,
@@ -78,7 +78,7 @@ async def test_a_prompt_with_images_over_http_equals_the_in_process_engine(local
     ids, mm = trajectory.context_ids, multi_modal_kwargs(trajectory.image_items)
     assert len(mm["multi_modal_data"]["image"]) == 2
     want = await local.generate("ref", ids, GREEDY, **mm)
-    async with RemoteServer(thread.url, api_key=KEY) as remote:
+    async with EngineHTTPClient(thread.url, api_key=KEY) as remote:
         got = await remote.generate("http", ids, GREEDY, **mm)
         streamed, last = [], None
         async for delta in remote.generate_stream("http-stream", ids, GREEDY, **mm):
@@ -108,7 +108,7 @@ def test_an_image_resent_every_turn_is_encoded_once(trajectory):
 
 async def test_remote_server_refuses_images_for_a_text_only_server_before_sending(model_path, trajectory):
     with ServerThread(HFServer(model_path, max_model_len=256), api_key=KEY) as text_thread:
-        async with RemoteServer(text_thread.url, api_key=KEY) as remote:
+        async with EngineHTTPClient(text_thread.url, api_key=KEY) as remote:
             assert not remote.capabilities.vision
             with pytest.raises(CapabilityNotSupportedError, match="reads text only"):
                 await remote.generate("img", [1, 2, 3], GREEDY, **multi_modal_kwargs(trajectory.image_items))
@@ -117,7 +117,7 @@ async def test_remote_server_refuses_images_for_a_text_only_server_before_sendin
 
 def test_generate_with_images_runs_on_successive_event_loops(thread, trajectory):
     """The PNG encoding pool and the connections follow the loop, as for text requests."""
-    remote = RemoteServer(thread.url, api_key=KEY)
+    remote = EngineHTTPClient(thread.url, api_key=KEY)
     mm = multi_modal_kwargs(trajectory.image_items)
 
     async def once(tag: str):
@@ -136,7 +136,7 @@ def test_a_gateway_over_a_remote_replica_serves_an_image_chat_as_over_the_in_pro
     import base64
     import io
 
-    from agentloop_engines.gateway import Gateway, GatewayThread
+    from agentloop_engines.serving.gateway import Gateway, GatewayThread
 
     buffer = io.BytesIO()
     picture(112, 84, 5).save(buffer, format="PNG")
@@ -144,7 +144,7 @@ def test_a_gateway_over_a_remote_replica_serves_an_image_chat_as_over_the_in_pro
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is it?"},
                                              {"type": "image_url", "image_url": {"url": url}}]}]
     answers = []
-    for server in (LLMServerClient([RemoteServer(thread.url, api_key=KEY)]), local):
+    for server in (LLMServerClient([EngineHTTPClient(thread.url, api_key=KEY)]), local):
         with GatewayThread(Gateway(server, local.tokenizer, model_name="m"), api_key="gw") as gw:
             chat = openai.OpenAI(base_url=gw.base_url, api_key="gw", max_retries=0, timeout=120)
             answers.append(chat.chat.completions.create(model="m", messages=messages, max_tokens=6, temperature=0))

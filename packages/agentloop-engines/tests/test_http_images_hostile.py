@@ -5,7 +5,7 @@ processor does not reproduce, and any image to a text-only engine. Each is a 400
 reason, refused before the engine sees the request, streamed or not; the server then serves
 the next request with images.
 
-If one fails, read ``agentloop_engines.http_images.GenerateImages.multi_modal`` (the checks,
+If one fails, read ``agentloop_engines.wire.images.GenerateImages.multi_modal`` (the checks,
 in order: engine and processor, count, base64, bytes, header pixels, digest, token count).
 """
 
@@ -27,10 +27,10 @@ from agentloop_core.testing.vision_engines import bomb_png  # noqa: E402
 from agentloop_core.testing.vision_engines import noise_picture as picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import ImageLimits, load_vision_processor  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_images import encode_images  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.wire.images import encode_images  # noqa: E402
 
 KEY = "vision-key"
 MAX_IMAGES = 2

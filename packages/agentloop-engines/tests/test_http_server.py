@@ -13,7 +13,7 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOutput  # noqa: E402
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.http_server import ServerThread, create_app  # noqa: E402
+from agentloop_engines.serving.server import ServerThread, create_app  # noqa: E402
 
 KEY = "s3cret-key"
 
@@ -178,8 +178,8 @@ def test_create_app_rejects_bad_settings(engine):
 
 
 def test_limits_reject_bad_settings_by_name():
-    from agentloop_engines.gateway import PromptLimits
-    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.serving.common import ServerLimits
+    from agentloop_engines.serving.gateway import PromptLimits
 
     with pytest.raises(ValueError, match="max_in_flight"):
         ServerLimits(max_in_flight=0)
@@ -195,10 +195,10 @@ def test_limits_reject_bad_settings_by_name():
 
 def test_default_keep_alive_outlasts_the_clients_idle_expiry():
     """The server keeps an idle connection longer than httpx (so the openai client and
-    ``RemoteServer``) keeps it in its pool, so the client always drops it first and never sends
+    ``EngineHTTPClient``) keeps it in its pool, so the client always drops it first and never sends
     a request onto a connection the server is closing (a reset, not a retryable refusal); and a
     new connection's first byte gets no shorter than that."""
-    from agentloop_engines.http_common import ServerLimits
+    from agentloop_engines.serving.common import ServerLimits
 
     limits, client = ServerLimits(), httpx.Limits()
     assert client.keepalive_expiry is not None

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from agentloop_engines.http_watch import serve_until_gone
+from agentloop_engines.serving.watch import serve_until_gone
 
 
 class Client:

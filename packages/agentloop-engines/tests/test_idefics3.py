@@ -24,9 +24,9 @@ from agentloop_core.vision import (  # noqa: E402
     multi_modal_kwargs,
     stack_features,
 )
-from agentloop_engines.hf.server import HFServer  # noqa: E402
-from agentloop_engines.placeholders import placeholder_token_ids  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf.server import HFServer  # noqa: E402
+from agentloop_engines.adapters.placeholders import placeholder_token_ids  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 INIT = 0.3
 NEW_TOKENS = 5

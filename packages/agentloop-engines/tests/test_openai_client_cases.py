@@ -5,7 +5,7 @@ gateway mounted (``ServerThread(engine, gateway=...)``, what ``agentloop serve``
 engine server alone (``ServerThread(engine, tool_parser=...)``, no gateway built by the caller):
 one OpenAI-compatible implementation, so each case passes or fails on all three alike. A case
 that fails on one mounting only means that mounting serves ``/v1`` through other code than
-:class:`~agentloop_engines.gateway.Gateway`: look at how it adds its routes.
+:class:`~agentloop_engines.serving.gateway.Gateway`: look at how it adds its routes.
 
 The engine replies with scripted text, so each case decides what the "model" says; rendering
 (the tiny tokenizer's ChatML template), tool-call parsing (hermes), HTTP, SSE and the client are
@@ -27,8 +27,8 @@ pytest.importorskip("uvicorn", reason='HTTP tests need: pip install "agentloop-e
 from agentloop_core.protocol import SamplingParams, TokenOutput  # noqa: E402
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer  # noqa: E402
 from agentloop_engines.base import AsyncServerBase  # noqa: E402
-from agentloop_engines.gateway import Gateway, GatewayThread  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway, GatewayThread  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 KEY = "cases-key"
 TOOLS = [{"type": "function", "function": {

@@ -28,7 +28,7 @@ pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engin
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.partial_rollout import PartialRolloutServer, resume_seed  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
 
 
 @pytest.fixture

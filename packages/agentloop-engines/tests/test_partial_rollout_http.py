@@ -1,5 +1,5 @@
 """Partial rollout over remote engines: PartialRolloutServer in front of a routing client over
-``RemoteServer`` clients, each talking to a real HFServer behind our HTTP server on 127.0.0.1
+``EngineHTTPClient`` clients, each talking to a real HFServer behind our HTTP server on 127.0.0.1
 (what ``actor_rollout_ref.rollout.server_urls`` builds).
 
 It works because ``POST /abort`` stops the engine's request at a token boundary and the
@@ -34,23 +34,23 @@ pytest.importorskip("transformers", reason='HFServer needs pip install "agentloo
 pytest.importorskip("safetensors", reason='weight sync needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.partial_rollout import PartialRolloutServer  # noqa: E402
-from agentloop_engines import RemoteServer  # noqa: E402
-from agentloop_engines.client import LLMServerClient  # noqa: E402
-from agentloop_engines.hf import HFServer  # noqa: E402
-from agentloop_engines.http_server import ServerThread  # noqa: E402
+from agentloop_engines import EngineHTTPClient  # noqa: E402
+from agentloop_engines.adapters.hf import HFServer  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient  # noqa: E402
+from agentloop_engines.serving.server import ServerThread  # noqa: E402
 
 
 @pytest.fixture
 async def remote(model_path):
     """``start(n)`` -> (engines, routing client over n HTTP servers); all stopped after the test."""
     with contextlib.ExitStack() as stack:
-        clients: list[RemoteServer] = []
+        clients: list[EngineHTTPClient] = []
 
         async def start(n: int = 1) -> tuple[list[HFServer], LLMServerClient]:
             engines = [HFServer(model_path, max_model_len=512, max_batch_size=8, seed=0) for _ in range(n)]
             for engine in engines:
                 thread = stack.enter_context(ServerThread(engine))
-                clients.append(RemoteServer(thread.url, control_key=thread.control_key))
+                clients.append(EngineHTTPClient(thread.url, control_key=thread.control_key))
                 await clients[-1].connect()
             return engines, LLMServerClient(clients[-n:])
 
@@ -133,6 +133,6 @@ async def test_generations_on_two_replicas_all_resume_on_the_new_weights(remote,
         assert versions == sorted(versions), rid
     # Every replica really holds the new weights: its greedy tokens score as the new weights'.
     score_new = scorer(model_path, new_weights)
-    for replica in client.servers:
+    for replica in client.replicas:
         after = await replica.generate("after", PROMPT, {**GREEDY, "max_tokens": 16})
         assert max_abs(after.log_probs, score_new(PROMPT, after.token_ids)) < LOGPROB_TOL, replica

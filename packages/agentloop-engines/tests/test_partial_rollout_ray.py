@@ -30,7 +30,7 @@ from agentloop_core.protocol import SamplingParams, ServerCapabilities, TokenOut
 
 ray = pytest.importorskip("ray", reason='Ray hosting tests need: pip install "agentloop-engines[ray]"')
 
-from agentloop_engines.hosting import (  # noqa: E402
+from agentloop_engines.fleet.hosting import (  # noqa: E402
     client_actor,
     init_local_ray,
     start_replicas,

@@ -1,5 +1,5 @@
 """HFServer's log-probs under the placeholder ban follow the one convention every engine and the
-trainer share (:mod:`agentloop_engines.placeholders`): ``log_softmax(logits / T)`` with the
+trainer share (:mod:`agentloop_engines.adapters.placeholders`): ``log_softmax(logits / T)`` with the
 image/video placeholder logits at -inf. Checked on the tiny Qwen2-VL edited so the image
 placeholder leads every ordinary token by ~30 nats (the full-vocabulary log-probs are then
 about -29), against the conformance suite's reference hook (which removes the same ids for a
@@ -17,9 +17,9 @@ placeholder_model = pytest.importorskip("agentloop_conformance.placeholder_model
                                         reason="needs the conformance package (pip install -e conformance)")
 
 from agentloop_conformance import hf_reference_log_probs  # noqa: E402
-from agentloop_engines.hf.server import HFServer  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf.server import HFServer  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 PROMPT = [11, 12, 13, 14, 15]
 RUNS = [(0.0, None), (0.7, 1), (1.0, 2), (1.0, 3)]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from agentloop_core.testing import ScriptedServer
-from agentloop_engines.hosting.placement import _placement_problem, bundle_for, check_strategy
+from agentloop_engines.fleet.hosting.placement import _placement_problem, bundle_for, check_strategy
 
 CPU4 = {"CPU": 4.0}
 GPU_NODE = {"CPU": 8.0, "GPU": 2.0}
@@ -67,7 +67,7 @@ def test_check_strategy_lists_the_valid_ones():
 
 
 def test_importing_engines_and_hosting_does_not_import_ray():
-    code = ("import sys, agentloop_engines, agentloop_engines.hosting; "
+    code = ("import sys, agentloop_engines, agentloop_engines.fleet.hosting; "
             "print(sorted(m for m in ('ray',) if m in sys.modules))")
     out = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code],
                          capture_output=True, text=True, check=True)
@@ -78,7 +78,7 @@ def test_importing_engines_and_hosting_does_not_import_ray():
 
 ray = pytest.importorskip("ray", reason='placement tests need Ray: pip install "agentloop-engines[ray]"')
 
-from agentloop_engines.hosting import (  # noqa: E402
+from agentloop_engines.fleet.hosting import (  # noqa: E402
     InsufficientResourcesError,
     ReplicaSet,
     check_resources,

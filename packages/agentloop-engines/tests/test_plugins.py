@@ -22,8 +22,8 @@ def test_the_three_engines_are_installed_plugins_declaring_their_adapters_flags(
     assert {"hf", "vllm", "sglang"} <= set(engine_names())
     for plugin in (HF_ENGINE, VLLM_ENGINE, SGLANG_ENGINE):
         assert get_engine_plugin(plugin.name) == plugin
-    from agentloop_engines.sglang_server import SGLangServer
-    from agentloop_engines.vllm_server import VLLMServer
+    from agentloop_engines.adapters.sglang.server import SGLangServer
+    from agentloop_engines.adapters.vllm.server import VLLMServer
 
     assert VLLMServer.capabilities is VLLM_ENGINE.capabilities.server
     assert SGLangServer.capabilities is SGLANG_ENGINE.capabilities.server
@@ -50,7 +50,7 @@ def test_the_hf_factory_maps_the_record_onto_hfserver(model_path):
     pytest.importorskip("torch", reason='needs pip install "agentloop-engines[hf]"')
     import torch
 
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
 
     assert HFServer.capabilities is HF_ENGINE.capabilities.server
     config = EngineConfig(name="hf", model_path=str(model_path), dtype="bfloat16", max_batch_size=4, max_model_len=48,
@@ -74,7 +74,7 @@ def test_the_sglang_factory_maps_the_record_onto_sglangs_names(monkeypatch, tmp_
         built.append(StandInSGLangEngine(**kwargs))
         return built[-1]
 
-    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    monkeypatch.setattr("agentloop_engines.adapters.sglang.server._require_sglang", lambda: SimpleNamespace(Engine=engine))
     tokenizer = SimpleNamespace(eos_token_id=0)
     config = EngineConfig(name="sglang", model_path=str(path), seed=7, dtype="bfloat16", max_model_len=96,
                           gpu_memory_utilization=0.3, free_cache_engine=False,

@@ -1,4 +1,4 @@
-"""Ray hosting: ServerActor replicas, failover when one is killed, the shared client actor."""
+"""Ray hosting: ReplicaActor replicas, failover when one is killed, the shared client actor."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from agentloop_core.testing import ScriptedServer
 
 ray = pytest.importorskip("ray", reason='Ray hosting tests need: pip install "agentloop-engines[ray]"')
 
-from agentloop_engines.client import LLMServerClient  # noqa: E402
-from agentloop_engines.hosting import (  # noqa: E402
+from agentloop_engines.fleet.client import LLMServerClient  # noqa: E402
+from agentloop_engines.fleet.hosting import (  # noqa: E402
     RemoteClient,
     client_actor,
     init_local_ray,
@@ -121,7 +121,7 @@ async def test_shared_client_actor_balances_requests_from_several_workers(ray_cl
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    from agentloop_engines.hosting import cluster, connect_ray, import_ray
+    from agentloop_engines.fleet.hosting import cluster, connect_ray, import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
     cluster._remote_class.cache_clear()

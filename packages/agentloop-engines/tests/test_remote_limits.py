@@ -1,4 +1,4 @@
-"""The byte limit on what RemoteServer reads (``agentloop_engines.http_body``), piece by piece:
+"""The byte limit on what EngineHTTPClient reads (``agentloop_engines.fleet.http_body``), piece by piece:
 the setting, the counting, the header checks, and the line splitter of streamed answers.
 The whole path against a hostile server on 127.0.0.1 is ``tests/fault/test_remote_body_limits.py``.
 """
@@ -7,20 +7,20 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("httpx", reason='RemoteServer needs pip install "agentloop-engines[server]"')
+pytest.importorskip("httpx", reason='EngineHTTPClient needs pip install "agentloop-engines[server]"')
 
-from agentloop_engines.http_body import DEFAULT_MAX_RESPONSE_BYTES, BoundedBody, bounded_lines  # noqa: E402
-from agentloop_engines.http_client import RemoteServer, RemoteServerError, ResponseTooLargeError  # noqa: E402
+from agentloop_engines.fleet.http_body import DEFAULT_MAX_RESPONSE_BYTES, BoundedBody, bounded_lines  # noqa: E402
+from agentloop_engines.fleet.http_client import EngineHTTPClient, EngineHTTPError, ResponseTooLargeError  # noqa: E402
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "64"])
 def test_max_response_bytes_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match="max_response_bytes must be a positive integer"):
-        RemoteServer("http://127.0.0.1:1", max_response_bytes=bad)
+        EngineHTTPClient("http://127.0.0.1:1", max_response_bytes=bad)
 
 
 def test_the_default_is_64_mib_and_asks_for_uncompressed_answers():
-    server = RemoteServer("http://127.0.0.1:1")
+    server = EngineHTTPClient("http://127.0.0.1:1")
     assert server.max_response_bytes == DEFAULT_MAX_RESPONSE_BYTES == 64 * 2**20
     assert server._headers["Accept-Encoding"] == "identity"
 
@@ -31,10 +31,10 @@ def test_bytes_are_counted_up_to_the_limit_and_refused_past_it():
     assert body.add(b"67890") == b"67890"  # exactly at the limit
     with pytest.raises(ResponseTooLargeError) as caught:
         body.add(b"x")
-    assert isinstance(caught.value, RemoteServerError)
+    assert isinstance(caught.value, EngineHTTPError)
     assert "POST http://h/generate" in str(caught.value)
     assert "limit of 10 bytes" in str(caught.value)
-    assert "RemoteServer(max_response_bytes=...)" in str(caught.value)
+    assert "EngineHTTPClient(max_response_bytes=...)" in str(caught.value)
 
 
 @pytest.mark.parametrize(("headers", "match"), [

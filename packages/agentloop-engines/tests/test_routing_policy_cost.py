@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentloop_engines.routing import StickyLeastInFlightPolicy
+from agentloop_engines.fleet.routing import StickyLeastInFlightPolicy
 
 
 def make(n: int = 2, **kw) -> StickyLeastInFlightPolicy:

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from agentloop_engines.sglang_server import SGLangServer
+from agentloop_engines.adapters.sglang.server import SGLangServer
 
 
 def greedy(max_tokens: int, **extra) -> dict:
@@ -74,7 +74,7 @@ def test_real_sglang_engine_same_checks(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     path = str(build_tiny_model())
     tok = AutoTokenizer.from_pretrained(path)
@@ -156,7 +156,7 @@ def test_real_sglang_partial_rollout_resumes_across_a_weight_update():
 
     from agentloop_core.partial_rollout import PartialRolloutServer
     from agentloop_engines.testing import perturbed_weights
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     path = str(build_tiny_model(initializer_range=0.3))
     tok = AutoTokenizer.from_pretrained(path)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from agentloop_core.protocol import CapabilityNotSupportedError, TokenOutput
-from agentloop_engines.sglang_server import SGLangServer, _checkpoint_weight_names
+from agentloop_engines.adapters.sglang.server import SGLangServer, _checkpoint_weight_names
 from agentloop_engines.testing import DEFAULT_EOS_TOKEN_ID as EOS
 from agentloop_engines.testing import DEFAULT_VOCAB_SIZE as VOCAB
 from agentloop_engines.testing import StandInSGLangEngine, write_checkpoint
@@ -107,7 +107,7 @@ def test_stand_in_built_from_a_model_path_reads_the_checkpoint(tmp_path, monkeyp
         built.append(StandInSGLangEngine(**kwargs))
         return built[-1]
 
-    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    monkeypatch.setattr("agentloop_engines.adapters.sglang.server._require_sglang", lambda: SimpleNamespace(Engine=engine))
     server = SGLangServer(model_path=str(path), enable_memory_saver=True, random_seed=3, tp_size=1,
                           mem_fraction_static=0.4, dtype="bfloat16")
     (eng,) = built
@@ -144,7 +144,7 @@ def test_a_float32_checkpoint_runs_in_float32_unless_a_dtype_is_given(tmp_path, 
     dtype passes "float32" for a float32 checkpoint, nothing for a 16-bit one (auto keeps its
     dtype), and a given dtype unchanged. Fails if the adapter leaves a float32 checkpoint to
     SGLang's "auto" (the stand-in then reports model_dtype float16)."""
-    from agentloop_engines.dtypes import checkpoint_dtype, default_engine_dtype
+    from agentloop_engines.adapters.dtypes import checkpoint_dtype, default_engine_dtype
 
     built: list[StandInSGLangEngine] = []
 
@@ -152,7 +152,7 @@ def test_a_float32_checkpoint_runs_in_float32_unless_a_dtype_is_given(tmp_path, 
         built.append(StandInSGLangEngine(**kwargs))
         return built[-1]
 
-    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    monkeypatch.setattr("agentloop_engines.adapters.sglang.server._require_sglang", lambda: SimpleNamespace(Engine=engine))
     fp32 = write_checkpoint(tmp_path / "fp32")
     bf16 = write_checkpoint(tmp_path / "bf16", dtype="bfloat16")
     undeclared = write_checkpoint(tmp_path / "none", dtype=None)
@@ -269,7 +269,7 @@ async def test_update_gives_up_with_a_clear_error_while_sglang_stays_busy(engine
 async def test_seeds_are_not_promised_without_deterministic_inference(server, engine, caplog):
     """(c) SGLang ignores sampling_seed unless deterministic inference is on: the server says so
     (per_request_seed), accepts seeded requests as the conformance suite sends them, and warns."""
-    with caplog.at_level(logging.WARNING, logger="agentloop_engines.sglang_server"):
+    with caplog.at_level(logging.WARNING, logger="agentloop_engines.adapters.sglang.server"):
         a, b = [await server.generate("s", [10], {"max_tokens": 40, "temperature": 1.0, "seed": 7})
                 for _ in range(2)]
     assert a.token_ids != b.token_ids  # 2**-40 to collide
@@ -390,7 +390,7 @@ def test_checkpoint_weight_names(tmp_path, caplog):
     assert _checkpoint_weight_names(str(pointer)) is None
     engine = StandInSGLangEngine()
     engine.server_args.model_path = str(tmp_path / "missing")
-    with caplog.at_level(logging.WARNING, logger="agentloop_engines.sglang_server"):
+    with caplog.at_level(logging.WARNING, logger="agentloop_engines.adapters.sglang.server"):
         unchecked = SGLangServer(engine, eos_token_ids=[EOS])
     assert unchecked.weight_names is None
     assert "cannot read the checkpoint" in caplog.text

@@ -24,9 +24,9 @@ from agentloop_core.testing.tiny_vision import tiny_vision_processor  # noqa: E4
 from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.sglang_server import SGLangServer  # noqa: E402
+from agentloop_engines.adapters.sglang.server import SGLangServer  # noqa: E402
 from agentloop_engines.testing import StandInSGLangEngine  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 GREEDY = {"max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": True}
 
@@ -201,7 +201,7 @@ def test_real_sglang_serves_images(vlm_path, tokenizer, renderer):
     pixel values (a resize that is not the identity)."""
     import sglang
 
-    from agentloop_engines.hf.server import HFServer
+    from agentloop_engines.adapters.hf.server import HFServer
 
     tolerance = 5e-3  # float32 SGLang against HF (test_sglang_real_engine.py's GPU_LOGPROB_TOL)
     engine = sglang.Engine(model_path=vlm_path, mem_fraction_static=float(os.environ.get("SGLANG_MEM", "0.3")),

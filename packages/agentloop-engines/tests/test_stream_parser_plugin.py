@@ -18,9 +18,9 @@ import pytest
 
 from agentloop_core.testing import load_tiny_tokenizer
 from agentloop_core.testing.plugin_dist import installed_parser_plugins
-from agentloop_engines.gateway import Gateway
-from agentloop_engines.gateway.live import stream_chat_completion
-from agentloop_engines.gateway.stream_text import StreamText
+from agentloop_engines.serving.gateway import Gateway
+from agentloop_engines.serving.gateway.live import stream_chat_completion
+from agentloop_engines.serving.gateway.stream_text import StreamText
 from agentloop_engines.testing.gateway_fixtures import StreamingScript
 
 QUESTION = [{"role": "user", "content": "How many apples?"}]

@@ -1,4 +1,4 @@
-"""The thread pool ``http_agent`` runs synchronous agents on (``agentloop_engines.sync_agents``)."""
+"""The thread pool ``http_agent`` runs synchronous agents on (``agentloop_engines.serving.sync_agents``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from agentloop_engines.http_agent import HTTPAgentConfig
-from agentloop_engines.sync_agents import SyncAgentPool, SyncAgentPoolFullError, sync_agent_pool
+from agentloop_engines.serving.http_agent import HTTPAgentConfig
+from agentloop_engines.serving.sync_agents import SyncAgentPool, SyncAgentPoolFullError, sync_agent_pool
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 

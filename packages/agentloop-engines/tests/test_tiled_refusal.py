@@ -23,11 +23,11 @@ from agentloop_core.protocol import CapabilityNotSupportedError, SamplingParams 
 from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import ImageItem, TiledImageItem, load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.placeholders import refuse_tiled_images  # noqa: E402
-from agentloop_engines.sglang_server import SGLangServer  # noqa: E402
+from agentloop_engines.adapters.placeholders import refuse_tiled_images  # noqa: E402
+from agentloop_engines.adapters.sglang.server import SGLangServer  # noqa: E402
+from agentloop_engines.adapters.vllm.server import VLLMServer  # noqa: E402
 from agentloop_engines.testing import StandInSGLangEngine  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
-from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 GREEDY = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
 SUPPORTED = ("Qwen-VL family", "HFServer", "Idefics3/SmolVLM")

@@ -10,7 +10,7 @@ pytest.importorskip("torch", reason='the tiny model needs pip install "agentloop
 transformers = pytest.importorskip("transformers", reason='needs pip install "agentloop-engines[hf]"')
 
 from agentloop_core.testing import load_tiny_tokenizer  # noqa: E402
-from agentloop_engines.tiny_model import build_tiny_model  # noqa: E402
+from agentloop_engines.testing.tiny_model import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

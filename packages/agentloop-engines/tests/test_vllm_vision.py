@@ -4,7 +4,7 @@ in the prompt and in two tool results; vLLM expands each image to exactly the to
 processor rendered; and what it refuses.
 
 Log-probs: both engines ban the image/video placeholder ids from sampling and report the one
-convention every engine and the trainer share (:mod:`agentloop_engines.placeholders`):
+convention every engine and the trainer share (:mod:`agentloop_engines.adapters.placeholders`):
 ``log_softmax`` with the placeholder logits at -inf. So vLLM's greedy log-probs are compared
 with HFServer's directly, and T=1 sampled ones (each engine draws its own tokens) each against a
 forward with the placeholder columns removed; the full-vocabulary values differ by more than
@@ -44,8 +44,8 @@ Image = pytest.importorskip("PIL.Image")
 from agentloop_core.testing.vision_engines import noise_picture as _picture  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
-from agentloop_engines.vllm_server import VLLMServer  # noqa: E402
+from agentloop_engines.adapters.vllm.server import VLLMServer  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -190,7 +190,7 @@ async def server(vlm_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hf(vlm_path):
-    from agentloop_engines.hf.server import HFServer
+    from agentloop_engines.adapters.hf.server import HFServer
 
     return HFServer(vlm_path, max_batch_size=8)
 

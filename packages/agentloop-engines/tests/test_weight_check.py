@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from agentloop_engines.control import check_control_key, is_chat_path
-from agentloop_engines.weight_check import (
+from agentloop_engines.adapters.weight_check import (
     WeightSpec,
     WeightUpdateError,
     check_weight_update,
     checkpoint_weight_specs,
     dtype_kind,
 )
+from agentloop_engines.serving.control import check_control_key, is_chat_path
 
 torch = pytest.importorskip("torch", reason='weight tests need torch: pip install "agentloop-engines[hf]"')
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from agentloop_engines.placeholders import placeholder_token_ids
+from agentloop_engines.adapters.placeholders import placeholder_token_ids
 
 
 def full_forward_log_probs(model, processor, ids: list[int], items, generated: list[int],
@@ -70,7 +70,7 @@ async def two_turns_with_an_image_each(server, processor, first, second, max_tok
     messages each call added (``sent``)."""
     import openai
 
-    from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways
+    from agentloop_engines.serving.http_agent import HTTPAgentLoop, close_gateways
 
     sent: list[list[dict]] = []
 

@@ -110,7 +110,7 @@ async def test_one_model_keeps_one_trajectory_per_request_id(tokenizer):
 
 
 async def test_turns_stay_on_one_replica_of_the_client(tokenizer):
-    client = pytest.importorskip("agentloop_engines.client", reason="agentloop-engines is not installed")
+    client = pytest.importorskip("agentloop_engines.fleet.client", reason="agentloop-engines is not installed")
     LLMServerClient = client.LLMServerClient
     replicas = [ScriptedServer(lambda rid, p, i: [200 + i]) for _ in range(2)]
     chat = model_for(LLMServerClient(replicas), tokenizer)

@@ -15,7 +15,7 @@ from langgraph_helpers import hermes_call
 pytest.importorskip("langchain_openai", reason='needs: pip install "agentloop-langgraph[test]" (langchain-openai)')
 pytest.importorskip("fastapi", reason='the gateway needs: pip install "agentloop-engines[server]"')
 pytest.importorskip("uvicorn", reason='the gateway needs: pip install "agentloop-engines[server]"')
-gateway_mod = pytest.importorskip("agentloop_engines.gateway", reason="agentloop-engines>=0.3 has the gateway")
+gateway_mod = pytest.importorskip("agentloop_engines.serving.gateway", reason="agentloop-engines>=0.3 has the gateway")
 
 from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch", reason="the tiny VLM needs torch (pip install \"agentloop-engines[hf]\")")
-tiny_vlm = pytest.importorskip("agentloop_engines.tiny_vlm", reason="agentloop-engines is not installed")
+tiny_vlm = pytest.importorskip("agentloop_engines.testing.tiny_vlm", reason="agentloop-engines is not installed")
 
 from langchain_core.messages import HumanMessage, ToolMessage  # noqa: E402
 from langgraph_helpers import hermes_call  # noqa: E402
@@ -92,7 +92,7 @@ def image_masks(out, image_token_id: int) -> list[int]:
 
 
 async def test_tool_images_reach_the_real_engine_and_the_output_in_order(vlm):
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
 
     folder, tokenizer, processor = vlm
     scene, crop_image, swatch_image = picture((64, 48)), picture((40, 40), seed=50), picture((40, 30), seed=99)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("torch", reason="HFServer needs torch (pip install \"agentloop-engines[hf]\")")
-hf = pytest.importorskip("agentloop_engines.hf", reason="agentloop-engines[hf] is not installed")
-tiny_model = pytest.importorskip("agentloop_engines.tiny_model", reason="agentloop-engines is not installed")
+hf = pytest.importorskip("agentloop_engines.adapters.hf", reason="agentloop-engines[hf] is not installed")
+tiny_model = pytest.importorskip("agentloop_engines.testing.tiny_model", reason="agentloop-engines is not installed")
 
 from agentloop_core.testing import load_tiny_tokenizer  # noqa: E402
 from agentloop_tools.agent_loop import ToolAgentLoop  # noqa: E402

@@ -265,13 +265,13 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def engine():
-    hf = pytest.importorskip("agentloop_engines.hf", reason='the tiny model needs "agentloop-engines[hf]"')
-    tiny_model = pytest.importorskip("agentloop_engines.tiny_model", reason="agentloop-engines is not installed")
+    hf = pytest.importorskip("agentloop_engines.adapters.hf", reason='the tiny model needs "agentloop-engines[hf]"')
+    tiny_model = pytest.importorskip("agentloop_engines.testing.tiny_model", reason="agentloop-engines is not installed")
     return hf.HFServer(tiny_model.build_tiny_model(), seed=0)
 
 
 def serve(app):
-    http_common = pytest.importorskip("agentloop_engines.http_common", reason="agentloop-engines is not installed")
+    http_common = pytest.importorskip("agentloop_engines.serving.common", reason="agentloop-engines is not installed")
     return http_common.UvicornThread(app)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch", reason="the tiny VLM needs torch (pip install \"agentloop-engines[hf]\")")
-tiny_vlm = pytest.importorskip("agentloop_engines.tiny_vlm", reason="agentloop-engines is not installed")
+tiny_vlm = pytest.importorskip("agentloop_engines.testing.tiny_vlm", reason="agentloop-engines is not installed")
 
 from PIL import Image  # noqa: E402
 
@@ -85,7 +85,7 @@ def loop_of(server, tokenizer, processor, tools, **config) -> ToolAgentLoop:
 
 
 async def test_images_from_two_tools_on_the_real_engine_pass_the_strict_check(vlm):
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
 
     folder, tokenizer, processor = vlm
     scene = picture((64, 48))

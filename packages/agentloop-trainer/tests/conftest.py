@@ -38,7 +38,7 @@ def local_ray(tmp_path_factory):
     """A local 2-CPU Ray for the module (a module that ships its own functions to Ray workers
     defines its own, registering them for pickling by value)."""
     pytest.importorskip("ray", reason='needs Ray: pip install "agentloop-engines[ray]"')
-    from agentloop_engines.hosting import init_local_ray
+    from agentloop_engines.fleet.hosting import init_local_ray
 
     ray = init_local_ray(tmp_path_factory.mktemp("ray"), num_cpus=2)
     yield ray

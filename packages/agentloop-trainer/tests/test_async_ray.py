@@ -5,7 +5,7 @@ worker's calls pass through, driven by the trainer through the ``RemoteClient`` 
 Debugging a failure: ``async/tokens_version_*`` summing to zero means the workers' tokens never
 reached the actor's ledger (the driver tracked ids in a different wrapper than the one the
 workers generate through); a hang means a weight push that never got through the gate (see
-``agentloop_engines.hosting.client_actor``: the control concurrency group).
+``agentloop_engines.fleet.hosting.client_actor``: the control concurrency group).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
     went through the actor's gate (one update per step) and the ledger is empty at the end."""
     from transformers import AutoModelForCausalLM
 
-    from agentloop_engines.hosting import RemoteClient
+    from agentloop_engines.fleet.hosting import RemoteClient
     from agentloop_trainer.data import load_records
     from agentloop_trainer.stages import PolicyGradientTrainer
 

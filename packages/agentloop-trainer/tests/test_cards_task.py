@@ -71,7 +71,7 @@ def test_sft_on_demonstrations_with_pictures_trains_no_image_token():
     from transformers import AutoTokenizer
 
     from agentloop_core.vision import load_vision_processor
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
     from agentloop_trainer.stages.sft.data import parse_row
     from agentloop_trainer.stages.sft.tokenize import SFTTokenizer
 
@@ -101,7 +101,7 @@ def test_the_vision_job_runs_as_configured_for_two_steps(tmp_path):
     pictures, then GRPO whose tool returns pictures, and the eval line of the main job."""
     from pathlib import Path
 
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     data = tmp_path / "cards"
     assert main(["data", "cards", "--out", str(data), "--n-train", "16", "--n-val", "4", "--n-sft", "32"]) == 0

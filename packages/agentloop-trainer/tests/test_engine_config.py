@@ -44,7 +44,8 @@ def test_the_rollout_engine_runs_in_float32_unless_rollout_dtype_says_otherwise(
         return engine_config(cfg, "/m", notice=lines.append), lines
 
     def engine_dtype(spec):  # what the engine's constructor receives
-        from agentloop_engines import sglang_server, vllm_server
+        from agentloop_engines.adapters.sglang import server as sglang_server
+        from agentloop_engines.adapters.vllm import server as vllm_server
 
         names = {"vllm": vllm_server.CONFIG_ARGUMENTS, "sglang": sglang_server.CONFIG_ARGUMENTS}
         return spec.dtype if name == "hf" else spec.arguments(names[name])["dtype"]
@@ -137,9 +138,9 @@ def test_remote_servers_key_comes_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="server_control_key_env=MY_CONTROL_KEY but that environment variable"):
         remote_engines(control)
     monkeypatch.setenv("MY_CONTROL_KEY", "the-control-key")
-    made: list[dict] = []  # what each RemoteServer is built with (nothing is reachable at port 9)
-    monkeypatch.setattr("agentloop_engines.http_client.RemoteServer", lambda url, **kw: made.append(kw))
-    monkeypatch.setattr("agentloop_engines.client.LLMServerClient", lambda servers: servers)
+    made: list[dict] = []  # what each EngineHTTPClient is built with (nothing is reachable at port 9)
+    monkeypatch.setattr("agentloop_engines.fleet.http_client.EngineHTTPClient", lambda url, **kw: made.append(kw))
+    monkeypatch.setattr("agentloop_engines.fleet.client.LLMServerClient", lambda servers: servers)
     remote_engines(control)
     assert made == [{"api_key": None, "control_key": "the-control-key", "max_response_bytes": 1_000_000}]
 
@@ -150,7 +151,7 @@ def test_remote_servers_read_answers_within_the_configured_limit():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from agentloop_engines.http_errors import ResponseTooLargeError
+    from agentloop_engines.fleet.http_errors import ResponseTooLargeError
 
     class Endless(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name

@@ -57,7 +57,7 @@ def test_env_on_hf_server_keeps_the_engine_tokens(random_model_path, tokenizer):
     (each token ends a turn), the mask-1 tokens exactly the engine's, the feedback mask 0."""
     import asyncio
 
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
     from agentloop_tools.env_agent import EnvAgentLoop
     from agentloop_trainer.task.number_guess import number_guess_rows
 

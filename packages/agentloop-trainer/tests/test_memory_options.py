@@ -129,7 +129,7 @@ def _lora(model, rank: int = 4):
 def test_lora_trains_only_adapters_and_the_merged_push_reproduces_its_greedy_output(model, tokenizer):
     import asyncio
 
-    from agentloop_engines.hf import HFServer
+    from agentloop_engines.adapters.hf import HFServer
     from agentloop_trainer.update import iter_policy_weights
 
     policy = _lora(model)

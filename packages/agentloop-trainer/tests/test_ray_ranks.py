@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agentloop_engines.hosting import InsufficientResourcesError
+from agentloop_engines.fleet.hosting import InsufficientResourcesError
 from agentloop_trainer.update import RankFailedError, spawn_ray
 
 # Generous: reaching it means a rank hung, never that the machine was slow.
@@ -34,7 +34,7 @@ def local_ray(tmp_path_factory):
     import test_fsdp
     from ray import cloudpickle
 
-    from agentloop_engines.hosting import init_local_ray
+    from agentloop_engines.fleet.hosting import init_local_ray
 
     cloudpickle.register_pickle_by_value(test_fsdp)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -80,7 +80,7 @@ def test_agentloop_train_on_the_ray_backend(local_ray, random_model_path, tmp_pa
 
 
 def test_unmet_replica_resources_fail_before_anything_starts(local_ray, random_model_path, tmp_path):
-    from agentloop_engines.hosting import InsufficientResourcesError
+    from agentloop_engines.fleet.hosting import InsufficientResourcesError
     from agentloop_trainer.cli import run_train
 
     cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "ray.replica_num_gpus=1",

@@ -29,8 +29,8 @@ class CountingServer:
 def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, tmp_path, monkeypatch):
     import torch
 
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.http_server import ServerThread
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.serving.server import ServerThread
     from agentloop_trainer.cli import main
 
     # The parity of the generated text's length: a random policy gets a learning signal.

@@ -23,8 +23,8 @@ pytest.importorskip("fastapi", reason='needs the gateway: pip install "agentloop
 pytest.importorskip("openai", reason='needs openai: pip install "agentloop-trainer[test]"')
 
 from agentloop_core.testing import load_tiny_tokenizer  # noqa: E402
-from agentloop_engines.gateway import Gateway  # noqa: E402
-from agentloop_engines.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
+from agentloop_engines.serving.gateway import Gateway  # noqa: E402
+from agentloop_engines.serving.http_agent import HTTPAgentLoop, close_gateways  # noqa: E402
 from agentloop_engines.testing.gateway_fixtures import calculator_call, generated_runs, scripted  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]

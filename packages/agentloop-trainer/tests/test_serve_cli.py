@@ -80,8 +80,8 @@ def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
 
 
 def test_serve_routes_over_running_engines(random_model_path):
-    from agentloop_engines.hf import HFServer
-    from agentloop_engines.http_server import ServerThread
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.serving.server import ServerThread
 
     engines = [HFServer(str(random_model_path), seed=0) for _ in range(2)]
     with ServerThread(engines[0]) as a, ServerThread(engines[1]) as b:

@@ -44,7 +44,7 @@ def standins(monkeypatch):
         built.append(StandInSGLangEngine(**kwargs))
         return built[-1]
 
-    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang", lambda: SimpleNamespace(Engine=engine))
+    monkeypatch.setattr("agentloop_engines.adapters.sglang.server._require_sglang", lambda: SimpleNamespace(Engine=engine))
     return built
 
 

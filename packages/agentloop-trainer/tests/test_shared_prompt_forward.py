@@ -120,7 +120,7 @@ def test_update_with_prompts_shared_equals_the_padded_update(random_model_path):
 
 
 def test_batched_exponential_race_draws_what_multinomial_draws():
-    from agentloop_engines.hf.sampling import _draw
+    from agentloop_engines.adapters.hf.sampling import _draw
 
     probs = torch.softmax(torch.randn(16, 300, generator=torch.Generator().manual_seed(0)) * 4, dim=-1)
     probs[3, 10:] = 0.0  # a top-k style row

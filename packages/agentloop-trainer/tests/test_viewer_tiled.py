@@ -45,8 +45,8 @@ def tiled_rollout():
     from agentloop_core.batch import RolloutBatch
     from agentloop_core.tokenization import ChatRenderer, Trajectory
     from agentloop_core.vision import TiledImageItem, load_vision_processor, multi_modal_kwargs
-    from agentloop_engines.hf.server import HFServer
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.adapters.hf.server import HFServer
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     path = build_tiny_vlm(family="idefics3")
     server = HFServer(path)

@@ -15,8 +15,8 @@ Image = pytest.importorskip("PIL.Image")
 from agentloop_core.batch import RolloutBatch  # noqa: E402
 from agentloop_core.tokenization import ChatRenderer, Trajectory  # noqa: E402
 from agentloop_core.vision import load_vision_processor, multi_modal_kwargs  # noqa: E402
-from agentloop_engines.hf.server import HFServer  # noqa: E402
-from agentloop_engines.tiny_vlm import build_tiny_vlm  # noqa: E402
+from agentloop_engines.adapters.hf.server import HFServer  # noqa: E402
+from agentloop_engines.testing.tiny_vlm import build_tiny_vlm  # noqa: E402
 from agentloop_trainer.update import policy_batch_from_rollout, response_log_probs  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "zoom", "description": "Crop the image.",

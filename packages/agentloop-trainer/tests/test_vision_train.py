@@ -50,7 +50,7 @@ def vision_task(tmp_path):
 @pytest.mark.parametrize("fsdp_ranks", [1, 2])
 def test_two_grpo_steps_on_a_vision_language_model(vision_task, tmp_path, fsdp_ranks):
     from agentloop_core.vision import load_vision_processor
-    from agentloop_engines.tiny_vlm import build_tiny_vlm
+    from agentloop_engines.testing.tiny_vlm import build_tiny_vlm
 
     model_path = build_tiny_vlm(initializer_range=0.3)
     out = tmp_path / "out"

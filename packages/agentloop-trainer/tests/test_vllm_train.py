@@ -153,7 +153,7 @@ def test_vllm_serves_the_trained_policy_after_the_weight_sync(tmp_path, policy_p
     If the first assert fails, vLLM and transformers disagree on the checkpoint itself (dtype,
     loader). If the trained ids equal the start ids, the update did not move the policy. If vLLM's
     ids after training equal the start ids, ``update_weights`` did not reach vLLM's model (see
-    ``agentloop_engines.vllm_server._load_weights_on_worker``) or the prefix cache was not reset.
+    ``agentloop_engines.adapters.vllm.server._load_weights_on_worker``) or the prefix cache was not reset.
     """
     import torch
     from transformers import AutoModelForCausalLM

@@ -26,7 +26,7 @@ engine held those weights for the call's whole life.
 
 A trainer drives the wrapper through :class:`RolloutControl`, a small async interface with one
 implementation per place the wrapper can live: :class:`LocalRolloutControl` over a wrapper in the
-trainer's own process, and ``agentloop_engines.hosting.RemoteClient`` over one hosted inside the
+trainer's own process, and ``agentloop_engines.fleet.hosting.RemoteClient`` over one hosted inside the
 shared Ray client actor (where every rollout worker's calls pass through the same gate).
 """
 

@@ -4,7 +4,7 @@ Adapters implement one coroutine, :meth:`AsyncServerBase._generate`, and receive
 are already validated: a non-empty prompt of in-vocabulary integer ids that fits in the context,
 and a :class:`~agentloop_core.protocol.SamplingParams` whose ``max_tokens`` is clamped so that
 prompt + generation never exceeds ``max_model_len``. OpenAI-compatible requests are the
-gateway's (:class:`~agentloop_engines.gateway.Gateway`), over ``generate``, wherever ``/v1`` is
+gateway's (:class:`~agentloop_engines.serving.gateway.Gateway`), over ``generate``, wherever ``/v1`` is
 served.
 """
 
@@ -48,7 +48,7 @@ class AsyncServerBase(abc.ABC):
         vocab_size: Number of valid token ids; ids must lie in ``[0, vocab_size)``.
         eos_token_ids: Token ids that always end generation (unless ``ignore_eos``).
         tokenizer: Hugging Face tokenizer, or None; an HTTP server in front of the engine serves
-            the OpenAI ``/v1`` routes with it (see :func:`agentloop_engines.http_server.create_app`).
+            the OpenAI ``/v1`` routes with it (see :func:`agentloop_engines.serving.server.create_app`).
         model_name: The model name those routes report (``/v1/models``, a response's ``model``).
     """
 

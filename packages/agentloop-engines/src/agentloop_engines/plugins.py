@@ -17,7 +17,7 @@ __all__ = ["HF_ENGINE", "SGLANG_ENGINE", "VLLM_ENGINE"]
 
 HF_ENGINE = EnginePlugin(
     name="hf",
-    factory="agentloop_engines.hf.server:HFServer.from_engine_config",
+    factory="agentloop_engines.adapters.hf.server:HFServer.from_engine_config",
     install='pip install "agentloop-engines[hf]"',
     capabilities=EngineCapabilities(
         # sleep is True only on CUDA (an instance narrows it); on CPU sleep/wake_up still work.
@@ -32,7 +32,7 @@ HF_ENGINE = EnginePlugin(
 
 VLLM_ENGINE = EnginePlugin(
     name="vllm",
-    factory="agentloop_engines.vllm_server:VLLMServer.from_engine_config",
+    factory="agentloop_engines.adapters.vllm.server:VLLMServer.from_engine_config",
     install='pip install "agentloop-engines[vllm]"',
     capabilities=EngineCapabilities(
         # sleep depends on the platform (an instance sets it); False is what every platform has.
@@ -48,7 +48,7 @@ VLLM_ENGINE = EnginePlugin(
 
 SGLANG_ENGINE = EnginePlugin(
     name="sglang",
-    factory="agentloop_engines.sglang_server:SGLangServer.from_engine_config",
+    factory="agentloop_engines.adapters.sglang.server:SGLangServer.from_engine_config",
     install='pip install "agentloop-engines[sglang]"',
     capabilities=EngineCapabilities(
         # sleep only with the memory saver (EngineConfig.free_cache_engine): an instance sets it.

@@ -99,7 +99,7 @@ class RayWorkerPool:
         if not ray.is_initialized():
             raise RuntimeError(
                 "the ray rollout backend needs a running Ray: call ray.init(...) (or "
-                "agentloop_engines.hosting.connect_ray) before creating AgentLoopManager(backend='ray')"
+                "agentloop_engines.fleet.hosting.connect_ray) before creating AgentLoopManager(backend='ray')"
             )
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

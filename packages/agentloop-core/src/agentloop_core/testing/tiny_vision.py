@@ -1,6 +1,6 @@
 """The tiny tokenizer with Qwen2-VL's vision tokens and a chat template that renders image
 parts, and a Qwen2-VL image processor sized for tests: the processor half of the tiny VLM
-(``agentloop_engines.tiny_vlm`` adds the model), usable without torch."""
+(``agentloop_engines.testing.tiny_vlm`` adds the model), usable without torch."""
 
 from __future__ import annotations
 

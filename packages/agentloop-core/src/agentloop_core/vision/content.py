@@ -147,7 +147,7 @@ class ConversationImages:
     def _take_part(self, part: Mapping[str, Any], where: str, taken: int) -> dict:
         if self.processor is None:
             raise ImageError(f"{where}: an image was given to a text-only model; use a vision-language model "
-                             "(a checkpoint with a vision processor, e.g. agentloop_engines.tiny_vlm.build_tiny_vlm()) "
+                             "(a checkpoint with a vision processor, e.g. agentloop_engines.testing.tiny_vlm.build_tiny_vlm()) "
                              "or drop the image")
         if taken > self.limits.max_images:
             raise ImageError(f"{where}: more than {self.limits.max_images} images in one trajectory "

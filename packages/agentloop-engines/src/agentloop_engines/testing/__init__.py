@@ -1,7 +1,10 @@
 """Test helpers for engine adapters that ship with the package, so other packages' tests and
 third parties can use them: a CPU stand-in for ``sglang.Engine``, perturbed weights for
-in-place update tests, and scripted engines for tests of the gateway and of agents run against it
-(:mod:`~agentloop_engines.testing.gateway_fixtures`)."""
+in-place update tests, scripted engines for tests of the gateway and of agents run against it
+(:mod:`~agentloop_engines.testing.gateway_fixtures`), and the tiny random checkpoints every engine
+can serve, for tests and demos (:mod:`~agentloop_engines.testing.tiny_model`,
+:mod:`~agentloop_engines.testing.tiny_vlm`; ``build_tiny_model`` is also
+``agentloop_engines.build_tiny_model``)."""
 
 from agentloop_engines.testing.gateway_fixtures import (
     Replies,

@@ -9,7 +9,7 @@ test can check, for example, that each weight update arrived while the scheduler
 
 To put it behind ``SGLangServer(model_path=...)`` (which builds ``sglang.Engine`` itself)::
 
-    monkeypatch.setattr("agentloop_engines.sglang_server._require_sglang",
+    monkeypatch.setattr("agentloop_engines.adapters.sglang.server._require_sglang",
                         lambda: SimpleNamespace(Engine=StandInSGLangEngine))
 
 Imports nothing beyond the standard library.

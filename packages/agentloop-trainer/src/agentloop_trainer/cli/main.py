@@ -238,30 +238,15 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import os
-
-    from agentloop_engines.gateway import Gateway, PromptLimits
-    from agentloop_engines.gateway.prompt_limits import DEFAULT_TEMPLATE_VARIABLES
-    from agentloop_engines.http_common import ServerLimits
-    from agentloop_engines.http_server import serve
+    # The serving itself is agentloop-engines' (`agentloop-serve`); here the engine comes from a
+    # training config (actor_rollout_ref.rollout.* overrides), as a run would build it.
+    from agentloop_engines.cli import read_serve_keys, serve_engine
     from agentloop_trainer.config.loading import load_config
     from agentloop_trainer.policy.tokenizer import load_tokenizer
     from agentloop_trainer.rollout.engines import build_engine, engine_config, remote_engines
 
     cfg = load_config(list(args.overrides), args.config)
-    api_key = None
-    if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise SystemExit(f"--api-key-env={args.api_key_env}: that environment variable is not set")
-    control_key = None
-    if args.control_key_env:
-        control_key = os.environ.get(args.control_key_env)
-        if not control_key:
-            raise SystemExit(f"--control-key-env={args.control_key_env}: that environment variable is not set")
-        if control_key == api_key:
-            raise SystemExit(f"--control-key-env={args.control_key_env} holds the same key as --api-key-env, which "
-                             "every chat client holds; give the control key a value of its own")
+    keys = read_serve_keys(args)
     if args.chat_template:  # the flag wins over the config key
         from omegaconf import read_write
 
@@ -272,31 +257,11 @@ def _serve(args: argparse.Namespace) -> int:
     engine_cfg = engine_config(cfg, args.checkpoint, cfg.model.tokenizer_path)
     tokenizer = load_tokenizer(cfg, engine_cfg.model_path)
     r = cfg.actor_rollout_ref.rollout
-    # Over running engine servers: a routing client (least in-flight, sticky per session).
+    # Over running engine servers: the router (least in-flight, sticky per session).
     engine = remote_engines(r) if r.server_urls else build_engine(engine_cfg, tokenizer=tokenizer)
-    given = {"max_in_flight": args.max_in_flight, "body_timeout_s": args.body_timeout_s,
-             "write_timeout_s": args.write_timeout_s}
-    limits = ServerLimits(**{k: v for k, v in given.items() if v is not None})
-    prompt_limits = PromptLimits(
-        template_variables=tuple(dict.fromkeys([*DEFAULT_TEMPLATE_VARIABLES, *args.template_variable])),
-        **({} if args.max_prompt_tokens is None else {"max_prompt_tokens": args.max_prompt_tokens}))
-    gateway = Gateway(engine, tokenizer, tool_parser=r.multi_turn.tool_parser,
-                      reasoning_parser=r.multi_turn.reasoning_parser, model_name=args.model_name,
-                      prompt_limits=prompt_limits)
     where = f"{len(r.server_urls)} replicas" if r.server_urls else engine_cfg.name
-    print(f"serving {args.checkpoint} ({where}) at http://{args.host}:{args.port}/v1 "
-          f"(token-level: /generate)", flush=True)
-    # The key itself is never printed: only where it lives.
-    if control_key is None:
-        print("control routes (/update_weights, /sleep, /wake_up, /abort and the session routes /sessions/...) are "
-              "off: start with --control-key-env VAR to push weights to this server or open sessions", flush=True)
-    else:
-        print(f"control routes need 'Authorization: Bearer <the key in ${args.control_key_env}>'; a trainer pushing "
-              f"weights here sets actor_rollout_ref.rollout.server_control_key_env={args.control_key_env}; "
-              "POST /sessions/<id> returns a session's base URL", flush=True)
-    serve(engine, args.host, args.port, api_key, gateway=gateway, limits=limits, prompt_limits=prompt_limits,
-          control_key=control_key)
-    return 0
+    return serve_engine(engine, tokenizer, args, keys, label=f"{args.checkpoint} ({where})",
+                        tool_parser=r.multi_turn.tool_parser, reasoning_parser=r.multi_turn.reasoning_parser)
 
 
 def _model(args: argparse.Namespace) -> int:
@@ -394,31 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("overrides", nargs="*", help="config overrides: actor_rollout_ref.rollout.name=vllm, "
                                                  "or rollout.server_urls=[...] to route over running engines")
     sv.add_argument("--config")
-    sv.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--api-key-env", default=None,
-                    help="name of an environment variable holding the bearer token clients must send")
-    sv.add_argument("--control-key-env", default=None, metavar="VAR",
-                    help="name of an environment variable holding the control key: what /update_weights, /sleep, "
-                         "/wake_up, /abort and the session routes need (a trainer sets "
-                         "rollout.server_control_key_env=VAR); default: those routes are off (403)")
-    sv.add_argument("--model-name", default=None, help="the model name /v1/models reports (default: the path)")
-    sv.add_argument("--max-in-flight", type=int, default=None,
-                    help="requests served at once; more get 503 with Retry-After (default: 1024)")
-    sv.add_argument("--body-timeout-s", type=float, default=None,
-                    help="seconds a client has to send its request body; slower gets 408 (default: 30)")
-    sv.add_argument("--write-timeout-s", type=float, default=None,
-                    help="seconds a client may leave its answer unread; then its connection is aborted and its "
-                         "slot freed (default: 30)")
-    sv.add_argument("--max-prompt-tokens", type=int, default=None,
-                    help="longest prompt after rendering; longer gets 413 (default: 262144)")
-    sv.add_argument("--chat-template", default=None, metavar="NAME|PATH",
-                    help="chat template to render with instead of the checkpoint's: a built-in "
-                         "(chatml-hermes, gemma-hermes, llama3-json) or a Jinja file; needed for tools= when the checkpoint's "
-                         "template ignores them (default: model.custom_chat_template, else the checkpoint's)")
-    sv.add_argument("--template-variable", action="append", default=[], metavar="NAME",
-                    help="also let requests set this chat template variable in chat_template_kwargs (repeatable; "
-                         "always allowed: enable_thinking, reasoning_effort, thinking)")
+    from agentloop_engines.cli import add_serve_options
+
+    add_serve_options(sv)  # the options of `agentloop-serve`: address, keys, limits, chat template
     sv.set_defaults(func=_serve)
 
     from agentloop_trainer.pretrained.command import add_model_parser

@@ -36,7 +36,7 @@ def validate(cfg: TrainConfig) -> None:
     Raises:
         ConfigError: naming the key.
     """
-    from agentloop_engines.hosting import PLACEMENT_STRATEGIES
+    from agentloop_engines.fleet.hosting import PLACEMENT_STRATEGIES
     from agentloop_trainer.reward.scoring import ANSWER_FORMATS
     from agentloop_trainer.update.advantages import ADVANTAGE_ESTIMATORS
     from agentloop_trainer.update.losses import LOSS_AGG_MODES, POLICY_LOSSES

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from agentloop_engines.hf.packed_linear import onednn_linear as _mm
-from agentloop_engines.hf.packed_linear import onednn_linear_works as onednn_works
+from agentloop_engines.adapters.hf.packed_linear import onednn_linear as _mm
+from agentloop_engines.adapters.hf.packed_linear import onednn_linear_works as onednn_works
 
 __all__ = ["OneDNNLinear", "onednn_works", "use_onednn_linears"]
 

@@ -136,14 +136,14 @@ def remote_engines(rollout: RolloutSection) -> Any:
     Raises:
         ValueError: an ``*_env`` names an unset environment variable, or no server is named.
     """
-    from agentloop_engines.client import LLMServerClient
-    from agentloop_engines.http_client import RemoteServer
+    from agentloop_engines.fleet.client import LLMServerClient
+    from agentloop_engines.fleet.http_client import EngineHTTPClient
 
     if not rollout.server_urls:
         raise ValueError("actor_rollout_ref.rollout.server_urls is empty; name the agentloop engine servers to use")
     key = _key_from_env(rollout.server_api_key_env, "server_api_key_env")
     control_key = _key_from_env(rollout.server_control_key_env, "server_control_key_env")
-    return LLMServerClient([RemoteServer(str(u), api_key=key, control_key=control_key,
+    return LLMServerClient([EngineHTTPClient(str(u), api_key=key, control_key=control_key,
                                          max_response_bytes=rollout.server_max_response_bytes)
                             for u in rollout.server_urls])
 

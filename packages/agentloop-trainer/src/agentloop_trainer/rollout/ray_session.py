@@ -20,7 +20,7 @@ def ray_session(cfg: TrainConfig, log: Any) -> Any:
         return
     import ray
 
-    from agentloop_engines.hosting import connect_ray
+    from agentloop_engines.fleet.hosting import connect_ray
 
     started = not ray.is_initialized()
     connect_ray(cfg.ray.address, num_cpus=cfg.ray.num_cpus, listen_on_network=cfg.ray.listen_on_network)

@@ -318,7 +318,7 @@ class RolloutFleet:
             raise
 
     def _start_ray(self, cfg: TrainConfig) -> Any:
-        from agentloop_engines.hosting import (
+        from agentloop_engines.fleet.hosting import (
             bundle_for,
             check_resources,
             client_actor,
@@ -351,7 +351,7 @@ class RolloutFleet:
 
     def _stop_engines(self) -> None:
         if self.replicas:
-            from agentloop_engines.hosting import stop_replicas
+            from agentloop_engines.fleet.hosting import stop_replicas
 
             stop_replicas(self.replicas)
             self.replicas = []

@@ -56,7 +56,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     """
     import torch
 
-    from agentloop_engines.hf.vision import load_model
+    from agentloop_engines.adapters.hf.vision import load_model
     from agentloop_trainer.config.accessors import offload_enabled, reference_offloaded
     from agentloop_trainer.data.records import load_records
     from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing, use_cpu_matmul
@@ -114,7 +114,7 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
 
     cfg = config_from_yaml(cfg_yaml)
     if rank == 0 and uses_ray(cfg):
-        from agentloop_engines.hosting import connect_ray
+        from agentloop_engines.fleet.hosting import connect_ray
 
         connect_ray(cfg.ray.address, listen_on_network=cfg.ray.listen_on_network)  # the driver's cluster
     trainer = build_trainer(cfg, model_path, run_dir, log=print if rank == 0 else (lambda *_: None), rank=rank,

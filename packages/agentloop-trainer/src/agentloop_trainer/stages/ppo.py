@@ -31,7 +31,7 @@ def build_critic(cfg: TrainConfig, model_path: str | Path | None) -> Any:
     """
     import torch
 
-    from agentloop_engines.hf.vision import load_model
+    from agentloop_engines.adapters.hf.vision import load_model
     from agentloop_trainer.policy.model import apply_lora, use_cpu_matmul
     from agentloop_trainer.update.critic import Critic, ValueModel
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentloop_engines.hf.vision import load_model
+from agentloop_engines.adapters.hf.vision import load_model
 from agentloop_trainer.config.distill import DistillationSection
 from agentloop_trainer.config.sections import ModelSection
 from agentloop_trainer.policy.model import use_cpu_matmul

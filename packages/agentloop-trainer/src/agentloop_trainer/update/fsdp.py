@@ -131,7 +131,7 @@ def load_reference(model_path: str | Path, device: str = "cpu", dtype: str = "fl
     shard; a forward pass all-gathers layer by layer, so every rank must run the same number)."""
     import torch
 
-    from agentloop_engines.hf.vision import load_model
+    from agentloop_engines.adapters.hf.vision import load_model
 
     ref = load_model(str(model_path), torch.float32)
     ref = ref.eval().requires_grad_(False)

@@ -1,7 +1,7 @@
 """Token log-probs under the placeholder ban, the convention every engine samples and reports by.
 
 A vision-language model's image and video placeholder ids are banned from sampling in every
-engine (:mod:`agentloop_engines.placeholders`), and every engine returns the sampled token's
+engine (:mod:`agentloop_engines.adapters.placeholders`), and every engine returns the sampled token's
 log-prob under that banned distribution: ``log_softmax`` of the logits with the placeholder
 columns at ``-inf``. The trainer scores generated tokens the same way, through
 :func:`token_log_probs`, so rollout, old, new and reference log-probs are of one distribution.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentloop_engines.placeholders import placeholder_token_ids
+from agentloop_engines.adapters.placeholders import placeholder_token_ids
 
 __all__ = ["banned_token_ids", "token_log_probs"]
 

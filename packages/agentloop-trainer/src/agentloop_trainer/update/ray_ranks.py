@@ -9,7 +9,7 @@ A rank that raises does not leave the others waiting in a collective forever: it
 node, pid and the original traceback text) reaches the caller as :class:`RankFailedError` and
 every actor is killed. Placement (the resource check, the placement group and its readiness)
 is the engines' hosting layer, so ranks and engine replicas fail with the same
-:class:`~agentloop_engines.hosting.InsufficientResourcesError`. Ray is imported lazily;
+:class:`~agentloop_engines.fleet.hosting.InsufficientResourcesError`. Ray is imported lazily;
 ``import agentloop_trainer`` never imports it.
 """
 
@@ -150,7 +150,7 @@ def spawn_ray(
         num_cpus_per_rank: CPUs each rank's bundle and actor reserve.
         num_gpus_per_rank: GPUs each rank's bundle and actor reserve.
         strategy: Placement strategy: PACK, SPREAD, STRICT_PACK or STRICT_SPREAD
-            (:data:`~agentloop_engines.hosting.PLACEMENT_STRATEGIES`).
+            (:data:`~agentloop_engines.fleet.hosting.PLACEMENT_STRATEGIES`).
         placement_group: A placement group with at least ``world_size`` bundles, each holding
             one rank's resources; it is left alone afterwards. None: one is created here and
             removed at the end.
@@ -175,7 +175,7 @@ def spawn_ray(
     """
     # Here, not at the top: the update room is imported by ``import agentloop_trainer``, which
     # stays free of the engines' hosting layer (and of numpy through agentloop_core).
-    from agentloop_engines.hosting import (
+    from agentloop_engines.fleet.hosting import (
         InsufficientResourcesError,
         bundle_for,
         check_strategy,
@@ -201,7 +201,7 @@ def spawn_ray(
                          f"num_gpus_per_rank={num_gpus_per_rank})") from exc
     if not ray.is_initialized():
         raise RuntimeError("Ray is not initialised: call ray.init(address=...) (or "
-                           "agentloop_engines.hosting.connect_ray) before spawn_ray")
+                           "agentloop_engines.fleet.hosting.connect_ray) before spawn_ray")
     if placement_group is not None and placement_group.bundle_count < world_size:
         raise ValueError(f"the placement group has {placement_group.bundle_count} bundles, "
                          f"{world_size} ranks need one each")

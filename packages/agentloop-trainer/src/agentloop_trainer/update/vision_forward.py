@@ -6,7 +6,7 @@ values and grids were computed once, where each image entered its trajectory), s
 feeds the vision tower exactly what the engine fed it. A model with 3-D rotary positions
 (M-RoPE: the Qwen-VL family) computes them itself from ``image_grid_thw`` and
 ``mm_token_type_ids`` over the right-padded rows (its ``get_rope_index``), as its engine
-prefill did (``agentloop_engines.hf.vision``). Rows without images in the same batch get plain
+prefill did (``agentloop_engines.adapters.hf.vision``). Rows without images in the same batch get plain
 text positions.
 """
 

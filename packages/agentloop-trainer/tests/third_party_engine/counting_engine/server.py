@@ -12,7 +12,7 @@ from typing import Any
 
 from agentloop_core.engine_registry import EngineConfig
 from agentloop_core.protocol import SamplingParams, TokenOutput
-from agentloop_engines.hf import HFServer
+from agentloop_engines.adapters.hf import HFServer
 from counting_engine.plugin import COUNTING_SERVER
 
 

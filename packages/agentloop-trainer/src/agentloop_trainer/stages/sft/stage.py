@@ -88,7 +88,7 @@ def load_sft_model(cfg: TrainConfig, tokenizer: Any) -> Any:
 
     m = cfg.model
     if m.path:
-        from agentloop_engines.hf.vision import load_model
+        from agentloop_engines.adapters.hf.vision import load_model
 
         model = load_model(str(m.path), torch.float32)
     else:

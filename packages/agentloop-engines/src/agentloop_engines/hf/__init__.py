@@ -1,5 +1,0 @@
-"""The transformers engine: ``HFServer`` (needs ``pip install "agentloop-engines[hf]"``)."""
-
-from agentloop_engines.hf.server import HFServer
-
-__all__ = ["HFServer"]
