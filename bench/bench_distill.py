@@ -4,19 +4,23 @@ with the same tokenizer, held-out accuracy per step against the teacher's.
 The teacher is the default job's SFT warm-up checkpoint (``sft.steps=750``, the job's starting
 point); the student is the same tiny model after a shorter warm-up (``--student-sft-steps``,
 default 250 steps of the same schedule). Both come from
-``policy.warmup_checkpoint.sft_checkpoint`` (cached in ~/.cache/agentloop), so they share the
-tiny tokenizer. Four runs of ``agentloop train`` from the student (:func:`variants`): pure
+``stages.sft.warmup_checkpoint.sft_checkpoint`` (cached in ~/.cache/agentloop), so they share the
+tiny tokenizer. Runs of ``agentloop train`` from the student (:func:`variants`): pure
 distillation (``distillation.enabled=true``, ``use_task_rewards=false``: the advantage of each
-generated token is ``-(log p_student - log p_teacher)``, rewards are only logged) at the
-default job's RL learning rate (1e-4) and at 3e-4; distillation added to the task's GRPO
+generated token is ``-(log p_student - log p_teacher)``, rewards are only logged) without a
+baseline (``baseline=none``, verl's signal and the default) at the default job's RL learning
+rate (1e-4) and at 3e-4, with the batch-mean baseline (``baseline=mean``) at 5e-5, 1e-4 and
+3e-4, and whitened (``baseline=whiten``) at 1e-4; distillation added to the task's GRPO
 advantage (``use_task_rewards=true``); and GRPO alone, the control. Each:
 ``data.train_batch_size=8`` x ``rollout.n=4`` = 32 trajectories a step, ``--steps`` steps,
 held-out accuracy (greedy, 100 problems) every 5 steps. The teacher is evaluated on the same
 100 problems.
 
-Run: ``python bench/bench_distill.py`` (~45 min on 2 shared cores, or ~12 min with the four
+Run: ``python bench/bench_distill.py`` (~80 min on 2 shared cores, or ~12 min with the
 runs started side by side and this script pointed at them). ``--runs-dir DIR`` keeps the runs
-there and reuses any run folder that already has a ``summary.json``. Prints a table, writes
+there and reuses any run folder that already has a ``summary.json``; ``--only FOLDER ...`` runs
+those variants and takes the others from the last ``bench/results/distill.json`` (the runs
+before the ``baseline`` key existed are its ``none``). Prints a table, writes
 ``bench/results/distill.json`` and ``docs/img/distill.png`` (matplotlib, when installed). Not
 an assertion: one seed of a tiny model on a shared machine.
 """
@@ -45,11 +49,11 @@ def warmup_checkpoint(steps: int | None) -> Path:
     """The SFT warm-up checkpoint after ``steps`` (None: the default job's schedule)."""
     from agentloop_trainer.config.loading import load_config
     from agentloop_trainer.policy.tokenizer import load_tokenizer
-    from agentloop_trainer.policy.warmup_checkpoint import sft_checkpoint
+    from agentloop_trainer.stages.sft.warmup_checkpoint import sft_checkpoint
 
     overrides = [] if steps is None else [f"sft.steps={steps}", "sft.stop_loss=null"]
     cfg = load_config([*overrides, "trainer.progress_bar=false"])
-    return sft_checkpoint(cfg, load_tokenizer(cfg))
+    return sft_checkpoint(cfg, load_tokenizer(cfg.model))
 
 
 def train(run_dir: Path, overrides: list[str]) -> list[dict]:
@@ -106,16 +110,27 @@ def plot(runs: dict[str, dict], teacher: float, path: Path) -> bool:
 
 
 def variants(student: Path, teacher: Path, steps: int) -> dict[str, tuple[str, list[str]]]:
-    """Run name -> (folder, overrides): pure distillation at two learning rates, distillation
-    added to the task's GRPO advantage, and GRPO alone (the control: the same student, no teacher)."""
+    """Run name -> (folder, overrides): pure distillation without and with a baseline at two
+    learning rates, distillation added to the task's GRPO advantage, and GRPO alone (the
+    control: the same student, no teacher)."""
     base = [f"model.path={student}", f"trainer.total_steps={steps}", "trainer.test_freq=5"]
     teach = ["distillation.enabled=true", f"distillation.teacher_model.model_path={teacher}"]
+    none, key = "distillation.distillation_loss.baseline=none", "distillation.distillation_loss.baseline"
     return {
-        "distill, lr=1e-4": ("distill_lr1e-4", [*base, *teach, "actor_rollout_ref.actor.lr=1e-4"]),
-        "distill, lr=3e-4": ("distill_lr3e-4", [*base, *teach, "actor_rollout_ref.actor.lr=3e-4"]),
+        "distill, lr=1e-4": ("distill_lr1e-4", [*base, *teach, none, "actor_rollout_ref.actor.lr=1e-4"]),
+        "distill, lr=3e-4": ("distill_lr3e-4", [*base, *teach, none, "actor_rollout_ref.actor.lr=3e-4"]),
         "distill + task reward, lr=1e-4": ("distill_task_lr1e-4", [
-            *base, *teach, "actor_rollout_ref.actor.lr=1e-4", "distillation.distillation_loss.use_task_rewards=true"]),
+            *base, *teach, none, "actor_rollout_ref.actor.lr=1e-4",
+            "distillation.distillation_loss.use_task_rewards=true"]),
         "GRPO only (no teacher), lr=1e-4": ("grpo_lr1e-4", [*base, "actor_rollout_ref.actor.lr=1e-4"]),
+        "distill, baseline=mean, lr=1e-4": ("distill_mean_lr1e-4", [
+            *base, *teach, f"{key}=mean", "actor_rollout_ref.actor.lr=1e-4"]),
+        "distill, baseline=mean, lr=3e-4": ("distill_mean_lr3e-4", [
+            *base, *teach, f"{key}=mean", "actor_rollout_ref.actor.lr=3e-4"]),
+        "distill, baseline=whiten, lr=1e-4": ("distill_whiten_lr1e-4", [
+            *base, *teach, f"{key}=whiten", "actor_rollout_ref.actor.lr=1e-4"]),
+        "distill, baseline=mean, lr=5e-5": ("distill_mean_lr5e-5", [
+            *base, *teach, f"{key}=mean", "actor_rollout_ref.actor.lr=5e-5"]),
     }
 
 
@@ -124,14 +139,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--student-sft-steps", type=int, default=250)
     parser.add_argument("--runs-dir", type=Path, default=Path("outputs") / "bench-distill")
+    parser.add_argument("--only", nargs="+", metavar="FOLDER",
+                        help="run these variants (their folder names); take the rest from the last results file")
     args = parser.parse_args()
+    last = REPO_ROOT / "bench" / "results" / "distill.json"
+    earlier = json.loads(last.read_text()) if args.only and last.exists() else {}
+    previous = earlier.get("runs", {})
     load_start = load_average()
     teacher_path, student_path = warmup_checkpoint(None), warmup_checkpoint(args.student_sft_steps)
-    teacher_metrics = train(args.runs_dir / "teacher_eval", [f"model.path={teacher_path}", "trainer.total_steps=0",
-                                                             "trainer.val_before_train=false"])
-    teacher = curve(teacher_metrics)[-1][1]
+    if "teacher_accuracy" in earlier:  # the same teacher checkpoint and held-out set
+        teacher = float(earlier["teacher_accuracy"])
+    else:
+        teacher_metrics = train(args.runs_dir / "teacher_eval", [f"model.path={teacher_path}", "trainer.total_steps=0",
+                                                                 "trainer.val_before_train=false"])
+        teacher = curve(teacher_metrics)[-1][1]
     runs: dict[str, dict] = {}
     for name, (folder, overrides) in variants(student_path, teacher_path, args.steps).items():
+        if args.only and folder not in args.only:
+            if name in previous:
+                runs[name] = previous[name]
+            continue
         metrics = train(args.runs_dir / folder, overrides)
         runs[name] = {"accuracy": curve(metrics), "reverse_kl": kl_curve(metrics), "overrides": overrides,
                       "response_length": [m["rollout/response_length_mean"] for m in metrics

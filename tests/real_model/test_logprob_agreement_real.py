@@ -44,7 +44,8 @@ def policy(request, model_dir, real_model):
 
 def test_rollout_log_probs_match_the_trainer_forward(model_dir, real_model, tool_tokenizer, policy):
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.rollout import RolloutFleet, make_rows
+    from agentloop_trainer.rollout import make_rows
+    from agentloop_trainer.stages.rollout_setup import rollout_fleet
     from agentloop_trainer.task import dataset_row, make_problems
     from agentloop_trainer.update import policy_batch_from_rollout, response_log_probs
 
@@ -53,7 +54,7 @@ def test_rollout_log_probs_match_the_trainer_forward(model_dir, real_model, tool
         "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=48", "data.max_response_length=128",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.sanity_check=strict", "trainer.seed=3",
     ])
-    engine = RolloutFleet(cfg, str(model_dir), tool_tokenizer, copy.deepcopy(policy))
+    engine = rollout_fleet(cfg, str(model_dir), tool_tokenizer, copy.deepcopy(policy))
     try:
         batch = engine.generate(make_rows([dataset_row(p, "test") for p in make_problems(3, 21)], 2))
     finally:

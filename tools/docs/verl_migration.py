@@ -110,7 +110,7 @@ def _tool_rows() -> list[str]:
 
 
 def _trace_keys() -> list[str]:
-    from agentloop_trainer.config.actor_rollout_ref import TraceSection
+    from agentloop_trainer.rollout.settings import TraceSection
 
     docs = config_reference.field_docs(TraceSection)
     return [f"- **`actor_rollout_ref.rollout.trace.{f.name}`** = `{config_reference.format_default(f.default)}`: "

@@ -214,7 +214,7 @@ def test_rejected_rows_train_like_rows_that_were_never_there(random_model_path):
         out = PolicyGradientActor(m, cfg).update(batch, adv, old)
         return out, torch.cat([p.detach().flatten() for p in m.parameters()])
 
-    from agentloop_trainer.config.sections import RolloutCorrectionSection
+    from agentloop_trainer.update.settings import RolloutCorrectionSection
 
     rc = RolloutCorrectionSection(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.5)
     rejected, w_rejected = run(ActorConfig(tis_cap=None, lr=1e-2, rollout_correction=rc), pb)

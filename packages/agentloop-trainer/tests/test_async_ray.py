@@ -34,8 +34,8 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
     from transformers import AutoModelForCausalLM
 
     from agentloop_engines.fleet.hosting import RemoteClient
-    from agentloop_trainer.data import load_records
     from agentloop_trainer.stages import PolicyGradientTrainer
+    from agentloop_trainer.stages.rollout_setup import run_records
 
     cfg = load_config([
         f"model.path={random_model_path}", f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path}",
@@ -47,7 +47,7 @@ def test_async_modes_train_on_the_ray_backend(local_ray, tmp_path, random_model_
         "actor_rollout_ref.rollout.agent.num_workers=2", "ray.replica_num_cpus=0.25",
         f"trainer.mode={mode}",
     ])
-    train, test = load_records(cfg)
+    train, test = run_records(cfg)
     # No engine copy of the policy: the Ray replicas load it by path.
     trainer = PolicyGradientTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path), None, tokenizer, train,
                           test, Path(tmp_path) / mode, log=lambda *_: None)

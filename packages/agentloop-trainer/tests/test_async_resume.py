@@ -64,10 +64,10 @@ def _cfg(tmp_path, model_path, name, mode, steps, **extra):
 def _fit(cfg, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.data import load_records
     from agentloop_trainer.stages import PolicyGradientTrainer
+    from agentloop_trainer.stages.rollout_setup import run_records
 
-    train, test = load_records(cfg)
+    train, test = run_records(cfg)
     trainer = PolicyGradientTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
                           AutoModelForCausalLM.from_pretrained(cfg.model.path), tokenizer, train, test,
                           Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name, log=lambda *_: None)

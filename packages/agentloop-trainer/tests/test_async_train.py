@@ -33,8 +33,8 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.data import load_records
     from agentloop_trainer.stages import PolicyGradientTrainer
+    from agentloop_trainer.stages.rollout_setup import run_records
 
     cfg = load_config([
         f"model.path={model_path}", f"trainer.total_steps={steps}", f"trainer.output_dir={tmp_path}",
@@ -43,7 +43,7 @@ def _run(tmp_path, model_path, tokenizer, mode, steps=2, extra=(), spy=None):
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12",
         "data.max_response_length=40", f"trainer.mode={mode}", *extra,
     ])
-    train, test = load_records(cfg)
+    train, test = run_records(cfg)
     trainer = PolicyGradientTrainer(cfg, AutoModelForCausalLM.from_pretrained(cfg.model.path),
                           AutoModelForCausalLM.from_pretrained(cfg.model.path), tokenizer, train, test,
                           Path(tmp_path) / mode, log=lambda *_: None)

@@ -71,15 +71,16 @@ def test_the_key_reaches_every_tokenizer_and_setting_of_the_run(tokenizer_folder
     from agentloop_core.runtime import AgentLoopWorker
     from agentloop_core.testing import ScriptedServer
     from agentloop_trainer.cli.evaluate import _tokenizer
-    from agentloop_trainer.policy import TemplateIgnoresToolsError, load_tokenizer, sft_cache_key
-    from agentloop_trainer.rollout import engine_config, rollout_config
+    from agentloop_trainer.policy import TemplateIgnoresToolsError, load_tokenizer
     from agentloop_trainer.stages import load_policy_tokenizer
+    from agentloop_trainer.stages.rollout_setup import engine_config, rollout_config
+    from agentloop_trainer.stages.sft.warmup_checkpoint import sft_cache_key
 
     plain, fixed = load_config(), load_config(["model.custom_chat_template=chatml-hermes"])
     assert load_policy_tokenizer(plain, tokenizer_folder).chat_template == PLAIN_CHATML
     assert load_policy_tokenizer(fixed, tokenizer_folder).chat_template == HERMES  # trainer (and FSDP ranks)
     assert _tokenizer(fixed, tokenizer_folder).chat_template == HERMES  # agentloop eval / rollout
-    assert load_tokenizer(fixed).chat_template == HERMES  # the tiny tokenizer of the SFT warm-up
+    assert load_tokenizer(fixed.model).chat_template == HERMES  # the tiny tokenizer of the SFT warm-up
     assert sft_cache_key(fixed) != sft_cache_key(plain)  # its demonstrations render differently
     with pytest.raises(TemplateIgnoresToolsError, match="model.custom_chat_template=chatml-hermes"):
         _tokenizer(plain, tokenizer_folder)
@@ -135,7 +136,7 @@ def test_the_exported_hf_folder_carries_the_runs_template(plain_model, tmp_path)
     from agentloop_trainer.checkpoint import write_hf_folder
     from agentloop_trainer.policy import load_tokenizer
 
-    tokenizer = load_tokenizer(load_config(["model.custom_chat_template=chatml-hermes"]), plain_model)
+    tokenizer = load_tokenizer(load_config(["model.custom_chat_template=chatml-hermes"]).model, plain_model)
     model = AutoModelForCausalLM.from_pretrained(plain_model)
     write_hf_folder(model, tokenizer, tmp_path / "hf", max_shard_bytes=1 << 30)
     assert AutoTokenizer.from_pretrained(tmp_path / "hf").chat_template == HERMES

@@ -65,3 +65,9 @@ def test_a_misspelt_critic_key_is_an_error_not_ignored():
 def test_values_gae_cannot_use_are_refused_naming_the_key(override, key):
     with pytest.raises((ConfigError, ValueError), match=key.replace(".", r"\.")):
         load_config([*GAE, "actor_rollout_ref.rollout.n=2", override])
+
+
+def test_gae_loads_with_several_fsdp_ranks():
+    """The critic is sharded like the policy (test_critic_fsdp.py), so gae on FSDP ranks loads."""
+    cfg = load_config([*GAE, "trainer.fsdp_ranks=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2"])
+    assert (cfg.trainer.fsdp_ranks, cfg.algorithm.adv_estimator) == (2, "gae")

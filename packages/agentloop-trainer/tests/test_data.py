@@ -27,7 +27,7 @@ def test_malformed_rows_after_the_first_are_named(tmp_path):
 
 
 def test_overlong_prompts_are_measured_with_the_tool_schemas_and_dropped_or_rejected(tmp_path, tokenizer):
-    from agentloop_trainer.data import load_records
+    from agentloop_trainer.stages.rollout_setup import run_records
 
     rows = _rows(4)
     rows[2]["prompt"][1]["content"] = "How many? " * 80
@@ -44,14 +44,14 @@ def test_overlong_prompts_are_measured_with_the_tool_schemas_and_dropped_or_reje
                  f"actor_rollout_ref.rollout.multi_turn.tool_config_path={BUILTIN_TOOL_CONFIG}"]
     stats: dict[str, int] = {}
     logged: list[str] = []
-    kept, held = load_records(load_config(overrides), tokenizer, logged.append, stats)
+    kept, held = run_records(load_config(overrides), tokenizer, logged.append, stats)
     assert [r["extra_info"]["index"] for r in kept] == [0, 1, 3]
     assert len(held) == 2
     assert stats == {"data/dropped_overlong_train": 1, "data/dropped_overlong_val": 0}
     assert "dropped 1 of 4 prompts longer than data.max_prompt_length" in logged[0]
     with pytest.raises(ValueError, match=rf"1 prompts exceed data.max_prompt_length={limit} .*row 2 "
                                          rf"\({with_tools[2]} tokens\).*filter_overlong_prompts=true"):
-        load_records(load_config([*overrides, "data.filter_overlong_prompts=false"]), tokenizer)
+        run_records(load_config([*overrides, "data.filter_overlong_prompts=false"]), tokenizer)
 
 
 def test_gsm8k_without_jsonl_offline_names_the_fix(tmp_path, monkeypatch, capsys):

@@ -23,6 +23,7 @@ from agentloop_trainer.update.distill import (
     TeacherVocabError,
     check_same_vocab,
     distill_advantages,
+    kl_baseline,
     token_kl,
 )
 
@@ -56,7 +57,7 @@ def test_reverse_kl_per_token_matches_a_hand_computation(tokenizer):
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     pb = PolicyBatch(sequences, prompts, mask, None)
     actor = PolicyGradientActor(student, ActorConfig())
-    distiller = Distiller(teacher, "k1", coef=0.5)
+    distiller = Distiller(teacher, "k1", coef=0.5, baseline="none")
 
     old, advantages, metrics = distiller.apply(actor, pb, None, torch.zeros(2))
 
@@ -90,7 +91,7 @@ def test_tool_tokens_get_no_signal_on_a_multi_turn_batch(tokenizer, use_task_rew
     mask = pb.response_mask
     assert mask[0].tolist() == [1, 1, 0, 0, 1, 1]
     task = torch.tensor([0.25, -0.75])
-    distiller = Distiller(teacher, "k1", use_task_rewards=use_task_rewards)
+    distiller = Distiller(teacher, "k1", use_task_rewards=use_task_rewards, baseline="none")
     _, advantages, _ = distiller.apply(PolicyGradientActor(student, ActorConfig()), pb, None, task)
 
     signal = advantages - (task[:, None] if use_task_rewards else 0.0)
@@ -118,6 +119,48 @@ def test_kl_estimators_clamps_and_the_task_advantage():
     with pytest.raises(ValueError, match="valid: k1, k3"):
         token_kl(s, t, mask, "forward_kl_topk")
     assert DISTILLATION_LOSSES.names()[:2] == ["k1", "k3"]
+
+
+def test_the_baseline_centres_the_signal_over_the_generated_tokens():
+    """``mean``: each generated token's kl less the batch's mean over generated tokens (so the
+    advantages no longer all share one sign); ``whiten``: also divided by their spread; masked
+    positions stay 0 either way."""
+    kl = torch.tensor([[0.5, 1.5, 9.0], [1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # 9.0 sits on a tool token
+    centred = kl_baseline(kl, mask, "mean")
+    torch.testing.assert_close(centred, torch.tensor([[-0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]))
+    whitened = kl_baseline(kl, mask, "whiten")
+    torch.testing.assert_close(whitened, torch.tensor([[-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), atol=1e-4, rtol=1e-4)
+    assert torch.equal(kl_baseline(kl, mask, "none"), kl)
+    advantages = distill_advantages(centred, 2.0)
+    assert float(advantages[mask == 1].sum()) == pytest.approx(0.0)
+    assert (advantages[mask == 1] > 0).any()
+    assert (advantages[mask == 1] < 0).any()
+    with pytest.raises(ValueError, match=r"baseline must be one of \('mean', 'whiten', 'none'\), got 'median'"):
+        kl_baseline(kl, mask, "median")
+
+
+def test_the_configured_baseline_reaches_the_distiller(tokenizer):
+    """``baseline`` defaults to verl's ``none``; ``baseline=mean`` from the config reaches the
+    distiller: the advantages are the raw signal less its mean, and the logged reverse KL is
+    still the raw mean."""
+    student, teacher = _model(tokenizer, 0), _model(tokenizer, 1)
+    pb = policy_batch_from_rollout(_multi_turn_batch())
+    enabled = ["distillation.enabled=true", "distillation.teacher_model.model_path=/t"]
+    raw_cfg = load_config(enabled)
+    assert raw_cfg.distillation.distillation_loss.baseline == "none"
+    cfg = load_config([*enabled, "distillation.distillation_loss.baseline=mean"])
+    actor = PolicyGradientActor(student, ActorConfig())
+    _, centred, metrics = Distiller.from_section(cfg.distillation, teacher).apply(actor, pb, None, torch.zeros(2))
+    _, raw, raw_metrics = Distiller.from_section(raw_cfg.distillation, teacher).apply(actor, pb, None, torch.zeros(2))
+    mask = pb.response_mask
+    coef = cfg.distillation.distillation_loss.distillation_loss_coef
+    torch.testing.assert_close(centred, (raw + coef * metrics["distill/reverse_kl"]) * mask, atol=1e-5, rtol=1e-5)
+    assert metrics["distill/reverse_kl"] == raw_metrics["distill/reverse_kl"] != 0
+    assert float(centred[mask == 1].mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(raw[mask == 1].mean()) == pytest.approx(-coef * metrics["distill/reverse_kl"], abs=1e-6)
+    with pytest.raises(ConfigError, match=r"distillation\.distillation_loss\.baseline must be one of"):
+        load_config(["distillation.distillation_loss.baseline=median"])
 
 
 def test_a_teacher_with_another_vocab_is_refused_naming_both_paths(tmp_path, tokenizer):
@@ -171,7 +214,8 @@ def test_two_step_train_run_with_a_teacher(tmp_path, tokenizer, random_model_pat
             "data.train_size=16", "data.val_size=2", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=8", "data.max_response_length=24",
             "distillation.enabled=true", f"distillation.teacher_model.model_path={teacher_dir}",
-            "distillation.distillation_loss.loss_max_clamp=null", "distillation.distillation_loss.log_prob_min_clamp=null"]
+            "distillation.distillation_loss.loss_max_clamp=null", "distillation.distillation_loss.log_prob_min_clamp=null",
+            "distillation.distillation_loss.baseline=none"]
     assert main(["train", *args]) == 0
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if "actor/pg_loss" in s]

@@ -18,6 +18,7 @@ from agentloop_trainer.rollout.dynamic_sampling import (
     overlong_penalty,
 )
 from agentloop_trainer.rollout.rollouts import attach_rewards, make_rows
+from agentloop_trainer.stages.rollout_setup import dynamic_sampler
 
 
 @pytest.mark.parametrize(("length", "expected"), [
@@ -65,7 +66,7 @@ def _records(k: int) -> list[dict]:
 
 
 def _sampler(*overrides: str) -> DynamicSampler:
-    return DynamicSampler(load_config(["data.max_response_length=10", *overrides]))
+    return dynamic_sampler(load_config(["data.max_response_length=10", *overrides]))
 
 
 def test_judge_shapes_rewards_then_filters_on_the_chosen_metric():

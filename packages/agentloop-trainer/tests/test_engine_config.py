@@ -8,13 +8,8 @@ import textwrap
 import pytest
 
 from agentloop_trainer.config import ConfigError, load_config
-from agentloop_trainer.rollout import (
-    agent_loops,
-    build_engine,
-    engine_config,
-    remote_engines,
-    rollout_config,
-)
+from agentloop_trainer.rollout import agent_loops, build_engine, remote_engines
+from agentloop_trainer.stages.rollout_setup import engine_config, rollout_config
 
 
 def test_engine_config_carries_the_common_and_per_engine_keys():
@@ -186,7 +181,7 @@ def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):
     """))
     cfg = load_config([f"actor_rollout_ref.rollout.agent.agent_loop_config_path={path}",
                        "+actor_rollout_ref.rollout.agent.loops.react_agent.system_prompt=Be brief."])
-    classes, sections = agent_loops(cfg)
+    classes, sections = agent_loops(cfg.actor_rollout_ref.rollout.agent)
     assert classes == {"my_agent": "my_pkg.loops.MyAgentLoop"}
     assert sections == {"react_agent": {"recursion_limit": 12, "system_prompt": "Be brief."}}
     # The record registers the classes at start-up: one that does not import is named there.
@@ -194,7 +189,7 @@ def test_verl_agent_loop_yaml_and_loop_sections(tmp_path):
         rollout_config(cfg)
     path.write_text("my_agent: pkg.Loop\n")
     with pytest.raises(ValueError, match="expected a YAML list"):
-        agent_loops(cfg)
+        agent_loops(cfg.actor_rollout_ref.rollout.agent)
 
 
 def test_settings_reach_the_loop_under_the_loops_names():

@@ -14,10 +14,10 @@ def _trainer(cfg, tokenizer):
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.data import load_records
     from agentloop_trainer.stages import PolicyGradientTrainer
+    from agentloop_trainer.stages.rollout_setup import run_records
 
-    train, test = load_records(cfg)
+    train, test = run_records(cfg)
     m = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     e = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     return PolicyGradientTrainer(cfg, m, e, tokenizer, train, test, Path(cfg.trainer.output_dir), log=lambda *_: None)

@@ -88,7 +88,7 @@ def test_env_on_hf_server_keeps_the_engine_tokens(random_model_path, tokenizer):
 
 def test_the_env_agent_section_reaches_the_loop_config(tmp_path):
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.rollout.rollouts import rollout_config
+    from agentloop_trainer.stages.rollout_setup import rollout_config
 
     base = ["actor_rollout_ref.rollout.multi_turn.max_tool_response_tokens=40"]
     cfg = load_config([*base, "actor_rollout_ref.rollout.agent.loops.env_agent.environment=number_guess",

@@ -12,8 +12,6 @@ import pytest
 import torch
 
 from agentloop_trainer.config import ConfigError, load_config
-from agentloop_trainer.config.actor_rollout_ref import PolicyLossSection
-from agentloop_trainer.config.sections import AlgorithmSection
 from agentloop_trainer.update import (
     ADVANTAGE_ESTIMATORS,
     IMPORTANCE_LEVELS,
@@ -30,6 +28,7 @@ from agentloop_trainer.update import (
     trajectory_advantages,
 )
 from agentloop_trainer.update.losses import PolicyTerms
+from agentloop_trainer.update.settings import AlgorithmSection, PolicyLossSection
 
 CALLS: list[int] = []
 

@@ -185,7 +185,7 @@ def test_mlflow_takes_the_val_keys(tmp_path):
 
     cfg = load_config(["trainer.logger=[mlflow]", f"trainer.mlflow_tracking_uri=sqlite:///{tmp_path / 'ml.db'}",
                        "trainer.project_name=eval-harness"])
-    tracking = Tracking.from_config(cfg, tmp_path / "run", log=lambda _: None)
+    tracking = Tracking.from_config(cfg.trainer, tmp_path / "run", log=lambda _: None)
     tracking.log({"step": 3, "val/openai/gsm8k/pass@4": 0.5, "val/openai/gsm8k/pass@4/se": 0.125}, step=3)
     tracking.close()
     client = MlflowClient(f"sqlite:///{tmp_path / 'ml.db'}")

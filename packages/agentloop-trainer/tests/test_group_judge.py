@@ -104,7 +104,6 @@ def test_config_errors_name_the_key_and_the_fix():
     cases = {
         "reward.judge.mode must be one of": [*base, "reward.judge.mode=pairwise"],
         r"rollout.n=1: set n to 2 or more": [*base, "reward.judge.mode=group", "actor_rollout_ref.rollout.n=1"],
-        "trainer.mode=async overlaps: use trainer.mode=sync": [*base, "reward.judge.mode=group", "trainer.mode=async"],
         r"names \{response\}, but reward.judge.mode=group": [
             *base, "reward.judge.mode=group", "reward.judge.prompt='Grade {response}'"],
         r"put \{responses\} in it": [*base, "reward.judge.mode=group", "reward.judge.prompt='Grade {question}'"],
@@ -114,6 +113,9 @@ def test_config_errors_name_the_key_and_the_fix():
         with pytest.raises(ConfigError, match=message):
             load_config(overrides)
     assert load_config([*base, "reward.judge.mode=group", "actor_rollout_ref.rollout.n=2"]).reward.judge.mode == "group"
+    for mode in ("one_step_off", "async"):  # each group is judged once its last sample ends
+        cfg = load_config([*base, "reward.judge.mode=group", f"trainer.mode={mode}"])
+        assert (cfg.reward.judge.mode, cfg.trainer.mode) == ("group", mode)
 
 
 class _Tok:
@@ -267,6 +269,57 @@ def test_dynamic_sampling_sees_the_group_judges_rewards(text_judge, random_model
                    "algorithm.filter_groups.max_num_gen_batches=2", steps=1)
     assert steps[0]["filter_groups/groups_kept"] == 2
     assert steps[0]["judge/calls"] == 2
+
+
+def _retry_once(reply: Callable[[str], tuple[int, str]]) -> Callable[[str], tuple[int, str]]:
+    """``reply``, except that the first request for each prompt (each group) gets an unparsable
+    answer: the group's retry is what succeeds."""
+    seen: set[str] = set()
+
+    def answer(prompt: str) -> tuple[int, str]:
+        if prompt not in seen:
+            seen.add(prompt)
+            return 200, "no scores here"
+        return reply(prompt)
+
+    return answer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["one_step_off", "async"])
+def test_group_judge_in_an_asynchronous_mode(text_judge, random_model_path, tmp_path, mode):
+    """In ``trainer.mode=one_step_off|async`` each group is judged once all its samples are in,
+    while other groups still roll out: one judgement per trained group, each with all 3 answers,
+    the retry after a bad first reply counted (``judge/calls``, ``judge/failed_calls``), no
+    failure left. If a step shows fewer answers per prompt, the judge ran on part of a group;
+    if no ``judge/calls``, the asynchronous driver (stages/async_driver.py) skipped the judge."""
+    scores = _retry_once(lambda prompt: (200, json.dumps({"scores": [10, 0, 5][: len(ANSWER.findall(prompt))]})))
+    judge = text_judge(scores)
+    steps = _train(tmp_path, mode, f"model.path={random_model_path}", f"reward.judge.url={judge.url}",
+                   f"trainer.mode={mode}", "reward.judge.retries=1")
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["judge/calls"] == 4  # 2 groups x (a bad reply, then the retry)
+        assert m["judge/failed_calls"] == 2
+        assert m.get("judge/failures", 0.0) == 0.0
+        assert m["rollout/num_failed"] == 0
+        assert m["rollout/reward/mean"] == pytest.approx(0.5)  # (1 + 0 + 0.5) / 3 in each group
+    trained = [p for p in judge.prompts if len(ANSWER.findall(p)) > 1]
+    assert len(trained) >= 2 * 2 * 2  # groups started but not trained are judged too
+    assert all(len(ANSWER.findall(p)) == 3 for p in trained)
+
+
+@pytest.mark.slow
+def test_a_failed_group_judgement_in_async_mode_counts_each_group_once(text_judge, random_model_path, tmp_path):
+    """A judge whose replies never parse: after the retries each group gets ``failure_score``,
+    and ``judge/failures`` counts each trained group once, as in sync mode."""
+    judge = text_judge(lambda prompt: (200, '{"scores": [7]}'))  # one score for three answers
+    steps = _train(tmp_path, "async-failing", f"model.path={random_model_path}", f"reward.judge.url={judge.url}",
+                   "trainer.mode=async", "reward.judge.retries=1", "reward.judge.failure_score=0.25")
+    for m in steps:
+        assert (m["judge/calls"], m["judge/failures"]) == (4, 2)
+        assert m["rollout/num_failed"] == 0
+        assert m["rollout/reward/mean"] == pytest.approx(0.25)
 
 
 @pytest.mark.slow

@@ -39,13 +39,13 @@ def test_logger_key_takes_verls_list_and_a_comma_string(value):
     assert list(cfg.trainer.logger) == ["console", "wandb", "tensorboard"]
     assert not [n for n in notices if "trainer.logger" in n]  # a real key now, not ignored with a notice
     # metrics.jsonl is always written, first
-    assert active_loggers(cfg) == ["jsonl", "console", "wandb", "tensorboard"]
+    assert active_loggers(cfg.trainer) == ["jsonl", "console", "wandb", "tensorboard"]
 
 
 def test_logger_key_defaults_and_mlflow_uri_turns_on_mlflow():
-    assert active_loggers(load_config([])) == ["jsonl", "console"]
+    assert active_loggers(load_config([]).trainer) == ["jsonl", "console"]
     cfg = load_config(["trainer.logger=console", "trainer.mlflow_tracking_uri=sqlite:///x.db"])
-    assert active_loggers(cfg) == ["jsonl", "console", "mlflow"]
+    assert active_loggers(cfg.trainer) == ["jsonl", "console", "mlflow"]
 
 
 def test_unknown_logger_and_bad_wandb_mode_are_config_errors():
@@ -177,7 +177,7 @@ def test_mlflow_logger_keeps_metrics_trajectories_and_the_curve(tmp_path):
     cfg = load_config(["trainer.logger=[mlflow]", f"trainer.mlflow_tracking_uri=sqlite:///{tmp_path / 'ml.db'}",
                        "trainer.project_name=loggers-ml"])
     run_dir = tmp_path / "run"
-    tracking = Tracking.from_config(cfg, run_dir, log=lambda _: None)
+    tracking = Tracking.from_config(cfg.trainer, run_dir, log=lambda _: None)
     history = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.5, "actor/pg_loss": -0.125,
                                                    "flag": True, "note": "x", "bad": float("nan")}]
     tracking.log_trajectories([{"step": 1, "trajectory_index": 0, "reward": 1.0, "num_turns": 2,

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from agentloop_trainer.config import load_config
-from agentloop_trainer.rollout import RolloutFleet, make_rows
+from agentloop_trainer.rollout import make_rows
+from agentloop_trainer.stages.rollout_setup import rollout_fleet
 from agentloop_trainer.task import BIASED_TEMPLATES, dataset_row, make_problems
 from agentloop_trainer.update import (
     common_prefix_length,
@@ -64,7 +65,7 @@ def test_recomputed_log_probs_match_hfserver(model, tokenizer):
 
     cfg = load_config(["actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=12", "data.max_response_length=40",
                        "actor_rollout_ref.rollout.temperature=1.0", "trainer.seed=3"])
-    engine = RolloutFleet(cfg, "unused: the engine serves the in-memory copy", tokenizer, copy.deepcopy(model))
+    engine = rollout_fleet(cfg, "unused: the engine serves the in-memory copy", tokenizer, copy.deepcopy(model))
     try:
         records = [dataset_row(p, "test") for p in make_problems(2, 5)]
         batch = engine.generate(make_rows(records, 3))

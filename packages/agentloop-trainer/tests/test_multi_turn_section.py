@@ -10,8 +10,8 @@ import pytest
 from agentloop_core import DEFAULT_RESPONSE_LENGTH
 from agentloop_tools.loop_config import ToolAgentConfig
 from agentloop_trainer.config import DataSection, MultiTurnSection, load_config
-from agentloop_trainer.config.multi_turn import MULTI_TURN_LOOP_KEYS
-from agentloop_trainer.rollout.rollouts import rollout_config
+from agentloop_trainer.rollout.multi_turn import MULTI_TURN_LOOP_KEYS
+from agentloop_trainer.stages.rollout_setup import rollout_config
 
 TRAINER_KEYS = {"enable", "max_tokens_per_turn"}
 """The section's keys that are the trainer's own (not the loops')."""

@@ -25,18 +25,18 @@ def _cfg(model_path, *extra):
 def test_ray_backend_equals_in_process_for_the_same_seed(local_ray, random_model_path, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.data import load_records
-    from agentloop_trainer.rollout import RolloutFleet, make_rows
+    from agentloop_trainer.rollout import make_rows
+    from agentloop_trainer.stages.rollout_setup import rollout_fleet, run_records
 
     cfg = _cfg(random_model_path, "actor_rollout_ref.rollout.backend=ray", "actor_rollout_ref.rollout.num_replicas=2",
                "actor_rollout_ref.rollout.agent.num_workers=2", "trainer.seed=7",
                "ray.placement_strategy=SPREAD")
     local_cfg = _cfg(random_model_path, "trainer.seed=7")
-    rows = make_rows(load_records(cfg)[0][:6], 4, step=3)
+    rows = make_rows(run_records(cfg)[0][:6], 4, step=3)
     batches = []
     for on_ray in (False, True):
         model = None if on_ray else AutoModelForCausalLM.from_pretrained(random_model_path)
-        engine = RolloutFleet(cfg if on_ray else local_cfg, random_model_path, tokenizer, model, name="eq")
+        engine = rollout_fleet(cfg if on_ray else local_cfg, random_model_path, tokenizer, model, name="eq")
         try:
             batches.append(engine.generate(rows, step=3))
             if on_ray:

@@ -23,10 +23,10 @@ def _run(cfg, tokenizer, quiet):
 
     from transformers import AutoModelForCausalLM
 
-    from agentloop_trainer.data import load_records
     from agentloop_trainer.stages import PolicyGradientTrainer
+    from agentloop_trainer.stages.rollout_setup import run_records
 
-    train, test = load_records(cfg)
+    train, test = run_records(cfg)
     m = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     e = AutoModelForCausalLM.from_pretrained(cfg.model.path)
     trainer = PolicyGradientTrainer(cfg, m, e, tokenizer, train, test, Path(cfg.trainer.output_dir) / cfg.trainer.experiment_name,

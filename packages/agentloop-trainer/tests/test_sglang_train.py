@@ -105,7 +105,8 @@ def test_sglang_engine_arguments_without_free_cache_engine(random_model_path, to
     sleep (the trainer then never releases memory); dtype and engine_kwargs.sglang reach
     ``sglang.Engine``. A failure names the argument ``engines.build_engine`` passes wrongly."""
     from agentloop_trainer.config import load_config
-    from agentloop_trainer.rollout import build_engine, engine_config
+    from agentloop_trainer.rollout import build_engine
+    from agentloop_trainer.stages.rollout_setup import engine_config
 
     cfg = load_config(_overrides("unused", random_model_path, "actor_rollout_ref.rollout.free_cache_engine=false",
                                  "actor_rollout_ref.rollout.dtype=bfloat16",

@@ -95,7 +95,8 @@ def test_agentloop_train_runs_two_grpo_steps_on_a_third_party_engine(installed, 
 def test_a_missing_factory_names_its_install_line_and_an_unknown_name_lists_the_installed(on_path):
     from agentloop_core.engine_registry import EngineImportError
     from agentloop_trainer.config import ConfigError, load_config
-    from agentloop_trainer.rollout import build_engine, engine_config
+    from agentloop_trainer.rollout import build_engine
+    from agentloop_trainer.stages.rollout_setup import engine_config
 
     cfg = load_config(["actor_rollout_ref.rollout.name=counting_gpu"])  # declared: the config is fine
     with pytest.raises(EngineImportError, match=r"rollout.name=counting_gpu: engine 'counting_gpu' "

@@ -94,7 +94,7 @@ def test_agentloop_train_with_vllm_runs_two_steps(tmp_path, policy_path, parity_
 
 def _prompt_ids(cfg, tokenizer, records):
     """The rendered prompts (chat template, tool schemas, generation prompt) the rollout sends."""
-    from agentloop_trainer.rollout import tool_schemas
+    from agentloop_trainer.stages.rollout_setup import tool_schemas
 
     out = []
     for rec in records:

@@ -22,42 +22,26 @@ from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.eval.metrics import ProblemSamples, default_ks, set_metrics
 from agentloop_trainer.eval.report import SetResult, format_table, write_json
 from agentloop_trainer.eval.sets import problems_by_set
-from agentloop_trainer.rollout.rollouts import EvalResult, RolloutFleet, make_rows, tool_schemas
+from agentloop_trainer.rollout.rollouts import make_rows
+from agentloop_trainer.stages.rollout_setup import (
+    checked_tokenizer,
+    evaluate_checkpoint,
+    ray_session,
+    rollout_fleet,
+    run_records,
+    tool_schemas,
+)
+
+__all__ = ["add_eval_parser", "check_ks", "eval_records", "evaluate_checkpoint", "evaluate_sets", "run_eval",
+           "write_rollouts"]
 
 
 def _tokenizer(cfg: TrainConfig, checkpoint: str | Path) -> Any:
-    """The checkpoint's tokenizer (``model.custom_chat_template`` applied), checked to show the
-    run's tools to the model before any data or engine is loaded."""
-    from agentloop_trainer.policy.chat_templates import check_template_renders_tools
-    from agentloop_trainer.policy.tokenizer import load_tokenizer, tokenizer_source
-
+    """The checkpoint's tokenizer, checked (:func:`~agentloop_trainer.stages.rollout_setup.checked_tokenizer`)."""
     path = Path(checkpoint)
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint folder (no config.json)")
-    tokenizer = load_tokenizer(cfg, path)
-    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg, path), tool_schemas(cfg))
-    return tokenizer
-
-
-def _fleet(cfg: TrainConfig, checkpoint: str | Path, tokenizer: Any) -> RolloutFleet:
-    """In-process, or replicas on Ray (``ray.address`` / ``rollout.backend=ray``; the caller
-    holds a :func:`~agentloop_trainer.rollout.ray_session.ray_session`)."""
-    return RolloutFleet(cfg, checkpoint, tokenizer, name="agentloop-eval")
-
-
-def evaluate_checkpoint(cfg: TrainConfig, checkpoint: str | Path) -> EvalResult:
-    """Greedy accuracy of ``checkpoint`` on the config's held-out split."""
-    from agentloop_trainer.data.records import load_records
-    from agentloop_trainer.rollout.ray_session import ray_session
-
-    tokenizer = _tokenizer(cfg, checkpoint)
-    _, test = load_records(cfg, tokenizer, print)
-    with ray_session(cfg, print):
-        fleet = _fleet(cfg, checkpoint, tokenizer)
-        try:
-            return fleet.evaluate(test)
-        finally:
-            fleet.close()
+    return checked_tokenizer(cfg, path)
 
 
 def write_rollouts(cfg: TrainConfig, checkpoint: str | Path, out: str | Path, num_prompts: int = 16,
@@ -67,14 +51,12 @@ def write_rollouts(cfg: TrainConfig, checkpoint: str | Path, out: str | Path, nu
     reward, messages), or per segment of a trajectory whose loop split it (``segment_index`` 0,
     1, ...); ``agentloop view`` renders the file. ``on_batch(rows, batch)`` sees the rolled-out
     ``RolloutBatch`` (the CLI counts its failed samples)."""
-    from agentloop_trainer.data.records import load_records
-    from agentloop_trainer.rollout.ray_session import ray_session
     from agentloop_trainer.view.viewer import trajectory_records, write_jsonl
 
     tokenizer = _tokenizer(cfg, checkpoint)
-    _, test = load_records(cfg, tokenizer, print)
+    _, test = run_records(cfg, tokenizer, print)
     with ray_session(cfg, print):
-        fleet = _fleet(cfg, checkpoint, tokenizer)
+        fleet = rollout_fleet(cfg, checkpoint, tokenizer, name="agentloop-eval")
         try:
             rows = make_rows(test[:num_prompts], cfg.actor_rollout_ref.rollout.n, tag="rollout")
             batch = fleet.generate(rows)
@@ -107,12 +89,11 @@ def eval_records(cfg: TrainConfig, tokenizer: Any, files: Sequence[str], limit: 
         ValueError: a file with no usable row.
     """
     from agentloop_trainer.data.gsm8k import read_gsm8k_jsonl
-    from agentloop_trainer.data.records import load_records
     from agentloop_trainer.data.rows import limit_prompt_length, read_parquet_files
 
     paths = _val_files(cfg, files)
     if not paths:
-        return load_records(cfg, tokenizer, log)[1][:limit]
+        return run_records(cfg, tokenizer, log)[1][:limit]
     rows: list[dict[str, Any]] = []
     for f in paths:
         path = Path(f)
@@ -162,7 +143,6 @@ def evaluate_sets(cfg: TrainConfig, checkpoint: str | Path, records: Sequence[di
     from tqdm import tqdm
 
     from agentloop_trainer.rollout.diagnostics import batch_errors
-    from agentloop_trainer.rollout.ray_session import ray_session
 
     n = cfg.actor_rollout_ref.rollout.val_kwargs.n
     per_chunk = max(1, chunk // n)
@@ -170,7 +150,7 @@ def evaluate_sets(cfg: TrainConfig, checkpoint: str | Path, records: Sequence[di
     failed: dict[str, int] = {}
     errors: list[str] = []
     with ray_session(cfg, print):
-        fleet = _fleet(cfg, checkpoint, tokenizer)
+        fleet = rollout_fleet(cfg, checkpoint, tokenizer, name="agentloop-eval")
         bar = tqdm(total=len(records) * n, desc=f"eval {Path(checkpoint).name}", unit="sample",
                    disable=not progress, file=sys.stderr)
         try:

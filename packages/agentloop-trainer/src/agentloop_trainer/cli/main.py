@@ -39,17 +39,13 @@ def run_train(cfg: TrainConfig, log: Any = _log) -> tuple[Path, dict[str, Any]]:
 
     from agentloop_trainer.checkpoint.common import checkpoint_to_resume
     from agentloop_trainer.config.loading import to_yaml
-    from agentloop_trainer.policy.chat_templates import check_template_renders_tools
-    from agentloop_trainer.policy.tokenizer import load_tokenizer, tokenizer_source
-    from agentloop_trainer.rollout.ray_session import ray_session
-    from agentloop_trainer.rollout.rollouts import tool_schemas
+    from agentloop_trainer.stages.rollout_setup import checked_tokenizer, ray_session
 
     run_dir = run_dir_of(cfg)
     # Before the SFT warm-up and model loading: a --resume with nothing to resume fails in seconds.
     checkpoint_to_resume(run_dir / "checkpoints", cfg.trainer.resume)
     # So does a chat template that would hide the tools from the model (before the pre-RL eval).
-    tokenizer = load_tokenizer(cfg)
-    check_template_renders_tools(cfg, tokenizer, tokenizer_source(cfg), tool_schemas(cfg))
+    checked_tokenizer(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()
@@ -162,7 +158,7 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _data_calculator_sft(args: argparse.Namespace) -> int:
-    from agentloop_trainer.task.demonstrations import write_calculator_sft
+    from agentloop_trainer.stages.sft.data import write_calculator_sft
 
     try:
         path = write_calculator_sft(args.out, args.n, args.seed, args.flip_prob, args.answer_format)
@@ -243,7 +239,8 @@ def _serve(args: argparse.Namespace) -> int:
     from agentloop_engines.cli import read_serve_keys, serve_engine
     from agentloop_trainer.config.loading import load_config
     from agentloop_trainer.policy.tokenizer import load_tokenizer
-    from agentloop_trainer.rollout.engines import build_engine, engine_config, remote_engines
+    from agentloop_trainer.rollout.engines import build_engine, remote_engines
+    from agentloop_trainer.stages.rollout_setup import engine_config
 
     cfg = load_config(list(args.overrides), args.config)
     keys = read_serve_keys(args)
@@ -255,7 +252,7 @@ def _serve(args: argparse.Namespace) -> int:
         with read_write(config_node(cfg)):
             cfg.model.custom_chat_template = args.chat_template
     engine_cfg = engine_config(cfg, args.checkpoint, cfg.model.tokenizer_path)
-    tokenizer = load_tokenizer(cfg, engine_cfg.model_path)
+    tokenizer = load_tokenizer(cfg.model, engine_cfg.model_path)
     r = cfg.actor_rollout_ref.rollout
     # Over running engine servers: the router (least in-flight, sticky per session).
     engine = remote_engines(r) if r.server_urls else build_engine(engine_cfg, tokenizer=tokenizer)

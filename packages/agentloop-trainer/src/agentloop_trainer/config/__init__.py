@@ -1,14 +1,19 @@
 """The training config, the one record ``agentloop train`` reads: OmegaConf structured defaults
-with verl-familiar names.
+with verl-familiar names, composed of the sections the trainer's rooms declare.
 
-- :mod:`~agentloop_trainer.config.sections`: :class:`TrainConfig` (the root) and its top-level
-  sections (``data``, ``model``, ``sft``, ``algorithm``, ``reward``, ``trainer``, ``ray``...).
-- :mod:`~agentloop_trainer.config.actor_rollout_ref`: the ``actor_rollout_ref`` section (actor,
-  rollout with its multi-turn and agent settings, reference).
+Each room owns its sections and their checks (``data/settings.py``, ``policy/settings.py``,
+``reward/settings.py``, ``rollout/settings.py``, ``update/settings.py``, ``loggers/settings.py``);
+this package only composes them, loads a config and reads verl's spellings. The room order is
+in ``docs/architecture.md`` and held by ``tests/test_rooms.py``.
+
+- :mod:`~agentloop_trainer.config.sections`: :class:`TrainConfig` (the root), composed of the
+  rooms' sections, and the ``trainer`` section.
+- :mod:`~agentloop_trainer.config.actor_rollout_ref`: the ``actor_rollout_ref`` section (the
+  update room's actor and reference, the rollout room's rollout).
 - :mod:`~agentloop_trainer.config.loading`: defaults, a YAML file and ``key=value`` overrides
   merged, every key checked (:func:`load_config`).
 - :mod:`~agentloop_trainer.config.verl_compat`: verl's spellings, read as agentloop's.
-- :mod:`~agentloop_trainer.config.checks`: range and choice checks (:func:`validate`).
+- :mod:`~agentloop_trainer.config.checks`: every room's checks, composed (:func:`validate`).
 - :mod:`~agentloop_trainer.config.accessors`: derived settings read in one place.
 - :mod:`~agentloop_trainer.config.nodes`: the loaded config as the OmegaConf node it is (merge,
   read-write, plain dicts of sections), typed.
@@ -43,7 +48,6 @@ from agentloop_trainer.config.checks import (
     TRAINER_MODES,
     validate,
 )
-from agentloop_trainer.config.dapo import FilterGroupsSection, OverlongBufferSection, RewardModelSection
 from agentloop_trainer.config.errors import ConfigError
 from agentloop_trainer.config.loading import FREE_FORM, load_config, to_yaml
 from agentloop_trainer.config.nodes import (
@@ -57,7 +61,6 @@ from agentloop_trainer.config.sections import (
     AlgorithmSection,
     CustomRewardFunctionSection,
     DataSection,
-    JudgeSection,
     ModelSection,
     RaySection,
     RewardSection,
@@ -65,6 +68,8 @@ from agentloop_trainer.config.sections import (
     TrainConfig,
     TrainerSection,
 )
+from agentloop_trainer.reward.settings import JudgeSection, OverlongBufferSection, RewardModelSection
+from agentloop_trainer.rollout.settings import FilterGroupsSection
 
 __all__ = [
     "ActorFSDPSection",

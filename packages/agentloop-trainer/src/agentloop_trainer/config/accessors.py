@@ -1,48 +1,33 @@
 """What the code asks of a loaded config beyond its keys: derived settings read in one place
-(the chat template's text, whether the run uses Ray, the staleness bound, offload)."""
+(the chat template's text, whether the run uses Ray, the staleness bound, offload). Each reads
+the room that owns it, given the sections it needs."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentloop_trainer.config.errors import ConfigError
 from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.policy import chat_templates
+from agentloop_trainer.rollout import settings as rollout_settings
+from agentloop_trainer.update import settings as update_settings
 
 if TYPE_CHECKING:
     from agentloop_core.engine_registry import EnginePlugin
 
+__all__ = ["custom_chat_template", "engine_plugin", "max_staleness", "offload_enabled", "reference_offloaded",
+           "uses_ray"]
+
 
 def engine_plugin(cfg: TrainConfig) -> EnginePlugin:
-    """The installed engine plug-in ``actor_rollout_ref.rollout.name`` names.
-
-    Raises:
-        ConfigError: no installed engine has that name (listing those that are, and how to add
-            one), or its plug-in failed to load.
-    """
-    from agentloop_core.engine_registry import UnknownEngineError, get_engine_plugin
-
-    name = cfg.actor_rollout_ref.rollout.name
-    try:
-        return get_engine_plugin(name)
-    except UnknownEngineError as exc:
-        raise ConfigError(f"config actor_rollout_ref.rollout.name must be one of the installed engines ({exc})") from None
+    """The installed engine plug-in ``actor_rollout_ref.rollout.name`` names
+    (:func:`agentloop_trainer.rollout.settings.engine_plugin`)."""
+    return rollout_settings.engine_plugin(cfg.actor_rollout_ref.rollout)
 
 
 def custom_chat_template(cfg: TrainConfig) -> str | None:
-    """The Jinja text ``model.custom_chat_template`` names, or None when it is unset.
-
-    Raises:
-        ConfigError: an unknown name or a missing file, listing the built-in names.
-    """
-    from agentloop_core.tokenization import resolve_chat_template
-
-    value = cfg.model.custom_chat_template
-    if value is None or value == "":
-        return None
-    try:
-        return resolve_chat_template(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"config model.custom_chat_template: {exc}") from exc
+    """The Jinja text ``model.custom_chat_template`` names, or None when it is unset
+    (:func:`agentloop_trainer.policy.chat_templates.custom_chat_template`)."""
+    return chat_templates.custom_chat_template(cfg.model)
 
 
 def max_staleness(cfg: TrainConfig) -> int:
@@ -54,19 +39,17 @@ def max_staleness(cfg: TrainConfig) -> int:
 
 
 def offload_enabled(cfg: TrainConfig) -> bool:
-    """Whether the policy is offloaded: any of the actor's ``fsdp_config`` switches."""
-    f = cfg.actor_rollout_ref.actor.fsdp_config
-    return bool(f.param_offload or f.optimizer_offload or f.offload_policy)
+    """Whether the policy is offloaded (:func:`agentloop_trainer.update.settings.offload_enabled`)."""
+    return update_settings.offload_enabled(cfg.actor_rollout_ref.actor)
 
 
 def reference_offloaded(cfg: TrainConfig) -> bool:
-    """Whether a separate reference policy is loaded, and offloaded (``ref.fsdp_config.param_offload``
-    or the actor's offload): KL on, no LoRA."""
+    """Whether a separate reference policy is loaded, and offloaded
+    (:func:`agentloop_trainer.update.settings.reference_offloaded`)."""
     arr = cfg.actor_rollout_ref
-    needed = arr.actor.use_kl_loss and cfg.model.lora_rank == 0
-    return bool(needed and (arr.ref.fsdp_config.param_offload or offload_enabled(cfg)))
+    return update_settings.reference_offloaded(arr.actor, arr.ref, cfg.model.lora_rank)
 
 
 def uses_ray(cfg: TrainConfig) -> bool:
     """Whether the rollout runs on Ray: ``rollout.backend=ray`` or a ``ray.address`` to join."""
-    return cfg.actor_rollout_ref.rollout.backend == "ray" or cfg.ray.address is not None
+    return rollout_settings.uses_ray(cfg.actor_rollout_ref.rollout, cfg.ray)

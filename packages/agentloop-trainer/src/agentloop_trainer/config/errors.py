@@ -1,5 +1,6 @@
-"""The one error a config raises."""
+"""The one error a config raises (declared below every room, in
+:mod:`agentloop_trainer.config_base`, so that each room's check can raise it)."""
 
+from agentloop_trainer.config_base import ConfigError
 
-class ConfigError(ValueError):
-    """A config key or value is wrong; the message names it and the fix."""
+__all__ = ["ConfigError"]

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from agentloop_trainer.config.errors import ConfigError
+from agentloop_trainer.config_base import plain_dict
+
+__all__ = ["as_train_config", "config_from_yaml", "config_node", "merged_config", "plain_dict"]
 from agentloop_trainer.config.sections import TrainConfig
 
 if TYPE_CHECKING:
@@ -60,25 +62,3 @@ def config_from_yaml(text: str) -> TrainConfig:
     from omegaconf import OmegaConf
 
     return as_train_config(OmegaConf.create(text))
-
-
-def plain_dict(node: Any, key: str, *, resolve: bool = True) -> dict[str, Any]:
-    """An OmegaConf mapping (a section of the config) as a plain ``dict`` with ``str`` keys.
-
-    ``OmegaConf.to_container`` is typed as any container or scalar; a section of the config is a
-    mapping with string keys, and this says so once, with a check.
-
-    Args:
-        node: The section (a ``DictConfig``; a plain mapping is returned as a shallow copy).
-        key: Its dotted config key, for the error (``actor_rollout_ref.actor``).
-        resolve: Resolve ``${...}`` interpolations (``OmegaConf.to_container``'s ``resolve``).
-
-    Raises:
-        ConfigError: ``node`` is not a mapping with string keys (a ``ValueError``).
-    """
-    from omegaconf import DictConfig, OmegaConf
-
-    value = OmegaConf.to_container(node, resolve=resolve) if isinstance(node, DictConfig) else node
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(f"config {key} must be a mapping of names to values, got {type(value).__name__}: {value!r}")
-    return dict(value)

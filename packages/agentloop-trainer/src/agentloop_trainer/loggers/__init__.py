@@ -14,11 +14,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.config_base import ConfigError
 from agentloop_trainer.loggers.base import TRAJECTORY_COLUMNS, Logger, scalar_metrics, trajectory_rows
 from agentloop_trainer.loggers.console import ConsoleLogger, console_line
 from agentloop_trainer.loggers.jsonl import METRICS_FILE, JsonlLogger
 from agentloop_trainer.loggers.mlflow_logger import MlflowLogger
+from agentloop_trainer.loggers.settings import LoggingSection
 from agentloop_trainer.loggers.tensorboard_logger import TensorBoardLogger
 from agentloop_trainer.loggers.wandb_logger import WANDB_MODES, WandbLogger, wandb_mode
 
@@ -34,11 +35,11 @@ def parse_logger_names(value: Any) -> list[str]:
     return [name.strip() for item in items for name in str(item).split(",") if name.strip()]
 
 
-def active_loggers(cfg: TrainConfig) -> list[str]:
+def active_loggers(settings: LoggingSection) -> list[str]:
     """The backends a run writes to, in order: ``jsonl`` always first, then ``trainer.logger``'s
     (duplicates dropped), and ``mlflow`` when ``trainer.mlflow_tracking_uri`` is set."""
-    names = ["jsonl", *parse_logger_names(cfg.trainer.logger)]
-    if cfg.trainer.mlflow_tracking_uri:
+    names = ["jsonl", *parse_logger_names(settings.logger)]
+    if settings.mlflow_tracking_uri:
         names.append("mlflow")
     return list(dict.fromkeys(names))
 
@@ -56,6 +57,26 @@ def missing_package(name: str) -> str | None:
     return None if found else f"pip install 'agentloop-trainer[{extra}]'"
 
 
+def check(settings: LoggingSection) -> None:
+    """``trainer.logger``'s names and that their packages are installed, ``trainer.wandb_mode``.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    for name in parse_logger_names(settings.logger):
+        if name not in LOGGERS:
+            raise ConfigError(f"config trainer.logger: unknown logger {name!r}; the loggers are {', '.join(LOGGERS)} "
+                             "(e.g. trainer.logger=[console,wandb])")
+    for name in active_loggers(settings):
+        hint = missing_package(name)
+        if hint:
+            why = "trainer.mlflow_tracking_uri is set" if name not in parse_logger_names(settings.logger) else (
+                f"trainer.logger lists {name}")
+            raise ConfigError(f"config {why}, but its package is not installed: {hint}")
+    if settings.wandb_mode is not None and settings.wandb_mode not in WANDB_MODES:
+        raise ConfigError(f"config trainer.wandb_mode must be null or one of {WANDB_MODES}, got {settings.wandb_mode!r}")
+
+
 class Tracking:
     """Every active backend of a run, fed the same records (verl's name for it).
 
@@ -67,8 +88,15 @@ class Tracking:
         self.loggers = list(loggers)
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: str | Path, log: Callable[[str], None] = print) -> Tracking:
+    def from_config(cls, settings: LoggingSection, run_dir: str | Path, log: Callable[[str], None] = print,
+                    run_config: Mapping[str, Any] | None = None) -> Tracking:
         """The backends :func:`active_loggers` names, built for ``run_dir``.
+
+        Args:
+            settings: The loggers' keys (the config's ``trainer`` section).
+            run_dir: The run folder.
+            log: The console printer.
+            run_config: The whole config as a plain dict, for backends that record it (W&B).
 
         Raises:
             ImportError: a backend's package is missing (naming the extra to install).
@@ -76,11 +104,11 @@ class Tracking:
         run_dir = Path(run_dir)
         loggers: list[Logger] = []
         try:
-            for name in active_loggers(cfg):
+            for name in active_loggers(settings):
                 hint = missing_package(name)
                 if hint:
                     raise ImportError(f"trainer.logger={name} needs its package: {hint}")
-                loggers.append(LOGGERS[name].from_config(cfg, run_dir, log))
+                loggers.append(LOGGERS[name].from_config(settings, run_dir, log, run_config or {}))
         except BaseException:
             cls(loggers).close()
             raise
@@ -119,6 +147,6 @@ class Tracking:
 
 __all__ = [
     "LOGGERS", "METRICS_FILE", "TRAJECTORY_COLUMNS", "WANDB_MODES", "ConsoleLogger", "JsonlLogger", "Logger",
-    "MlflowLogger", "TensorBoardLogger", "Tracking", "WandbLogger", "active_loggers", "console_line",
-    "missing_package", "parse_logger_names", "scalar_metrics", "trajectory_rows", "wandb_mode",
+    "LoggingSection", "MlflowLogger", "TensorBoardLogger", "Tracking", "WandbLogger", "active_loggers", "console_line",
+    "check", "missing_package", "parse_logger_names", "scalar_metrics", "trajectory_rows", "wandb_mode",
 ]

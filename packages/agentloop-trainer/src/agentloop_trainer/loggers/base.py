@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agentloop_trainer.config.sections import TrainConfig
+    from agentloop_trainer.loggers.settings import LoggingSection
 
 
 class Logger:
@@ -29,13 +29,15 @@ class Logger:
     """(module to import, the trainer's extra that installs it); None: nothing beyond the trainer."""
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: Path, log: Callable[[str], None]) -> Logger:
+    def from_config(cls, settings: LoggingSection, run_dir: Path, log: Callable[[str], None],
+                    run_config: Mapping[str, Any]) -> Logger:
         """The backend for a run.
 
         Args:
-            cfg: The run's config.
+            settings: The loggers' keys (the config's ``trainer`` section).
             run_dir: The run folder.
             log: The console printer (notices such as where the files go).
+            run_config: The whole config as a plain dict (W&B records it with the run).
         """
         raise NotImplementedError
 

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.loggers.base import Logger
+from agentloop_trainer.loggers.settings import LoggingSection
 
 
 class ConsoleLogger(Logger):
@@ -20,7 +20,8 @@ class ConsoleLogger(Logger):
         self.log = log
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: Path, log: Callable[[str], None]) -> ConsoleLogger:
+    def from_config(cls, settings: LoggingSection, run_dir: Path, log: Callable[[str], None],
+                    run_config: Mapping[str, Any]) -> ConsoleLogger:
         return cls(log)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:

@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.loggers.base import Logger
+from agentloop_trainer.loggers.settings import LoggingSection
 
 METRICS_FILE = "metrics.jsonl"
 """The file in the run folder."""
@@ -31,7 +31,8 @@ class JsonlLogger(Logger):
         self._file = self.path.open("a")
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: Path, log: Callable[[str], None]) -> JsonlLogger:
+    def from_config(cls, settings: LoggingSection, run_dir: Path, log: Callable[[str], None],
+                    run_config: Mapping[str, Any]) -> JsonlLogger:
         return cls(run_dir / METRICS_FILE)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:

@@ -8,14 +8,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.loggers.base import Logger, scalar_metrics
+from agentloop_trainer.loggers.settings import LoggingSection
 
 
-def mlflow_uri(cfg: TrainConfig, run_dir: Path) -> str:
+def mlflow_uri(settings: LoggingSection, run_dir: Path) -> str:
     """``trainer.mlflow_tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else a SQLite file in the
     run folder (``sqlite:///<run>/mlflow.db``)."""
-    return (cfg.trainer.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    return (settings.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
             or f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
 
 
@@ -46,10 +46,11 @@ class MlflowLogger(Logger):
         self._mlflow: Any = mlflow
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: Path, log: Callable[[str], None]) -> MlflowLogger:
-        uri = mlflow_uri(cfg, run_dir)
-        log(f"MLflow: run {run_dir.name} in experiment {cfg.trainer.project_name} at {uri}")
-        return cls(uri, cfg.trainer.project_name, run_dir.name, run_dir / "mlruns")
+    def from_config(cls, settings: LoggingSection, run_dir: Path, log: Callable[[str], None],
+                    run_config: Mapping[str, Any]) -> MlflowLogger:
+        uri = mlflow_uri(settings, run_dir)
+        log(f"MLflow: run {run_dir.name} in experiment {settings.project_name} at {uri}")
+        return cls(uri, settings.project_name, run_dir.name, run_dir / "mlruns")
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         if self._mlflow is not None:

@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.loggers.base import Logger, scalar_metrics
+from agentloop_trainer.loggers.settings import LoggingSection
 
 _TEXT_CHARS = 4000  # of each prompt and response in the text panel; the full text is in trajectories/
 
@@ -33,8 +33,9 @@ class TensorBoardLogger(Logger):
         self._writer: Any = SummaryWriter(log_dir=str(self.log_dir))
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: Path, log: Callable[[str], None]) -> TensorBoardLogger:
-        log_dir = Path(cfg.trainer.tensorboard_dir) if cfg.trainer.tensorboard_dir else run_dir / "tensorboard"
+    def from_config(cls, settings: LoggingSection, run_dir: Path, log: Callable[[str], None],
+                    run_config: Mapping[str, Any]) -> TensorBoardLogger:
+        log_dir = Path(settings.tensorboard_dir) if settings.tensorboard_dir else run_dir / "tensorboard"
         log(f"TensorBoard: events in {log_dir} (tensorboard --logdir {log_dir})")
         return cls(log_dir)
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.loggers.base import TRAJECTORY_COLUMNS, Logger, scalar_metrics
+from agentloop_trainer.loggers.settings import LoggingSection
 
 WANDB_MODES = ("online", "offline", "disabled")
 """Values of ``trainer.wandb_mode`` (besides null)."""
@@ -55,16 +55,16 @@ class WandbLogger(Logger):
                                    config=dict(config or {}))
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, run_dir: Path, log: Callable[[str], None]) -> WandbLogger:
+    def from_config(cls, settings: LoggingSection, run_dir: Path, log: Callable[[str], None],
+                    run_config: Mapping[str, Any]) -> WandbLogger:
         from agentloop_core.tracing.redaction import redact
-        from agentloop_trainer.config.nodes import plain_dict
 
-        mode = wandb_mode(cfg.trainer.wandb_mode)
-        directory = Path(cfg.trainer.wandb_dir) if cfg.trainer.wandb_dir else run_dir
+        mode = wandb_mode(settings.wandb_mode)
+        directory = Path(settings.wandb_dir) if settings.wandb_dir else run_dir
         if mode == "offline":
             log(f"W&B: offline run in {directory / 'wandb'} (upload it with `wandb sync`; set WANDB_API_KEY "
                 "or trainer.wandb_mode=online to log live)")
-        return cls(cfg.trainer.project_name, run_dir.name, directory, mode, redact(plain_dict(cfg, "config")))
+        return cls(settings.project_name, run_dir.name, directory, mode, redact(dict(run_config)))
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         if self.run is not None:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentloop_trainer.config.accessors import custom_chat_template
-from agentloop_trainer.config.errors import ConfigError
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.config_base import ConfigError
+from agentloop_trainer.policy.settings import ModelSection
 
 __all__ = ["TemplateIgnoresToolsError", "apply_custom_chat_template", "check_template_renders_tools",
            "custom_chat_template"]
@@ -29,16 +28,33 @@ class TemplateIgnoresToolsError(ConfigError):
     with code 2)."""
 
 
-def apply_custom_chat_template(cfg: TrainConfig, tokenizer: Any) -> Any:
+def custom_chat_template(model: ModelSection) -> str | None:
+    """The Jinja text ``model.custom_chat_template`` names, or None when it is unset.
+
+    Raises:
+        ConfigError: an unknown name or a missing file, listing the built-in names.
+    """
+    from agentloop_core.tokenization import resolve_chat_template
+
+    value = model.custom_chat_template
+    if value is None or value == "":
+        return None
+    try:
+        return resolve_chat_template(str(value))
+    except ValueError as exc:
+        raise ConfigError(f"config model.custom_chat_template: {exc}") from exc
+
+
+def apply_custom_chat_template(model: ModelSection, tokenizer: Any) -> Any:
     """``tokenizer`` with ``model.custom_chat_template`` as its chat template (unchanged when
     the key is unset); returns it."""
     from agentloop_core.tokenization import set_chat_template
 
-    return set_chat_template(tokenizer, custom_chat_template(cfg))
+    return set_chat_template(tokenizer, custom_chat_template(model))
 
 
-def check_template_renders_tools(cfg: TrainConfig, tokenizer: Any, source: str,
-                                 schemas: list[dict[str, Any]] | None) -> None:
+def check_template_renders_tools(model: ModelSection, tokenizer: Any, source: str,
+                                 schemas: list[dict[str, Any]] | None, *, default_agent_loop: str) -> None:
     """Fail at start-up, before any rollout, when the run has tools and its chat template ignores
     ``tools=``: every trajectory would be wasted (the model never sees the schemas), and the
     per-sample check in the tool loop would only fail each sample of the first rollout.
@@ -48,23 +64,24 @@ def check_template_renders_tools(cfg: TrainConfig, tokenizer: Any, source: str,
     ``single_turn_agent`` renders no tools and is not checked.
 
     Args:
-        cfg: The run's config.
+        model: The ``model`` section (its ``custom_chat_template``, named by the error).
         tokenizer: The run's tokenizer, with ``model.custom_chat_template`` applied.
         source: Where the tokenizer came from (a folder), for the message.
-        schemas: The run's tool schemas (``agentloop_trainer.rollout.rollouts.tool_schemas(cfg)``);
+        schemas: The run's tool schemas (``agentloop_trainer.rollout.run_config.tool_schemas``);
             None or empty: the run has no tools (nothing to check).
+        default_agent_loop: ``actor_rollout_ref.rollout.agent.default_agent_loop``.
 
     Raises:
         ConfigError: naming the tools and the fix (``model.custom_chat_template``).
     """
     from agentloop_core.tokenization import chat_template_names, renders_tools
 
-    if cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent":
+    if default_agent_loop == "single_turn_agent":
         return
     if not schemas:
         return
     names = sorted(s["function"]["name"] for s in schemas)
-    set_key = cfg.model.custom_chat_template
+    set_key = model.custom_chat_template
     where = f"model.custom_chat_template={set_key}" if set_key else f"the chat template of {source}"
     if not getattr(tokenizer, "chat_template", None):
         raise TemplateIgnoresToolsError(

@@ -21,6 +21,7 @@ from agentloop_trainer.reward.answers import boxed_reward, flexible_reward
 from agentloop_trainer.reward.judge import JudgeSettings, prompt_values
 from agentloop_trainer.reward.limits import RewardTimeoutError, call_limited, not_finite_reason
 from agentloop_trainer.reward.rule import answer_reward
+from agentloop_trainer.reward.settings import CustomRewardFunctionSection, RewardSection
 
 logger = logging.getLogger(__name__)
 
@@ -231,6 +232,17 @@ class RewardScorer:
         self.judge_client = JudgeClient(self.judge) if self.judge is not None else None
         """Sends the judge's calls (None without a judge); ``url=policy`` needs its
         ``policy_server`` bound in this process."""
+
+    @classmethod
+    def from_sections(cls, reward: RewardSection, custom: CustomRewardFunctionSection) -> RewardScorer:
+        """The scorer of the ``reward`` and ``custom_reward_function`` sections.
+
+        Raises:
+            ValueError: a wrong ``reward.judge`` key, answer format or timeout, naming it.
+        """
+        return cls(source=reward.source, path=custom.path, name=custom.name,
+                   reward_kwargs=dict(custom.reward_kwargs or {}), answer_format=dict(reward.answer_format),
+                   judge=JudgeSettings.from_section(reward.judge), timeout_s=reward.timeout_s)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "_fn"}

@@ -1,9 +1,14 @@
 """Rollout: dataset rows through the agent loops and the configured engines, for training and
 evaluation.
 
+- :mod:`~agentloop_trainer.rollout.settings`: the room's sections (``actor_rollout_ref.rollout``,
+  ``algorithm.filter_groups``, ``ray``) and their checks; the multi-turn section is
+  :mod:`~agentloop_trainer.rollout.multi_turn`.
 - :mod:`~agentloop_trainer.rollout.rollouts`: :class:`RolloutFleet` (the engines, the
-  ``AgentLoopManager`` and the reward on the trainer's event loop), the loop settings of a
-  config, ``make_rows``, the held-out evaluation.
+  ``AgentLoopManager`` and the reward on the trainer's event loop), ``make_rows``, the
+  held-out evaluation.
+- :mod:`~agentloop_trainer.rollout.run_config`: the record the loops run with (tools, agent
+  loops, reward hook).
 - :mod:`~agentloop_trainer.rollout.engines`: the engine plug-in ``rollout.name`` names, or
   remote engine servers (``rollout.server_urls``).
 - :mod:`~agentloop_trainer.rollout.diagnostics`: what a run tells its user when the rollout's
@@ -30,21 +35,21 @@ from agentloop_trainer.rollout.engines import (
     rollout_dtype,
 )
 from agentloop_trainer.rollout.ray_session import ray_session
-from agentloop_trainer.rollout.rollouts import (
-    EvalResult,
-    RolloutFleet,
+from agentloop_trainer.rollout.rollouts import EvalResult, RolloutFleet, attach_rewards, make_rows
+from agentloop_trainer.rollout.run_config import (
     agent_loops,
-    attach_rewards,
-    make_rows,
     rollout_config,
     run_tools,
     tool_paths,
     tool_schemas,
 )
+from agentloop_trainer.rollout.settings import RaySection, RolloutSection, engine_plugin, uses_ray
 
 __all__ = [
     "EvalResult",
+    "RaySection",
     "RolloutFleet",
+    "RolloutSection",
     "RolloutWatch",
     "TURN_CAP_KEY",
     "TURN_CAP_WARN_FRACTION",
@@ -55,6 +60,7 @@ __all__ = [
     "capabilities",
     "engine_config",
     "engine_factory",
+    "engine_plugin",
     "failure_breakdown",
     "make_rows",
     "ray_session",
@@ -66,5 +72,6 @@ __all__ = [
     "tool_paths",
     "tool_schemas",
     "turn_cap_warning",
+    "uses_ray",
     "zero_reward_hint",
 ]

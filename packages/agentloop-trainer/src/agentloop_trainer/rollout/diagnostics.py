@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.rollout.settings import RolloutSection
 
 TURN_CAP_KEY = "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn"
 """The config key of the per-turn token cap."""
@@ -59,18 +59,18 @@ def _format_cause(scorer: Any, data_source: str | None, responses: list[tuple[st
                    f"; if the model answers in another form ('the answer is N'), set {key}=flexible")
 
 
-def _truncation_cause(cfg: TrainConfig, metrics: dict[str, Any]) -> str:
-    cap = cfg.actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn
+def _truncation_cause(rollout: RolloutSection, response_length: int, metrics: dict[str, Any]) -> str:
+    cap = rollout.multi_turn.max_tokens_per_turn
     share = metrics.get("rollout/truncated/turn_cap_turns")
     parts = []
     if share is not None:
         parts.append(f"{share:.0%} of turns cut by {TURN_CAP_KEY}={cap}")
     budget = metrics.get("rollout/truncated/response_budget")
     if budget is not None:
-        parts.append(f"{budget:.0%} of samples ran out of data.max_response_length={cfg.data.max_response_length}")
+        parts.append(f"{budget:.0%} of samples ran out of data.max_response_length={response_length}")
     context = metrics.get("rollout/truncated/context")
     if context is not None:
-        limit = cfg.actor_rollout_ref.rollout.max_model_len
+        limit = rollout.max_model_len
         limit = "null, the model's own" if limit is None else limit
         parts.append(f"{context:.0%} hit the engine's context (actor_rollout_ref.rollout.max_model_len={limit})")
     return "- truncation: " + ("; ".join(parts) if parts else "not measured by this loop") + \
@@ -88,23 +88,25 @@ def _tool_cause(metrics: dict[str, Any]) -> str | None:
             "(actor_rollout_ref.rollout.multi_turn.tool_parser); SFT on demonstrations teaches it")
 
 
-def zero_reward_hint(cfg: TrainConfig, rows: Sequence[dict], batch: Any, tokenizer: Any, scorer: Any, when: str) -> str:
+def zero_reward_hint(rows: Sequence[dict], batch: Any, tokenizer: Any, scorer: Any, when: str, *,
+                     rollout: RolloutSection, response_length: int) -> str:
     """The warning for a batch whose every reward is 0.
 
     Args:
-        cfg: The training config (for the keys and values it names).
         rows: The rows rolled out (``batch.trajectory_index`` indexes them).
         batch: The rolled-out ``RolloutBatch`` with its rewards and metrics.
         tokenizer: Decodes the generated tokens (what the reward function saw).
         scorer: The run's :class:`~agentloop_trainer.reward.scoring.RewardScorer`.
         when: What was rolled out ("step 1", "the held-out evaluation before RL").
+        rollout: The ``actor_rollout_ref.rollout`` section (its caps are named by the warning).
+        response_length: ``data.max_response_length`` (named by the warning).
     """
     responses = _responses(batch, rows, tokenizer)
     sources = sorted({str(r.get("data_source")) for r in rows})
     data_source = rows[0].get("data_source") if rows else None
     lines = [f"WARNING: every reward of {when} is 0 ({batch.num_trajectories} samples, {batch.num_failed} failed), "
              f"so GRPO has nothing to learn from. data_source {sources}. Likely causes:",
-             _format_cause(scorer, data_source, responses), _truncation_cause(cfg, batch.metrics)]
+             _format_cause(scorer, data_source, responses), _truncation_cause(rollout, response_length, batch.metrics)]
     tools = _tool_cause(batch.metrics)
     if tools:
         lines.append(tools)
@@ -117,13 +119,12 @@ def zero_reward_hint(cfg: TrainConfig, rows: Sequence[dict], batch: Any, tokeniz
     return "\n".join(lines)
 
 
-def turn_cap_warning(cfg: TrainConfig, metrics: dict[str, Any], when: str) -> str | None:
+def turn_cap_warning(cap: int | None, metrics: dict[str, Any], when: str) -> str | None:
     """A warning when more than :data:`TURN_CAP_WARN_FRACTION` of the turns were cut by the
-    per-turn cap, else None."""
+    per-turn cap (``cap``: ``rollout.multi_turn.max_tokens_per_turn``), else None."""
     share = metrics.get("rollout/truncated/turn_cap_turns")
     if share is None or share <= TURN_CAP_WARN_FRACTION:
         return None
-    cap = cfg.actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn
     return (f"WARNING: {share:.0%} of the turns of {when} were cut at {cap} tokens by {TURN_CAP_KEY} "
             f"({metrics.get('rollout/truncated/turn_cap', 0):.0%} of samples): the model was stopped mid-answer. "
             f"Raise {TURN_CAP_KEY} (and data.max_response_length to hold the turns)")
@@ -136,28 +137,37 @@ class RolloutWatch:
     an evaluation cut by the per-turn cap, said once.
 
     Args:
-        cfg: The training config.
         tokenizer: Decodes the sample response the warnings show.
         log: Where warnings go.
         active: Whether this process warns (rank 0); the others only count.
+        rollout: The ``actor_rollout_ref.rollout`` section (its per-turn cap and context).
+        response_length: ``data.max_response_length``.
+        zero_reward_warn_steps: ``reward.zero_reward_warn_steps`` (0: never warn).
     """
 
-    def __init__(self, cfg: TrainConfig, tokenizer: Any, log: Callable[[str], None], active: bool = True) -> None:
-        self.cfg, self.tokenizer, self.log, self.active = cfg, tokenizer, log, active
+    def __init__(self, tokenizer: Any, log: Callable[[str], None], active: bool = True, *, rollout: RolloutSection,
+                 response_length: int, zero_reward_warn_steps: int) -> None:
+        self.tokenizer, self.log, self.active = tokenizer, log, active
+        self.rollout, self.response_length = rollout, response_length
+        self.zero_reward_warn_steps = zero_reward_warn_steps
         self.zero_reward_steps = 0
         """Steps in a row whose every reward was 0."""
         self._steps_seen = 0
         self._turn_cap_warned = self._eval_hinted = False
 
     def _turn_cap(self, metrics: dict[str, Any], when: str) -> None:
-        message = None if self._turn_cap_warned else turn_cap_warning(self.cfg, metrics, when)
+        message = None if self._turn_cap_warned else turn_cap_warning(self.rollout.multi_turn.max_tokens_per_turn, metrics, when)
         if message:
             self._turn_cap_warned = True
             self.log(message)
 
+    def _hint(self, rows: Sequence[dict], batch: Any, scorer: Any, when: str) -> str:
+        return zero_reward_hint(rows, batch, self.tokenizer, scorer, when, rollout=self.rollout,
+                                response_length=self.response_length)
+
     def after_step(self, rows: Sequence[dict], batch: Any, rewards: Any, step: int, scorer: Any) -> None:
         """Check one training step's batch (``rewards``: one per trajectory)."""
-        patience = self.cfg.reward.zero_reward_warn_steps
+        patience = self.zero_reward_warn_steps
         self.zero_reward_steps = self.zero_reward_steps + 1 if bool((rewards == 0).all()) else 0
         self._steps_seen += 1
         if not self.active:
@@ -171,7 +181,7 @@ class RolloutWatch:
                      "evaluation before RL)")
             return
         when = f"step {step}" if self.zero_reward_steps == 1 else f"the last {patience} steps"
-        self.log(zero_reward_hint(self.cfg, rows, batch, self.tokenizer, scorer, when))
+        self.log(self._hint(rows, batch, scorer, when))
 
     def after_eval(self, ev: Any, when: str, scorer: Any) -> None:
         """Check an evaluation's rollout (``EvalResult.rollout``, dropped once checked)."""
@@ -180,9 +190,9 @@ class RolloutWatch:
         rows, batch = ev.rollout
         ev.rollout = None
         self._turn_cap(batch.metrics, when)
-        if self.cfg.reward.zero_reward_warn_steps and not bool((batch.rewards != 0).any()):
+        if self.zero_reward_warn_steps and not bool((batch.rewards != 0).any()):
             self._eval_hinted = True
-            self.log(zero_reward_hint(self.cfg, rows, batch, self.tokenizer, scorer, when))
+            self.log(self._hint(rows, batch, scorer, when))
 
 
 def failure_breakdown(errors: Sequence[str], limit: int = 10, width: int = 200) -> list[str]:

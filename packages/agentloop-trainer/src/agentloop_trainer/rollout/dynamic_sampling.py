@@ -26,7 +26,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.reward.settings import OverlongBufferSection
+from agentloop_trainer.rollout.settings import FILTER_METRICS, FilterGroupsSection
 
 if TYPE_CHECKING:
     from agentloop_core.output import AgentLoopOutput
@@ -103,8 +104,6 @@ def trajectory_metric(metric: str, segments: Sequence[AgentLoopOutput], unshaped
     Raises:
         ValueError: an unknown metric, listing the valid ones.
     """
-    from agentloop_trainer.config.dapo import FILTER_METRICS
-
     if metric not in FILTER_METRICS:
         raise ValueError(f"unknown algorithm.filter_groups.metric {metric!r}; valid: {', '.join(FILTER_METRICS)}")
     if unshaped is None:
@@ -163,21 +162,24 @@ class DynamicSampler:
     """Over-long shaping and the group filter of one run (see the module docstring).
 
     Args:
-        cfg: The training config (``algorithm.filter_groups``, ``reward_model.overlong_buffer``,
-            ``data.max_response_length``, ``data.train_batch_size``).
+        filter_groups: The ``algorithm.filter_groups`` section.
+        overlong_buffer: The ``reward_model.overlong_buffer`` section.
+        response_length: ``data.max_response_length``.
+        batch_groups: ``data.train_batch_size`` (groups a step trains).
     """
 
-    def __init__(self, cfg: TrainConfig) -> None:
-        fg, ob = cfg.algorithm.filter_groups, cfg.reward_model.overlong_buffer
+    def __init__(self, filter_groups: FilterGroupsSection, overlong_buffer: OverlongBufferSection, *,
+                 response_length: int, batch_groups: int) -> None:
+        fg, ob = filter_groups, overlong_buffer
         self.filtering = bool(fg.enable)
         """``algorithm.filter_groups.enable``."""
         self.shaping = bool(ob.enable)
         """``reward_model.overlong_buffer.enable``."""
         self.metric, self.max_num_gen_batches, self.on_limit = str(fg.metric), int(fg.max_num_gen_batches), fg.on_limit
         self.buffer_len, self.penalty_factor = int(ob.len), float(ob.penalty_factor)
-        self.response_length = int(cfg.data.max_response_length)
+        self.response_length = int(response_length)
         """The response budget (``data.max_response_length``)."""
-        self.batch_groups = int(cfg.data.train_batch_size)
+        self.batch_groups = int(batch_groups)
 
     @property
     def active(self) -> bool:

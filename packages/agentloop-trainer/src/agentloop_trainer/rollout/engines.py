@@ -20,11 +20,11 @@ from typing import Any
 
 from agentloop_core.engine_registry import EngineConfig, EngineImportError, EnginePlugin
 from agentloop_core.engine_registry import build_engine as _build
-from agentloop_trainer.config.actor_rollout_ref import RolloutSection
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.config_base import plain_dict
+from agentloop_trainer.rollout.settings import RolloutSection, engine_plugin
 
 
-def rollout_dtype(cfg: TrainConfig, notice: Callable[[str], None] | None = None) -> str:
+def rollout_dtype(rollout: RolloutSection, model_dtype: str, notice: Callable[[str], None] | None = None) -> str:
     """The dtype the rollout engine runs in: ``actor_rollout_ref.rollout.dtype``, or float32.
 
     float32 is what the trainer's log-probs are computed against. With ``model.dtype=float32``
@@ -39,11 +39,12 @@ def rollout_dtype(cfg: TrainConfig, notice: Callable[[str], None] | None = None)
     off on a resumed partial rollout, measured on SGLang).
 
     Args:
-        cfg: A training config.
+        rollout: The ``actor_rollout_ref.rollout`` section.
+        model_dtype: ``model.dtype``, the trainer's.
         notice: Receives one line when the engine's dtype differs from ``model.dtype``
             (None: printed to stderr, as config notices are).
     """
-    trained, given = cfg.model.dtype, cfg.actor_rollout_ref.rollout.dtype
+    trained, given = model_dtype, rollout.dtype
     dtype = given or "float32"
     if dtype != trained:
         if given is None:
@@ -61,21 +62,30 @@ def rollout_dtype(cfg: TrainConfig, notice: Callable[[str], None] | None = None)
     return dtype
 
 
-def engine_config(cfg: TrainConfig, model_path: str, tokenizer_path: str | None = None,
-                  notice: Callable[[str], None] | None = None) -> EngineConfig:
-    """The :class:`~agentloop_core.engine_registry.EngineConfig` of a training config (``notice``:
-    see :func:`rollout_dtype`).
+def engine_config(rollout: RolloutSection, model_path: str, tokenizer_path: str | None = None,
+                  notice: Callable[[str], None] | None = None, *, device: str, seed: int, model_dtype: str,
+                  context_length: int, chat_template: str | None) -> EngineConfig:
+    """The :class:`~agentloop_core.engine_registry.EngineConfig` of the rollout section.
+
+    Args:
+        rollout: The ``actor_rollout_ref.rollout`` section.
+        model_path: The checkpoint the engine loads.
+        tokenizer_path: Its tokenizer folder (None: the checkpoint's).
+        notice: See :func:`rollout_dtype`.
+        device: ``trainer.device``.
+        seed: ``trainer.seed``.
+        model_dtype: ``model.dtype`` (see :func:`rollout_dtype`).
+        context_length: A trajectory's most tokens (``data.max_prompt_length`` +
+            ``data.max_response_length``): the context of an engine that reserves KV cache for it.
+        chat_template: The run's chat template text (None: the tokenizer's own).
 
     Raises:
         ConfigError: ``rollout.name`` is no installed engine.
         ValueError: ``rollout.engine_kwargs`` has a section that is no installed engine's name.
     """
-
     from agentloop_core.engine_registry import engine_names
-    from agentloop_trainer.config.accessors import custom_chat_template, engine_plugin
-    from agentloop_trainer.config.nodes import plain_dict
 
-    r = cfg.actor_rollout_ref.rollout
+    r = rollout
     if r.server_urls:  # remote servers run in their own dtype: nothing to say here
         notice = lambda line: None  # noqa: E731
     per_engine = (plain_dict(r.engine_kwargs, "actor_rollout_ref.rollout.engine_kwargs")
@@ -86,15 +96,15 @@ def engine_config(cfg: TrainConfig, model_path: str, tokenizer_path: str | None 
         raise ValueError(f"actor_rollout_ref.rollout.engine_kwargs has sections {unknown}; valid: {installed} "
                          "(the installed engines)")
     max_len = r.max_model_len
-    if max_len is None and engine_plugin(cfg).capabilities.reserves_kv_cache:
+    if max_len is None and engine_plugin(r).capabilities.reserves_kv_cache:
         # Such an engine reserves KV cache for the whole context: size it to what a trajectory needs.
-        max_len = cfg.data.max_prompt_length + cfg.data.max_response_length
+        max_len = context_length
     return EngineConfig(
-        name=r.name, model_path=str(model_path), tokenizer_path=tokenizer_path, device=cfg.trainer.device,
-        seed=cfg.trainer.seed, dtype=rollout_dtype(cfg, notice), max_model_len=max_len, max_batch_size=r.max_batch_size,
+        name=r.name, model_path=str(model_path), tokenizer_path=tokenizer_path, device=device,
+        seed=seed, dtype=rollout_dtype(r, model_dtype, notice), max_model_len=max_len, max_batch_size=r.max_batch_size,
         gpu_memory_utilization=r.gpu_memory_utilization, tensor_model_parallel_size=r.tensor_model_parallel_size,
         enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
-        engine_kwargs=dict(per_engine.get(r.name) or {}), chat_template=custom_chat_template(cfg),
+        engine_kwargs=dict(per_engine.get(r.name) or {}), chat_template=chat_template,
     )
 
 

@@ -6,16 +6,15 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.rollout.settings import RaySection
 
 
 @contextlib.contextmanager
-def ray_session(cfg: TrainConfig, log: Any) -> Any:
-    """Join (``ray.address``) or start a local Ray cluster when the run uses Ray; a cluster this
-    run started is stopped at the end. Yields ``ray`` or None (no Ray needed)."""
-    from agentloop_trainer.config.accessors import uses_ray
-
-    if not (uses_ray(cfg) or (cfg.trainer.fsdp_ranks > 1 and cfg.trainer.launcher == "ray")):
+def ray_session(ray_section: RaySection, log: Any, *, needed: bool) -> Any:
+    """Join (``ray.address``) or start a local Ray cluster when the run uses Ray (``needed``: the
+    rollout runs on Ray, or the FSDP ranks do); a cluster this run started is stopped at the
+    end. Yields ``ray`` or None (no Ray needed)."""
+    if not needed:
         yield None
         return
     import ray
@@ -23,9 +22,9 @@ def ray_session(cfg: TrainConfig, log: Any) -> Any:
     from agentloop_engines.fleet.hosting import connect_ray
 
     started = not ray.is_initialized()
-    connect_ray(cfg.ray.address, num_cpus=cfg.ray.num_cpus, listen_on_network=cfg.ray.listen_on_network)
+    connect_ray(ray_section.address, num_cpus=ray_section.num_cpus, listen_on_network=ray_section.listen_on_network)
     resources = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory")}
-    log(f"Ray: {'joined ' + cfg.ray.address if cfg.ray.address else 'local cluster'} with "
+    log(f"Ray: {'joined ' + ray_section.address if ray_section.address else 'local cluster'} with "
         f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s), {resources}")
     try:
         yield ray

@@ -12,132 +12,18 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from agentloop_core.vision.processor import load_vision_processor
-from agentloop_trainer.config.multi_turn import loop_options
-from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.data.rows import normalize_messages
 from agentloop_trainer.reward.group_judge import GroupJudge
-from agentloop_trainer.task.calculator import BUILTIN_TOOL_CONFIG
+from agentloop_trainer.rollout.settings import RaySection, RolloutSection, uses_ray
 
 if TYPE_CHECKING:
+    from agentloop_core.engine_registry import EngineConfig
     from agentloop_core.settings import RolloutConfig
-    from agentloop_core.tokenization.sanity import SanityCheckMode
-
-
-def tool_paths(cfg: TrainConfig) -> tuple[str | None, str | None]:
-    """``(tool_config_path, function_tool_path)`` of a run: the configured ones, or the
-    calculator's config for the built-in task when neither is set."""
-    mt = cfg.actor_rollout_ref.rollout.multi_turn
-    if mt.tool_config_path is None and mt.function_tool_path is None and not cfg.data.train_files:
-        return str(BUILTIN_TOOL_CONFIG), None
-    return mt.tool_config_path, mt.function_tool_path
-
-
-def run_tools(cfg: TrainConfig) -> dict[str, Any]:
-    """The run's tools by name (loaded once per process and shared with the loops)."""
-    from agentloop_tools.loop_config import resolve_tools
-
-    config_path, function_path = tool_paths(cfg)
-    return resolve_tools({"tool_config_path": config_path, "function_tool_path": function_path})
-
-
-def tool_schemas(cfg: TrainConfig) -> list[dict[str, Any]] | None:
-    """The tool schemas prompts are rendered with (None without tools), as the loop renders them."""
-    tools = run_tools(cfg)
-    return [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()] or None
-
-
-def agent_loops(cfg: TrainConfig) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
-    """``(classes by import path, per-loop sections)`` from ``rollout.agent``: its ``loops``
-    sections (``_target_`` registers a class) and verl's ``agent_loop_config_path`` YAML."""
-    from omegaconf import OmegaConf
-
-    from agentloop_trainer.config.nodes import plain_dict
-
-    agent = cfg.actor_rollout_ref.rollout.agent
-    sections: dict[str, dict[str, Any]] = {}
-    if agent.agent_loop_config_path:
-        path = Path(agent.agent_loop_config_path)
-        if not path.is_file():
-            raise FileNotFoundError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path {path} does not exist")
-        entries = OmegaConf.to_container(OmegaConf.load(str(path)), resolve=True)
-        if not isinstance(entries, list) or not all(isinstance(e, dict) and "name" in e for e in entries):
-            raise ValueError(f"{path}: expected a YAML list of {{name, _target_, ...}} entries (verl's layout)")
-        for e in entries:
-            sections[str(e["name"])] = {k: v for k, v in e.items() if k != "name"}
-    for name, section in plain_dict(agent.loops, "actor_rollout_ref.rollout.agent.loops").items():
-        if not isinstance(section, dict):
-            raise ValueError(f"actor_rollout_ref.rollout.agent.loops.{name} must be a mapping of settings")
-        sections.setdefault(name, {}).update(section)
-    classes = {name: str(s.pop("_target_")) for name, s in sections.items() if "_target_" in s}
-    return classes, {name: s for name, s in sections.items() if s}
-
-
-def rollout_config(cfg: TrainConfig, seed: int | None = None) -> RolloutConfig:
-    """The run's :class:`~agentloop_core.settings.RolloutConfig`, built once from the training
-    config: the worker fields, the tool loops' keys (each under the loops' own name), the
-    per-loop sections built into the loops' typed configs (a bad key fails here, at start-up)
-    and the reward hook. What the manager, the Ray workers and the loops get, whole.
-
-    ``seed`` becomes the workers' ``sampling_seed``: each trajectory's sampling seeds then
-    follow from it, the step and the row's request id, whichever replica or node serves it.
-
-    Raises:
-        ValueError: a bad value or an unknown key of a loop section, naming it.
-        UnknownAgentLoopError: the default loop, or a section's, is not registered.
-    """
-    from agentloop_core.protocol import SamplingParams
-    from agentloop_core.settings import RolloutConfig
-    from agentloop_trainer.config.accessors import custom_chat_template
-    from agentloop_trainer.reward.judge import JudgeSettings
-    from agentloop_trainer.reward.scoring import RewardScorer
-
-    r = cfg.actor_rollout_ref.rollout
-    mt, val = r.multi_turn, r.val_kwargs
-    config_path, function_path = tool_paths(cfg)
-    classes, per_loop = agent_loops(cfg)
-    crf = cfg.custom_reward_function
-    train = SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                           max_tokens=mt.max_tokens_per_turn, logprobs=True)
-    if val.do_sample and val.temperature > 0:
-        val_sampling = train.replace(temperature=val.temperature, top_k=val.top_k, top_p=val.top_p)
-    else:
-        val_sampling = train.replace(temperature=0.0)
-    # The section's tool-loop keys under the loops' names (declared once, by the loops' config),
-    # with the two the trainer decides: the built-in task's tools, and adding up the loop's own
-    # rewards only when they are used.
-    tool_loop_options = {
-        **loop_options(mt), "tool_config_path": config_path, "function_tool_path": function_path,
-        "tool_reward": "none" if cfg.reward.source == "function" else "sum",
-    }
-    record = RolloutConfig(
-        default_agent_loop=r.agent.default_agent_loop,
-        agent_loop_modules=tuple(r.agent.agent_loop_modules),
-        agent_loop_classes=tuple(classes.items()),
-        loop_options=tuple(tool_loop_options.items()),
-        prompt_length=cfg.data.max_prompt_length,
-        response_length=cfg.data.max_response_length,
-        truncate=True,
-        # A str in the YAML schema (OmegaConf has no Literal); RolloutConfig checks the value.
-        sanity_check=cast("SanityCheckMode", r.sanity_check),
-        # Workers that load the tokenizer by path (Ray) set the run's template on it.
-        custom_chat_template=custom_chat_template(cfg),
-        sample_timeout_s=r.sample_timeout_s,
-        turns_per_loop_iteration=r.agent.turns_per_loop_iteration,
-        hold_full_gc=r.agent.hold_full_gc,
-        sampling_seed=seed,
-        sampling_params=train,
-        val_sampling_params=val_sampling,
-        reward_fn=RewardScorer(source=cfg.reward.source, path=crf.path, name=crf.name,
-                               reward_kwargs=dict(crf.reward_kwargs or {}),
-                               answer_format=dict(cfg.reward.answer_format),
-                               judge=JudgeSettings.from_section(cfg.reward.judge), timeout_s=cfg.reward.timeout_s),
-    )
-    return record.with_loop_configs(per_loop, also=[record.default_agent_loop] if record.default_agent_loop else [])
 
 
 def make_rows(records: Sequence[Mapping[str, Any]], n: int, step: int = 0, tag: str = "train") -> list[dict[str, Any]]:
@@ -226,7 +112,7 @@ class RolloutFleet:
     every engine.
 
     Args:
-        cfg: The training config.
+        rollout: The ``actor_rollout_ref.rollout`` section.
         model_path: The starting checkpoint (engines that load by path, Ray replicas).
         tokenizer: The tokenizer.
         engine_model: The in-process engine's own copy of the policy (weights are pushed into
@@ -235,26 +121,35 @@ class RolloutFleet:
         name: Prefix of the Ray replica actors' names.
         tracer: The rollout tracer (:func:`agentloop_trainer.rollout.tracing.rollout_tracer`); None:
             no tracing.
+        record: What the manager (and through it every worker and loop) runs with
+            (:func:`agentloop_trainer.rollout.run_config.rollout_config`).
+        engine: What the engine (each replica) is built from
+            (:func:`agentloop_trainer.rollout.engines.engine_config`).
+        ray: The ``ray`` section (used on Ray: ``rollout.backend=ray`` or ``ray.address``).
+        mode: ``trainer.mode``: sync, or an asynchronous mode whose weight updates interrupt
+            or wait for generations.
+        tokenizer_path: ``model.tokenizer_path`` (None: ``model_path``), for workers and the
+            vision processor that load it by path.
     """
 
-    def __init__(self, cfg: TrainConfig, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
-                 name: str = "agentloop", tracer: Any = None) -> None:
+    def __init__(self, rollout: RolloutSection, model_path: str | Path, tokenizer: Any, engine_model: Any = None,
+                 name: str = "agentloop", tracer: Any = None, *, record: RolloutConfig, engine: EngineConfig,
+                 ray: RaySection, mode: str = "sync", tokenizer_path: str | None = None) -> None:
         from agentloop_core.runtime import AgentLoopManager
-        from agentloop_trainer.config.accessors import uses_ray
-        from agentloop_trainer.rollout.engines import build_engine, engine_config, remote_engines
+        from agentloop_trainer.rollout.engines import build_engine, remote_engines
 
-        self.cfg = cfg
         self.tokenizer = tokenizer
         self.replicas: list[Any] = []
-        r = cfg.actor_rollout_ref.rollout
+        r = rollout
         self.n = r.n
         self.val_n = r.val_kwargs.n
-        self.rollout_config = rollout_config(cfg, cfg.trainer.seed)
+        on_ray = uses_ray(r, ray)
+        self.rollout_config = record
         """The record the manager (and through it every worker and loop) runs with."""
         self.scorer = self.rollout_config.reward_fn
         # A wrong reward path or signature fails here, not in every sample of the first step.
         self.scorer.function_for(None)
-        self.engine_config = engine_config(cfg, str(model_path), cfg.model.tokenizer_path)
+        self.engine_config = engine
         self.loop = asyncio.new_event_loop()
         self.server: Any = None
         """The engine, a routing client over remote servers or Ray replicas, or a wrapper over one
@@ -262,8 +157,8 @@ class RolloutFleet:
         try:
             if r.server_urls:
                 self.server = remote_engines(r)
-            elif uses_ray(cfg):
-                self.server = self._start_ray(cfg)
+            elif on_ray:
+                self.server = self._start_ray(ray, r.num_replicas, mode)
             else:
                 # The policy copy reaches only an engine declaring capabilities.policy_copy.
                 self.server = build_engine(self.engine_config, model=engine_model, tokenizer=tokenizer)
@@ -273,7 +168,7 @@ class RolloutFleet:
         self.control: Any = None
         """The asynchronous driver's :class:`~agentloop_core.partial_rollout.RolloutControl`
         (None in ``trainer.mode=sync``)."""
-        if cfg.trainer.mode != "sync":
+        if mode != "sync":
             from agentloop_core.partial_rollout import LocalRolloutControl, PartialRolloutServer
 
             # Weight updates then happen between engine calls: interrupted and resumed (async),
@@ -282,12 +177,12 @@ class RolloutFleet:
             # On Ray the wrapper lives in the shared client actor (_start_ray), where every
             # worker's calls pass; a wrapper here would be pickled into each worker, one gate
             # and one ledger per worker, none of them the one the driver pauses.
-            if uses_ray(cfg):
+            if on_ray:
                 self.control = self.server
             else:
-                self.server = PartialRolloutServer(self.server, interrupt=cfg.trainer.mode == "async")
+                self.server = PartialRolloutServer(self.server, interrupt=mode == "async")
                 self.control = LocalRolloutControl(self.server)
-        elif not uses_ray(cfg):
+        elif not on_ray:
             from agentloop_core.server_wrapper import BusyTimeServer
 
             # Times the engine's work for each step's rollout/engine_idle_fraction. On Ray the
@@ -301,14 +196,14 @@ class RolloutFleet:
             # The in-process workers share this scorer (url=policy is refused on Ray at load).
             judge.policy_server = self.server
         try:
-            if uses_ray(cfg):
-                self.manager = AgentLoopManager(self.server, str(cfg.model.tokenizer_path or model_path),
+            if on_ray:
+                self.manager = AgentLoopManager(self.server, str(tokenizer_path or model_path),
                                                 self.rollout_config,
                                                 num_workers=r.agent.num_workers, backend="ray",
-                                                placement=cfg.ray.worker_placement, tracer=tracer)
+                                                placement=ray.worker_placement, tracer=tracer)
             else:
                 # Ray workers load the vision processor with the tokenizer, from the folder.
-                processor = load_vision_processor(str(cfg.model.tokenizer_path or model_path), tokenizer)
+                processor = load_vision_processor(str(tokenizer_path or model_path), tokenizer)
                 self.manager = AgentLoopManager(self.server, tokenizer, self.rollout_config,
                                                 num_workers=r.agent.num_workers, processor=processor,
                                                 tracer=tracer)
@@ -317,7 +212,7 @@ class RolloutFleet:
             self.loop.close()
             raise
 
-    def _start_ray(self, cfg: TrainConfig) -> Any:
+    def _start_ray(self, rc: RaySection, num: int, mode: str) -> Any:
         from agentloop_engines.fleet.hosting import (
             bundle_for,
             check_resources,
@@ -327,8 +222,6 @@ class RolloutFleet:
         )
         from agentloop_trainer.rollout.engines import engine_factory
 
-        rc = cfg.ray
-        num = cfg.actor_rollout_ref.rollout.num_replicas
         connect_ray(rc.address, num_cpus=rc.num_cpus, listen_on_network=rc.listen_on_network)
         # Everything is checked before anything starts: Ray would leave a replica pending forever.
         check_resources([bundle_for(rc.replica_num_cpus, rc.replica_num_gpus)] * num, strategy=rc.placement_strategy,
@@ -342,7 +235,6 @@ class RolloutFleet:
 
             # One routing view for every worker (global least-in-flight), on the driver's node:
             # a worker node going away must not take the router with it.
-            mode = cfg.trainer.mode
             return client_actor(self.replicas, node_id=ray.get_runtime_context().get_node_id(),
                                 partial_rollout=mode != "sync", interrupt=mode == "async")
         except BaseException:

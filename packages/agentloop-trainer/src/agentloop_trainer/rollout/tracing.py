@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_core.tracing import NullTracer, Tracer, current_tags
-from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.loggers.mlflow_logger import mlflow_uri
+from agentloop_trainer.loggers.settings import LoggingSection
+from agentloop_trainer.rollout.settings import RolloutSection
 
 __all__ = ["SampledTracer", "rollout_tracer"]
 
@@ -84,26 +86,25 @@ class SampledTracer(Tracer):
         self.inner.close()
 
 
-def rollout_tracer(cfg: TrainConfig, run_dir: str | Path) -> Tracer | None:
-    """The tracer ``actor_rollout_ref.rollout.trace`` asks for, or None (``backend`` null).
+def rollout_tracer(rollout: RolloutSection, logging: LoggingSection, run_dir: str | Path) -> Tracer | None:
+    """The tracer ``actor_rollout_ref.rollout.trace`` asks for, or None (``backend`` null);
+    ``logging`` (the ``trainer`` section's logger keys) says where MLflow traces go.
 
     Raises:
         ImportError: ``backend=mlflow`` without mlflow installed (the config check says so first).
     """
     from agentloop_core.tracing import make_tracer
 
-    trace = cfg.actor_rollout_ref.rollout.trace
+    trace = rollout.trace
     if trace.backend is None:
         return None
     run_dir = Path(run_dir)
     if trace.backend == "mlflow":
-        from agentloop_trainer.loggers.mlflow_logger import mlflow_uri
-
-        inner = make_tracer({"backend": "mlflow", "tracking_uri": mlflow_uri(cfg, run_dir),
-                             "experiment": trace.project_name or cfg.trainer.project_name,
+        inner = make_tracer({"backend": "mlflow", "tracking_uri": mlflow_uri(logging, run_dir),
+                             "experiment": trace.project_name or logging.project_name,
                              "artifact_location": str(run_dir / "mlruns")})
     else:
         inner = make_tracer({"backend": trace.backend, "path": str(run_dir / "traces.jsonl")})
-    r = cfg.actor_rollout_ref.rollout
+    r = rollout
     return SampledTracer(inner, token2text=trace.token2text, max_prompts=trace.max_samples_per_step_per_worker,
                          n=r.n, val_n=r.val_kwargs.n)

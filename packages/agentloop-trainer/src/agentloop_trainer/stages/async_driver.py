@@ -15,7 +15,9 @@ path serves a wrapper in this process and one inside the shared Ray client actor
 rollout workers' calls pass). It is the wrapper's only controller, so it keeps its own copy of
 the policy version and of whether a push is under way instead of asking for them.
 
-With dynamic sampling or over-long shaping on (:mod:`agentloop_trainer.rollout.dynamic_sampling`),
+A group judge (``reward.judge.mode=group``) scores each group as soon as its last sample ends,
+before it enters the buffer (the groups of a step finish at different times, each judged on its
+own). With dynamic sampling or over-long shaping on (:mod:`agentloop_trainer.rollout.dynamic_sampling`),
 a finished group is shaped and judged before it enters the buffer; a dropped group is discarded
 from it at once, so its room goes to a new group and no staleness is counted for it.
 
@@ -151,6 +153,8 @@ class AsyncDriver:
                 ledgers = await self.control.pop_ledger_many(ids)
             for _, versions in ledgers:
                 group.token_versions.update(v - self.base_step for v in versions)
+            if self.fleet.group_judge is not None:  # reward.judge.mode=group: the group is all in
+                await self.fleet.group_judge.score(rows, outputs, self.fleet.tokenizer)
             sampler = self.trainer.sampler
             if sampler.active and not sampler.judge(rows, outputs)[rows[0]["group_id"]]:
                 # Dropped as it enters the buffer: its room goes to a new group, and its prompt

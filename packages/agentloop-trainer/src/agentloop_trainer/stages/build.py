@@ -26,17 +26,17 @@ def load_policy_tokenizer(cfg: TrainConfig, model_path: str | Path) -> Any:
     ``model.custom_chat_template`` applied."""
     from agentloop_trainer.policy.tokenizer import load_tokenizer
 
-    return load_tokenizer(cfg, model_path)
+    return load_tokenizer(cfg.model, model_path)
 
 
 def needs_engine_copy(cfg: TrainConfig) -> bool:
     """Whether the trainer hands the engine an in-memory copy of the policy: an engine in this
     process whose plug-in declares ``capabilities.policy_copy`` (hf; the others, Ray replicas and
     remote servers load the checkpoint themselves)."""
-    from agentloop_trainer.config.accessors import engine_plugin, uses_ray
+    from agentloop_trainer.rollout.settings import engine_plugin, uses_ray
 
     r = cfg.actor_rollout_ref.rollout
-    return not r.server_urls and not uses_ray(cfg) and engine_plugin(cfg).capabilities.policy_copy
+    return not r.server_urls and not uses_ray(r, cfg.ray) and engine_plugin(r).capabilities.policy_copy
 
 
 def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path, log: Any = print, *, rank: int = 0,
@@ -57,10 +57,10 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     import torch
 
     from agentloop_engines.adapters.hf.vision import load_model
-    from agentloop_trainer.config.accessors import offload_enabled, reference_offloaded
-    from agentloop_trainer.data.records import load_records
     from agentloop_trainer.policy.model import apply_lora, enable_gradient_checkpointing, use_cpu_matmul
     from agentloop_trainer.stages.grpo import PolicyGradientTrainer
+    from agentloop_trainer.stages.rollout_setup import run_records
+    from agentloop_trainer.update.settings import offload_enabled, reference_offloaded
 
     seed_everything(cfg.trainer.seed)
     device = cfg.trainer.device
@@ -73,7 +73,8 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     if m.lora_rank > 0:
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
     use_cpu_matmul(model, m.cpu_matmul, device)
-    offload, ref_offload = offload_enabled(cfg), reference_offloaded(cfg)
+    arr = cfg.actor_rollout_ref
+    offload, ref_offload = offload_enabled(arr.actor), reference_offloaded(arr.actor, arr.ref, m.lora_rank)
     owns_group = False
     if world_size == 1 and (offload or ref_offload):
         # Offload is FSDP2's: one process shards over a one-rank group of its own.
@@ -99,7 +100,7 @@ def build_trainer(cfg: TrainConfig, model_path: str | Path, run_dir: str | Path,
     engine_model = None
     if rank == 0 and needs_engine_copy(cfg):
         engine_model = load_model(str(model_path), torch.float32)
-    train, test = load_records(cfg, tokenizer, log if rank == 0 else None, stats)
+    train, test = run_records(cfg, tokenizer, log if rank == 0 else None, stats)
     trainer = PolicyGradientTrainer(cfg, model, engine_model, tokenizer, train, test, Path(run_dir), log=log,
                           model_path=model_path, ref_model=ref)
     trainer.owns_process_group = owns_group

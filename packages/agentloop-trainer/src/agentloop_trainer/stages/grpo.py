@@ -12,25 +12,28 @@ from typing import Any
 import numpy as np
 
 from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.config_base import plain_dict
 from agentloop_trainer.data.iterator import DataIterator
 from agentloop_trainer.eval.sets import result_metrics
 from agentloop_trainer.reward.judge_client import judge_step_metrics
-from agentloop_trainer.rollout.diagnostics import RolloutWatch
-from agentloop_trainer.rollout.dynamic_sampling import DynamicSampler, overlong_metrics
-from agentloop_trainer.rollout.rollouts import RolloutFleet, make_rows
+from agentloop_trainer.rollout.dynamic_sampling import overlong_metrics
+from agentloop_trainer.rollout.rollouts import make_rows
 from agentloop_trainer.stages.ppo import build_critic, uses_critic
+from agentloop_trainer.stages.rollout_setup import (
+    dynamic_sampler,
+    rollout_fleet,
+    rollout_tracer,
+    rollout_watch,
+)
 from agentloop_trainer.stages.teacher import build_distiller
 from agentloop_trainer.update.actor import ActorConfig, PolicyGradientActor, policy_batch_from_rollout
+from agentloop_trainer.update.settings import ActorFSDPSection, PolicyLossSection, RolloutCorrectionSection
 from agentloop_trainer.update.turn_credit import CreditSettings, credit_advantages
 from agentloop_trainer.view.metrics import idle_fraction, plot_reward_curve
 
 
 def actor_config(cfg: TrainConfig) -> ActorConfig:
     """The :class:`ActorConfig` of a :class:`~agentloop_trainer.config.sections.TrainConfig`."""
-    from agentloop_trainer.config.actor_rollout_ref import ActorFSDPSection, PolicyLossSection
-    from agentloop_trainer.config.nodes import plain_dict
-    from agentloop_trainer.config.sections import RolloutCorrectionSection
-
     section = plain_dict(cfg.actor_rollout_ref.actor, "actor_rollout_ref.actor")
     fsdp = plain_dict(section["fsdp_config"], "actor_rollout_ref.actor.fsdp_config")
     section["fsdp_config"] = ActorFSDPSection(**fsdp)
@@ -107,17 +110,15 @@ class PolicyGradientTrainer:
             if model_path is None:
                 raise ValueError("PolicyGradientTrainer needs the starting checkpoint the engine loads: pass model_path= or "
                                  "set model.path")
-            from agentloop_trainer.rollout.tracing import rollout_tracer
-
-            self.fleet = RolloutFleet(cfg, model_path, tokenizer, engine_model, name=f"agentloop-{self.run_dir.name}",
-                                      tracer=rollout_tracer(cfg, self.run_dir))
+            self.fleet = rollout_fleet(cfg, model_path, tokenizer, engine_model, name=f"agentloop-{self.run_dir.name}",
+                                       tracer=rollout_tracer(cfg, self.run_dir))
         self.data = DataIterator(train_records, cfg.data.train_batch_size, cfg.trainer.seed, cfg.data.shuffle)
         self.test_records = list(test_records)
         self.step = 0
-        self.watch = RolloutWatch(cfg, tokenizer, log, active=self.rank == 0)
+        self.watch = rollout_watch(cfg, tokenizer, log, active=self.rank == 0)
         """Warns about all-zero rewards and turns cut by the cap (rank 0)."""
         self.history: list[dict[str, Any]] = []
-        self.sampler = DynamicSampler(cfg)
+        self.sampler = dynamic_sampler(cfg)
         """Over-long shaping and dynamic sampling (``reward_model.overlong_buffer``, ``algorithm.filter_groups``)."""
         # trainer.mode=one_step_off|async: the steps come from the asynchronous driver.
         self.async_driver = None
@@ -130,7 +131,7 @@ class PolicyGradientTrainer:
         if self.rank == 0:
             from agentloop_trainer.loggers import Tracking
 
-            self.metrics = Tracking.from_config(cfg, self.run_dir, log)
+            self.metrics = Tracking.from_config(cfg.trainer, self.run_dir, log, plain_dict(cfg, "config"))
 
     # -- pieces ---------------------------------------------------------------------------------
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_engines.adapters.hf.vision import load_model
-from agentloop_trainer.config.distill import DistillationSection
 from agentloop_trainer.config.sections import ModelSection
 from agentloop_trainer.policy.model import use_cpu_matmul
 from agentloop_trainer.update.distill import Distiller, check_same_vocab
+from agentloop_trainer.update.distill_settings import DistillationSection
 from agentloop_trainer.update.fsdp import load_reference
 
 __all__ = ["build_distiller", "load_teacher"]

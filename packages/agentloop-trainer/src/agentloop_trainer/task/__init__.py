@@ -28,7 +28,6 @@ from agentloop_trainer.task.demonstrations import (
     DEFAULT_ANSWER_FORMAT,
     calculator_rows,
     system_prompt,
-    write_calculator_sft,
 )
 
 __all__ = [
@@ -52,5 +51,4 @@ __all__ = [
     "prompt_messages",
     "system_prompt",
     "tool_schemas",
-    "write_calculator_sft",
 ]

@@ -5,7 +5,6 @@ with the expression, the result the real calculator tool returns, the final answ
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 DEFAULT_ANSWER_FORMAT = "#### {answer}"
@@ -74,9 +73,3 @@ def calculator_rows(n: int, seed: int = 0, flip_prob: float = 0.0,
     return rows
 
 
-def write_calculator_sft(out: str | Path, n: int, seed: int = 0, flip_prob: float = 0.0,
-                         answer_format: str = DEFAULT_ANSWER_FORMAT) -> Path:
-    """Write :func:`calculator_rows` to ``out`` (``.parquet`` or ``.jsonl``)."""
-    from agentloop_trainer.stages.sft.data import write_sft_rows
-
-    return write_sft_rows(calculator_rows(n, seed, flip_prob, answer_format), out)

@@ -12,8 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop_trainer.config.actor_rollout_ref import ActorSection
-from agentloop_trainer.config.sections import RolloutCorrectionSection
 from agentloop_trainer.update.log_probs import micro_batches, response_log_probs
 from agentloop_trainer.update.losses import (
     kl_k3,
@@ -25,6 +23,7 @@ from agentloop_trainer.update.losses import (
 from agentloop_trainer.update.packing import packed_micro_batches, packing_pays, packs
 from agentloop_trainer.update.policy_batch import PolicyBatch, policy_batch_from_rollout
 from agentloop_trainer.update.rollout_correction import rollout_correction
+from agentloop_trainer.update.settings import ActorSection, RolloutCorrectionSection
 
 __all__ = ["ActorConfig", "PolicyBatch", "PolicyGradientActor", "micro_batches", "policy_batch_from_rollout",
            "response_log_probs"]
@@ -33,7 +32,7 @@ __all__ = ["ActorConfig", "PolicyBatch", "PolicyGradientActor", "micro_batches",
 @dataclass
 class ActorConfig(ActorSection):
     """Optimisation settings of the policy-gradient actor: the config's ``actor_rollout_ref.actor``
-    section (see :class:`~agentloop_trainer.config.actor_rollout_ref.ActorSection` for its fields) plus what the
+    section (see :class:`~agentloop_trainer.update.settings.ActorSection` for its fields) plus what the
     actor takes from elsewhere."""
 
     betas: tuple[float, float] = (0.9, 0.999)

@@ -11,6 +11,17 @@ the Thinking Machines / verl ``use_policy_gradient`` recipe), or the task's adva
 the gradient of the reverse KL: mode-seeking, and on the student's own states, so it corrects
 the mistakes the student actually makes.
 
+**A baseline** (``distillation_loss.baseline``, :data:`DISTILLATION_BASELINES`). Almost every
+sampled token has ``kl_t > 0`` (the student's own token is likelier under the student), so
+with verl's signal (``none``, the default) nearly every advantage is negative and each update
+pushes probability off the sampled tokens. A constant shifts no expected policy gradient, only
+its noise: ``mean`` subtracts the batch's mean ``kl_t`` over its generated tokens, so tokens the
+teacher likes more than average are pushed up and the rest down; ``whiten`` also divides by
+their standard deviation (verl's ``masked_whiten``, as GAE's advantages are). The baseline is the
+whole batch's on every FSDP rank (the log-probs are). On the tiny model neither changed the
+curve much (docs/distillation.md): under Adam a per-step scale hardly matters, and the noise the
+mean removes was not what made the student drift.
+
 Only generated tokens (``response_mask`` 1) are scored: a tool result, a user turn or an image
 placeholder (mask 0) was not sampled by the student, so the teacher's opinion of it is no
 signal; those positions get 0.
@@ -32,12 +43,14 @@ from agentloop_trainer.update.losses import kl_k3, masked_mean
 from agentloop_trainer.update.tables import AlgorithmTable
 
 __all__ = [
+    "DISTILLATION_BASELINES",
     "DISTILLATION_LOSSES",
     "DistillationLoss",
     "Distiller",
     "TeacherVocabError",
     "check_same_vocab",
     "distill_advantages",
+    "kl_baseline",
     "register_distillation_loss",
     "token_kl",
 ]
@@ -116,9 +129,39 @@ def token_kl(student_log_probs: Any, teacher_log_probs: Any, mask: Any, loss_mod
     return torch.where(mask.to(kl.device) > 0, kl, torch.zeros_like(kl))
 
 
+DISTILLATION_BASELINES = ("mean", "whiten", "none")
+"""Values of ``distillation.distillation_loss.baseline`` (see the module docstring)."""
+
+
+def kl_baseline(kl: Any, mask: Any, baseline: str = "none") -> Any:
+    """``kl`` less its baseline over the generated tokens (``mask`` 1), 0 off the mask.
+
+    Args:
+        kl: ``[B, R]`` per-token estimates (:func:`token_kl`).
+        mask: ``[B, R]`` 1 on generated tokens.
+        baseline: ``mean``: less the mean over the mask; ``whiten``: that, divided by the
+            standard deviation; ``none``: ``kl`` as it is.
+
+    Raises:
+        ValueError: an unknown ``baseline``, naming the valid ones.
+    """
+    from agentloop_trainer.update.gae import masked_whiten
+
+    if baseline not in DISTILLATION_BASELINES:
+        raise ValueError(f"distillation.distillation_loss.baseline must be one of {DISTILLATION_BASELINES}, "
+                         f"got {baseline!r}")
+    mask = mask.to(kl.device, kl.dtype)
+    if baseline == "whiten":
+        return masked_whiten(kl, mask)
+    if baseline == "mean":
+        return (kl - masked_mean(kl, mask)) * mask
+    return kl
+
+
 def distill_advantages(kl: Any, coef: float, task_advantages: Any = None) -> Any:
-    """``[B, R]`` advantages: ``-coef * kl`` per token, plus the task's (``[B]`` one per row,
-    broadcast over its tokens, or ``[B, R]``) when given. ``kl`` is already 0 off the mask."""
+    """``[B, R]`` advantages: ``-coef * kl`` per token (``kl`` with its baseline taken off:
+    :func:`kl_baseline`), plus the task's (``[B]`` one per row, broadcast over its tokens, or
+    ``[B, R]``) when given. ``kl`` is already 0 off the mask."""
     signal = -coef * kl
     if task_advantages is None:
         return signal
@@ -171,6 +214,7 @@ class Distiller:
         use_task_rewards: Add the signal to the task's advantage instead of replacing it.
         log_prob_min_clamp: ``log_prob_min_clamp``.
         loss_max_clamp: ``loss_max_clamp``.
+        baseline: ``baseline``, a name in :data:`DISTILLATION_BASELINES`.
     """
 
     teacher: Any
@@ -179,6 +223,7 @@ class Distiller:
     use_task_rewards: bool = False
     log_prob_min_clamp: float | None = None
     loss_max_clamp: float | None = None
+    baseline: str = "none"
 
     @classmethod
     def from_section(cls, section: Any, teacher: Any) -> Distiller:
@@ -186,21 +231,25 @@ class Distiller:
         (:func:`agentloop_trainer.stages.teacher.build_distiller` loads it)."""
         loss = section.distillation_loss
         return cls(teacher, loss.loss_mode, float(loss.distillation_loss_coef), bool(loss.use_task_rewards),
-                   loss.log_prob_min_clamp, loss.loss_max_clamp)
+                   loss.log_prob_min_clamp, loss.loss_max_clamp, str(loss.baseline))
 
     def apply(self, actor: Any, pb: Any, old_log_probs: Any, advantages: Any) -> tuple[Any, Any, dict[str, float]]:
         """Score ``pb`` under the teacher and return ``(old_log_probs, advantages, metrics)`` for
         the update: the student's log-probs (computed now when the update would have used its
         own forward), the advantages with the signal, and ``distill/reverse_kl`` (the mean
-        per-token estimate over generated tokens) and ``distill/teacher_log_prob``."""
+        per-token estimate over generated tokens, before any baseline), ``distill/signal_std``
+        (its spread), ``distill/teacher_log_prob`` and ``distill/student_log_prob``."""
         if old_log_probs is None:
             old_log_probs = actor.compute_log_probs(pb)
         teacher = actor.compute_log_probs(pb, self.teacher)
         mask = pb.response_mask.to(old_log_probs.device)
         kl = token_kl(old_log_probs, teacher, mask, self.loss_mode, log_prob_min_clamp=self.log_prob_min_clamp,
                       loss_max_clamp=self.loss_max_clamp)
-        out = distill_advantages(kl, self.coef, advantages if self.use_task_rewards else None)
-        metrics = {"distill/reverse_kl": float(masked_mean(kl, mask)),
+        out = distill_advantages(kl_baseline(kl, mask, self.baseline), self.coef,
+                                 advantages if self.use_task_rewards else None)
+        mean = masked_mean(kl, mask)
+        metrics = {"distill/reverse_kl": float(mean),
+                   "distill/signal_std": float(masked_mean((kl - mean).pow(2), mask).sqrt()),
                    "distill/teacher_log_prob": float(masked_mean(teacher.clamp(min=-1e4), mask)),
                    "distill/student_log_prob": float(masked_mean(old_log_probs, mask))}
         return old_log_probs, out.cpu(), metrics

@@ -88,7 +88,8 @@ def init_process_group(rank: int, world_size: int, port: int, device: str = "cpu
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
-def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offload: bool = False) -> Any:
+def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offload: bool = False,
+                 layers: Any = None) -> Any:
     """``fully_shard`` each decoder layer, then the root (embeddings and the tied head).
 
     Args:
@@ -98,6 +99,8 @@ def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offloa
             gradient reduction, bfloat16 gathered parameters and compute.
         offload: Keep shards, gradients and optimizer state in host memory (FSDP2
             ``CPUOffloadPolicy``; the optimizer step runs on the CPU).
+        layers: The modules to shard one by one before the root; None: the decoder layers of
+            ``model`` (peft unwrapped). The critic passes its trunk's (update/critic.py).
 
     Returns:
         The same module, now holding DTensor shards.
@@ -115,7 +118,7 @@ def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offloa
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
     kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda") if offload else OffloadPolicy()
     base = unwrap_policy(model)
-    for layer in getattr(getattr(base, "model", base), "layers", []):
+    for layer in getattr(getattr(base, "model", base), "layers", []) if layers is None else layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
     return model

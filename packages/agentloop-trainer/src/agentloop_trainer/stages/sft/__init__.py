@@ -16,6 +16,7 @@ from agentloop_trainer.stages.sft.data import (
     SFTExample,
     parse_row,
     read_sft_files,
+    write_calculator_sft,
     write_sft_rows,
 )
 from agentloop_trainer.stages.sft.loss import cosine_lr, eval_loss, make_optimizer, sft_loss, sft_step
@@ -48,5 +49,6 @@ __all__ = [
     "tokenize_conversation",
     "train_sft",
     "window_mean",
+    "write_calculator_sft",
     "write_sft_rows",
 ]

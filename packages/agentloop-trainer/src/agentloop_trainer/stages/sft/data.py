@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.task.demonstrations import DEFAULT_ANSWER_FORMAT, calculator_rows
+
 ROLES = ("system", "user", "assistant", "tool")
 """Message roles an SFT conversation may use."""
 MAX_LISTED = 20
@@ -262,3 +264,10 @@ def _wire_message(message: Mapping[str, Any]) -> dict[str, Any]:
             calls.append({**c, "function": spec})
         m["tool_calls"] = calls
     return m
+
+
+def write_calculator_sft(out: str | Path, n: int, seed: int = 0, flip_prob: float = 0.0,
+                         answer_format: str = DEFAULT_ANSWER_FORMAT) -> Path:
+    """Write :func:`~agentloop_trainer.task.demonstrations.calculator_rows` to ``out`` (``.parquet`` or ``.jsonl``)."""
+    return write_sft_rows(calculator_rows(n, seed, flip_prob, answer_format), out)
+

@@ -117,7 +117,7 @@ def run_sft(cfg: TrainConfig, run_dir: str | Path, log: Any = print, tokenizer: 
         cfg: The config (``model``, ``sft``, ``trainer.device``...).
         run_dir: The run folder (the stage writes into :func:`stage_dir`).
         log: Console printer.
-        tokenizer: An already loaded tokenizer; None: ``assets.load_tokenizer(cfg)``.
+        tokenizer: An already loaded tokenizer; None: ``load_tokenizer(cfg.model)``.
 
     Returns:
         ``(the Hugging Face folder, the stage's summary)``.
@@ -152,7 +152,7 @@ class _Stage:
 
         self.cfg, self.out, self.log = cfg, out, log
         s = cfg.sft
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(cfg.model)
         sft = sft_tokenizer(cfg, self.tokenizer)
         t0 = time.perf_counter()
         self.train, self.dropped = tokenize_examples(sft, read_sft_files(s.train_files, "sft.train_files"),
@@ -295,14 +295,14 @@ def start_checkpoint(cfg: TrainConfig, run_dir: str | Path, log: Any = print) ->
     when ``sft.eval_before``. Else ``model.path``, or the tiny model's cached warm-up.
     """
     from agentloop_trainer.policy.tokenizer import load_tokenizer
-    from agentloop_trainer.policy.warmup_checkpoint import sft_checkpoint
+    from agentloop_trainer.stages.sft.warmup_checkpoint import sft_checkpoint
 
     if not cfg.sft.train_files:
-        return (Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, load_tokenizer(cfg), log)), {}
+        return (Path(cfg.model.path) if cfg.model.path else sft_checkpoint(cfg, load_tokenizer(cfg.model), log)), {}
     summary: dict[str, Any] = {}
     if cfg.sft.eval_before:
         if cfg.model.path:
-            from agentloop_trainer.cli.evaluate import evaluate_checkpoint
+            from agentloop_trainer.stages.rollout_setup import evaluate_checkpoint
 
             before = evaluate_checkpoint(cfg, cfg.model.path)
             log(f"held-out accuracy before SFT: {before.accuracy:.3f} (n={before.n})")

@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from agentloop_trainer.config.sections import SFTSection
+from agentloop_trainer.policy.settings import SFTSection
 from agentloop_trainer.stages.sft.loss import cosine_lr, make_optimizer, sft_step
 from agentloop_trainer.stages.sft.tokenize import TokenizedConversation, shared_tokenizer
 from agentloop_trainer.task.calculator import Problem, demonstration, tool_schemas
@@ -33,10 +32,9 @@ def demonstration_batch(tokenizer: Any, problems: Sequence[Problem], rng: random
     ]
 
 
-@dataclass
-class SFTConfig(SFTSection):
-    """SFT warm-up settings: the config's ``sft`` section (see
-    :class:`~agentloop_trainer.config.sections.SFTSection` for its fields)."""
+SFTConfig = SFTSection
+"""The old name of the warm-up's settings, which are the ``sft`` section itself
+(:class:`~agentloop_trainer.policy.settings.SFTSection`); deprecated 2026-12-05, removed in 0.7.0."""
 
 
 STOP_WINDOW = 50
@@ -55,7 +53,7 @@ def learned(losses: Sequence[float], stop_loss: float | None) -> bool:
     return stop_loss is None or (bool(losses) and window_mean(losses) < stop_loss)
 
 
-def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTConfig,
+def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTSection,
               biased_templates: tuple[int, ...], progress: Callable[[int, float], None] | None = None) -> list[float]:
     """Train ``model`` in place on teacher demonstrations of ``problems``.
 

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.config_base import plain_dict
+from agentloop_trainer.policy.chat_templates import custom_chat_template
+from agentloop_trainer.policy.settings import SFTSection
 
 TASK_VERSION = "calc-v1"
 """Version of the calculator task's demonstrations, part of the cache key."""
@@ -22,10 +25,6 @@ LATER_WARMUP_KEYS = ("weight_decay", "grad_clip", "micro_batch_size")
 
 def sft_cache_key(cfg: TrainConfig) -> str:
     """A short hash of everything the SFT checkpoint depends on."""
-    from agentloop_trainer.config.accessors import custom_chat_template
-    from agentloop_trainer.config.nodes import plain_dict
-    from agentloop_trainer.config.sections import SFTSection
-
     section = plain_dict(cfg.sft, "sft", resolve=False)
     # The keys the warm-up had when the cache was keyed on the whole section, always; the
     # warm-up's later keys only when set, so a default config keeps its cached checkpoint; the
@@ -34,7 +33,7 @@ def sft_cache_key(cfg: TrainConfig) -> str:
     defaults = SFTSection()
     sft.update({k: section[k] for k in LATER_WARMUP_KEYS if section[k] != getattr(defaults, k)})
     spec = {"task": TASK_VERSION, "sft": sft, "train_seed": cfg.data.train_seed, "train_size": cfg.data.train_size}
-    template = custom_chat_template(cfg)
+    template = custom_chat_template(cfg.model)
     if template is not None:  # the demonstrations are rendered with it (unset: the keys of older caches)
         spec["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -57,9 +56,8 @@ def sft_checkpoint(cfg: TrainConfig, tokenizer: Any, log: Any = print) -> Path:
         import torch
         from tqdm import tqdm
 
-        from agentloop_trainer.config.nodes import plain_dict
         from agentloop_trainer.policy.model import build_tiny_policy
-        from agentloop_trainer.stages.sft import STOP_WINDOW, SFTConfig, learned, train_sft, window_mean
+        from agentloop_trainer.stages.sft import STOP_WINDOW, learned, train_sft, window_mean
         from agentloop_trainer.task.calculator import BIASED_TEMPLATES, make_problems
 
         s = cfg.sft
@@ -74,7 +72,7 @@ def sft_checkpoint(cfg: TrainConfig, tokenizer: Any, log: Any = print) -> Path:
                 bar.set_postfix(loss=f"{loss:.3f}")
 
         losses = train_sft(model, tokenizer, problems,
-                           SFTConfig(**plain_dict(s, "sft")),
+                           SFTSection(**plain_dict(s, "sft")),
                            tuple(BIASED_TEMPLATES), progress)
         bar.close()
         mean = window_mean(losses)

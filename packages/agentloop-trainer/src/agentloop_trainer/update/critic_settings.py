@@ -1,4 +1,5 @@
-"""The value model's settings (verl: ``critic``), read only with ``algorithm.adv_estimator=gae``.
+"""The value model's settings (verl: ``critic``) and their checks, read only with
+``algorithm.adv_estimator=gae``.
 
 Keys keep verl's spelling (``critic.optim.lr``, ``critic.ppo_epochs``, ``critic.cliprange_value``,
 ``critic.model.path``...), so a verl PPO config's critic section means the same here. The
@@ -58,7 +59,7 @@ class CriticSection:
 
 
 def critic_checks(estimator: str, needs_critic: bool, critic: CriticSection, *, gamma: float, lam: float,
-                  turn_credit: str, fsdp_ranks: int, critic_warmup: int) -> list[tuple[str, bool, str]]:
+                  turn_credit: str, critic_warmup: int) -> list[tuple[str, bool, str]]:
     """``(key, ok, what it must be)`` checks of the critic's keys; the critic's own keys are
     only asked for when the estimator (``algorithm.adv_estimator``) needs a critic."""
     checks = [("trainer.critic_warmup", critic_warmup >= 0, ">= 0 (steps that train only the critic)")]
@@ -79,6 +80,4 @@ def critic_checks(estimator: str, needs_critic: bool, critic: CriticSection, *, 
             ("algorithm.gamma", 0.0 <= gamma <= 1.0, "between 0 and 1 (GAE's discount per model token)"),
             ("algorithm.lam", 0.0 <= lam <= 1.0, "between 0 and 1 (GAE's lambda)"),
             ("algorithm.turn_credit", turn_credit == "trajectory",
-             f"trajectory {why} (GAE gives every model token its own advantage)"),
-            ("trainer.fsdp_ranks", fsdp_ranks == 1,
-             f"1 {why}: the critic is not sharded yet (train it on one process)")]
+             f"trajectory {why} (GAE gives every model token its own advantage)")]
