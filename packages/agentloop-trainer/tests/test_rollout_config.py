@@ -12,7 +12,7 @@ import pytest
 
 from agentloop_core.settings import RolloutConfig
 from agentloop_trainer.config import load_config
-from agentloop_trainer.rollout import rollout_config
+from agentloop_trainer.stages.rollout_setup import rollout_config
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "trainer"
 TRAIN_CONFIGS = sorted(p for p in EXAMPLES.glob("*.yaml") if "\ntools:" not in "\n" + p.read_text())
@@ -50,7 +50,7 @@ def test_the_walker_finds_what_it_must_reject():
 
 
 def test_the_example_configs_are_found():
-    assert {p.name for p in TRAIN_CONFIGS} == {"calculator_grpo.yaml", "gsm8k_tool_agent.yaml",
+    assert {p.name for p in TRAIN_CONFIGS} == {"calculator_grpo.yaml", "gemma3_calculator.yaml", "gsm8k_tool_agent.yaml",
                                                "smollm2_calculator.yaml", "tiny_vlm_cards.yaml", "verl_gsm8k_multiturn.yaml"}
 
 
