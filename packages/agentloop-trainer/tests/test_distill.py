@@ -26,8 +26,16 @@ from agentloop_trainer.update.distill import (
     kl_baseline,
     token_kl,
 )
+from agentloop_trainer.update.distill_settings import DistillationLossSection
 
 SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64)
+
+
+def _loss(**keys):
+    """``distillation.distillation_loss`` with k1 and no clamps or baseline, as the hand-computed
+    expectations assume."""
+    return DistillationLossSection(**{"loss_mode": "k1", "loss_max_clamp": None, "log_prob_min_clamp": None,
+                                      "baseline": "none", **keys})
 
 
 def _model(tokenizer, seed):
@@ -57,7 +65,7 @@ def test_reverse_kl_per_token_matches_a_hand_computation(tokenizer):
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     pb = PolicyBatch(sequences, prompts, mask, None)
     actor = PolicyGradientActor(student, ActorConfig())
-    distiller = Distiller(teacher, "k1", coef=0.5, baseline="none")
+    distiller = Distiller(teacher, _loss(distillation_loss_coef=0.5))
 
     old, advantages, metrics = distiller.apply(actor, pb, None, torch.zeros(2))
 
@@ -78,7 +86,7 @@ def test_reverse_kl_per_token_matches_a_hand_computation(tokenizer):
 def test_a_teacher_equal_to_the_student_gives_exactly_zero(tokenizer):
     student = _model(tokenizer, 0)
     pb = policy_batch_from_rollout(_multi_turn_batch())
-    _, advantages, metrics = Distiller(_model(tokenizer, 0), "k1").apply(PolicyGradientActor(student, ActorConfig()),
+    _, advantages, metrics = Distiller(_model(tokenizer, 0), _loss()).apply(PolicyGradientActor(student, ActorConfig()),
                                                                            pb, None, torch.zeros(2))
     assert metrics["distill/reverse_kl"] == 0.0
     assert torch.count_nonzero(advantages) == 0
@@ -91,7 +99,7 @@ def test_tool_tokens_get_no_signal_on_a_multi_turn_batch(tokenizer, use_task_rew
     mask = pb.response_mask
     assert mask[0].tolist() == [1, 1, 0, 0, 1, 1]
     task = torch.tensor([0.25, -0.75])
-    distiller = Distiller(teacher, "k1", use_task_rewards=use_task_rewards, baseline="none")
+    distiller = Distiller(teacher, _loss(use_task_rewards=use_task_rewards))
     _, advantages, _ = distiller.apply(PolicyGradientActor(student, ActorConfig()), pb, None, task)
 
     signal = advantages - (task[:, None] if use_task_rewards else 0.0)

@@ -12,12 +12,12 @@ from agentloop_trainer.loggers import check as check_loggers
 from agentloop_trainer.policy.chat_templates import custom_chat_template
 from agentloop_trainer.policy.settings import TRAIN_DTYPES
 from agentloop_trainer.policy.settings import check as check_policy
+from agentloop_trainer.reward.checks import check as check_reward
 from agentloop_trainer.reward.settings import REWARD_SOURCES
-from agentloop_trainer.reward.settings import check as check_reward
 from agentloop_trainer.rollout.settings import ROLLOUT_DTYPES, filter_groups_checks, uses_ray
 from agentloop_trainer.rollout.settings import check as check_rollout
 from agentloop_trainer.update.critic_settings import critic_checks
-from agentloop_trainer.update.distill_settings import check as check_distillation
+from agentloop_trainer.update.distill import check_distillation
 from agentloop_trainer.update.settings import check as check_update
 from agentloop_trainer.update.settings import needs_critic
 

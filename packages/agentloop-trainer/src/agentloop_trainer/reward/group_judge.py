@@ -78,10 +78,10 @@ def parse_group_reply(reply: str, n: int, settings: JudgeSettings) -> Scores:
         entries = sorted(entries, key=lambda e: int(e["id"]))
     out: Scores = []
     for i, entry in enumerate(entries, 1):
-        if settings.rubric:
+        if settings.criteria:
             scores = entry.get("scores", entry) if isinstance(entry, Mapping) else entry
             try:
-                out.append(rubric_score(scores, settings.rubric, settings.score_range))
+                out.append(rubric_score(scores, settings.criteria, settings.score_range))
             except ValueError as exc:
                 raise ValueError(f"answer {i}: {exc}") from None
         else:

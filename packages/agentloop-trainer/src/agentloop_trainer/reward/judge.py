@@ -16,11 +16,12 @@ import os
 import re
 import string
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.reward.rubric import Criterion, check_rubric, criteria_text, map_score, rubric_score
+from agentloop_trainer.reward.settings import JudgeSection
 
 POLICY = "policy"
 """``reward.judge.url`` value that makes the policy's own rollout engine the judge."""
@@ -175,49 +176,17 @@ def last_json_object(text: str) -> Any:
     return found
 
 
-@dataclass(frozen=True)
-class JudgeSettings:
-    """The ``reward.judge`` section, checked and resolved (the prompt file read, the regex
-    compiled on use); what the rollout workers get, so it pickles."""
+@dataclass
+class JudgeSettings(JudgeSection):
+    """The ``reward.judge`` section, checked and resolved by :meth:`from_section`: its keys are
+    :class:`~agentloop_trainer.reward.settings.JudgeSection`'s (declared once there), with
+    ``prompt`` the template text (a file's contents read; None: the built-in prompt of the mode),
+    ``url`` set and ``score_range`` a checked ``[low, high]``, plus the rubric's criteria checked
+    (:attr:`criteria`); what the rollout workers get, so it pickles."""
 
-    url: str
-    """An OpenAI-compatible base URL (ending in ``/v1``), or :data:`POLICY`."""
-    model: str | None = None
-    """The ``model`` field of each request; None: none sent."""
-    api_key_env: str | None = None
-    """Environment variable with the API key."""
-    prompt: str = DEFAULT_PROMPT
-    """The template text."""
-    parser: str = "regex"
-    """One of :data:`PARSERS`."""
-    pattern: str = r"[Ss]core\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
-    """Score regex with one group."""
-    json_path: str = "score"
-    """Dotted key of the score in the reply's last JSON object."""
-    score_range: tuple[float, float] | None = (0.0, 10.0)
-    """``(low, high)`` mapped onto [0, 1]; None: the raw score."""
-    temperature: float = 0.0
-    """Sampling temperature."""
-    max_tokens: int = 64
-    """Reply token limit."""
-    timeout_s: float = 60.0
-    """Seconds per call."""
-    retries: int = 2
-    """Further attempts after a failed one."""
-    max_concurrency: int = 8
-    """Calls in flight at once (per rollout worker process)."""
-    combine: str = "replace"
-    """One of :data:`COMBINE`."""
-    weight: float = 1.0
-    """Factor on the judge's score."""
-    failure_score: float | None = None
-    """None: a failed judgement fails the sample; else the judge score it gets instead."""
-    max_response_bytes: int = 4 * 1024 * 1024
-    """Most bytes read from the judge server per answer."""
-    mode: str = SINGLE
-    """One of :data:`MODES`."""
-    rubric: tuple[Criterion, ...] = ()
-    """The criteria the judge scores (:mod:`agentloop_trainer.reward.rubric`); empty: one score."""
+    criteria: tuple[Criterion, ...] = ()
+    """``rubric``'s criteria, checked (:func:`~agentloop_trainer.reward.rubric.check_rubric`);
+    empty: one score."""
 
     @classmethod
     def from_section(cls, section: Any) -> JudgeSettings | None:
@@ -269,7 +238,7 @@ class JudgeSettings:
             if len(values) != 2 or not all(math.isfinite(v) for v in values) or values[0] >= values[1]:
                 raise ValueError(f"{_key('score_range')} must be [low, high] with low < high, or null for the "
                                  f"raw score; got {list(section.score_range)}")
-            score_range = (values[0], values[1])
+            score_range = [values[0], values[1]]
         checks = [
             ("temperature", math.isfinite(section.temperature) and section.temperature >= 0, ">= 0"),
             ("max_tokens", section.max_tokens >= 1, "at least 1"),
@@ -287,19 +256,20 @@ class JudgeSettings:
         for name, ok, expected in checks:
             if not ok:
                 raise ValueError(f"{_key(name)} must be {expected}, got {getattr(section, name)!r}")
-        return cls(url=url, model=section.model, api_key_env=section.api_key_env, prompt=prompt,
-                   parser=section.parser, pattern=str(section.pattern), json_path=str(section.json_path),
-                   score_range=score_range, temperature=float(section.temperature), max_tokens=int(section.max_tokens),
-                   timeout_s=float(section.timeout_s), retries=int(section.retries),
-                   max_concurrency=int(section.max_concurrency), combine=section.combine,
-                   weight=float(section.weight),
-                   failure_score=None if section.failure_score is None else float(section.failure_score),
-                   max_response_bytes=int(section.max_response_bytes), mode=mode, rubric=rubric)
+        keys = {f.name: getattr(section, f.name) for f in fields(JudgeSection)}
+        return cls(**{**keys, "url": url, "prompt": prompt, "pattern": str(section.pattern),
+                      "json_path": str(section.json_path), "score_range": score_range, "mode": mode,
+                      "temperature": float(section.temperature), "max_tokens": int(section.max_tokens),
+                      "timeout_s": float(section.timeout_s), "retries": int(section.retries),
+                      "max_concurrency": int(section.max_concurrency), "weight": float(section.weight),
+                      "failure_score": None if section.failure_score is None else float(section.failure_score),
+                      "max_response_bytes": int(section.max_response_bytes)}, criteria=rubric)
 
     def render(self, values: Mapping[str, str]) -> str:
         """The prompt: the template filled from ``values`` (:func:`prompt_values`, or in group
         mode the group's) plus the rubric's ``criteria``."""
-        return render_prompt(self.prompt, {**values, "criteria": criteria_text(self.rubric)})
+        template = _default_prompt(self.mode, self.criteria) if self.prompt is None else self.prompt
+        return render_prompt(template, {**values, "criteria": criteria_text(self.criteria)})
 
     def parse_score(self, reply: str) -> float:
         """The score in the judge's ``reply``, mapped by :attr:`score_range`.
@@ -329,13 +299,13 @@ class JudgeSettings:
         Raises:
             ValueError: no score, or one that is not a number in the range.
         """
-        if not self.rubric:
+        if not self.criteria:
             return self.parse_score(reply), {}
         found = last_json_object(reply)
         if found is None:
             raise ValueError("no JSON object of criterion scores in the reply")
         scores = found.get("scores", found) if isinstance(found, Mapping) else found
-        return rubric_score(scores, self.rubric, self.score_range)
+        return rubric_score(scores, self.criteria, self.score_range)
 
 
 def _default_prompt(mode: str, rubric: Sequence[Criterion]) -> str:

@@ -185,7 +185,7 @@ class JudgeClient:
         headers["Accept-Encoding"] = "identity"
         # The timeout is asyncio's (the whole call); httpx's own only bounds its socket waits.
         async with httpx.AsyncClient(timeout=s.timeout_s + 5) as client, client.stream(
-                "POST", s.url.rstrip("/") + "/chat/completions", json=body, headers=headers) as response:
+                "POST", str(s.url).rstrip("/") + "/chat/completions", json=body, headers=headers) as response:
             raw = await self._read_bounded(response)
         if response.status_code != 200:
             raise RuntimeError(f"HTTP {response.status_code} from {s.url}: {raw[:300].decode(errors='replace')}")

@@ -89,7 +89,7 @@ def _number(raw: Any, what: str) -> float:
     return value
 
 
-def map_score(raw: Any, score_range: tuple[float, float] | None, what: str = "the score") -> float:
+def map_score(raw: Any, score_range: Sequence[float] | None, what: str = "the score") -> float:
     """``raw`` as a number mapped by ``score_range`` onto [0, 1] (None: as it is).
 
     Raises:
@@ -105,7 +105,7 @@ def map_score(raw: Any, score_range: tuple[float, float] | None, what: str = "th
 
 
 def rubric_score(scores: Any, rubric: Sequence[Criterion],
-                 score_range: tuple[float, float] | None) -> tuple[float, dict[str, float]]:
+                 score_range: Sequence[float] | None) -> tuple[float, dict[str, float]]:
     """``(weighted mean, {name: mapped score})`` of one answer's criterion scores: ``scores``
     maps each criterion's name to its score (extra keys, such as an explanation, are ignored).
 

@@ -211,7 +211,7 @@ class PolicyGradientTrainer:
         # the trajectory's ([B]), computed over its prompt's group once per trajectory, or with
         # per-turn credit each turn's ([B, R]); see update/turn_credit.py.
         groups = [rows[t]["group_id"] for t in batch.trajectory_index.tolist()]
-        pure_distillation = self.distiller is not None and not self.distiller.use_task_rewards
+        pure_distillation = self.distiller is not None and not self.distiller.loss.use_task_rewards
         advantages = torch.zeros(len(batch)) if pure_distillation or self.critic else credit_advantages(
             CreditSettings.from_config(self.cfg.algorithm), batch, groups)
         last = batch.last_segment_rows()

@@ -34,11 +34,14 @@ the student's weights gives a signal of exactly 0 (no engine-vs-trainer gap leak
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentloop_trainer.config_base import require
+from agentloop_trainer.update.distill_settings import DistillationLossSection, DistillationSection
 from agentloop_trainer.update.losses import kl_k3, masked_mean
 from agentloop_trainer.update.tables import AlgorithmTable
 
@@ -205,33 +208,22 @@ def check_same_vocab(student_tokenizer: Any, student_path: str | Path, teacher_p
 
 @dataclass
 class Distiller:
-    """The teacher and the signal settings, applied to each batch by the trainer.
+    """The teacher and the signal's settings, applied to each batch by the trainer.
 
     Args:
         teacher: The frozen teacher module (sharded like the policy under FSDP).
-        loss_mode: ``distillation.distillation_loss.loss_mode``.
-        coef: ``distillation_loss_coef``.
-        use_task_rewards: Add the signal to the task's advantage instead of replacing it.
-        log_prob_min_clamp: ``log_prob_min_clamp``.
-        loss_max_clamp: ``loss_max_clamp``.
-        baseline: ``baseline``, a name in :data:`DISTILLATION_BASELINES`.
+        loss: ``distillation.distillation_loss``: the loss mode, coefficient, clamps, baseline
+            and whether the task's advantage stays.
     """
 
     teacher: Any
-    loss_mode: str = "k1"
-    coef: float = 1.0
-    use_task_rewards: bool = False
-    log_prob_min_clamp: float | None = None
-    loss_max_clamp: float | None = None
-    baseline: str = "none"
+    loss: DistillationLossSection = field(default_factory=DistillationLossSection)
 
     @classmethod
-    def from_section(cls, section: Any, teacher: Any) -> Distiller:
+    def from_section(cls, section: DistillationSection, teacher: Any) -> Distiller:
         """The distiller of a ``distillation`` section around its loaded ``teacher``
         (:func:`agentloop_trainer.stages.teacher.build_distiller` loads it)."""
-        loss = section.distillation_loss
-        return cls(teacher, loss.loss_mode, float(loss.distillation_loss_coef), bool(loss.use_task_rewards),
-                   loss.log_prob_min_clamp, loss.loss_max_clamp, str(loss.baseline))
+        return cls(teacher, section.distillation_loss)
 
     def apply(self, actor: Any, pb: Any, old_log_probs: Any, advantages: Any) -> tuple[Any, Any, dict[str, float]]:
         """Score ``pb`` under the teacher and return ``(old_log_probs, advantages, metrics)`` for
@@ -243,14 +235,42 @@ class Distiller:
             old_log_probs = actor.compute_log_probs(pb)
         teacher = actor.compute_log_probs(pb, self.teacher)
         mask = pb.response_mask.to(old_log_probs.device)
-        kl = token_kl(old_log_probs, teacher, mask, self.loss_mode, log_prob_min_clamp=self.log_prob_min_clamp,
-                      loss_max_clamp=self.loss_max_clamp)
-        out = distill_advantages(kl_baseline(kl, mask, self.baseline), self.coef,
-                                 advantages if self.use_task_rewards else None)
+        loss = self.loss
+        kl = token_kl(old_log_probs, teacher, mask, loss.loss_mode, log_prob_min_clamp=loss.log_prob_min_clamp,
+                      loss_max_clamp=loss.loss_max_clamp)
+        out = distill_advantages(kl_baseline(kl, mask, loss.baseline), float(loss.distillation_loss_coef),
+                                 advantages if loss.use_task_rewards else None)
         mean = masked_mean(kl, mask)
         metrics = {"distill/reverse_kl": float(mean),
                    "distill/signal_std": float(masked_mean((kl - mean).pow(2), mask).sqrt()),
                    "distill/teacher_log_prob": float(masked_mean(teacher.clamp(min=-1e4), mask)),
                    "distill/student_log_prob": float(masked_mean(old_log_probs, mask))}
         return old_log_probs, out.cpu(), metrics
+
+
+def check_distillation(d: DistillationSection) -> None:
+    """``distillation``: a teacher path when enabled, a registered loss mode, sane numbers (the
+    vocab check needs the tokenizers: the trainer runs it when it loads the teacher).
+
+    Raises:
+        ConfigError: naming the key and what it must be.
+    """
+    loss = d.distillation_loss
+    prefix = "distillation.distillation_loss."
+    require([
+        ("distillation.teacher_model.model_path", not d.enabled or bool(d.teacher_model.model_path),
+         "set with distillation.enabled=true (a Hugging Face folder whose tokenizer is the student's)"),
+        (prefix + "loss_mode", loss.loss_mode in DISTILLATION_LOSSES,
+         f"one of {tuple(DISTILLATION_LOSSES.names())}, got {loss.loss_mode!r}"),
+        (prefix + "use_policy_gradient", loss.use_policy_gradient is True,
+         "true (agentloop feeds the teacher's per-token signal to the policy gradient as an advantage)"),
+        (prefix + "distillation_loss_coef", math.isfinite(loss.distillation_loss_coef)
+         and loss.distillation_loss_coef >= 0, f"a finite number >= 0, got {loss.distillation_loss_coef}"),
+        (prefix + "loss_max_clamp", loss.loss_max_clamp is None or loss.loss_max_clamp > 0,
+         f"null or > 0, got {loss.loss_max_clamp}"),
+        (prefix + "log_prob_min_clamp", loss.log_prob_min_clamp is None or loss.log_prob_min_clamp < 0,
+         f"null or < 0 (a log-prob floor), got {loss.log_prob_min_clamp}"),
+        (prefix + "baseline", loss.baseline in DISTILLATION_BASELINES,
+         f"one of {DISTILLATION_BASELINES}, got {loss.baseline!r}"),
+    ])
 

@@ -3,10 +3,7 @@ check. What it does: :mod:`agentloop_trainer.update.distill`."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-
-from agentloop_trainer.config_base import require
 
 
 @dataclass
@@ -60,33 +57,3 @@ class DistillationSection:
     """The teacher."""
     distillation_loss: DistillationLossSection = field(default_factory=DistillationLossSection)
     """The signal."""
-
-
-def check(d: DistillationSection) -> None:
-    """``distillation``: a teacher path when enabled, a registered loss mode, sane numbers (the
-    vocab check needs the tokenizers: the trainer runs it when it loads the teacher).
-
-    Raises:
-        ConfigError: naming the key and what it must be.
-    """
-    from agentloop_trainer.update.distill import DISTILLATION_BASELINES, DISTILLATION_LOSSES
-
-    loss = d.distillation_loss
-    prefix = "distillation.distillation_loss."
-    require([
-        ("distillation.teacher_model.model_path", not d.enabled or bool(d.teacher_model.model_path),
-         "set with distillation.enabled=true (a Hugging Face folder whose tokenizer is the student's)"),
-        (prefix + "loss_mode", loss.loss_mode in DISTILLATION_LOSSES,
-         f"one of {tuple(DISTILLATION_LOSSES.names())}, got {loss.loss_mode!r}"),
-        (prefix + "use_policy_gradient", loss.use_policy_gradient is True,
-         "true (agentloop feeds the teacher's per-token signal to the policy gradient as an advantage)"),
-        (prefix + "distillation_loss_coef", math.isfinite(loss.distillation_loss_coef)
-         and loss.distillation_loss_coef >= 0, f"a finite number >= 0, got {loss.distillation_loss_coef}"),
-        (prefix + "loss_max_clamp", loss.loss_max_clamp is None or loss.loss_max_clamp > 0,
-         f"null or > 0, got {loss.loss_max_clamp}"),
-        (prefix + "log_prob_min_clamp", loss.log_prob_min_clamp is None or loss.log_prob_min_clamp < 0,
-         f"null or < 0 (a log-prob floor), got {loss.log_prob_min_clamp}"),
-        (prefix + "baseline", loss.baseline in DISTILLATION_BASELINES,
-         f"one of {DISTILLATION_BASELINES}, got {loss.baseline!r}"),
-    ])
-
