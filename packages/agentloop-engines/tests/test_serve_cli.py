@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -18,6 +16,8 @@ from agentloop_engines.cli import build_parser, engine_arguments, main, read_ser
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+
+from agentloop_engines.testing.serve_process import start_server  # noqa: E402  (it needs httpx)
 
 CONTROL = "c0ntrol-s3cret"
 CONTROL_AUTH = {"Authorization": f"Bearer {CONTROL}"}
@@ -38,32 +38,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     """Start ``agentloop-serve ARGS`` (without the trainer) and wait until it answers /health."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-c", WITHOUT_TRAINER, *args, "--port", str(port)],
-                            env={**os.environ, "MY_KEY": "s3cret", "MY_CONTROL": CONTROL}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"agentloop-serve {' '.join(args)} exited:\n{proc.communicate()[0]}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"agentloop-serve {' '.join(args)} did not start")
-        time.sleep(0.5)
+    return start_server([sys.executable, "-c", WITHOUT_TRAINER, *args],
+                        {**os.environ, "MY_KEY": "s3cret", "MY_CONTROL": CONTROL}, f"agentloop-serve {' '.join(args)}")
 
 
 def _stop(proc: subprocess.Popen) -> str:

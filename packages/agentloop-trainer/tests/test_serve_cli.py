@@ -5,22 +5,15 @@ tokens; without ``--control-key-env`` the control routes are off."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
+from agentloop_engines.testing.serve_process import start_server  # noqa: E402  (it needs httpx)
 
 CONTROL = "c0ntrol-s3cret"
 CONTROL_AUTH = {"Authorization": f"Bearer {CONTROL}"}
@@ -35,24 +28,8 @@ def _open(base: str, session_id: str) -> str:
 
 def _serve(*args: str) -> tuple[subprocess.Popen, str]:
     """Start `agentloop serve ARGS` and wait until it answers /health."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentloop_trainer.cli.main", "serve", *args, "--port", str(port)],
-                            env={**os.environ, "MY_KEY": "s3cret", "MY_CONTROL": CONTROL}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(proc.stdout.read())
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError("agentloop serve did not start")
-        time.sleep(0.5)
+    return start_server([sys.executable, "-m", "agentloop_trainer.cli.main", "serve", *args],
+                        {**os.environ, "MY_KEY": "s3cret", "MY_CONTROL": CONTROL}, "agentloop serve")
 
 
 def test_serve_a_checkpoint_to_the_openai_client(random_model_path):
