@@ -1,4 +1,5 @@
-"""HFServer's prefix reuse across turns (``prefix_cache_tokens``): a trajectory's next turn
+"""HFServer's prefix reuse across turns (``enable_prefix_caching``, on by default; bound:
+``prefix_cache_tokens``): a trajectory's next turn
 prefills only its new tokens, and its tokens and log-probs equal a cold prefill's.
 
 Debugging a failure: compare ``server.stats`` (``prefill_tokens``, ``prefix_cache_*``) of the
@@ -49,7 +50,7 @@ def _assert_same(cached: list[TokenOutput], cold: list[TokenOutput]) -> None:
 
 @pytest.fixture(scope="module")
 def cold(model_path):
-    return HFServer(model_path)
+    return HFServer(model_path, enable_prefix_caching=False)
 
 
 async def test_five_turn_trajectory_is_exact_and_prefills_only_new_tokens(model_path, cold):
@@ -103,7 +104,7 @@ async def test_weight_update_and_sleep_invalidate_the_cache(model_path, new_weig
     following = prompt + first.token_ids + _tool_result(0)
     after = await warm.generate("w", following, PARAMS)
     assert warm.stats["prefix_cache_hits"] == 0, "a cache computed with the old weights was reused"
-    fresh = HFServer(model_path)
+    fresh = HFServer(model_path, enable_prefix_caching=False)
     await fresh.update_weights(new_weights)
     _assert_same([after], [await fresh.generate("w", following, PARAMS)])
     await warm.sleep()
@@ -126,11 +127,27 @@ async def test_entries_are_evicted_least_recently_used_under_the_token_bound(mod
     _assert_same([again], [await cold.generate("a", following, PARAMS)])
 
 
-async def test_off_by_default_and_a_negative_bound_is_refused(model_path):
-    server = HFServer(model_path)
+async def test_on_by_default_bounded_by_bytes_and_off_on_request(model_path):
+    from agentloop_engines.adapters.hf.prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, kv_bytes_per_token
+
+    default = HFServer(model_path)
+    assert default.prefix_cache is not None
+    assert default.capabilities.prefix_cache
+    config = default.model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (
+        config.hidden_size // config.num_attention_heads) * 4  # float32
+    assert kv_bytes_per_token(default.model) == per_token
+    assert default.prefix_cache.max_tokens == DEFAULT_PREFIX_CACHE_BYTES // per_token
+    # On a CPU server sleep frees the cache, so the trainer's update gets that memory.
+    assert default.capabilities.sleep is True
+    server = HFServer(model_path, enable_prefix_caching=False)
     assert server.prefix_cache is None
+    assert not server.capabilities.prefix_cache
+    assert server.capabilities.sleep is False, "a CPU server without a cache frees nothing on sleep"
     await server.generate("o", list(range(20)), PARAMS)
     await server.generate("o", list(range(30)), PARAMS)
     assert server.stats["prefix_cache_hits"] == server.stats["prefix_cache_misses"] == 0
-    with pytest.raises(ValueError, match="prefix_cache_tokens must be >= 1"):
-        HFServer(model_path, prefix_cache_tokens=-5)
+    with pytest.raises(ValueError, match="prefix_cache_tokens must be >= 1.*enable_prefix_caching=False"):
+        HFServer(model_path, prefix_cache_tokens=0)
+    with pytest.raises(ValueError, match="prefix_cache_tokens=64 with enable_prefix_caching=False"):
+        HFServer(model_path, enable_prefix_caching=False, prefix_cache_tokens=64)

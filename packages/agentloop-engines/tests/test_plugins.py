@@ -77,13 +77,14 @@ def test_the_sglang_factory_maps_the_record_onto_sglangs_names(monkeypatch, tmp_
     monkeypatch.setattr("agentloop_engines.adapters.sglang.server._require_sglang", lambda: SimpleNamespace(Engine=engine))
     tokenizer = SimpleNamespace(eos_token_id=0)
     config = EngineConfig(name="sglang", model_path=str(path), seed=7, dtype="bfloat16", max_model_len=96,
-                          gpu_memory_utilization=0.3, free_cache_engine=False,
+                          gpu_memory_utilization=0.3, free_cache_engine=False, enable_prefix_caching=False,
                           engine_kwargs={"mem_fraction_static": 0.4})
     server = build_engine(config, tokenizer=tokenizer)
     try:
         args = built[0].server_args
         assert (args.random_seed, args.dtype, args.context_length, args.mem_fraction_static,
-                args.enable_memory_saver, args.tp_size) == (7, "bfloat16", 96, 0.4, False, 1)
+                args.enable_memory_saver, args.tp_size, args.disable_radix_cache) == (7, "bfloat16", 96, 0.4, False, 1,
+                                                                                      True)
         assert server.capabilities.sleep is False  # narrowed per instance: no memory saver
     finally:
         asyncio.run(server.close())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import textwrap
 
@@ -24,6 +25,27 @@ def test_engine_config_carries_the_common_and_per_engine_keys():
         ("vllm", "bfloat16", 0.7, 2)
     assert spec.engine_kwargs == {"enable_prefix_caching": True}  # only the chosen engine's section
     assert spec.max_model_len == 128  # sized to what a trajectory needs
+
+
+def test_verls_enable_prefix_caching_reaches_every_engine_under_its_own_name(random_model_path):
+    """On by default, as in verl; false reaches vLLM as its argument, SGLang inverted as
+    ``disable_radix_cache`` and HFServer as no cache at all."""
+    from agentloop_engines.adapters.vllm import server as vllm_server
+
+    assert load_config([]).actor_rollout_ref.rollout.enable_prefix_caching is True
+    for value in (True, False):
+        cfg = load_config(["actor_rollout_ref.rollout.name=vllm",
+                           f"actor_rollout_ref.rollout.enable_prefix_caching={str(value).lower()}"])
+        spec = engine_config(cfg, "/m")
+        assert spec.enable_prefix_caching is value
+        assert spec.arguments(vllm_server.CONFIG_ARGUMENTS)["enable_prefix_caching"] is value
+    cfg = load_config([f"actor_rollout_ref.model.path={random_model_path}",
+                       "actor_rollout_ref.rollout.enable_prefix_caching=false"])
+    server = build_engine(engine_config(cfg, str(random_model_path)))
+    try:
+        assert server.prefix_cache is None
+    finally:
+        asyncio.run(server.close())
 
 
 @pytest.mark.parametrize("name", ["hf", "vllm", "sglang"])

@@ -81,6 +81,10 @@ class EngineConfig:
     """No CUDA graphs or compilation (vLLM): fast start-up."""
     free_cache_engine: bool = True
     """Start so that ``sleep`` can free accelerator memory (SGLang's memory saver)."""
+    enable_prefix_caching: bool = True
+    """Reuse the keys and values of a prompt prefix the engine already computed (vLLM's
+    ``enable_prefix_caching``; SGLang's radix cache, off with ``disable_radix_cache``; HFServer:
+    a trajectory's earlier turns). Exact; False recomputes every prompt."""
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Engine-specific constructor arguments (the trainer's ``rollout.engine_kwargs.<name>``),
     passed last so they win over the mapped fields."""

@@ -57,7 +57,8 @@ class ServerCapabilities:
     logprobs: bool = True
     """``generate`` returns the log-prob of each sampled token when ``logprobs=True``."""
     sleep: bool = False
-    """``sleep()``/``wake_up()`` release and restore accelerator memory."""
+    """``sleep()``/``wake_up()`` release and restore memory the engine holds between requests
+    (accelerator memory; a CPU engine's prefix cache), for a trainer's update to use."""
     weight_update: bool = False
     """``update_weights(named_tensors)`` loads new weights in place."""
     prefix_cache: bool = False

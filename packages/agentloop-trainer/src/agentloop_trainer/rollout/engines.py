@@ -104,6 +104,7 @@ def engine_config(rollout: RolloutSection, model_path: str, tokenizer_path: str 
         seed=seed, dtype=rollout_dtype(r, model_dtype, notice), max_model_len=max_len, max_batch_size=r.max_batch_size,
         gpu_memory_utilization=r.gpu_memory_utilization, tensor_model_parallel_size=r.tensor_model_parallel_size,
         enforce_eager=r.enforce_eager, free_cache_engine=r.free_cache_engine,
+        enable_prefix_caching=r.enable_prefix_caching,
         engine_kwargs=dict(per_engine.get(r.name) or {}), chat_template=chat_template,
     )
 

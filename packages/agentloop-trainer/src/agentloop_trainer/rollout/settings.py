@@ -176,8 +176,13 @@ class RolloutSection:
     num_replicas: int = 1
     """Engine replicas (ray backend), each in its own placement-group bundle."""
     free_cache_engine: bool = True
-    """Put engines that support it to sleep (weights and KV cache off the GPU) during the
-    update, and wake them before the weight sync."""
+    """Put engines that support it to sleep (weights and KV cache off the GPU; a CPU HFServer's
+    prefix cache dropped) during the update, and wake them before the weight sync."""
+    enable_prefix_caching: bool = True
+    """Engines reuse the keys and values of a prompt prefix they already computed (vLLM's
+    prefix caching, SGLang's radix cache, HFServer: a trajectory's earlier turns), so a turn
+    prefills only its new tokens. Exact; the caches are dropped on every weight update (and
+    during the update, with ``free_cache_engine``)."""
     update_weights_bucket_megabytes: float = 512.0
     """Weights are pushed to the engines in buckets of about this size: under FSDP each tensor
     is gathered on its own, so a push holds one bucket beyond the model, never a second copy."""

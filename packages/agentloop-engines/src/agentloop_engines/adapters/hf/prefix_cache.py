@@ -13,7 +13,8 @@ GRPO group's shared prompt once per prefill, and a block cache would gather scat
 into one tensor per layer on every hit: a copy the size of the whole context, where a
 per-trajectory entry is already contiguous.
 
-Entries are bounded by the tokens they hold (least recently used first out) and live on the
+Entries are bounded by the tokens they hold (least recently used first out; by default as many
+as :data:`DEFAULT_PREFIX_CACHE_BYTES` of the model's keys and values hold) and live on the
 model's device (on a CPU server that is CPU memory; on CUDA it saves two host copies a turn).
 An entry is taken (removed) by the turn that reuses it and stored again when that turn
 finishes by stop or length; an aborted or failed row stores nothing, so a partial cache is never
@@ -30,6 +31,10 @@ from typing import Any, ClassVar
 
 import torch
 from transformers.cache_utils import DynamicCache
+
+DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
+"""The cache's default bound (HFServer ``prefix_cache_tokens=None``): 1 GiB of keys and values,
+e.g. 23k tokens of SmolLM2-135M in float32 (46 KB a token), 8k of a 7B Qwen2 in bfloat16."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ class PrefixCache:
 
     def __init__(self, max_tokens: int, stats: dict[str, int]) -> None:
         if max_tokens < 1:
-            raise ValueError(f"prefix_cache_tokens must be >= 1 to enable the cache (0 turns it off), got {max_tokens}")
+            raise ValueError(f"prefix_cache_tokens must be >= 1, got {max_tokens}; to turn the cache off pass "
+                             "enable_prefix_caching=False")
         self.max_tokens = int(max_tokens)
         self.stats = stats
         self.tokens = 0
@@ -74,6 +80,22 @@ class PrefixCache:
         self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
         # clear() may come from another thread than the engine's, which stores and takes.
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_model(cls, model: Any, enable: bool, max_tokens: int | None, stats: dict[str, int]) -> PrefixCache | None:
+        """HFServer's cache for ``model`` (None when ``enable`` is False); ``max_tokens`` None:
+        as many tokens as :data:`DEFAULT_PREFIX_CACHE_BYTES` of its keys and values hold.
+
+        Raises:
+            ValueError: a bound is given with ``enable`` False, or is below 1.
+        """
+        if not enable:
+            if max_tokens is not None:
+                raise ValueError(f"prefix_cache_tokens={max_tokens} with enable_prefix_caching=False: drop the bound, "
+                                 "or turn the cache on")
+            return None
+        return cls(max_tokens if max_tokens is not None else max(1, DEFAULT_PREFIX_CACHE_BYTES // kv_bytes_per_token(model)),
+                   stats)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -172,3 +194,14 @@ def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
     if missing == 0:
         return t
     return torch.cat([t.new_zeros((*t.shape[:-2], missing, t.shape[-1])), t], dim=-2)
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one token takes in ``model``'s cache (every layer, in the
+    model's dtype)."""
+    config = model.config
+    config = getattr(config, "get_text_config", lambda: config)()
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * next(model.parameters()).element_size()

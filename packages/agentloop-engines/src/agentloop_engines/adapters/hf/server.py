@@ -39,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from agentloop_engines.adapters.hf.attention import use_grouped_decode_attention
 from agentloop_engines.adapters.hf.batch import DecodeBatch, Row
+from agentloop_engines.adapters.hf.model_setup import eos_token_ids, torch_dtype
 from agentloop_engines.adapters.hf.packed_linear import pack_linears
 from agentloop_engines.adapters.hf.prefix_cache import PrefixCache
 from agentloop_engines.adapters.hf.sampling import RowSampling
@@ -51,8 +52,8 @@ from agentloop_engines.adapters.hf.vision import (
 from agentloop_engines.adapters.hf.weights import load_weights_in_place
 from agentloop_engines.adapters.placeholders import placeholder_token_ids
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed")}
+_CONFIG_ARGUMENTS = {name: name for name in ("device", "dtype", "max_batch_size", "max_model_len", "seed",
+                                              "enable_prefix_caching")}
 """The :class:`~agentloop_core.engine_registry.EngineConfig` fields HFServer takes (same names)."""
 _STAT_KEYS = ("forward_calls", "batched_rows", "max_batch_rows", "batches", "prefill_tokens", "generated_tokens",
               "shared_prefix_tokens", "repeated_prompt_tokens", "image_prefill_fallbacks", *PrefixCache.STAT_KEYS)
@@ -75,8 +76,8 @@ class HFServer(AsyncServerBase):
     before top-k/top-p filtering, over the vocabulary less a vision model's placeholder ids
     (banned from sampling): what a trainer recomputes (:mod:`agentloop_engines.adapters.hf.sampling`).
 
-    ``sleep()`` moves the weights to the CPU and empties the CUDA cache; requests wait until
-    ``wake_up()``. On a CPU server there is no accelerator memory to free, so
+    ``sleep()`` drops the prefix cache, moves the weights to the CPU and empties the CUDA cache;
+    requests wait until ``wake_up()``. A CPU server without a prefix cache frees nothing, so
     ``capabilities.sleep`` is False there, but ``sleep``/``wake_up`` still work (requests wait)
     and leave outputs unchanged.
 
@@ -100,8 +101,11 @@ class HFServer(AsyncServerBase):
         packed_linear: On CPU in float32, run the linear layers through oneDNN with weights
             packed once (:mod:`agentloop_engines.adapters.hf.packed_linear`: 2-3x MKL's speed on AMD
             CPUs, one more copy of the weights in memory; repacked when a weight changes).
-        prefix_cache_tokens: Keep each ``request_id``'s last turn's KV cache (this many tokens in all) and
-            prefill only a next turn's new tokens (:mod:`agentloop_engines.adapters.hf.prefix_cache`). 0: off.
+        enable_prefix_caching: Keep each ``request_id``'s last turn's KV cache and prefill only a
+            next turn's new tokens (:mod:`agentloop_engines.adapters.hf.prefix_cache`; exact). On
+            a CPU server ``sleep`` then frees it (``capabilities.sleep``).
+        prefix_cache_tokens: The cache's bound in tokens over all trajectories; None: as many as
+            :data:`~agentloop_engines.adapters.hf.prefix_cache.DEFAULT_PREFIX_CACHE_BYTES` hold.
 
     Attributes:
         stats: Counters: ``forward_calls``, ``batched_rows`` (sum of rows over forward calls),
@@ -128,28 +132,29 @@ class HFServer(AsyncServerBase):
         seed: int | None = None,
         grouped_attention: bool = True,
         packed_linear: bool = True,
-        prefix_cache_tokens: int = 0,
+        enable_prefix_caching: bool = True,
+        prefix_cache_tokens: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device={device!r} but torch.cuda.is_available() is False; use device='cpu'")
-        torch_dtype = self._dtype(dtype)
+        resolved = torch_dtype(dtype)
         # Any causal LM: a transformers model or the caller's own object (transformers' annotation
         # of ``PreTrainedModel.to`` rejects a device); None once closed, which every entry point
         # checks first (``_ensure_scheduler``).
         self.model: Any
         if isinstance(model_path_or_model, (str, Path)):
             path = str(model_path_or_model)
-            self.model = load_model(path, torch_dtype or torch.float32)
+            self.model = load_model(path, resolved or torch.float32)
             if tokenizer is None:
                 tokenizer = path
             self.model_name = path
         else:
             self.model = model_path_or_model
-            if torch_dtype is not None:
-                self.model = self.model.to(torch_dtype)
+            if resolved is not None:
+                self.model = self.model.to(resolved)
             self.model_name = getattr(self.model.config, "_name_or_path", None) or type(self.model).__name__
         if isinstance(tokenizer, (str, Path)):
             tokenizer = transformers.AutoTokenizer.from_pretrained(str(tokenizer))
@@ -180,16 +185,18 @@ class HFServer(AsyncServerBase):
                 "lower it or leave it None"
             )
         self.max_model_len = int(max_model_len)
-        self.eos_token_ids = self._eos_ids()
+        self.eos_token_ids = eos_token_ids(self.model, self.tokenizer)
         self.pad_id = self.eos_token_ids[0] if self.eos_token_ids else 0
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        # Declared per instance: sleep frees memory only on CUDA; images need a vision model.
-        self.capabilities = replace(type(self).capabilities, sleep=self.device.type == "cuda",
-                                    vision=self.image_token_id is not None, prefix_cache=prefix_cache_tokens > 0)
         self.stats: dict[str, int] = dict.fromkeys(_STAT_KEYS, 0)
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=1000)
-        self.prefix_cache = PrefixCache(prefix_cache_tokens, self.stats) if prefix_cache_tokens else None
+        self.prefix_cache = PrefixCache.for_model(self.model, enable_prefix_caching, prefix_cache_tokens, self.stats)
+        # Declared per instance: sleep frees memory on CUDA, or a CPU server's prefix cache;
+        # images need a vision model.
+        self.capabilities = replace(type(self).capabilities, vision=self.image_token_id is not None,
+                                    sleep=self.device.type == "cuda" or self.prefix_cache is not None,
+                                    prefix_cache=self.prefix_cache is not None)
         self._seeds = random.Random(seed)
         self._pending: list[Row] = []
         self._by_id: dict[str, set[Row]] = collections.defaultdict(set)
@@ -207,35 +214,15 @@ class HFServer(AsyncServerBase):
         """The ``hf`` plug-in's factory: the engine ``config`` describes.
 
         Args:
-            config: Its ``device``, ``dtype``, ``max_batch_size``, ``max_model_len`` and ``seed``
-                become this class's arguments of those names, then ``engine_kwargs`` (which win).
+            config: Its ``device``, ``dtype``, ``max_batch_size``, ``max_model_len``, ``seed`` and
+                ``enable_prefix_caching`` become this class's arguments of those names, then
+                ``engine_kwargs`` (which win).
             model: An in-memory model to serve (a copy of the policy) instead of loading
                 ``config.model_path``.
             tokenizer: A tokenizer or a path to one (see the class).
         """
         return cls(model if model is not None else config.model_path, tokenizer,
                    **config.arguments(_CONFIG_ARGUMENTS))
-
-    # ---- setup helpers -----------------------------------------------------------------
-
-    @staticmethod
-    def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-        if dtype is None or isinstance(dtype, torch.dtype):
-            return dtype
-        if dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}")
-        return _DTYPES[dtype]
-
-    def _eos_ids(self) -> tuple[int, ...]:
-        ids: list[int] = []
-        gen_cfg = getattr(self.model, "generation_config", None)
-        config = text_config(self.model)
-        for source in (getattr(gen_cfg, "eos_token_id", None), getattr(config, "eos_token_id", None)):
-            if source is not None:
-                ids.extend([source] if isinstance(source, int) else list(source))
-        if self.tokenizer is not None and getattr(self.tokenizer, "eos_token_id", None) is not None:
-            ids.append(self.tokenizer.eos_token_id)
-        return tuple(dict.fromkeys(int(i) for i in ids))
 
     def _ensure_scheduler(self) -> None:
         if self._closed:

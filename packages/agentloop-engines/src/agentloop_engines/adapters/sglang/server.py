@@ -225,7 +225,8 @@ class SGLangServer(AsyncServerBase):
     @classmethod
     def from_engine_config(cls, config: EngineConfig, *, model: Any = None, tokenizer: Any = None) -> SGLangServer:
         """The ``sglang`` plug-in's factory: an engine built from ``config.model_path`` with the
-        record's fields under SGLang's names (:data:`CONFIG_ARGUMENTS`), then ``engine_kwargs``.
+        record's fields under SGLang's names (:data:`CONFIG_ARGUMENTS`; ``enable_prefix_caching``
+        as ``disable_radix_cache``, inverted), then ``engine_kwargs``.
 
         Args:
             config: What to build.
@@ -237,7 +238,9 @@ class SGLangServer(AsyncServerBase):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer or config.tokenizer_path or config.model_path)
-        return cls(model_path=config.model_path, tokenizer=tokenizer, **config.arguments(CONFIG_ARGUMENTS))
+        # SGLang's switch is the inverse of the record's (``disable_radix_cache``); engine_kwargs still win.
+        arguments = {"disable_radix_cache": not config.enable_prefix_caching, **config.arguments(CONFIG_ARGUMENTS)}
+        return cls(model_path=config.model_path, tokenizer=tokenizer, **arguments)
 
     # ---- admission: requests wait while a weight update or sleep holds the engine ---------------
 

@@ -91,7 +91,8 @@ def incomplete_fused_groups(names: Iterable[str]) -> list[str]:
 
 CONFIG_ARGUMENTS = {"seed": "seed", "tensor_model_parallel_size": "tensor_parallel_size",
                     "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
-                    "dtype": "dtype", "max_model_len": "max_model_len"}
+                    "dtype": "dtype", "max_model_len": "max_model_len",
+                    "enable_prefix_caching": "enable_prefix_caching"}
 """The :class:`~agentloop_core.engine_registry.EngineConfig` fields vLLM takes, by vLLM's
 ``AsyncEngineArgs`` names."""
 
