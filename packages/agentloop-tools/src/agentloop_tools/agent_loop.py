@@ -244,10 +244,15 @@ class ToolAgentLoop(AgentLoopBase):
                 run.assistant_turns += 1
                 run.ended_with_eos = self.renderer.ended_turn(out.token_ids, out.stop_reason)
                 state, parsed = self._after_generate(run, trajectory, out)
+                # Its ids and log-probs are the trajectory's now; the record itself would stay
+                # alive through the tools and the next generate (issue 49: memory per trajectory).
+                del out
             elif state is AgentState.PROCESSING_TOOLS:
                 assert parsed is not None
                 tool_messages = await self._run_tools(run, parsed, trajectory)
+                parsed = None
                 state = self._append(run, trajectory, tool_messages)
+                del tool_messages  # appended (as copies) to the trajectory's messages
             elif state is AgentState.INTERACTING:
                 state = await self._interact(run, trajectory)
         if run.termination == "response_length" or len(trajectory.response_ids) >= cfg.response_length:

@@ -92,6 +92,10 @@ class PacedServer(TransparentServerWrapper):
                        **multi_modal: Any) -> TokenOutput:
         """``generate`` on the wrapped server, then wait for this turn's slot."""
         out = await self.server.generate(request_id, prompt_ids, sampling_params, **multi_modal)
+        # The prompt (a trajectory's whole context, often the largest list it has) is not
+        # needed past the engine, and at scale many samples wait here: holding it while queued
+        # was 3.4 of 33 KB per trajectory at peak (bench/bench_scale.py's batch, N=1024).
+        del prompt_ids, multi_modal
         await self.pacer.wait()
         return out
 

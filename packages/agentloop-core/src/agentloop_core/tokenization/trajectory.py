@@ -10,6 +10,7 @@ from typing import Any
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
+from agentloop_core.shared_ints import shared_ids
 from agentloop_core.tokenization.incremental import snapshot
 from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, check_mode
@@ -74,7 +75,7 @@ class Trajectory(TrajectoryCheck):
             and not renderer.use_inference_chat_template)
         """Whether deltas are rendered over the whole history (and kept for the check)."""
         text = self._render_prompt(self.messages)
-        self.prompt_ids: list[int] = renderer.encode(text)
+        self.prompt_ids: list[int] = shared_ids(renderer.encode(text))
         """The rendered prompt with generation prompt: the first generate input."""
         self.response_ids: list[int] = []
         """Generated ids (mask 1) interleaved with rendered glue/tool/user ids (mask 0)."""
@@ -131,7 +132,8 @@ class Trajectory(TrajectoryCheck):
         Raises:
             ValueError: when the engine returned log-probs for some turns but not others.
         """
-        ids = list(out.token_ids)
+        # Shared int objects: a trajectory holds its ids until the batch returns (shared_ints).
+        ids = shared_ids(out.token_ids)
         if out.log_probs is not None:
             if self.response_logprobs is None:
                 if any(self.response_mask):
@@ -217,13 +219,13 @@ class Trajectory(TrajectoryCheck):
             self.messages.extend(new)
             self._snapshots.extend(snapshot(m) for m in new)
             text = self._render_prompt(self.messages)
-            self.prompt_ids = self.renderer.encode(text)
+            self.prompt_ids = shared_ids(self.renderer.encode(text))
             self._pieces = [Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
             return list(self.prompt_ids)
         delta = self._delta_after_last_turn(new)
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
         del self.response_ids[keep:], self.response_mask[keep:]
-        self.response_ids.extend(delta.ids)
+        self.response_ids.extend(shared_ids(delta.ids))
         self.response_mask.extend([0] * len(delta.ids))
         if self.response_logprobs is not None:
             del self.response_logprobs[keep:]

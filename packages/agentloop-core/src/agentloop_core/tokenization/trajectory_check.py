@@ -19,7 +19,7 @@ from agentloop_core.tokenization.template_errors import raised_by_template, temp
 PieceKind = Literal["prompt", "generated", "appended"]
 
 
-@dataclass
+@dataclass(slots=True)  # several per trajectory, thousands of trajectories in flight
 class Piece:
     """One stretch of a trajectory's ids: what it stands for, and a digest of the ids as appended."""
 

@@ -1,0 +1,96 @@
+"""What a trajectory in flight holds (issue 49 item 5: memory per trajectory at 4096 concurrent):
+token ids share one int object per value, and a paced turn lets go of its prompt while it
+waits for its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+
+import pytest
+
+from agentloop_core.protocol import TokenOutput
+from agentloop_core.runtime.pacing import PacedServer, TurnPacer
+from agentloop_core.shared_ints import MAX_SHARED_ID, shared_ids
+from agentloop_core.testing import load_tiny_tokenizer
+from agentloop_core.tokenization import ChatRenderer, Trajectory
+
+
+def fresh(values: list[int]) -> list[int]:
+    """The values as new int objects, as an engine's ``tolist()`` or a JSON reply returns them."""
+    return [int(str(v)) for v in values]
+
+
+def test_shared_ids_returns_an_equal_new_list_whose_ids_are_one_object_per_value():
+    values = [300, 70_000, 5, 300, 151_643]
+    a, b = fresh(values), fresh(values)
+    assert a[0] is not b[0]  # the precondition: fresh objects
+    shared_a, shared_b = shared_ids(a), shared_ids(b)
+    assert shared_a == shared_b == values
+    assert type(shared_a) is list
+    assert shared_a is not a
+    assert all(x is y for x, y in zip(shared_a, shared_b, strict=True))
+    assert shared_a[0] is shared_a[3]
+    assert shared_ids(iter(fresh(values))) == values  # any iterable, e.g. a tuple from a cache
+
+
+@pytest.mark.parametrize("ids", [[], [3, -1, 400], [-1, 5000], [1.0, 2], [5000, 2.5], [MAX_SHARED_ID + 1, 4], [None, 4]])
+def test_shared_ids_copies_what_it_cannot_share_unchanged(ids):
+    out = shared_ids(ids)
+    assert out == ids
+    assert out is not ids
+    assert [type(x) for x in out] == [type(x) for x in ids]
+
+
+def test_shared_ids_gives_other_integers_as_the_plain_int_of_their_value():
+    out = shared_ids([True, 2])
+    assert out == [1, 2]
+    assert [type(x) for x in out] == [int, int]
+
+
+def test_a_trajectory_stores_shared_ids_from_the_engine_and_the_renderer():
+    renderer = ChatRenderer(load_tiny_tokenizer())
+    generated = fresh(renderer.encode("The answer is 42.")) + [renderer.tokenizer.eos_token_id]
+    trajectories = [Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}]) for _ in range(2)]
+    for traj in trajectories:
+        traj.append_generated(TokenOutput(token_ids=fresh(generated), log_probs=[-0.5] * len(generated)))
+        traj.append_messages([{"role": "user", "content": "Thanks."}])
+    first, second = trajectories
+    assert first.response_ids == second.response_ids
+    assert any(i > 256 for i in first.response_ids)  # ids CPython does not cache on its own
+    assert all(x is y for x, y in zip(first.response_ids, second.response_ids, strict=True))
+    assert all(x is y for x, y in zip(first.prompt_ids, second.prompt_ids, strict=True))
+    out = first.to_output()
+    assert out.response_ids == first.response_ids
+    assert out.response_mask.count(1) == len(generated)
+
+
+class _Ids(list):
+    """A list a weak reference can watch."""
+
+
+class _Engine:
+    async def generate(self, request_id, prompt_ids, sampling_params=None, **multi_modal):
+        return TokenOutput(token_ids=[1], stop_reason="stop")
+
+
+async def test_a_paced_turn_lets_go_of_its_prompt_while_it_waits_for_its_slot():
+    pacer = TurnPacer(0)  # lets nobody through: the turn stays queued after the engine returned
+    prompt = _Ids([5, 6, 7])
+    watch = weakref.ref(prompt)
+    task = asyncio.create_task(PacedServer(_Engine(), pacer).generate("r", prompt))
+    del prompt
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done()
+    assert len(pacer._waiters) == 1
+    assert watch() is None, "the queued turn still holds the whole context it sent to the engine"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_shared_ids_grows_its_table_to_a_large_vocabulary_and_keeps_every_value():
+    ids = fresh([262_143, 131_072 + 7, 0, 256, 257])  # Gemma's vocabulary is 262,144 ids
+    assert shared_ids(ids) == ids
+    assert shared_ids(fresh([262_143]))[0] is shared_ids(fresh([262_143]))[0]
