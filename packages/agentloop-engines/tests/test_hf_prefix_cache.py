@@ -151,3 +151,16 @@ async def test_on_by_default_bounded_by_bytes_and_off_on_request(model_path):
         HFServer(model_path, prefix_cache_tokens=0)
     with pytest.raises(ValueError, match="prefix_cache_tokens=64 with enable_prefix_caching=False"):
         HFServer(model_path, enable_prefix_caching=False, prefix_cache_tokens=64)
+
+
+def test_the_default_bound_of_a_model_whose_config_does_not_give_its_shape():
+    """A caller's own model object need not carry a transformers config: the bound falls back
+    instead of the server failing to start."""
+    from types import SimpleNamespace
+
+    from agentloop_engines.adapters.hf.prefix_cache import FALLBACK_KV_BYTES_PER_TOKEN, kv_bytes_per_token
+
+    bare = torch.nn.Linear(2, 2)
+    assert kv_bytes_per_token(bare) == FALLBACK_KV_BYTES_PER_TOKEN
+    bare.config = SimpleNamespace(hidden_size=8)  # no heads, no layers
+    assert kv_bytes_per_token(bare) == FALLBACK_KV_BYTES_PER_TOKEN

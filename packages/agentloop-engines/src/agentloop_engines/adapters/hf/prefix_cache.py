@@ -196,12 +196,21 @@ def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([t.new_zeros((*t.shape[:-2], missing, t.shape[-1])), t], dim=-2)
 
 
+FALLBACK_KV_BYTES_PER_TOKEN = 1 << 16
+"""What :func:`kv_bytes_per_token` assumes for a model whose config does not give its layers and
+heads (a caller's own model object): 64 KB a token, so the default bound is 16k tokens."""
+
+
 def kv_bytes_per_token(model: Any) -> int:
     """Bytes of keys and values one token takes in ``model``'s cache (every layer, in the
-    model's dtype)."""
-    config = model.config
-    config = getattr(config, "get_text_config", lambda: config)()
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * next(model.parameters()).element_size()
+    model's dtype); :data:`FALLBACK_KV_BYTES_PER_TOKEN` when its config does not say."""
+    try:
+        config = model.config
+        config = getattr(config, "get_text_config", lambda: config)()
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        per_token = 2 * int(config.num_hidden_layers) * kv_heads * head_dim * next(model.parameters()).element_size()
+    except (AttributeError, TypeError, ValueError, ZeroDivisionError, StopIteration):
+        return FALLBACK_KV_BYTES_PER_TOKEN
+    return per_token if per_token > 0 else FALLBACK_KV_BYTES_PER_TOKEN
