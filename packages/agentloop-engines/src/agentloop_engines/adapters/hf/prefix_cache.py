@@ -32,6 +32,8 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import DynamicCache
 
+from agentloop_engines.adapters.hf.vision import text_config
+
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 """The cache's default bound (HFServer ``prefix_cache_tokens=None``): 1 GiB of keys and values,
 e.g. 23k tokens of SmolLM2-135M in float32 (46 KB a token), 8k of a 7B Qwen2 in bfloat16."""
@@ -205,8 +207,7 @@ def kv_bytes_per_token(model: Any) -> int:
     """Bytes of keys and values one token takes in ``model``'s cache (every layer, in the
     model's dtype); :data:`FALLBACK_KV_BYTES_PER_TOKEN` when its config does not say."""
     try:
-        config = model.config
-        config = getattr(config, "get_text_config", lambda: config)()
+        config = text_config(model)
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
