@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentloop_trainer.update.forward import prompt_groups
 from agentloop_trainer.update.log_probs import micro_batches, response_log_probs
 from agentloop_trainer.update.losses import (
     kl_k3,
@@ -24,6 +25,7 @@ from agentloop_trainer.update.packing import packed_micro_batches, packing_pays,
 from agentloop_trainer.update.policy_batch import PolicyBatch, policy_batch_from_rollout
 from agentloop_trainer.update.rollout_correction import rollout_correction
 from agentloop_trainer.update.settings import ActorSection, RolloutCorrectionSection
+from agentloop_trainer.update.tail_buckets import shared_prompt_micro_batches
 
 __all__ = ["ActorConfig", "PolicyBatch", "PolicyGradientActor", "micro_batches", "policy_batch_from_rollout",
            "response_log_probs"]
@@ -145,16 +147,22 @@ class PolicyGradientActor:
         share = self.world_size == 1 and (self.config.share_prefix_with_grad or not grad)
         return self.packed and (not share or packing_pays(pb.sequences, pb.prompt_lengths, rows))
 
-    def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None, packed: bool) -> list[list[int]]:
+    def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None, packed: bool, grad: bool) -> list[list[int]]:
         """This rank's micro-batches of ``rows``, padded with empty ones to the most any rank
         has (FSDP ranks must make the same number of passes). Packed, a micro-batch with no row
-        count set is a row of at most ``ppo_max_token_len_per_gpu`` tokens (sum, not padded)."""
+        count set is a row of at most ``ppo_max_token_len_per_gpu`` tokens (sum, not padded);
+        prompt-shared and padded, it is cut where long tails would pad the rest
+        (:func:`~agentloop_trainer.update.tail_buckets.shared_prompt_micro_batches`)."""
         import torch
 
         cfg = self.config
         lengths = [len(s) for s in pb.sequences]
+        share = self.world_size == 1 and (cfg.share_prefix_with_grad or not grad)
         if packed and (cfg.use_dynamic_bsz or size is None):
             parts = packed_micro_batches(rows, lengths, cfg.ppo_max_token_len_per_gpu)
+        elif (share and size is None and not cfg.use_dynamic_bsz
+              and prompt_groups([pb.sequences[r] for r in rows], [pb.prompt_lengths[r] for r in rows]) is not None):
+            parts = shared_prompt_micro_batches(pb.sequences, pb.prompt_lengths, rows)
         else:
             parts = micro_batches(rows, lengths, size, cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         if self.world_size > 1:
@@ -191,7 +199,7 @@ class PolicyGradientActor:
         size = cfg.log_prob_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
         with torch.no_grad():
             packed = self._packs(pb, rows, grad=False)
-            for part in self._micro(pb, rows, size, packed):
+            for part in self._micro(pb, rows, size, packed, grad=False):
                 logp = self._forward(model, pb, part, grad=False, packed=packed)
                 if part:
                     full[part] = logp.to(full.dtype)
@@ -285,7 +293,7 @@ class PolicyGradientActor:
                 mini = list(range(start, min(B, start + mb)))
                 local = self.local_rows(mini)
                 packed = self._packs(pb, local, grad=True)
-                parts = self._micro(pb, local, cfg.ppo_micro_batch_size_per_gpu, packed)
+                parts = self._micro(pb, local, cfg.ppo_micro_batch_size_per_gpu, packed, grad=True)
                 total_n = self._share(mask, mini, mini, seq_weights)[1]
                 total_tokens = float(mask[mini].sum())
                 keys = ("actor/pg_loss",) + self._TOKEN_MEANS
