@@ -20,7 +20,7 @@ backward, AdamW step). Modes, all with the config's defaults otherwise (no
 
 Tokens/s counts the batch's real tokens (no padding) once per step. Each repeat runs every mode
 once, in turn, on a fresh copy of the same weights; the table gives the median over repeats.
-Models: the tiny Qwen2 policy (``build_tiny_policy``, hidden 128, 2 layers) and, when the
+Models: the tiny Qwen2 policy (``build_tiny_policy``, hidden 96 since 2026-12-05, 128 before; 2 layers) and, when the
 converted SmolLM2-135M is in ``~/.cache/agentloop/pretrained`` (``agentloop model list``), that
 too (smaller batch: ``--smol-rows``, ``--smol-max-len``). One thread (``OMP_NUM_THREADS=1``): the
 machine is shared; the load average is recorded.

@@ -38,7 +38,7 @@ def test_agentloop_rollout_joins_the_cluster_by_address(sim_cluster, tmp_path):
 
     tokenizer = load_tiny_tokenizer()
     checkpoint = tmp_path / "policy"
-    build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128)).save_pretrained(checkpoint)
+    build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)).save_pretrained(checkpoint)
     tokenizer.save_pretrained(checkpoint)
 
     actors_before = set(ray._private.state.actors())  # the state API needs the dashboard, which is off

@@ -55,7 +55,7 @@ def random_policy(tmp_path_factory):
     # A checkpoint folder as users have them: weights plus the tokenizer with its chat template.
     path = tmp_path_factory.mktemp("policy")
     tokenizer = load_tiny_tokenizer()
-    build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128)).save_pretrained(path)
+    build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -14,6 +14,6 @@ def model_path(tmp_path_factory):
 
     tok = load_tiny_tokenizer()
     path = tmp_path_factory.mktemp("policy")
-    build_tiny_policy(tok, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128)).save_pretrained(path)
+    build_tiny_policy(tok, seed=0, spec=TinyModelConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)).save_pretrained(path)
     tok.save_pretrained(path)
     return path

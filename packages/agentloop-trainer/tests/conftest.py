@@ -27,7 +27,7 @@ def random_model_path(tmp_path_factory, tokenizer):
     from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     path = tmp_path_factory.mktemp("random_policy")
-    model = build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, intermediate_size=128))
+    model = build_tiny_policy(tokenizer, seed=0, spec=TinyModelConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

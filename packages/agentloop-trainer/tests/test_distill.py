@@ -28,7 +28,7 @@ from agentloop_trainer.update.distill import (
 )
 from agentloop_trainer.update.distill_settings import DistillationLossSection
 
-SMALL = TinyModelConfig(hidden_size=32, intermediate_size=64)
+SMALL = TinyModelConfig(hidden_size=32, num_attention_heads=4, intermediate_size=64)
 
 
 def _loss(**keys):
@@ -214,7 +214,7 @@ def test_two_step_train_run_with_a_teacher(tmp_path, tokenizer, random_model_pat
     from agentloop_trainer.cli import main
 
     teacher_dir = tmp_path / "teacher"
-    build_tiny_policy(tokenizer, seed=1, spec=TinyModelConfig(hidden_size=64, intermediate_size=128)).save_pretrained(
+    build_tiny_policy(tokenizer, seed=1, spec=TinyModelConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)).save_pretrained(
         teacher_dir)
     tokenizer.save_pretrained(teacher_dir)
     args = [f"model.path={random_model_path}", f"trainer.run_dir={tmp_path / 'run'}", "trainer.total_steps=2",
