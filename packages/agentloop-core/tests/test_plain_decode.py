@@ -1,5 +1,5 @@
 """``ChatRenderer.decode`` goes straight to a stock fast tokenizer's backend, and gives exactly
-what ``tokenizer.decode(ids, skip_special_tokens=False)`` gives."""
+what ``tokenizer.decode(ids, skip_special_tokens=...)`` gives, special tokens kept or skipped."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from agentloop_core.tokenization import ChatRenderer
 SHARED_TEMPLATES = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "chat_templates"
 
 
+@pytest.mark.parametrize("skip", [False, True], ids=["special_tokens_kept", "special_tokens_skipped"])
 @pytest.mark.parametrize("template", [None, *sorted(SHARED_TEMPLATES.glob("*.jinja"))],
                          ids=lambda p: "tiny" if p is None else p.stem)
-def test_decode_equals_the_tokenizers_decode(template):
+def test_decode_equals_the_tokenizers_decode(template, skip):
     tok = load_tiny_tokenizer() if template is None else tiny_tokenizer_for_template(template)
     renderer = ChatRenderer(tok)
     assert renderer._decode is not None, "a stock fast tokenizer decodes with its backend"
@@ -24,7 +25,7 @@ def test_decode_equals_the_tokenizers_decode(template):
     special = sorted(renderer.special_ids)
     for _ in range(200):
         ids = [rng.choice(special) if rng.random() < 0.2 else rng.randrange(len(tok)) for _ in range(rng.randrange(30))]
-        assert renderer.decode(ids) == tok.decode(ids, skip_special_tokens=False), ids
+        assert renderer.decode(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip), ids
 
 
 def test_a_tokenizer_that_cleans_up_spaces_decodes_through_transformers(monkeypatch):

@@ -5,6 +5,7 @@ they stand for."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import weakref
@@ -18,7 +19,7 @@ from agentloop_core.protocol import TokenOutput
 from agentloop_core.testing import load_tiny_tokenizer, tiny_tokenizer_for_template
 from agentloop_core.tokenization import ChatRenderer, ChatTemplateError, Trajectory
 from agentloop_core.tokenization import shared_renderer as shared_renderer_module
-from agentloop_core.tokenization.incremental import _to_json
+from agentloop_core.tokenization.incremental import _to_json, snapshot
 from agentloop_core.tokenization.shared_renderer import shared_renderer
 
 SHARED_TEMPLATES = Path(os.environ.get("AGENTLOOP_CHAT_TEMPLATES")
@@ -172,3 +173,22 @@ def test_snapshot_json_refuses_what_json_dumps_refuses(value):
     cycle.append(cycle)
     with pytest.raises(ValueError, match="Circular reference"):
         _to_json(cycle)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_snapshot_is_the_digest_of_json_dumps(value):
+    expected = hashlib.blake2b(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"), digest_size=16)
+    assert snapshot(value) == expected.digest()
+
+
+def test_a_snapshot_of_what_json_cannot_hold_is_none():
+    """Nothing can be compared by it, so the caller renders again; a cycle or nesting deeper
+    than the recursion limit is not an error in the middle of a rollout."""
+    cycle: list = []
+    cycle.append(cycle)
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    for value in (cycle, deep, {"a": object()}, {(1, 2): 3}):
+        assert snapshot(value) is None

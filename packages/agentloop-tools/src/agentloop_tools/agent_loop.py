@@ -117,6 +117,9 @@ class ToolAgentLoop(AgentLoopBase):
         self._init_vision()
         self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.config)
         schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
+        self.tool_specs: dict[str, dict[str, Any]] = dict(zip(self.tools, schemas, strict=True))
+        """The tools' schemas by name, as the template shows them: what the parser checks calls
+        against (a pydantic dump of a tool's schema at every call was ~2% of a turn)."""
         self.renderer = self._make_renderer(schemas)
         if schemas and self.renderer not in _TOOLS_SHOWN:  # a shared renderer is checked once
             check_template_renders_tools(self.renderer, sorted(self.tools))
@@ -222,6 +225,9 @@ class ToolAgentLoop(AgentLoopBase):
         cfg = self.config
         state = AgentState.GENERATING
         parsed: ParseResult | None = None
+        # One SamplingParams per distinct max_tokens (usually one per trajectory): building and
+        # checking a copy at every turn was ~3% of a turn's CPU (bench_scale.py, issue 49).
+        params = base
         while state is not AgentState.TERMINATED:
             if state is AgentState.GENERATING:
                 remaining = cfg.response_length - len(trajectory.response_ids)
@@ -232,11 +238,13 @@ class ToolAgentLoop(AgentLoopBase):
                 if self.reasoning_parser is not None and self.reasoning_parser.reads_prompt:
                     tail = self.tokenizer.decode(trajectory.context_ids[-PROMPT_TAIL_TOKENS:], skip_special_tokens=False)
                     run.starts_in_reasoning = self.reasoning_parser.starts_in_reasoning(tail)
+                if params.max_tokens != max_tokens:
+                    params = base.replace(max_tokens=max_tokens)
                 start = time.perf_counter()
                 with self.tracer.span("generate", turn=run.assistant_turns, request_id=run.request_id):
                     # Text-only prompts add no keyword, so text-only engines are called as before.
                     out: TokenOutput = await self.server.generate(
-                        run.request_id, trajectory.context_ids, base.replace(max_tokens=max_tokens),
+                        run.request_id, trajectory.context_ids, params,
                         **multi_modal_kwargs(trajectory.image_items))
                 run.counters["generate_s"] += time.perf_counter() - start
                 run.stops.add(out.stop_reason, len(out.token_ids), max_tokens, per_turn_cap)
@@ -278,6 +286,10 @@ class ToolAgentLoop(AgentLoopBase):
             text = trajectory.messages[-1]["content"]
             if run.ended_with_eos and out.token_ids[-1] in self.stop_token_ids:
                 text += self.renderer.decode(out.token_ids[-1:])
+        elif self.renderer.tokenizer is self.tokenizer:
+            # The same text as the tokenizer's decode, without transformers' wrapper around the
+            # fast backend (it cost three times the decode itself; issue 49, CPU per turn).
+            text = self.renderer.decode(out.token_ids, skip_special_tokens=True)
         else:
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
         parsed = self._parse_turn(run, text)
@@ -302,7 +314,7 @@ class ToolAgentLoop(AgentLoopBase):
         calls drafted in the reasoning), else from all of it."""
         run.turn_text = (text, text, None)
         if self.reasoning_parser is None:
-            return self.parser.parse(text, self.tools)
+            return self.parser.parse(text, self.tool_specs)
         split = self.reasoning_parser.split(text, in_reasoning=run.starts_in_reasoning)
         run.turn_text = (text, split.content, split.reasoning if split.has_reasoning else None)
         drafted = 0
@@ -310,14 +322,14 @@ class ToolAgentLoop(AgentLoopBase):
             run.counters["reasoning_turns"] += 1
             run.counters["reasoning_chars"] += len(split.reasoning)
             # Parsed only to count; record=False keeps the parser's counters one per turn.
-            inner = self.parser.parse(split.reasoning, self.tools, record=False)
+            inner = self.parser.parse(split.reasoning, self.tool_specs, record=False)
             drafted = len(inner.calls) + len(inner.errors)
         run.counters["reasoning_unclosed"] += not split.closed
         run.counters["tool_calls_in_reasoning"] += drafted
         if self.config.tool_calls_in_reasoning:
-            return self.parser.parse(text, self.tools)
+            return self.parser.parse(text, self.tool_specs)
         run.counters["tool_calls_in_reasoning_ignored"] += drafted
-        return self.parser.parse(split.content, self.tools)
+        return self.parser.parse(split.content, self.tool_specs)
 
     def _attach_calls(self, run: ToolRun, trajectory: Any, parsed: ParseResult) -> None:
         """Give every call of the turn (usable or not; each gets a tool message) its id, and

@@ -7,16 +7,30 @@ of these that never returns would hold its sample, and the batch, forever.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable
 from typing import Any
 
-__all__ = ["CallTimeoutError", "call_within"]
+__all__ = ["CallTimeoutError", "call_within", "within"]
 
 
 class CallTimeoutError(TimeoutError):
     """A call into an environment, interaction or tool ran past its loop's limit; the message
     names the call and the config key that raises the limit."""
+
+
+async def within(awaitable: Awaitable[Any], timeout_s: float | None) -> Any:
+    """``asyncio.wait_for(awaitable, timeout_s)`` in the calling task: on Python 3.11+ with a
+    positive limit, ``asyncio.timeout`` bounds the await without the task ``wait_for`` wraps
+    around it (a task, its callbacks and a context copy per tool call; issue 49, CPU per turn).
+    The same ``TimeoutError`` when the limit passes (the call is cancelled); a ``TimeoutError``
+    the call raises itself propagates as it is. The caller's task is its own: a tool call
+    runs in a task of its own (``asyncio.gather`` wraps each), so no context leaks out."""
+    if timeout_s is None or timeout_s <= 0 or sys.version_info < (3, 11):
+        return await asyncio.wait_for(awaitable, timeout_s)
+    async with asyncio.timeout(timeout_s):  # pyright: ignore[reportAttributeAccessIssue]
+        return await awaitable
 
 
 async def call_within(awaitable: Awaitable[Any], timeout_s: float | None, what: str, key: str) -> Any:

@@ -140,6 +140,7 @@ class EnvAgentLoop(ToolAgentLoop):
         super(ToolAgentLoop, self).__init__(server, tokenizer, config, processor, tracer)
         self.config: EnvAgentConfig  # pyright: ignore[reportIncompatibleVariableOverride] - set by the base from config_class
         self.tools: dict[str, Any] = {}
+        self.tool_specs = self.tools  # the environment's schemas are the specs the parser checks
         self.interactions = {}
         self._init_parsers()
         self._init_vision()
@@ -171,7 +172,7 @@ class EnvAgentLoop(ToolAgentLoop):
             env = run.env = _call(name, "__init__", lambda: env_class(**kwargs))
             messages = await _acall(name, "reset", env.reset(row), self.config.env_timeout_s)
             schemas = _call(name, "tool_schemas", env.tool_schemas)
-            self.tools = {_schema_name(name, s): s for s in schemas}
+            self.tools = self.tool_specs = {_schema_name(name, s): s for s in schemas}
             self.renderer = self._make_renderer(list(schemas))
             if schemas:
                 check_template_renders_tools(self.renderer, sorted(self.tools), loop_name=f"env_agent ({name})")

@@ -14,6 +14,7 @@ from typing import Any
 from agentloop_core.parsers import ToolCall
 from agentloop_core.stops import StopCounter
 from agentloop_tools.base import BaseTool, ToolKwargsError, create_instances
+from agentloop_tools.call_limits import within
 from agentloop_tools.interaction import BaseInteraction
 from agentloop_tools.schema import ToolResponse
 from agentloop_tools.tool_media import MEDIA_COUNTERS
@@ -127,7 +128,7 @@ class ToolRun:
         timeout = tool.timeout_s if tool.timeout_s is not None else default_timeout_s
         with tracer.span(f"tool:{call.name}", request_id=self.request_id) as span:
             try:
-                result = await asyncio.wait_for(tool.run_execute(self.instances[call.name], dict(call.arguments)), timeout)
+                result = await within(tool.run_execute(self.instances[call.name], dict(call.arguments)), timeout)
             except asyncio.TimeoutError:
                 self.counters["tool_errors"] += 1
                 span["tool_error"] = "timeout"

@@ -109,13 +109,22 @@ def _to_json(value: Any) -> str:
     return "".join(c_make_encoder({}, _JSON.default, encode_basestring, None, ": ", ", ", False, False, True)(value, 0))
 
 
+# One encoder for every snapshot: without circular-reference markers it keeps no state between
+# calls, so it is built once instead of at every call (a trajectory takes ~30 snapshots; the
+# build was a fifth of a small one). A cycle then ends in RecursionError instead of ValueError:
+# either way it is not JSON.
+_PLAIN = None if c_make_encoder is None else c_make_encoder(
+    None, _JSON.default, encode_basestring, None, ": ", ", ", False, False, True)
+
+
 def snapshot(value: Any) -> bytes | None:
-    """A 128-bit BLAKE2 digest of ``value`` as JSON (dict order kept), to tell later whether it
-    changed without holding a copy of it; None when it is not JSON (images), which nothing can
-    be compared by."""
+    """A 128-bit BLAKE2 digest of ``value`` as JSON (dict order kept, the text of
+    :func:`_to_json`), to tell later whether it changed without holding a copy of it; None when
+    it is not JSON (images, a cycle, nesting past the recursion limit), which nothing can be
+    compared by."""
     try:
-        encoded = _to_json(value)
-    except (TypeError, ValueError):
+        encoded = _to_json(value) if _PLAIN is None or isinstance(value, str) else "".join(_PLAIN(value, 0))
+    except (TypeError, ValueError, RecursionError):
         return None
     return hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 

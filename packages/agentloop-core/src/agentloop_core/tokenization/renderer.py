@@ -233,11 +233,13 @@ class ChatRenderer:
         """A rendered text as the model reads it (every content mark back to its string)."""
         return text if self._marks is None else self._marks.unmark(text)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        """Text of ``ids`` with special tokens kept, so it can be rendered back verbatim."""
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """Text of ``ids``: with special tokens kept (the default), so it can be rendered back
+        verbatim; without them for ``skip_special_tokens`` (what a parser of plain text reads).
+        Both are ``tokenizer.decode``'s text, by the fast backend directly where that is the same."""
         if self._decode is not None and getattr(self.tokenizer, "clean_up_tokenization_spaces", None) is False:
-            return self._decode(list(ids), False)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+            return self._decode(list(ids), skip_special_tokens)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_prompt(self, messages: Sequence[Mapping[str, Any]], images: Sequence[ImageItem] = ()) -> list[int]:
         """Ids of ``messages`` rendered with the generation prompt: the first ``generate`` input.

@@ -3,7 +3,6 @@ the chat template as a delta (mask 0)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,7 +91,7 @@ class Trajectory(TrajectoryCheck):
         self._settings = self._settings_snapshot()
         self._generated_messages: list[int] = []
         self._tool_calls: dict[int, list[dict]] = {}
-        self._preview: tuple[tuple, DeltaResult] | None = None
+        self._preview: tuple[tuple | None, DeltaResult] | None = None
         self._last_ended_with_eos = True
 
     @property
@@ -212,17 +211,18 @@ class Trajectory(TrajectoryCheck):
             TokenizationMismatchError: when the template cannot be split into turns.
         """
         new = self._take_images(_check_new_messages(messages), "appended message")
+        snaps = [snapshot(m) for m in new]
         # Drop the mask-0 tail after the last generated piece; it is rendered again below.
         while self._pieces and self._pieces[-1].kind == "appended":
             self._pieces.pop()
         if self._pieces[-1].kind == "prompt":
             self.messages.extend(new)
-            self._snapshots.extend(snapshot(m) for m in new)
+            self._snapshots.extend(snaps)
             text = self._render_prompt(self.messages)
             self.prompt_ids = shared_ids(self.renderer.encode(text))
             self._pieces = [Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
             return list(self.prompt_ids)
-        delta = self._delta_after_last_turn(new)
+        delta = self._delta_after_last_turn(new, snaps)
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
         del self.response_ids[keep:], self.response_mask[keep:]
         self.response_ids.extend(shared_ids(delta.ids))
@@ -231,7 +231,7 @@ class Trajectory(TrajectoryCheck):
             del self.response_logprobs[keep:]
             self.response_logprobs.extend([0.0] * len(delta.ids))
         self.messages.extend(new)
-        self._snapshots.extend(snapshot(m) for m in new)
+        self._snapshots.extend(snaps)
         self._pieces.append(Piece("appended", delta.text, len(delta.ids), digest=ids_digest(delta.ids)))
         return list(delta.ids)
 
@@ -247,13 +247,18 @@ class Trajectory(TrajectoryCheck):
         if not self._generated_messages:
             every = [*self.messages, *new]
             return self.renderer.render_prompt(every, self.images.in_messages(every) if self.images.items else ())
-        return list(self._delta_after_last_turn(new).ids)
+        return list(self._delta_after_last_turn(new, [snapshot(m) for m in new]).ids)
 
-    def _delta_after_last_turn(self, new: list[dict]) -> DeltaResult:
+    def _delta_after_last_turn(self, new: list[dict], snaps: list[bytes | None]) -> DeltaResult:
         """What follows the last generated turn once ``new`` joins the messages after it (with
-        attached calls on their turns); the last preview is reused when it asked the same."""
-        key = (len(self.messages), json.dumps(new, sort_keys=True, default=str))
-        if self._preview is not None and self._preview[0] == key:
+        attached calls on their turns); the last preview is reused when it asked the same.
+
+        ``snaps``: the digests of ``new`` (:func:`snapshot`), which the caller takes anyway
+        (``append_messages`` keeps them for the check); the preview is keyed by them, so
+        a preview followed by its append dumps each new message once, not three times. A
+        message that is not JSON (None) is never taken as the same."""
+        key = None if None in snaps else (len(self.messages), tuple(snaps))
+        if key is not None and self._preview is not None and self._preview[0] == key:
             return self._preview[1]
         last = self._generated_messages[-1]
         history, following = self._history_with_calls(last + 1), self.messages[last + 1 :] + new

@@ -5,6 +5,7 @@ that compares its ids with the conversation they stand for."""
 from __future__ import annotations
 
 import hashlib
+import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,13 @@ from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckRepor
 from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
 
 PieceKind = Literal["prompt", "generated", "appended"]
+
+SHARED_PROMPT_RENDERS = 4096
+"""Prompt renders remembered per renderer across trajectories; the memory starts afresh when
+it is full."""
+
+_PROMPT_TEXTS: weakref.WeakKeyDictionary[ChatRenderer, dict[tuple[bytes, Any], str]] = weakref.WeakKeyDictionary()
+"""Per renderer (held weakly): prompt texts by :meth:`TrajectoryCheck._render_once`'s key."""
 
 
 @dataclass(slots=True)  # several per trajectory, thousands of trajectories in flight
@@ -89,7 +97,7 @@ class TrajectoryCheck:
 
     # -- renders the check reuses ------------------------------------------------------------
 
-    def _render_once(self, inputs: tuple, render: Callable[[], str]) -> str:
+    def _render_once(self, inputs: tuple, render: Callable[[], str], *, shared: bool = False) -> str:
         """``render()``, or the text an earlier call with the same ``inputs`` got.
 
         A render reads the messages (attached calls included), the turn-ended flag, and the
@@ -101,6 +109,11 @@ class TrajectoryCheck:
         digest keeps the memory per trajectory linear in its length. Inputs that are not JSON
         (images) always render. Reusing a text assumes the template renders the same inputs
         to the same text, which is what the sanity check compares against anyway.
+
+        ``shared``: the text may also come from, and goes to, a memory of the renderer's
+        shared by every trajectory (:func:`_shared_texts`): GRPO rolls out each prompt several
+        times, and rendering the same prompt again was the largest Jinja cost left per
+        trajectory (issue 49). Its key is this same digest of everything the render reads.
         """
         renderer = self.renderer
         digest = snapshot([inputs, _live_tools(renderer), renderer.apply_chat_template_kwargs])
@@ -113,13 +126,21 @@ class TrajectoryCheck:
         except TypeError:  # a template that is not a string (a dict of named templates)
             return render()
         if text is None:
-            text = self._rendered[key] = render()
+            memory = _shared_texts(renderer, template) if shared else None
+            text = None if memory is None else memory.get(key)
+            if text is None:
+                text = render()
+                if memory is not None:
+                    if len(memory) >= SHARED_PROMPT_RENDERS:
+                        memory = _PROMPT_TEXTS[renderer] = {}
+                    memory[key] = text
+            self._rendered[key] = text
         return text
 
     def _render_prompt(self, messages: list[dict]) -> str:
         """``messages`` rendered with the generation prompt (kept for the check)."""
         return self._render_once(("prompt", messages), lambda: self._expand(
-            self.renderer.render_text(messages, add_generation_prompt=True), messages, "prompt"))
+            self.renderer.render_text(messages, add_generation_prompt=True), messages, "prompt"), shared=True)
 
     # -- the sanity check ----------------------------------------------------------------------
 
@@ -292,6 +313,19 @@ def _reading_marks(encode: Callable[[list[str]], list[list[int]]],
     def both(texts: list[str]) -> list[list[int]]:
         return [renderer.encode(t) for t in texts] if any(MARK in t for t in texts) else encode(texts)
     return both
+
+
+def _shared_texts(renderer: ChatRenderer, template: Any) -> dict[tuple[bytes, Any], str] | None:
+    """The prompt texts ``renderer`` shares across trajectories; None where a render is not
+    a function of the key alone: a vision renderer (an image's expansion depends on the
+    trajectory's image limits, not only on its digest in the message), a template that reads
+    the clock (``strftime_now``: Llama's "Today Date"), or one that is not a string."""
+    if renderer.vision is not None or not isinstance(template, str) or "strftime_now" in template:
+        return None
+    memory = _PROMPT_TEXTS.get(renderer)
+    if memory is None:
+        memory = _PROMPT_TEXTS[renderer] = {}
+    return memory
 
 
 def _live_tools(renderer: ChatRenderer) -> list[dict] | None:
