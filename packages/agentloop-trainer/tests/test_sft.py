@@ -99,14 +99,12 @@ def test_sft_repeats_its_schedule_until_learned_within_max_steps(random_model_pa
     assert learned(losses, stop_loss) == (stop_loss != 1e-9)
 
 
-def test_the_tiny_policy_is_96_wide_with_heads_of_32_and_refuses_heads_that_do_not_divide(tokenizer):
-    """The main job's model (issue 49 item 4: 96 wide learns the warm-up in 500 steps of ~0.75x
-    the time of 128's 750); a width its heads do not divide is a clear error, not a shape error
-    deep in the rotary embedding."""
+def test_the_tiny_policy_has_heads_of_32_and_refuses_heads_that_do_not_divide_its_width(tokenizer):
+    """A width its heads do not divide is a clear error naming both, not a shape error deep in
+    the rotary embedding."""
     from agentloop_trainer.policy import TinyModelConfig, build_tiny_policy
 
     config = build_tiny_policy(tokenizer, seed=0).config
-    assert (config.hidden_size, config.num_attention_heads, config.intermediate_size) == (96, 3, 384)
-    assert config.hidden_size // config.num_attention_heads == 32
-    with pytest.raises(ValueError, match=r"num_attention_heads=3 does not divide hidden_size=64.*2 heads of 32"):
-        build_tiny_policy(tokenizer, spec=TinyModelConfig(hidden_size=64))
+    assert (config.hidden_size, config.num_attention_heads, config.intermediate_size) == (128, 4, 512)
+    with pytest.raises(ValueError, match=r"num_attention_heads=4 does not divide hidden_size=90.*2 heads of 45"):
+        build_tiny_policy(tokenizer, spec=TinyModelConfig(hidden_size=90))

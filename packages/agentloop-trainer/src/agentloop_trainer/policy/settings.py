@@ -51,7 +51,7 @@ class SFTSection:
     demonstrations (no ``model.path``, no ``sft.train_files``). Keys shared by both: batch_size,
     micro_batch_size, lr, warmup_steps, weight_decay, grad_clip, seed."""
 
-    steps: int = 500
+    steps: int = 750
     """Warm-up: optimizer steps of the learning-rate schedule (linear warm-up, cosine decay to 10%)."""
     stop_loss: float | None = 0.02
     """Warm-up: the demonstrations count as learned when the mean loss of the schedule's last 50

@@ -6,14 +6,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.config_base import plain_dict
 from agentloop_trainer.policy.chat_templates import custom_chat_template
-from agentloop_trainer.policy.model import TinyModelConfig, build_tiny_policy
 from agentloop_trainer.policy.settings import SFTSection
 
 TASK_VERSION = "calc-v1"
@@ -34,8 +32,7 @@ def sft_cache_key(cfg: TrainConfig) -> str:
     sft = {k: section[k] for k in WARMUP_KEYS}
     defaults = SFTSection()
     sft.update({k: section[k] for k in LATER_WARMUP_KEYS if section[k] != getattr(defaults, k)})
-    spec = {"task": TASK_VERSION, "sft": sft, "train_seed": cfg.data.train_seed, "train_size": cfg.data.train_size,
-            "tiny_model": asdict(TinyModelConfig())}
+    spec = {"task": TASK_VERSION, "sft": sft, "train_seed": cfg.data.train_seed, "train_size": cfg.data.train_size}
     template = custom_chat_template(cfg.model)
     if template is not None:  # the demonstrations are rendered with it (unset: the keys of older caches)
         spec["chat_template"] = hashlib.sha256(template.encode()).hexdigest()
@@ -59,6 +56,7 @@ def sft_checkpoint(cfg: TrainConfig, tokenizer: Any, log: Any = print) -> Path:
         import torch
         from tqdm import tqdm
 
+        from agentloop_trainer.policy.model import build_tiny_policy
         from agentloop_trainer.stages.sft import STOP_WINDOW, learned, train_sft, window_mean
         from agentloop_trainer.task.calculator import BIASED_TEMPLATES, make_problems
 
