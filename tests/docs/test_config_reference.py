@@ -43,7 +43,7 @@ def test_every_key_appears_with_its_default() -> None:
 
 def test_verl_spellings_are_listed() -> None:
     page = config_reference.render()
-    assert "- **`trainer.total_steps`** = `30` (verl: `trainer.total_training_steps`)" in page
+    assert "- **`trainer.total_steps`** = `20` (verl: `trainer.total_training_steps`)" in page
     assert "(verl: `actor_rollout_ref.actor.clip_ratio`)" in page
     assert "`algorithm.use_kl_in_reward` = `false`" in page
 
