@@ -45,16 +45,20 @@ def _shared_prefix(distinct: Sequence[Sequence[int]]) -> int:
     return prefix if prefix >= MIN_SHARED_PREFIX else 0
 
 
+def _cost(prefix: int, distinct: int, longest_head: int, rows: int, longest_tail: int) -> int:
+    """Tokens of one prompt-shared pass: the shared ``prefix`` once, ``distinct`` prompts' rest
+    padded to ``longest_head``, ``rows`` tails padded to ``longest_tail``, plus the pass's fixed
+    cost."""
+    return PASS_COST_TOKENS + prefix + distinct * max(1, longest_head - prefix) + rows * longest_tail
+
+
 def pass_cost(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int], rows: Sequence[int]) -> int:
-    """Tokens one prompt-shared pass over ``rows`` computes: the prefix every prompt shares
-    once, each distinct prompt's rest padded to the longest, each row's tail padded to the
-    longest, plus :data:`PASS_COST_TOKENS`."""
+    """Tokens one prompt-shared pass over ``rows`` computes (:func:`_cost` with the rows' own
+    shared prefix)."""
     heads = _heads(sequences, prompt_lengths, rows)
     distinct = list(dict.fromkeys(heads))
-    prefix = _shared_prefix(distinct)
     longest_tail = max(len(sequences[r]) - len(h) for r, h in zip(rows, heads, strict=True))
-    return (PASS_COST_TOKENS + prefix + len(distinct) * max(1, max(map(len, distinct)) - prefix)
-            + len(rows) * longest_tail)
+    return _cost(_shared_prefix(distinct), len(distinct), max(map(len, distinct)), len(rows), longest_tail)
 
 
 def shared_prompt_micro_batches(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int],
@@ -88,7 +92,7 @@ def shared_prompt_micro_batches(sequences: Sequence[Sequence[int]], prompt_lengt
         changes = [changes[(i * len(changes)) // MAX_CUTS] for i in range(MAX_CUTS)]
     cuts = [0, *changes, n]
     m = len(cuts)
-    # cost[a][b]: one pass over order[cuts[a]:cuts[b]], swept forward from each start a.
+    # best[b]: the cheapest cutting of order[:cuts[b]]; each start a sweeps its run forward.
     best = [0.0] + [float("inf")] * (m - 1)
     back = [0] * m
     for a in range(m - 1):
@@ -101,8 +105,7 @@ def shared_prompt_micro_batches(sequences: Sequence[Sequence[int]], prompt_lengt
                     seen.add(heads[r])
                     longest_head = max(longest_head, len(heads[r]))
             k = cuts[b]
-            cost = (PASS_COST_TOKENS + prefix + len(seen) * max(1, longest_head - prefix)
-                    + (cuts[b] - cuts[a]) * tail[order[cuts[b] - 1]])
+            cost = _cost(prefix, len(seen), longest_head, cuts[b] - cuts[a], tail[order[cuts[b] - 1]])
             if best[a] + cost < best[b]:
                 best[b], back[b] = best[a] + cost, a
     parts: list[list[int]] = []
