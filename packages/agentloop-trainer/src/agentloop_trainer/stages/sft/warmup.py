@@ -1,5 +1,6 @@
 """The tiny model's SFT warm-up: the general SFT step on the (biased) teacher's demonstrations,
-drawn afresh each step, with the warm-restart schedule the main job was calibrated with.
+drawn afresh each step, under one of the warm-up's learning-rate schedules
+(:mod:`~agentloop_trainer.stages.sft.schedule`).
 
 Tokenization and loss are the general stage's (:mod:`~agentloop_trainer.stages.sft.tokenize`,
 :func:`~agentloop_trainer.stages.sft.loss.sft_step`); only the schedule and the demonstration stream
@@ -8,15 +9,23 @@ are the warm-up's own.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentloop_trainer.policy.settings import SFTSection
-from agentloop_trainer.stages.sft.loss import cosine_lr, make_optimizer, sft_step
+from agentloop_trainer.stages.sft.loss import make_optimizer, sft_step
+from agentloop_trainer.stages.sft.schedule import (
+    STOP_WINDOW,
+    WarmupSchedule,
+    learned,
+    make_schedule,
+    window_mean,
+)
 from agentloop_trainer.stages.sft.tokenize import TokenizedConversation, shared_tokenizer
 from agentloop_trainer.task.calculator import Problem, demonstration, tool_schemas
+
+__all__ = ["STOP_WINDOW", "SFTConfig", "demonstration_batch", "learned", "make_schedule", "train_sft", "window_mean"]
 
 
 def demonstration_batch(tokenizer: Any, problems: Sequence[Problem], rng: random.Random,
@@ -37,51 +46,34 @@ SFTConfig = SFTSection
 (:class:`~agentloop_trainer.policy.settings.SFTSection`); deprecated 2026-12-05, removed in 0.7.0."""
 
 
-STOP_WINDOW = 50
-"""Last steps of a schedule whose mean loss is compared with ``SFTSection.stop_loss``."""
-
-
-def window_mean(losses: Sequence[float]) -> float:
-    """Mean loss of the last :data:`STOP_WINDOW` steps (nan before any step)."""
-    tail = losses[-STOP_WINDOW:]
-    return sum(tail) / len(tail) if tail else math.nan
-
-
-def learned(losses: Sequence[float], stop_loss: float | None) -> bool:
-    """Whether the mean loss of the last :data:`STOP_WINDOW` steps is below ``stop_loss``
-    (None: the warm-up never repeats, so it counts as learned)."""
-    return stop_loss is None or (bool(losses) and window_mean(losses) < stop_loss)
-
-
 def train_sft(model: Any, tokenizer: Any, problems: Sequence[Problem], config: SFTSection,
-              biased_templates: tuple[int, ...], progress: Callable[[int, float], None] | None = None) -> list[float]:
+              biased_templates: tuple[int, ...], progress: Callable[[int, float], None] | None = None,
+              schedule: WarmupSchedule | None = None) -> list[float]:
     """Train ``model`` in place on teacher demonstrations of ``problems``.
 
-    Runs the learning-rate schedule (``config.steps`` steps: linear warm-up, cosine decay), and
-    runs it again from the start (a warm restart) while the demonstrations are not learned
-    (:func:`learned` with ``config.stop_loss``) and another run fits in ``config.max_steps``.
+    Runs the learning-rate schedule ``config.schedule`` (:func:`make_schedule`) until it says
+    stop: ``cosine_restarts`` repeats a ``config.steps``-step cosine schedule while the
+    demonstrations are not learned (:func:`learned` with ``config.stop_loss``); ``wsd`` holds the
+    peak rate until the loss leaves its plateau, then decays and stops once learned. A caller
+    that reports on the schedule (its plan, its outcome) builds it and passes it as ``schedule``.
 
     Returns:
         The loss of every step run.
     """
     rng = random.Random(config.seed)
     opt = make_optimizer(model, config.lr, config.weight_decay)
+    schedule = make_schedule(config) if schedule is None else schedule
     model.train()
-    losses: list[float] = []
-    budget = max(config.steps, config.max_steps or 0)
-    while True:
-        for k in range(config.steps):
-            step = len(losses)
-            chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
-            # The demonstrations' template rendering is checked on the first step (one shape for all).
-            examples = demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates,
-                                           check_prefix=step == 0)
-            out = sft_step(model, opt, examples, cosine_lr(k, config.steps, config.lr, config.warmup_steps),
-                           micro_batch_size=config.micro_batch_size, grad_clip=config.grad_clip)
-            losses.append(out["loss"])
-            if progress is not None:
-                progress(step, losses[-1])
-        if learned(losses, config.stop_loss) or len(losses) + config.steps > budget:
-            break
+    while not schedule.done():
+        step = len(schedule.losses)
+        chosen = [problems[rng.randrange(len(problems))] for _ in range(config.batch_size)]
+        # The demonstrations' template rendering is checked on the first step (one shape for all).
+        examples = demonstration_batch(tokenizer, chosen, rng, config.flip_prob, biased_templates,
+                                       check_prefix=step == 0)
+        out = sft_step(model, opt, examples, schedule.lr(),
+                       micro_batch_size=config.micro_batch_size, grad_clip=config.grad_clip)
+        schedule.record(out["loss"])
+        if progress is not None:
+            progress(step, out["loss"])
     model.eval()
-    return losses
+    return list(schedule.losses)

@@ -19,7 +19,7 @@ TASK_VERSION = "calc-v1"
 
 WARMUP_KEYS = ("steps", "stop_loss", "max_steps", "batch_size", "lr", "warmup_steps", "flip_prob", "seed")
 """``sft`` keys the warm-up checkpoint depends on."""
-LATER_WARMUP_KEYS = ("weight_decay", "grad_clip", "micro_batch_size")
+LATER_WARMUP_KEYS = ("weight_decay", "grad_clip", "micro_batch_size", "schedule", "exit_loss", "cooldown_steps")
 """``sft`` keys the warm-up also reads, in its cache key only when they differ from the default."""
 
 
@@ -58,39 +58,40 @@ def sft_checkpoint(cfg: TrainConfig, tokenizer: Any, log: Any = print) -> Path:
 
         from agentloop_trainer.policy.model import build_tiny_policy
         from agentloop_trainer.stages.sft import STOP_WINDOW, learned, train_sft, window_mean
+        from agentloop_trainer.stages.sft.schedule import make_schedule
         from agentloop_trainer.task.calculator import BIASED_TEMPLATES, make_problems
 
         s = cfg.sft
         model = build_tiny_policy(tokenizer, seed=s.seed).to(cfg.trainer.device)
         problems = make_problems(cfg.data.train_size, cfg.data.train_seed)
         start = time.perf_counter()
-        bar = tqdm(total=s.steps, desc="SFT warm-up", disable=not cfg.trainer.progress_bar, mininterval=2.0)
+        section = SFTSection(**plain_dict(s, "sft"))
+        schedule = make_schedule(section)
+        log(f"training the SFT warm-up checkpoint ({schedule.plan()}) into {target}")
+        bar = tqdm(total=schedule.planned_steps, desc="SFT warm-up", disable=not cfg.trainer.progress_bar,
+                   mininterval=2.0)
 
         def progress(step: int, loss: float) -> None:
             bar.update(1)
             if step % 50 == 0:
                 bar.set_postfix(loss=f"{loss:.3f}")
 
-        losses = train_sft(model, tokenizer, problems,
-                           SFTSection(**plain_dict(s, "sft")),
-                           tuple(BIASED_TEMPLATES), progress)
+        losses = train_sft(model, tokenizer, problems, section, tuple(BIASED_TEMPLATES), progress, schedule)
         bar.close()
         mean = window_mean(losses)
         if not learned(losses, s.stop_loss):
             log(f"WARNING: the SFT warm-up did not learn the demonstrations in {len(losses)} steps (mean loss "
                 f"of the last {STOP_WINDOW} steps {mean:.4f} >= sft.stop_loss={s.stop_loss}); the held-out "
                 "accuracy before RL will be low. Raise sft.max_steps or try another sft.seed")
-        elif len(losses) > s.steps:
-            log(f"SFT warm-up learned the demonstrations after {len(losses)} steps ({len(losses) // s.steps} runs "
-                f"of the schedule; mean loss of the last {STOP_WINDOW} steps {mean:.4f})")
+        elif (outcome := schedule.outcome()) is not None:
+            log(f"SFT warm-up {outcome}; mean loss of the last {STOP_WINDOW} steps {mean:.4f}")
         model.cpu().save_pretrained(out)
         tokenizer.save_pretrained(out)
         (out / "sft_info.json").write_text(json.dumps({
-            "steps": len(losses), "schedule_steps": s.steps, "max_steps": s.max_steps, "stop_loss": s.stop_loss,
+            "steps": len(losses), "schedule": s.schedule, "schedule_steps": s.steps, "max_steps": s.max_steps,
+            "stop_loss": s.stop_loss,
             "seconds": time.perf_counter() - start,
             "final_loss": mean, "torch_threads": torch.get_num_threads(),
         }, indent=2))
 
-    log(f"training the SFT warm-up checkpoint ({cfg.sft.steps} steps, up to {cfg.sft.max_steps} if not learned) "
-        f"into {target}")
     return build_once(target, build)
