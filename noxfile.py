@@ -288,8 +288,7 @@ def integration(session: nox.Session) -> None:
     """Across packages: `agentloop train` with LangGraph react_agent rows (the trainer reaches the
     loop through the registry, never by import)."""
     _install_integration(session)
-    session.install(*_torch_source(session), "-e", "packages/agentloop-langgraph[agents]", TORCH)
-    _drop_cuda_extras(session)
+    _install_pinned(session, "-e", "packages/agentloop-langgraph[agents]")
     _pytest(session, "tests/integration", "-q", "-p", "no:cacheprovider", *session.posargs,
                 env=TEST_ENV)
 
@@ -346,9 +345,7 @@ def real_model(session: nox.Session) -> None:
     ~7 more for Gemma, plus ~100 s for Gemma's first conversion; its vLLM half runs in
     `nox -s vllm`). Gemma's fetch may fail without failing the session: its tests skip."""
     _install_integration(session)
-    session.install(*_torch_source(session), "-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance",
-                    "openai>=1.40", TORCH)
-    _drop_cuda_extras(session)
+    _install_pinned(session, "-e", "packages/agentloop-trainer[gguf,lora]", "-e", "conformance", "openai>=1.40")
     folders = {var: _fetch_real_model(session, name, required=name == REAL_MODEL) for name, var in REAL_MODELS.items()}
     _pytest(session, "tests/real_model", "-q", "-p", "no:cacheprovider", "--durations=0", "-rs",
                 *session.posargs, env={**TEST_ENV, "AGENTLOOP_REAL_MODEL": "1",
