@@ -87,3 +87,48 @@ def test_an_append_reuses_its_preview_only_for_json_messages(extra, renders, mon
     appended = traj.append_messages([message])
     assert appended == preview
     assert len(calls) == renders
+
+
+def test_the_same_prompt_text_holds_its_ids_once_and_encodes_them_once(monkeypatch):
+    """A GRPO group's samples share their prompt's ids (one list, one encode), and a change to
+    one trajectory never reaches another: a trajectory replaces its prompt ids, its output
+    copies them."""
+    tok = load_tiny_tokenizer()
+    renderer = ChatRenderer(tok)
+    encodes = _counting(renderer, monkeypatch, "encode")
+    first = Trajectory(renderer, PROMPT, sanity_check="strict")
+    second = Trajectory(renderer, [dict(m) for m in PROMPT], sanity_check="strict")
+    assert second.prompt_ids is first.prompt_ids
+    assert encodes == [len(renderer.render_text(PROMPT, add_generation_prompt=True))]
+    other = Trajectory(renderer, [{"role": "user", "content": "What is 2 + 4?"}])
+    assert other.prompt_ids is not first.prompt_ids
+    assert other.prompt_ids != first.prompt_ids
+    shared = list(first.prompt_ids)
+    # Before any generation, an appended message re-renders the prompt: a new list, not a change.
+    first.append_messages([{"role": "user", "content": "And 3 + 4?"}])
+    assert second.prompt_ids == shared
+    assert first.prompt_ids != shared
+    assert renderer.eos_token_id is not None
+    ids = [*renderer.encode("5"), renderer.eos_token_id]
+    second.append_generated(TokenOutput(ids, [-0.5] * len(ids)))
+    out = second.to_output()
+    assert out.prompt_ids == shared
+    assert out.prompt_ids is not second.prompt_ids
+
+
+def test_a_vision_renderer_encodes_each_prompt_itself(monkeypatch):
+    """Vision renders are not shared (an image's expansion depends on the trajectory's
+    limits), nor are their ids."""
+    monkeypatch.setattr(check_module, "_shared_texts", lambda renderer, template: None)
+    renderer = ChatRenderer(load_tiny_tokenizer())
+    first, second = Trajectory(renderer, PROMPT), Trajectory(renderer, PROMPT)
+    assert first.prompt_ids == second.prompt_ids
+    assert first.prompt_ids is not second.prompt_ids
+
+
+def test_the_shared_ids_memory_is_bounded(monkeypatch):
+    monkeypatch.setattr(check_module, "SHARED_PROMPT_RENDERS", 2)
+    renderer = ChatRenderer(load_tiny_tokenizer())
+    for k in range(5):
+        Trajectory(renderer, [{"role": "user", "content": f"Question {k}"}])
+        assert len(check_module._PROMPT_IDS[renderer]) <= 2

@@ -309,7 +309,7 @@ def test_generation_without_eos_gets_full_turn_suffix(tok):
     assert renderer.decode(appended) == whole[whole.rindex("one two three") + len("one two three"):]
     assert traj.sanity_check("strict").ok
     assert traj.response_logprobs is None  # no engine returned log-probs
-    assert traj.response_mask == [1] * len(ids) + [0] * len(appended)
+    assert list(traj.response_mask) == [1] * len(ids) + [0] * len(appended)
 
 
 def test_trajectory_may_end_after_truncated_generation(tok):

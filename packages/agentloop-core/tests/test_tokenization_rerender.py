@@ -51,7 +51,7 @@ def test_a_user_turn_after_a_rerendered_assistant_turn_is_what_the_template_puts
     tail = tok.decode(traj.response_ids, skip_special_tokens=False)
     # The engine's tokens stay as generated; what follows is the user turn and the next prompt.
     assert tail == "Hello there.<|im_end|>\n<|im_start|>user\nAre you sure?<|im_end|>\n<|im_start|>assistant\n"
-    assert traj.response_mask == [1] * len(_generated(tok, "Hello there.").token_ids) + \
+    assert list(traj.response_mask) == [1] * len(_generated(tok, "Hello there.").token_ids) + \
         [0] * (len(traj.response_ids) - len(_generated(tok, "Hello there.").token_ids))
 
 
@@ -166,6 +166,6 @@ def test_the_glue_follows_the_token_the_engine_stopped_on(stop):
     assert tok.decode(traj.response_ids, skip_special_tokens=False) == (
         '{"name": "calc"}' + stop + "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n")
-    assert traj.response_mask == [1] * len(generated) + [0] * len(delta)
+    assert list(traj.response_mask) == [1] * len(generated) + [0] * len(delta)
     report = traj.sanity_check("strict")
     assert report.ok, report.describe()

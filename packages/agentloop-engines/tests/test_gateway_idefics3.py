@@ -109,5 +109,5 @@ async def test_a_conversation_that_continues_with_a_second_tiled_image_is_one_ex
     trajectory = rebuilt_by_core(server, processor, out, sent)
     assert trajectory.prompt_ids == out.prompt_ids
     assert trajectory.response_ids == out.response_ids
-    assert trajectory.response_mask == out.response_mask
+    assert list(trajectory.response_mask) == out.response_mask
     trajectory.to_output(sanity_check="strict")

@@ -140,7 +140,7 @@ async def test_a_two_turn_conversation_with_an_image_per_turn_is_one_row_with_bo
     trajectory = rebuilt_by_core(server, processor, out, sent)
     assert trajectory.prompt_ids == out.prompt_ids
     assert trajectory.response_ids == out.response_ids
-    assert trajectory.response_mask == out.response_mask
+    assert list(trajectory.response_mask) == out.response_mask
     assert [item.digest for item in trajectory.image_items] == [item.digest for item in items]
     trajectory.to_output(sanity_check="strict")
 

@@ -156,7 +156,7 @@ async def test_few_shot_assistant_messages_in_the_prompt_are_rendered_with_mask_
                         HumanMessage("2+2?")])
     traj = chat.session().trajectory
     assert '{"expression": "1+1"}' in tokenizer.decode(traj.prompt_ids)
-    assert traj.response_mask == [1] * len(server.calls[0].output.token_ids)
+    assert list(traj.response_mask) == [1] * len(server.calls[0].output.token_ids)
 
 
 async def test_unsupported_uses_are_clear_errors(tokenizer, scripted, calc_tool):

@@ -4,6 +4,7 @@ the chat template as a delta (mask 0)."""
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -74,14 +75,19 @@ class Trajectory(TrajectoryCheck):
             and not renderer.use_inference_chat_template)
         """Whether deltas are rendered over the whole history (and kept for the check)."""
         text = self._render_prompt(self.messages)
-        self.prompt_ids: list[int] = shared_ids(renderer.encode(text))
-        """The rendered prompt with generation prompt: the first generate input."""
+        self.prompt_ids: list[int] = self._encode_prompt(text)
+        """The rendered prompt with generation prompt: the first generate input. The same list
+        as other trajectories' of the same prompt text (see :meth:`_encode_prompt`): replace
+        it, never change it in place."""
         self.response_ids: list[int] = []
         """Generated ids (mask 1) interleaved with rendered glue/tool/user ids (mask 0)."""
-        self.response_mask: list[int] = []
-        """1 for engine-generated ids, 0 for all other ids."""
-        self.response_logprobs: list[float] | None = None
-        """Engine log-prob per response id (0.0 on mask 0); None until an engine returns some."""
+        self.response_mask = bytearray()
+        """1 for engine-generated ids, 0 for all other ids: one byte per id while the
+        trajectory is built (a list costs 8); :meth:`to_output` gives the output a list."""
+        self.response_logprobs: array[float] | None = None
+        """Engine log-prob per response id (0.0 on mask 0), as doubles: the engine's values
+        exactly, 8 bytes per id where a list of floats costs 32; None until an engine returns
+        some. :meth:`to_output` gives the output a list."""
         self.num_generations = 0
         """How many generate outputs were appended."""
         self._pieces: list[Piece] = [Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
@@ -140,15 +146,15 @@ class Trajectory(TrajectoryCheck):
                         "the engine returned log-probs for this turn but not for earlier ones; "
                         "request logprobs on every generate call of a trajectory"
                     )
-                self.response_logprobs = [0.0] * len(self.response_ids)
-            self.response_logprobs.extend(float(lp) for lp in out.log_probs)
+                self.response_logprobs = array("d", bytes(8 * len(self.response_ids)))
+            self.response_logprobs.extend(out.log_probs)
         elif self.response_logprobs is not None and ids:
             raise ValueError(
                 "the engine returned no log-probs for this turn but did for earlier ones; "
                 "request logprobs on every generate call of a trajectory"
             )
         self.response_ids.extend(ids)
-        self.response_mask.extend([1] * len(ids))
+        self.response_mask.extend(b"\x01" * len(ids))
         text = self.renderer.decode(ids)
         ended = self.renderer.ended_turn(ids, out.stop_reason)
         stop_text = self.renderer.decode(ids[-1:]) if ended else ""
@@ -219,17 +225,17 @@ class Trajectory(TrajectoryCheck):
             self.messages.extend(new)
             self._snapshots.extend(snaps)
             text = self._render_prompt(self.messages)
-            self.prompt_ids = shared_ids(self.renderer.encode(text))
+            self.prompt_ids = self._encode_prompt(text)
             self._pieces = [Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
             return list(self.prompt_ids)
         delta = self._delta_after_last_turn(new, snaps)
         keep = sum(p.n_ids for p in self._pieces) - len(self.prompt_ids)
         del self.response_ids[keep:], self.response_mask[keep:]
         self.response_ids.extend(shared_ids(delta.ids))
-        self.response_mask.extend([0] * len(delta.ids))
+        self.response_mask.extend(bytes(len(delta.ids)))
         if self.response_logprobs is not None:
             del self.response_logprobs[keep:]
-            self.response_logprobs.extend([0.0] * len(delta.ids))
+            self.response_logprobs.extend(array("d", bytes(8 * len(delta.ids))))
         self.messages.extend(new)
         self._snapshots.extend(snaps)
         self._pieces.append(Piece("appended", delta.text, len(delta.ids), digest=ids_digest(delta.ids)))
@@ -323,7 +329,7 @@ class Trajectory(TrajectoryCheck):
             prompt_ids=list(self.prompt_ids),
             response_ids=list(self.response_ids),
             response_mask=list(self.response_mask),
-            response_logprobs=None if self.response_logprobs is None else list(self.response_logprobs),
+            response_logprobs=None if self.response_logprobs is None else self.response_logprobs.tolist(),
             multi_modal_data={"image": items} if items else None,
             reward_score=reward_score,
             num_turns=len(self.messages),

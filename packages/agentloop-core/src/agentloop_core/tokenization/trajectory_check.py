@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from agentloop_core.shared_ints import shared_ids
 from agentloop_core.tokenization.content_marks import MARK
 from agentloop_core.tokenization.incremental import canonical_by_turn, snapshot, turn_encoder
 from agentloop_core.tokenization.renderer import ChatRenderer
@@ -25,6 +26,10 @@ it is full."""
 
 _PROMPT_TEXTS: weakref.WeakKeyDictionary[ChatRenderer, dict[tuple[bytes, Any], str]] = weakref.WeakKeyDictionary()
 """Per renderer (held weakly): prompt texts by :meth:`TrajectoryCheck._render_once`'s key."""
+
+_PROMPT_IDS: weakref.WeakKeyDictionary[ChatRenderer, dict[str, list[int]]] = weakref.WeakKeyDictionary()
+"""Per renderer (held weakly): the ids of a prompt text, by the text (see
+:meth:`TrajectoryCheck._encode_prompt`)."""
 
 
 @dataclass(slots=True)  # several per trajectory, thousands of trajectories in flight
@@ -136,6 +141,28 @@ class TrajectoryCheck:
                     memory[key] = text
             self._rendered[key] = text
         return text
+
+    def _encode_prompt(self, text: str) -> list[int]:
+        """The ids of the prompt text ``text`` (``shared_ids(renderer.encode(text))``), as one
+        list shared by every trajectory whose prompt renders to the same text where the
+        renderer shares prompt renders (:func:`_shared_texts`): a GRPO group's n samples hold
+        their prompt's ids once, not n times, and encode them once. The list is never changed
+        in place (a trajectory replaces its ``prompt_ids``; its output copies them). The
+        memory holds :data:`SHARED_PROMPT_RENDERS` prompts, then starts afresh."""
+        renderer = self.renderer
+        template = renderer.chat_template or getattr(renderer.processor, "chat_template", None)
+        if _shared_texts(renderer, template) is None:
+            return shared_ids(renderer.encode(text))
+        memory = _PROMPT_IDS.get(renderer)
+        if memory is None:
+            memory = _PROMPT_IDS[renderer] = {}
+        ids = memory.get(text)
+        if ids is None:
+            ids = shared_ids(renderer.encode(text))
+            if len(memory) >= SHARED_PROMPT_RENDERS:
+                memory = _PROMPT_IDS[renderer] = {}
+            memory[text] = ids
+        return ids
 
     def _render_prompt(self, messages: list[dict]) -> str:
         """``messages`` rendered with the generation prompt (kept for the check)."""
