@@ -59,6 +59,7 @@ def test_the_shared_memory_is_bounded(monkeypatch):
     for k in range(5):
         Trajectory(renderer, [{"role": "user", "content": f"Question {k}"}])
         assert len(check_module._PROMPT_TEXTS[renderer]) <= 2
+        assert len(check_module._PROMPT_IDS[renderer]) <= 2  # the prompts' ids too
 
 
 def test_a_changed_template_misses_the_shared_memory(monkeypatch):
@@ -125,10 +126,3 @@ def test_a_vision_renderer_encodes_each_prompt_itself(monkeypatch):
     assert first.prompt_ids == second.prompt_ids
     assert first.prompt_ids is not second.prompt_ids
 
-
-def test_the_shared_ids_memory_is_bounded(monkeypatch):
-    monkeypatch.setattr(check_module, "SHARED_PROMPT_RENDERS", 2)
-    renderer = ChatRenderer(load_tiny_tokenizer())
-    for k in range(5):
-        Trajectory(renderer, [{"role": "user", "content": f"Question {k}"}])
-        assert len(check_module._PROMPT_IDS[renderer]) <= 2
