@@ -72,3 +72,24 @@ async def test_single_turn_loop_reports_its_stop():
     assert out.metrics[RESPONSE_BUDGET] == 1
     assert out.metrics[TURN_CAP] == 0
     assert out.metrics[CONTEXT] == 0
+
+
+def test_rows_of_trajectories_cut_short():
+    """``RolloutBatch.stopped_on_a_limit``: every row of a trajectory with a turn stopped by a
+    length limit, or cut by the padding, and no other row."""
+    capped, clean, context, budget = StopCounter(), StopCounter(), StopCounter(), StopCounter()
+    capped.add("length", 8, 8, 8)
+    clean.add("stop", 3, 8, 8)
+    context.add("length", 2, 8, 8)
+    budget.add("length", 4, 4, 8)
+
+    def seg(t: int, k: int, counter: StopCounter, length: int = 3) -> AgentLoopOutput:
+        out = _out(length, **counter.metrics())
+        out.trajectory_index, out.segment_index = t, k
+        return out
+
+    outputs = [seg(0, 0, clean), seg(1, 0, capped), seg(2, 0, context), seg(3, 0, budget),
+               seg(4, 0, capped), seg(4, 1, clean),  # a segmented trajectory: the cut marks both rows
+               seg(5, 0, clean, length=9), seg(6, 0, clean)]
+    batch = RolloutBatch.from_outputs(outputs, pad_token_id=0, response_length=8, truncate=True)
+    assert batch.stopped_on_a_limit().tolist() == [False, True, True, True, True, True, True, False]

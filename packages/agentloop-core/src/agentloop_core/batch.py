@@ -12,7 +12,7 @@ import numpy as np
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.segments import trajectory_reward
-from agentloop_core.stops import STOP_METRICS, truncation_metrics
+from agentloop_core.stops import STOP_METRICS, stopped_on_a_limit, truncation_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,16 @@ class RolloutBatch:
         ``trajectory_index``: where per-trajectory values (reward, failed, turns) are read.
         For a batch of one segment per sample, ``arange(B)`` in sample order."""
         return last_segment_rows(self.trajectory_index, self.segment_index)
+
+    def stopped_on_a_limit(self) -> np.ndarray:
+        """[B] bool: the row's trajectory was cut short: one of its turns stopped on a length
+        limit (the per-turn cap, the engine's context, the response budget:
+        :func:`agentloop_core.stops.stopped_on_a_limit` of any of its rows' ``sample_metrics``)
+        or padding cut one of its rows (``truncated``). True on every row of such a trajectory."""
+        cut = self.truncated.astype(bool).copy()
+        for row, m in enumerate(self.sample_metrics):
+            cut[row] |= stopped_on_a_limit(m)
+        return np.isin(self.trajectory_index, self.trajectory_index[cut])
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The array fields by name (``rollout_log_probs`` left out when None)."""

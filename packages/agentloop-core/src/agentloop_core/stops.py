@@ -20,6 +20,7 @@ Loops report the counts in their output's ``metrics`` under the keys below;
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,13 @@ class StopCounter:
                 RESPONSE_BUDGET: float(self.response_budget)}
 
 
+def stopped_on_a_limit(sample_metrics: Mapping[str, Any]) -> bool:
+    """Whether a sample's loop stopped a ``generate`` call on a length limit: the per-turn cap,
+    the engine's context, or the response budget (its :class:`StopCounter` counts)."""
+    return (float(sample_metrics.get(TURN_CAP, 0)) > 0 or float(sample_metrics.get(CONTEXT, 0)) > 0
+            or bool(sample_metrics.get(RESPONSE_BUDGET)))
+
+
 def truncation_metrics(sample_metrics: list[dict[str, Any]], response_lengths: list[int],
                        response_length: int | None, padding_cut: list[bool]) -> dict[str, float]:
     """The batch's ``rollout/truncated/*`` metrics over successful samples.
@@ -124,4 +132,4 @@ def truncation_metrics(sample_metrics: list[dict[str, Any]], response_lengths: l
 
 
 __all__ = ["CONTEXT", "RESPONSE_BUDGET", "STOP_METRICS", "TURNS", "TURN_CAP", "StopCounter", "length_stop_cause",
-           "truncation_metrics"]
+           "stopped_on_a_limit", "truncation_metrics"]

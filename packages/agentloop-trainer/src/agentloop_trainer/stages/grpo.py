@@ -216,7 +216,7 @@ class PolicyGradientTrainer:
             CreditSettings.from_config(self.cfg.algorithm), batch, groups)
         last = batch.last_segment_rows()
         rewards = torch.as_tensor(batch.rewards[last])  # one per trajectory
-        pb = policy_batch_from_rollout(batch)
+        pb = policy_batch_from_rollout(batch, self.cfg.algorithm.mask_truncated)
         scored = self.critic.score(pb, batch.rewards) if self.critic is not None else None  # PPO: GAE, [B, R]
         advantages = scored.advantages if scored is not None else advantages
         if self.world_size > 1:

@@ -64,10 +64,12 @@ class PolicyBatch:
         return torch.tensor([number.setdefault(t, len(number)) for t in ids], dtype=torch.long)
 
 
-def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
+def policy_batch_from_rollout(batch: Any, mask_truncated: bool = False) -> PolicyBatch:
     """Unpad a :class:`agentloop_core.batch.RolloutBatch` (left-padded prompts, right-padded
     responses) into token sequences, one per row (a sample, or a segment of one). Failed
-    samples keep their prompt and get an all-zero mask.
+    samples keep their prompt and get an all-zero mask; so do trajectories cut short
+    (:meth:`~agentloop_core.batch.RolloutBatch.stopped_on_a_limit`) with ``mask_truncated``
+    (``algorithm.mask_truncated``).
     """
     import numpy as np
     import torch
@@ -82,6 +84,8 @@ def policy_batch_from_rollout(batch: Any) -> PolicyBatch:
         prompt_lengths.append(len(prompt))
     mask = torch.from_numpy(np.ascontiguousarray(batch.response_mask)).float()
     mask[torch.from_numpy(np.asarray(batch.failed, dtype=bool))] = 0.0
+    if mask_truncated:
+        mask[torch.from_numpy(batch.stopped_on_a_limit())] = 0.0
     rollout = None
     if batch.rollout_log_probs is not None:
         rollout = torch.from_numpy(np.ascontiguousarray(batch.rollout_log_probs)).float()

@@ -168,6 +168,13 @@ class AlgorithmSection:
     """GAE's discount per model token (``adv_estimator=gae``; 0 to 1; verl's default 1)."""
     lam: float = 1.0
     """GAE's lambda (``adv_estimator=gae``; 0 to 1; 1: Monte-Carlo returns minus values)."""
+    mask_truncated: bool = False
+    """Leave trajectories cut short out of the policy loss (TRL: ``mask_truncated_completions``;
+    DAPO's over-long filtering): a trajectory one of whose turns stopped on a length limit (the
+    per-turn cap, the engine's context, the response budget) or that padding cut gets an
+    all-zero loss mask; its reward still counts in its group's baseline and in the metrics
+    (``rollout/truncated/any`` is the share masked). For a model that sometimes runs on past
+    its answer: without it, a right answer followed by a runaway turn is reinforced whole."""
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     """Dynamic sampling (DAPO): drop groups whose samples all score the same."""
     rollout_correction: RolloutCorrectionSection = field(default_factory=RolloutCorrectionSection)
