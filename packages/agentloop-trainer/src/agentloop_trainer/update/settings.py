@@ -173,7 +173,7 @@ class AlgorithmSection:
     DAPO's over-long filtering): a trajectory one of whose turns stopped on a length limit (the
     per-turn cap, the engine's context, the response budget) or that padding cut gets an
     all-zero loss mask; its reward still counts in its group's baseline and in the metrics
-    (``rollout/truncated/any`` is the share masked). For a model that sometimes runs on past
+    (``rollout/truncated/*`` count what each limit cut). For a model that sometimes runs on past
     its answer: without it, a right answer followed by a runaway turn is reinforced whole."""
     filter_groups: FilterGroupsSection = field(default_factory=FilterGroupsSection)
     """Dynamic sampling (DAPO): drop groups whose samples all score the same."""
