@@ -117,11 +117,11 @@ def test_the_same_prompt_text_holds_its_ids_once_and_encodes_them_once(monkeypat
     assert out.prompt_ids is not second.prompt_ids
 
 
-def test_a_vision_renderer_encodes_each_prompt_itself(monkeypatch):
-    """Vision renders are not shared (an image's expansion depends on the trajectory's
-    limits), nor are their ids."""
-    monkeypatch.setattr(check_module, "_shared_texts", lambda renderer, template: None)
-    renderer = ChatRenderer(load_tiny_tokenizer())
+def test_a_renderer_that_shares_no_renders_encodes_each_prompt_itself():
+    """Where prompt renders are not shared (a template that reads the clock; a vision
+    renderer, whose image expansion depends on the trajectory's limits), nor are their ids."""
+    tok = load_tiny_tokenizer()
+    renderer = ChatRenderer(tok, chat_template='{%- set today = strftime_now("%d %b %Y") %}' + tok.chat_template)
     first, second = Trajectory(renderer, PROMPT), Trajectory(renderer, PROMPT)
     assert first.prompt_ids == second.prompt_ids
     assert first.prompt_ids is not second.prompt_ids

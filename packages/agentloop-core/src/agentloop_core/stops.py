@@ -127,7 +127,7 @@ def truncation_metrics(sample_metrics: list[dict[str, Any]], response_lengths: l
     out["rollout/truncated/turn_cap"] = sum(c > 0 for c in capped) / n
     out["rollout/truncated/turn_cap_turns"] = sum(capped) / turns if turns else 0.0
     out["rollout/truncated/context"] = sum(c > 0 for c in context) / n
-    out["rollout/truncated/any"] = sum(b or c > 0 or x > 0 for b, c, x in zip(budget, capped, context, strict=True)) / n
+    out["rollout/truncated/any"] = sum(b or stopped_on_a_limit(m) for b, m in zip(budget, sample_metrics, strict=True)) / n
     return out
 
 

@@ -124,44 +124,37 @@ class TrajectoryCheck:
         digest = snapshot([inputs, _live_tools(renderer), renderer.apply_chat_template_kwargs])
         if digest is None:  # not JSON (images, circular): nothing to compare by
             return render()
-        template = renderer.chat_template or getattr(renderer.processor, "chat_template", None)
+        template = _template(renderer)
         key = (digest, template)
         try:
             text = self._rendered.get(key)
         except TypeError:  # a template that is not a string (a dict of named templates)
             return render()
         if text is None:
-            memory = _shared_texts(renderer, template) if shared else None
+            memory = _memory(_PROMPT_TEXTS, renderer) if shared and _shares_prompts(renderer, template) else None
             text = None if memory is None else memory.get(key)
             if text is None:
                 text = render()
                 if memory is not None:
-                    if len(memory) >= SHARED_PROMPT_RENDERS:
-                        memory = _PROMPT_TEXTS[renderer] = {}
-                    memory[key] = text
+                    _remember(_PROMPT_TEXTS, renderer, memory, key, text)
             self._rendered[key] = text
         return text
 
     def _encode_prompt(self, text: str) -> list[int]:
         """The ids of the prompt text ``text`` (``shared_ids(renderer.encode(text))``), as one
         list shared by every trajectory whose prompt renders to the same text where the
-        renderer shares prompt renders (:func:`_shared_texts`): a GRPO group's n samples hold
+        renderer shares prompt renders (:func:`_shares_prompts`): a GRPO group's n samples hold
         their prompt's ids once, not n times, and encode them once. The list is never changed
         in place (a trajectory replaces its ``prompt_ids``; its output copies them). The
         memory holds :data:`SHARED_PROMPT_RENDERS` prompts, then starts afresh."""
         renderer = self.renderer
-        template = renderer.chat_template or getattr(renderer.processor, "chat_template", None)
-        if _shared_texts(renderer, template) is None:
+        if not _shares_prompts(renderer, _template(renderer)):
             return shared_ids(renderer.encode(text))
-        memory = _PROMPT_IDS.get(renderer)
-        if memory is None:
-            memory = _PROMPT_IDS[renderer] = {}
+        memory = _memory(_PROMPT_IDS, renderer)
         ids = memory.get(text)
         if ids is None:
             ids = shared_ids(renderer.encode(text))
-            if len(memory) >= SHARED_PROMPT_RENDERS:
-                memory = _PROMPT_IDS[renderer] = {}
-            memory[text] = ids
+            _remember(_PROMPT_IDS, renderer, memory, text, ids)
         return ids
 
     def _render_prompt(self, messages: list[dict]) -> str:
@@ -224,7 +217,7 @@ class TrajectoryCheck:
     def _settings_snapshot(self) -> tuple:
         """What every render reads besides the messages."""
         r = self.renderer
-        return (snapshot([_live_tools(r), r.apply_chat_template_kwargs]), id(r.chat_template or getattr(r.processor, "chat_template", None)),
+        return (snapshot([_live_tools(r), r.apply_chat_template_kwargs]), id(_template(r)),
                 r.use_inference_chat_template)
 
     def _unchanged_since_rendered(self, built: list[int]) -> bool:
@@ -342,17 +335,35 @@ def _reading_marks(encode: Callable[[list[str]], list[list[int]]],
     return both
 
 
-def _shared_texts(renderer: ChatRenderer, template: Any) -> dict[tuple[bytes, Any], str] | None:
-    """The prompt texts ``renderer`` shares across trajectories; None where a render is not
-    a function of the key alone: a vision renderer (an image's expansion depends on the
-    trajectory's image limits, not only on its digest in the message), a template that reads
-    the clock (``strftime_now``: Llama's "Today Date"), or one that is not a string."""
-    if renderer.vision is not None or not isinstance(template, str) or "strftime_now" in template:
-        return None
-    memory = _PROMPT_TEXTS.get(renderer)
+def _template(renderer: ChatRenderer) -> Any:
+    """The template ``renderer``'s renders read: its own, else its processor's."""
+    return renderer.chat_template or getattr(renderer.processor, "chat_template", None)
+
+
+def _shares_prompts(renderer: ChatRenderer, template: Any) -> bool:
+    """Whether ``renderer`` shares prompt renders (and their ids) across trajectories: not
+    where a render is not a function of the key alone: a vision renderer (an image's expansion
+    depends on the trajectory's image limits, not only on its digest in the message), a
+    template that reads the clock (``strftime_now``: Llama's "Today Date"), or one that is not
+    a string."""
+    return renderer.vision is None and isinstance(template, str) and "strftime_now" not in template
+
+
+def _memory(tables: weakref.WeakKeyDictionary[ChatRenderer, dict[Any, Any]], renderer: ChatRenderer) -> dict[Any, Any]:
+    """``renderer``'s memory in ``tables`` (:data:`_PROMPT_TEXTS`, :data:`_PROMPT_IDS`), made on first use."""
+    memory = tables.get(renderer)
     if memory is None:
-        memory = _PROMPT_TEXTS[renderer] = {}
+        memory = tables[renderer] = {}
     return memory
+
+
+def _remember(tables: weakref.WeakKeyDictionary[ChatRenderer, dict[Any, Any]], renderer: ChatRenderer,
+              memory: dict[Any, Any], key: Any, value: Any) -> None:
+    """Put ``key: value`` in ``memory`` (``renderer``'s in ``tables``); a memory that holds
+    :data:`SHARED_PROMPT_RENDERS` entries is replaced by a fresh one first."""
+    if len(memory) >= SHARED_PROMPT_RENDERS:
+        memory = tables[renderer] = {}
+    memory[key] = value
 
 
 def _live_tools(renderer: ChatRenderer) -> list[dict] | None:
