@@ -262,3 +262,12 @@ def test_reasoning_keys_reach_the_loop():
     plain = dict(rollout_config(load_config(["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]))
                  .agent_loop_configs)["tool_agent"]
     assert (plain.reasoning_parser, plain.tool_calls_in_reasoning) == (None, False)
+
+
+def test_the_worker_settings_reach_the_rollout_record():
+    assert rollout_config(load_config([])).switch_interval_s == 0.001
+    s = rollout_config(load_config(["actor_rollout_ref.rollout.agent.switch_interval_s=0.0002",
+                                    "actor_rollout_ref.rollout.agent.hold_full_gc=false",
+                                    "actor_rollout_ref.rollout.agent.turns_per_loop_iteration=8"]))
+    assert (s.switch_interval_s, s.hold_full_gc, s.turns_per_loop_iteration) == (0.0002, False, 8)
+    assert rollout_config(load_config(["actor_rollout_ref.rollout.agent.switch_interval_s=null"])).switch_interval_s is None

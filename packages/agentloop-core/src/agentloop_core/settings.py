@@ -112,6 +112,12 @@ class RolloutConfig:
     """While a batch is in flight, freeze the objects that existed before it and hold off
     Python's full garbage collections (young ones still run), so none pauses every loop of the
     process; released when the last batch returns (``agentloop_core.runtime.gc_hold``)."""
+    switch_interval_s: float | None = 0.001
+    """While a batch is in flight, the interpreter's thread switch interval is at most this
+    (``sys.setswitchinterval``; Python's default is 0.005), so threads of the process (a sync
+    tool's pool) hold the GIL in shorter turns and the event loop waits less behind them;
+    restored when the last batch returns (``agentloop_core.runtime.switch_interval``); None:
+    left as it is."""
     sampling_seed: int | None = None
     """Every ``generate`` call without its own ``seed`` gets one derived from this, the sample's
     key and the call index (``agentloop_core.runtime.seeding``; trainer: ``trainer.seed``);
@@ -142,6 +148,8 @@ class RolloutConfig:
                           what="a positive integer")
         _positive_or_none("turns_per_loop_iteration", self.turns_per_loop_iteration, number=False,
                           what="a positive integer")
+        _positive_or_none("switch_interval_s", self.switch_interval_s, number=True,
+                          what="a positive number of seconds")
         seed = self.sampling_seed
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ValueError(f"sampling_seed must be an integer or None, got {seed!r}")

@@ -16,6 +16,7 @@ from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.gc_hold import GC_HOLD
 from agentloop_core.runtime.pacing import PacedServer, TurnPacer, use_pacer
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
+from agentloop_core.runtime.switch_interval import SWITCH_INTERVAL
 from agentloop_core.segments import trajectory_reward, trajectory_view
 from agentloop_core.settings import RolloutConfig
 from agentloop_core.tracing import Tracer, make_tracer, trace_context
@@ -183,7 +184,7 @@ class AgentLoopWorker:
             return segments
 
         try:
-            with GC_HOLD.holding(self.config.hold_full_gc):
+            with GC_HOLD.holding(self.config.hold_full_gc), SWITCH_INTERVAL.holding(self.config.switch_interval_s):
                 parts = await asyncio.gather(*(one(i, row) for i, row in enumerate(rows)))
         finally:
             self.tracer.flush()

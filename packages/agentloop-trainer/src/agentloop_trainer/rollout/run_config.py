@@ -121,6 +121,7 @@ def rollout_config(rollout: RolloutSection, scorer: RewardScorer, *, prompt_leng
         sample_timeout_s=r.sample_timeout_s,
         turns_per_loop_iteration=r.agent.turns_per_loop_iteration,
         hold_full_gc=r.agent.hold_full_gc,
+        switch_interval_s=r.agent.switch_interval_s,
         sampling_seed=seed,
         sampling_params=train,
         val_sampling_params=val_sampling,
