@@ -86,8 +86,8 @@ def test_the_worker_holds_its_interval_only_while_its_batch_runs(setting, during
     assert not SWITCH_INTERVAL.held
 
 
-def test_the_default_is_one_millisecond():
-    assert RolloutConfig().switch_interval_s == 0.001
+def test_the_default_is_two_milliseconds():
+    assert RolloutConfig().switch_interval_s == 0.002
 
 
 @pytest.mark.parametrize("bad", [0, -0.001, True, "0.001"])

@@ -265,7 +265,7 @@ def test_reasoning_keys_reach_the_loop():
 
 
 def test_the_worker_settings_reach_the_rollout_record():
-    assert rollout_config(load_config([])).switch_interval_s == 0.001
+    assert rollout_config(load_config([])).switch_interval_s == 0.002
     s = rollout_config(load_config(["actor_rollout_ref.rollout.agent.switch_interval_s=0.0002",
                                     "actor_rollout_ref.rollout.agent.hold_full_gc=false",
                                     "actor_rollout_ref.rollout.agent.turns_per_loop_iteration=8"]))

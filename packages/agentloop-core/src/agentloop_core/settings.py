@@ -112,7 +112,7 @@ class RolloutConfig:
     """While a batch is in flight, freeze the objects that existed before it and hold off
     Python's full garbage collections (young ones still run), so none pauses every loop of the
     process; released when the last batch returns (``agentloop_core.runtime.gc_hold``)."""
-    switch_interval_s: float | None = 0.001
+    switch_interval_s: float | None = 0.002
     """While a batch is in flight, the interpreter's thread switch interval is at most this
     (``sys.setswitchinterval``; Python's default is 0.005), so threads of the process (a sync
     tool's pool) hold the GIL in shorter turns and the event loop waits less behind them;
