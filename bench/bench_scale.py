@@ -9,10 +9,14 @@ trajectory makes 3 calculator calls and then answers (4 generate calls, the same
 * ours: ``agentloop_core.AgentLoopWorker.generate_sequences`` (the in-process rollout worker,
   one asyncio task per sample) running the real ``tool_agent`` loop with the built-in
   ``calculator`` tool, default config (``turns_per_loop_iteration=4``: at most 4 turns resume
-  per event-loop iteration, see ``agentloop_core.runtime.worker.TurnPacer``).
+  per event-loop iteration, see ``agentloop_core.runtime.pacing.TurnPacer``; ``switch_interval_s=0.002``,
+  see ``agentloop_core.runtime.switch_interval``).
 * ours unpaced: the same with ``turns_per_loop_iteration=None`` (the worker before the pacer).
 * ours with Python's GC: the same with ``hold_full_gc=False`` (full garbage collections run on
   Python's schedule during the batch, as before issue 35).
+* ours with Python's switch interval: the same with ``switch_interval_s=None`` (the GIL changes
+  hands every 5 ms, Python's default, instead of the worker's 2 ms while a batch is in flight:
+  the calculator's thread pool then holds the event loop up in 5 ms turns).
 * verl 0.9.1: ``verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop``, one loop object
   per sample as verl's worker builds them, all awaited with ``asyncio.gather`` (as in
   ``verl_driver.py``); the calculator as a verl function tool; the same engine behind verl's
@@ -66,7 +70,8 @@ PROBE_S = 0.010
 WARMUP = 8
 RESULT_PREFIX = "SCALE_RESULT "
 SIDES = {"ours": "ours (agentloop tool_agent)", "ours_unpaced": "ours, turns_per_loop_iteration=None",
-         "ours_python_gc": "ours, hold_full_gc=false", "ours_baseline": "ours, baseline tree (--baseline-tree)",
+         "ours_python_gc": "ours, hold_full_gc=false", "ours_python_switch": "ours, switch_interval_s=null",
+         "ours_baseline": "ours, baseline tree (--baseline-tree)",
          "verl": "verl 0.9.1 ToolAgentLoop"}
 
 
@@ -221,7 +226,8 @@ def area_of(filename: str, func: str) -> str:
 
 # The worker config each of our sides overrides.
 OURS_OVERRIDES: dict[str, dict[str, Any]] = {
-    "ours": {}, "ours_unpaced": {"turns_per_loop_iteration": None}, "ours_python_gc": {"hold_full_gc": False}}
+    "ours": {}, "ours_unpaced": {"turns_per_loop_iteration": None}, "ours_python_gc": {"hold_full_gc": False},
+    "ours_python_switch": {"switch_interval_s": None}}
 
 
 async def child_ours(n: int, per_token_s: float, profile: bool, overrides: dict[str, Any] | None = None) -> dict:
