@@ -3,7 +3,7 @@ final loss, per seed and thread count.
 
 ``cosine_restarts`` (750-step cosine schedules, repeated while not learned, up to 1500 steps)
 against ``wsd`` (peak rate until the loss leaves its plateau, then a 200-step cooldown, stopping
-once learned): see ``agentloop_trainer.stages.sft.schedule``. When the loss leaves its plateau is
+once learned): see ``agentloop_trainer.policy.lr_schedules``. When the loss leaves its plateau is
 chaotic (seed, thread count, float rounding), so each seed runs with 1 thread and, as a second
 rounding of the same seed, with 2 threads (``torch.set_num_threads(2)``: another reduction order;
 only the 1-thread rows are timings when the script is pinned to one core).
@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import REPO_ROOT, load_average, table, versions, write_result  # noqa: E402
 
-SCHEDULES = ("cosine_restarts", "wsd")
+from agentloop_trainer.policy.lr_schedules import SCHEDULES as SCHEDULE_REGISTRY  # noqa: E402
+
+SCHEDULES = tuple(SCHEDULE_REGISTRY)
 
 
 def one(schedule: str, seed: int, threads: int, save: Path | None) -> dict:
@@ -39,10 +41,10 @@ def one(schedule: str, seed: int, threads: int, save: Path | None) -> dict:
     import torch
 
     from agentloop_core.testing import load_tiny_tokenizer
+    from agentloop_trainer.policy.lr_schedules import EXIT_WINDOW
     from agentloop_trainer.policy.model import build_tiny_policy
     from agentloop_trainer.policy.settings import SFTSection
     from agentloop_trainer.stages.sft import STOP_WINDOW, learned, train_sft, window_mean
-    from agentloop_trainer.stages.sft.schedule import EXIT_WINDOW
     from agentloop_trainer.task.calculator import BIASED_TEMPLATES, make_problems
 
     torch.set_num_threads(threads)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from agentloop_trainer.config import ConfigError, load_config
-from agentloop_trainer.stages.sft.loss import cosine_lr
-from agentloop_trainer.stages.sft.schedule import (
+from agentloop_trainer.policy.lr_schedules import (
     CosineRestarts,
     PlateauExitSchedule,
     WarmupSchedule,
+    cosine_lr,
 )
 from agentloop_trainer.task import make_problems
 
@@ -125,9 +125,24 @@ def test_the_schedule_is_checked_and_keys_the_cached_warmup():
     changes the warm-up's result changes its cache key."""
     from agentloop_trainer.stages.sft.warmup_checkpoint import sft_cache_key
 
-    with pytest.raises(ConfigError, match=r"sft.schedule.*wsd or cosine_restarts"):
+    with pytest.raises(ConfigError, match=r"sft.schedule.*cosine_restarts or wsd"):
         load_config(["sft.schedule=linear"])
     keys = {sft_cache_key(load_config(o)) for o in (
         ["sft.schedule=cosine_restarts"], ["sft.schedule=wsd"], ["sft.schedule=wsd", "sft.cooldown_steps=150"],
         ["sft.schedule=wsd", "sft.exit_loss=0.05"])}
     assert len(keys) == 4
+
+
+def test_a_schedule_registered_is_one_the_config_accepts(monkeypatch):
+    """``sft.schedule``'s check reads the registry, so a schedule added there is a valid value
+    (the check used to list the names again, and refused it) and the error lists it."""
+    from agentloop_trainer.policy import lr_schedules
+
+    class Constant(CosineRestarts):
+        pass
+
+    monkeypatch.setitem(lr_schedules.SCHEDULES, "constant", Constant)
+    assert load_config(["sft.schedule=constant"]).sft.schedule == "constant"
+    assert isinstance(lr_schedules.make_schedule(load_config(["sft.schedule=constant"]).sft), Constant)
+    with pytest.raises(ConfigError, match=r"sft.schedule.*cosine_restarts or wsd or constant"):
+        load_config(["sft.schedule=linear"])

@@ -3,6 +3,8 @@ chat template, and the tiny model. The tiny model's SFT warm-up checkpoint is bu
 stage (:mod:`agentloop_trainer.stages.sft.warmup_checkpoint`).
 
 - :mod:`~agentloop_trainer.policy.settings`: the ``model`` and ``sft`` sections and their checks.
+- :mod:`~agentloop_trainer.policy.lr_schedules`: the ``sft`` section's learning-rate schedules
+  (``sft.schedule``: the registry :data:`~agentloop_trainer.policy.lr_schedules.SCHEDULES`).
 
 - :mod:`~agentloop_trainer.policy.tokenizer`: the run's tokenizer (:func:`load_tokenizer`).
 - :mod:`~agentloop_trainer.policy.chat_templates`: ``model.custom_chat_template`` on every

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_trainer.config_base import require
+from agentloop_trainer.policy.lr_schedules import SCHEDULES
 
 
 @dataclass
@@ -64,7 +65,7 @@ class SFTSection:
     """Warm-up: most optimizer steps in all (``cosine_restarts``: whole schedules only)."""
     schedule: str = "cosine_restarts"
     """Warm-up: the learning-rate schedule
-    (:mod:`~agentloop_trainer.stages.sft.schedule`). ``cosine_restarts``: ``steps`` steps of
+    (:mod:`~agentloop_trainer.policy.lr_schedules`). ``cosine_restarts``: ``steps`` steps of
     linear warm-up and cosine decay, run again from the start while not learned (``stop_loss``).
     ``wsd``: warm-up, then the peak rate until the loss leaves its plateau (``exit_loss``), then
     a ``cooldown_steps`` decay, stopping as soon as learned; it ends at ``max_steps`` (with a
@@ -159,6 +160,6 @@ def check(model: ModelSection, sft: SFTSection) -> None:
         ("sft.total_steps", sft.total_steps is None or sft.total_steps >= 1, "null or at least 1"),
         ("sft.max_length", sft.max_length >= 2, "at least 2"),
         ("sft.resume", sft.resume in ("never", "auto", "must"), "never, auto or must"),
-        ("sft.schedule", sft.schedule in ("wsd", "cosine_restarts"), "wsd or cosine_restarts"),
+        ("sft.schedule", sft.schedule in SCHEDULES, " or ".join(SCHEDULES)),
         ("sft.cooldown_steps", sft.cooldown_steps >= 1, "at least 1"),
     ])

@@ -3,7 +3,8 @@
 
 - :mod:`~agentloop_trainer.stages.sft.data`: verl's multi-turn SFT rows (parquet, jsonl), checked.
 - :mod:`~agentloop_trainer.stages.sft.tokenize`: conversations as the ids and mask a rollout holds.
-- :mod:`~agentloop_trainer.stages.sft.loss`: the loss, the schedule, one optimizer step.
+- :mod:`~agentloop_trainer.stages.sft.loss`: the loss, one optimizer step (the learning-rate
+  schedules are the ``sft`` section's: :mod:`~agentloop_trainer.policy.lr_schedules`).
 - :mod:`~agentloop_trainer.stages.sft.stage`: the general training loop (resumable, LoRA, bf16).
 - :mod:`~agentloop_trainer.stages.sft.warmup`: the tiny model's warm-up driver.
 
@@ -11,6 +12,7 @@ The calculator task's demonstrations as SFT rows are the task's
 (:mod:`~agentloop_trainer.task.demonstrations`).
 """
 
+from agentloop_trainer.policy.lr_schedules import cosine_lr
 from agentloop_trainer.stages.sft.data import (
     SFTDataError,
     SFTExample,
@@ -19,7 +21,7 @@ from agentloop_trainer.stages.sft.data import (
     write_calculator_sft,
     write_sft_rows,
 )
-from agentloop_trainer.stages.sft.loss import cosine_lr, eval_loss, make_optimizer, sft_loss, sft_step
+from agentloop_trainer.stages.sft.loss import eval_loss, make_optimizer, sft_loss, sft_step
 from agentloop_trainer.stages.sft.tokenize import SFTTokenizer, TokenizedConversation, tokenize_conversation
 from agentloop_trainer.stages.sft.warmup import (
     STOP_WINDOW,

@@ -1,5 +1,5 @@
-"""The SFT loss, its learning-rate schedule and one optimizer step; shared by the general SFT
-stage and the tiny model's warm-up."""
+"""The SFT loss and one optimizer step; shared by the general SFT stage and the tiny model's
+warm-up (their learning-rate schedules: :mod:`~agentloop_trainer.policy.lr_schedules`)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,6 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: 
     total = -(logp * weight).sum()
     return total / (weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1.0))
 
-
-def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up then cosine decay to 10% of ``peak``."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def make_optimizer(model: Any, lr: float, weight_decay: float = 0.0) -> Any:

@@ -18,7 +18,8 @@ from typing import Any
 
 from agentloop_core.vision.processor import load_vision_processor
 from agentloop_trainer.config.sections import TrainConfig
-from agentloop_trainer.stages.sft.loss import cosine_lr, eval_loss, make_optimizer, sft_step
+from agentloop_trainer.policy.lr_schedules import cosine_lr
+from agentloop_trainer.stages.sft.loss import eval_loss, make_optimizer, sft_step
 from agentloop_trainer.stages.sft.tokenize import SFTTokenizer, TokenizedConversation
 
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The tiny model's SFT warm-up: the general SFT step on the (biased) teacher's demonstrations,
 drawn afresh each step, under one of the warm-up's learning-rate schedules
-(:mod:`~agentloop_trainer.stages.sft.schedule`).
+(:mod:`~agentloop_trainer.policy.lr_schedules`).
 
 Tokenization and loss are the general stage's (:mod:`~agentloop_trainer.stages.sft.tokenize`,
 :func:`~agentloop_trainer.stages.sft.loss.sft_step`); only the schedule and the demonstration stream
@@ -13,15 +13,15 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentloop_trainer.policy.settings import SFTSection
-from agentloop_trainer.stages.sft.loss import make_optimizer, sft_step
-from agentloop_trainer.stages.sft.schedule import (
+from agentloop_trainer.policy.lr_schedules import (
     STOP_WINDOW,
     WarmupSchedule,
     learned,
     make_schedule,
     window_mean,
 )
+from agentloop_trainer.policy.settings import SFTSection
+from agentloop_trainer.stages.sft.loss import make_optimizer, sft_step
 from agentloop_trainer.stages.sft.tokenize import TokenizedConversation, shared_tokenizer
 from agentloop_trainer.task.calculator import Problem, demonstration, tool_schemas
 

@@ -56,9 +56,9 @@ def sft_checkpoint(cfg: TrainConfig, tokenizer: Any, log: Any = print) -> Path:
         import torch
         from tqdm import tqdm
 
+        from agentloop_trainer.policy.lr_schedules import make_schedule
         from agentloop_trainer.policy.model import build_tiny_policy
         from agentloop_trainer.stages.sft import STOP_WINDOW, learned, train_sft, window_mean
-        from agentloop_trainer.stages.sft.schedule import make_schedule
         from agentloop_trainer.task.calculator import BIASED_TEMPLATES, make_problems
 
         s = cfg.sft

@@ -1,4 +1,5 @@
-"""The tiny warm-up's learning-rate schedules, as pure policies fed one loss at a time.
+"""The SFT learning-rate schedules: :func:`cosine_lr` (the general stage's), and the tiny warm-up's
+schedules (``sft.schedule``, :data:`SCHEDULES`), as pure policies fed one loss at a time.
 
 The warm-up's loss sits on a plateau (~0.2-0.5) for a number of steps that is chaotic (it moves
 several-fold with the seed, the thread count, the CPU's float rounding), then falls within a few
@@ -22,8 +23,6 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from agentloop_trainer.stages.sft.loss import cosine_lr
-
 STOP_WINDOW = 50
 """Last steps whose mean loss is compared with ``SFTSection.stop_loss``."""
 
@@ -34,6 +33,14 @@ window would start the cooldown that much later."""
 
 FLOOR = 0.1
 """Lowest learning rate of either schedule, as a fraction of the peak."""
+
+
+def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up then cosine decay to 10% of ``peak``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def window_mean(losses: Sequence[float], window: int = STOP_WINDOW) -> float:
