@@ -48,7 +48,6 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: 
     return total / (weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1.0))
 
 
-
 def make_optimizer(model: Any, lr: float, weight_decay: float = 0.0) -> Any:
     """AdamW over the trainable parameters (the adapters under LoRA), betas (0.9, 0.95)."""
     import torch
