@@ -16,7 +16,7 @@ trajectory makes 3 calculator calls and then answers (4 generate calls, the same
   Python's schedule during the batch, as before issue 35).
 * ours with Python's switch interval: the same with ``switch_interval_s=None`` (the GIL changes
   hands every 5 ms, Python's default, instead of the worker's 2 ms while a batch is in flight:
-  the calculator's thread pool then holds the event loop up in 5 ms turns).
+  the calculator's pool threads then get the GIL from the busy loop only every 5 ms).
 * verl 0.9.1: ``verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop``, one loop object
   per sample as verl's worker builds them, all awaited with ``asyncio.gather`` (as in
   ``verl_driver.py``); the calculator as a verl function tool; the same engine behind verl's

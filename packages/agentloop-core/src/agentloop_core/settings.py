@@ -115,7 +115,8 @@ class RolloutConfig:
     switch_interval_s: float | None = 0.002
     """While a batch is in flight, the interpreter's thread switch interval is at most this
     (``sys.setswitchinterval``; Python's default is 0.005), so threads of the process (a sync
-    tool's pool) hold the GIL in shorter turns and the event loop waits less behind them;
+    tool's pool) get the GIL from a busy event loop sooner: their calls return sooner and less
+    at once;
     restored when the last batch returns (``agentloop_core.runtime.switch_interval``); None:
     left as it is."""
     sampling_seed: int | None = None

@@ -1,14 +1,14 @@
 """A short thread switch interval while rollouts are in flight.
 
-Why: a sync tool runs on threads of its own (``agentloop_tools.sync_pool``: 8 per tool by
-default), and every thread of the process takes turns holding the GIL for up to
-``sys.getswitchinterval()`` seconds (Python's default: 5 ms) whenever another one waits for
-it. With thousands of trajectories calling such a tool, its threads are rarely idle, and the
-event-loop thread waits behind each of them in turn: at 16384 trajectories, 3 calculator calls
-each, the loop's lag p99 was 61-70 ms, and 17-19 ms with a 2 ms interval at the same throughput
-(``bench/bench_scale.py``, 2026-12-06). A shorter interval only makes the GIL change hands
-more often; what every thread computes is unchanged. 2 ms, not less: at 1 ms the main job's
-GRPO (its engine on a thread of its own) took 1.03x as long; at 2 ms 1.01x, within noise.
+Why: a sync tool runs on threads of its own (``agentloop_tools.sync_pool``), and each call
+must take the GIL from the event-loop thread, which, busy with thousands of trajectories, gives
+it up only when the switch interval (``sys.getswitchinterval()``, Python's default 5 ms) says
+so. The calls then wait in line for those hand-overs and their results come back in bursts: at
+16384 trajectories, 3 calculator calls each, a call took 228 ms (median; p99 857 ms) and the
+loop's lag p99 was 57-70 ms; with a 2 ms interval 35 ms (p99 80 ms) and 17-19 ms, at the same
+throughput (``bench/bench_scale.py``, 2026-12-06). A shorter interval only makes the GIL change
+hands more often; what every thread computes is unchanged. 2 ms, not less: at 1 ms the main
+job's GRPO (its engine on a thread of its own) took 1.03x as long; at 2 ms 1.01x, within noise.
 
 How: while at least one batch is in flight, the interval is at most the worker's
 ``switch_interval_s`` (never raised: a process that set a shorter one keeps it). When the last
