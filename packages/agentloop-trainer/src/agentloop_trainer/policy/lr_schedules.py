@@ -36,11 +36,11 @@ FLOOR = 0.1
 
 
 def cosine_lr(step: int, total: int, peak: float, warmup: int) -> float:
-    """Linear warm-up then cosine decay to 10% of ``peak``."""
+    """Linear warm-up then cosine decay to :data:`FLOOR` (10%) of ``peak``."""
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (FLOOR + (1 - FLOOR) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def window_mean(losses: Sequence[float], window: int = STOP_WINDOW) -> float:
