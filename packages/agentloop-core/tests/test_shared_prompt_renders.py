@@ -92,8 +92,8 @@ def test_an_append_reuses_its_preview_only_for_json_messages(extra, renders, mon
 
 def test_the_same_prompt_text_holds_its_ids_once_and_encodes_them_once(monkeypatch):
     """A GRPO group's samples share their prompt's ids (one list, one encode), and a change to
-    one trajectory never reaches another: a trajectory replaces its prompt ids, its output
-    copies them."""
+    one trajectory never reaches another: a trajectory replaces its prompt ids, and the list
+    (its output's too) refuses changes in place."""
     tok = load_tiny_tokenizer()
     renderer = ChatRenderer(tok)
     encodes = _counting(renderer, monkeypatch, "encode")
@@ -114,7 +114,10 @@ def test_the_same_prompt_text_holds_its_ids_once_and_encodes_them_once(monkeypat
     second.append_generated(TokenOutput(ids, [-0.5] * len(ids)))
     out = second.to_output()
     assert out.prompt_ids == shared
-    assert out.prompt_ids is not second.prompt_ids
+    # The output shares the list too; it is read-only, so no holder can change another's.
+    assert out.prompt_ids is second.prompt_ids
+    with pytest.raises(TypeError, match=r"list\(output.prompt_ids\)"):
+        out.prompt_ids.append(1)
 
 
 def test_a_renderer_that_shares_no_renders_encodes_each_prompt_itself():

@@ -32,7 +32,7 @@ def test_the_output_gets_the_engines_log_probs_exactly_as_lists():
     assert type(out.response_mask) is list
     assert type(out.response_logprobs) is list
     assert type(out.response_ids) is list
-    assert type(out.prompt_ids) is list
+    assert isinstance(out.prompt_ids, list)  # a read-only list shared by the prompt's samples
     assert out.response_mask == [1] * len(first.token_ids) + [0] * len(glue) + [1] * len(second.token_ids)
     assert out.response_logprobs == [*first.log_probs, *[0.0] * len(glue), *second.log_probs]  # doubles: exact
     assert all(type(x) is float for x in out.response_logprobs)

@@ -6,6 +6,10 @@ ids until the batch returns (``response_ids``, then the output), so with thousan
 the int objects cost 3.5x the lists that hold them. :func:`shared_ids` maps each id to the one
 object of that value in a process-wide table, grown on demand; the result is still a plain
 ``list[int]``, equal to the input.
+
+:class:`ReadOnlyIds` is the other half: one list of ids that several holders share (the prompt
+ids of a GRPO group's n outputs), which refuses to be changed in place so no holder can change
+another's.
 """
 
 from __future__ import annotations
@@ -70,4 +74,35 @@ def _grow_to(ids: list[int]) -> bool:
     return True
 
 
-__all__ = ["MAX_SHARED_ID", "shared_ids"]
+class ReadOnlyIds(list):  # noqa: FURB189 (a list subclass on purpose: it must stay a list)
+    """A ``list[int]`` that refuses in-place changes, so one list can be shared.
+
+    The outputs of one prompt's samples get the same prompt ids; a list per output cost 8 bytes
+    per id per sample (2.7 KB a trajectory for a 336-token prompt). It is still a list
+    (``isinstance``, ``==`` with a list, slicing and ``+`` give plain lists, JSON, torch and
+    numpy take it); any method that would change it raises :class:`TypeError` naming the fix:
+    copy it first (``list(ids)``). It pickles as itself (Ray ships a group's shared prompt once).
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *_: object, **__: object) -> None:
+        raise TypeError("these token ids are shared (the prompt ids of every sample of one prompt) and cannot be "
+                        "changed in place; copy them first: ids = list(output.prompt_ids)")
+
+    # pyright's ignore: sort's declared overloads bind self to list[T]; this one takes anything.
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse  # pyright: ignore[reportAssignmentType]
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[type[ReadOnlyIds], tuple[list[int]]]:
+        # pickle's default for a list subclass fills it with extend() after creating it.
+        return ReadOnlyIds, (list(self),)
+
+    def __copy__(self) -> ReadOnlyIds:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> ReadOnlyIds:
+        return self  # ints are immutable and so is this list: a copy would only cost memory
+
+
+__all__ = ["MAX_SHARED_ID", "ReadOnlyIds", "shared_ids"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
-from agentloop_core.shared_ints import shared_ids
+from agentloop_core.shared_ints import ReadOnlyIds, shared_ids
 from agentloop_core.tokenization.incremental import snapshot
 from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, check_mode
@@ -326,16 +326,37 @@ class Trajectory(TrajectoryCheck):
             out_metrics["tokenization_mismatch_ignored"] = 1
         items = self.image_items
         return AgentLoopOutput(
-            prompt_ids=list(self.prompt_ids),
+            # Read-only prompt ids are shared with the other samples of the prompt, not copied.
+            prompt_ids=self.prompt_ids if type(self.prompt_ids) is ReadOnlyIds else list(self.prompt_ids),
             response_ids=list(self.response_ids),
             response_mask=list(self.response_mask),
-            response_logprobs=None if self.response_logprobs is None else self.response_logprobs.tolist(),
+            response_logprobs=None if self.response_logprobs is None else logprob_list(self.response_logprobs,
+                                                                                        self.response_mask),
             multi_modal_data={"image": items} if items else None,
             reward_score=reward_score,
             num_turns=len(self.messages),
             metrics=out_metrics,
             extra_fields=dict(extra_fields or {}),
         )
+
+
+_ZERO = 0.0
+"""The one float object every mask-0 log-prob of an output refers to."""
+
+
+def logprob_list(values: array[float], mask: bytearray) -> list[float]:
+    """``values.tolist()`` with each run of mask-0 entries (tool, user and template tokens,
+    whose log-prob the trajectory keeps at 0.0) referring to one shared ``0.0`` instead of a
+    24-byte float object per token; the values are unchanged."""
+    out = values.tolist()
+    i = mask.find(0)
+    while i != -1:
+        j = mask.find(1, i)
+        if j == -1:
+            j = len(mask)
+        out[i:j] = [_ZERO] * (j - i)
+        i = mask.find(0, j)
+    return out
 
 
 def _check_new_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from agentloop_core.shared_ints import shared_ids
+from agentloop_core.shared_ints import ReadOnlyIds, shared_ids
 from agentloop_core.tokenization.content_marks import MARK
 from agentloop_core.tokenization.incremental import canonical_by_turn, snapshot, turn_encoder
 from agentloop_core.tokenization.renderer import ChatRenderer
@@ -27,7 +27,7 @@ it is full."""
 _PROMPT_TEXTS: weakref.WeakKeyDictionary[ChatRenderer, dict[tuple[bytes, Any], str]] = weakref.WeakKeyDictionary()
 """Per renderer (held weakly): prompt texts by :meth:`TrajectoryCheck._render_once`'s key."""
 
-_PROMPT_IDS: weakref.WeakKeyDictionary[ChatRenderer, dict[str, list[int]]] = weakref.WeakKeyDictionary()
+_PROMPT_IDS: weakref.WeakKeyDictionary[ChatRenderer, dict[str, ReadOnlyIds]] = weakref.WeakKeyDictionary()
 """Per renderer (held weakly): the ids of a prompt text, by the text (see
 :meth:`TrajectoryCheck._encode_prompt`)."""
 
@@ -145,15 +145,16 @@ class TrajectoryCheck:
         list shared by every trajectory whose prompt renders to the same text where the
         renderer shares prompt renders (:func:`_shares_prompts`): a GRPO group's n samples hold
         their prompt's ids once, not n times, and encode them once. The list is never changed
-        in place (a trajectory replaces its ``prompt_ids``; its output copies them). The
-        memory holds :data:`SHARED_PROMPT_RENDERS` prompts, then starts afresh."""
+        in place (a trajectory replaces its ``prompt_ids``). The
+        memory holds :data:`SHARED_PROMPT_RENDERS` prompts, then starts afresh. The list is a
+        :class:`~agentloop_core.shared_ints.ReadOnlyIds`, so the outputs share it too."""
         renderer = self.renderer
         if not _shares_prompts(renderer, _template(renderer)):
-            return shared_ids(renderer.encode(text))
+            return ReadOnlyIds(shared_ids(renderer.encode(text)))
         memory = _memory(_PROMPT_IDS, renderer)
         ids = memory.get(text)
         if ids is None:
-            ids = shared_ids(renderer.encode(text))
+            ids = ReadOnlyIds(shared_ids(renderer.encode(text)))
             _remember(_PROMPT_IDS, renderer, memory, text, ids)
         return ids
 
