@@ -126,3 +126,18 @@ def test_within_bounds_an_await_in_the_calling_task():
         assert await within(quick(), None) == 7  # no limit
 
     asyncio.run(main())
+
+
+def test_loops_of_the_same_tools_share_one_schema_dict_and_see_a_schema_changed_in_place():
+    """A loop is built per sample (thousands in flight): they hold one dump of each tool's
+    schema, not one each, and a schema changed in place still reaches the next loop."""
+    tok = load_tiny_tokenizer()
+    tool = AddTool()
+    server = ScriptedServer(lambda *_: [1], eos_token_id=tok.eos_token_id, append_eos=True)
+    first, second = (ToolAgentLoop(server, tok, {"tools": {"add": tool}, "response_length": 2048}) for _ in range(2))
+    assert first.tool_specs["add"] == tool.tool_schema.model_dump(exclude_none=True)
+    assert second.tool_specs["add"] is first.tool_specs["add"]
+    tool.tool_schema.function.description = "Add two integers exactly."
+    third = ToolAgentLoop(server, tok, {"tools": {"add": tool}, "response_length": 2048})
+    assert third.tool_specs["add"]["function"]["description"] == "Add two integers exactly."
+    assert first.tool_specs["add"]["function"]["description"] == "Add two integers."

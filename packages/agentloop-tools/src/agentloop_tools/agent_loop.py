@@ -66,7 +66,7 @@ from agentloop_tools.loop_config import ToolAgentConfig, resolve_interactions, r
 from agentloop_tools.per_tokenizer import check_template_renders_tools, stop_token_ids
 from agentloop_tools.rows import row_messages, row_tools_kwargs
 from agentloop_tools.run_state import REASONING_COUNTERS, ToolRun
-from agentloop_tools.schema import ToolResponse
+from agentloop_tools.schema import ToolResponse, schema_dict
 from agentloop_tools.tool_media import MediaScreen, check_processor, strip_images, tool_limits
 from agentloop_tools.truncation import cut_tool_response
 
@@ -116,7 +116,7 @@ class ToolAgentLoop(AgentLoopBase):
         self._init_parsers()
         self._init_vision()
         self.interactions: dict[str, BaseInteraction] = resolve_interactions(self.config)
-        schemas = [tool.tool_schema.model_dump(exclude_none=True) for tool in self.tools.values()]
+        schemas = [schema_dict(tool) for tool in self.tools.values()]
         self.tool_specs: dict[str, dict[str, Any]] = dict(zip(self.tools, schemas, strict=True))
         """The tools' schemas by name, as the template shows them: what the parser checks calls
         against (a pydantic dump of a tool's schema at every call was ~2% of a turn)."""
