@@ -81,3 +81,44 @@ async def test_function_tools_still_pickle_with_their_pool():
     assert response.text == "6"
     assert tool.sync_pool_stats["threads"] == 3
     assert pickle.loads(pickle.dumps(FunctionTool(_double))).sync_pool_stats["threads"] == 0
+
+
+async def test_an_inline_sync_tool_runs_on_the_event_loop_thread_with_no_pool():
+    threads: list[int] = []
+
+    def where(x: int) -> int:
+        """Records its thread.
+
+        Args:
+            x: A number.
+        """
+        threads.append(threading.get_ident())
+        return x
+
+    pooled, inline = FunctionTool(where), FunctionTool(where, config={"inline": True})
+    for tool in (pooled, inline):
+        iid = await tool.create()
+        response, _, _ = await tool.run_execute(iid, {"x": 4})
+        assert response.text == "4"
+    assert threads[0] != threading.get_ident()  # the pool's thread
+    assert threads[1] == threading.get_ident()  # the loop's own
+    assert inline.inline
+    assert inline.sync_pool_stats["threads"] == 0
+    copy = pickle.loads(pickle.dumps(FunctionTool(triple, config={"inline": True})))
+    assert copy.inline
+    assert copy.sync_pool_stats["threads"] == 0
+
+
+def test_inline_is_checked():
+    with pytest.raises(ValueError, match="'triple': config inline must be true or false, got 'yes'"):
+        FunctionTool(triple, config={"inline": "yes"})
+    with pytest.raises(ValueError, match="'_double': config inline is for sync functions"):
+        FunctionTool(_double, config={"inline": True})
+
+
+def test_the_built_in_calculator_runs_inline():
+    """Its limits bound a call to microseconds, so a thread would only add the wait for the GIL."""
+    from agentloop_tools import calculator
+
+    assert calculator.inline
+    assert calculator.sync_pool_stats["threads"] == 0

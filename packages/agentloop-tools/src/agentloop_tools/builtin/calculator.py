@@ -159,5 +159,7 @@ def _calculator(expression: str) -> str:
     return format_number(evaluate_expression(expression))
 
 
-calculator: FunctionTool = FunctionTool(_calculator, name="calculator")
-"""The calculator as a ready-made tool (``calculator(expression: str) -> str``)."""
+calculator: FunctionTool = FunctionTool(_calculator, name="calculator", config={"inline": True})
+"""The calculator as a ready-made tool (``calculator(expression: str) -> str``). It runs on the
+event loop (``inline``): :class:`CalculatorLimits` bound what one call costs (microseconds), so a
+thread of its own would only add the wait for the GIL."""
