@@ -17,6 +17,8 @@ trajectory makes 3 calculator calls and then answers (4 generate calls, the same
 * ours with Python's switch interval: the same with ``switch_interval_s=None`` (the GIL changes
   hands every 5 ms, Python's default, instead of the worker's 2 ms while a batch is in flight:
   the calculator's pool threads then get the GIL from the busy loop only every 5 ms).
+* ours with a pooled tool: the same with the calculator in a thread pool of its own, as every
+  sync function tool runs by default (the built-in calculator runs on the event loop, ``inline``).
 * verl 0.9.1: ``verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop``, one loop object
   per sample as verl's worker builds them, all awaited with ``asyncio.gather`` (as in
   ``verl_driver.py``); the calculator as a verl function tool; the same engine behind verl's
@@ -71,6 +73,7 @@ WARMUP = 8
 RESULT_PREFIX = "SCALE_RESULT "
 SIDES = {"ours": "ours (agentloop tool_agent)", "ours_unpaced": "ours, turns_per_loop_iteration=None",
          "ours_python_gc": "ours, hold_full_gc=false", "ours_python_switch": "ours, switch_interval_s=null",
+         "ours_pooled_tool": "ours, the calculator in a thread pool (not inline)",
          "ours_baseline": "ours, baseline tree (--baseline-tree)",
          "verl": "verl 0.9.1 ToolAgentLoop"}
 
@@ -227,7 +230,7 @@ def area_of(filename: str, func: str) -> str:
 # The worker config each of our sides overrides.
 OURS_OVERRIDES: dict[str, dict[str, Any]] = {
     "ours": {}, "ours_unpaced": {"turns_per_loop_iteration": None}, "ours_python_gc": {"hold_full_gc": False},
-    "ours_python_switch": {"switch_interval_s": None}}
+    "ours_python_switch": {"switch_interval_s": None}, "ours_pooled_tool": {"calculator_inline": False}}
 
 
 async def child_ours(n: int, per_token_s: float, profile: bool, overrides: dict[str, Any] | None = None) -> dict:
@@ -236,12 +239,17 @@ async def child_ours(n: int, per_token_s: float, profile: bool, overrides: dict[
     from agentloop_core.testing.tiny_tokenizer import load_tiny_tokenizer
     from agentloop_tools import calculator
 
+    overrides = dict(overrides or {})
+    tool = calculator
+    if not overrides.pop("calculator_inline", True):  # the calculator in its own thread pool, as before
+        from agentloop_tools import FunctionTool
+
+        tool = FunctionTool(calculator.fn, name="calculator")
     tok = load_tiny_tokenizer()
     engine = LatencyOnlyEngine(scripted_reply(tok), tok.eos_token_id, per_token_s, TokenOutput)
     worker = AgentLoopWorker(engine, tok, {
         "default_agent_loop": "tool_agent", "sampling_params": {"max_tokens": 256, "logprobs": True},
-        "tools": {"calculator": calculator}, "response_length": 2048,
-        **(overrides or {})})
+        "tools": {"calculator": tool}, "response_length": 2048, **overrides})
 
     def rows(count: int, prefix: str) -> list[dict]:
         return [{"raw_prompt": p, "request_id": f"{prefix}{i}"} for i, p in enumerate(prompts(count))]
