@@ -5,6 +5,7 @@ waits for its slot."""
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 import weakref
 
 import pytest
@@ -94,3 +95,33 @@ def test_shared_ids_grows_its_table_to_a_large_vocabulary_and_keeps_every_value(
     ids = fresh([262_143, 131_072 + 7, 0, 256, 257])  # Gemma's vocabulary is 262,144 ids
     assert shared_ids(ids) == ids
     assert shared_ids(fresh([262_143]))[0] is shared_ids(fresh([262_143]))[0]
+
+
+def _grown_by_one_turn(renderer: ChatRenderer, ids: list[int], stop_reason: str) -> float:
+    """Bytes each of 50 trajectories grows by when one generated turn of ``ids`` is appended."""
+    trajectories = [Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}]) for _ in range(50)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for traj in trajectories:
+            traj.append_generated(TokenOutput(token_ids=list(ids), log_probs=[-0.5] * len(ids), stop_reason=stop_reason))
+        return (tracemalloc.get_traced_memory()[0] - before) / len(trajectories)
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_generated_turn_holds_its_text_once():
+    """The assistant message's content and the check's text of the turn are one string: a turn
+    that ended on a stop token used to be held twice (with and without the token's text)."""
+    renderer = ChatRenderer(load_tiny_tokenizer())
+    reply = "The answer, worked out step by step, is forty-two. " * 40
+    ids = [*renderer.encode(reply), renderer.tokenizer.eos_token_id]
+    traj = Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}])
+    traj.append_generated(TokenOutput(token_ids=list(ids), log_probs=[-0.5] * len(ids)))
+    assert traj.messages[-1]["content"] == reply
+    assert traj._pieces[-1].text == renderer.decode(ids)  # what the check reads is unchanged
+    # Against a turn cut by its length (no stop token: its content is its whole text, held once
+    # before and after) one id shorter, an ended turn adds nothing like its text again.
+    ended = _grown_by_one_turn(renderer, ids, "stop")
+    cut = _grown_by_one_turn(renderer, ids[:-1], "length")
+    assert ended - cut < len(reply) / 2, f"an ended turn of {len(reply)} characters costs {ended - cut:.0f} bytes more"

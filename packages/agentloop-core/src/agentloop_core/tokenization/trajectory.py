@@ -4,6 +4,7 @@ the chat template as a delta (mask 0)."""
 from __future__ import annotations
 
 import logging
+import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -158,12 +159,15 @@ class Trajectory(TrajectoryCheck):
         text = self.renderer.decode(ids)
         ended = self.renderer.ended_turn(ids, out.stop_reason)
         stop_text = self.renderer.decode(ids[-1:]) if ended else ""
-        content = text[: -len(stop_text)] if stop_text and text.endswith(stop_text) else text
+        content, suffix = text, ""
+        if stop_text and text.endswith(stop_text):
+            # The piece keeps the content and the stop token's text, not a second copy of the turn.
+            content, suffix = text[: -len(stop_text)], sys.intern(stop_text)
         message = {"role": "assistant", "content": content}
         self.messages.append(message)
         self._snapshots.append(snapshot(message))
         self._generated_messages.append(len(self.messages) - 1)
-        self._pieces.append(Piece("generated", text, len(ids), ended, ids_digest(ids)))
+        self._pieces.append(Piece("generated", content, len(ids), ended, ids_digest(ids), suffix))
         self._last_ended_with_eos = ended
         self._preview = None
         self.num_generations += 1

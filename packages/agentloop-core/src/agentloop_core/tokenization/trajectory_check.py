@@ -39,8 +39,8 @@ class Piece:
     kind: PieceKind
     """prompt: the first render; generated: one generate call's ids; appended: glue + new
     messages + generation prompt."""
-    text: str
-    """The text these ids stand for (decoded text for generated pieces)."""
+    body: str
+    """The text these ids stand for, less :attr:`suffix` (see :attr:`text`)."""
     n_ids: int
     """How many ids of prompt_ids + response_ids this piece covers."""
     ended: bool = True
@@ -49,6 +49,15 @@ class Piece:
     """A digest of the ids this piece appended, as appended (:func:`ids_digest`): the check
     compares the trajectory's ids with it. A digest, not a copy, so a trajectory in flight
     holds its ids once."""
+    suffix: str = ""
+    """Generated pieces that ended on a stop token: its text (one interned string), which the
+    assistant message's content leaves out; the body is then that content, the same string,
+    so a turn's text is held once, not twice."""
+
+    @property
+    def text(self) -> str:
+        """The text these ids stand for (decoded text for generated pieces)."""
+        return self.body + self.suffix if self.suffix else self.body
 
 
 class PieceIds(NamedTuple):
