@@ -309,16 +309,16 @@ class FunctionTool(BaseTool):
         stuck = 0
         if self._is_async:
             result = await self.fn(**arguments)
-        elif self.inline:
-            result = self.fn(**arguments)
-            if inspect.isawaitable(result):
-                result = await result
         else:
-            assert self._pool is not None
-            result = await self._pool.run(self.fn, **arguments)
+            if self.inline:
+                result = self.fn(**arguments)
+            else:
+                assert self._pool is not None
+                result = await self._pool.run(self.fn, **arguments)
             if inspect.isawaitable(result):
                 result = await result
-            stuck = self._pool.stats["stuck"]
+            if self._pool is not None:
+                stuck = self._pool.stats["stuck"]
         response, reward, metrics = normalize_tool_result(result, tool_name=self.name)
         if stuck:
             # Threads of this tool still held by calls that timed out (summed per trajectory).
