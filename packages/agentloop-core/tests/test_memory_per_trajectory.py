@@ -15,6 +15,7 @@ from agentloop_core.runtime.pacing import PacedServer, TurnPacer
 from agentloop_core.shared_ints import MAX_SHARED_ID, shared_ids
 from agentloop_core.testing import load_tiny_tokenizer
 from agentloop_core.tokenization import ChatRenderer, Trajectory
+from agentloop_core.tokenization.incremental import Digests, snapshot
 
 
 def fresh(values: list[int]) -> list[int]:
@@ -125,3 +126,26 @@ def test_a_generated_turn_holds_its_text_once():
     ended = _grown_by_one_turn(renderer, ids, "stop")
     cut = _grown_by_one_turn(renderer, ids[:-1], "length")
     assert ended - cut < len(reply) / 2, f"an ended turn of {len(reply)} characters costs {ended - cut:.0f} bytes more"
+
+
+def test_message_digests_are_packed_and_read_back_as_taken():
+    """A trajectory's message digests (one per message, the check's proof that none changed)
+    are 16 bytes each in one buffer, not a bytes object and a list slot (~64 bytes) each."""
+    messages = [{"role": "tool", "content": f"result {i}"} for i in range(2000)]
+    taken = [snapshot(m) for m in messages]
+    taken[7] = None  # a message that is not JSON (an image): nothing to compare it by
+    tracemalloc.start()
+    try:
+        digests = Digests(taken[:1000])
+        digests.extend(taken[1000:1500])
+        for d in taken[1500:]:
+            digests.append(d)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert list(digests) == taken and len(digests) == 2000
+    assert held < 20 * len(taken), f"{held / len(taken):.1f} bytes per digest"
+    with pytest.raises(ValueError, match="16 bytes from snapshot"):
+        digests.append(b"short")
+    with pytest.raises(ValueError, match="16 bytes from snapshot"):
+        digests.append("x" * 16)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Protocol
 
@@ -127,6 +127,51 @@ def snapshot(value: Any) -> bytes | None:
     except (TypeError, ValueError, RecursionError):
         return None
     return hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+DIGEST_SIZE = 16
+"""Bytes in a :func:`snapshot` digest."""
+
+_NOT_JSON = bytes(DIGEST_SIZE)
+
+
+class Digests:
+    """A trajectory's message digests (:func:`snapshot`), in order, packed 16 bytes each into
+    one buffer: a trajectory in flight holds one per message, and a ``bytes`` object with its
+    list slot costs ~64 bytes where the packed digest costs 16.
+
+    A digest of None (not JSON) is held as 16 zero bytes and reads back as None. A real digest
+    of 16 zero bytes (odds 2**-128) would read back as None too, which only sends the check
+    down its full render: never a wrong pass.
+    """
+
+    __slots__ = ("_packed",)
+
+    def __init__(self, digests: Iterable[bytes | None] = ()) -> None:
+        self._packed = bytearray()
+        self.extend(digests)
+
+    def append(self, digest: bytes | None) -> None:
+        """Add one digest (a :func:`snapshot`: 16 bytes, or None)."""
+        if digest is None:
+            self._packed += _NOT_JSON
+            return
+        if not isinstance(digest, bytes) or len(digest) != DIGEST_SIZE:
+            raise ValueError(f"a message digest is {DIGEST_SIZE} bytes from snapshot() or None, got {digest!r}")
+        self._packed += digest
+
+    def extend(self, digests: Iterable[bytes | None]) -> None:
+        for digest in digests:
+            self.append(digest)
+
+    def __len__(self) -> int:
+        return len(self._packed) // DIGEST_SIZE
+
+    def __iter__(self) -> Iterator[bytes | None]:
+        packed = self._packed
+        for at in range(0, len(packed), DIGEST_SIZE):
+            digest = bytes(packed[at : at + DIGEST_SIZE])
+            yield None if digest == _NOT_JSON else digest
 
 
 def canonical_by_turn(pieces: Sequence[PieceLike], encode: Callable[[list[str]], list[list[int]]],

@@ -12,7 +12,7 @@ from typing import Any
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.protocol import TokenOutput
 from agentloop_core.shared_ints import ReadOnlyIds, shared_ids
-from agentloop_core.tokenization.incremental import snapshot
+from agentloop_core.tokenization.incremental import Digests, snapshot
 from agentloop_core.tokenization.renderer import ChatRenderer, DeltaResult, TokenizationMismatchError
 from agentloop_core.tokenization.sanity import SanityCheckMode, check_mode
 from agentloop_core.tokenization.trajectory_check import Piece, TrajectoryCheck, ids_digest
@@ -92,7 +92,7 @@ class Trajectory(TrajectoryCheck):
         self.num_generations = 0
         """How many generate outputs were appended."""
         self._pieces: list[Piece] = [Piece("prompt", text, len(self.prompt_ids), digest=ids_digest(self.prompt_ids))]
-        self._snapshots: list[bytes | None] = [snapshot(m) for m in self.messages]
+        self._snapshots = Digests(snapshot(m) for m in self.messages)
         """A digest of each message as JSON when it was appended: the check's proof that it is unchanged."""
         self._call_snapshots: dict[int, bytes | None] = {}
         self._settings = self._settings_snapshot()

@@ -13,7 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from agentloop_core.shared_ints import ReadOnlyIds, shared_ids
 from agentloop_core.tokenization.content_marks import MARK
-from agentloop_core.tokenization.incremental import canonical_by_turn, snapshot, turn_encoder
+from agentloop_core.tokenization.incremental import Digests, canonical_by_turn, snapshot, turn_encoder
 from agentloop_core.tokenization.renderer import ChatRenderer
 from agentloop_core.tokenization.sanity import SanityCheckMode, SanityCheckReport, check_mode, compare
 from agentloop_core.tokenization.template_errors import raised_by_template, template_refusal
@@ -92,7 +92,7 @@ class TrajectoryCheck:
     _rendered: dict[tuple[bytes, Any], str]
     _history_deltas: bool
     _pieces: list[Piece]
-    _snapshots: list[bytes | None]
+    _snapshots: Digests
     _call_snapshots: dict[int, bytes | None]
     _settings: tuple
     _generated_messages: list[int]
