@@ -128,6 +128,41 @@ def test_a_generated_turn_holds_its_text_once():
     assert ended - cut < len(reply) / 2, f"an ended turn of {len(reply)} characters costs {ended - cut:.0f} bytes more"
 
 
+def _grown_by_appending(renderer: ChatRenderer, message: dict, preview: bool) -> tuple[float, int]:
+    """Bytes each of 20 trajectories with one generated turn grows by when ``message`` is
+    appended (previewed first when ``preview``), and the ids that appended."""
+    answer = [*renderer.encode("Let me look that up."), renderer.tokenizer.eos_token_id]
+    trajectories = [Trajectory(renderer, [{"role": "user", "content": "What is 6*7?"}]) for _ in range(20)]
+    for traj in trajectories:
+        traj.append_generated(TokenOutput(token_ids=list(answer), log_probs=[-0.5] * len(answer)))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for traj in trajectories:
+            if preview:
+                traj.preview_messages([message])
+            n_ids = len(traj.append_messages([message]))  # the returned copy is dropped at once
+        return (tracemalloc.get_traced_memory()[0] - before) / len(trajectories), n_ids
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("preview", [False, True])
+def test_appended_messages_hold_their_ids_once_while_the_next_turn_waits(preview):
+    """After ``append_messages`` the trajectory holds the delta's ids in ``response_ids`` only:
+    the last delta (kept so that a preview followed by its append renders once) used to stay
+    beside them, a second list of every appended id while the next turn waited for the engine."""
+    renderer = ChatRenderer(load_tiny_tokenizer())
+    message = {"role": "tool", "content": "row 17: 4.25 m, 18.1 kg, ok; " * 80}
+    grown, n_ids = _grown_by_appending(renderer, message, preview)
+    assert n_ids > 1000
+    # Per id: 8 bytes in response_ids, 8 in the log-probs, 1 in the mask (growth included);
+    # the rendered text once (one byte per character here); a fixed cost for the piece, the
+    # digests and the message's own dict. A second list of the ids is 8 bytes per id more.
+    bound = 17 * n_ids * 1.15 + len(message["content"]) * 1.1 + 2000
+    assert grown < bound, f"appending {n_ids} ids cost {grown:.0f} bytes, more than {bound:.0f}"
+
+
 def test_message_digests_are_packed_and_read_back_as_taken():
     """A trajectory's message digests (one per message, the check's proof that none changed)
     are 16 bytes each in one buffer, not a bytes object and a list slot (~64 bytes) each."""

@@ -243,6 +243,10 @@ class Trajectory(TrajectoryCheck):
         self.messages.extend(new)
         self._snapshots.extend(snaps)
         self._pieces.append(Piece("appended", delta.text, len(delta.ids), digest=ids_digest(delta.ids)))
+        # The preview this delta may have come from asked about fewer messages than there now
+        # are, so no later call can take it: drop it, not hold a second list of its ids while
+        # the next turn waits for the engine.
+        self._preview = None
         return list(delta.ids)
 
     def preview_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
