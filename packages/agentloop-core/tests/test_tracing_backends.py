@@ -11,7 +11,7 @@ import agentloop_core.testing.loops  # noqa: F401  registers test_chat
 from agentloop_core.runtime import AgentLoopWorker
 from agentloop_core.testing import ScriptedServer, load_tiny_tokenizer
 from agentloop_core.testing.loops import TEST_CHAT_AGENT
-from agentloop_core.tracing import NullTracer, is_secret_key, make_tracer, redact, trace_context
+from agentloop_core.tracing import NullTracer, current_tags, is_secret_key, make_tracer, redact, trace_context
 from agentloop_core.tracing.jsonl import JsonlTracer, read_spans
 
 
@@ -70,6 +70,23 @@ def test_redact_recurses_and_masks_bearer_values():
         "args": [{"api_key": "[REDACTED]", "q": 1}],
         "note": "[REDACTED]",
     }
+
+
+def test_trace_contexts_nest_restore_and_can_be_entered_again():
+    """The outermost context's tags are its own keyword dict (one dict per sample in flight);
+    an inner one merges over it, and each exit gives back what was there."""
+    outer, inner = trace_context(step=1, sample_index=4), trace_context(sample_index=5, rollout_n=2)
+    assert current_tags() == {}
+    for _ in range(2):
+        with outer:
+            seen = current_tags()
+            seen["step"] = 99  # a copy: changing it changes no span's tags
+            with inner:
+                assert current_tags() == {"step": 1, "sample_index": 5, "rollout_n": 2}
+            assert current_tags() == {"step": 1, "sample_index": 4}
+        assert current_tags() == {}
+    with inner:
+        assert current_tags() == {"sample_index": 5, "rollout_n": 2}
 
 
 def test_jsonl_tracer_writes_tags_nesting_errors_and_redacts(tmp_path):

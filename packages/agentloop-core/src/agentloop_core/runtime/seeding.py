@@ -33,7 +33,7 @@ from agentloop_core.server_wrapper import TransparentServerWrapper
 __all__ = ["SeededServer", "derive_seed", "sample_seed_scope"]
 
 
-@dataclass
+@dataclass(slots=True)  # one per sample in flight
 class _SampleSeedState:
     """The seed key of the sample running in this asyncio task, and its calls so far."""
 

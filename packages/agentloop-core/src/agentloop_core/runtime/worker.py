@@ -141,18 +141,13 @@ class AgentLoopWorker:
         async def one(i: int, row: Mapping[str, Any]) -> list[AgentLoopOutput]:
             index = sample_offset + i
             name = names[i]
-            tags = {
-                "step": step,
-                "sample_index": index,
-                "rollout_n": row.get("rollout_n", 0),
-                "validate": validate,
-            }
             # Row ids are stable across chunkings; batch positions are too (sample_offset is global).
             rid = row.get("request_id")
             seed_key = f"step={step}/validate={validate}/" + (f"request={rid}" if rid else f"sample={index}")
             start = time.perf_counter()
             use_pacer(pacer)  # this sample's task only (gather runs each in its own context)
-            with trace_context(**tags), sample_seed_scope(seed_key):
+            tags = trace_context(step=step, sample_index=index, rollout_n=row.get("rollout_n", 0), validate=validate)
+            with tags, sample_seed_scope(seed_key):
                 try:
                     if semaphore is not None:
                         async with semaphore:

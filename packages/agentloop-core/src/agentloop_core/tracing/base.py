@@ -38,7 +38,10 @@ class trace_context:  # noqa: N801 - used as a function: ``with trace_context(st
         self._token: contextvars.Token[dict[str, Any]] | None = None
 
     def __enter__(self) -> None:
-        self._token = _TRACE_TAGS.set({**_TRACE_TAGS.get(), **self._tags})
+        # Outside any other trace_context the tags are the set itself (a dict of this object's
+        # own, made from the keywords): one dict per sample in flight, not two.
+        outer = _TRACE_TAGS.get()
+        self._token = _TRACE_TAGS.set({**outer, **self._tags} if outer else self._tags)
 
     def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
