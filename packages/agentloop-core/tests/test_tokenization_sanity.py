@@ -9,6 +9,7 @@ import pytest
 from agentloop_core.protocol import TokenOutput
 from agentloop_core.testing import load_tiny_tokenizer
 from agentloop_core.tokenization import ChatRenderer, TokenizationMismatchError, Trajectory
+from agentloop_core.tokenization.framed_delta import TemplateFrames
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,9 @@ def test_missing_glue_newline_fails_strict_and_passes_ignore_strippable(renderer
     # The verl bug: nothing appended between <|im_end|> and the next turn's <|im_start|>.
     cut = renderer._cut
     monkeypatch.setattr(renderer, "_cut", lambda *args: cut(*args).removeprefix("\n"))
+    # Frames are shared by every renderer of a template: one an earlier test built would render
+    # the delta without _cut. Fresh ones, for this trajectory only, are built from the cut.
+    monkeypatch.setattr(renderer, "_frames", TemplateFrames())
     traj = _tool_trajectory(renderer)
     monkeypatch.undo()
     assert "<|im_end|><|im_start|>user" in renderer.decode(traj.context_ids)
