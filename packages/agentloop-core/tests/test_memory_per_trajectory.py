@@ -178,7 +178,8 @@ def test_message_digests_are_packed_and_read_back_as_taken():
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert list(digests) == taken and len(digests) == 2000
+    assert list(digests) == taken
+    assert len(digests) == 2000
     assert held < 20 * len(taken), f"{held / len(taken):.1f} bytes per digest"
     with pytest.raises(ValueError, match="16 bytes from snapshot"):
         digests.append(b"short")
