@@ -117,6 +117,12 @@ _PLAIN = None if c_make_encoder is None else c_make_encoder(
     None, _JSON.default, encode_basestring, None, ": ", ", ", False, False, True)
 
 
+DIGEST_SIZE = 16
+"""Bytes in a :func:`snapshot` digest."""
+
+_NOT_JSON = bytes(DIGEST_SIZE)
+
+
 def snapshot(value: Any) -> bytes | None:
     """A 128-bit BLAKE2 digest of ``value`` as JSON (dict order kept, the text of
     :func:`_to_json`), to tell later whether it changed without holding a copy of it; None when
@@ -126,13 +132,7 @@ def snapshot(value: Any) -> bytes | None:
         encoded = _to_json(value) if _PLAIN is None or isinstance(value, str) else "".join(_PLAIN(value, 0))
     except (TypeError, ValueError, RecursionError):
         return None
-    return hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-
-
-DIGEST_SIZE = 16
-"""Bytes in a :func:`snapshot` digest."""
-
-_NOT_JSON = bytes(DIGEST_SIZE)
+    return hashlib.blake2b(encoded.encode("utf-8", "surrogatepass"), digest_size=DIGEST_SIZE).digest()
 
 
 class Digests:
