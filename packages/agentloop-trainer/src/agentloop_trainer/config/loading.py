@@ -13,6 +13,7 @@ from agentloop_trainer.config.checks import validate
 from agentloop_trainer.config.errors import ConfigError
 from agentloop_trainer.config.nodes import as_train_config, config_node
 from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.policy.precision import resolve_dtype
 
 FREE_FORM: tuple[str, ...] = (
     "actor_rollout_ref.rollout.engine_kwargs.", "actor_rollout_ref.rollout.agent.loops.",
@@ -131,7 +132,9 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
     Args:
         overrides: Dotted ``key=value`` strings, e.g. ``actor_rollout_ref.rollout.n=4``.
         config_file: YAML file merged over the defaults.
-        notice: Receives one line per verl key that was translated or ignored.
+        notice: Receives one line per verl key that was translated or ignored, and one about
+            ``model.dtype`` where bfloat16 is not native to ``trainer.device``
+            (:func:`~agentloop_trainer.policy.precision.resolve_dtype`).
 
     Returns:
         A read-only OmegaConf ``DictConfig`` typed by :class:`TrainConfig`.
@@ -186,6 +189,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | Path | None = 
         raise ConfigError(f"bad config value: {exc}".strip()) from None
     validate(train_config)
     _check_tool_config(train_config, notice)
+    train_config.model.dtype = resolve_dtype(train_config.model.dtype, train_config.trainer.device, notice)
     OmegaConf.set_readonly(config_node(train_config), True)
     return train_config
 

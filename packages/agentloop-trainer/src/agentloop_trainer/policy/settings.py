@@ -26,9 +26,12 @@ class ModelSection:
     file, or the template text; None: the tokenizer's own. Set it when the model's template
     ignores ``tools=``."""
     dtype: str = "float32"
-    """Parameters and compute of the trained policy: float32 | bfloat16. bfloat16 is mixed
+    """Parameters and compute of the trained policy: float32 | bfloat16 | auto. bfloat16 is mixed
     precision: master weights, gradient reduction and optimizer state stay float32 (FSDP2
-    gathers bfloat16 parameters; one process computes under autocast)."""
+    gathers bfloat16 parameters; one process computes under autocast). auto: bfloat16 where
+    ``trainer.device`` computes it natively (a CUDA GPU that supports it, a CPU with AVX512_BF16
+    or AMX), float32 elsewhere, where autocast is slower than float32; resolved when the config
+    is loaded (:mod:`agentloop_trainer.policy.precision`), so the run's config.yaml records it."""
     enable_gradient_checkpointing: bool = False
     """Recompute each decoder layer's activations in the backward pass instead of keeping them."""
     cpu_matmul: str = "onednn"
@@ -133,8 +136,8 @@ class SFTSection:
 
 
 
-TRAIN_DTYPES = ("float32", "bfloat16")
-"""Values of ``model.dtype``."""
+TRAIN_DTYPES = ("float32", "bfloat16", "auto")
+"""Values of ``model.dtype`` (``auto`` is resolved to one of the others when the config is loaded)."""
 
 CPU_MATMULS = ("onednn", "torch")
 """Values of ``model.cpu_matmul`` (:mod:`agentloop_trainer.policy.onednn_linear`)."""
