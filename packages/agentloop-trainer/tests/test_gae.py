@@ -98,6 +98,21 @@ def test_value_clipping_matches_the_hand_computation():
     torch.testing.assert_close(values.grad, torch.tensor([[0.0, 0.0, 0.2]]))
 
 
+def test_the_clip_fraction_counts_no_token_inside_the_clip_range():
+    """Old values near 0 and new ones ~0.1 (all inside the 0.2 range): ``old + (V - old)`` rounds
+    to a neighbouring float for some tokens, which used to make a few of them count as clipped by
+    rounding alone (3 of 2048 here; on two FSDP ranks the rounding fell elsewhere, and the clip
+    fractions of one process and two ranks differed by 0.125). The loss is that of no clip."""
+    g = torch.Generator().manual_seed(0)
+    old = torch.randn(64, 32, generator=g) * 1e-3
+    values = ((torch.rand(64, 32, generator=g) - 0.5) * 0.3).requires_grad_()
+    returns = torch.randn(64, 32, generator=g)
+    assert float((values.detach() - old).abs().max()) < 0.2
+    out = clipped_value_loss(values, old, returns, torch.ones(64, 32), 0.2)
+    assert out.clipped_tokens == 0.0
+    torch.testing.assert_close(out.loss, 0.5 * (values - returns).pow(2).mean(), rtol=0, atol=0)
+
+
 def test_value_loss_ignores_masked_tokens_and_takes_a_normaliser():
     """Token 1 is masked; with normaliser 4 (a mini-batch of 4 tokens, this micro-batch 1 of
     them) the loss is 0.5 * (1 - 0)^2 / 4 = 0.125."""

@@ -146,7 +146,11 @@ def clipped_value_loss(values: Any, old_values: Any, returns: Any, response_mask
     import torch
 
     mask = response_mask.to(values.dtype)
-    clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
+    moved = values - old_values
+    # Inside the range the clipped value is V itself: old + (V - old) can round to a neighbouring
+    # float when V and V_old differ in magnitude, and the clip fraction would count that rounding.
+    clipped = torch.where(moved.abs() > cliprange_value,
+                          old_values + moved.clamp(-cliprange_value, cliprange_value), values)
     unclipped_loss = (values - returns).pow(2)
     clipped_loss = (clipped - returns).pow(2)
     per_token = torch.maximum(unclipped_loss, clipped_loss)
