@@ -105,15 +105,22 @@ def test_the_critic_on_two_fsdp_ranks_matches_one_process(random_model_path, tmp
 
     two = spawn(_critic_rank, 2, path, lora, str(tmp_path / "one"), str(tmp_path / "two"))
 
-    for key in ("values", "advantages", "returns", "after"):
+    for key in ("values", "advantages", "returns"):
         torch.testing.assert_close(two[key], one[key], atol=1e-5, rtol=1e-4, msg=key)
-    for m1, m2 in zip(one["metrics"], two["metrics"], strict=True):
+    # After 18 Adam steps at lr 1e-2 the weights may differ by the rounding Adam amplifies (see
+    # the state check below): on an AVX2 CPU the values then differed by up to 5.7e-4 (of ~1).
+    # A wrong row split or all-reduce is off by orders more.
+    torch.testing.assert_close(two["after"], one["after"], atol=2e-3, rtol=1e-3, msg="after")
+    for update, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"], strict=True)):
         assert set(m1) == set(m2)
         for key, value in m1.items():
-            # The clip fraction counts tokens where the clipped error is strictly larger; on the
-            # first pass V == V_old up to rounding, so a token or two may fall either side.
-            rel, tol = (None, 0.05) if key == "critic/vf_clipfrac" else (1e-4, 1e-6)
-            assert m2[key] == pytest.approx(value, rel=rel, abs=tol), key
+            # The clip fraction counts tokens where the clipped error is strictly larger: a token
+            # at the clip's edge may fall either side. The first update's six steps start from equal
+            # weights; the later ones from weights Adam's amplified rounding has moved apart
+            # (1.4e-4 relative in a value loss on an AVX2 CPU).
+            rel = 1e-4 if update == 0 else 2e-3
+            rel, tol = (None, 0.05) if key == "critic/vf_clipfrac" else (rel, 1e-6)
+            assert m2[key] == pytest.approx(value, rel=rel, abs=tol), (update, key)
     assert set(two["state"]) == set(one_state)
     for name, value in one_state.items():
         # Adam turns rounding differences in near-zero gradients into small steps: compare well
