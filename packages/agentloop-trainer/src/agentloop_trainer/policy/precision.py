@@ -1,13 +1,13 @@
 """Which compute dtype the policy trains in: ``model.dtype=auto`` resolved for the device, and a
 notice when an explicit ``bfloat16`` lands on a CPU that has no bfloat16 arithmetic.
 
-bfloat16 mixed precision pays only where the hardware multiplies bfloat16 natively. On a CPU
-with AVX512_BF16 or AMX a SmolLM2 layer's forward and backward run 3-4x faster under autocast
-than in float32; on a CPU without them (AVX2 only, or AVX-512 without its bfloat16 extension)
-oneDNN has no bfloat16 kernel and torch falls back to a reference one: the same SmolLM2 layer
-ran ~30x *slower* under autocast than in float32 on a 2-core AVX2 AMD EPYC
-(``python bench/bench_cpu_dtype.py``). A recipe that hard-codes bfloat16 for speed on one
-machine is then unusable on the next, so the shipped recipes say ``auto``.
+bfloat16 mixed precision pays only where the hardware multiplies bfloat16 natively. On an Intel
+Xeon with AVX512_BF16 a SmolLM2 layer's forward and backward ran 453 GFLOP/s under autocast
+against 242 in oneDNN float32 (bench/README 10b); on a 2-core AMD EPYC with AVX2 only, where
+torch has no fast bfloat16 kernel, a SmolLM2-shaped training step ran 32.9x *slower* under
+autocast than in float32 (``python bench/bench_cpu_dtype.py``). A recipe that hard-codes
+bfloat16 for speed on one machine is then unusable on the next, so the shipped recipes say
+``auto``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ AUTO = "auto"
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 in hardware: x86 AVX512_BF16 or AMX tiles, or an
-    Arm CPU whose bfloat16 extension oneDNN uses. AVX-512 alone is not enough (oneDNN emulates
-    bfloat16 there, at about float32's speed at best)."""
+    Arm CPU whose bfloat16 extension oneDNN uses. AVX-512 without its bfloat16 extension is not
+    counted: bfloat16 is emulated there (not measured here; float32 is the safe side)."""
     import torch
 
     probes = [getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None)]
@@ -74,7 +74,7 @@ def resolve_dtype(dtype: str, device: str, notice: Callable[[str], None],
         return "float32"
     if dtype == "bfloat16" and device.startswith("cpu") and not native(device):
         notice("model.dtype=bfloat16 on a CPU without native bfloat16 (no AVX512_BF16 or AMX): autocast "
-               "runs many times slower than float32 here (~30x for a SmolLM2 layer on AVX2, "
+               "runs many times slower than float32 here (32.9x for a SmolLM2-shaped step on AVX2, "
                "bench/bench_cpu_dtype.py); set model.dtype=auto or float32 unless bfloat16's numerics "
                "are the point")
     return dtype
