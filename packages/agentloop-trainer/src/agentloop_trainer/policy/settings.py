@@ -9,6 +9,7 @@ from typing import Any
 
 from agentloop_trainer.config_base import require
 from agentloop_trainer.policy.lr_schedules import SCHEDULES
+from agentloop_trainer.policy.precision import AUTO
 
 
 @dataclass
@@ -136,7 +137,7 @@ class SFTSection:
 
 
 
-TRAIN_DTYPES = ("float32", "bfloat16", "auto")
+TRAIN_DTYPES = ("float32", "bfloat16", AUTO)
 """Values of ``model.dtype`` (``auto`` is resolved to one of the others when the config is loaded)."""
 
 CPU_MATMULS = ("onednn", "torch")
