@@ -9,12 +9,11 @@ import platform
 from pathlib import Path
 
 import pytest
+from test_rollout_config import TRAIN_CONFIGS
 
 from agentloop_trainer.config import ConfigError, load_config, to_yaml
 from agentloop_trainer.policy import precision
 from agentloop_trainer.policy.precision import cpu_has_native_bf16, resolve_dtype
-
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "trainer"
 
 
 def _resolve(dtype: str, device: str, native: bool) -> tuple[str, list[str]]:
@@ -63,14 +62,13 @@ def test_the_probe_agrees_with_the_cpus_own_flags():
     assert cpu_has_native_bf16() == bool(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
 
 
-@pytest.mark.parametrize("recipe", sorted(p.name for p in EXAMPLES.glob("*.yaml")
-                                          if "\ntools:" not in "\n" + p.read_text()))
+@pytest.mark.parametrize("recipe", TRAIN_CONFIGS, ids=lambda p: p.name)
 def test_no_shipped_recipe_asks_a_cpu_without_bfloat16_for_it(recipe, monkeypatch):
     """A recipe that says bfloat16 for its speed on one CPU is ~30x slower on the next; the
     shipped ones say auto (or float32)."""
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
     lines: list[str] = []
-    cfg = load_config([], EXAMPLES / recipe, notice=lines.append)
+    cfg = load_config([], recipe, notice=lines.append)
     assert [line for line in lines if "model.dtype=bfloat16 on a CPU" in line] == []
     assert cfg.model.dtype == "float32"
 
