@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentloop_trainer.update.placeholder_mask import banned_token_ids, token_log_probs
+from agentloop_trainer.update.step_prefix import StepPrefix
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -39,7 +40,8 @@ def _cache_kwarg(model: Any) -> str:
 
 
 def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperature: float = 1.0,
-                       share_prefix: bool = True, pad_id: int = 0, first_scored: int = 1, device: Any = None) -> Any:
+                       share_prefix: bool = True, pad_id: int = 0, first_scored: int = 1, device: Any = None,
+                       prefix: StepPrefix | None = None) -> Any:
     """Log-prob of each next token of each sequence under ``model``.
 
     Args:
@@ -55,6 +57,9 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
             softmax then run only from there on: with ~30 trained tokens in ~400 they are most
             of the cost that does not change the result.
         device: Where the inputs go; None: the device of the model's first parameter.
+        prefix: A prefix already run for the whole optimizer step (:class:`StepPrefix`, one
+            process only): every row must start with its ids and score nothing inside it
+            (``first_scored > prefix.length``); the rows then run on its cache alone.
 
     Returns:
         A float tensor ``[B, N-1]`` (N = longest sequence) where ``[b, t]`` is
@@ -77,10 +82,22 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
     # Keep at least one token per row outside the prefix so every row has its own query. The
     # split is made whenever share_prefix is on (P >= 1), so the number of forward calls never
     # depends on the data: FSDP ranks must make the same collective calls in the same order.
-    P = max(1, min(common_prefix_length(sequences), min(len(s) for s in sequences) - 1)) if share_prefix else 0
+    shared = common_prefix_length(sequences) if share_prefix or prefix is not None else 0
+    P = max(1, min(shared, min(len(s) for s in sequences) - 1)) if share_prefix else 0
     # Logits are needed at positions start .. N-2 (position t predicts token t+1).
     start = min(max(0, first_scored - 1), N - 2)
-    if P >= 1:
+    if prefix is not None:
+        P = prefix.length
+        fits = start >= P and min(len(s) for s in sequences) > P and shared >= P
+        if not fits or tuple(sequences[0][:P]) != prefix.ids:
+            raise ValueError(f"a StepPrefix of {P} tokens needs rows that start with it, are longer and score "
+                             f"nothing inside it (the rows share {shared} tokens, the first scored is at "
+                             f"{first_scored})")
+        positions = torch.arange(P, N, device=device).unsqueeze(0).expand(B, -1)
+        attention = torch.cat([torch.ones((B, P), dtype=torch.long, device=device), valid[:, P:]], dim=1)
+        logits = model(input_ids=ids[:, P:], attention_mask=attention, position_ids=positions, use_cache=True,
+                       logits_to_keep=N - start, **{_cache_kwarg(model): prefix.cache(B)}).logits
+    elif P >= 1:
         # HF keeps the last k positions' logits (k=0 would mean "all", so at least one).
         keep_head = max(1, P - start)
         head = model(input_ids=ids[:1, :P], use_cache=True, logits_to_keep=keep_head)

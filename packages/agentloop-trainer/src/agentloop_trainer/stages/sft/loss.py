@@ -9,10 +9,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentloop_trainer.stages.sft.tokenize import TokenizedConversation
+from agentloop_trainer.update.forward import MIN_SHARED_PREFIX, common_prefix_length
+from agentloop_trainer.update.step_prefix import StepPrefix
 
 
 def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: float | None = None,
-             share_prefix: bool = True) -> Any:
+             share_prefix: bool = True, prefix: StepPrefix | None = None) -> Any:
     """Negative log-likelihood of the tokens whose loss mask is 1, summed and divided by
     ``normalizer`` (None: their number in ``examples``, i.e. the token mean).
 
@@ -26,6 +28,8 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: 
             so the micro-batches' losses add up to the batch's token mean.
         share_prefix: Compute the common prefix once (off under gradient checkpointing, as in
             the GRPO actor).
+        prefix: The step's shared prefix, already run (:func:`step_prefix`): the rows run on
+            its cache alone.
     """
     import torch
 
@@ -38,7 +42,7 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: 
         logp = multimodal_log_probs(model, [e.input_ids for e in examples], [e.images for e in examples])
     else:
         logp = sequence_log_probs(model, [e.input_ids for e in examples], first_scored=first,
-                                  share_prefix=share_prefix)
+                                  share_prefix=share_prefix, prefix=prefix)
     n = logp.shape[1] + 1
     weight = torch.zeros((len(examples), n), dtype=logp.dtype, device=logp.device)
     for row, e in enumerate(examples):
@@ -46,6 +50,21 @@ def sft_loss(model: Any, examples: Sequence[TokenizedConversation], normalizer: 
     weight = weight[:, 1:]
     total = -(logp * weight).sum()
     return total / (weight.sum().clamp(min=1.0) if normalizer is None else max(float(normalizer), 1.0))
+
+
+def step_prefix(model: Any, examples: Sequence[TokenizedConversation]) -> StepPrefix | None:
+    """The prefix every conversation of a step shares, up to the first trained token, run once
+    for all its micro-batches; None where that does not pay (under ``MIN_SHARED_PREFIX``
+    tokens), where an image is in a conversation, or where this transformers' cache cannot
+    be shared (:meth:`StepPrefix.build`)."""
+    if any(e.images for e in examples) or not any(1 in e.loss_mask for e in examples):
+        return None
+    first = min(e.loss_mask.index(1) for e in examples if 1 in e.loss_mask)
+    ids = [e.input_ids for e in examples]
+    # Nothing scored inside it (position first - 1 predicts the first trained token), and
+    # every row keeps a token of its own.
+    length = min(common_prefix_length(ids), first - 1, min(len(i) for i in ids) - 1)
+    return StepPrefix.build(model, ids[0][:length]) if length >= MIN_SHARED_PREFIX else None
 
 
 def make_optimizer(model: Any, lr: float, weight_decay: float = 0.0) -> Any:
@@ -71,7 +90,8 @@ def sft_step(model: Any, optimizer: Any, examples: Sequence[TokenizedConversatio
         grad_clip: Max global gradient norm.
         compute_dtype: ``bfloat16``: forward under ``torch.autocast`` (master weights and
             optimizer state stay float32); None or ``float32``: no autocast.
-        share_prefix: See :func:`sft_loss`.
+        share_prefix: See :func:`sft_loss`; with several micro-batches the prefix all of them
+            share runs once for the step (:func:`step_prefix`).
 
     Returns:
         ``loss`` (the batch's token mean), ``grad_norm`` (before clipping), ``tokens`` (all ids)
@@ -90,11 +110,17 @@ def sft_step(model: Any, optimizer: Any, examples: Sequence[TokenizedConversatio
             if compute_dtype and compute_dtype != "float32" else contextlib.nullcontext())
     total = 0.0
     optimizer.zero_grad(set_to_none=True)
+    prefix = None
+    if share_prefix and len(chunks) > 1:
+        with cast:
+            prefix = step_prefix(model, examples)
     for chunk in chunks:
         with cast:
-            loss = sft_loss(model, chunk, normalizer=normalizer, share_prefix=share_prefix)
+            loss = sft_loss(model, chunk, normalizer=normalizer, share_prefix=share_prefix, prefix=prefix)
         loss.backward()
         total += float(loss.detach())
+    if prefix is not None:
+        prefix.backward()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optimizer.step()

@@ -1,0 +1,100 @@
+"""The prefix every row of an SFT step shares runs once for all its micro-batches
+(``update/step_prefix.py``), with the gradients of running it in each micro-batch.
+
+The pairs: one step in micro-batches against the same step as one pass (which runs the prefix
+once by construction), in float32 (values) and under bfloat16 autocast (rounding only); and the
+tokens that go through the model, counted, against the step's distinct tokens. A failure in the
+first two means the detached cache lost or doubled a micro-batch's gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentloop_trainer.config import load_config
+from agentloop_trainer.stages.sft import read_sft_files, write_sft_rows
+from agentloop_trainer.stages.sft.loss import make_optimizer, sft_step, step_prefix
+from agentloop_trainer.stages.sft.stage import sft_tokenizer
+from agentloop_trainer.task import calculator_rows
+from agentloop_trainer.update.forward import common_prefix_length, sequence_log_probs
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory, tokenizer):
+    path = write_sft_rows(calculator_rows(8, seed=5), tmp_path_factory.mktemp("sft") / "demos.jsonl")
+    sft = sft_tokenizer(load_config([]), tokenizer)
+    return [sft.tokenize(e.messages, e.tools) for e in read_sft_files(path)]
+
+
+def _model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).train()
+
+
+def _grads(model, batch, micro: int | None, dtype: str | None = None) -> tuple[float, dict[str, torch.Tensor]]:
+    opt = make_optimizer(model, 0.0)  # lr 0: the step leaves the weights as they were
+    out = sft_step(model, opt, batch, 0.0, micro_batch_size=micro, compute_dtype=dtype)
+    return out["loss"], {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_batch_shares_a_prefix_that_scores_nothing(batch):
+    ids = [e.input_ids for e in batch]
+    first = min(e.loss_mask.index(1) for e in batch)
+    assert common_prefix_length(ids) >= 16, "the calculator's system turn and tools are shared"
+    assert first > 16
+
+
+@pytest.mark.parametrize(("dtype", "rtol", "atol"), [(None, 1e-5, 1e-6), ("bfloat16", 2e-2, 2e-3)])
+def test_micro_batches_on_one_prefix_give_the_one_pass_gradient(random_model_path, batch, dtype, rtol, atol):
+    model = _model(random_model_path)
+    loss_one, one = _grads(model, batch, None, dtype)
+    loss_micro, micro = _grads(model, batch, 2, dtype)
+    assert loss_micro == pytest.approx(loss_one, rel=rtol)
+    assert one.keys() == micro.keys()
+    assert len(one) == len(list(model.parameters()))
+    for name, g in one.items():
+        torch.testing.assert_close(micro[name], g, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
+    # The prefix's own weights get the gradient of every micro-batch (not the last one's only):
+    # the embedding rows of the prefix's tokens carry it.
+    emb = next(n for n in one if "embed" in n)
+    prefix_token = batch[0].input_ids[1]
+    assert one[emb][prefix_token].abs().sum() > 0
+
+
+def test_the_prefix_runs_once_per_step_not_once_per_micro_batch(random_model_path, batch):
+    model = _model(random_model_path)
+    seen: list[int] = []
+    hook = model.register_forward_pre_hook(lambda _m, args, kwargs: seen.append(kwargs["input_ids"].numel()),
+                                           with_kwargs=True)
+    try:
+        _grads(model, batch, 2)
+    finally:
+        hook.remove()
+    ids = [e.input_ids for e in batch]
+    first = min(e.loss_mask.index(1) for e in batch)
+    P = min(common_prefix_length(ids), first - 1)
+    # One pass of the prefix, then each micro-batch's rows padded to their longest, from P on.
+    tails = sum(len(chunk) * (max(len(i) for i in chunk) - P) for chunk in (ids[k : k + 2] for k in range(0, 8, 2)))
+    assert seen == [P] + [2 * (max(len(i) for i in ids[k : k + 2]) - P) for k in range(0, 8, 2)]
+    assert sum(seen) == P + tails
+
+
+def test_a_step_prefix_refuses_rows_it_is_not_the_prefix_of(random_model_path, batch):
+    model = _model(random_model_path)
+    prefix = step_prefix(model, batch)
+    assert prefix is not None
+    other = [[7] + list(e.input_ids[1:]) for e in batch[:2]]
+    with pytest.raises(ValueError, match="StepPrefix of .* needs rows that start with it"):
+        sequence_log_probs(model, other, first_scored=prefix.length + 1, prefix=prefix)
+    with pytest.raises(ValueError, match="score nothing inside it"):
+        sequence_log_probs(model, [e.input_ids for e in batch[:2]], first_scored=2, prefix=prefix)
+
+
+def test_no_step_prefix_where_none_is_worth_a_pass(random_model_path, batch):
+    model = _model(random_model_path)
+    short = batch[:2]
+    # a conversation trained from its third token: the prefix before it is too short to share
+    trained_early = type(batch[0])(input_ids=list(batch[0].input_ids), loss_mask=[0, 0] + [1] * (len(batch[0].input_ids) - 2))
+    assert step_prefix(model, [trained_early, *short]) is None
