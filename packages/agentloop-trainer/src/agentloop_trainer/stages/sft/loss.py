@@ -77,7 +77,7 @@ def make_optimizer(model: Any, lr: float, weight_decay: float = 0.0) -> Any:
 
 def sft_step(model: Any, optimizer: Any, examples: Sequence[TokenizedConversation], lr: float, *,
              micro_batch_size: int | None = None, grad_clip: float = 1.0, compute_dtype: str | None = None,
-             share_prefix: bool = True, prefix_per_step: bool = True) -> dict[str, float]:
+             share_prefix: bool = True) -> dict[str, float]:
     """One optimizer step on ``examples`` (the token mean of their loss).
 
     Args:
@@ -92,8 +92,6 @@ def sft_step(model: Any, optimizer: Any, examples: Sequence[TokenizedConversatio
             optimizer state stay float32); None or ``float32``: no autocast.
         share_prefix: See :func:`sft_loss`; with several micro-batches the prefix all of them
             share runs once for the step (:func:`step_prefix`).
-        prefix_per_step: False: each micro-batch runs the shared prefix itself (the behaviour
-            before :class:`StepPrefix`, for comparisons; the gradient is the same).
 
     Returns:
         ``loss`` (the batch's token mean), ``grad_norm`` (before clipping), ``tokens`` (all ids)
@@ -113,7 +111,7 @@ def sft_step(model: Any, optimizer: Any, examples: Sequence[TokenizedConversatio
     total = 0.0
     optimizer.zero_grad(set_to_none=True)
     prefix = None
-    if share_prefix and prefix_per_step and len(chunks) > 1:
+    if share_prefix and len(chunks) > 1:
         with cast:
             prefix = step_prefix(model, examples)
     for chunk in chunks:
