@@ -98,3 +98,41 @@ def test_no_step_prefix_where_none_is_worth_a_pass(random_model_path, batch):
     # a conversation trained from its third token: the prefix before it is too short to share
     trained_early = type(batch[0])(input_ids=list(batch[0].input_ids), loss_mask=[0, 0] + [1] * (len(batch[0].input_ids) - 2))
     assert step_prefix(model, [trained_early, *short]) is None
+
+
+def test_a_grpo_update_in_micro_batches_runs_the_prompts_prefix_once_with_the_padded_updates_weights(random_model_path):
+    """The actor's micro-batches on one step prefix land on the weights of the plain padded
+    update (no sharing at all), and the prefix every prompt shares goes through the model once
+    per optimizer step (and once for the old log-probs), not once per micro-batch."""
+    from agentloop_trainer.update import MIN_SHARED_PREFIX, ActorConfig, PolicyGradientActor, response_log_probs
+    from test_shared_prompt_forward import _group_batch  # pyright: ignore[reportMissingImports]
+
+    P = MIN_SHARED_PREFIX + 4
+    results, prefix_passes = [], []
+    for share in (True, False):
+        model = _model(random_model_path)
+        seen: list[bool] = []  # per forward call: whether it started from position 0 (no cache given)
+        model.register_forward_pre_hook(
+            lambda _m, _a, kw, seen=seen: seen.append(kw.get("cache", kw.get("past_key_values")) is None),
+            with_kwargs=True)
+        actor = PolicyGradientActor(model, ActorConfig(lr=1e-2, share_prefix_with_grad=share,
+                                                       ppo_micro_batch_size_per_gpu=4, use_remove_padding=False))
+        pb, adv = _group_batch(model.config.vocab_size, common_prefix=P)
+        old = actor.compute_log_probs(pb)
+        metrics = [actor.update(pb, adv, old) for _ in range(2)]
+        results.append((old, metrics, {k: v.detach().clone() for k, v in model.state_dict().items()}))
+        prefix_passes.append(sum(seen))
+    (old_s, m_s, w_s), (_, m_p, w_p) = results
+    # Sharing: the prefix once for the old log-probs and once per update; every other pass runs on
+    # its cache. Plain: the old log-probs share (no gradient), each update micro-batch runs whole.
+    # Before StepPrefix each micro-batch started from position 0: 4 + 2 x 4 calls in both.
+    assert prefix_passes == [3, 1 + 2 * 4], "a micro-batch ran the shared prefix itself"
+    assert m_s[0]["actor/micro_batches"] == 4
+    with torch.no_grad():
+        plain = response_log_probs(_model(random_model_path), pb, share_prefix=False)
+    torch.testing.assert_close(old_s, plain, atol=2e-5, rtol=1e-5)
+    for a, b in zip(m_s, m_p, strict=True):
+        for key in ("actor/pg_loss", "actor/grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    for name, value in w_p.items():
+        assert float((w_s[name] - value).abs().max()) < 1e-3, name

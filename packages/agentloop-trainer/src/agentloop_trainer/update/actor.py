@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentloop_trainer.update.forward import prompt_groups
+from agentloop_trainer.update.forward import MIN_SHARED_PREFIX, common_prefix_length, prompt_groups
 from agentloop_trainer.update.log_probs import micro_batches, response_log_probs
 from agentloop_trainer.update.losses import (
     kl_k3,
@@ -25,6 +25,7 @@ from agentloop_trainer.update.packing import packed_micro_batches, packing_pays,
 from agentloop_trainer.update.policy_batch import PolicyBatch, policy_batch_from_rollout
 from agentloop_trainer.update.rollout_correction import rollout_correction
 from agentloop_trainer.update.settings import ActorSection, RolloutCorrectionSection
+from agentloop_trainer.update.step_prefix import StepPrefix
 from agentloop_trainer.update.tail_buckets import shared_prompt_micro_batches
 
 __all__ = ["ActorConfig", "PolicyBatch", "PolicyGradientActor", "micro_batches", "policy_batch_from_rollout",
@@ -107,6 +108,7 @@ class PolicyGradientActor:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
+        self.distributed = distributed
         self.packed = config.use_remove_padding and packs(model)
         """Whether micro-batches may run as packed rows (``use_remove_padding`` on a text model);
         each pass then packs unless sharing its prompts computes fewer tokens (:meth:`_packs`)."""
@@ -170,20 +172,44 @@ class PolicyGradientActor:
             parts += [[] for _ in range(most - len(parts))]
         return parts
 
-    def _forward(self, model: Any, pb: PolicyBatch, rows: list[int], grad: bool, packed: bool) -> Any:
-        """Response log-probs of ``rows`` (an empty micro-batch runs a stand-in row whose result
-        is discarded, so every rank makes the same collective calls)."""
+    def _cast(self) -> Any:
+        """``torch.autocast`` in ``compute_dtype``, or a context that does nothing."""
         import contextlib
 
         import torch
 
-        cfg = self.config
-        cast = (torch.autocast(self.device.type, dtype=getattr(torch, cfg.compute_dtype))
-                if cfg.compute_dtype and cfg.compute_dtype != "float32" else contextlib.nullcontext())
-        with cast:
-            return response_log_probs(model, pb, cfg.temperature, rows or [0],
-                                      share_prefix=cfg.share_prefix_with_grad or not grad, device=self.device,
-                                      share_prompts=self.world_size == 1, packed=packed)
+        dtype = self.config.compute_dtype
+        return (torch.autocast(self.device.type, dtype=getattr(torch, dtype))
+                if dtype and dtype != "float32" else contextlib.nullcontext())
+
+    def _step_prefix(self, model: Any, pb: PolicyBatch, rows: list[int], parts: list[list[int]], grad: bool,
+                     packed: bool) -> StepPrefix | None:
+        """The prompt prefix all ``rows`` share (system turn, tool schemas), run once for all
+        their micro-batches (:class:`~agentloop_trainer.update.step_prefix.StepPrefix`); None on
+        FSDP (ranks must make the same calls), packed or image passes, one micro-batch, no
+        sharing, or a prefix under ``MIN_SHARED_PREFIX`` tokens."""
+        if (self.distributed or packed or len(parts) < 2 or not (self.config.share_prefix_with_grad or not grad)
+                or (pb.images is not None and any(pb.images[r] for r in rows))):
+            return None
+        if any(len(pb.sequences[r]) < 2 for r in rows):  # a failed sample runs as a stand-in row
+            return None
+        # Two prompt tokens of each row stay outside: the distinct prompt's own pass needs one,
+        # and the last prompt token's logit scores the response.
+        length = min(common_prefix_length([pb.sequences[r] for r in rows]),
+                     min(pb.prompt_lengths[r] for r in rows) - 2)
+        if length < MIN_SHARED_PREFIX:
+            return None
+        with self._cast():
+            return StepPrefix.build(model, pb.sequences[rows[0]][:length], device=self.device)
+
+    def _forward(self, model: Any, pb: PolicyBatch, rows: list[int], grad: bool, packed: bool,
+                 prefix: StepPrefix | None = None) -> Any:
+        """Response log-probs of ``rows`` (an empty micro-batch runs a stand-in row whose result
+        is discarded, so every rank makes the same collective calls)."""
+        with self._cast():
+            return response_log_probs(model, pb, self.config.temperature, rows or [0],
+                                      share_prefix=self.config.share_prefix_with_grad or not grad, device=self.device,
+                                      share_prompts=self.world_size == 1, packed=packed, prefix=prefix)
 
     def compute_log_probs(self, pb: PolicyBatch, model: Any = None) -> Any:
         """Log-probs of the batch's responses under the current (or given) model, no grad,
@@ -199,8 +225,10 @@ class PolicyGradientActor:
         size = cfg.log_prob_micro_batch_size_per_gpu or cfg.ppo_micro_batch_size_per_gpu
         with torch.no_grad():
             packed = self._packs(pb, rows, grad=False)
-            for part in self._micro(pb, rows, size, packed, grad=False):
-                logp = self._forward(model, pb, part, grad=False, packed=packed)
+            parts = self._micro(pb, rows, size, packed, grad=False)
+            prefix = self._step_prefix(model, pb, rows, parts, grad=False, packed=packed)
+            for part in parts:
+                logp = self._forward(model, pb, part, grad=False, packed=packed, prefix=prefix)
                 if part:
                     full[part] = logp.to(full.dtype)
         model.train(was_training)
@@ -301,8 +329,9 @@ class PolicyGradientActor:
                 seen: set[str] = set()
                 gap = torch.zeros(1, dtype=torch.float64)
                 self.optimizer.zero_grad(set_to_none=True)
+                prefix = self._step_prefix(self.model, pb, local, parts, grad=True, packed=packed)
                 for rows in parts:
-                    logp = self._forward(self.model, pb, rows, grad=True, packed=packed)
+                    logp = self._forward(self.model, pb, rows, grad=True, packed=packed, prefix=prefix)
                     if not rows:  # a stand-in pass: same collectives, no contribution
                         (logp.sum() * 0.0).backward()
                         continue
@@ -337,6 +366,8 @@ class PolicyGradientActor:
                             sums[k] += metrics[k] * share
                             seen.add(k)
                     scaled.backward()
+                if prefix is not None:  # the micro-batches' gradient through the prefix's one pass
+                    prefix.backward()
                 if self.world_size > 1:
                     flags = torch.tensor([k in seen for k in keys[1:]], dtype=torch.float64)
                     total = self._all_reduce(torch.tensor([sums[k] for k in keys], dtype=torch.float64)).tolist()

@@ -141,7 +141,7 @@ def prompt_groups(sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[i
 
 def prompt_shared_log_probs(model: Any, sequences: Sequence[Sequence[int]], prompt_lengths: Sequence[int],
                             groups: Sequence[int], temperature: float = 1.0, pad_id: int = 0,
-                            device: Any = None) -> Any:
+                            device: Any = None, prefix: StepPrefix | None = None) -> Any:
     """:func:`sequence_log_probs` for a GRPO batch, running each distinct prompt once.
 
     The ``n`` samples of a prompt repeat it ``n`` times; here the prefix all rows share runs
@@ -163,6 +163,9 @@ def prompt_shared_log_probs(model: Any, sequences: Sequence[Sequence[int]], prom
         temperature: Logits are divided by it.
         pad_id: Id used for padding (never scored).
         device: Where the inputs go; None: the device of the model's first parameter.
+        prefix: The prefix every prompt shares, already run for the whole step
+            (:class:`StepPrefix`): it replaces the shared pass; each distinct prompt must be at
+            least one token longer.
 
     Returns:
         ``[B, N-1]`` like :func:`sequence_log_probs`, filled from each row's last prompt token on
@@ -175,13 +178,19 @@ def prompt_shared_log_probs(model: Any, sequences: Sequence[Sequence[int]], prom
     first_row = {g: b for b, g in reversed(list(enumerate(groups)))}
     heads = [list(sequences[first_row[u]][: prompt_lengths[first_row[u]] - 1]) for u in range(U)]
     P = min(common_prefix_length(heads), min(len(h) for h in heads) - 1)
-    if U == 1 or P < MIN_SHARED_PREFIX:
-        P = 0  # not worth a pass of its own
-    S = max(len(h) for h in heads)
     kw_name = _cache_kwarg(model)
     kw: dict[str, Any] = {}
     passes = []
-    if P:
+    if prefix is not None:
+        if prefix.length > P or tuple(heads[0][: prefix.length]) != prefix.ids:
+            raise ValueError(f"a StepPrefix of {prefix.length} tokens needs prompts that start with it and are "
+                             f"longer (the prompts share {P} tokens before their last)")
+        P = prefix.length
+        kw[kw_name] = prefix.cache(U)
+    elif U == 1 or P < MIN_SHARED_PREFIX:
+        P = 0  # not worth a pass of its own
+    S = max(len(h) for h in heads)
+    if P and prefix is None:
         # The prefix every prompt shares: batch 1, then one copy per distinct prompt.
         passes.append(model(input_ids=torch.tensor([heads[0][:P]], device=device), use_cache=True, logits_to_keep=1))
         cache = getattr(passes[-1], "cache", None) or passes[-1].past_key_values

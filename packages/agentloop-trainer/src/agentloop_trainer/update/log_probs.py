@@ -9,12 +9,13 @@ from typing import Any
 from agentloop_trainer.update.forward import prompt_groups, prompt_shared_log_probs, sequence_log_probs
 from agentloop_trainer.update.packing import packed_log_probs
 from agentloop_trainer.update.policy_batch import PolicyBatch
+from agentloop_trainer.update.step_prefix import StepPrefix
 from agentloop_trainer.update.vision_forward import multimodal_log_probs
 
 
 def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
                        share_prefix: bool = True, device: Any = None, share_prompts: bool = False,
-                       packed: bool = False) -> Any:
+                       packed: bool = False, prefix: StepPrefix | None = None) -> Any:
     """Log-probs of each response token under ``model``, shaped like ``pb.response_mask``.
 
     Args:
@@ -31,6 +32,8 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
             One process only: the forward calls it makes depend on the data.
         packed: Run the rows as one packed row (:func:`~agentloop_trainer.update.packing.packed_log_probs`;
             text models only, rows with images stay padded); the sharing options are then unused.
+        prefix: The prompt prefix every row shares, already run for the whole step (one
+            process, padded text passes; :class:`~agentloop_trainer.update.step_prefix.StepPrefix`).
     """
     import torch
 
@@ -52,10 +55,10 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
                                 device=device)
     elif groups is not None:
         logp = prompt_shared_log_probs(model, seqs, [pb.prompt_lengths[r] for r in rows], groups,
-                                       temperature=temperature, device=device)
+                                       temperature=temperature, device=device, prefix=prefix)
     else:
         logp = sequence_log_probs(model, seqs, temperature=temperature, first_scored=first,
-                                  share_prefix=share_prefix, device=device)
+                                  share_prefix=share_prefix, device=device, prefix=prefix)
     R = pb.response_mask.shape[1]
     out = torch.zeros((len(rows), R), dtype=logp.dtype, device=logp.device)
     for i, r in enumerate(rows):
