@@ -1,22 +1,26 @@
-"""The prefix every row of an SFT step shares runs once for all its micro-batches
-(``update/step_prefix.py``), with the gradients of running it in each micro-batch.
+"""The prefix every row of a step shares runs once for all its micro-batches
+(``update/step_prefix.py``), with the gradients of running it in each micro-batch: in the SFT
+step and in the GRPO actor's update and log-prob passes.
 
-The pairs: one step in micro-batches against the same step as one pass (which runs the prefix
-once by construction), in float32 (values) and under bfloat16 autocast (rounding only); and the
-tokens that go through the model, counted, against the step's distinct tokens. A failure in the
-first two means the detached cache lost or doubled a micro-batch's gradient.
+The pairs: one SFT step in micro-batches against the same step as one pass (which runs the
+prefix once by construction), in float32 (values) and under bfloat16 autocast (rounding only);
+GRPO updates in micro-batches against the plain padded update; and the passes that start from
+position 0, counted. A failure in the value pairs means the detached cache lost or doubled a
+micro-batch's gradient.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from test_shared_prompt_forward import _group_batch
 
 from agentloop_trainer.config import load_config
 from agentloop_trainer.stages.sft import read_sft_files, write_sft_rows
 from agentloop_trainer.stages.sft.loss import make_optimizer, sft_step, step_prefix
 from agentloop_trainer.stages.sft.stage import sft_tokenizer
 from agentloop_trainer.task import calculator_rows
+from agentloop_trainer.update import MIN_SHARED_PREFIX, ActorConfig, PolicyGradientActor, response_log_probs
 from agentloop_trainer.update.forward import common_prefix_length, sequence_log_probs
 
 
@@ -104,9 +108,6 @@ def test_a_grpo_update_in_micro_batches_runs_the_prompts_prefix_once_with_the_pa
     """The actor's micro-batches on one step prefix land on the weights of the plain padded
     update (no sharing at all), and the prefix every prompt shares goes through the model once
     per optimizer step (and once for the old log-probs), not once per micro-batch."""
-    from agentloop_trainer.update import MIN_SHARED_PREFIX, ActorConfig, PolicyGradientActor, response_log_probs
-    from test_shared_prompt_forward import _group_batch  # pyright: ignore[reportMissingImports]
-
     P = MIN_SHARED_PREFIX + 4
     results, prefix_passes = [], []
     for share in (True, False):
