@@ -282,3 +282,23 @@ def test_agentloop_train_runs_sft_then_grpo_in_one_run_folder(tmp_path, demos, r
     assert json.loads((run_dir / "summary.json").read_text())["sft_steps"] == 2
     assert (run_dir / "sft" / "metrics.jsonl").exists()
     assert (run_dir / "metrics.jsonl").exists()
+
+
+def test_the_evaluation_before_sft_hands_its_memory_back_before_sft_runs(tmp_path, demos, random_model_path,
+                                                                       monkeypatch):
+    """The evaluation's engine is closed before SFT, but glibc kept what it freed: on the
+    real-model recipe SFT then ran at ~9.5 GB resident on top of it instead of ~5."""
+    from types import SimpleNamespace
+
+    import agentloop_trainer.stages.rollout_setup as rollout_setup
+    import agentloop_trainer.stages.sft.stage as stage
+    from agentloop_trainer.config import load_config
+
+    calls: list[str] = []
+    monkeypatch.setattr(rollout_setup, "evaluate_checkpoint",
+                        lambda *_a: calls.append("eval") or SimpleNamespace(accuracy=0.5, n=2))
+    monkeypatch.setattr(stage, "run_sft", lambda *_a: calls.append("sft") or (tmp_path / "hf", {}))
+    monkeypatch.setattr(stage, "release_host_memory", lambda: calls.append("release"))
+    cfg = load_config([f"model.path={random_model_path}", f"sft.train_files={demos}", "sft.eval_before=true"])
+    stage.start_checkpoint(cfg, tmp_path / "run", log=lambda *_: None)
+    assert calls == ["eval", "release", "sft", "release"]

@@ -308,6 +308,9 @@ def start_checkpoint(cfg: TrainConfig, run_dir: str | Path, log: Any = print) ->
             before = evaluate_checkpoint(cfg, cfg.model.path)
             log(f"held-out accuracy before SFT: {before.accuracy:.3f} (n={before.n})")
             summary["eval_accuracy_before_sft"] = before.accuracy
+            # The evaluation's engine (weights, key/value caches of 128 rows decoding) is closed,
+            # but glibc keeps what it freed: without a trim SFT ran on top of it.
+            release_host_memory()
         else:
             log("sft.eval_before: skipped, there is no model.path (the tiny model starts from random weights)")
     if cfg.trainer.resume != "never" and cfg.sft.resume == "never":
