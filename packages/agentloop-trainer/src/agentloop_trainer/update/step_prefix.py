@@ -1,10 +1,11 @@
 """A prefix every row of an optimizer step shares, run once for the whole step.
 
 :func:`~agentloop_trainer.update.forward.sequence_log_probs` runs the rows' common prefix once
-per call. A step split into micro-batches (``sft.micro_batch_size``, which bounds the memory of
-the activations) called it once per micro-batch, so the system turn and tool schemas (about 270
-of ~310 tokens a calculator demonstration) went through the model once per micro-batch: on the
-real-model recipe (16 conversations in micro-batches of 4) 1080 of the step's ~1720 tokens.
+per call. A step split into micro-batches (``sft.micro_batch_size``,
+``ppo_micro_batch_size_per_gpu``, which bound the memory of the activations) called it once per
+micro-batch, so the system turn and tool schemas (210 of ~310 tokens of a calculator
+demonstration with SmolLM2's tokenizer) went through the model once per micro-batch: on the
+real-model recipe's SFT step (16 conversations in micro-batches of 4) 840 of its ~2450 tokens.
 
 :class:`StepPrefix` runs the prefix once, with gradients, and hands each micro-batch a key/value
 cache built from *detached* float32 copies of its keys and values. Each micro-batch's backward
@@ -45,7 +46,7 @@ class StepPrefix:
     @classmethod
     def build(cls, model: Any, ids: Sequence[int], device: Any = None) -> StepPrefix | None:
         """Run ``ids`` (one row) through ``model`` and keep its cache; None when the cache has no
-        ``layers`` with ``keys`` and ``values`` (transformers before 4.56) or is empty."""
+        ``layers`` with ``keys`` and ``values`` (an older transformers' cache) or is empty."""
         import torch
 
         if len(ids) < 1:
