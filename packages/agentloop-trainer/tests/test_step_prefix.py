@@ -137,3 +137,33 @@ def test_a_grpo_update_in_micro_batches_runs_the_prompts_prefix_once_with_the_pa
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     for name, value in w_p.items():
         assert float((w_s[name] - value).abs().max()) < 1e-3, name
+
+
+@pytest.mark.parametrize("window", [8, 512], ids=["window-inside-prefix", "window-past-it"])
+def test_a_sliding_window_family_gets_the_one_pass_gradient_too(window):
+    """Gemma 3's cache mixes sliding-window layers with full ones; a window shorter than the
+    prefix crops what those layers keep. The step prefix must give the one-pass gradient both ways."""
+    import random
+
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from agentloop_trainer.stages.sft.tokenize import TokenizedConversation
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=window,
+                              max_position_embeddings=512)
+    model = Gemma3ForCausalLM(config).float().train()
+    rng = random.Random(0)
+    common = [rng.randrange(3, 300) for _ in range(40)]
+    batch = []
+    for _ in range(8):
+        q = [rng.randrange(3, 300) for _ in range(rng.randint(5, 9))]
+        a = [rng.randrange(3, 300) for _ in range(rng.randint(10, 20))]
+        batch.append(TokenizedConversation(common + q + a, [0] * (40 + len(q)) + [1] * len(a)))
+    assert step_prefix(model, batch) is not None
+    loss_one, one = _grads(model, batch, None)
+    loss_micro, micro = _grads(model, batch, 2)
+    assert loss_micro == pytest.approx(loss_one, rel=1e-5)
+    for name, g in one.items():
+        torch.testing.assert_close(micro[name], g, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
