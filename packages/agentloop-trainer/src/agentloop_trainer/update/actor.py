@@ -141,12 +141,17 @@ class PolicyGradientActor:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return tensor
 
+    def _shares_prefix(self, grad: bool) -> bool:
+        """Whether a pass keeps the shared prefix's cache: always without gradients; with them
+        unless ``share_prefix_with_grad`` is off (gradient checkpointing)."""
+        return self.config.share_prefix_with_grad or not grad
+
     def _packs(self, pb: PolicyBatch, rows: list[int], grad: bool) -> bool:
         """Whether a pass over ``rows`` runs packed: ``use_remove_padding`` on a text model,
         except on one process when the rows repeat prompts (a GRPO group) and running each
         distinct prompt once, padded, computes fewer tokens than packing every row whole
         (:func:`~agentloop_trainer.update.packing.packing_pays`)."""
-        share = self.world_size == 1 and (self.config.share_prefix_with_grad or not grad)
+        share = self.world_size == 1 and self._shares_prefix(grad)
         return self.packed and (not share or packing_pays(pb.sequences, pb.prompt_lengths, rows))
 
     def _micro(self, pb: PolicyBatch, rows: list[int], size: int | None, packed: bool, grad: bool) -> list[list[int]]:
@@ -159,7 +164,7 @@ class PolicyGradientActor:
 
         cfg = self.config
         lengths = [len(s) for s in pb.sequences]
-        share = self.world_size == 1 and (cfg.share_prefix_with_grad or not grad)
+        share = self.world_size == 1 and self._shares_prefix(grad)
         if packed and (cfg.use_dynamic_bsz or size is None):
             parts = packed_micro_batches(rows, lengths, cfg.ppo_max_token_len_per_gpu)
         elif (share and size is None and not cfg.use_dynamic_bsz
@@ -188,7 +193,7 @@ class PolicyGradientActor:
         their micro-batches (:class:`~agentloop_trainer.update.step_prefix.StepPrefix`); None on
         FSDP (ranks must make the same calls), packed or image passes, one micro-batch, no
         sharing, or a prefix under ``MIN_SHARED_PREFIX`` tokens."""
-        if (self.distributed or packed or len(parts) < 2 or not (self.config.share_prefix_with_grad or not grad)
+        if (self.distributed or packed or len(parts) < 2 or not self._shares_prefix(grad)
                 or (pb.images is not None and any(pb.images[r] for r in rows))):
             return None
         if any(len(pb.sequences[r]) < 2 for r in rows):  # a failed sample runs as a stand-in row
@@ -208,7 +213,7 @@ class PolicyGradientActor:
         is discarded, so every rank makes the same collective calls)."""
         with self._cast():
             return response_log_probs(model, pb, self.config.temperature, rows or [0],
-                                      share_prefix=self.config.share_prefix_with_grad or not grad, device=self.device,
+                                      share_prefix=self._shares_prefix(grad), device=self.device,
                                       share_prompts=self.world_size == 1, packed=packed, prefix=prefix)
 
     def compute_log_probs(self, pb: PolicyBatch, model: Any = None) -> Any:
