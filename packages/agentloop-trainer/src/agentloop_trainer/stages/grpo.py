@@ -18,6 +18,7 @@ from agentloop_trainer.eval.sets import result_metrics
 from agentloop_trainer.reward.judge_client import judge_step_metrics
 from agentloop_trainer.rollout.dynamic_sampling import overlong_metrics
 from agentloop_trainer.rollout.rollouts import make_rows
+from agentloop_trainer.stages.memory import end_of_phase, peak_memory_metrics
 from agentloop_trainer.stages.ppo import build_critic, uses_critic
 from agentloop_trainer.stages.rollout_setup import (
     dynamic_sampler,
@@ -158,6 +159,7 @@ class PolicyGradientTrainer:
         if self.fleet is None:
             return None
         result = self.fleet.evaluate(self.test_records)
+        end_of_phase(self.device)
         result.metrics.update(result_metrics(result, self.fleet.tokenizer, self.fleet.scorer))
         return result
 
@@ -194,7 +196,9 @@ class PolicyGradientTrainer:
         slept = sleeping is not None
         if sleeping is not None:
             sleeping.sleep()  # the update gets the accelerator memory the engine held
+        end_of_phase(self.device)  # the rollout's decode buffers
         learned = self._learn(rows, batch)
+        end_of_phase(self.device)  # the update's activations, before the engine decodes again
         t2 = time.perf_counter()
         if sleeping is not None:
             sleeping.wake_up()
@@ -264,7 +268,7 @@ class PolicyGradientTrainer:
             "timing_s/generate": t_gen, "timing_s/update": t_update, "timing_s/sync_weights": t_sync,
             "timing_s/step": time.perf_counter() - t0,
             "perf/generate_tokens_per_s": generated / max(t_gen, 1e-9),
-            **self.last_sync, **_memory_metrics(self.device),
+            **self.last_sync, **peak_memory_metrics(self.device),
             **(overlong_metrics(batch) if self.sampler.shaping else {}),
         })
         self.watch.after_step(rows, batch, rewards, self.step, getattr(self.fleet, "scorer", None))
@@ -359,6 +363,7 @@ class PolicyGradientTrainer:
         tc = self.cfg.trainer
         start = time.perf_counter()
         resumed = self.resume()
+        end_of_phase(self.device)  # loading's leftovers (checkpoint reads, state-dict copies)
         before = None
         # Rank 0 evaluates (it hosts the fleet).
         if self.fleet is not None and tc.val_before_train and (not resumed or not any("eval/accuracy" in h for h in self.history)):
@@ -442,19 +447,6 @@ class PolicyGradientTrainer:
 
             dist.destroy_process_group()
             self.owns_process_group = False
-
-
-def _memory_metrics(device: Any) -> dict[str, float]:
-    """Peak memory so far: the accelerator's (reset each step) on CUDA, the process's on CPU."""
-    if device.type == "cuda":
-        import torch
-
-        peak = torch.cuda.max_memory_allocated(device) / 2**20
-        torch.cuda.reset_peak_memory_stats(device)
-        return {"perf/max_memory_allocated_mb": peak}
-    import resource
-
-    return {"perf/max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _row_advantages(advantages: Any, mask: Any) -> Any:
