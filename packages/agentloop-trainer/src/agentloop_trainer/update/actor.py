@@ -390,6 +390,8 @@ class PolicyGradientActor:
                 metrics["actor/micro_batches"] = float(len(parts))
                 self.optimizer.step()
                 history.append(metrics)
+        # The rollout and evaluation that come next need no gradients (0.54 GB on SmolLM2-135M).
+        self.optimizer.zero_grad(set_to_none=True)
         keys_all = {k for m in history for k in m}
         means = {k: sum(m.get(k, 0.0) for m in history) / len(history) for k in sorted(keys_all)}
         means["actor/num_updates"] = float(len(history))
