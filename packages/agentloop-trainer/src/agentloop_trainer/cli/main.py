@@ -49,7 +49,10 @@ def run_train(cfg: TrainConfig, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     wall = time.perf_counter()
+    from agentloop_trainer.stages.memory import map_large_host_blocks
     from agentloop_trainer.stages.sft.stage import start_checkpoint
+
+    map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)
 
     model_path, sft_summary = start_checkpoint(cfg, run_dir, log)
     data_stats: dict[str, int] = {}
