@@ -74,3 +74,25 @@ def test_the_threshold_is_off_unless_set():
 
     assert load_config([]).trainer.host_mmap_threshold_mb is None
     assert load_config(["trainer.host_mmap_threshold_mb=8"]).trainer.host_mmap_threshold_mb == 8
+
+
+def test_each_fsdp_rank_sets_the_threshold_in_its_own_process(monkeypatch):
+    """Ranks are processes of their own: the driver's mallopt does not reach them."""
+    import torch.distributed as dist
+
+    import agentloop_trainer.stages.build as build
+    from agentloop_trainer.config import load_config
+    from agentloop_trainer.config.loading import to_yaml
+
+    calls: list[tuple[str, int | None]] = []
+    monkeypatch.setattr(build, "map_large_host_blocks", lambda device, mb: calls.append((device, mb)) or True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+
+    def stop(*_a, **_k):
+        raise RuntimeError("stop before building")
+
+    monkeypatch.setattr(build, "build_trainer", stop)
+    cfg = load_config(["trainer.host_mmap_threshold_mb=16"])
+    with pytest.raises(RuntimeError, match="stop before building"):
+        build._train_rank(1, to_yaml(cfg), "unused", "unused")
+    assert calls == [("cpu", 16)]

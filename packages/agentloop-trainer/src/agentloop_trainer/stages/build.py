@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_trainer.config.sections import TrainConfig
+from agentloop_trainer.stages.memory import map_large_host_blocks
 
 
 def seed_everything(seed: int) -> None:
@@ -114,6 +115,8 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
     from agentloop_trainer.config.nodes import config_from_yaml
 
     cfg = config_from_yaml(cfg_yaml)
+    # A process of its own: the driver's allocator setting does not carry over.
+    map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)
     if rank == 0 and uses_ray(cfg):
         from agentloop_engines.fleet.hosting import connect_ray
 
