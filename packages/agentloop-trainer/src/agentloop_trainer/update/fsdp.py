@@ -12,6 +12,7 @@ update the weights are gathered tensor by tensor and pushed into the engine in b
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Callable
@@ -186,6 +187,12 @@ def _entry(rank: int, world_size: int, port: int, device: str, fn: Callable, arg
         result = fn(rank, *args)
         if rank == 0:
             Path(out_dir, "result.pkl").write_bytes(pickle.dumps(result))
+        del result
+        # What fn left in reference cycles (FSDP modules, the device meshes that hold the process
+        # group) is freed now, while the interpreter is alive; left to the interpreter's
+        # finalization, gloo's worker threads are torn down under it (SIGABRT, "terminate called
+        # without an active exception": pytorch/pytorch#179291 describes that path).
+        gc.collect()
         # Every rank reaches here before any tears its group down: a rank that destroyed gloo's
         # pairs while its peer still had traffic on them died once in CI with SIGABRT
         # ("terminate called without an active exception"). Not on the error path, where the
