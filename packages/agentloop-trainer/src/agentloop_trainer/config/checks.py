@@ -5,6 +5,7 @@ and ``trainer.critic_warmup``)."""
 
 from __future__ import annotations
 
+from agentloop_core.runtime.host_memory import MAX_MMAP_THRESHOLD
 from agentloop_trainer.config.sections import TrainConfig
 from agentloop_trainer.config_base import ConfigError, require
 from agentloop_trainer.data.settings import check as check_data
@@ -43,8 +44,9 @@ def validate(cfg: TrainConfig) -> None:
         ("trainer.log_trajectories_per_step", tc.log_trajectories_per_step >= 0, ">= 0"),
         ("trainer.fsdp_ranks", tc.fsdp_ranks >= 1, "at least 1"),
         ("trainer.device", tc.device in ("cpu", "cuda"), "cpu or cuda"),
-        ("trainer.host_mmap_threshold_mb", tc.host_mmap_threshold_mb is None or 1 <= tc.host_mmap_threshold_mb <= 32,
-         "1 to 32 (glibc's range), or null for glibc's adaptive threshold"),
+        ("trainer.host_mmap_threshold_mb",
+         tc.host_mmap_threshold_mb is None or 1 <= tc.host_mmap_threshold_mb <= MAX_MMAP_THRESHOLD >> 20,
+         f"1 to {MAX_MMAP_THRESHOLD >> 20} (glibc's range), or null for glibc's adaptive threshold"),
         ("trainer.launcher", tc.launcher in ("spawn", "ray"), "spawn or ray"),
         ("trainer.resume", tc.resume in ("never", "auto", "must"), "never, auto or must"),
         ("trainer.hf_max_shard_megabytes", tc.hf_max_shard_megabytes >= 1, "at least 1"),
