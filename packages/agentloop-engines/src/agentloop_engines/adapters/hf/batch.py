@@ -25,7 +25,7 @@ import torch
 
 from agentloop_core.protocol import SamplingParams, StopReason, TokenOutput
 from agentloop_core.vision.processor import ImageItem, image_token_runs
-from agentloop_engines.adapters.hf.growing_cache import grow_in_place
+from agentloop_engines.adapters.hf.growing_cache import grow_in_place, left_pad, merge_layers
 from agentloop_engines.adapters.hf.prefix_cache import Hit, PrefixCache, hit_inputs
 from agentloop_engines.adapters.hf.sampling import RowSampling, sample_rows
 from agentloop_engines.adapters.hf.vision import prefill_inputs
@@ -345,7 +345,9 @@ class DecodeBatch:
         if not keep:
             return None
         if len(keep) < len(self.rows):
-            # Dropping finished rows from the cache keeps later steps to live rows only.
+            # Dropping finished rows from the cache keeps later steps to live rows only. The last
+            # live rows take the finished rows' places, so the cache moves only those rows in place.
+            keep = _fill_from_the_end(keep)
             sel = torch.tensor(keep, device=self.mask.device)
             self.cache.batch_select_indices(sel)
             self.mask, self.next_pos, tokens = self.mask[sel], self.next_pos[sel], tokens[sel]
@@ -379,9 +381,8 @@ class DecodeBatch:
         width = max(self.mask.shape[1], other.mask.shape[1])
         with torch.inference_mode():
             for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True):
-                mine.keys = torch.cat([_left_pad(mine.keys, width), _left_pad(theirs.keys, width)])
-                mine.values = torch.cat([_left_pad(mine.values, width), _left_pad(theirs.values, width)])
-            self.mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(other.mask, width, dim=1)])
+                merge_layers(mine, theirs, width)
+            self.mask = torch.cat([left_pad(self.mask, width, dim=1), left_pad(other.mask, width, dim=1)])
             self.next_pos = torch.cat([self.next_pos, other.next_pos])
             self.last = torch.cat([self.last, other.last])
         self.rows = self.rows + other.rows
@@ -395,6 +396,16 @@ class DecodeBatch:
                 r.finish("aborted")
             else:
                 r.fail(exc)
+
+
+def _fill_from_the_end(keep: list[int]) -> list[int]:
+    """The rows ``keep`` names (ascending), reordered so that each row below ``len(keep)`` stays
+    where it is and the rest fill, from the end, the places of rows that are gone: every kept
+    row stays or moves down, and only the rows that must move do."""
+    n = len(keep)
+    staying = {j for j in keep if j < n}
+    movers = [j for j in keep if j >= n]
+    return [i if i in staying else movers.pop() for i in range(n)]
 
 
 def _live(rows: list[Row]) -> list[Row]:
@@ -437,15 +448,6 @@ def _shared_prefix_length(prompts: list[list[int]]) -> int:
     while n < limit and all(p[n] == first[n] for p in prompts):
         n += 1
     return n
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int = -2) -> torch.Tensor:
-    missing = width - t.shape[dim]
-    if missing == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = missing
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
 
 
 @functools.cache

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.cache_utils import DynamicCache
 
+from agentloop_engines.adapters.hf.growing_cache import left_pad
 from agentloop_engines.adapters.hf.vision import text_config
 
 DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
@@ -183,19 +184,12 @@ def hit_inputs(hits: list[Hit], *, pad_id: int, device: torch.device) -> dict[st
         positions[i, width_n - len(tail) :] = torch.arange(h.reused, h.reused + len(tail))
     layers = []
     for n in range(len(hits[0].layers)):
-        keys = torch.stack([_left_pad(h.layers[n][0], width_c) for h in hits]).to(device)
-        values = torch.stack([_left_pad(h.layers[n][1], width_c) for h in hits]).to(device)
+        keys = torch.stack([left_pad(h.layers[n][0], width_c) for h in hits]).to(device)
+        values = torch.stack([left_pad(h.layers[n][1], width_c) for h in hits]).to(device)
         layers.append((keys, values))
     next_pos = torch.tensor([len(h.row.prompt_ids) for h in hits], device=device)
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "position_ids": positions.to(device),
             "cache": DynamicCache(layers), "reused_width": width_c, "next_pos": next_pos}
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    missing = width - t.shape[-2]
-    if missing == 0:
-        return t
-    return torch.cat([t.new_zeros((*t.shape[:-2], missing, t.shape[-1])), t], dim=-2)
 
 
 FALLBACK_KV_BYTES_PER_TOKEN = 1 << 16
