@@ -5,72 +5,31 @@ tensor, and a copy of the whole cache, per layer, per step (a 16-row batch of ~3
 SmolLM2 rows copies ~240 MB a step, and a fresh allocation of that size costs page faults on
 top). :class:`GrowingLayer` keeps them at the front of a buffer with room along the sequence
 axis and hands attention views of the filled part; the buffer grows by a quarter (at least
-:data:`GROW_TOKENS` tokens) when full. Anything that replaces the tensors (dropping finished
-rows, merging batches, repeating a shared prefix) goes through the same ``keys``/``values``
-attributes as before and simply starts a new buffer.
+:data:`GROW_TOKENS` tokens) when full. Anything else that replaces the tensors (repeating a
+shared prefix, cropping) goes through the same ``keys``/``values`` attributes as before and
+simply starts a new buffer.
 
-On the CPU a buffer of at least :data:`MAP_MIN_BYTES` lives in its own anonymous mapping
-(:func:`kv_empty`), outside malloc's heap. A decode batch's per-layer tensors are long-lived,
-large (16-33 MB each for 128 SmolLM2 rows of ~300 tokens, just under glibc's largest
-adaptive mmap threshold) and replaced with slightly different sizes as rows finish and join;
-on the heap every generation left holes the next could not fill (a held-out evaluation of the
-real-model recipe kept 4.8 GB of freed heap beside 3.9 GB in use). A mapping goes back to the
-system when its tensor is freed. Rows that finish are dropped in place
-(:meth:`GrowingLayer.batch_select_indices`: the kept rows move down, the pages past them are
-handed back) and a merge writes both batches straight into one new buffer
-(:func:`merge_layers`), so neither goes through a temporary of the whole cache.
+Rows that finish are dropped in place (:meth:`GrowingLayer.batch_select_indices`: the last
+live rows move into the finished rows' places, only they are copied, and the room is kept), and
+a merge writes both batches, left-padded, straight into one new buffer with room
+(:func:`merge_layers`). Before, each drop made a gathered copy of the whole cache with no room,
+which the next step copied again into a grown buffer, and each merge padded copies and
+concatenated them: on a CPU, 60 new tensors of 16-33 MB (128 SmolLM2 rows of ~300 tokens, just
+under the 32 MB up to which glibc serves blocks from its heap) at each of those steps, each size
+a little off the last, so each generation left the heap holes the next could not fill (a
+held-out evaluation of the real-model recipe held 8.1-8.7 GB resident for 3.9 GB in use; now
+~5.2 GB, bench/README 10g). Giving each buffer a mapping of its own was tried as well: the
+resident set was the same and the evaluation took 16% longer (fresh pages fault in).
 """
 
 from __future__ import annotations
 
-import math
-import mmap
-import threading
-import weakref
 from typing import Any
 
 import torch
 
 GROW_TOKENS = 64
 """Least room added along the sequence axis when a buffer is full."""
-
-MAP_MIN_BYTES = 1 << 20
-"""Smallest CPU buffer given its own mapping by :func:`kv_empty` (smaller ones stay on the heap,
-where their holes are small and reused)."""
-
-_PAGE = mmap.PAGESIZE
-_mapped = [0]
-_mapped_lock = threading.Lock()
-
-
-def mapped_bytes() -> int:
-    """Bytes of the key/value mappings :func:`kv_empty` made that are still alive (in this
-    process, every server's): memory in use that malloc's own counters do not see."""
-    return _mapped[0]
-
-
-def _count_mapped(nbytes: int) -> None:
-    with _mapped_lock:
-        _mapped[0] += nbytes
-
-
-def kv_empty(shape: tuple[int, ...], like: torch.Tensor) -> tuple[torch.Tensor, mmap.mmap | None]:
-    """An uninitialised key or value buffer of ``shape`` with ``like``'s dtype and device.
-
-    Returns:
-        ``(tensor, region)``: on the CPU and at least :data:`MAP_MIN_BYTES`, ``tensor`` lies in
-        ``region``, an anonymous mapping of its own that the tensor keeps alive and that is
-        unmapped when the last view of it is freed; otherwise an ordinary tensor and None.
-    """
-    count = math.prod(shape)
-    nbytes = count * like.element_size()
-    if like.device.type != "cpu" or nbytes < MAP_MIN_BYTES:
-        return like.new_empty(shape), None
-    region = mmap.mmap(-1, nbytes)
-    _count_mapped(nbytes)
-    weakref.finalize(region, _count_mapped, -nbytes)
-    return torch.frombuffer(region, dtype=like.dtype, count=count).view(shape), region
-
 
 def _layer_base() -> type:
     from transformers.cache_utils import DynamicLayer
@@ -79,17 +38,16 @@ def _layer_base() -> type:
 
 
 class _Slot:
-    """One of a layer's two tensors: a buffer (batch, heads, capacity, dim), how much of its
-    sequence axis is filled, and the mapping it lies in (None: an ordinary tensor)."""
+    """One of a layer's two tensors: a buffer (batch, heads, capacity, dim) and how much of its
+    sequence axis is filled."""
 
-    __slots__ = ("buffer", "length", "region")
+    __slots__ = ("buffer", "length")
 
     def __init__(self, tensor: Any) -> None:
         self.set(tensor)
 
-    def set(self, tensor: Any, length: int | None = None, region: mmap.mmap | None = None) -> None:
+    def set(self, tensor: Any, length: int | None = None) -> None:
         self.buffer = tensor
-        self.region = region
         if length is not None:
             self.length = length
         else:
@@ -111,18 +69,17 @@ class _Slot:
                 self.set(torch.cat([self.view(), new], dim=-2))
                 return self.buffer
             room = max(GROW_TOKENS, need // 4)
-            grown, region = kv_empty((*old.shape[:2], need + room, old.shape[-1]), old)
+            grown = old.new_empty((*old.shape[:2], need + room, old.shape[-1]))
             grown[:, :, : self.length] = self.view()
-            self.set(grown, self.length, region)
+            self.set(grown, self.length)
         self.buffer[:, :, self.length : need] = new
         self.length = need
         return self.view()
 
     def keep_rows(self, order: list[int]) -> None:
         """Keep the rows ``order`` names, in that order. When each row moves down or stays
-        (``order[i] >= i``, as when finished rows are dropped) they move within the buffer,
-        and the pages past the kept rows go back to the system; otherwise the rows are
-        gathered into a new buffer with the same room."""
+        (``order[i] >= i``, as when finished rows are dropped) they move within the buffer;
+        otherwise the rows are gathered into a new buffer with the same room."""
         if self.length is None or self.buffer.numel() == 0:
             self.set(self.buffer[order])
             return
@@ -132,26 +89,22 @@ class _Slot:
                 if i != j:
                     buffer[i, :, :length].copy_(buffer[j, :, :length])
             self.buffer = buffer[: len(order)]
-            if self.region is not None:
-                start = -(-len(order) * buffer.stride(0) * buffer.element_size() // _PAGE) * _PAGE
-                if start < len(self.region):
-                    self.region.madvise(mmap.MADV_DONTNEED, start, len(self.region) - start)
             return
-        gathered, region = kv_empty((len(order), *buffer.shape[1:]), buffer)
+        gathered = buffer.new_empty((len(order), *buffer.shape[1:]))
         torch.index_select(self.view(), 0, torch.tensor(order, device=buffer.device), out=gathered[:, :, :length])
-        self.set(gathered, length, region)
+        self.set(gathered, length)
 
     def join(self, mine: torch.Tensor, theirs: torch.Tensor, width: int) -> None:
         """Hold ``mine``'s rows then ``theirs``, each left-padded with zeros to ``width``
         positions, in one new buffer with :data:`GROW_TOKENS` of room."""
         rows = mine.shape[0] + theirs.shape[0]
-        joined, region = kv_empty((rows, mine.shape[1], width + GROW_TOKENS, mine.shape[-1]), mine)
+        joined = mine.new_empty((rows, mine.shape[1], width + GROW_TOKENS, mine.shape[-1]))
         for part, lo, hi in ((mine, 0, mine.shape[0]), (theirs, mine.shape[0], rows)):
             pad = width - part.shape[-2]
             if pad:
                 joined[lo:hi, :, :pad].zero_()
             joined[lo:hi, :, pad:width] = part
-        self.set(joined, width, region)
+        self.set(joined, width)
 
 
 def growing_layer_class() -> type:
