@@ -8,20 +8,24 @@ One held-out evaluation of the real-model recipe (examples/trainer/smollm2_calcu
 checkpoint answers longer and so holds more), each setting in a fresh process:
 
 - *peak RSS*: the process's resident set, sampled every 10 ms;
-- *malloc in use*: the most glibc's ``mallinfo2`` counted in use (heap blocks plus mapped
-  ones), sampled every 100 ms: the memory the evaluation needed;
+- *malloc in use*: the most glibc's ``mallinfo2`` counted in use (heap blocks plus mapped ones),
+  sampled every 100 ms: the memory the evaluation needed;
 - the difference is freed memory the heap kept (holes left by blocks whose sizes drift step by
   step).
 
-Settings run in turn for ``--repeats`` rounds; the table gives medians.
+Each setting is glibc's mmap threshold (``--thresholds``), with today's code or, with
+``--baseline-tree DIR`` (a folder holding the packages' code before a change, put first on
+``PYTHONPATH``), the code before; settings run in turn for ``--repeats`` rounds, and the table
+gives medians.
 
-    python bench/bench_host_memory.py [--model DIR] [--thresholds adaptive 8 1] [--repeats 1]
+    python bench/bench_host_memory.py [--model DIR] [--thresholds adaptive 8] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -72,10 +76,12 @@ print(json.dumps({"seconds": time.perf_counter() - t, "peak_rss_gb": peak[0], "m
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the fetched SmolLM2-135M-Instruct)")
-    parser.add_argument("--thresholds", nargs="+", default=["adaptive", "8", "1"],
+    parser.add_argument("--thresholds", nargs="+", default=["adaptive", "8"],
                         help="'adaptive' (glibc's default) or a fixed mmap threshold in MB (1-32)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over the settings")
     parser.add_argument("--override", nargs="*", default=[], help="extra config overrides, e.g. data.val_size=64")
+    parser.add_argument("--baseline-tree", help="a folder holding the packages' code before a change, put first on "
+                        "PYTHONPATH for a 'before' run of each setting, alternating with today's code")
     args = parser.parse_args()
     model = args.model
     if model is None:
@@ -83,29 +89,37 @@ def main() -> None:
 
         model = str(fetch_model("smollm2-135m-instruct"))
     load_at_start = load_average()
-    runs: dict[str, list[dict]] = {t: [] for t in args.thresholds}
+    codes = ["before", "now"] if args.baseline_tree else ["now"]
+    settings = [(code, t) for t in args.thresholds for code in codes]
+    runs: dict[str, list[dict]] = {f"{code}/{t}": [] for code, t in settings}
     for r in range(args.repeats):
-        for threshold in args.thresholds:
+        for code, threshold in settings:
+            env = dict(os.environ)
+            if code == "before":
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.baseline_tree, env.get("PYTHONPATH")]))
             proc = subprocess.run([sys.executable, "-c", CHILD, model, threshold, str(RECIPE), json.dumps(args.override)],
-                                  capture_output=True, text=True, cwd=REPO_ROOT)
+                                  capture_output=True, text=True, cwd=REPO_ROOT, env=env)
             if proc.returncode:
-                sys.exit(f"the evaluation with threshold {threshold} failed:\n{proc.stderr[-3000:]}")
-            runs[threshold].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1}/{args.repeats} threshold {threshold}: {runs[threshold][-1]}", flush=True)
+                sys.exit(f"the evaluation ({code}, threshold {threshold}) failed:\n{proc.stderr[-3000:]}")
+            runs[f"{code}/{threshold}"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1}/{args.repeats} {code}, threshold {threshold}: {runs[f'{code}/{threshold}'][-1]}",
+                  flush=True)
     rows = []
-    base = statistics.median(x["seconds"] for x in runs[args.thresholds[0]])
-    for threshold, got in runs.items():
+    first = next(iter(runs))
+    base = statistics.median(x["seconds"] for x in runs[first])
+    for (code, threshold), got in zip(settings, runs.values(), strict=True):
         med = {k: statistics.median(x[k] for x in got) for k in ("seconds", "peak_rss_gb", "malloc_in_use_gb")}
-        rows.append([threshold if threshold == "adaptive" else f"{threshold} MB", round(med["peak_rss_gb"], 2),
+        rows.append([code, threshold if threshold == "adaptive" else f"{threshold} MB", round(med["peak_rss_gb"], 2),
                      round(med["malloc_in_use_gb"], 2), round(med["peak_rss_gb"] - med["malloc_in_use_gb"], 2),
                      round(med["seconds"], 1), round(med["seconds"] / base, 3), got[0]["accuracy"]])
-    headers = ["mmap threshold", "peak RSS GB", "malloc in use GB", "kept by the heap GB", "eval s",
-               f"vs {args.thresholds[0]}", "accuracy"]
-    n = runs[args.thresholds[0]][0]["n"]
+    headers = ["code", "mmap threshold", "peak RSS GB", "malloc in use GB", "kept by the heap GB", "eval s",
+               f"vs {first}", "accuracy"]
+    n = runs[first][0]["n"]
     title = f"one held-out evaluation of the real-model recipe on {Path(model).name} (n={n}), medians"
     table(headers, rows, title=title)
     write_result("host_memory", {"title": title, "headers": headers, "rows": rows, "runs": runs,
-                                 "overrides": args.override, "load_average_at_start": load_at_start,
+                                 "overrides": args.override, "baseline_tree": args.baseline_tree,
+                                 "load_average_at_start": load_at_start,
                                  "versions": versions("torch", "transformers")})
 
 
