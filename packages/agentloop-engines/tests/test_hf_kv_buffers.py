@@ -5,15 +5,19 @@ finish and join at different steps still gives each request the tokens it gets a
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import pytest
 
 torch = pytest.importorskip("torch", reason='HFServer needs pip install "agentloop-engines[hf]"')
 pytest.importorskip("transformers", reason='HFServer needs pip install "agentloop-engines[hf]"')
 
+from agentloop_core.protocol import SamplingParams  # noqa: E402
 from agentloop_engines.adapters.hf import HFServer  # noqa: E402
-from agentloop_engines.adapters.hf.batch import _fill_from_the_end  # noqa: E402
+from agentloop_engines.adapters.hf.batch import DecodeBatch, Row, _fill_from_the_end  # noqa: E402
 from agentloop_engines.adapters.hf.growing_cache import GROW_TOKENS, grow_in_place, merge_layers  # noqa: E402
+from agentloop_engines.adapters.hf.prefix_cache import PrefixCache  # noqa: E402
+from agentloop_engines.adapters.hf.sampling import RowSampling  # noqa: E402
 
 
 def _layer(rows: int, length: int = 5, heads: int = 2, dim: int = 4, seed: int = 0):
@@ -69,6 +73,27 @@ def test_rows_in_any_other_order_are_gathered_into_a_buffer_with_room():
     _, got = layer.update(step.clone(), step)
     assert torch.equal(got, torch.cat([values[[2, 2, 0, 1]], step], dim=-2))
     assert layer.__dict__["_v"].buffer.data_ptr() == buffer
+
+
+def test_a_gather_from_a_cache_without_room_gives_it_room():
+    from transformers.cache_utils import DynamicLayer
+
+    keys = torch.randn(2, 2, 5, 4)
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, keys)
+    layer.keys, layer.values = keys, keys.clone()
+
+    class Cache:
+        layers = [layer]
+
+    grow_in_place(Cache())  # as after a prefill's forward: no room yet
+    layer.batch_select_indices(torch.tensor([1, 0, 0]))  # a GRPO group's copies of its prompt
+    assert layer.__dict__["_k"].buffer.shape[-2] >= 5 + GROW_TOKENS
+    buffer = layer.__dict__["_k"].buffer.data_ptr()
+    step = torch.randn(3, 2, 1, 4)
+    got, _ = layer.update(step, step.clone())
+    assert torch.equal(got, torch.cat([keys[[1, 0, 0]], step], dim=-2))
+    assert layer.__dict__["_k"].buffer.data_ptr() == buffer, "the first decode step must not copy the cache"
 
 
 @pytest.mark.parametrize("theirs_growing", [True, False])
@@ -136,3 +161,44 @@ async def test_rows_that_finish_and_join_out_of_order_get_their_own_tokens(model
     assert [t.token_ids for t in together] == [a.token_ids for a in alone]
     for t, a in zip(together, alone, strict=True):
         torch.testing.assert_close(torch.tensor(t.log_probs), torch.tensor(a.log_probs), atol=1e-4, rtol=0)
+
+
+def _row(request_id: str, prompt: list[int], max_tokens: int) -> Row:
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    return Row(request_id, prompt, sp, RowSampling(0.0, 0, 1.0, None), frozenset(), lambda out: None, lambda exc: None)
+
+
+def _rooms(batch: DecodeBatch) -> set[int]:
+    """Per layer and tensor, the free positions after the filled part of the buffer."""
+    return {slot.buffer.shape[-2] - slot.length for layer in batch.cache.layers for slot in
+            (layer.__dict__["_k"], layer.__dict__["_v"])}
+
+
+def test_a_prefill_leaves_room_for_the_first_decode_steps(model_path):
+    """A prefill with a shared prompt prefix and a GRPO group's repeats, and a next turn's prefill
+    from the prefix cache, both hand the decode steps buffers with room (before, the first step
+    copied every layer's cache into a grown buffer)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+    stats: dict[str, int] = collections.defaultdict(int)
+    shared = list(range(40, 60))  # 20 tokens: above the shared-prefix minimum
+    rows = [_row(f"r{i}", shared + [70 + i] * (1 + i % 3), 3) for i in (0, 1, 1, 2)]
+    batch = DecodeBatch.prefill(model, rows, pad_id=0, device=torch.device("cpu"), stats=stats)
+    assert stats["shared_prefix_tokens"] > 0
+    assert stats["repeated_prompt_tokens"] > 0
+    assert batch is not None
+    assert min(_rooms(batch)) >= 1
+
+    cache = PrefixCache(10_000, stats)
+    first = _row("t", shared + [7, 8], 2)
+    batch = DecodeBatch.prefill_all(model, [first], pad_id=0, device=torch.device("cpu"), stats=stats,
+                                    image_token_id=None, prefix_cache=cache)
+    while batch is not None:
+        batch = batch.step(model, stats)
+    second = _row("t", first.prompt_ids + first.token_ids + [9, 10, 11], 3)
+    batch = DecodeBatch.prefill_all(model, [second], pad_id=0, device=torch.device("cpu"), stats=stats,
+                                    image_token_id=None, prefix_cache=cache)
+    assert stats["prefix_cache_hits"] == 1
+    assert batch is not None
+    assert min(_rooms(batch)) >= 1

@@ -141,6 +141,7 @@ class DecodeBatch:
                              logits_to_keep=1)
                 cache = _cache_of(head)
                 cache.batch_repeat_interleave(len(prompts))
+                grow_in_place(cache)  # the tails' keys go into a buffer with room for the decode steps
                 kw[_cache_kwarg(type(model))] = cache
                 mask = torch.cat([mask.new_ones((len(prompts), prefix)), mask], dim=-1)
             # Positions count real tokens only, so a left-padded row sees the positions it would
@@ -244,7 +245,9 @@ class DecodeBatch:
         with torch.inference_mode():
             kw = hit_inputs(hits, pad_id=pad_id, device=device)
             width, next_pos = kw.pop("reused_width"), kw.pop("next_pos")
-            kw[_cache_kwarg(type(model))] = kw.pop("cache")
+            past = kw.pop("cache")
+            grow_in_place(past)  # the new tokens' keys go into a buffer with room for the decode steps
+            kw[_cache_kwarg(type(model))] = past
             out = model(**kw, use_cache=True, logits_to_keep=1)
             mask = kw["attention_mask"]
             _count(stats, len(hits), prefill_tokens=int(mask[:, width:].sum()))

@@ -17,8 +17,8 @@ which the next step copied again into a grown buffer, and each merge padded copi
 concatenated them: on a CPU, 60 new tensors of 16-33 MB (128 SmolLM2 rows of ~300 tokens, just
 under the 32 MB up to which glibc serves blocks from its heap) at each of those steps, each size
 a little off the last, so each generation left the heap holes the next could not fill (a
-held-out evaluation of the real-model recipe held 8.1-8.7 GB resident for 3.9 GB in use; now
-~5.2 GB, bench/README 10g). Giving each buffer a mapping of its own was tried as well: the
+held-out evaluation of the real-model recipe held 7.7-8.7 GB resident for 3.9 GB in use; now
+5.1-6.4 GB, bench/README 10g). Giving each buffer a mapping of its own was tried as well: the
 resident set was the same and the evaluation took 16% longer (fresh pages fault in).
 """
 
@@ -30,6 +30,7 @@ import torch
 
 GROW_TOKENS = 64
 """Least room added along the sequence axis when a buffer is full."""
+
 
 def _layer_base() -> type:
     from transformers.cache_utils import DynamicLayer
@@ -79,7 +80,9 @@ class _Slot:
     def keep_rows(self, order: list[int]) -> None:
         """Keep the rows ``order`` names, in that order. When each row moves down or stays
         (``order[i] >= i``, as when finished rows are dropped) they move within the buffer;
-        otherwise the rows are gathered into a new buffer with the same room."""
+        otherwise the rows are gathered into a new buffer with the same room, at least
+        :data:`GROW_TOKENS` (a prefill's cache has none, and its first decode step would copy it
+        again)."""
         if self.length is None or self.buffer.numel() == 0:
             self.set(self.buffer[order])
             return
@@ -90,7 +93,8 @@ class _Slot:
                     buffer[i, :, :length].copy_(buffer[j, :, :length])
             self.buffer = buffer[: len(order)]
             return
-        gathered = buffer.new_empty((len(order), *buffer.shape[1:]))
+        capacity = max(buffer.shape[-2], length + GROW_TOKENS)
+        gathered = buffer.new_empty((len(order), buffer.shape[1], capacity, buffer.shape[-1]))
         torch.index_select(self.view(), 0, torch.tensor(order, device=buffer.device), out=gathered[:, :, :length])
         self.set(gathered, length)
 
