@@ -133,8 +133,10 @@ def test_plain_layers_still_merge_by_concatenation():
         layer.keys, layer.values = t, t.clone()
     merge_layers(mine, theirs, 4)
     assert type(mine) is DynamicLayer
-    assert torch.equal(mine.keys[1:, :, 2:], b)
-    assert not mine.keys[1:, :, :2].any()
+    keys = mine.keys
+    assert keys is not None
+    assert torch.equal(keys[1:, :, 2:], b)
+    assert not keys[1:, :, :2].any()
 
 
 async def _each_alone_and_together(server: HFServer) -> tuple[list, list]:
