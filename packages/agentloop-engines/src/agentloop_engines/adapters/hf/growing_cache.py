@@ -98,9 +98,10 @@ class _Slot:
         torch.index_select(self.view(), 0, torch.tensor(order, device=buffer.device), out=gathered[:, :, :length])
         self.set(gathered, length)
 
-    def join(self, mine: torch.Tensor, theirs: torch.Tensor, width: int) -> None:
-        """Hold ``mine``'s rows then ``theirs``, each left-padded with zeros to ``width``
+    def join(self, theirs: torch.Tensor, width: int) -> None:
+        """Hold this slot's rows then ``theirs``, each left-padded with zeros to ``width``
         positions, in one new buffer with :data:`GROW_TOKENS` of room."""
+        mine = self.view()
         rows = mine.shape[0] + theirs.shape[0]
         joined = mine.new_empty((rows, mine.shape[1], width + GROW_TOKENS, mine.shape[-1]))
         for part, lo, hi in ((mine, 0, mine.shape[0]), (theirs, mine.shape[0], rows)):
@@ -147,14 +148,14 @@ def growing_layer_class() -> type:
             def batch_select_indices(self, indices: torch.Tensor) -> None:
                 """Keep the rows ``indices`` names, in place when they only move down."""
                 if self.get_seq_length() > 0:
-                    order = [int(i) for i in indices.tolist()]
+                    order = indices.tolist()
                     self.__dict__["_k"].keep_rows(order)
                     self.__dict__["_v"].keep_rows(order)
 
             def join(self, other: Any, width: int) -> None:
                 """Append ``other``'s rows (any full-attention layer), both left-padded to ``width``."""
-                self.__dict__["_k"].join(self.keys, other.keys, width)
-                self.__dict__["_v"].join(self.values, other.values, width)
+                self.__dict__["_k"].join(other.keys, width)
+                self.__dict__["_v"].join(other.values, width)
 
         _GROWING = GrowingLayer
     return _GROWING
