@@ -67,6 +67,11 @@ class ServerCapabilities:
     """``generate`` takes ``multi_modal_data={"image": [ImageItem, ...]}`` beside prompt ids
     whose image tokens are already expanded (see :mod:`agentloop_core.vision`). An engine
     class declares that it can; an instance serving a text-only model reports False."""
+    forget_session: bool = False
+    """``forget_session(request_id)`` drops what the engine keeps for a trajectory that is over
+    (its prefix-cache entry, its sticky-routing slot): a plain method that returns at once. The
+    worker calls it when a trajectory ends, for each request id its loop generated with
+    (:mod:`agentloop_core.runtime.sessions`)."""
 
     def as_dict(self) -> dict[str, bool]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -232,7 +237,10 @@ _SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 
 @runtime_checkable
 class AsyncServer(Protocol):
-    """An inference engine (or a client in front of several) as agent loops see it."""
+    """An inference engine (or a client in front of several) as agent loops see it.
+
+    One method is optional and not part of this check: ``forget_session(request_id)``, which
+    an engine declaring ``capabilities.forget_session`` has (see that flag)."""
 
     @property
     def capabilities(self) -> ServerCapabilities:

@@ -52,6 +52,10 @@ class ServerWrapper:
         """See ``AsyncServer.update_weights``."""
         await self.server.update_weights(named_tensors)
 
+    def forget_session(self, request_id: str) -> None:
+        """See ``ServerCapabilities.forget_session`` (callers check the flag first)."""
+        self.server.forget_session(request_id)
+
 
 class TransparentServerWrapper(ServerWrapper):
     """A :class:`ServerWrapper` through which every other attribute of the engine is read too

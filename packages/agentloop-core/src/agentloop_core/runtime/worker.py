@@ -16,6 +16,7 @@ from agentloop_core.runtime.config import resolve_agent_names
 from agentloop_core.runtime.gc_hold import GC_HOLD
 from agentloop_core.runtime.pacing import PacedServer, TurnPacer, use_pacer
 from agentloop_core.runtime.seeding import SeededServer, sample_seed_scope
+from agentloop_core.runtime.sessions import SessionRecordingServer, forgets_sessions, trajectory_sessions
 from agentloop_core.runtime.switch_interval import SWITCH_INTERVAL
 from agentloop_core.segments import trajectory_reward, trajectory_view
 from agentloop_core.settings import RolloutConfig
@@ -74,8 +75,11 @@ class AgentLoopWorker:
         self._loop_configs: dict[str, Any] = {}
         self.turns_per_loop_iteration: int | None = self.config.turns_per_loop_iteration
         seed = self.config.sampling_seed
-        # What loops call: the server itself, or a wrapper adding per-trajectory seeds.
-        self.loop_server: AsyncServer = server if seed is None else SeededServer(server, seed)
+        # Engines that keep state per trajectory hear when one is over (runtime.sessions).
+        self._forgets = forgets_sessions(server)
+        recorded: AsyncServer = SessionRecordingServer(server) if self._forgets else server
+        # What loops call: the server itself, or wrappers noting request ids and adding seeds.
+        self.loop_server: AsyncServer = recorded if seed is None else SeededServer(recorded, seed)
 
     @property
     def tokenizer(self) -> Any:
@@ -147,7 +151,7 @@ class AgentLoopWorker:
             start = time.perf_counter()
             use_pacer(pacer)  # this sample's task only (gather runs each in its own context)
             tags = trace_context(step=step, sample_index=index, rollout_n=row.get("rollout_n", 0), validate=validate)
-            with tags, sample_seed_scope(seed_key):
+            with tags, sample_seed_scope(seed_key), trajectory_sessions(self.server if self._forgets else None):
                 try:
                     if semaphore is not None:
                         async with semaphore:
