@@ -197,6 +197,12 @@ class AsyncServerBase(abc.ABC):
         interrupted; adapters that can stop a request early override it.
         """
 
+    def forget_session(self, request_id: str) -> None:  # noqa: B027 - documented default
+        """Drop what the engine keeps for the trajectory ``request_id``, which is over
+        (``capabilities.forget_session``). The default keeps nothing per trajectory, so does
+        nothing; an adapter that does (HFServer's prefix cache) overrides it and sets the flag.
+        """
+
     async def sleep(self) -> None:
         """Release accelerator memory until :meth:`wake_up`.
 

@@ -22,7 +22,8 @@ HF_ENGINE = EnginePlugin(
     capabilities=EngineCapabilities(
         # sleep is True only on CUDA (an instance narrows it); on CPU sleep/wake_up still work.
         # vision: with a vision-language checkpoint (an instance serving a text model narrows it).
-        server=ServerCapabilities(logprobs=True, sleep=True, weight_update=True, vision=True),
+        # forget_session: with its prefix cache on (the default).
+        server=ServerCapabilities(logprobs=True, sleep=True, weight_update=True, vision=True, forget_session=True),
         partial_rollout=True,
         seeded_sampling=True,
         policy_copy=True,

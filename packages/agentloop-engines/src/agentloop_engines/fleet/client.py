@@ -144,7 +144,7 @@ class LLMServerClient(ReplicaFanOut):
         self.capabilities = ServerCapabilities(**{
             f.name: all(getattr(r.capabilities, f.name) for r in self._handles)
             for f in fields(ServerCapabilities)
-        })
+        } | {"forget_session": True})  # the client's own sticky slots, whatever the replicas keep
         self._background: set[asyncio.Task[Any]] = set()
 
     # ---- state ----------------------------------------------------------------------------
@@ -174,8 +174,14 @@ class LLMServerClient(ReplicaFanOut):
         self.weights.forget(index)
 
     def forget_session(self, request_id: str) -> None:
-        """Drop the sticky session of a finished trajectory, freeing its LRU slot early."""
+        """Drop the sticky session of a finished trajectory, freeing its LRU slot early, and
+        tell the replica it was pinned to (when that replica declares
+        ``capabilities.forget_session``; a Ray replica is sent the call without waiting)."""
+        index = self.policy.session_replica(request_id)
         self.policy.forget(request_id)
+        if index is None or not self._handles[index].capabilities.forget_session:
+            return
+        self._handles[index].forget(request_id)
 
     # ---- routed calls ---------------------------------------------------------------------
 

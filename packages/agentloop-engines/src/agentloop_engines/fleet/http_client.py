@@ -191,6 +191,8 @@ class EngineHTTPClient:
         images = body.get("images")
         accepted = isinstance(images, dict) and images.get("accepted") is True
         flags["vision"] = flags.get("vision", False) and accepted
+        # No route carries forget_session: the remote engine's own bound ages its entries out.
+        flags["forget_session"] = False
         reason = images.get("reason") if isinstance(images, dict) else None
         return {"capabilities": ServerCapabilities(**flags), "max_model_len": body.get("max_model_len"),
                 "vocab_size": body.get("vocab_size"),

@@ -81,6 +81,14 @@ class Replica:
             )
         self.capabilities = caps
 
+    def forget(self, request_id: str) -> None:
+        """``forget_session`` on the replica: a Ray actor is sent it without waiting (a lost
+        hint costs memory until the replica's own bound, never a request)."""
+        if self.is_actor:
+            self.target.forget_session.remote(request_id)
+        else:
+            self.target.forget_session(request_id)
+
     async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         if self.is_actor:
             return await getattr(self.target, method).remote(*args, **kwargs)

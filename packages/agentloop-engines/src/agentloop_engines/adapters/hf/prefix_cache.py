@@ -17,7 +17,11 @@ Entries are bounded by the tokens they hold (least recently used first out; by d
 as :data:`DEFAULT_PREFIX_CACHE_BYTES` of the model's keys and values hold) and live on the
 model's device (on a CPU server that is CPU memory; on CUDA it saves two host copies a turn).
 An entry is taken (removed) by the turn that reuses it and stored again when that turn
-finishes by stop or length; an aborted or failed row stores nothing, so a partial cache is never
+finishes by stop or length, and dropped when the worker says the trajectory is over
+(:meth:`PrefixCache.forget`, ``HFServer.forget_session``): a last turn no one will reuse
+would otherwise hold its place until LRU pushes it out, evicting live trajectories' entries
+first (an evaluation of 200 two-turn trajectories at 128 rows missed 58 of its 200 second
+turns that way); an aborted or failed row stores nothing, so a partial cache is never
 kept (an entry left by a request aborted while queued is still exact, and LRU ages it out). :class:`~agentloop_engines.adapters.hf.server.HFServer` clears the cache on weight updates and
 sleep. Rows with images never use it (their positions can be 3-D, M-RoPE).
 """
@@ -69,7 +73,7 @@ class PrefixCache:
     """
 
     STAT_KEYS: ClassVar[tuple[str, ...]] = ("prefix_cache_hits", "prefix_cache_misses", "prefix_cache_tokens_reused",
-                                            "prefix_cache_evictions")
+                                            "prefix_cache_evictions", "prefix_cache_forgotten")
     """The counters this cache adds to ``HFServer.stats``."""
 
     def __init__(self, max_tokens: int, stats: dict[str, int]) -> None:
@@ -154,6 +158,14 @@ class PrefixCache:
                 _, evicted = self._entries.popitem(last=False)
                 self.tokens -= len(evicted.ids)
                 self.stats["prefix_cache_evictions"] += 1
+
+    def forget(self, request_id: str) -> None:
+        """Drop ``request_id``'s entry (its trajectory is over; unknown ids are ignored)."""
+        with self._lock:
+            entry = self._entries.pop(request_id, None)
+            if entry is not None:
+                self.tokens -= len(entry.ids)
+                self.stats["prefix_cache_forgotten"] += 1
 
     def clear(self) -> None:
         """Drop every entry (the weights changed, or the server sleeps)."""

@@ -196,7 +196,8 @@ class HFServer(AsyncServerBase):
         # images need a vision model.
         self.capabilities = replace(type(self).capabilities, vision=self.image_token_id is not None,
                                     sleep=self.device.type == "cuda" or self.prefix_cache is not None,
-                                    prefix_cache=self.prefix_cache is not None)
+                                    prefix_cache=self.prefix_cache is not None,
+                                    forget_session=self.prefix_cache is not None)
         self._seeds = random.Random(seed)
         self._pending: list[Row] = []
         self._by_id: dict[str, set[Row]] = collections.defaultdict(set)
@@ -387,6 +388,13 @@ class HFServer(AsyncServerBase):
             if row in self._pending:
                 self._pending.remove(row)
                 row.finish("aborted")
+
+    def forget_session(self, request_id: str) -> None:
+        """Drop the prefix-cache entry of ``request_id``, whose trajectory is over (thread-safe;
+        unknown ids are ignored). A turn still running for it stores its entry when it
+        finishes, and LRU ages that out."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(request_id)
 
     # ---- weights and memory ------------------------------------------------------------
 

@@ -109,7 +109,9 @@ class ClientActor(ServerWrapper):
     async def mark_healthy(self, index: int) -> None:
         self.client.mark_healthy(index)
 
-    async def forget_session(self, request_id: str) -> None:
+    # A coroutine here, unlike ServerWrapper's: callers send it with .remote(), and as an async
+    # method it runs on the default group's loop, which owns the client's routing state.
+    async def forget_session(self, request_id: str) -> None:  # pyright: ignore[reportIncompatibleMethodOverride]
         self.client.forget_session(request_id)
 
     # -- partial rollout (the RolloutControl calls, in the control concurrency group) ----------
@@ -217,6 +219,10 @@ class RemoteClient:
         push between :meth:`pause` and :meth:`unpause`, or a whole update of its own outside)."""
         # The control group: generate calls held at a closed gate may fill every other slot.
         await self._control("update_weights").remote(list(named_tensors))
+
+    def forget_session(self, request_id: str) -> None:
+        """See :meth:`LLMServerClient.forget_session`: sent to the actor without waiting."""
+        self.actor.forget_session.remote(request_id)
 
     async def get_stats(self) -> dict[str, Any]:
         """The shared client's ``stats`` snapshot (routing counters, in-flight, health)."""

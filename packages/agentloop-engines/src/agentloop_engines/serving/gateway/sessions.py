@@ -58,8 +58,8 @@ class GatewaySessions:
             SessionNotFoundError: saying whether it expired, was evicted or never existed.
         """
         calls = self.recorder.pop(session_id)
-        forget = getattr(self.server, "forget_session", None)
-        if callable(forget):
+        if self.server.capabilities.forget_session:
+            forget = self.server.forget_session
             if self.server_loop is not None and not self.server_loop.is_closed():
                 self.server_loop.call_soon_threadsafe(forget, session_id)
             else:
