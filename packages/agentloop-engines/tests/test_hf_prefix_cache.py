@@ -164,3 +164,24 @@ def test_the_default_bound_of_a_model_whose_config_does_not_give_its_shape():
     assert kv_bytes_per_token(bare) == FALLBACK_KV_BYTES_PER_TOKEN
     bare.config = SimpleNamespace(hidden_size=8)  # no heads, no layers
     assert kv_bytes_per_token(bare) == FALLBACK_KV_BYTES_PER_TOKEN
+
+
+@pytest.mark.parametrize("caching", [True, False])
+async def test_a_trajectorys_next_turn_is_admitted_before_new_prompts(model_path, caching):
+    """One row at a time and a queue: the turn whose entry waits in the cache goes first, the
+    new prompts after it in their order; with the cache off, arrival order."""
+    server = HFServer(model_path, max_batch_size=1, batch_wait_s=0.3, enable_prefix_caching=caching)
+    a = list(range(10, 40))
+    first = await server.generate("a", a, PARAMS)
+    finished: list[str] = []
+
+    async def turn(rid: str, prompt: list[int]) -> None:
+        await server.generate(rid, prompt, PARAMS)
+        finished.append(rid)
+
+    # Queued in this order within the scheduler's batch wait: two new prompts, then "a".
+    await asyncio.gather(turn("x", list(range(50, 80))), turn("y", list(range(90, 120))),
+                         turn("a", a + first.token_ids + _tool_result(0)))
+    assert finished == (["a", "x", "y"] if caching else ["x", "y", "a"])
+    assert server.stats["prefix_cache_hits"] == (1 if caching else 0)
+    assert server.stats["prefix_cache_evictions"] == 0

@@ -159,6 +159,17 @@ class PrefixCache:
                 self.tokens -= len(evicted.ids)
                 self.stats["prefix_cache_evictions"] += 1
 
+    def hits_first(self, rows: list[Any]) -> list[Any]:
+        """``rows`` reordered: those whose ``request_id`` has an entry first, each part in its
+        order (the server admits trajectories' next turns before new prompts)."""
+        with self._lock:
+            held = self._entries
+            hits = [r for r in rows if r.request_id in held]
+        if not hits or len(hits) == len(rows):
+            return rows
+        chosen = set(map(id, hits))
+        return hits + [r for r in rows if id(r) not in chosen]
+
     def forget(self, request_id: str) -> None:
         """Drop ``request_id``'s entry (its trajectory is over; unknown ids are ignored)."""
         with self._lock:

@@ -335,6 +335,12 @@ class HFServer(AsyncServerBase):
                         running = await self._admit(running)
 
     def _take_pending(self, room: int) -> list[Row]:
+        if self.prefix_cache is not None and len(self._pending) > room:
+            # Trajectories' next turns first, in arrival order, then new prompts (SGLang's
+            # longest-prefix-match order, reduced to hit or miss): a next turn's entry waits in
+            # the cache, and each new prompt admitted ahead of it grows the set of entries
+            # waiting, until the bound evicts the oldest (the next to be admitted).
+            self._pending[:] = self.prefix_cache.hits_first(self._pending)
         batch = self._pending[:room]
         del self._pending[:room]
         if not self._pending:
