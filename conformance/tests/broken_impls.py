@@ -45,6 +45,16 @@ def ignores_stop_engine() -> EngineTarget:
     return _hf_target({"_generate": _generate})
 
 
+def async_forget_engine() -> EngineTarget:
+    """``forget_session`` written as a coroutine function: the worker calls it without awaiting,
+    so nothing is ever forgotten (and Python warns of a coroutine never awaited)."""
+
+    async def forget_session(self, request_id):
+        super(type(self), self).forget_session(request_id)
+
+    return _hf_target({"forget_session": forget_session})
+
+
 def ignores_images_engine() -> EngineTarget:
     """Serves the tiny Qwen2-VL but drops ``multi_modal_data``: the image tokens run as text, so
     every image is answered alike (and images that do not match the prompt go unnoticed)."""

@@ -49,6 +49,15 @@ def test_ignored_stop_tokens_are_caught_by_the_stop_check(tmp_path):
     assert "TestEngine::test_max_tokens_respected[7]" in passed
 
 
+def test_an_async_forget_session_is_caught_by_the_forget_check(tmp_path):
+    pytest.importorskip("torch", reason='needs pip install "agentloop-engines[hf]"')
+    failed, passed = failed_checks(tmp_path, "--agentloop-engine=broken_impls:async_forget_engine", "-k",
+                                   "TestEngine and (forget or greedy or sleep)", "-W",
+                                   "ignore::RuntimeWarning")
+    assert names(failed) == {"test_forget_session_between_turns_keeps_outputs"}, failed
+    assert "test_greedy_is_deterministic" in names(passed)
+
+
 def test_an_engine_that_ignores_images_is_caught_by_the_vision_checks(tmp_path):
     """The image-blind engine (its default vision prompts built from the checkpoint folder, as
     for any engine in no-code mode) fails the check that images change the output; the only

@@ -243,6 +243,25 @@ class EngineMemoryTests(EngineFixtures):
         assert restored == before, "loading the original weights back did not restore the greedy outputs"
 
 
+    async def test_forget_session_between_turns_keeps_outputs(self, engine: Any) -> None:
+        """``forget_session(request_id)`` is a plain method that returns None at once (unknown
+        ids included), and a trajectory's next turn after it gives the greedy output a fresh
+        request gives. Debug: a coroutine function (the worker does not await it), or state
+        dropped by half (a cache entry whose tokens went but whose keys stayed)."""
+        if not self.capability(engine, "forget_session"):
+            pytest.skip("engine declares capabilities.forget_session=False")
+        assert engine.forget_session("fs-never-seen") is None, "forget_session must be a plain method returning None"
+        prompt = self.prompts(engine)[0]
+        first = await engine.generate("fs-a", prompt, greedy(self.max_tokens))
+        following = list(prompt) + list(first.token_ids) + list(prompt[:3])
+        assert engine.forget_session("fs-a") is None
+        after = await engine.generate("fs-a", following, greedy(self.max_tokens))
+        fresh = await engine.generate("fs-b", following, greedy(self.max_tokens))
+        engine.forget_session("fs-a")
+        engine.forget_session("fs-b")
+        assert after.token_ids == fresh.token_ids, "greedy output of a turn after forget_session differs from a fresh request's"
+
+
 class EngineConformanceTests(
     EngineGenerationTests, EngineLogProbTests, EngineConcurrencyTests, EngineMemoryTests, EngineVisionTests
 ):
