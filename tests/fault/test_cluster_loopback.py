@@ -154,3 +154,48 @@ def test_listen_on_network_is_the_explicit_opt_out():
     exposed = [e for e in result["listening"] if not _loopback(e["address"])]
     assert any(e["process"] == "gcs_server" for e in exposed), result["listening"]
     assert result["reached"], result
+
+
+JOINER = r"""
+import sys, tempfile, time
+import ray._private.services as services
+from agentloop_engines.fleet.hosting import connect_ray, init_local_ray
+
+if sys.argv[1] == "hold":
+    ray = init_local_ray(tempfile.mkdtemp(prefix="agentloop-join-"), num_cpus=1)
+    print("GCS " + ray.get_runtime_context().gcs_address, flush=True)
+    sys.stdin.read()
+else:
+    # A machine with a routable interface: Ray's guess of this node's outward address (TEST-NET-1,
+    # which nothing answers) is what it would put in place of 127.0.0.1.
+    services.node_ip_address_from_perspective = lambda address=None: "192.0.2.1"
+    start = time.monotonic()
+    ray = connect_ray(sys.argv[1])
+    print("JOINED", ray.get_runtime_context().gcs_address, round(time.monotonic() - start, 1), flush=True)
+    ray.shutdown()
+"""
+
+
+def test_a_driver_joins_a_loopback_cluster_at_its_loopback_address():
+    """``connect_ray("127.0.0.1:port")`` on a machine whose outward address is not where the
+    loopback-only cluster listens: Ray would rewrite the address to that outward one and retry it
+    for minutes; joined as a loopback node, the address stays."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"RAY_AUTH_MODE": "disabled"}
+    holder = subprocess.Popen([sys.executable, "-c", JOINER, "hold"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, env=env, text=True, start_new_session=True)
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline()
+        while line and not line.startswith("GCS "):
+            line = holder.stdout.readline()
+        address = line.split()[1]
+        joined = subprocess.run([sys.executable, "-c", JOINER, address], capture_output=True, text=True, env=env,
+                                timeout=120, check=False)
+        assert f"JOINED {address}" in joined.stdout, (joined.stdout + joined.stderr)[-3000:]
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdin is not None:
+            holder.stdin.close()
+        if holder.stdout is not None:
+            holder.stdout.close()

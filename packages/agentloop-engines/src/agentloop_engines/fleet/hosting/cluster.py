@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import ipaddress
 import logging
 import os
 import socket
@@ -91,8 +92,13 @@ def connect_ray(
         host_port = _host_port(address)
         if host_port is not None:
             _probe(address, *host_port, connect_timeout_s)
+        # Ray turns a loopback address into this machine's outward one before connecting; a
+        # cluster listening on 127.0.0.1 only (init_local_ray's) is then unreachable wherever the
+        # machine has a routable interface. Joined as a loopback node, the address stays.
+        loopback = host_port is not None and _is_loopback(host_port[0])
         try:
-            ray.init(address=address, namespace=namespace, **init_kwargs)
+            with _ray_listens_on_network(ray, False) if loopback else contextlib.nullcontext():
+                ray.init(address=address, namespace=namespace, **init_kwargs)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConnectionError(_join_hint(address, exc)) from exc
         escape_worker_output()
@@ -210,6 +216,13 @@ def _host_port(address: str) -> tuple[str, int] | None:
         return host, int(port)
     except ValueError:
         return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _probe(address: str, host: str, port: int, timeout_s: float) -> None:
