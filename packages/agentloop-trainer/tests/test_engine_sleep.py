@@ -67,6 +67,7 @@ def test_engine_sleeps_during_the_update_and_wakes_before_the_sync(tmp_path, ran
     else:
         assert events == ["update", "update_weights"] * 2
         assert [m["rollout/engine_slept"] for m in metrics] == [0, 0]
-        if prefix_caching:  # awake through the update: the finished trajectories' entries are still held
-            assert min(held) > 0
+        if prefix_caching:  # awake through the update, but each finished trajectory was forgotten
+            assert held == [0, 0]
+            assert engine.stats["prefix_cache_forgotten"] > 0
     assert all(m["rollout/num_failed"] == 0 for m in metrics)
