@@ -162,13 +162,12 @@ class PrefixCache:
     def hits_first(self, rows: list[Any]) -> list[Any]:
         """``rows`` reordered: those whose ``request_id`` has an entry first, each part in its
         order (the server admits trajectories' next turns before new prompts)."""
+        hits: list[Any] = []
+        rest: list[Any] = []
         with self._lock:
-            held = self._entries
-            hits = [r for r in rows if r.request_id in held]
-        if not hits or len(hits) == len(rows):
-            return rows
-        chosen = set(map(id, hits))
-        return hits + [r for r in rows if id(r) not in chosen]
+            for row in rows:
+                (hits if row.request_id in self._entries else rest).append(row)
+        return hits + rest
 
     def forget(self, request_id: str) -> None:
         """Drop ``request_id``'s entry (its trajectory is over; unknown ids are ignored)."""
