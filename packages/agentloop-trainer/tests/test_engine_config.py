@@ -98,6 +98,42 @@ def test_the_rollout_engine_runs_in_float32_unless_rollout_dtype_says_otherwise(
         spec_of("actor_rollout_ref.rollout.dtype=fp16")
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_rollout_dtype_model_runs_the_engine_in_the_dtype_model_dtype_resolved_to(native, monkeypatch):
+    """``rollout.dtype=model`` follows ``model.dtype`` as resolved for the device (auto: bfloat16
+    where it is native, float32 elsewhere) without a notice, so one recipe gets a bfloat16 engine
+    on a CPU with AVX512_BF16 and a float32 one on AVX2; an engine that cannot run both is
+    refused when the config loads."""
+    import dataclasses
+
+    from agentloop_trainer.policy import precision
+    from agentloop_trainer.rollout import settings
+
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
+    lines: list[str] = []
+    cfg = load_config(["model.dtype=auto", "actor_rollout_ref.rollout.dtype=model"], notice=lines.append)
+    spec = engine_config(cfg, "/m", notice=lines.append)
+    expected = "bfloat16" if native else "float32"
+    assert (cfg.model.dtype, spec.dtype) == (expected, expected)
+    assert [line for line in lines if "rollout" in line] == []
+    for given in ("float32", "bfloat16"):
+        spec = engine_config(load_config([f"model.dtype={given}", "actor_rollout_ref.rollout.dtype=model"]), "/m",
+                             notice=lines.append)
+        assert spec.dtype == given
+    assert [line for line in lines if "rollout" in line] == []
+
+    real = settings.engine_plugin
+
+    def float32_only(rollout):
+        plugin = real(rollout)
+        caps = dataclasses.replace(plugin.capabilities, dtypes=("float32",))
+        return dataclasses.replace(plugin, capabilities=caps)
+
+    monkeypatch.setattr(settings, "engine_plugin", float32_only)
+    with pytest.raises(ConfigError, match="rollout.dtype must be float32 or null with rollout.name=hf"):
+        load_config(["actor_rollout_ref.rollout.dtype=model"])
+
+
 def test_the_hf_engine_gets_the_rollout_dtype(random_model_path):
     """build_engine hands the resolved dtype to HFServer, which casts the in-memory policy copy."""
     import asyncio

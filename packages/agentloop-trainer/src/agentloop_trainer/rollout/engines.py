@@ -21,7 +21,7 @@ from typing import Any
 from agentloop_core.engine_registry import EngineConfig, EngineImportError, EnginePlugin
 from agentloop_core.engine_registry import build_engine as _build
 from agentloop_trainer.config_base import plain_dict
-from agentloop_trainer.rollout.settings import RolloutSection, engine_plugin
+from agentloop_trainer.rollout.settings import AS_MODEL, RolloutSection, engine_plugin
 
 
 def rollout_dtype(rollout: RolloutSection, model_dtype: str, notice: Callable[[str], None] | None = None) -> str:
@@ -36,7 +36,9 @@ def rollout_dtype(rollout: RolloutSection, model_dtype: str, notice: Callable[[s
     engine 0.035 / 0.031 nats), so float32 is kept there too: the master weights the engine
     receives are float32. ``rollout.dtype=bfloat16`` halves the engine's weight memory at that
     gap. Left to vLLM or SGLang (``auto``), a float32 checkpoint runs in float16 (0.126 nats
-    off on a resumed partial rollout, measured on SGLang).
+    off on a resumed partial rollout, measured on SGLang). ``rollout.dtype=model`` runs the
+    engine in ``model.dtype`` (already resolved for the device): bfloat16 where mixed precision
+    trains in it, for the engine's speed and memory, not its closeness.
 
     Args:
         rollout: The ``actor_rollout_ref.rollout`` section.
@@ -45,6 +47,8 @@ def rollout_dtype(rollout: RolloutSection, model_dtype: str, notice: Callable[[s
             (None: printed to stderr, as config notices are).
     """
     trained, given = model_dtype, rollout.dtype
+    if given == AS_MODEL:
+        return trained
     dtype = given or "float32"
     if dtype != trained:
         if given is None:
