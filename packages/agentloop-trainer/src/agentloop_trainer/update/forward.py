@@ -115,11 +115,8 @@ def sequence_log_probs(model: Any, sequences: Sequence[Sequence[int]], temperatu
             logits = logits[:, keep_head:]
     else:
         logits = model(input_ids=ids, attention_mask=valid, use_cache=False, logits_to_keep=N - start).logits
-    # logits[:, j] is position start + j; the last position predicts nothing.
-    logits = logits[:, :-1].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    picked = token_log_probs(logits, ids[:, start + 1 :], banned_token_ids(model))
+    # logits[:, j] is position start + j; the last position predicts nothing (not scored).
+    picked = token_log_probs(logits, ids[:, start + 1 :], banned_token_ids(model), temperature)
     logp = torch.nn.functional.pad(picked, (start, 0))
     return logp * valid[:, 1:]
 
@@ -223,10 +220,8 @@ def prompt_shared_log_probs(model: Any, sequences: Sequence[Sequence[int]], prom
     positions = start_t.unsqueeze(1) + torch.arange(T, device=device).unsqueeze(0)
     attention = torch.cat([head_mask[torch.as_tensor(list(groups), device=device)], valid], dim=1)
     logits = model(input_ids=tail, attention_mask=attention, position_ids=positions, use_cache=True,
-                   **{kw_name: cache}).logits[:, :-1].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-    picked = token_log_probs(logits, tail[:, 1:], banned_token_ids(model))
+                   **{kw_name: cache}).logits
+    picked = token_log_probs(logits, tail[:, 1:], banned_token_ids(model), temperature)
     picked = picked * valid[:, 1:]
     # The shared passes' logits join the graph at zero weight, as in sequence_log_probs: under
     # FSDP2 (one rank, for CPU offload) a forward whose output backward never reaches leaves

@@ -155,13 +155,11 @@ def packed_log_probs(model: Any, sequences: Sequence[Sequence[int]], first_score
         raise RuntimeError(f"{type(model).__name__} does not pass attention keyword arguments (cu_seq_lens_q) to its "
                            "attention layers, so a packed row would attend across sequences; set "
                            "actor_rollout_ref.actor.use_remove_padding=false for this model")
-    logits = out.logits[0].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
+    logits = out.logits[0]
     B, N = len(sequences), max(lengths)
-    logp = torch.zeros((B, N - 1), dtype=logits.dtype, device=logits.device)
+    logp = torch.zeros((B, N - 1), dtype=torch.float32, device=logits.device)
     if not scored:
-        return logp + 0.0 * logits.sum()
-    picked = token_log_probs(logits, ids[keep_t + 1], banned_token_ids(model))
+        return logp + 0.0 * logits.float().sum()
+    picked = token_log_probs(logits, ids[keep_t + 1], banned_token_ids(model), temperature)
     index = (torch.tensor(rows_b, device=logits.device), torch.tensor(cols_t, device=logits.device))
     return logp.index_put(index, picked)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentloop_engines.adapters.placeholders import placeholder_token_ids
+from agentloop_trainer.update.picked_log_probs import picked_log_probs
 
 __all__ = ["banned_token_ids", "token_log_probs"]
 
@@ -27,24 +28,32 @@ def banned_token_ids(model: Any) -> tuple[int, ...]:
     return placeholder_token_ids(getattr(model, "config", None))
 
 
-def token_log_probs(logits: Any, targets: Any, banned: tuple[int, ...] = ()) -> Any:
-    """``log p(targets)`` under ``log_softmax(logits)`` with the ``banned`` columns removed.
+def token_log_probs(logits: Any, targets: Any, banned: tuple[int, ...] = (), temperature: float = 1.0) -> Any:
+    """``log p(targets)`` under ``log_softmax(logits / temperature)`` with the ``banned`` columns
+    removed, in float32.
 
     Args:
-        logits: ``[..., V]`` float logits (already divided by the temperature).
-        targets: ``[...]`` long ids, one per logits row.
+        logits: ``[B, L, V]`` or ``[L, V]`` logits of any float dtype.
+        targets: ``[B, n]`` or ``[n]`` long ids, ``n <= L``: position ``j`` scores
+            ``targets[..., j]``; positions ``n..L-1`` (a causal model's last) are not scored.
         banned: Ids removed from the distribution (:func:`banned_token_ids`); ids outside
-            ``[0, V)`` are ignored. Empty: the full-vocabulary log-prob.
+            ``[0, V)`` are ignored. Empty: the full-vocabulary log-prob, a few rows at a time
+            (:func:`~agentloop_trainer.update.picked_log_probs.picked_log_probs`).
+        temperature: The sampling temperature (None or 0 read as 1).
 
     Returns:
-        ``[...]`` log-probs, finite everywhere: a target that is a banned id gets 0 (the caller
-        masks those positions out: placeholders are never generated).
+        ``[B, n]`` or ``[n]`` log-probs, finite everywhere: a target that is a banned id gets 0
+        (the caller masks those positions out: placeholders are never generated).
     """
     import torch
 
+    temperature = float(temperature or 1.0)
     cols = [t for t in banned if t < logits.shape[-1]]
     if not cols:
-        return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        return picked_log_probs(logits, targets, temperature)
+    logits = logits[..., : targets.shape[-1], :].float()
+    if temperature != 1.0:
+        logits = logits / temperature
     index = torch.tensor(cols, device=logits.device)
     allowed = logits.index_fill(-1, index, float("-inf"))  # out of place: the caller's logits stay intact
     picked = allowed.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(allowed, dim=-1)

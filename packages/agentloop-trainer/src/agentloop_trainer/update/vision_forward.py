@@ -74,10 +74,8 @@ def multimodal_log_probs(model: Any, sequences: Sequence[Sequence[int]], images:
         for key, value in stack_features(items).items():  # Idefics3's tiles: padded, one batch row
             kwargs[key] = torch.from_numpy(value).to(device)
         kwargs["mm_token_type_ids"] = ((ids == token_id) & (valid == 1)).to(torch.int32)
-    logits = model(input_ids=ids, attention_mask=valid, use_cache=False, **kwargs).logits[:, :-1].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
+    logits = model(input_ids=ids, attention_mask=valid, use_cache=False, **kwargs).logits
     # The engines' distribution: placeholder ids removed; the image tokens (targets here, mask 0
-    # in the loss) score 0 rather than -inf.
-    picked = token_log_probs(logits, ids[:, 1:], banned_token_ids(model))
+    # in the loss) score 0 rather than -inf. The last position predicts nothing (not scored).
+    picked = token_log_probs(logits, ids[:, 1:], banned_token_ids(model), temperature)
     return picked * valid[:, 1:]
