@@ -16,9 +16,11 @@ checkpoint answers longer and so holds more), each setting in a fresh process:
 Each setting is glibc's mmap threshold (``--thresholds``), with today's code or, with
 ``--baseline-tree DIR`` (a folder holding the packages' code before a change, put first on
 ``PYTHONPATH``), the code before; settings run in turn for ``--repeats`` rounds, and the table
-gives medians.
+gives medians. ``--engine-dtypes`` adds a setting per ``actor_rollout_ref.rollout.dtype`` value
+(``model``, the recipe's, is bfloat16 on a CPU with AVX512_BF16 or AMX and float32 elsewhere).
 
     python bench/bench_host_memory.py [--model DIR] [--thresholds adaptive 8] [--baseline-tree DIR]
+                                      [--engine-dtypes float32 model]
 """
 
 from __future__ import annotations
@@ -73,6 +75,10 @@ print(json.dumps({"seconds": time.perf_counter() - t, "peak_rss_gb": peak[0], "m
 """
 
 
+def _key(code: str, threshold: str, dtype: str | None) -> str:
+    return "/".join([code, threshold, *([dtype] if dtype else [])])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the fetched SmolLM2-135M-Instruct)")
@@ -80,6 +86,8 @@ def main() -> None:
                         help="'adaptive' (glibc's default) or a fixed mmap threshold in MB (1-32)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds over the settings")
     parser.add_argument("--override", nargs="*", default=[], help="extra config overrides, e.g. data.val_size=64")
+    parser.add_argument("--engine-dtypes", nargs="+", default=[None],
+                        help="values of actor_rollout_ref.rollout.dtype to compare (default: the recipe's)")
     parser.add_argument("--baseline-tree", help="a folder holding the packages' code before a change, put first on "
                         "PYTHONPATH for a 'before' run of each setting, alternating with today's code")
     args = parser.parse_args()
@@ -90,35 +98,38 @@ def main() -> None:
         model = str(fetch_model("smollm2-135m-instruct"))
     load_at_start = load_average()
     codes = ["before", "now"] if args.baseline_tree else ["now"]
-    settings = [(code, t) for t in args.thresholds for code in codes]
-    runs: dict[str, list[dict]] = {f"{code}/{t}": [] for code, t in settings}
+    settings = [(code, t, d) for d in args.engine_dtypes for t in args.thresholds for code in codes]
+    runs: dict[str, list[dict]] = {_key(*s): [] for s in settings}
     for r in range(args.repeats):
-        for code, threshold in settings:
+        for code, threshold, dtype in settings:
+            key = _key(code, threshold, dtype)
+            overrides = [*args.override, *([f"actor_rollout_ref.rollout.dtype={dtype}"] if dtype else [])]
             env = dict(os.environ)
             if code == "before":
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.baseline_tree, env.get("PYTHONPATH")]))
-            proc = subprocess.run([sys.executable, "-c", CHILD, model, threshold, str(RECIPE), json.dumps(args.override)],
+            proc = subprocess.run([sys.executable, "-c", CHILD, model, threshold, str(RECIPE), json.dumps(overrides)],
                                   capture_output=True, text=True, cwd=REPO_ROOT, env=env)
             if proc.returncode:
-                sys.exit(f"the evaluation ({code}, threshold {threshold}) failed:\n{proc.stderr[-3000:]}")
-            runs[f"{code}/{threshold}"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            print(f"round {r + 1}/{args.repeats} {code}, threshold {threshold}: {runs[f'{code}/{threshold}'][-1]}",
-                  flush=True)
+                sys.exit(f"the evaluation ({key}) failed:\n{proc.stderr[-3000:]}")
+            runs[key].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"round {r + 1}/{args.repeats} {key}: {runs[key][-1]}", flush=True)
     rows = []
     first = next(iter(runs))
     base = statistics.median(x["seconds"] for x in runs[first])
-    for (code, threshold), got in zip(settings, runs.values(), strict=True):
+    for (code, threshold, dtype), got in zip(settings, runs.values(), strict=True):
         med = {k: statistics.median(x[k] for x in got) for k in ("seconds", "peak_rss_gb", "malloc_in_use_gb")}
-        rows.append([code, threshold if threshold == "adaptive" else f"{threshold} MB", round(med["peak_rss_gb"], 2),
+        rows.append([code, threshold if threshold == "adaptive" else f"{threshold} MB", dtype or "the recipe's",
+                     round(med["peak_rss_gb"], 2),
                      round(med["malloc_in_use_gb"], 2), round(med["peak_rss_gb"] - med["malloc_in_use_gb"], 2),
                      round(med["seconds"], 1), round(med["seconds"] / base, 3), got[0]["accuracy"]])
-    headers = ["code", "mmap threshold", "peak RSS GB", "malloc in use GB", "kept by the heap GB", "eval s",
+    headers = ["code", "mmap threshold", "engine dtype", "peak RSS GB", "malloc in use GB", "kept by the heap GB", "eval s",
                f"vs {first}", "accuracy"]
     n = runs[first][0]["n"]
     title = f"one held-out evaluation of the real-model recipe on {Path(model).name} (n={n}), medians"
     table(headers, rows, title=title)
     write_result("host_memory", {"title": title, "headers": headers, "rows": rows, "runs": runs,
-                                 "overrides": args.override, "baseline_tree": args.baseline_tree,
+                                 "overrides": args.override, "engine_dtypes": args.engine_dtypes,
+                                 "baseline_tree": args.baseline_tree,
                                  "load_average_at_start": load_at_start,
                                  "versions": versions("torch", "transformers")})
 
