@@ -154,7 +154,7 @@ class RolloutSection:
     their own choice, which runs a float32 checkpoint in float16) | model (``model.dtype`` as
     resolved for the device: with ``model.dtype=auto``, bfloat16 where the device computes it
     natively, float32 elsewhere; on a CPU with AVX512_BF16 a bfloat16 HFServer ran the
-    real-model recipe's held-out evaluation in ~0.65x the time with ~2 GB less memory,
+    real-model recipe's held-out evaluation in 0.73x the time, peaking at 3.73 GB against 4.89,
     bench/README 10h). null: float32, what the trainer's log-probs are computed against (also
     with ``model.dtype=bfloat16``: a bfloat16 engine is measured no closer to its
     mixed-precision log-probs; see :func:`agentloop_trainer.rollout.engines.rollout_dtype`). A
