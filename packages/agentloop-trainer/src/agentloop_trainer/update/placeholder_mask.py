@@ -9,7 +9,9 @@ columns at ``-inf``. The trainer scores generated tokens the same way, through
 Placeholder tokens are themselves targets in a prompt and in tool results (each image's run);
 their log-prob under the ban is ``-inf``, and although ``response_mask`` is 0 there,
 ``-inf * 0`` is NaN in the loss and its gradients. So a target that is a banned id scores 0.
-Text-only models ban nothing: the plain full-vocabulary computation, at no extra cost.
+Text-only models ban nothing: the full-vocabulary computation, a few rows at a time
+(:mod:`~agentloop_trainer.update.picked_log_probs`), at no extra cost. The banned path still casts
+the scored logits to float32 whole.
 """
 
 from __future__ import annotations
