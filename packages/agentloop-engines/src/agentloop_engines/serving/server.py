@@ -8,6 +8,9 @@ Endpoints (JSON):
   :mod:`agentloop_engines.wire.images`), rebuilt by the model's vision processor within the
   server's image limits; with ``"stream": true`` the answer is newline-delimited JSON, one record per
   decoded delta and a last one carrying that same answer (see :mod:`agentloop_engines.wire.stream`);
+* ``POST /forget_session`` ``{request_ids}`` -> ``{forgotten}``: those trajectories are over, so
+  the engine drops what it keeps for them (``capabilities.forget_session``: HFServer's prefix-cache
+  entry; 501 from an engine that keeps nothing), a chat route like ``/generate``;
 * control routes, which need the ``control_key`` (``Authorization: Bearer <control key>``; the
   chat ``api_key`` never opens them; without a control key they answer 403, see
   :mod:`agentloop_engines.serving.control`): ``POST /abort`` ``{request_id}``; ``POST /update_weights``:
@@ -21,9 +24,10 @@ Endpoints (JSON):
   ``/v1``), for black-box agents. With ``gateway=``, that gateway's, with its sessions
   (``/sessions/<id>/v1/...``); without, one built over ``server`` and its ``tokenizer`` that
   records no sessions (501 when the server has no tokenizer);
-* ``GET /health``: liveness, capabilities, ``max_model_len``, ``vocab_size`` and ``images``
+* ``GET /health``: liveness, capabilities, ``max_model_len``, ``vocab_size``, ``images``
   (whether ``/generate`` takes them, and the limits, or why not; ``capabilities.vision`` is
-  true only when it does), never needing the API key, so probes work.
+  true only when it does) and ``optional_routes`` (the routes above that older servers lack:
+  ``/forget_session``), never needing the API key, so probes work.
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "code"}}``: bad input is 400 with
 the engine's message, a missing or wrong bearer token 401 (answered from the headers, before
@@ -48,7 +52,7 @@ import asyncio
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Annotated, Any
 
 from agentloop_core.protocol import CapabilityNotSupportedError
 from agentloop_core.vision import ImageLimits
@@ -68,6 +72,7 @@ from agentloop_engines.serving.gateway.core import Gateway
 from agentloop_engines.serving.gateway.images import resolve_vision
 from agentloop_engines.serving.gateway.prompt_limits import PromptLimitError, PromptLimits
 from agentloop_engines.wire.images import GenerateImages
+from agentloop_engines.wire.routes import FORGET_BATCH, FORGET_SESSION_PATH, OPTIONAL_ROUTES
 from agentloop_engines.wire.stream import INSTANCE_HEADER, NDJSON, ndjson_deltas
 from agentloop_engines.wire.weights import load_safetensors
 
@@ -154,6 +159,10 @@ def create_app(server: Any, *, api_key: str | None = None,
         model_config = ConfigDict(extra="forbid")
         request_id: str = Field(min_length=1)
 
+    class ForgetRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        request_ids: list[Annotated[StrictStr, Field(min_length=1)]] = Field(min_length=1, max_length=FORGET_BATCH)
+
     app = fastapi.FastAPI(title="agentloop engine", docs_url=None, redoc_url=None, openapi_url=None)
     # Uploads are parsed here, not on the default executor that other code on the loop may fill.
     weights_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-weights-in")
@@ -170,6 +179,8 @@ def create_app(server: Any, *, api_key: str | None = None,
                 # vision: what a client may send to /generate, not only what the engine could take.
                 "capabilities": {**server.capabilities.as_dict(), "vision": images.refusal is None},
                 "images": images.declared(),
+                # Routes an older server lacks, so a client calls them only where they exist.
+                "optional_routes": list(OPTIONAL_ROUTES),
                 "max_model_len": getattr(server, "max_model_len", None),
                 "vocab_size": getattr(server, "vocab_size", None)}
 
@@ -190,6 +201,15 @@ def create_app(server: Any, *, api_key: str | None = None,
     async def abort(req: AbortRequest) -> dict[str, Any]:
         await server.abort(req.request_id)
         return {"aborted": req.request_id}
+
+    @app.post(FORGET_SESSION_PATH)
+    async def forget_session(req: ForgetRequest) -> dict[str, Any]:
+        if not getattr(server.capabilities, "forget_session", False):
+            raise CapabilityNotSupportedError(f"{type(server).__name__} keeps nothing per trajectory "
+                                              "(capabilities.forget_session=False): there is nothing to forget")
+        for request_id in req.request_ids:
+            server.forget_session(request_id)  # a plain, cheap method (HFServer: a dict entry, under a lock)
+        return {"forgotten": len(req.request_ids)}
 
     @app.post(_WEIGHTS_PATH)
     async def update_weights(request: Request) -> dict[str, Any]:
