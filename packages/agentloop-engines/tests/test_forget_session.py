@@ -103,11 +103,18 @@ async def test_the_client_frees_the_sticky_slot_and_tells_only_the_pinned_replic
     assert plain.policy.session_replica("z") is None
 
 
-def test_an_http_replica_does_not_declare_it():
+def test_an_http_replica_declares_it_only_where_the_server_lists_the_route():
     client = EngineHTTPClient("http://127.0.0.1:9")
-    health = client._parse_health({"capabilities": {"logprobs": True, "prefix_cache": True, "forget_session": True}})
-    assert health["capabilities"].prefix_cache
-    assert not health["capabilities"].forget_session
+    flags = {"logprobs": True, "prefix_cache": True, "forget_session": True}
+    # A server from before the route declared its engine's flag with no route to call.
+    older = client._parse_health({"capabilities": flags})
+    assert older["capabilities"].prefix_cache
+    assert not older["capabilities"].forget_session
+    assert not client._parse_health({"capabilities": flags, "optional_routes": "/forget_session"})["capabilities"].forget_session
+    assert client._parse_health({"capabilities": flags, "optional_routes": ["/forget_session"]})["capabilities"].forget_session
+    # The route without the engine's flag: the engine keeps nothing per trajectory.
+    plain = client._parse_health({"capabilities": {**flags, "forget_session": False}, "optional_routes": ["/forget_session"]})
+    assert not plain["capabilities"].forget_session
 
 
 class Hiding(TransparentServerWrapper):

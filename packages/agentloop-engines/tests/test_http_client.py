@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 
 import pytest
 
@@ -120,9 +119,9 @@ async def test_greedy_over_http_equals_the_in_process_engine(model_path, serve_h
     engine, thread = serve_hf()
     server = await remote(thread.url)
     assert isinstance(server, AsyncServer)
-    # Every flag but forget_session, which no route carries.
+    # Every flag, forget_session included (the server lists its route).
     assert engine.capabilities.forget_session
-    assert server.capabilities == dataclasses.replace(engine.capabilities, forget_session=False)
+    assert server.capabilities == engine.capabilities
     assert (server.max_model_len, server.vocab_size) == (engine.max_model_len, engine.vocab_size)
     local = HFServer(model_path, max_model_len=256)
     try:

@@ -7,7 +7,8 @@ that run elsewhere (other hosts, or servers a trainer did not start)::
                               EngineHTTPClient("http://gpu-1:8000", api_key=key, control_key=control)])
 
 It speaks the endpoints of :mod:`agentloop_engines.serving.server`: ``generate`` with the
-``api_key`` (and ``generate_stream``, its streamed form: :mod:`agentloop_engines.wire.stream`), and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
+``api_key`` (and ``generate_stream``, its streamed form: :mod:`agentloop_engines.wire.stream`;
+and ``forget_session``, sent without waiting where the server lists its route), and the control calls (``abort``, ``sleep``, ``wake_up``, ``update_weights``) with
 the ``control_key`` (see :mod:`agentloop_engines.serving.control`). It raises what an in-process
 engine would: 400 and 413 -> ``ValueError`` (the server's message), 401 and 403 -> ``PermissionError``,
 501 -> ``CapabilityNotSupportedError``, 500 and unexpected statuses -> :class:`EngineHTTPError`.
@@ -55,8 +56,10 @@ from agentloop_engines.fleet.http_errors import (
     error_code,
 )
 from agentloop_engines.fleet.http_errors import retry_after_s as _retry_after_s
+from agentloop_engines.fleet.id_batches import IdBatches
 from agentloop_engines.streaming import TokenDelta
 from agentloop_engines.wire.images import encode_images
+from agentloop_engines.wire.routes import FORGET_BATCH, FORGET_SESSION_PATH, has_route
 from agentloop_engines.wire.stream import INSTANCE_HEADER, read_ndjson_deltas
 from agentloop_engines.wire.weights import serialize_weights
 
@@ -148,6 +151,7 @@ class EngineHTTPClient:
         self._serializer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-weights-out")
         self._image_encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentloop-images-out")
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._forgets = IdBatches(self._send_forgets, FORGET_BATCH, f"{self.base_url}: forget_session")
 
     def __repr__(self) -> str:
         return f"EngineHTTPClient({self.base_url!r})"
@@ -191,8 +195,9 @@ class EngineHTTPClient:
         images = body.get("images")
         accepted = isinstance(images, dict) and images.get("accepted") is True
         flags["vision"] = flags.get("vision", False) and accepted
-        # No route carries forget_session: the remote engine's own bound ages its entries out.
-        flags["forget_session"] = False
+        # forget_session only where the server has its route: an older one declared the
+        # engine's flag with no route to call (its engine's own bound then ages entries out).
+        flags["forget_session"] = flags.get("forget_session", False) and has_route(body, FORGET_SESSION_PATH)
         reason = images.get("reason") if isinstance(images, dict) else None
         return {"capabilities": ServerCapabilities(**flags), "max_model_len": body.get("max_model_len"),
                 "vocab_size": body.get("vocab_size"),
@@ -300,6 +305,21 @@ class EngineHTTPClient:
         """Ask the remote server to restore what ``sleep`` released."""
         await self._control("POST", "/wake_up")
 
+    def forget_session(self, request_id: str) -> None:
+        """Tell the remote server that the trajectory of ``request_id`` is over
+        (``POST /forget_session``, see ``ServerCapabilities.forget_session``), without waiting:
+        the ids go in batches from one task on the running event loop
+        (:class:`~agentloop_engines.fleet.id_batches.IdBatches`), and :meth:`close` waits for
+        what is still to send. A failure is logged, never raised: a lost hint costs the server
+        memory until its bound ages the entry out, not the sample. Nothing is sent where the
+        server does not declare ``forget_session`` (or its capabilities were never fetched),
+        or outside a running event loop."""
+        if self._health is not None and self._health["capabilities"].forget_session:
+            self._forgets.add(request_id)
+
+    async def _send_forgets(self, ids: list[str]) -> None:
+        await self._request("POST", FORGET_SESSION_PATH, json={"request_ids": ids})
+
     async def update_weights(self, named_tensors: Iterable[tuple[str, Any]] | Mapping[str, Any]) -> None:
         """Send new weights to the remote server in one safetensors body (see :func:`serialize_weights`).
 
@@ -346,8 +366,9 @@ class EngineHTTPClient:
 
     async def close(self) -> None:
         """Close the connections. The remote server keeps running: this object does not own it."""
-        http, self._http = self._http, None
         loop = asyncio.get_running_loop()
+        await self._forgets.drain()  # forget_session ids still to send go first
+        http, self._http = self._http, None
         if http is not None and self._loop is loop:
             await http.aclose()
 
