@@ -66,3 +66,24 @@ def test_train_rolls_out_on_two_http_replicas_and_syncs_both(random_model_path, 
         served = engine.inner.model.state_dict()
         for name, value in trained.items():
             torch.testing.assert_close(served[name].float(), value.float(), rtol=0, atol=0)
+
+
+def test_an_evaluation_over_http_leaves_no_finished_trajectory_in_the_remote_cache(random_model_path):
+    """The worker tells the remote server when each trajectory ends (``POST /forget_session``),
+    and closing the rollout sends the last ids before its event loop ends: the server's prefix
+    cache holds nothing of the finished evaluation."""
+    from agentloop_engines.adapters.hf import HFServer
+    from agentloop_engines.serving.server import ServerThread
+    from agentloop_trainer.config.loading import load_config
+    from agentloop_trainer.stages.rollout_setup import evaluate_checkpoint
+
+    engine = HFServer(str(random_model_path), seed=0)
+    with ServerThread(engine) as thread:
+        cfg = load_config([f"model.path={random_model_path}", f"actor_rollout_ref.rollout.server_urls=[{thread.url}]",
+                           "data.val_size=6", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=8",
+                           "data.max_response_length=24", "trainer.progress_bar=false"])
+        result = evaluate_checkpoint(cfg, random_model_path)
+    assert result.n == 6
+    assert engine.prefix_cache is not None
+    assert engine.stats["prefix_cache_forgotten"] >= 6  # one entry per trajectory at least, each dropped
+    assert len(engine.prefix_cache) == 0

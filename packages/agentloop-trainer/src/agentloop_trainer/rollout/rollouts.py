@@ -154,9 +154,12 @@ class RolloutFleet:
         self.server: Any = None
         """The engine, a routing client over remote servers or Ray replicas, or a wrapper over one
         of them (set below; None only while starting)."""
+        self._remote: list[Any] = []
+        """The clients of ``server_urls``' servers, which this object made and closes."""
         try:
             if r.server_urls:
                 self.server = remote_engines(r)
+                self._remote = list(self.server.replicas)
             elif on_ray:
                 self.server = self._start_ray(ray, r.num_replicas, mode)
             else:
@@ -254,6 +257,8 @@ class RolloutFleet:
                 ray.kill(actor)
         elif self.server is not None:
             self.loop.run_until_complete(self.server.close())
+            for client in self._remote:  # sends what it still has to (forget_session ids), closes its connections
+                self.loop.run_until_complete(client.close())
 
     def generate(self, rows: Sequence[Mapping[str, Any]], validate: bool = False, step: int | None = None) -> Any:
         """Roll out ``rows``; returns the ``RolloutBatch`` with rewards (0 for failed samples),
