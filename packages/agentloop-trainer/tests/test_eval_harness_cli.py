@@ -94,3 +94,19 @@ def test_training_logs_every_sets_metrics_at_test_freq_and_at_the_end(tmp_path, 
     assert [h["step"] for h in evals] == [0, 1, 2]
     assert evals[-1]["val/my/gsm8k/problems"] == 4.0  # the list of two files: both read
     assert {"val/my/gsm8k/pass@2", "val/my/gsm8k/avg@2", "val/my/gsm8k/maj@2", "val/my/gsm8k/pass@1/se"} <= set(evals[-1])
+
+
+def test_eval_reads_the_host_mmap_threshold_as_train_does(random_model_path, monkeypatch, capsys):
+    """``trainer.host_mmap_threshold_mb`` is the process's allocator setting for ``agentloop
+    eval`` too (it was read by ``agentloop train`` alone, and ignored here without a word)."""
+    import agentloop_trainer.stages.memory as memory
+
+    set_to: list[int] = []
+    monkeypatch.setattr(memory, "map_large_blocks", lambda threshold: set_to.append(threshold) or True)
+    assert main(["eval", str(random_model_path), "--no-progress", "data.val_size=2", "data.max_response_length=40",
+                 TURN_CAP, "trainer.host_mmap_threshold_mb=8"]) == 0
+    assert set_to == [8 << 20]
+    assert main(["eval", str(random_model_path), "--no-progress", "data.val_size=2", "data.max_response_length=40",
+                 TURN_CAP]) == 0
+    assert set_to == [8 << 20]  # unset: glibc's adaptive threshold is left alone
+    capsys.readouterr()

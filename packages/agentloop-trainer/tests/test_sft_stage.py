@@ -213,6 +213,17 @@ def test_resume_continues_from_the_saved_step_with_the_same_losses(tmp_path, dem
     assert (out / "hf" / "config.json").exists()
 
 
+def test_agentloop_sft_reads_the_host_mmap_threshold_as_train_does(tmp_path, demos, random_model_path, monkeypatch):
+    import agentloop_trainer.stages.memory as memory
+    from agentloop_trainer.cli import main
+
+    set_to: list[int] = []
+    monkeypatch.setattr(memory, "map_large_blocks", lambda threshold: set_to.append(threshold) or True)
+    assert main(_sft_args(tmp_path, demos, "run", f"model.path={random_model_path}", "sft.total_steps=1",
+                          "trainer.host_mmap_threshold_mb=4")) == 0
+    assert set_to == [4 << 20]
+
+
 def test_resume_without_a_checkpoint_fails_fast(tmp_path, demos, capsys):
     from agentloop_trainer.cli import main
 

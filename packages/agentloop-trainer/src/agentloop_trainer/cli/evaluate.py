@@ -23,6 +23,7 @@ from agentloop_trainer.eval.metrics import ProblemSamples, default_ks, set_metri
 from agentloop_trainer.eval.report import SetResult, format_table, write_json
 from agentloop_trainer.eval.sets import problems_by_set
 from agentloop_trainer.rollout.rollouts import make_rows
+from agentloop_trainer.stages.memory import map_large_host_blocks
 from agentloop_trainer.stages.rollout_setup import (
     checked_tokenizer,
     evaluate_checkpoint,
@@ -218,6 +219,7 @@ def run_eval(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"agentloop eval: {console_safe(exc)}", file=sys.stderr)
         return 2
+    map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)  # as `agentloop train` does
     results: list[SetResult] = []
     code = 0
     for c in checkpoints:

@@ -148,10 +148,12 @@ def _sft(args: argparse.Namespace) -> int:
     from agentloop_trainer.checkpoint.common import CheckpointError
     from agentloop_trainer.config.errors import ConfigError
     from agentloop_trainer.config.loading import load_config
+    from agentloop_trainer.stages.memory import map_large_host_blocks
     from agentloop_trainer.stages.sft.stage import run_sft
 
     try:
         cfg = load_config([*args.overrides, *(["sft.resume=must"] if args.resume else [])], args.config)
+        map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)  # as `agentloop train` does
         path, _ = run_sft(cfg, run_dir_of(cfg), _log)
     except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as exc:
         print(f"agentloop sft: {console_safe(exc)}", file=sys.stderr)

@@ -53,8 +53,9 @@ class TrainerSection(LoggingSection):
     host_mmap_threshold_mb: int | None = None
     """On a CPU trainer, map host allocations of at least this many MB (1-32) from the OS and
     unmap them when freed (glibc's ``M_MMAP_THRESHOLD``, fixed for the process and each FSDP
-    rank): decoding batches' logits and key/value tensors, whose sizes drift step by step, then
-    leave no holes in the heap. Less memory for more time: one evaluation of the real-model
+    rank; ``agentloop train``, ``sft`` and ``eval`` all read it): decoding batches' logits and
+    key/value tensors, whose sizes drift step by step, then leave no holes in the heap. Less
+    memory for more time: one evaluation of the real-model
     recipe peaked at 5.5 GB instead of 8.1 but took 121 s instead of 87 (each fresh block is
     faulted in); the recipe's GRPO phase peaked at 8.0 GB instead of 11.9 (bench/README 10g). null:
     glibc's adaptive threshold. Not glibc, or trainer.device=cuda: unused."""
