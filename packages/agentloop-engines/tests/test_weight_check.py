@@ -80,11 +80,12 @@ def test_checkpoint_specs_from_safetensors_headers(tmp_path):
 
 
 @pytest.mark.parametrize(("path", "chat"), [
-    ("/generate", True), ("/v1/chat/completions", True), ("/v1/completions", True), ("/v1/models", True),
-    ("/sessions/s1/k3y/v1/chat/completions", True), ("/sessions/s1/v1/models", True),
+    ("/generate", True), ("/forget_session", True), ("/v1/chat/completions", True), ("/v1/completions", True),
+    ("/v1/models", True), ("/sessions/s1/k3y/v1/chat/completions", True), ("/sessions/s1/v1/models", True),
     ("/update_weights", False), ("/sleep", False), ("/wake_up", False), ("/abort", False), ("/sessions", False),
     ("/sessions/s1", False), ("/sessions/s1/k3y", False), ("/sessions/s1/k3y/v1", False), ("/v1/chat", False),
-    ("/generate/", False), ("//generate", False), ("/v1/models/x", False), ("/anything", False)])
+    ("/generate/", False), ("//generate", False), ("/v1/models/x", False), ("/anything", False),
+    ("/forget_sessions", False), ("/forget_session/x", False), ("/forgetXsession", False)])
 def test_every_path_off_the_chat_allow_list_is_control(path, chat):
     assert is_chat_path(path) is chat
 

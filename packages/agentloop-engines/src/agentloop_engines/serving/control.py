@@ -21,15 +21,18 @@ from __future__ import annotations
 import re
 import secrets
 
+from agentloop_engines.wire.routes import FORGET_SESSION_PATH
+
 __all__ = ["CHAT_PATHS", "check_control_key", "is_chat_path", "new_control_key"]
 
 _V1 = r"/v1/(?:chat/completions|completions|models|responses|messages|messages/count_tokens)"
-CHAT_PATHS = re.compile(rf"/generate|/forget_session|{_V1}|/sessions/[^/]+(?:/[^/]+)?{_V1}")
+CHAT_PATHS = re.compile(rf"/generate|{re.escape(FORGET_SESSION_PATH)}|{_V1}|/sessions/[^/]+(?:/[^/]+)?{_V1}")
 """The chat routes (full match on the request path): ``/generate`` and ``/forget_session`` (the
 hint that a trajectory generated with an id is over: it drops an engine cache entry and changes
 no output), the ``/v1`` routes (OpenAI's chat and text completions, models and Responses;
-Anthropic's Messages and its token count), and the same under a session's base URL (``/sessions/<id>/<session key>/v1``; the form without
-a key is listed so that it gets its own 404 saying the key is missing)."""
+Anthropic's Messages and its token count), and the same under a session's base URL
+(``/sessions/<id>/<session key>/v1``; the form without a key is listed so that it gets its own
+404 saying the key is missing)."""
 
 
 def is_chat_path(path: str) -> bool:
