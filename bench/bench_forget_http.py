@@ -32,6 +32,7 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,30 @@ async def one_side(told: bool, model: str, args: argparse.Namespace, tokenizer: 
             "prefill_tokens_per_trajectory": s["prefill_tokens"] / args.trajectories, "load": load_average()}
 
 
+def alternate(rounds: int, run: Callable[[bool], dict[str, Any]], shown: Sequence[str]) -> dict[bool, list[dict[str, Any]]]:
+    """``rounds`` runs of each side, ``run(told)``, the order flipping every round (not told
+    first in the first); each run's ``shown`` values printed as it ends."""
+    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
+    for k in range(rounds):
+        for told in (False, True) if k % 2 == 0 else (True, False):
+            result = run(told)
+            runs[told].append(result)
+            print(f"round {k + 1} {'told' if told else 'not told'}: "
+                  + ", ".join(f"{key} {result[key]:.4g}" for key in shown), flush=True)
+    return runs
+
+
+def median(runs: Sequence[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def sides_table(runs: dict[bool, list[dict[str, Any]]], keys: Sequence[str], title: str) -> str:
+    """The two sides' medians of ``keys``, one row each."""
+    return table(["side", *keys], [[name, *(median(runs[told], key) for key in keys)]
+                                   for name, told in (("not told (no route)", False), ("told (/forget_session)", True))],
+                 title=title)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the built tiny model)")
@@ -120,26 +145,16 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     # The process's first batch pays one-time costs (threads, allocator): not measured.
     asyncio.run(one_side(True, model, argparse.Namespace(**{**vars(args), "trajectories": 8}), tokenizer))
-    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-    for k in range(args.rounds):
-        for told in (False, True) if k % 2 == 0 else (True, False):
-            run = asyncio.run(one_side(told, model, args, tokenizer))
-            runs[told].append(run)
-            print(f"round {k + 1} {'told' if told else 'not told'}: misses {run['second_turn_misses']}, "
-                  f"{run['wall_s']:.1f} s", flush=True)
-
-    def median(told: bool, key: str) -> float:
-        return statistics.median(r[key] for r in runs[told])
-
+    runs = alternate(args.rounds, lambda told: asyncio.run(one_side(told, model, args, tokenizer)),
+                     ("second_turn_misses", "wall_s"))
     keys = ("second_turn_hits", "second_turn_misses", "evictions", "forgotten", "entries_left",
             "prefill_tokens_per_trajectory", "wall_s")
-    text = table(["side", *keys], [[name, *(median(told, key) for key in keys)]
-                                   for name, told in (("not told (no route)", False), ("told (/forget_session)", True))],
-                 title=f"{args.trajectories} two-turn trajectories, {args.concurrency} at a time, over HTTP; "
-                       f"prefix cache bound {runs[True][0]['cache_tokens_bound']} tokens; medians of {args.rounds}")
+    text = sides_table(runs, keys, f"{args.trajectories} two-turn trajectories, {args.concurrency} at a time, over "
+                                   f"HTTP; prefix cache bound {runs[True][0]['cache_tokens_bound']} tokens; medians of "
+                                   f"{args.rounds}")
     write_result(args.out, {
         "description": __doc__, "model": model, "settings": vars(args), "runs": {"told": runs[True], "not_told": runs[False]},
-        "wall_ratio_told_over_not": median(True, "wall_s") / median(False, "wall_s"), "table_markdown": text,
+        "wall_ratio_told_over_not": median(runs[True], "wall_s") / median(runs[False], "wall_s"), "table_markdown": text,
         "versions": versions("torch", "transformers"),
     })
 

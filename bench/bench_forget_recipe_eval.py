@@ -16,7 +16,7 @@ side on a 2-core CPU); writes ``bench/results/forget_recipe_eval.json``.
 from __future__ import annotations
 
 import argparse
-import statistics
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -24,7 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO_ROOT, load_average, table, versions, write_result  # noqa: E402
+from _common import REPO_ROOT, load_average, versions, write_result  # noqa: E402
+from bench_forget_http import alternate, sides_table  # noqa: E402
 
 from agentloop_core.protocol import ServerCapabilities  # noqa: E402
 from agentloop_core.server_wrapper import TransparentServerWrapper  # noqa: E402
@@ -37,8 +38,6 @@ class Silent(TransparentServerWrapper):
 
     @property
     def capabilities(self) -> ServerCapabilities:
-        import dataclasses
-
         return dataclasses.replace(self.server.capabilities, forget_session=False)
 
 
@@ -72,17 +71,10 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=RECIPE)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    runs: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
-    for k in range(args.rounds):
-        for told in (False, True) if k % 2 == 0 else (True, False):
-            run = one_side(told, args.model, args.recipe)
-            runs[told].append(run)
-            print(f"round {k + 1} {'told' if told else 'not told'}: {run}", flush=True)
     keys = ("second_turn_hits", "misses", "evictions", "forgotten", "entries_left", "accuracy", "wall_s")
-    text = table(["side", *keys], [[name, *(statistics.median(r[key] for r in runs[told]) for key in keys)]
-                                   for name, told in (("not told (no route)", False), ("told (/forget_session)", True))],
-                 title=f"The recipe's held-out evaluation over HTTP ({runs[True][0]['n']} problems, engine "
-                       f"{runs[True][0]['engine_dtype']}); medians of {args.rounds}")
+    runs = alternate(args.rounds, lambda told: one_side(told, args.model, args.recipe), keys)
+    text = sides_table(runs, keys, f"The recipe's held-out evaluation over HTTP ({runs[True][0]['n']} problems, "
+                                   f"engine {runs[True][0]['engine_dtype']}); medians of {args.rounds}")
     write_result("forget_recipe_eval", {"description": __doc__, "model": args.model, "recipe": str(args.recipe),
                                         "runs": {"told": runs[True], "not_told": runs[False]}, "table_markdown": text,
                                         "versions": versions("torch", "transformers")})
