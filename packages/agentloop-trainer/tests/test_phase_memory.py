@@ -55,9 +55,11 @@ def test_the_mmap_threshold_is_set_for_a_cpu_trainer_only(monkeypatch):
 
     calls: list[int] = []
     monkeypatch.setattr(memory, "map_large_blocks", lambda size: calls.append(size) or True)
-    assert memory.map_large_host_blocks("cpu", 8) is True
-    assert memory.map_large_host_blocks("cpu", None) is False
-    assert memory.map_large_host_blocks("cuda", 8) is False
+    from agentloop_trainer.config.sections import TrainerSection
+
+    assert memory.map_large_host_blocks(TrainerSection(host_mmap_threshold_mb=8)) is True
+    assert memory.map_large_host_blocks(TrainerSection()) is False
+    assert memory.map_large_host_blocks(TrainerSection(device="cuda", host_mmap_threshold_mb=8)) is False
     assert calls == [8 << 20]
 
 
@@ -85,7 +87,8 @@ def test_each_fsdp_rank_sets_the_threshold_in_its_own_process(monkeypatch):
     from agentloop_trainer.config.loading import to_yaml
 
     calls: list[tuple[str, int | None]] = []
-    monkeypatch.setattr(build, "map_large_host_blocks", lambda device, mb: calls.append((device, mb)) or True)
+    monkeypatch.setattr(build, "map_large_host_blocks",
+                        lambda trainer: calls.append((trainer.device, trainer.host_mmap_threshold_mb)) or True)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
 
     def stop(*_a, **_k):

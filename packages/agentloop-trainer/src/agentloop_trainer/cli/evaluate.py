@@ -219,7 +219,7 @@ def run_eval(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"agentloop eval: {console_safe(exc)}", file=sys.stderr)
         return 2
-    map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)  # as `agentloop train` does
+    map_large_host_blocks(cfg.trainer)  # as `agentloop train` does
     results: list[SetResult] = []
     code = 0
     for c in checkpoints:

@@ -52,7 +52,7 @@ def run_train(cfg: TrainConfig, log: Any = _log) -> tuple[Path, dict[str, Any]]:
     from agentloop_trainer.stages.memory import map_large_host_blocks
     from agentloop_trainer.stages.sft.stage import start_checkpoint
 
-    map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)
+    map_large_host_blocks(cfg.trainer)
 
     model_path, sft_summary = start_checkpoint(cfg, run_dir, log)
     data_stats: dict[str, int] = {}
@@ -153,7 +153,7 @@ def _sft(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config([*args.overrides, *(["sft.resume=must"] if args.resume else [])], args.config)
-        map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)  # as `agentloop train` does
+        map_large_host_blocks(cfg.trainer)  # as `agentloop train` does
         path, _ = run_sft(cfg, run_dir_of(cfg), _log)
     except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as exc:
         print(f"agentloop sft: {console_safe(exc)}", file=sys.stderr)

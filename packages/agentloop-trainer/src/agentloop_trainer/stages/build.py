@@ -116,7 +116,7 @@ def _train_rank(rank: int, cfg_yaml: str, model_path: str, run_dir: str) -> dict
 
     cfg = config_from_yaml(cfg_yaml)
     # A process of its own: the driver's allocator setting does not carry over.
-    map_large_host_blocks(cfg.trainer.device, cfg.trainer.host_mmap_threshold_mb)
+    map_large_host_blocks(cfg.trainer)
     if rank == 0 and uses_ray(cfg):
         from agentloop_engines.fleet.hosting import connect_ray
 

@@ -12,16 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from agentloop_core.runtime.host_memory import map_large_blocks, release_host_memory
+from agentloop_trainer.config.sections import TrainerSection
 
 __all__ = ["end_of_phase", "map_large_host_blocks", "peak_memory_metrics"]
 
 
-def map_large_host_blocks(device: str, threshold_mb: int | None) -> bool:
-    """Fix glibc's mmap threshold at ``threshold_mb`` for this process on a CPU trainer
-    (``trainer.host_mmap_threshold_mb``); returns whether it was set."""
-    if device != "cpu" or threshold_mb is None:
+def map_large_host_blocks(trainer: TrainerSection) -> bool:
+    """Fix glibc's mmap threshold at ``trainer.host_mmap_threshold_mb`` for this process on a
+    CPU trainer (``trainer.device``); returns whether it was set."""
+    if trainer.device != "cpu" or trainer.host_mmap_threshold_mb is None:
         return False
-    return map_large_blocks(threshold_mb << 20)
+    return map_large_blocks(trainer.host_mmap_threshold_mb << 20)
 
 
 def end_of_phase(device: Any) -> None:
