@@ -72,6 +72,28 @@ def test_palette_alpha_and_grey_images_become_rgb():
         assert image.mode == "RGB"
 
 
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P"])
+def test_transparent_pixels_are_laid_on_white_as_the_vision_processors_do(mode):
+    """Black line art on a transparent background: dropping alpha would show the model black."""
+    import numpy as np
+    from PIL import ImageDraw
+    from transformers.image_transforms import convert_to_rgb
+
+    art = Image.new("RGBA", (16, 16), (0, 0, 0, 0))
+    ImageDraw.Draw(art).line([(0, 0), (15, 15)], fill=(0, 0, 0, 255), width=3)
+    if mode == "LA":
+        art = art.convert("LA")
+    elif mode == "P":  # a palette with one transparent index
+        art = art.convert("P")
+        art.info["transparency"] = art.getpixel((15, 0))
+    data = _png(art)
+    ours = decode_image(data)
+    assert ours.getpixel((15, 0)) == (255, 255, 255)  # transparent: white
+    assert ours.getpixel((8, 8)) == (0, 0, 0)  # the line: black
+    theirs = np.asarray(convert_to_rgb(Image.open(io.BytesIO(data))))
+    assert np.array_equal(np.asarray(ours), theirs)
+
+
 def test_a_decompression_bomb_is_refused_from_its_header_before_any_pixel_is_decoded():
     data = _bomb_png(40_000, 40_000)
     assert len(data) < 200

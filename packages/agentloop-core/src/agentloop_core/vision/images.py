@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ImageError", "ImageLimits", "decode_image", "require_pillow"]
+__all__ = ["ImageError", "ImageLimits", "as_rgb", "decode_image", "require_pillow"]
 
 
 class ImageError(ValueError):
@@ -106,7 +106,22 @@ def decode_image(source: Any, limits: ImageLimits | None = None, *, where: str =
             raise ImageError(f"{where}: the image data is corrupt ({type(exc).__name__}: {exc})") from None
     if getattr(image, "n_frames", 1) > 1:
         image.seek(0)  # an animated image: its first frame (videos are refused elsewhere)
-    return image if image.mode == "RGB" else image.convert("RGB")
+    return as_rgb(image)
+
+
+def as_rgb(image: Any) -> Any:
+    """``image`` in RGB. Transparent pixels are laid on white, as transformers' ``convert_to_rgb``
+    (the vision processors' ``do_convert_rgb``) and verl's ``qwen_vl_utils`` do: a plain
+    ``convert("RGB")`` drops alpha, so black line art on a transparent background (a chart saved
+    with ``transparent=True``, an icon) would reach the model as an all-black image."""
+    if image.mode == "RGB":
+        return image
+    if image.mode in ("RGBA", "RGBa", "LA", "La", "PA") or "transparency" in image.info:
+        from PIL import Image
+
+        rgba = image.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return image.convert("RGB")
 
 
 def _check_pixels(size: tuple[int, int], limits: ImageLimits, where: str) -> None:

@@ -47,6 +47,7 @@ from agentloop_core.vision import (
     ImageItem,
     ImageLimits,
     VisionProcessor,
+    as_rgb,
     decode_image,
     image_digest,
     multi_modal_kwargs,
@@ -65,7 +66,7 @@ def encode_images(items: Sequence[ImageItem]) -> list[dict[str, Any]]:
     for item in items:
         wire = _ENCODED.get(item)
         if wire is None:
-            image = item.image if item.image.mode == "RGB" else item.image.convert("RGB")
+            image = as_rgb(item.image)
             buffer = io.BytesIO()
             image.save(buffer, format="PNG")
             wire = {"data": base64.b64encode(buffer.getvalue()).decode("ascii"), "digest": item.digest,
