@@ -153,6 +153,19 @@ def test_verl_rows_with_image_markers_become_image_parts_in_order():
         messages_with_row_images([{"role": "user", "content": "<video>"}], [])
 
 
+def test_an_images_column_read_by_pandas_is_a_numpy_array_and_pairs_up_the_same():
+    """verl's geo3k parquet read with pandas: a row's ``images`` cell is a numpy object array,
+    whose truth value is an error for two or more images."""
+    import numpy as np
+
+    rows = [{"role": "user", "content": "<image>Compare with <image>."}]
+    cell = np.empty(2, dtype=object)
+    cell[:] = [{"bytes": b"a", "path": None}, {"bytes": b"b", "path": None}]
+    parts = messages_with_row_images(rows, cell)[0]["content"]
+    assert [p.get("image") for p in parts if p["type"] == "image"] == list(cell)
+    assert messages_with_row_images([{"role": "user", "content": "plain"}], np.empty(0, dtype=object))[0]["content"] == "plain"
+
+
 def test_conversation_images_decode_each_source_once_and_count_every_part(tiny):
     _, processor = tiny
     picture = _picture(60, 60)

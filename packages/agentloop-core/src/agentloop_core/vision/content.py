@@ -187,7 +187,7 @@ def messages_with_row_images(messages: Sequence[Mapping[str, Any]], images: Sequ
     Raises:
         ImageError: when the markers and the images do not pair up, or the row has ``<video>``.
     """
-    images = list(images or [])
+    images = [] if images is None else list(images)  # not `or`: pandas gives a numpy array
     used, out = 0, []
     for message in messages:
         content = message.get("content")
