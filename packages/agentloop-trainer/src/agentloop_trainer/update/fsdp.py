@@ -118,11 +118,29 @@ def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offloa
     if dtype != "float32":
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
     kw["offload_policy"] = CPUOffloadPolicy(pin_memory=device == "cuda") if offload else OffloadPolicy()
-    base = unwrap_policy(model)
-    for layer in getattr(getattr(base, "model", base), "layers", []) if layers is None else layers:
+    for layer in shard_units(unwrap_policy(model)) if layers is None else layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
     return model
+
+
+def shard_units(model: Any) -> list[Any]:
+    """The modules FSDP2 shards one by one before the root (each gathered only while it runs):
+    every module whose class a transformers model of the tree declares in ``_no_split_modules``
+    (its decoder layers, and a vision-language model's vision blocks as well as the decoder
+    layers of its language model, at ``model.language_model.layers`` or ``model.text_model.layers``,
+    not ``model.layers``), outermost first; a model that declares none: ``model.layers``.
+    A vision-language model sharded at the root alone would gather all its weights at once."""
+    classes: set[str] = set()
+    for module in model.modules():
+        classes.update(getattr(module, "_no_split_modules", None) or ())
+    units: list[Any] = []
+    taken: list[str] = []
+    for name, module in model.named_modules():
+        if type(module).__name__ in classes and not any(name.startswith(f"{t}.") for t in taken):
+            units.append(module)
+            taken.append(name)
+    return units or list(getattr(getattr(model, "model", model), "layers", []))
 
 
 def is_sharded(model: Any) -> bool:
