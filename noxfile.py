@@ -122,10 +122,21 @@ def _ci_session(func: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None) -> None:
+TEST_WORKERS = int(os.environ.get("AGENTLOOP_TEST_WORKERS") or min(2, os.cpu_count() or 1))
+"""pytest processes of the sessions that run their test files side by side (pytest-xdist, each
+file whole in one process, so its module fixtures (a local Ray, a server) are made once): one
+per core up to 2 (each test runs one BLAS thread, so one process left a core idle: the CI ran
+at 91% of one core's worth out of 200%); ``AGENTLOOP_TEST_WORKERS=1`` runs them one by one."""
+
+
+def _pytest(session: nox.Session, *args: str, env: dict[str, str] | None = None, side_by_side: bool = False) -> None:
     """pytest under coverage (pytest-cov >= 7: this process only, not its subprocesses). Each
-    run writes its own data file, so a rerun of one session replaces only its own numbers."""
+    run writes its own data file, so a rerun of one session replaces only its own numbers.
+    ``side_by_side``: the test files run in :data:`TEST_WORKERS` processes."""
     session.install("pytest-cov>=7")
+    if side_by_side and TEST_WORKERS > 1:
+        session.install("pytest-xdist>=3.5")
+        args = ("-n", str(TEST_WORKERS), "--dist", "loadfile", *args)
     tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", session.name).strip("-")
     runs = _COVERAGE_RUNS.get(tag, 0)
     if runs == 0:  # this session's data from an earlier invocation goes
@@ -235,7 +246,7 @@ def tests(session: nox.Session, package: str) -> None:
     if package == "agentloop-trainer":
         _ensure_chromium(session)
     _pytest(session, f"packages/{package}/tests", "-q", "-p", "no:cacheprovider",
-        *session.posargs, env=TEST_ENV,
+        *session.posargs, env=TEST_ENV, side_by_side=True,
     )
 
 
@@ -258,7 +269,8 @@ def conformance(session: nox.Session) -> None:
         session, "-e", "packages/agentloop-core", "-e", "packages/agentloop-engines[hf,server]", "-e", "packages/agentloop-tools",
         "-e", "packages/agentloop-langgraph[agents]", "-e", "conformance[test]",
     )
-    _pytest(session, "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+    _pytest(session, "conformance/tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV,
+            side_by_side=True)
 
 
 def _install_integration(session: nox.Session) -> None:
@@ -279,7 +291,7 @@ def fault(session: nox.Session) -> None:
     """Injected faults: dead and hung replicas, failing tools and MCP servers, hostile tool
     input, bad data, killed checkpoint writes, HTTP abuse, secrets in outputs."""
     _install_integration(session)
-    _pytest(session, "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV)
+    _pytest(session, "tests/fault", "-q", "-p", "no:cacheprovider", *session.posargs, env=TEST_ENV, side_by_side=True)
 
 
 @nox.session(tags=["ci"], venv_backend=CI_BACKEND)
