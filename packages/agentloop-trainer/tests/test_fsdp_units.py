@@ -1,5 +1,6 @@
 """What FSDP2 shards layer by layer: a text model's decoder layers, and a vision-language
-model's decoder layers and vision blocks, where they sit deeper than ``model.layers``."""
+model's, which sit deeper than ``model.layers``; its vision tower stays in the root unit (ranks
+without images never run it)."""
 
 from __future__ import annotations
 
@@ -34,17 +35,13 @@ def _units(model) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, FSDPModule)]
 
 
-@pytest.mark.parametrize(("family", "language", "vision"), [
-    ("qwen2_vl", "model.language_model.layers", "model.visual.blocks"),
-    ("idefics3", "model.text_model.layers", "model.vision_model.encoder.layers"),
-])
-def test_a_vision_language_model_is_sharded_layer_by_layer(one_rank, family, language, vision):
+@pytest.mark.parametrize(("family", "language"), [
+    ("qwen2_vl", "model.language_model.layers"), ("idefics3", "model.text_model.layers")])
+def test_a_vision_language_model_is_sharded_layer_by_layer(one_rank, family, language):
     model = shard_policy(load_model(str(build_tiny_vlm(family=family)), torch.float32))
-    units = _units(model)
-    assert units[0] == ""  # the root
     layers = len(model.get_decoder().layers)
-    assert [u for u in units if u.startswith(f"{language}.")] == [f"{language}.{i}" for i in range(layers)]
-    assert any(u.startswith(f"{vision}.") for u in units), units
+    assert layers >= 2
+    assert _units(model) == ["", *(f"{language}.{i}" for i in range(layers))]
 
 
 def test_a_text_model_keeps_its_decoder_layers_as_the_units(one_rank):

@@ -126,21 +126,18 @@ def shard_policy(model: Any, device: str = "cpu", dtype: str = "float32", offloa
 
 def shard_units(model: Any) -> list[Any]:
     """The modules FSDP2 shards one by one before the root (each gathered only while it runs):
-    every module whose class a transformers model of the tree declares in ``_no_split_modules``
-    (its decoder layers, and a vision-language model's vision blocks as well as the decoder
-    layers of its language model, at ``model.language_model.layers`` or ``model.text_model.layers``,
-    not ``model.layers``), outermost first; a model that declares none: ``model.layers``.
-    A vision-language model sharded at the root alone would gather all its weights at once."""
-    classes: set[str] = set()
-    for module in model.modules():
-        classes.update(getattr(module, "_no_split_modules", None) or ())
-    units: list[Any] = []
-    taken: list[str] = []
-    for name, module in model.named_modules():
-        if type(module).__name__ in classes and not any(name.startswith(f"{t}.") for t in taken):
-            units.append(module)
-            taken.append(name)
-    return units or list(getattr(getattr(model, "model", model), "layers", []))
+    the decoder layers of the language model (``get_decoder().layers``: ``model.layers`` of a
+    text model, ``model.language_model.layers`` or ``model.text_model.layers`` of a
+    vision-language model, which sharded at the root alone gathered every weight at once).
+
+    A vision tower stays in the root unit: a rank whose micro-batch holds no image (a text row,
+    a failed sample's stand-in) never runs it, so a vision block sharded on its own would wait
+    on an all-gather the other ranks never issue."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        layers = getattr(getattr(model, "model", model), "layers", [])
+    return list(layers)
 
 
 def is_sharded(model: Any) -> bool:
