@@ -43,8 +43,10 @@ replica is left, or with ``Retry-After`` over ``max_in_flight`` (see
 A streamed request (``stream: true``) is sent as server-sent events while the engine decodes it
 (see :mod:`~agentloop_engines.serving.gateway.live`; the Responses and Messages APIs as their typed
 events, ``event: <type>`` lines, with no ``[DONE]``); the first event waits for the engine's first
-tokens, so an error still arrives as a plain JSON error before any event. A client that
-disconnects mid-stream stops the generation.
+tokens, so an error still arrives as a plain JSON error before any event. One after it (an
+engine failing mid-decode) ends the stream with the API's in-stream error, which its client
+raises as an API error (see :mod:`~agentloop_engines.serving.gateway.stream_errors`). A client
+that disconnects mid-stream stops the generation.
 """
 
 # No `from __future__ import annotations`: FastAPI resolves the endpoints' annotations.
@@ -54,7 +56,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import quote
 
-from agentloop_engines.fleet.routing import NoHealthyReplicaError, RequestTimeoutError
 from agentloop_engines.serving.common import (
     DEFAULT_MAX_REQUEST_BYTES,
     RequestGuard,
@@ -72,14 +73,9 @@ from agentloop_engines.serving.gateway.core import Gateway
 from agentloop_engines.serving.gateway.live import stream_chat_completion, stream_completion
 from agentloop_engines.serving.gateway.messages_api import count_tokens, create_message
 from agentloop_engines.serving.gateway.openai_response import sse_events, sse_live
-from agentloop_engines.serving.gateway.prompt_limits import PromptLimitError
-from agentloop_engines.serving.gateway.recorder import (
-    SessionCallLimitError,
-    SessionExistsError,
-    SessionNotFoundError,
-    check_session_id,
-)
+from agentloop_engines.serving.gateway.recorder import SessionNotFoundError, check_session_id
 from agentloop_engines.serving.gateway.responses_api import create_response
+from agentloop_engines.serving.gateway.stream_errors import ERRORS
 
 __all__ = ["ANTHROPIC_PATHS", "SESSION_HEADER", "SESSION_KEY_HEADER", "GatewayThread", "add_gateway_routes",
            "create_gateway_app", "gateway_error_shapes", "serve_gateway", "session_base_path"]
@@ -89,14 +85,6 @@ SESSION_HEADER = "X-Agentloop-Session"
 SESSION_KEY_HEADER = "X-Agentloop-Session-Key"
 """Header carrying that session's key (what a session URL carries as its path segment)."""
 
-ERRORS = {
-    SessionNotFoundError: (404, "session_not_found"),
-    SessionExistsError: (409, "session_exists"),
-    SessionCallLimitError: (400, "session_call_limit"),
-    PromptLimitError: (413, "request_too_large"),
-    NoHealthyReplicaError: (503, "engine_unavailable"),
-    RequestTimeoutError: (504, "engine_timeout"),
-}
 
 
 ANTHROPIC_PATHS = re.compile(r"(?:/sessions/[^/]+(?:/[^/]+)?)?/v1/messages(?:/count_tokens)?")

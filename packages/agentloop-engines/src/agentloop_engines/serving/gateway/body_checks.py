@@ -14,7 +14,7 @@ from typing import Any
 
 from agentloop_core.protocol import brief_repr
 
-__all__ = ["check_known_keys", "translate_tools"]
+__all__ = ["check_known_keys", "check_text", "translate_tools"]
 
 
 def check_known_keys(body: Any, allowed: Collection[str], endpoint: str, *, ignore: Collection[str] = ()) -> None:
@@ -45,3 +45,62 @@ def translate_tools(tools: Any, translate: Callable[[Any, str], dict[str, Any]])
     if not isinstance(tools, list):
         raise ValueError(f"'tools' must be a list of tool objects, got {brief_repr(tools)}")
     return [translate(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+
+
+def _not_text(value: str) -> bool:
+    """True for a string UTF-8 cannot encode: one holding a lone UTF-16 surrogate."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_text(body: Any, endpoint: str) -> None:
+    """Refuse a body with a string (or object key) that is not Unicode text: a lone UTF-16
+    surrogate such as ``"\\ud800"`` is valid JSON, but no tokenizer encodes it and no answer
+    (which may echo it) can be sent, so it is refused before anything is rendered or generated.
+    One walk of the body (a loop, not recursion: the nesting is the client's choice); a second
+    one names where, only when there is something to name.
+
+    Raises:
+        ValueError: naming the string's place in the body and how to fix it.
+    """
+    stack: list[Any] = [body]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _not_text(item):
+                break
+        elif isinstance(item, Mapping):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    else:
+        return
+    where = brief_repr(_place(body) or "the body")[1:-1]  # a path as deep as the body: shortened
+    raise ValueError(f"{endpoint}: {where} holds a lone UTF-16 surrogate (such as \"\\ud800\"), which is not "
+                     "Unicode text: no tokenizer encodes it and no answer can carry it back; send valid text "
+                     "(replace the unpaired surrogate, e.g. with U+FFFD)")
+
+
+def _place(body: Any) -> str | None:
+    """The path (``messages[2].content``) of the first string in ``body`` that is not text."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if _not_text(item):
+                return path
+        elif isinstance(item, Mapping):
+            for key, value in reversed(list(item.items())):
+                name = f"{path}.{key}" if path else str(key)
+                if isinstance(key, str) and _not_text(key):
+                    return f"a key of {path or 'the body'}"
+                stack.append((value, name if isinstance(key, str) else f"{path}[{key!r}]"))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((value, f"{path}[{i}]") for i, value in reversed(list(enumerate(item))))
+    return None

@@ -62,7 +62,8 @@ class ChatOutput:
             if calls:
                 message["content"] = content or None
                 message["tool_calls"] = calls
-                finish = "tool_calls"
+                # A reply cut at max_tokens stays "length" (its calls may be followed by a cut one).
+                finish = "tool_calls" if finish == "stop" else finish
             if errors:
                 choice["tool_call_errors"] = errors
         choice["logprobs"] = None
@@ -104,6 +105,37 @@ class ChatOutput:
             tail = self.tokenizer.decode(list(gen.prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
             in_reasoning = self.reasoning.starts_in_reasoning(tail)
         return self.reasoning.split(self.parser_text(gen, special), in_reasoning=in_reasoning)
+
+    def reasoning_tokens(self, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> int:
+        """How many of the generated ``token_ids`` are reasoning: the shortest start of them whose
+        split holds the whole reasoning, closed (all of them when the reasoning never closed; 0
+        without a reasoning parser or reasoning). A usage count, never a training input. Decodes
+        (a binary search over the starts): run it off the event loop."""
+        parser = self.reasoning
+        if parser is None or not token_ids:
+            return 0
+        special = parser.needs_special_tokens or (self.parser is not None and self.parser.needs_special_tokens)
+        in_reasoning = False
+        if parser.reads_prompt:
+            tail = self.tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
+            in_reasoning = parser.starts_in_reasoning(tail)
+
+        def split(n: int) -> ReasoningSplit:
+            text = self.tokenizer.decode(list(token_ids[:n]), skip_special_tokens=not special)
+            return parser.split(text, in_reasoning=in_reasoning)
+
+        whole = split(len(token_ids))
+        if not whole.reasoning or not whole.closed:
+            return 0 if not whole.reasoning else len(token_ids)
+        low, high = 1, len(token_ids)
+        while low < high:
+            mid = (low + high) // 2
+            part = split(mid)
+            if part.closed and part.reasoning == whole.reasoning:
+                high = mid
+            else:
+                low = mid + 1
+        return low
 
     def tool_calls(self, gen: Generation, tools: Sequence[Mapping[str, Any]], messages: Sequence[Mapping[str, Any]],
                    split: ReasoningSplit | None = None) -> tuple[list[dict], list[dict], str]:

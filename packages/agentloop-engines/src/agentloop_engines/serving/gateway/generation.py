@@ -21,7 +21,7 @@ __all__ = ["FINISH_REASONS", "Generation", "cut_at_stop"]
 
 FINISH_REASONS = {"stop": "stop", "length": "length", "aborted": "abort"}
 """The OpenAI ``finish_reason`` of each engine ``stop_reason`` (a chat answer with tool calls
-says ``tool_calls`` instead)."""
+that ended its turn says ``tool_calls`` instead; one cut at ``max_tokens`` stays ``length``)."""
 
 
 @dataclass(frozen=True)

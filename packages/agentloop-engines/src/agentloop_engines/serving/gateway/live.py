@@ -39,11 +39,12 @@ _END = object()
 
 
 async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, session_id: str | None = None,
-                                 session_key: str | None = None,
-                                 endpoint: str = "chat.completions") -> AsyncIterator[dict[str, Any]]:
+                                 session_key: str | None = None, endpoint: str = "chat.completions",
+                                 report_prompt_tokens: bool = False) -> AsyncIterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed ``/v1/chat/completions`` body, sent
     as generated; arguments and errors as in :meth:`Gateway.chat_completion` (raised here,
-    before the first chunk)."""
+    before the first chunk). ``report_prompt_tokens``: the role chunk also carries
+    ``prompt_tokens``, the prompt's length (the Messages API's ``message_start`` reports it)."""
     req, prompt_ids, plan, images = await gateway._prepare_chat(body, session_id, session_key)
     request_id, params = await gateway._engine_request("chatcmpl", prompt_ids, req, session_id, session_key)
     tools_parsed = req.parse_tool_calls and gateway.parser is not None
@@ -62,8 +63,9 @@ async def stream_chat_completion(gateway: Gateway, body: Mapping[str, Any], *, s
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
         async with contextlib.aclosing(deltas):
-            yield {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                        "finish_reason": None}]}
+            role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                         "finish_reason": None}]}
+            yield {**role, "prompt_tokens": len(prompt_ids)} if report_prompt_tokens else role
             output = None
             async for delta in _chain(first, deltas):
                 for piece in await gateway._off_loop(text.feed, delta.token_ids):

@@ -19,9 +19,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from agentloop_engines.serving.gateway.continuation import ChatState
 from agentloop_engines.serving.gateway.live import stream_chat_completion
-from agentloop_engines.serving.gateway.messages_request import MessagesRequest, to_chat_body
+from agentloop_engines.serving.gateway.messages_request import (
+    MessagesRequest,
+    match_streamed_replies,
+    to_chat_body,
+)
 from agentloop_engines.serving.gateway.messages_response import MessageEvents, message_body
+from agentloop_engines.serving.gateway.stream_errors import anthropic_error_event
 
 if TYPE_CHECKING:
     from agentloop_engines.serving.gateway.core import Gateway
@@ -58,7 +64,8 @@ async def create_message(gateway: Gateway, body: Mapping[str, Any], *, session_i
         (``prompt_token_ids``, ``token_ids``, ``token_logprobs``, and ``session_id`` in a
         session); with ``stream: true``, an async iterator of the stream's events (dicts with a
         ``type``: ``message_start``, ``content_block_start``/``_delta``/``_stop``,
-        ``message_delta`` carrying the extension fields, ``message_stop``).
+        ``message_delta`` carrying the extension fields, ``message_stop``; an ``error`` event
+        instead when the answer fails after the first event).
 
     Raises:
         ValueError: on a missing, malformed or unsupported key or block (see the module), or
@@ -70,7 +77,7 @@ async def create_message(gateway: Gateway, body: Mapping[str, Any], *, session_i
     chat = {**req.chat, "stream": req.stream}
     if req.stream:
         chunks = await stream_chat_completion(gateway, chat, session_id=session_id, session_key=session_key,
-                                              endpoint="messages")
+                                              endpoint="messages", report_prompt_tokens=True)
         return _events(req, chunks, session_id)
     response = await gateway.chat_completion(chat, session_id=session_id, session_key=session_key,
                                              endpoint="messages")
@@ -100,7 +107,11 @@ async def _checked(gateway: Gateway, body: Any, session_id: str | None, session_
     if isinstance(body, Mapping):  # list lengths first, on the loop: an oversized list costs nothing
         gateway.prompt_limits.check_lists({"messages": body.get("messages"), "tools": body.get("tools"),
                                            "stop": body.get("stop_sequences")})
-    return await gateway._off_loop(to_chat_body, body, gateway.prompt_limits, count=count)
+    req = await gateway._off_loop(to_chat_body, body, gateway.prompt_limits, count=count)
+    state = gateway.recorder.chat_state(session_id) if session_id is not None and req.joined else None
+    if isinstance(state, ChatState):
+        await gateway._off_loop(match_streamed_replies, req, state.expected)
+    return req
 
 
 def _matched_stop(choice: Mapping[str, Any]) -> str | None:
@@ -123,6 +134,8 @@ async def _events(req: MessagesRequest, chunks: AsyncIterator[dict[str, Any]],
             if choice.get("finish_reason") is not None:
                 for event in events.finish(chunk, _matched_stop(choice)):
                     yield event
+    except Exception as exc:  # noqa: BLE001 - after the first event: the stream's own error event says it
+        yield anthropic_error_event(exc)
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:  # a client that went away: closing the chat stream stops the decode

@@ -13,7 +13,9 @@ How a Messages body becomes a chat body:
   (``tool_call_id`` = ``tool_use_id``, content text or text and image blocks) placed before
   the rest of that user message, since they answer the previous assistant turn's calls.
   ``is_error`` is accepted and not rendered: chat templates have no place for it;
-* an assistant message's ``text`` blocks are its content, ``tool_use`` blocks its
+* an assistant message's ``text`` blocks are its content (joined with newlines; joined with
+  nothing where that is the reply the session returned, as a streamed reply's text before and
+  after its calls comes back: :func:`match_streamed_replies`), ``tool_use`` blocks its
   ``tool_calls`` (the id kept, the input as JSON arguments), ``thinking`` blocks its
   ``reasoning_content``; ``redacted_thinking`` blocks are dropped (Anthropic's encrypted
   reasoning holds no text a template could render, and the gateway never returns one);
@@ -51,15 +53,16 @@ render); and any other key.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_core.protocol import brief_repr
-from agentloop_engines.serving.gateway.body_checks import check_known_keys, translate_tools
+from agentloop_engines.serving.gateway.body_checks import check_known_keys, check_text, translate_tools
+from agentloop_engines.serving.gateway.continuation import normalize_message
 from agentloop_engines.serving.gateway.prompt_limits import PromptLimits
 
-__all__ = ["MessagesRequest", "to_chat_body"]
+__all__ = ["MessagesRequest", "match_streamed_replies", "to_chat_body"]
 
 _IGNORED = frozenset({"cache_control", "output_config", "speed", "context_management"})
 _CREATE_KEYS = frozenset({"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature",
@@ -90,6 +93,10 @@ class MessagesRequest:
     """``thinking.display`` is ``omitted``: thinking blocks come back empty."""
     stop_sequences: tuple[str, ...]
     """The request's stop strings, to name the one that matched."""
+    joined: Mapping[int, str] = field(default_factory=dict)
+    """The assistant messages (by index in ``chat["messages"]``) of several text blocks, their
+    texts joined with nothing: a streamed reply's text before and after its calls comes back
+    so, and is the session's returned reply only joined so (see :func:`match_streamed_replies`)."""
 
 
 def to_chat_body(body: Any, limits: PromptLimits, *, count: bool = False) -> MessagesRequest:
@@ -113,7 +120,8 @@ def to_chat_body(body: Any, limits: PromptLimits, *, count: bool = False) -> Mes
                          "\"max_tokens\": 1024, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]})")
     if not isinstance(body["model"], str):
         raise ValueError(f"'model' must be a string, got {_brief(body['model'])}")
-    chat: dict[str, Any] = {"model": body["model"], "messages": _messages(body)}
+    joined: dict[int, str] = {}
+    chat: dict[str, Any] = {"model": body["model"], "messages": _messages(body, joined)}
     for key in ("max_tokens", "temperature", "top_p", "top_k"):
         if body.get(key) is not None:
             chat[key] = body[key]  # their types and ranges are checked by the chat path, naming the key
@@ -131,7 +139,21 @@ def to_chat_body(body: Any, limits: PromptLimits, *, count: bool = False) -> Mes
     if stream is not None and not isinstance(stream, bool):
         raise ValueError(f"'stream' must be true or false, got {_brief(stream)}")
     return MessagesRequest(chat=chat, stream=bool(stream), thinking=thinking, omit_thinking=omit,
-                           stop_sequences=stops)
+                           stop_sequences=stops, joined=joined)
+
+
+def match_streamed_replies(req: MessagesRequest, expected: Sequence[str]) -> None:
+    """Join the text blocks of ``req``'s assistant messages with nothing (instead of newlines)
+    where that, and only that, is the message a session's last call expects at that place
+    (``expected``: its :attr:`ChatState.expected`). A streamed reply with text after its calls
+    comes to the client as text, tool_use and text blocks; sent back, they are the reply the
+    gateway returned only joined so, and the call then continues the session's ids."""
+    messages = req.chat["messages"]
+    for index, text in req.joined.items():
+        if index < len(expected) and normalize_message(messages[index]) != expected[index]:
+            candidate = {**messages[index], "content": text}
+            if normalize_message(candidate) == expected[index]:
+                messages[index] = candidate
 
 
 def _check_keys(body: Any, allowed: frozenset[str], endpoint: str) -> None:
@@ -139,9 +161,10 @@ def _check_keys(body: Any, allowed: frozenset[str], endpoint: str) -> None:
         if body.get(key) not in (None, [], {}):
             raise ValueError(f"{key!r} is not supported by the agentloop gateway ({why}); leave it out")
     check_known_keys(body, allowed, endpoint, ignore=_REFUSED)
+    check_text(body, endpoint)
 
 
-def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _messages(body: Mapping[str, Any], joined: dict[int, str]) -> list[dict[str, Any]]:
     messages = body["messages"]
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty list of {\"role\": \"user\" or \"assistant\", "
@@ -163,7 +186,13 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
             continue
         if not isinstance(content, (str, list)):
             raise ValueError(f"{where}.content must be text or a list of content blocks, got {_brief(content)}")
-        out.extend(_user(content, where) if role == "user" else [_assistant(content, where)])
+        if role == "assistant":
+            message, texts = _assistant(content, where)
+            if len(texts) > 1 and "".join(texts) != message["content"]:
+                joined[len(out)] = "".join(texts)
+            out.append(message)
+        else:
+            out.extend(_user(content, where))
     if messages[-1].get("role") == "assistant":
         raise ValueError(f"messages[{len(messages) - 1}] is an assistant message last (prefill), which the gateway "
                          "cannot continue: chat templates close every assistant turn they render; end with a "
@@ -263,9 +292,10 @@ def _tool_message(block: Mapping[str, Any], where: str) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": call_id, "content": content}
 
 
-def _assistant(content: str | list[Any], where: str) -> dict[str, Any]:
+def _assistant(content: str | list[Any], where: str) -> tuple[dict[str, Any], list[str]]:
+    """The chat message of an assistant message, and the texts of its text blocks."""
     if isinstance(content, str):
-        return {"role": "assistant", "content": content}
+        return {"role": "assistant", "content": content}, [content]
     texts: list[str] = []
     thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -288,7 +318,7 @@ def _assistant(content: str | list[Any], where: str) -> dict[str, Any]:
         message["reasoning_content"] = "\n".join(thoughts)
     if calls:
         message["tool_calls"] = calls
-    return message
+    return message, texts
 
 
 def _tool_call(block: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -113,8 +113,8 @@ class MessageEvents:
 
     def start(self, chunk: Mapping[str, Any]) -> dict[str, Any]:
         """The ``message_start`` event, from the stream's first chunk. Its ``input_tokens`` is
-        the chunk's ``prompt_tokens`` extension when the chat stream sends one, else 0 until
-        ``message_delta`` reports the count (the SDK's final message takes that one)."""
+        the chunk's ``prompt_tokens`` extension (the prompt's length, which the gateway's chat
+        stream sends the Messages API), else 0 until ``message_delta`` reports the count."""
         self.started = True
         usage = _usage(int(chunk.get("prompt_tokens") or 0), 0)
         return {"type": "message_start", "message": {

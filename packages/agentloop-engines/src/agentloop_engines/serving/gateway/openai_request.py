@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_core.protocol import SamplingParams, brief_repr
-from agentloop_engines.serving.gateway.body_checks import check_known_keys
+from agentloop_engines.serving.gateway.body_checks import check_known_keys, check_text
 from agentloop_engines.serving.gateway.images import content_parts, count_images
 from agentloop_engines.serving.gateway.prompt_limits import PromptLimits
 from agentloop_engines.serving.gateway.stop import normalize_stop
@@ -129,6 +129,7 @@ class CompletionRequest(_Common):
 
 def _check_keys(body: Any, allowed: frozenset[str], endpoint: str) -> None:
     check_known_keys(body, allowed, endpoint)
+    check_text(body, endpoint)
     for key, (neutral, value, why) in _NEUTRAL.items():
         if key in allowed and body.get(key) is not None and not neutral(body[key]):
             raise ValueError(f"{key}={_brief(body[key])} is not supported by the agentloop gateway ({why}); "

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentloop_engines.serving.gateway.recorder import RecordedCall
+from agentloop_engines.serving.gateway.stream_errors import openai_error_chunk
 
 __all__ = ["GatewayResponse", "chat_chunks", "completion_chunks", "final_chunks", "sse", "sse_events", "sse_live",
            "stream_head"]
@@ -101,9 +102,13 @@ async def sse_events(events: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[
 
 
 async def sse_live(chunks: AsyncIterator[Mapping[str, Any]]) -> AsyncIterator[bytes]:
-    """:func:`sse` of chunks produced while the answer is generated."""
-    async for chunk in chunks:
-        yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    """:func:`sse` of chunks produced while the answer is generated; an answer that fails on the
+    way ends with an ``{"error": {...}}`` chunk (see :mod:`~agentloop_engines.serving.gateway.stream_errors`)."""
+    try:
+        async for chunk in chunks:
+            yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    except Exception as exc:  # noqa: BLE001 - the status is sent: the stream's own error event says it
+        yield b"data: " + json.dumps(openai_error_chunk(exc), ensure_ascii=False).encode() + b"\n\n"
     yield b"data: [DONE]\n\n"
 
 

@@ -75,7 +75,9 @@ async def create_response(gateway: Gateway, body: Mapping[str, Any], *, session_
         The ``response`` object; with ``stream: true`` an async iterator of its events (dicts
         with ``type`` and ``sequence_number``; over HTTP each is sent as
         ``event: <type>`` / ``data: <json>``), ending with ``response.completed`` (or
-        ``response.incomplete``).
+        ``response.incomplete``; an answer that fails after the first event ends with
+        ``response.failed`` and an ``error`` event, see
+        :mod:`~agentloop_engines.serving.gateway.stream_errors`).
 
     Raises:
         ValueError: on an unsupported key, value or input item (named, with what to send instead),
@@ -102,10 +104,11 @@ async def create_response(gateway: Gateway, body: Mapping[str, Any], *, session_
                                            endpoint="responses")
     choice = answer.body["choices"][0]
     message = choice["message"]
+    prompt_ids = answer.body.get("prompt_token_ids")
+    thought = await _reasoning_tokens(gateway, prompt_ids, choice["token_ids"], message.get("reasoning_content"))
     response = response_object(response_id, created, model, req.echo, output_items(message, choice["finish_reason"]),
-                               finish_reason=choice["finish_reason"],
-                               tokens={**choice, "prompt_token_ids": answer.body.get("prompt_token_ids")},
-                               session_id=session_id)
+                               finish_reason=choice["finish_reason"], tokens={**choice, "prompt_token_ids": prompt_ids},
+                               session_id=session_id, reasoning_tokens=thought)
     _store(gateway, session_id, response_id, req, previous, message)
     return response
 
@@ -125,17 +128,30 @@ async def _events(gateway: Gateway, req: ResponsesRequest, chunks: AsyncIterator
                     yield event
                 if choice.get("finish_reason") is not None:
                     last = {**choice, "prompt_token_ids": chunk.get("prompt_token_ids")}
+        assert last is not None, "a chat stream ended without its finish chunk"
+        for event in events.finish(last["finish_reason"]):
+            yield event
+        thought = await _reasoning_tokens(gateway, last["prompt_token_ids"], last["token_ids"], events.reasoning)
+        response = response_object(response_id, created, model, req.echo, events.output,
+                                   finish_reason=last["finish_reason"], tokens=last, session_id=session_id,
+                                   reasoning_tokens=thought)
+    except Exception as exc:  # noqa: BLE001 - after the first event: the stream's own failure events say it
+        for event in events.failed(response_object(response_id, created, model, req.echo, events.output), exc):
+            yield event
+        return
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:  # a client that went away: closing the chat stream stops the engine
             await close()
-    assert last is not None, "a chat stream ended without its finish chunk"
-    for event in events.finish(last["finish_reason"]):
-        yield event
-    response = response_object(response_id, created, model, req.echo, events.output,
-                               finish_reason=last["finish_reason"], tokens=last, session_id=session_id)
     _store(gateway, session_id, response_id, req, previous, events.message())
     yield events.done(response)
+
+
+async def _reasoning_tokens(gateway: Gateway, prompt_ids: Any, token_ids: Any, reasoning: str | None) -> int:
+    """How many generated ids are reasoning, for ``usage`` (decodes only when there was reasoning)."""
+    if not reasoning:
+        return 0
+    return await gateway._off_loop(gateway._output.reasoning_tokens, prompt_ids or (), token_ids or ())
 
 
 def _check_lengths(gateway: Gateway, body: Mapping[str, Any]) -> None:

@@ -2,7 +2,8 @@
 
 A chat assistant message becomes, in order: a ``reasoning`` item (its ``reasoning_content``, as
 ``reasoning_text`` content; no summary), a ``message`` item (its text, one ``output_text`` part)
-when it has text, and one ``function_call`` item per tool call (``call_id`` is the chat call's
+when it has text or nothing else (a reply of only the end of the turn is a message with an
+empty ``output_text``, so the items sent back hold the turn and continue it), and one ``function_call`` item per tool call (``call_id`` is the chat call's
 id, so a ``function_call_output`` answers it as a tool message answers the chat call). A chat
 ``finish_reason`` of ``length`` makes the response ``incomplete`` (reason ``max_output_tokens``)
 and its message item (else its reasoning item) ``incomplete``; ``abort`` (the session's calls
@@ -61,7 +62,7 @@ def output_items(message: Mapping[str, Any], finish_reason: str) -> list[dict[st
     items = []
     if reasoning:
         items.append(reasoning_item(new_id("rs"), reasoning, cut if not text and not calls else "completed"))
-    if text:
+    if text or not (reasoning or calls):  # a reply of nothing is an empty message, so resending it continues
         items.append(message_item(new_id("msg"), text, cut))
     items.extend(function_call_item(new_id("fc"), call) for call in calls)
     return items
@@ -78,7 +79,8 @@ def response_status(finish_reason: str) -> tuple[str, dict[str, Any] | None]:
 
 def response_object(response_id: str, created_at: int, model: str, echo: Mapping[str, Any],
                     output: Sequence[Mapping[str, Any]], *, finish_reason: str | None = None,
-                    tokens: Mapping[str, Any] | None = None, session_id: str | None = None) -> dict[str, Any]:
+                    tokens: Mapping[str, Any] | None = None, session_id: str | None = None,
+                    reasoning_tokens: int = 0) -> dict[str, Any]:
     """The ``response`` object.
 
     Args:
@@ -91,6 +93,8 @@ def response_object(response_id: str, created_at: int, model: str, echo: Mapping
             (a stream's first events), without usage or token fields.
         tokens: The chat answer's token fields (:data:`TOKEN_FIELDS`), when finished.
         session_id: The session it was recorded in, or None.
+        reasoning_tokens: How many of the generated ids are reasoning (``usage``'s
+            ``output_tokens_details.reasoning_tokens``).
     """
     status, incomplete = ("in_progress", None) if finish_reason is None else response_status(finish_reason)
     body: dict[str, Any] = {
@@ -102,7 +106,7 @@ def response_object(response_id: str, created_at: int, model: str, echo: Mapping
     if tokens is not None:
         n_in, n_out = len(tokens.get("prompt_token_ids") or ()), len(tokens.get("token_ids") or ())
         body["usage"] = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                         "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": 0},
+                         "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                          "total_tokens": n_in + n_out}
         body.update({k: tokens.get(k) for k in TOKEN_FIELDS[:3]})
         if tokens.get("tool_call_errors"):

@@ -12,12 +12,15 @@ generated is dropped without a word:
   (``function`` tools only), ``tool_choice`` (``auto``/``none``), ``max_output_tokens``,
   ``temperature``, ``top_p``, ``stream``, and the chat extensions ``top_k``, ``seed``,
   ``stop``, ``stop_token_ids``, ``ignore_eos``, ``chat_template_kwargs``;
-* accepted and ignored: ``store`` (outside a session nothing is stored anyway), ``metadata``,
-  ``user``, ``service_tier``, ``prompt_cache_key``, ``prompt_cache_retention``,
+* accepted and ignored: ``store`` (outside a session nothing is stored anyway), ``metadata``
+  and ``user`` (echoed in the response, so checked as OpenAI's API does: ``metadata`` at most 16
+  pairs of a key up to 64 characters and a string value up to 512, ``user`` a string),
+  ``service_tier``, ``prompt_cache_key``, ``prompt_cache_retention``,
   ``safety_identifier``, ``parallel_tool_calls`` (as chat completions do), ``truncation`` (an
   overlong prompt is refused either way), ``include`` (no encrypted reasoning is made),
-  ``stream_options``, ``top_logprobs``, ``reasoning`` and ``text.verbosity`` (hints a served
-  checkpoint has no input for: its template variables are ``chat_template_kwargs``);
+  ``stream_options``, ``top_logprobs``, ``reasoning`` (echoed: an object as ``metadata`` is, its
+  values scalars) and ``text.verbosity`` (hints a served checkpoint has no input for: its
+  template variables are ``chat_template_kwargs``);
 * accepted only at their neutral value: ``text.format`` ``{"type": "text"}`` and
   ``background`` false;
 * refused with the reason: ``conversation`` and ``prompt`` (nothing is stored server-side
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentloop_core.protocol import brief_repr
-from agentloop_engines.serving.gateway.body_checks import check_known_keys, translate_tools
+from agentloop_engines.serving.gateway.body_checks import check_known_keys, check_text, translate_tools
 
 __all__ = ["RESPONSES_KEYS", "ResponsesRequest", "input_messages", "parse_responses_request"]
 
@@ -58,6 +61,9 @@ _REFUSED = {
 RESPONSES_KEYS = frozenset(_HONOURED | set(_EXTENSIONS) | _IGNORED | set(_REFUSED))
 """Every key a ``/v1/responses`` body may carry (``conversation`` and ``prompt`` only as null)."""
 
+_MAX_PAIRS, _MAX_KEY_CHARS, _MAX_VALUE_CHARS = 16, 64, 512
+"""OpenAI's bounds on ``metadata`` (16 pairs, keys up to 64 characters, values up to 512), which
+the gateway applies to every echoed object."""
 _TOOL_KEYS = ("name", "description", "parameters", "strict")
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
@@ -98,6 +104,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         ValueError: naming the unsupported key, value or input item and what to send instead.
     """
     check_known_keys(body, RESPONSES_KEYS, "/v1/responses")
+    check_text(body, "/v1/responses")  # the echoed fields too: the answer repeats them
     for key, why in _REFUSED.items():
         if body.get(key) is not None:
             raise ValueError(f"{key!r} is not supported by the agentloop gateway ({why}); leave it out")
@@ -158,13 +165,45 @@ def _check_neutral(body: Mapping[str, Any]) -> None:
             raise ValueError("include=['message.output_text.logprobs'] is not supported: every generated token's "
                              "log-prob is in the response's 'token_logprobs' field (with its id in 'token_ids'); "
                              "leave it out")
-    for key in ("reasoning", "metadata", "stream_options"):
-        value = body.get(key)
-        if value is not None and not isinstance(value, Mapping):
-            raise ValueError(f"{key!r} must be an object, got {_brief(value)}")
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, Mapping):
+        raise ValueError(f"'stream_options' must be an object, got {_brief(stream_options)}")
+    _check_echoed(body)
     truncation = body.get("truncation")
     if truncation not in (None, "auto", "disabled"):
         raise ValueError(f"'truncation' must be 'auto' or 'disabled', got {_brief(truncation)}")
+
+
+def _check_echoed(body: Mapping[str, Any]) -> None:
+    """Refuse an ignored field the response repeats (``metadata``, ``reasoning``, ``user``) in a
+    shape OpenAI's API refuses too, before anything is generated: a value the answer could not
+    carry would fail only after the call was generated and recorded."""
+    metadata = body.get("metadata")
+    if metadata is not None:
+        _flat_object("metadata", metadata, (str,), "strings")
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        _flat_object("reasoning", reasoning, (str, int, float, bool, type(None)), "strings, numbers, booleans or null")
+    user = body.get("user")
+    if user is not None and (not isinstance(user, str) or len(user) > _MAX_VALUE_CHARS):
+        raise ValueError(f"'user' must be a string of at most {_MAX_VALUE_CHARS} characters, got {_brief(user)}")
+
+
+def _flat_object(key: str, value: Any, kinds: tuple[type, ...], named: str) -> None:
+    """Check ``value`` is an object of at most 16 pairs, short string keys and short scalar values."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key!r} must be an object, got {_brief(value)}")
+    if len(value) > _MAX_PAIRS:
+        raise ValueError(f"{key!r} has {len(value)} keys; it takes at most {_MAX_PAIRS} key/value pairs (as "
+                         "OpenAI's API); send fewer")
+    for name, item in value.items():
+        if not isinstance(name, str) or len(name) > _MAX_KEY_CHARS:
+            raise ValueError(f"{key!r} has the key {_brief(name)}; its keys must be strings of at most "
+                             f"{_MAX_KEY_CHARS} characters")
+        if not isinstance(item, kinds) or (isinstance(item, str) and len(item) > _MAX_VALUE_CHARS):
+            raise ValueError(f"{key}[{name!r}] is {_brief(item)}; {key!r} takes {named} as values (strings of at "
+                             f"most {_MAX_VALUE_CHARS} characters, no nested objects or lists, as OpenAI's API "
+                             "does); send a flat object")
 
 
 def _chat_tool(tool: Any, where: str) -> dict[str, Any]:

@@ -15,8 +15,11 @@ decodes) into the events the ``openai`` SDK's ``responses.create(stream=True)`` 
 * each tool call, once its block has closed: ``response.output_item.added`` (a
   ``function_call`` item), ``response.function_call_arguments.delta`` and ``.done``,
   ``response.output_item.done``;
+* a reply of nothing but the end of its turn: one ``message`` item with an empty
+  ``output_text`` (added and done at the end), as the whole response has;
 * ``response.completed`` (or ``response.incomplete``) with the whole response object, its
-  token-id extension fields included.
+  token-id extension fields included; an answer that fails on the way ends with
+  ``response.failed`` and an ``error`` event instead (:meth:`ResponseEvents.failed`).
 
 One item is open at a time, each done before the next is added, as OpenAI streams them. So
 text the model wrote after a call (sent when the answer ends, see
@@ -39,6 +42,7 @@ from agentloop_engines.serving.gateway.responses_output import (
     new_id,
     reasoning_item,
 )
+from agentloop_engines.serving.gateway.stream_errors import stream_error
 
 __all__ = ["ResponseEvents"]
 
@@ -98,14 +102,29 @@ class ResponseEvents:
     def finish(self, finish_reason: str) -> list[dict[str, Any]]:
         """The events that close the open items once the answer finished with ``finish_reason``."""
         cut = "incomplete" if finish_reason == "length" else "completed"
-        return [*self._close_reasoning(cut if self._open_message is None and not self.calls else "completed"),
-                *self._close_message(cut)]
+        events = self._close_reasoning(cut if self._open_message is None and not self.calls else "completed")
+        if not self.output:  # nothing but the end of the turn: an empty message, as a whole response has
+            events += self._add(message_item(new_id("msg"), None, "in_progress"),
+                                {"type": "output_text", "text": "", "annotations": []})
+            self._open_message = (len(self.output) - 1, self.output[-1]["id"], len(self.content))
+        return [*events, *self._close_message(cut)]
 
     def done(self, response: Mapping[str, Any]) -> dict[str, Any]:
         """The last event: ``response.completed``, or ``response.incomplete`` for a response that
         was cut (or cancelled)."""
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         return self._event(kind, response=response)
+
+    def failed(self, response: Mapping[str, Any], exc: Exception) -> list[dict[str, Any]]:
+        """The last events of a stream whose answer failed with ``exc``: ``response.failed``
+        (the response so far, ``status: "failed"`` with its ``error``) and an ``error`` event,
+        which also carries the error as an ``error`` object, as the ``openai`` SDK raises it."""
+        status, message, code = stream_error(exc)
+        kind = "server_error" if status >= 500 else "invalid_request_error"
+        failed = {**response, "status": "failed", "error": {"code": code, "message": message}}
+        return [self._event("response.failed", response=failed),
+                self._event("error", code=code, message=message, param=None,
+                            error={"type": kind, "code": code, "message": message})]
 
     def message(self) -> dict[str, Any]:
         """The chat assistant message the deltas added up to (the one a non-streamed call returns)."""
