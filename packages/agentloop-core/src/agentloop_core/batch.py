@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from agentloop_core.batch_images import cut_row
 from agentloop_core.output import AgentLoopOutput
 from agentloop_core.segments import trajectory_reward
 from agentloop_core.stops import STOP_METRICS, stopped_on_a_limit, truncation_metrics
@@ -75,9 +76,12 @@ class RolloutBatch:
     sample_metrics: list[dict[str, Any]] = field(default_factory=list)
     """Per-sample ``metrics`` (timings, ``agent_name``, ``error``), in batch order."""
     multi_modal_data: list[dict[str, Any] | None] = field(default_factory=list)
-    """Per-sample ``multi_modal_data``."""
+    """Per-row ``multi_modal_data``: the output's, or for a row cut to fit only the images whose
+    tokens the row kept."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """Batch metrics: failures, lengths, rewards, and per-sample timing min/max/mean."""
+    """Batch metrics: failures, lengths, rewards, and per-sample timing min/max/mean
+    (:func:`batch_metrics`); in a batch with images, ``rollout/num_images_cut``: the images
+    that rows cut to fit lost with their tokens."""
 
     ARRAY_FIELDS = (
         "prompts", "responses", "response_mask", "input_ids", "attention_mask", "position_ids",
@@ -154,7 +158,10 @@ class RolloutBatch:
                 ``eos_token_id``.
             tokenizer: Where to find the pad id when ``pad_token_id`` is None.
             truncate: Cut prompts on the left and responses on the right to fit, flagging the
-                samples in ``truncated`` and logging a warning. False: raise instead.
+                samples in ``truncated`` and logging a warning. False: raise instead. A cut never
+                splits an image's tokens: it moves to the image's edge, and the images whose tokens
+                it removes leave the row's ``multi_modal_data`` (counted in
+                ``rollout/num_images_cut``; :mod:`agentloop_core.batch_images`).
 
         Returns:
             The padded batch with its metrics.
@@ -204,6 +211,8 @@ class RolloutBatch:
         response_attn = np.zeros((B, R), dtype=np.int64)
         log_probs = np.zeros((B, R), dtype=np.float32) if want_lp else None
         truncated = np.zeros(B, dtype=bool)
+        images = [o.multi_modal_data for o in outputs]
+        images_cut = 0
 
         for i, out in enumerate(outputs):
             p_ids, r_ids = out.prompt_ids, out.response_ids
@@ -217,14 +226,24 @@ class RolloutBatch:
                         "truncate=True to cut and flag such samples"
                     )
                 truncated[i] = True
-                cut_generated = sum(r_mask[R:])
+                # Never inside an image's tokens; the images cut away leave the row (batch_images).
+                cut = cut_row(p_ids, r_ids, P, R, images[i])
+                images[i], images_cut = cut.multi_modal_data, images_cut + cut.images_cut
                 logger.warning(
-                    "sample %d truncated: prompt %d->%d tokens, response %d->%d tokens (%d generated tokens dropped)",
-                    i, len(p_ids), min(len(p_ids), P), len(r_ids), min(len(r_ids), R), cut_generated,
+                    "sample %d truncated: prompt %d->%d tokens, response %d->%d tokens (%d generated tokens "
+                    "dropped, %d image(s) cut)", i, len(p_ids), len(p_ids) - cut.prompt_start, len(r_ids),
+                    cut.response_end, sum(r_mask[cut.response_end :]), cut.images_cut,
                 )  # fmt: skip
-                p_ids = p_ids[-P:]
-                r_ids, r_mask = r_ids[:R], r_mask[:R]
-                r_lp = r_lp[:R] if r_lp is not None else None
+                p_ids = p_ids[cut.prompt_start :]
+                r_ids, r_mask = r_ids[: cut.response_end], r_mask[: cut.response_end]
+                r_lp = r_lp[: cut.response_end] if r_lp is not None else None
+                if not cut.images_fit:
+                    logger.warning(
+                        "sample %d: its %d image(s) do not fill its image tokens, so none can be kept in its cut; "
+                        "it trains nothing (mask 0). The loop must return multi_modal_data={'image': "
+                        "trajectory.image_items}, its images in token order", i, cut.images_cut,
+                    )  # fmt: skip
+                    r_mask = [0] * len(r_mask)
             n_p, n_r = len(p_ids), len(r_ids)
             if n_p:
                 prompts[i, P - n_p :] = p_ids
@@ -282,9 +301,11 @@ class RolloutBatch:
             pad_token_id=pad,
             extra_fields=[dict(o.extra_fields) for o in outputs],
             sample_metrics=[dict(o.metrics) for o in outputs],
-            multi_modal_data=[o.multi_modal_data for o in outputs],
+            multi_modal_data=images,
         )
         batch.metrics = batch_metrics(outputs, batch, response_length=response_length)
+        if any((o.multi_modal_data or {}).get("image") for o in outputs):
+            batch.metrics["rollout/num_images_cut"] = float(images_cut)
         return batch
 
 

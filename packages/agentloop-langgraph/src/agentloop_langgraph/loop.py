@@ -166,9 +166,13 @@ class ReactAgentLoop(AgentLoopBase):
         except HistoryRewrittenError as exc:
             logger.warning("react_agent sample failed: %s", exc)
             session = model.pop_session(request_id)
-            prompt = session.trajectory.prompt_ids if session is not None else None
             await self._release(adapters)
-            return AgentLoopOutput.failure(prompt, exc, history_rewritten=1)
+            if session is None:
+                return AgentLoopOutput.failure(None, exc, history_rewritten=1)
+            # Counted, trains nothing; its row keeps the prompt, ids and images consistent.
+            failed = AgentLoopOutput.failure(session.trajectory.prompt_ids, exc, history_rewritten=1)
+            failed.multi_modal_data = self._prompt_images(session.trajectory)
+            return failed
         except Exception as exc:
             from langgraph.errors import GraphRecursionError
 
@@ -215,6 +219,20 @@ class ReactAgentLoop(AgentLoopBase):
                 for o in outputs:
                     o.metrics[key] = 1
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _prompt_images(self, trajectory: Any) -> dict[str, Any] | None:
+        """The ``multi_modal_data`` of the trajectory's prompt alone: the first of its images,
+        as many as fill the prompt's image tokens; None for a prompt without images."""
+        if self.vision is None:
+            return None
+        wanted = list(trajectory.prompt_ids).count(self.vision.image_token_id)
+        items, filled = [], 0
+        for item in trajectory.image_items:
+            if filled >= wanted:
+                break
+            items.append(item)
+            filled += item.num_tokens
+        return {"image": items} if items and filled == wanted else None
 
     async def _create_tools(self, tools_kwargs: dict[str, Any], model: ChatModel,
                             request_id: str) -> dict[str, AgentLoopTool]:

@@ -10,7 +10,7 @@ from agentloop_trainer.update.forward import prompt_groups, prompt_shared_log_pr
 from agentloop_trainer.update.packing import packed_log_probs
 from agentloop_trainer.update.policy_batch import PolicyBatch
 from agentloop_trainer.update.step_prefix import StepPrefix
-from agentloop_trainer.update.vision_forward import multimodal_log_probs
+from agentloop_trainer.update.vision_forward import multimodal_log_probs, vision_token_id
 
 
 def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, rows: Sequence[int] | None = None,
@@ -45,10 +45,17 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
     # still needs a row, so give it a 2-token stand-in (pad ids) instead of crashing the step.
     seqs = [pb.sequences[r] if len(pb.sequences[r]) >= 2 else (list(pb.sequences[r]) * 2 or [0, 0]) for r in rows]
     first = min((pb.prompt_lengths[r] for r in rows if pb.prompt_lengths[r] > 0), default=1)
+    idle: list[bool] = [False] * len(rows)
     if pb.images is not None and any(pb.images[r] for r in rows):
         # Rows with images: one forward with their pixel values (no shared prefix: the image
-        # tokens' embeddings come from the vision tower, not the embedding table).
-        images = [pb.images[r] if len(pb.sequences[r]) >= 2 else () for r in rows]
+        # tokens' embeddings come from the vision tower, not the embedding table). A row that
+        # trains nothing (a failed sample, a row masked for its cut) is scored as the stand-in
+        # too: its images need not fill its tokens (a failure keeps its prompt's ids, maybe not
+        # its images) and a vision forward for it would be wasted.
+        idle = (pb.response_mask[rows].sum(dim=1) == 0).tolist()
+        stand_in = [_stand_in_id(model)] * 2
+        seqs = [stand_in if skip else seq for seq, skip in zip(seqs, idle, strict=True)]
+        images = [() if skip or len(pb.sequences[r]) < 2 else pb.images[r] for r, skip in zip(rows, idle, strict=True)]
         logp = multimodal_log_probs(model, seqs, images, temperature=temperature, device=device)
     elif packed:
         logp = packed_log_probs(model, seqs, [pb.prompt_lengths[r] for r in rows], temperature=temperature,
@@ -64,7 +71,7 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
     for i, r in enumerate(rows):
         p = pb.prompt_lengths[r]
         n = min(len(pb.sequences[r]) - p, R)
-        if n > 0 and p > 0:
+        if n > 0 and p > 0 and not idle[i]:
             # logp[t] scores token t+1, so response token j (at position p+j) is logp[p+j-1].
             out[i, :n] = logp[i, p - 1 : p - 1 + n]
     if logp.requires_grad and not out.requires_grad:
@@ -72,6 +79,12 @@ def response_log_probs(model: Any, pb: PolicyBatch, temperature: float = 1.0, ro
         # graph, so the caller's backward runs (all zeros) instead of raising.
         out = out + 0.0 * logp.sum()
     return out
+
+
+def _stand_in_id(model: Any) -> int:
+    """The id a stand-in row repeats in a vision forward: 0, or 1 where 0 is the image
+    placeholder (a placeholder would need an image)."""
+    return 1 if vision_token_id(model) == 0 else 0
 
 
 def micro_batches(rows: Sequence[int], lengths: Sequence[int], size: int | None = None,
