@@ -351,8 +351,8 @@ class ToolAgentLoop(AgentLoopBase):
         try:
             delta = trajectory.preview_messages(new_messages)  # append_messages reuses it
         except (ImageError, ValueError) as exc:
-            # The screen passed the images but the model's processor refused one (an extreme
-            # aspect ratio): the turn goes on with the images replaced by error text.
+            # The last resort: the screen processed (and refused) each image on its own, so this
+            # is a render that fails for another reason; the turn goes on without its images.
             new_messages, count = strip_images(new_messages, str(exc)[:300])
             if not count:
                 raise
@@ -393,7 +393,8 @@ class ToolAgentLoop(AgentLoopBase):
 
     async def _run_tools(self, run: ToolRun, parsed: ParseResult, trajectory: Any) -> list[dict[str, Any]]:
         limit = self.config.max_parallel_calls
-        screen = MediaScreen(self.vision, tool_limits(self.image_limits), trajectory.images.count, run.counters)
+        screen = MediaScreen(self.vision, tool_limits(self.image_limits), trajectory.images.count, run.counters,
+                             conversation=trajectory.images)
         ids = iter(run.call_ids)  # one per call, then one per error (see _attach_calls)
         start = time.perf_counter()
         results = await asyncio.gather(*(run.call_tool(self.tools.get(call.name), call, self.config.tool_timeout_s, self.tracer)

@@ -235,7 +235,8 @@ class EnvAgentLoop(ToolAgentLoop):
             raise EnvironmentError(f"environment {run.env_name!r} step returned no messages and done=False; "
                                    "return the feedback the model should read next, or done=True")
         run.user_turns += sum(m.get("role") == "user" for m in messages)
-        screen = MediaScreen(self.vision, self.image_limits, trajectory.images.count, run.counters)
+        screen = MediaScreen(self.vision, self.image_limits, trajectory.images.count, run.counters,
+                             conversation=trajectory.images)
         where = f"environment {run.env_name!r} step {turn.index} message"
         return self._append(run, trajectory, [screen.message(m, f"{where} {i}", lambda text: self._cut(run, text))
                                               for i, m in enumerate(messages)])
