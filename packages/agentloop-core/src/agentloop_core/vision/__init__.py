@@ -15,7 +15,7 @@ from agentloop_core.vision.content import (
     multi_modal_kwargs,
 )
 from agentloop_core.vision.idefics3 import Idefics3Processor  # importing it registers the family
-from agentloop_core.vision.images import ImageError, ImageLimits, as_rgb, decode_image
+from agentloop_core.vision.images import ImageError, ImageLimitError, ImageLimits, as_rgb, decode_image
 from agentloop_core.vision.processor import (
     ImageItem,
     QwenVLProcessor,
@@ -35,6 +35,7 @@ __all__ = [
     "Idefics3Processor",
     "ImageError",
     "ImageItem",
+    "ImageLimitError",
     "ImageLimits",
     "QwenVLProcessor",
     "TiledImageItem",

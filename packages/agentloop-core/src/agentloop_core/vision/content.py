@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from agentloop_core.vision.images import ImageError, ImageLimits, decode_image
+from agentloop_core.vision.images import ImageError, ImageLimitError, ImageLimits, decode_image
 from agentloop_core.vision.processor import ImageItem, VisionProcessor
 
 __all__ = [
@@ -150,7 +150,7 @@ class ConversationImages:
                              "(a checkpoint with a vision processor, e.g. agentloop_engines.testing.tiny_vlm.build_tiny_vlm()) "
                              "or drop the image")
         if taken > self.limits.max_images:
-            raise ImageError(f"{where}: more than {self.limits.max_images} images in one trajectory "
+            raise ImageLimitError(f"{where}: more than {self.limits.max_images} images in one trajectory "
                              "(max_images)")
         source = image_source(part)
         if source is None:

@@ -20,11 +20,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ImageError", "ImageLimits", "as_rgb", "decode_image", "require_pillow"]
+__all__ = ["ImageError", "ImageLimitError", "ImageLimits", "as_rgb", "decode_image", "require_pillow"]
 
 
 class ImageError(ValueError):
     """An image that cannot enter a trajectory: corrupt, too large, from a refused source."""
+
+
+class ImageLimitError(ImageError):
+    """An image a setting refuses (:class:`ImageLimits`: over ``max_image_bytes``,
+    ``max_image_pixels`` or ``max_images``, a file path or remote URL not allowed): under other
+    settings it may enter, unlike an unreadable one."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +95,13 @@ def decode_image(source: Any, limits: ImageLimits | None = None, *, where: str =
     else:
         data = _encoded_bytes(source, limits, where)
         if len(data) > limits.max_bytes:
-            raise ImageError(f"{where}: {len(data)} bytes is over the limit of {limits.max_bytes} "
+            raise ImageLimitError(f"{where}: {len(data)} bytes is over the limit of {limits.max_bytes} "
                              "(max_image_bytes); send a smaller or more compressed image")
         try:
             image = Image.open(io.BytesIO(data))  # reads the header only
         except Image.DecompressionBombError as exc:
             # Pillow's own guard (twice its MAX_IMAGE_PIXELS) fires on the header too.
-            raise ImageError(f"{where}: the image declares more pixels than the limit of {limits.max_pixels} "
+            raise ImageLimitError(f"{where}: the image declares more pixels than the limit of {limits.max_pixels} "
                              f"(max_image_pixels): {exc}") from None
         except Exception as exc:  # noqa: BLE001 - every decoder error means the same to the caller
             raise ImageError(f"{where}: not a readable image ({type(exc).__name__}: {exc})") from None
@@ -129,7 +135,7 @@ def _check_pixels(size: tuple[int, int], limits: ImageLimits, where: str) -> Non
     if width < 1 or height < 1:
         raise ImageError(f"{where}: an image of {width}x{height} pixels has no pixels")
     if width * height > limits.max_pixels:
-        raise ImageError(f"{where}: {width}x{height} = {width * height} pixels is over the limit of "
+        raise ImageLimitError(f"{where}: {width}x{height} = {width * height} pixels is over the limit of "
                          f"{limits.max_pixels} (max_image_pixels); resize it first")
 
 
@@ -161,7 +167,7 @@ def _from_string(text: str, limits: ImageLimits, where: str) -> bytes:
             raise ImageError(f"{where}: a data URL of type {header[5:].split(';')[0]!r}; only image/* is an image")
         # base64 is 4/3 of the bytes: refuse before decoding what would be over the limit.
         if len(payload) * 3 // 4 > limits.max_bytes + 3:
-            raise ImageError(f"{where}: {len(payload) * 3 // 4} bytes is over the limit of {limits.max_bytes} "
+            raise ImageLimitError(f"{where}: {len(payload) * 3 // 4} bytes is over the limit of {limits.max_bytes} "
                              "(max_image_bytes); send a smaller or more compressed image")
         try:
             return base64.b64decode(payload, validate=True)
@@ -170,18 +176,18 @@ def _from_string(text: str, limits: ImageLimits, where: str) -> bytes:
     lowered = text[:8].lower()
     if lowered.startswith(("http://", "https://")):
         if not limits.allow_remote_urls:
-            raise ImageError(f"{where}: remote image URLs are refused ({text[:60]!r}); send the image as a data "
+            raise ImageLimitError(f"{where}: remote image URLs are refused ({text[:60]!r}); send the image as a data "
                              "URL or bytes, or allow remote image URLs where the machine may fetch them")
         return _fetch(text, limits, where)
     if not limits.allow_paths:
-        raise ImageError(f"{where}: a file path is not accepted here; send the image as a data URL or bytes")
+        raise ImageLimitError(f"{where}: a file path is not accepted here; send the image as a data URL or bytes")
     path = Path(text[7:] if text.startswith("file://") else text).expanduser()
     try:
         size = path.stat().st_size
     except OSError as exc:
         raise ImageError(f"{where}: cannot read image file {str(path)!r} ({exc.strerror or exc})") from None
     if size > limits.max_bytes:
-        raise ImageError(f"{where}: {str(path)!r} has {size} bytes, over the limit of {limits.max_bytes} "
+        raise ImageLimitError(f"{where}: {str(path)!r} has {size} bytes, over the limit of {limits.max_bytes} "
                          "(max_image_bytes)")
     return path.read_bytes()
 
@@ -195,5 +201,5 @@ def _fetch(url: str, limits: ImageLimits, where: str) -> bytes:
     except OSError as exc:
         raise ImageError(f"{where}: fetching {url[:80]!r} failed ({exc})") from None
     if len(data) > limits.max_bytes:
-        raise ImageError(f"{where}: {url[:80]!r} is over the limit of {limits.max_bytes} bytes (max_image_bytes)")
+        raise ImageLimitError(f"{where}: {url[:80]!r} is over the limit of {limits.max_bytes} bytes (max_image_bytes)")
     return data

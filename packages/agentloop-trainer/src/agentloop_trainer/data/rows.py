@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_core.vision.content import IMAGE_PART_TYPES, messages_with_row_images
+from agentloop_trainer.data.image_lengths import has_images, image_prompt_lengths
 
 
 def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -158,31 +159,61 @@ def read_parquet_rows(path: str | Path, need_ground_truth: bool = True, image_ke
     return rows
 
 
-def prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None) -> list[int]:
+def prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
+                   processor: Any = "auto", name: str = "dataset", image_limits: Any = None) -> list[int]:
     """Tokens of each row's prompt as the rollout renders it: the chat template with the
-    rollout's tool schemas and the generation prompt."""
+    rollout's tool schemas and the generation prompt, and each image as the run of image
+    tokens the model's vision processor makes of it (not the template's one placeholder).
+
+    Rows without images are measured with the tokenizer's chat template alone, as fast as a
+    text-only dataset; rows with images (:mod:`.image_lengths`) through the rollout's renderer.
+
+    Args:
+        rows: Rows as :func:`read_parquet_rows` gives them.
+        tokenizer: The run's tokenizer.
+        tools: The rollout's tool schemas.
+        processor: The model's vision processor; ``"auto"``: loaded, when a row has images,
+            from the tokenizer's folder, as the rollout loads it; None: a text-only model.
+        name: What the rows are, for errors.
+        image_limits: The rollout's :class:`~agentloop_core.vision.ImageLimits` (None: the defaults).
+
+    Raises:
+        ValueError: rows with images for a text-only model, or images the rollout could not
+            render (unreadable, over a limit), rows named.
+    """
     lengths = []
-    for row in rows:
+    with_images: dict[int, list[dict[str, Any]]] = {}
+    for i, row in enumerate(rows):
+        if has_images(row["prompt"]):
+            with_images[i] = list(row["prompt"])
+            lengths.append(0)
+            continue
         ids = tokenizer.apply_chat_template(list(row["prompt"]), tools=tools, tokenize=True,
                                             add_generation_prompt=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in transformers 5.x
             ids = ids["input_ids"]
         lengths.append(len(ids))
+    if with_images:
+        for i, n in image_prompt_lengths(with_images, tokenizer, tools, processor, name, image_limits).items():
+            lengths[i] = n
     return lengths
 
 
 def limit_prompt_length(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[dict[str, Any]] | None,
-                        max_prompt_length: int, filter_overlong: bool, name: str = "dataset"
-                        ) -> tuple[list[dict[str, Any]], int]:
-    """Drop (``filter_overlong``) or reject prompts longer than ``max_prompt_length`` tokens.
+                        max_prompt_length: int, filter_overlong: bool, name: str = "dataset",
+                        processor: Any = "auto", image_limits: Any = None) -> tuple[list[dict[str, Any]], int]:
+    """Drop (``filter_overlong``) or reject prompts longer than ``max_prompt_length`` tokens,
+    measured by :func:`prompt_lengths` (images as their image tokens; ``processor`` and
+    ``image_limits`` as there).
 
     Returns:
         ``(kept rows, number dropped)``.
 
     Raises:
-        ValueError: ``filter_overlong`` is false and a prompt is too long (row and length named).
+        ValueError: ``filter_overlong`` is false and a prompt is too long (row and length named);
+            as :func:`prompt_lengths`.
     """
-    lengths = prompt_lengths(rows, tokenizer, tools)
+    lengths = prompt_lengths(rows, tokenizer, tools, processor, name, image_limits)
     over = [(i, n) for i, n in enumerate(lengths) if n > max_prompt_length]
     if over and not filter_overlong:
         listed = ", ".join(f"row {i} ({n} tokens)" for i, n in over[:10])
