@@ -119,6 +119,27 @@ def test_hermes_without_tools_accepts_any_name():
     assert result.calls == [ToolCall("call_0", "anything", {"a": [1]})]
 
 
+@pytest.mark.parametrize(("parser_name", "call"), [
+    ("hermes", '<tool_call>\n{"name": "calc", "arguments": {"expression": "3 \\ud800 4"}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "calc", "arguments": {"\\udfff": 1}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "calc", "arguments": "{\\"x\\": [\\"\\\\ud800\\"]}"}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "c\\ud800", "arguments": {}}\n</tool_call>'),
+    ("llama3_json", '{"name": "calc", "parameters": {"expression": "\\ud83d"}}'),
+])
+def test_a_lone_surrogate_the_policy_escapes_into_a_call_is_an_error_not_a_call(parser_name, call):
+    """json.loads turns an unpaired \\udXXX escape into a string UTF-8 cannot encode: a tool, a
+    tokenizer and a JSON answer would all fail on it. Every text the result holds encodes."""
+    result = type(get_tool_parser(parser_name))().parse(call, None)
+    assert result.calls == []
+    assert [e.kind for e in result.errors] in (["invalid_arguments"], ["missing_name"])
+    assert "lone UTF-16 surrogate" in result.errors[0].reason
+    for text in (result.content, result.errors[0].raw, result.errors[0].reason, result.errors[0].name or ""):
+        text.encode("utf-8")
+    paired = type(get_tool_parser(parser_name))().parse(call.replace("\\ud800", "\\ud83d\\ude00"), None)
+    if "\\ud800 4" in call:  # a surrogate pair is one character: a call
+        assert paired.calls[0].arguments == {"expression": "3 \U0001f600 4"}
+
+
 def test_llama3_json_calls():
     parser = get_tool_parser("llama3_json")
     assert parser.stop_tokens == ("<|eom_id|>", "<|eot_id|>")

@@ -239,3 +239,38 @@ def test_responses_refuses_echoed_fields_it_could_not_send_back(tokenizer, engin
     assert named in refused.value.message
     assert engine.calls == []
     assert gateway.recorder.get("echo") == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_lone_surrogate_the_policy_writes_in_its_call_is_a_call_error_every_api_answers(tokenizer, replies, engine,
+                                                                                           stream):
+    """The policy is the adversary: it escapes an unpaired surrogate into its call's JSON. The
+    call is a parse error (``tool_call_errors``), the reply its text, and each client gets an
+    answer (it was a failed serialization: a 400 after the call was recorded, or a broken stream)."""
+    escaped = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 \\ud800 4"}}\n</tool_call>'
+    replies.by_prompt[QUESTION] = [escaped] * 3
+    gateway = Gateway(engine, tokenizer, tool_parser="hermes")
+    user = [{"role": "user", "content": QUESTION}]
+    with GatewayThread(gateway) as thread:
+        messages = _anthropic(thread.session_url("adversary"))
+        if stream:
+            with messages.messages.stream(model="m", max_tokens=200, messages=user, tools=ANTHROPIC_TOOLS) as s:
+                message = s.get_final_message()
+        else:
+            message = messages.messages.create(model="m", max_tokens=200, messages=user, tools=ANTHROPIC_TOOLS)
+        assert [b.type for b in message.content] == ["text"]
+        assert "\\ud800" in message.content[0].text  # the model's own six characters, as it wrote them
+        client = _openai(thread.session_url("adversary"))
+        if stream:
+            response = list(client.responses.create(model="m", input=QUESTION, tools=RESPONSES_TOOLS,
+                                                    stream=True))[-1].response
+            chunks = list(client.chat.completions.create(model="m", messages=user, tools=CHAT_TOOLS, stream=True))
+            calls = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+        else:
+            response = client.responses.create(model="m", input=QUESTION, tools=RESPONSES_TOOLS)
+            chat = client.chat.completions.create(model="m", messages=user, tools=CHAT_TOOLS)
+            calls = chat.choices[0].message.tool_calls or []
+            assert "lone UTF-16 surrogate" in str(chat.model_extra) + str(chat.choices[0].model_extra)
+        assert [o.type for o in response.output] == ["message"]
+        assert calls == []
+    assert len(gateway.recorder.get("adversary")) == 3

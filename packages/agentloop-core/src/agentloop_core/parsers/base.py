@@ -261,6 +261,8 @@ class ToolParser(abc.ABC):
         if not isinstance(name, str) or not name:
             return ToolCallError(raw, f"the tool call has no \"name\" string; write "
                                  f"{{\"name\": <tool name>, \"{args_key[0]}\": {{...}}}}", "missing_name")
+        if not_text(name):
+            return ToolCallError(raw, f"the tool call's name holds {_SURROGATE}", "missing_name")
         if tools is not None and name not in tools:
             known = ", ".join(sorted(tools)) or "(none)"
             return ToolCallError(raw, f"unknown tool {name!r}; available tools: {known}", "unknown_tool", name)
@@ -276,6 +278,8 @@ class ToolParser(abc.ABC):
             except ValueError:
                 return ToolCallError(raw, f"the \"{args_key[0]}\" of {name!r} is a string that is not "
                                      "valid JSON; pass a JSON object", "invalid_arguments", name)
+        if holds_non_text(arguments):
+            return ToolCallError(raw, f"the arguments of {name!r} hold {_SURROGATE}", "invalid_arguments", name)
         parameters = tool_parameters(tools.get(name)) if tools is not None else None
         problems = check_arguments(arguments, parameters)
         if problems:
@@ -284,4 +288,39 @@ class ToolParser(abc.ABC):
         return ToolCall(id=f"call_{index}", name=name, arguments=arguments)
 
 
-__all__ = ["ParseResult", "ParseStats", "ToolCall", "ToolCallError", "ToolParser", "json_error", "tool_parameters"]
+_SURROGATE = ("a lone UTF-16 surrogate (a JSON escape such as \"\\ud800\" with no pair), which is not "
+              "Unicode text: no tool, tokenizer or API answer can carry it; write the character itself or a "
+              "pair of escapes")
+
+
+def not_text(value: str) -> bool:
+    """Whether ``value`` holds a lone UTF-16 surrogate (``json.loads`` makes one of an unpaired
+    ``\\udXXX`` escape, which a policy can write): UTF-8 cannot encode it, so neither a tool,
+    a tokenizer nor a JSON answer can take it."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def holds_non_text(value: Any) -> bool:
+    """Whether any string (or object key) in a decoded JSON value is :func:`not_text`."""
+    stack = [value]
+    while stack:  # a loop, not recursion: the nesting is the model's choice
+        item = stack.pop()
+        if isinstance(item, str):
+            if not_text(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+__all__ = ["ParseResult", "ParseStats", "ToolCall", "ToolCallError", "ToolParser", "holds_non_text", "json_error",
+           "not_text", "tool_parameters"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from agentloop_core.parsers.base import not_text
 from agentloop_core.protocol import brief_repr
 
 __all__ = ["check_known_keys", "check_text", "translate_tools"]
@@ -47,17 +48,6 @@ def translate_tools(tools: Any, translate: Callable[[Any, str], dict[str, Any]])
     return [translate(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
 
 
-def _not_text(value: str) -> bool:
-    """True for a string UTF-8 cannot encode: one holding a lone UTF-16 surrogate."""
-    if value.isascii():
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def check_text(body: Any, endpoint: str) -> None:
     """Refuse a body with a string (or object key) that is not Unicode text: a lone UTF-16
     surrogate such as ``"\\ud800"`` is valid JSON, but no tokenizer encodes it and no answer
@@ -72,7 +62,7 @@ def check_text(body: Any, endpoint: str) -> None:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if _not_text(item):
+            if not_text(item):
                 break
         elif isinstance(item, Mapping):
             stack.extend(item.keys())
@@ -93,12 +83,12 @@ def _place(body: Any) -> str | None:
     while stack:
         item, path = stack.pop()
         if isinstance(item, str):
-            if _not_text(item):
+            if not_text(item):
                 return path
         elif isinstance(item, Mapping):
             for key, value in reversed(list(item.items())):
                 name = f"{path}.{key}" if path else str(key)
-                if isinstance(key, str) and _not_text(key):
+                if isinstance(key, str) and not_text(key):
                     return f"a key of {path or 'the body'}"
                 stack.append((value, name if isinstance(key, str) else f"{path}[{key!r}]"))
         elif isinstance(item, (list, tuple)):
