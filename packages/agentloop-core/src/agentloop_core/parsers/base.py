@@ -314,10 +314,10 @@ def holds_non_text(value: Any) -> bool:
         if isinstance(item, str):
             if not_text(item):
                 return True
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):
             stack.extend(item.keys())
             stack.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, (list, tuple)):
             stack.extend(item)
     return False
 

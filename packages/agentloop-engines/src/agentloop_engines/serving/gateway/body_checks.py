@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from agentloop_core.parsers.base import not_text
+from agentloop_core.parsers.base import holds_non_text, not_text
 from agentloop_core.protocol import brief_repr
 
 __all__ = ["check_known_keys", "check_text", "translate_tools"]
@@ -58,18 +58,7 @@ def check_text(body: Any, endpoint: str) -> None:
     Raises:
         ValueError: naming the string's place in the body and how to fix it.
     """
-    stack: list[Any] = [body]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not_text(item):
-                break
-        elif isinstance(item, Mapping):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    else:
+    if not holds_non_text(body):
         return
     where = brief_repr(_place(body) or "the body")[1:-1]  # a path as deep as the body: shortened
     raise ValueError(f"{endpoint}: {where} holds a lone UTF-16 surrogate (such as \"\\ud800\"), which is not "
