@@ -99,12 +99,19 @@ class ChatOutput:
     def split_reasoning(self, gen: Generation) -> ReasoningSplit:
         """The generation split by the reasoning parser, decoded as the tool parser reads it."""
         assert self.reasoning is not None
+        special, in_reasoning = self._reasoning_reading(gen.prompt_ids)
+        return self.reasoning.split(self.parser_text(gen, special), in_reasoning=in_reasoning)
+
+    def _reasoning_reading(self, prompt_ids: Sequence[int]) -> tuple[bool, bool]:
+        """``(special, in_reasoning)``: whether the reasoning parser reads the text with special
+        tokens kept, and whether the generation starts inside reasoning (the prompt's tail opened it)."""
+        assert self.reasoning is not None
         special = self.reasoning.needs_special_tokens or (self.parser is not None and self.parser.needs_special_tokens)
         in_reasoning = False
         if self.reasoning.reads_prompt:
-            tail = self.tokenizer.decode(list(gen.prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
+            tail = self.tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
             in_reasoning = self.reasoning.starts_in_reasoning(tail)
-        return self.reasoning.split(self.parser_text(gen, special), in_reasoning=in_reasoning)
+        return special, in_reasoning
 
     def reasoning_tokens(self, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> int:
         """How many of the generated ``token_ids`` are reasoning: the shortest start of them whose
@@ -114,11 +121,7 @@ class ChatOutput:
         parser = self.reasoning
         if parser is None or not token_ids:
             return 0
-        special = parser.needs_special_tokens or (self.parser is not None and self.parser.needs_special_tokens)
-        in_reasoning = False
-        if parser.reads_prompt:
-            tail = self.tokenizer.decode(list(prompt_ids[-PROMPT_TAIL_TOKENS:]), skip_special_tokens=False)
-            in_reasoning = parser.starts_in_reasoning(tail)
+        special, in_reasoning = self._reasoning_reading(prompt_ids)
 
         def split(n: int) -> ReasoningSplit:
             text = self.tokenizer.decode(list(token_ids[:n]), skip_special_tokens=not special)
