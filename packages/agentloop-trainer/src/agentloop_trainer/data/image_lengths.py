@@ -19,7 +19,7 @@ from typing import Any
 from agentloop_core.vision.content import IMAGE_PART_TYPES
 from agentloop_core.vision.processor import VisionProcessor
 
-__all__ = ["has_images", "image_prompt_lengths"]
+__all__ = ["has_images", "image_prompt_lengths", "template_length"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def image_prompt_lengths(prompts: Mapping[int, Sequence[Mapping[str, Any]]], tok
             lengths[i] = len(Trajectory(renderer, list(prompt), image_limits=image_limits).prompt_ids)
         except ImageLimitError as exc:  # a loop may allow it (its own max_image_pixels, ...): kept
             refused.append((i, str(exc)))
-            lengths[i] = _template_length(tokenizer, prompt, tools)
+            lengths[i] = template_length(tokenizer, prompt, tools)
         except ImageError as exc:
             bad.append((i, str(exc)))
     if refused:
@@ -107,8 +107,9 @@ def check_processor(processor: Any) -> VisionProcessor | None:
                     "model_folder, tokenizer)")
 
 
-def _template_length(tokenizer: Any, prompt: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-    """Tokens of the prompt as the chat template writes it (one placeholder an image)."""
+def template_length(tokenizer: Any, prompt: Sequence[Mapping[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    """Tokens of the prompt as the chat template writes it, with the tool schemas and the
+    generation prompt (an image as its one placeholder)."""
     ids = tokenizer.apply_chat_template(list(prompt), tools=tools, tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in transformers 5.x
         ids = ids["input_ids"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from agentloop_core.vision.content import IMAGE_PART_TYPES, messages_with_row_images
-from agentloop_trainer.data.image_lengths import has_images, image_prompt_lengths
+from agentloop_trainer.data.image_lengths import has_images, image_prompt_lengths, template_length
 
 
 def write_parquet_rows(rows: list[dict[str, Any]], path: str | Path) -> Path:
@@ -188,11 +188,7 @@ def prompt_lengths(rows: Sequence[dict[str, Any]], tokenizer: Any, tools: list[d
             with_images[i] = list(row["prompt"])
             lengths.append(0)
             continue
-        ids = tokenizer.apply_chat_template(list(row["prompt"]), tools=tools, tokenize=True,
-                                            add_generation_prompt=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in transformers 5.x
-            ids = ids["input_ids"]
-        lengths.append(len(ids))
+        lengths.append(template_length(tokenizer, row["prompt"], tools))
     if with_images:
         for i, n in image_prompt_lengths(with_images, tokenizer, tools, processor, name, image_limits).items():
             lengths[i] = n
